@@ -1,0 +1,1 @@
+"""Engine: topologies, plans, scheduling policy, simulator, runtime, kernels, tracing."""

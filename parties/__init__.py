@@ -1,0 +1,1 @@
+"""Parties: the roles built from the engine and the transports, and the CLI."""

@@ -1,0 +1,51 @@
+"""The `tandem` command line. The only place in Tandem that creates an event loop.
+
+Each feature registers its sub-commands through a ``register(subparsers)`` function that sets
+``func`` (an ``async def`` taking the parsed args and returning an exit code) on its parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import sys
+from typing import Awaitable, Callable, Sequence
+
+#: Modules providing ``register(subparsers)``; each adds its own sub-commands.
+COMMAND_MODULES = [
+    "parties.split.cli",
+]
+
+
+def run_async(main: Callable[[], Awaitable[int]]) -> int:
+    """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platform without uvloop
+        return asyncio.run(main())
+    return uvloop.run(main())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tandem",
+        description="Train one model across parties that do not share their data.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return run_async(lambda: args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
