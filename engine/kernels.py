@@ -1,0 +1,135 @@
+"""Stage models and their jitted kernels. Pure functions of (params, inputs); no hidden state.
+
+A `StageModel` is an ``(init, apply)`` pair: ``init(key) -> params`` and
+``apply(params, *inputs) -> output``. `StageKernels` jits, once per stage:
+
+* ``forward(params, *xs) -> (out, vjp)``  the output and its pullback (residuals kept, so the
+  backward pass does not recompute the forward);
+* ``backward(vjp, cot) -> (param_grads, *input_grads)``;
+* ``loss_step(params, labels, scale, *xs) -> (loss, logits, param_grads, input_grads)`` for the
+  loss stage, fusing forward and backward; ``scale`` is the micro-batch's share ``1/B`` so summed
+  micro-batch gradients equal the full batch's mean-loss gradient;
+* ``predict(params, *xs)``; ``accumulate(a, b)``; ``update(params, opt_state, grads)`` (optax).
+
+Each kernel counts its traces (``kernels.traces[name]``), so a test can prove that micro-batches
+of equal shape never retrace.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from .errors import ConfigError
+from .models import mlp_apply, mlp_init
+
+
+@dataclasses.dataclass(frozen=True)
+class StageModel:
+    """A stage's model: ``init(key) -> params``, ``apply(params, *inputs) -> output``.
+
+    ``in_dims`` (one per input) and ``out_dim`` describe the feature widths, so plans, task specs
+    and received tensors can be checked before any compute.
+    """
+
+    init: Callable[[jax.Array], Any]
+    apply: Callable[..., jax.Array]
+    in_dims: tuple[int, ...]
+    out_dim: int
+
+
+def mlp_stage(in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *,
+              activate_last: bool = True) -> StageModel:
+    """An MLP over the concatenation of its inputs (a bottom has one input; a top several)."""
+    in_dims = tuple(int(d) for d in in_dims)
+    sizes = [sum(in_dims), *hidden, out_dim]
+
+    def init(key):
+        return mlp_init(key, sizes)
+
+    def apply(params, *xs):
+        x = xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=-1)
+        return mlp_apply(params, x, activate_last=activate_last)
+
+    return StageModel(init, apply, in_dims, int(out_dim))
+
+
+# -- losses: per-sample loss from (logits, labels) ------------------------------------------------
+def binary_logistic(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return optax.sigmoid_binary_cross_entropy(logits.reshape(labels.shape), labels.astype(logits.dtype))
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels.astype(jnp.int32))
+
+
+def mean_squared(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return 0.5 * jnp.sum((logits.reshape(labels.shape[0], -1) - labels.reshape(labels.shape[0], -1)
+                          .astype(logits.dtype)) ** 2, axis=-1)
+
+
+LOSSES = {"binary": binary_logistic, "softmax": softmax_cross_entropy, "mse": mean_squared}
+
+
+def get_loss(name: str) -> Callable:
+    try:
+        return LOSSES[name]
+    except KeyError:
+        raise ConfigError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
+
+
+class StageKernels:
+    """The jitted kernels of one stage (see module docstring)."""
+
+    def __init__(self, model: StageModel, optimizer: optax.GradientTransformation,
+                 loss: Callable | None = None) -> None:
+        self.model = model
+        self.traces: collections.Counter[str] = collections.Counter()
+        apply = model.apply
+
+        def forward(params, *xs):
+            self.traces["forward"] += 1
+            return jax.vjp(apply, params, *xs)
+
+        def backward(vjp, cot):
+            self.traces["backward"] += 1
+            return vjp(cot)
+
+        def predict(params, *xs):
+            self.traces["predict"] += 1
+            return apply(params, *xs)
+
+        def accumulate(a, b):
+            self.traces["accumulate"] += 1
+            return jax.tree_util.tree_map(jnp.add, a, b)
+
+        def update(params, opt_state, grads):
+            self.traces["update"] += 1
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self.forward = jax.jit(forward)
+        self.backward = jax.jit(backward)
+        self.predict = jax.jit(predict)
+        self.accumulate = jax.jit(accumulate)
+        self.update = jax.jit(update)
+        self.init_opt = optimizer.init
+        if loss is not None:
+            def loss_step(params, labels, scale, *xs):
+                self.traces["loss_step"] += 1
+
+                def objective(params, *xs):
+                    logits = apply(params, *xs)
+                    return scale * jnp.sum(loss(logits, labels)), logits
+
+                argnums = tuple(range(len(xs) + 1))
+                (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(
+                    params, *xs)
+                return value, logits, grads[0], grads[1:]
+
+            self.loss_step = jax.jit(loss_step)

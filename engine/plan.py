@@ -1,0 +1,278 @@
+"""Per-party plans derived from a topology: the ops of one batch and their dependencies. Pure.
+
+For each micro-batch ``m`` a party's plan holds:
+
+* ``F(stage, m)``  forward of a non-loss stage;
+* ``L(stage, m)``  the loss stage's fused forward + backward (train) or its forward (eval);
+* ``B(stage, m)``  backward of a non-loss stage (train only);
+* ``S(channel, m)`` send of an activation (``act/...``) or a gradient (``grad/...``) to a peer;
+* ``R(channel, m)`` arrival of a message from a peer (satisfied by the transport, never run);
+
+and ``U(stage)`` once per batch, the optimizer update (train only).
+
+**Priority** (`Plan.distance`) is derived, never hand-written: a compute op's *distance to a
+send* is 0 when one of its successors is a send, ``1 + min`` over its compute successors
+otherwise, and ``None`` (local-only) when no send is reachable. Lower distance runs first; ties
+go to the lower micro-batch, then to a seeded random order (`Plan.key`).
+
+Invariants (`Plan.check`): every op appears once; every dependency is an op of the plan; the
+dependency graph is acyclic. `check_plans` also matches every send with the peer's receive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import random
+from typing import Iterable, Mapping, Sequence
+
+from .errors import ConfigError, PlanError
+from .topology import FEATURES, Topology
+
+LOCAL_ONLY = 1 << 30  # distance used for ops that feed no send: they rank last
+
+
+class Kind(enum.Enum):
+    FORWARD = "F"
+    LOSS = "L"
+    BACKWARD = "B"
+    SEND = "S"
+    RECV = "R"
+    UPDATE = "U"
+
+
+COMPUTE_KINDS = frozenset({Kind.FORWARD, Kind.LOSS, Kind.BACKWARD, Kind.UPDATE})
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class Op:
+    """One step of a plan. ``stage`` for compute ops; ``channel`` and ``peer`` for S/R."""
+
+    kind: Kind
+    mb: int
+    stage: str = ""
+    channel: str = ""
+    peer: str = ""
+
+    @property
+    def is_compute(self) -> bool:
+        return self.kind in COMPUTE_KINDS
+
+    def __str__(self) -> str:
+        if self.kind is Kind.UPDATE:
+            return f"U({self.stage})"
+        target = self.stage or self.channel
+        return f"{self.kind.value}({target},{self.mb})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The ops one party runs for one batch, with dependencies and derived priorities."""
+
+    party: str
+    n_groups: int
+    mode: str
+    ops: tuple[Op, ...]
+    deps: Mapping[Op, tuple[Op, ...]]
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        succ: dict[Op, list[Op]] = {op: [] for op in self.ops}
+        for op, ds in self.deps.items():
+            for d in ds:
+                if d in succ:
+                    succ[d].append(op)
+        object.__setattr__(self, "successors", {k: tuple(v) for k, v in succ.items()})
+        object.__setattr__(self, "distance", _distances(self.ops, self.successors))
+        order = list(range(len(self.ops)))
+        random.Random(self.seed).shuffle(order)
+        tie = {op: order[i] for i, op in enumerate(self.ops)}
+        object.__setattr__(self, "key", {
+            op: (self.distance[op], op.mb, tie[op]) for op in self.ops if op.is_compute})
+        object.__setattr__(self, "fanout", {
+            op: sum(1 for s in self.successors[op] if s.kind is Kind.SEND)
+            for op in self.ops if op.is_compute})
+
+    # populated in __post_init__ (declared for readers and type checkers)
+    successors: Mapping[Op, tuple[Op, ...]] = dataclasses.field(init=False, repr=False)
+    distance: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+    key: Mapping[Op, tuple[int, int, int]] = dataclasses.field(init=False, repr=False)
+    fanout: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+
+    @property
+    def compute_ops(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.is_compute)
+
+    @property
+    def sends(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.kind is Kind.SEND)
+
+    @property
+    def recvs(self) -> tuple[Op, ...]:
+        return tuple(op for op in self.ops if op.kind is Kind.RECV)
+
+    def is_local_only(self, op: Op) -> bool:
+        return self.distance[op] == LOCAL_ONLY
+
+    @property
+    def max_fanout(self) -> int:
+        return max(self.fanout.values(), default=0)
+
+    def check(self) -> None:
+        """Raise `PlanError` if an op is duplicated, a dependency is unknown, or deps cycle."""
+        if len(set(self.ops)) != len(self.ops):
+            dup = [str(o) for o in self.ops if self.ops.count(o) > 1]
+            raise PlanError(f"plan of {self.party!r} lists ops twice: {sorted(set(dup))}")
+        known = set(self.ops)
+        for op, ds in self.deps.items():
+            for d in ds:
+                if d not in known:
+                    raise PlanError(f"plan of {self.party!r}: {op} depends on {d}, not in the plan")
+        indeg = {op: len(self.deps.get(op, ())) for op in self.ops}
+        frontier = [op for op, k in indeg.items() if k == 0]
+        seen = 0
+        while frontier:
+            op = frontier.pop()
+            seen += 1
+            for s in self.successors[op]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    frontier.append(s)
+        if seen != len(self.ops):
+            stuck = sorted(str(op) for op, k in indeg.items() if k > 0)[:8]
+            raise PlanError(f"plan of {self.party!r} has a dependency cycle through {stuck}")
+
+    def format(self) -> str:
+        """A grid: one row per micro-batch, ops with their priority distance in brackets."""
+        rows = [f"plan for {self.party} ({self.mode}, n={self.n_groups})"]
+        for m in range(self.n_groups):
+            cells = []
+            for op in self.ops:
+                if op.mb != m or op.kind is Kind.UPDATE:
+                    continue
+                d = self.distance.get(op)
+                tag = "" if d is None else ("[local]" if d == LOCAL_ONLY else f"[{d}]")
+                cells.append(f"{op}{tag}")
+            rows.append(f"  mb {m:>3}: " + "  ".join(cells))
+        ups = [str(op) for op in self.ops if op.kind is Kind.UPDATE]
+        if ups:
+            rows.append("  batch : " + "  ".join(ups))
+        return "\n".join(rows)
+
+
+def _distances(ops: Sequence[Op], succ: Mapping[Op, tuple[Op, ...]]) -> dict[Op, int]:
+    dist: dict[Op, int] = {}
+    # reverse topological walk over compute ops: successors first
+    order: list[Op] = []
+    state: dict[Op, int] = {}
+
+    def visit(op: Op) -> None:
+        if state.get(op) == 2:
+            return
+        state[op] = 1
+        for s in succ[op]:
+            if state.get(s) != 1:
+                visit(s)
+        state[op] = 2
+        order.append(op)
+
+    for op in ops:
+        visit(op)
+    for op in order:  # successors are finished before op
+        if not op.is_compute:
+            continue
+        best = LOCAL_ONLY
+        for s in succ[op]:
+            if s.kind is Kind.SEND:
+                best = 0
+                break
+            if s.is_compute and dist.get(s, LOCAL_ONLY) != LOCAL_ONLY:
+                best = min(best, dist[s] + 1)
+        dist[op] = best
+    return dist
+
+
+def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "train",
+              seed: int = 0) -> Plan:
+    """Derive ``party``'s plan for one batch of ``n_groups`` micro-batches.
+
+    ``mode`` is ``"train"`` (forward, backward, sends both ways, update) or ``"eval"``
+    (forward only; the loss stage produces predictions).
+    """
+    if mode not in ("train", "eval"):
+        raise ConfigError(f"plan mode must be 'train' or 'eval', got {mode!r}")
+    if not isinstance(n_groups, int) or n_groups < 1:
+        raise ConfigError(f"n_groups must be a positive int, got {n_groups!r}")
+    if party not in topology.parties:
+        raise ConfigError(f"party {party!r} owns no stage of this topology; parties: "
+                          f"{list(topology.parties)}")
+    by = topology.by_name
+    mine = topology.stages_of(party)
+    train = mode == "train"
+    ops: list[Op] = []
+    deps: dict[Op, tuple[Op, ...]] = {}
+
+    def add(op: Op, ds: Iterable[Op]) -> Op:
+        ops.append(op)
+        deps[op] = tuple(ds)
+        return op
+
+    fwd: dict[tuple[str, int], Op] = {}
+    bwd: dict[tuple[str, int], Op] = {}
+    for m in range(n_groups):
+        for s in mine:
+            ins = []
+            for i in s.inputs:
+                if i == FEATURES:
+                    continue
+                src = by[i]
+                if src.owner == party:
+                    ins.append(fwd[(i, m)])
+                else:
+                    ins.append(add(Op(Kind.RECV, m, channel=f"act/{i}->{s.name}", peer=src.owner), ()))
+            kind = Kind.LOSS if s.loss else Kind.FORWARD
+            fwd[(s.name, m)] = op = add(Op(kind, m, stage=s.name), ins)
+            if s.loss:
+                bwd[(s.name, m)] = op
+            for c in topology.consumers(s.name):
+                if c.owner != party:
+                    add(Op(Kind.SEND, m, channel=f"act/{s.name}->{c.name}", peer=c.owner), (op,))
+        if not train:
+            continue
+        for s in reversed(mine):
+            if not s.loss:
+                ds = [fwd[(s.name, m)]]
+                for c in topology.consumers(s.name):
+                    if c.owner == party:
+                        ds.append(bwd[(c.name, m)])
+                    else:
+                        ds.append(add(Op(Kind.RECV, m, channel=f"grad/{s.name}->{c.name}",
+                                         peer=c.owner), ()))
+                bwd[(s.name, m)] = add(Op(Kind.BACKWARD, m, stage=s.name), ds)
+            for i in s.inputs:
+                if i != FEATURES and by[i].owner != party:
+                    add(Op(Kind.SEND, m, channel=f"grad/{i}->{s.name}", peer=by[i].owner),
+                        (bwd[(s.name, m)],))
+    if train:
+        for s in mine:
+            add(Op(Kind.UPDATE, n_groups, stage=s.name),
+                tuple(bwd[(s.name, m)] for m in range(n_groups)))
+    plan = Plan(party, n_groups, mode, tuple(ops), deps, seed)
+    plan.check()
+    return plan
+
+
+def make_plans(topology: Topology, n_groups: int, *, mode: str = "train",
+               seed: int = 0) -> dict[str, Plan]:
+    plans = {p: make_plan(topology, p, n_groups, mode=mode, seed=seed) for p in topology.parties}
+    check_plans(plans)
+    return plans
+
+
+def check_plans(plans: Mapping[str, Plan]) -> None:
+    """Every send has exactly one matching receive at its peer, and vice versa."""
+    sends = {(p, op.peer, op.channel, op.mb) for p, pl in plans.items() for op in pl.sends}
+    recvs = {(op.peer, p, op.channel, op.mb) for p, pl in plans.items() for op in pl.recvs}
+    if sends != recvs:
+        missing = sorted(sends ^ recvs)[:5]
+        raise PlanError(f"plans disagree on messages (sender, receiver, channel, mb): {missing}")

@@ -1,0 +1,204 @@
+"""The asyncio runtime: interprets one party's `Plan` for one batch.
+
+Per batch, inside one `asyncio.TaskGroup`:
+
+* one **compute lane** loop picks ready compute ops with `policy.choose` (the same function the
+  simulator uses) and runs them on the party's lane (a worker thread), so sends and receives
+  progress during compute;
+* one **send lane** per peer drains that peer's outbound FIFO through the transport;
+* one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
+
+Invariants: an op starts only when all its dependencies completed; the outbound count (frames
+queued or in transmission) never exceeds ``Backpressure.capacity``; every op of the plan runs
+exactly once per batch. Any failure cancels the siblings and surfaces as an exception group;
+on return (normal or not) no task of the batch is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from transports.base import Frame, Transport
+
+from .errors import EngineError, ShapeError
+from .plan import Kind, Op, Plan
+from .policy import Backpressure, ReadySet, choose, fifo_choose
+from .trace import Trace, TraceEvent
+
+
+class OpHandler(Protocol):
+    """What the runtime calls to execute a plan's ops (e.g. `parties.split.StageHandler`)."""
+
+    def compute(self, op: Op) -> Mapping[str, np.ndarray]:
+        """Run compute op ``op`` (on the lane thread); return ``{channel: array}`` for each of
+        its sends."""
+        ...
+
+    def receive(self, op: Op, array: np.ndarray) -> None:
+        """Store the array of arrived message ``op`` (on the loop thread); raise `ShapeError`
+        if it is not what the plan expects."""
+        ...
+
+
+@dataclasses.dataclass
+class BatchStats:
+    wall: float = 0.0
+    compute: float = 0.0
+    ops: int = 0
+    sent_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    max_outbound: int = 0
+
+
+def message(batch: int, op: Op, array: np.ndarray) -> Frame:
+    """The frame carrying the tensor of send ``op`` of batch ``batch``."""
+    return Frame(meta={"b": batch, "m": op.mb}, arrays=(array,))
+
+
+class _BatchState:
+    """Mutable bookkeeping of one batch of one plan (loop thread only)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.remaining = {op: len(plan.deps.get(op, ())) for op in plan.ops}
+        self.ready = ReadySet(plan.key)
+        self.outbound = 0
+        self.max_outbound = 0
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.wake = asyncio.Event()
+        self.compute_left = len(plan.compute_ops)
+        for op in plan.ops:
+            if op.is_compute and self.remaining[op] == 0:
+                self.ready.add(op)
+
+
+class PartyRuntime:
+    """Runs plans of one party over a transport. Holds no training state (see `OpHandler`).
+
+    Args:
+      transport: the party's transport.
+      lane: a `ThreadLane` or `VirtualLane` (entered by the caller).
+      backpressure: outbound threshold and hard capacity, in frames.
+      policy: ``"priority"`` (the method) or ``"fifo"`` (plan order; the sequential baseline).
+      trace: where to record op and transfer intervals (optional).
+    """
+
+    def __init__(self, transport: Transport, lane, *, backpressure: Backpressure = Backpressure(),
+                 policy: str = "priority", trace: Trace | None = None) -> None:
+        if policy not in ("priority", "fifo"):
+            raise EngineError(f"policy must be 'priority' or 'fifo', got {policy!r}")
+        self.transport = transport
+        self.lane = lane
+        self.bp = backpressure
+        self.policy = policy
+        self.trace = trace
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.Counter[str] = collections.Counter()
+
+    async def run(self, plan: Plan, handler: OpHandler, batch: int) -> BatchStats:
+        """Execute every op of ``plan`` once; returns when all sends have been handed over."""
+        self.bp.check_plan(plan)
+        loop = asyncio.get_running_loop()
+        st = _BatchState(plan)
+        stats = BatchStats()
+        t0 = loop.time()
+        sends_per_peer = collections.Counter(op.peer for op in plan.sends)
+        recv_channels = collections.Counter((op.peer, op.channel) for op in plan.recvs)
+        for peer in sends_per_peer:
+            st.queues[peer] = asyncio.Queue(maxsize=self.bp.capacity)
+        async with asyncio.TaskGroup() as tg:
+            for peer, count in sends_per_peer.items():
+                tg.create_task(self._send_lane(st, peer, count, batch, stats))
+            for (peer, channel), count in recv_channels.items():
+                tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
+            tg.create_task(self._compute_lane(st, handler, batch, stats))
+        stats.wall = loop.time() - t0
+        stats.ops = len(plan.ops)
+        stats.max_outbound = st.max_outbound
+        return stats
+
+    # -- the three kinds of lanes --------------------------------------------------------------
+    async def _compute_lane(self, st: _BatchState, handler: OpHandler, batch: int,
+                            stats: BatchStats) -> None:
+        loop = asyncio.get_running_loop()
+        plan = st.plan
+        order = {op: i for i, op in enumerate(plan.ops)} if self.policy == "fifo" else None
+        while st.compute_left:
+            if order is None:
+                op = choose(st.ready, st.outbound, plan, self.bp)
+            else:
+                op = fifo_choose(st.ready, st.outbound, plan, self.bp, order)
+            if op is None:
+                st.wake.clear()
+                await st.wake.wait()
+                continue
+            st.ready.remove(op)
+            start = loop.time()
+            outputs = await self.lane.run(op, lambda op=op: handler.compute(op))
+            end = loop.time()
+            stats.compute += end - start
+            self.counters[op.kind.value] += 1
+            self.op_seconds[op.kind.value] += end - start
+            if self.trace is not None:
+                self.trace.add(TraceEvent(plan.party, "compute", str(op), op.mb, start, end))
+            st.compute_left -= 1
+            self._complete(st, op, outputs)
+
+    async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
+                         stats: BatchStats) -> None:
+        loop = asyncio.get_running_loop()
+        queue = st.queues[peer]
+        for _ in range(count):
+            op, array = await queue.get()
+            start = loop.time()
+            frame = message(batch, op, array)
+            await self.transport.send(peer, op.channel, frame)
+            end = loop.time()
+            nbytes = int(array.nbytes)
+            stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
+            if self.trace is not None:
+                self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
+                                          start, end, nbytes))
+            st.outbound -= 1
+            self._complete(st, op, None)
+            st.wake.set()
+
+    async def _receiver(self, st: _BatchState, handler: OpHandler, peer: str, channel: str,
+                        count: int, batch: int) -> None:
+        for m in range(count):
+            frame = await self.transport.recv(peer, channel)
+            got_b, got_m = frame.meta.get("b"), frame.meta.get("m")
+            if got_b != batch or got_m != m or len(frame.arrays) != 1:
+                raise ShapeError(
+                    f"{st.plan.party!r} expected micro-batch {m} of batch {batch} on {channel!r} "
+                    f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
+                    f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
+                    "and n_groups on both sides?)")
+            op = Op(Kind.RECV, m, channel=channel, peer=peer)
+            handler.receive(op, frame.arrays[0])
+            self._complete(st, op, None)
+            st.wake.set()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _complete(self, st: _BatchState, op: Op, outputs: Mapping[str, np.ndarray] | None) -> None:
+        for s in st.plan.successors[op]:
+            st.remaining[s] -= 1
+            if st.remaining[s]:
+                continue
+            if s.kind is Kind.SEND:
+                try:
+                    array = outputs[s.channel]  # type: ignore[index]
+                except (KeyError, TypeError):
+                    raise EngineError(f"{op} produced no tensor for {s}; the handler must return "
+                                      f"every send channel of the op") from None
+                st.outbound += 1
+                st.max_outbound = max(st.max_outbound, st.outbound)
+                if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose
+                    raise EngineError(f"outbound queue exceeded its capacity {self.bp.capacity}")
+                st.queues[s.peer].put_nowait((s, array))
+            elif s.is_compute:
+                st.ready.add(s)
