@@ -1,0 +1,1 @@
+"""Horizontal federated learning: server and client parties with compressed traffic."""
