@@ -1,0 +1,126 @@
+"""The stateless worker: it keeps no parameters between requests.
+
+Life cycle: beat to the coordinator every ``heartbeat`` seconds; on ``WELCOME`` (the data
+servers' directory) listen to every data server for ``TASK``s. For each task: compute the
+batch's loss and gradient with JAX off the event loop, push the gradient (``RESULT``), wait
+for the data server's ``ACK``, report the batch id to the coordinator (``DONE``). One task at a
+time. ``stop`` from the coordinator ends it.
+
+Fault injection for tests: ``chaos(point, batch)`` is called at ``"received"``, ``"computed"``,
+``"pushed"`` and ``"acked"``; raising `WorkerKilled` there makes the worker die on the spot
+(heartbeats stop, nothing more is sent), as a ``kill -9`` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Callable
+
+import numpy as np
+
+from engine import elastic_kernels as K
+from transports.base import Frame, Transport
+from transports.errors import TransportError
+
+from . import protocol as P
+from .errors import ElasticError, ProtocolError
+from .spec import ModelSpec
+
+log = logging.getLogger(__name__)
+
+
+class WorkerKilled(Exception):
+    """Raised by a test's chaos hook to simulate the worker dying at that point."""
+
+
+def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, list[np.ndarray]]:
+    n = 2 * (len(spec.sizes) - 1)
+    if len(arrays) != n + 2:
+        raise ProtocolError(f"task carries {len(arrays)} arrays, expected {n} parameters + x + y")
+    params, x, y = list(arrays[:n]), arrays[n], arrays[n + 1]
+    shapes = K.param_shapes(spec.sizes)
+    if [tuple(p.shape) for p in params] != shapes or x.ndim != 2 or x.shape[1] != spec.sizes[0] \
+            or y.shape != (x.shape[0],):
+        raise ProtocolError(f"task arrays do not match model sizes {list(spec.sizes)}")
+    return K.loss_and_grad(params, x.astype(np.float32), y.astype(np.int32))
+
+
+class Worker:
+    def __init__(self, transport: Transport, *, coordinator: str, heartbeat: float,
+                 url: str = "", chaos: Callable[[str, int], None] | None = None) -> None:
+        if not heartbeat > 0:
+            raise ValueError(f"heartbeat interval must be > 0 s, got {heartbeat!r}")
+        self.t = transport
+        self.coordinator = coordinator
+        self.heartbeat = heartbeat
+        self.url = url
+        self.incarnation = uuid.uuid4().hex[:12]
+        self.chaos = chaos or (lambda point, batch: None)
+        self.done = 0
+        self.killed = False
+        self._busy = asyncio.Lock()
+
+    async def run(self) -> None:
+        """Work until ``stop`` (returns) or a simulated death (returns with ``killed``)."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                beats = tg.create_task(self._beat())
+                welcome = await self.t.recv(self.coordinator, P.WELCOME)
+                servers = P.field(welcome, "data_servers", dict)
+                loops = [beats]
+                for ds, url in servers.items():
+                    P.learn_peer(self.t, ds, url)
+                    loops.append(tg.create_task(self._serve(ds)))
+                stop = await self.t.recv(self.coordinator, P.CTL)
+                log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
+                for task in loops:
+                    task.cancel()
+        except* WorkerKilled:
+            self.killed = True
+
+    async def _beat(self) -> None:
+        meta = {"incarnation": self.incarnation, "url": self.url}
+        while True:
+            try:
+                await self.t.send(self.coordinator, P.HB, Frame(meta=meta))
+            except TransportError as exc:
+                log.info("%s: heartbeat failed: %s", self.t.name, exc)
+            await asyncio.sleep(self.heartbeat)
+
+    async def _serve(self, ds: str) -> None:
+        while True:
+            task = await self.t.recv(ds, P.TASK)
+            async with self._busy:
+                await self._one(ds, task)
+
+    async def _one(self, ds: str, task: Frame) -> None:
+        try:
+            batch = P.field(task, "batch", int)
+            gen = P.field(task, "gen", int)
+            spec = ModelSpec.from_mapping(P.field(task, "spec", dict))
+            self.chaos("received", batch)
+            loss, grads = await asyncio.to_thread(_compute, spec, task.arrays)
+        except ElasticError as exc:
+            log.warning("%s: bad task from %s: %s", self.t.name, ds, exc)
+            return
+        self.chaos("computed", batch)
+        if not np.isfinite(loss):
+            log.warning("%s: batch %d gave a non-finite loss; reporting failure", self.t.name,
+                        batch)
+            grads = []
+        P.learn_peer(self.t, ds, task.meta.get("url"))
+        await self.t.send(ds, P.RESULT, Frame(meta={"batch": batch, "gen": gen, "loss": loss},
+                                              arrays=tuple(grads)))
+        self.chaos("pushed", batch)
+        ack = await self.t.recv(ds, P.ACK)
+        self.chaos("acked", batch)
+        ok = bool(ack.meta.get("ok")) and ack.meta.get("batch") == batch
+        if not ok:
+            log.info("%s: batch %d refused by %s: %s", self.t.name, batch, ds,
+                     ack.meta.get("error"))
+        self.done += ok
+        await self.t.send(self.coordinator, P.DONE,
+                          Frame(meta={"batch": batch, "gen": gen, "ds": ds, "ok": ok,
+                                      "loss": loss}))
