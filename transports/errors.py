@@ -35,3 +35,16 @@ class TransportClosedError(TransportError):
 
 class PayloadTooLargeError(FrameError):
     """A frame exceeds the configured maximum size."""
+
+
+class AuthenticationError(TransportError):
+    """A peer refused our credentials (HTTP 401), or an inbound request failed authentication.
+
+    Both parties must share the same secret (and TLS trust roots), and their clocks must agree
+    within the replay window.
+    """
+
+
+class PeerUnavailableError(TransportClosedError):
+    """The peer could not be reached for longer than the retry deadline (connection lost,
+    refused, or the peer is shutting down)."""

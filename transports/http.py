@@ -1,0 +1,711 @@
+"""HTTP transport (aiohttp): every party serves frames and posts frames to its peers.
+
+Implements `transports.base.Transport` with the same guarantees as `MemoryTransport`::
+
+    async with HttpTransport(HttpConfig(name="server", peers={"c0": url})) as t:
+        await t.send("c0", "updates", frame); f = await t.recv("c0", "model")
+
+Wire protocol (docs/transports.md has the full description):
+
+* ``POST /tandem/v1/frame`` — body: one chunk of a `codec`-encoded frame; routing in headers
+  ``X-Tandem-{Sender,Incarnation,Channel,Msg-Id,Chunk,Chunks,Offset,Total,Spec}``. Answers 200
+  (delivered, or a duplicate already delivered), 400 malformed, 401 unauthenticated/unknown peer,
+  409 spec-hash mismatch or chunk out of order, 410 retired sender incarnation, 411 no
+  Content-Length, 413 too large, 422 refused content (NaN/Inf, validator), 503 busy (inbox full
+  after ``backpressure_wait``) or closing.
+* ``POST /tandem/v1/bye`` — the sender closed: recv from it raises once its frames are drained.
+* ``GET /healthz`` and ``GET /metrics`` (Prometheus text); no authentication.
+
+Sending: one message at a time per (peer, channel), ids counting from 0 per sender incarnation;
+a chunk is retried with exponential backoff and seeded jitter on connection loss and 503, until
+``retry_timeout`` seconds without reaching the peer (`PeerUnavailableError`). Receiving: see
+`transports.inbound` for de-duplication and bounded inboxes.
+
+The library never creates an event loop: construct and use the transport inside one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import secrets
+import ssl
+import time
+from typing import Any, Callable, Mapping
+
+import aiohttp
+import numpy as np
+import orjson
+from aiohttp import web
+
+from . import auth, chunking, codec, metrics
+from .base import Frame, LinkStats
+from .errors import (AuthenticationError, FrameError, PayloadTooLargeError,
+                     PeerUnavailableError, TransportClosedError, TransportError,
+                     UnknownPeerError)
+from .inbound import Inbox, Partial, StreamState
+
+log = logging.getLogger(__name__)
+
+FRAME_PATH = "/tandem/v1/frame"
+BYE_PATH = "/tandem/v1/bye"
+H_SENDER, H_INC, H_CHANNEL, H_ID = (
+    "X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id")
+H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL, H_SPEC = (
+    "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total", "X-Tandem-Spec")
+H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
+_INLINE_BYTES = 1 << 20  # below this, hashing/checks run on the loop (cheaper than a thread hop)
+
+
+@dataclasses.dataclass
+class HttpConfig:
+    """Configuration of one party's HTTP transport.
+
+    Attributes:
+      name: this party's name (sent as ``X-Tandem-Sender``).
+      host, port: where to serve; port 0 picks a free port (see `HttpTransport.url`).
+      peers: peer name -> base URL (``http://host:port`` or ``https://...``); more via add_peer.
+      secret: shared HMAC secret; None disables HMAC (then only peer names are checked — use
+        mutual TLS for authentication in that case).
+      ssl_server / ssl_client: `ssl.SSLContext` for serving HTTPS / verifying peers (mTLS when
+        the server context has ``verify_mode = CERT_REQUIRED`` and the client context a cert).
+      capacity: frames buffered per inbound (peer, channel) before senders are pushed back.
+      max_frame_bytes: larger frames are refused with 413.
+      reject_nonfinite: refuse float/complex tensors containing NaN or Inf with 422.
+      chunk_bytes: messages larger than this travel as several requests.
+      spec_hash: when non-empty, stamped on outgoing frames; inbound frames must match (409).
+      validator: called with each decoded inbound frame; raise `FrameError` to refuse it (422).
+      retry_timeout: seconds a send keeps retrying an unreachable peer before
+        `PeerUnavailableError`.
+      backoff_base / backoff_max: exponential backoff between retries (with jitter).
+      backpressure_wait: seconds a request waits for an inbox slot before 503.
+      auth_window: accepted clock skew (s) for signed requests; max_nonces: replay memory.
+      seed: seeds the retry jitter.
+      write_piece_bytes: size of individual socket writes (bounds sender-side buffering).
+      clock: wall clock for signing/verifying (injectable in tests).
+    """
+
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    peers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secret: bytes | None = None
+    ssl_server: ssl.SSLContext | None = None
+    ssl_client: ssl.SSLContext | None = None
+    capacity: int = 64
+    max_frame_bytes: int = 1 << 31
+    reject_nonfinite: bool = True
+    chunk_bytes: int = 64 << 20
+    spec_hash: str = ""
+    validator: Callable[[Frame], None] | None = None
+    retry_timeout: float = 30.0
+    backoff_base: float = 0.01
+    backoff_max: float = 1.0
+    backpressure_wait: float = 1.0
+    auth_window: float = 60.0
+    max_nonces: int = 65536
+    seed: int = 0
+    write_piece_bytes: int = 1 << 20
+    read_bufsize: int = 1 << 22
+    clock: Callable[[], float] = time.time
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.name, str) or not self.name or "\n" in self.name:
+            problems.append(f"name must be a non-empty single-line string, got {self.name!r}")
+        if self.capacity < 1:
+            problems.append(f"capacity must be >= 1 frame, got {self.capacity}")
+        if self.chunk_bytes < 1:
+            problems.append(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if self.max_frame_bytes < 1:
+            problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
+        if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
+            problems.append("secret must be non-empty bytes or None")
+        for f in ("retry_timeout", "backoff_base", "backoff_max", "backpressure_wait",
+                  "auth_window"):
+            if not getattr(self, f) > 0:
+                problems.append(f"{f} must be > 0 s, got {getattr(self, f)!r}")
+        if problems:
+            raise ValueError("invalid HttpConfig: " + "; ".join(problems))
+
+
+class _Refuse(Exception):
+    """Internal: answer the request with ``status`` and ``text`` (counted under ``reason``)."""
+
+    def __init__(self, status: int, reason: str, text: str, **extra: Any) -> None:
+        super().__init__(text)
+        self.status, self.reason, self.text, self.extra = status, reason, text, extra
+
+
+class _OutStream:
+    __slots__ = ("lock", "next_id")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.next_id = 0
+
+
+class HttpTransport:
+    """One party's HTTP endpoint. Implements `transports.base.Transport`.
+
+    Use ``async with HttpTransport(cfg) as t`` (or ``await t.start()`` / ``await t.aclose()``).
+    ``spec_hash`` and ``validator`` are plain attributes, settable after negotiation.
+    """
+
+    def __init__(self, config: HttpConfig) -> None:
+        self._cfg = config
+        self.spec_hash = config.spec_hash
+        self.validator = config.validator
+        self._peers: dict[str, str] = {}
+        for peer, url in config.peers.items():
+            self.add_peer(peer, url)
+        self._incarnation = secrets.token_hex(8)  # identity, deliberately not seeded
+        self._rng = random.Random(config.seed)
+        self._verifier = (auth.Verifier(config.secret, window=config.auth_window,
+                                        max_nonces=config.max_nonces, clock=config.clock)
+                          if config.secret else None)
+        self._out: dict[tuple[str, str], _OutStream] = {}
+        self._inboxes: dict[tuple[str, str], Inbox] = {}
+        self._streams: dict[tuple[str, str], StreamState] = {}
+        self._retired: dict[str, set[str]] = {}
+        self._sent: dict[str, LinkStats] = {}
+        self._received: dict[str, LinkStats] = {}
+        self._retries: dict[str, int] = {}
+        self._refused: dict[str, int] = {}
+        self._metrics_sources: list[Callable[[], str]] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._closed = False
+        self._closed_event: asyncio.Event | None = None
+        self._port: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> "HttpTransport":
+        """Start serving and open the client session. Must run inside an event loop."""
+        if self._runner is not None:
+            return self
+        if self._closed:
+            raise TransportClosedError(f"transport of {self.name!r} is closed; make a new one")
+        cfg = self._cfg
+        self._closed_event = asyncio.Event()
+        app = web.Application(client_max_size=1 << 20)
+        app.router.add_post(FRAME_PATH, self._handle_frame)
+        app.router.add_post(BYE_PATH, self._handle_bye)
+        app.router.add_get("/healthz", self._handle_health)
+        app.router.add_get("/metrics", self._handle_metrics)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                               read_bufsize=cfg.read_bufsize, shutdown_timeout=1.0)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=cfg.ssl_server)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self._port = runner.addresses[0][1]
+        connector = aiohttp.TCPConnector(limit=0, ssl=cfg.ssl_client if cfg.ssl_client else True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+            read_bufsize=1 << 16, auto_decompress=False, skip_auto_headers=("User-Agent",))
+        return self
+
+    async def __aenter__(self) -> "HttpTransport":
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close: tell peers goodbye (best effort), stop serving, close connections. Idempotent.
+
+        Pending and later `send`/`recv` raise `TransportClosedError`."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._closed_event is not None:
+            self._closed_event.set()
+        for box in list(self._inboxes.values()):
+            await box.set_closed(True)
+        if self._session is not None:
+            if self._peers:
+                await asyncio.gather(*(self._say_bye(url) for url in self._peers.values()))
+            await self._session.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    # -- the Transport protocol --------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._cfg.name
+
+    @property
+    def peers(self) -> tuple[str, ...]:
+        return tuple(self._peers)
+
+    @property
+    def url(self) -> str:
+        """Base URL this transport serves on (valid after `start`)."""
+        if self._port is None:
+            raise TransportError("transport not started: use `async with HttpTransport(cfg)`")
+        scheme = "https" if self._cfg.ssl_server else "http"
+        return f"{scheme}://{self._cfg.host}:{self._port}"
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def add_peer(self, name: str, url: str) -> None:
+        """Address ``name`` at ``url`` (``http(s)://host:port``); replaces an older URL."""
+        if not isinstance(name, str) or not name or "\n" in name or name == self._cfg.name:
+            raise ValueError(f"peer name must be a non-empty string other than our own, got {name!r}")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"peer {name!r}: url must start with http:// or https://, got {url!r}")
+        self._peers[name] = url.rstrip("/")
+
+    def add_metrics_source(self, source: Callable[[], str]) -> None:
+        """Append ``source()`` (Prometheus text lines) to every ``GET /metrics`` answer."""
+        self._metrics_sources.append(source)
+
+    def sent_stats(self, peer: str) -> LinkStats:
+        return self._sent.setdefault(peer, LinkStats())
+
+    def received_stats(self, peer: str) -> LinkStats:
+        return self._received.setdefault(peer, LinkStats())
+
+    def _check(self, peer: str) -> str:
+        if self._closed:
+            raise TransportClosedError(f"transport of {self.name!r} is closed")
+        if self._session is None:
+            raise TransportError(f"transport of {self.name!r} is not started; use `async with`")
+        url = self._peers.get(peer)
+        if url is None:
+            raise UnknownPeerError(
+                f"{self.name!r} has no peer {peer!r}; known peers: {sorted(self._peers)} "
+                "(add it with add_peer(name, url))")
+        return url
+
+    async def send(self, peer: str, channel: str, frame: Frame) -> None:
+        """Deliver ``frame``; returns once the peer has queued it. See `Transport.send`."""
+        url = self._check(peer)
+        if not isinstance(channel, str) or not channel or "\n" in channel:
+            raise FrameError(f"channel must be a non-empty single-line string, got {channel!r}")
+        out = self._out.setdefault((peer, channel), _OutStream())
+        async with out.lock:
+            self._check(peer)
+            msg_id = out.next_id
+            out.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
+            frame = frame.replace(sender=self.name, channel=channel, msg_id=msg_id,
+                                  spec_hash=self.spec_hash or frame.spec_hash)
+            parts = codec.encode_parts(frame)
+            chunks = chunking.split(parts, self._cfg.chunk_bytes)
+            total = sum(chunking.total_size(v) for _, v in chunks)
+            routing = {H_SENDER: self.name, H_INC: self._incarnation, H_CHANNEL: channel,
+                       H_ID: str(msg_id), H_CHUNKS: str(len(chunks)), H_TOTAL: str(total),
+                       H_SPEC: frame.spec_hash}
+            digests: dict[int, str] = {}
+            i = 0
+            while i < len(chunks):
+                i = await self._post_chunk(peer, url, routing, chunks, i, digests)
+            stats = self.sent_stats(peer)
+            stats.frames += 1
+
+    async def recv(self, peer: str, channel: str) -> Frame:
+        """Next frame from ``peer`` on ``channel``; cancelling it loses no frame."""
+        self._check(peer)
+        box = self._inbox(peer, channel)
+        frame = await box.get()
+        if frame is None:
+            if self._closed:
+                raise TransportClosedError(f"transport of {self.name!r} is closed")
+            raise TransportClosedError(
+                f"peer {peer!r} closed its transport with no frame pending on {channel!r}")
+        return frame
+
+    # -- sending -----------------------------------------------------------------------------
+    async def _post_chunk(self, peer: str, url: str, routing: dict[str, str],
+                          chunks: list[tuple[int, list[memoryview]]], i: int,
+                          digests: dict[int, str]) -> int:
+        """Post chunk ``i`` until acknowledged; returns the index of the next chunk to send."""
+        cfg = self._cfg
+        offset, views = chunks[i]
+        size = chunking.total_size(views)
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            if self._closed:
+                raise TransportClosedError(f"transport of {self.name!r} closed during send")
+            headers = dict(routing)
+            headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+            headers["Content-Length"] = str(size)
+            headers["Content-Type"] = "application/octet-stream"
+            if cfg.secret:
+                if i not in digests:
+                    digests[i] = (auth.body_digest(views) if size < _INLINE_BYTES else
+                                  await asyncio.to_thread(auth.body_digest, views))
+                auth.sign(cfg.secret, "POST", FRAME_PATH, headers, digests[i], clock=cfg.clock)
+            t0 = loop.time()
+            try:
+                async with self._session.post(url + FRAME_PATH, headers=headers,
+                                              data=self._body(views)) as resp:
+                    status, text = resp.status, await resp.text()
+                    waited = float(resp.headers.get(H_WAIT, "0") or 0)
+            except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as exc:
+                if self._closed:
+                    raise TransportClosedError(
+                        f"transport of {self.name!r} closed during send") from None
+                if isinstance(exc, RuntimeError) and "closed" not in str(exc).lower():
+                    raise
+                now = loop.time()
+                deadline = deadline if deadline is not None else now + cfg.retry_timeout
+                if now >= deadline:
+                    raise PeerUnavailableError(
+                        f"peer {peer!r} at {url} unreachable for {cfg.retry_timeout}s "
+                        f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)") from None
+                attempt = await self._backoff(peer, attempt)
+                continue
+            if status == 200:
+                stats = self.sent_stats(peer)
+                stats.bytes += size
+                stats.busy_seconds += max(loop.time() - t0 - waited, 0.0)
+                return i + 1
+            if status == 503:
+                if "closing" in text:  # the peer is shutting down: like a lost connection
+                    now = loop.time()
+                    deadline = deadline if deadline is not None else now + cfg.retry_timeout
+                    if now >= deadline:
+                        raise PeerUnavailableError(f"peer {peer!r} is shutting down: {text}")
+                else:
+                    deadline = None  # busy but alive: keep waiting (backpressure)
+                attempt = await self._backoff(peer, attempt)
+                continue
+            err = self._error_for(peer, status, text)
+            if isinstance(err, _ResendFrom) and err.index <= i:
+                return err.index  # the receiver lost the message's start: resend in order
+            raise err if not isinstance(err, _ResendFrom) else FrameError(str(err))
+
+    def _body(self, views: list[memoryview]):
+        piece = self._cfg.write_piece_bytes
+
+        async def gen():
+            for p in chunking.pieces(views, piece):
+                yield p
+        return gen()
+
+    async def _backoff(self, peer: str, attempt: int) -> int:
+        self._retries[peer] = self._retries.get(peer, 0) + 1
+        cfg = self._cfg
+        delay = min(cfg.backoff_max, cfg.backoff_base * (2 ** attempt))
+        delay *= 0.5 + 0.5 * self._rng.random()
+        try:
+            await asyncio.wait_for(self._closed_event.wait(), delay)
+        except TimeoutError:
+            pass
+        return attempt + 1
+
+    def _error_for(self, peer: str, status: int, text: str) -> Exception:
+        if status == 409 and text.startswith("{"):
+            try:
+                body = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                body = {}
+            if "expect_chunk" in body:  # caller resends from there (handled by _post_chunk)
+                return _ResendFrom(int(body["expect_chunk"]), body.get("error", ""))
+        where = f"peer {peer!r} refused the frame ({status})"
+        if status == 401:
+            return AuthenticationError(
+                f"{where}: check that both parties share the same secret, that {peer!r} lists "
+                f"{self.name!r} among its peers, and that clocks agree within the replay window")
+        if status == 413:
+            return PayloadTooLargeError(f"{where}: {text}")
+        if status in (400, 409, 410, 411, 422):
+            return FrameError(f"{where}: {text}")
+        return TransportError(f"{where}: {text}")
+
+    async def _say_bye(self, url: str) -> None:
+        headers = {H_SENDER: self.name, H_INC: self._incarnation, "Content-Length": "0"}
+        if self._cfg.secret:
+            auth.sign(self._cfg.secret, "POST", BYE_PATH, headers, auth.EMPTY_SHA,
+                      clock=self._cfg.clock)
+        try:
+            async with self._session.post(url + BYE_PATH, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass  # best effort: a peer that is gone needs no goodbye
+
+    # -- receiving ---------------------------------------------------------------------------
+    def _inbox(self, peer: str, channel: str) -> Inbox:
+        box = self._inboxes.get((peer, channel))
+        if box is None:
+            box = self._inboxes[(peer, channel)] = Inbox(self._cfg.capacity)
+            box.closed = self._closed
+        return box
+
+    def _refuse(self, r: _Refuse) -> web.Response:
+        self._refused[r.reason] = self._refused.get(r.reason, 0) + 1
+        if r.status == 401:
+            log.info("%s: refused request (401): %s", self.name, r.text)
+            return web.Response(status=401, text="unauthorized")
+        if r.extra:
+            return web.Response(status=r.status, content_type="application/json",
+                                body=orjson.dumps({"error": r.text, **r.extra}))
+        return web.Response(status=r.status, text=r.text)
+
+    def _authenticate(self, request: web.Request, path: str) -> str:
+        sender = request.headers.get(H_SENDER, "")
+        if sender not in self._peers:
+            raise _Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+        if self._verifier is not None:
+            try:
+                self._verifier.verify(request.method, path, request.headers)
+            except AuthenticationError as exc:
+                raise _Refuse(401, "unauthenticated", f"from {sender!r}: {exc}") from None
+        return sender
+
+    async def _handle_frame(self, request: web.Request) -> web.Response:
+        try:
+            return await self._receive(request)
+        except _Refuse as r:
+            return self._refuse(r)
+        except (ConnectionError, aiohttp.ClientPayloadError, asyncio.IncompleteReadError) as exc:
+            self._refused["disconnected"] = self._refused.get("disconnected", 0) + 1
+            return web.Response(status=400, text=f"request body incomplete: {exc}")
+        except Exception:  # the server must keep serving; report and move on
+            log.exception("%s: internal error while receiving a frame", self.name)
+            self._refused["internal"] = self._refused.get("internal", 0) + 1
+            return web.Response(status=500, text="internal error (see the receiver's log)")
+
+    async def _receive(self, request: web.Request) -> web.Response:
+        if self._closed:
+            raise _Refuse(503, "closing", "receiver is closing")
+        sender = self._authenticate(request, FRAME_PATH)
+        h = request.headers
+        channel = h.get(H_CHANNEL, "")
+        if not channel:
+            raise _Refuse(400, "malformed", f"missing header {H_CHANNEL}")
+        inc = h.get(H_INC, "")
+        if not inc:
+            raise _Refuse(400, "malformed", f"missing header {H_INC}")
+        msg_id, chunk, chunks, offset, total = (
+            _int_header(h, k) for k in (H_ID, H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL))
+        length = request.content_length
+        if length is None:
+            raise _Refuse(411, "malformed", "Content-Length is required")
+        if total > self._cfg.max_frame_bytes:
+            raise _Refuse(413, "too_large",
+                          f"frame of {total} bytes exceeds max_frame_bytes="
+                          f"{self._cfg.max_frame_bytes} of {self.name!r}; raise it on the "
+                          "receiver or send smaller tensors")
+        if not (chunks >= 1 and 0 <= chunk < chunks and offset + length <= total
+                and (chunks > 1 or length == total)):
+            raise _Refuse(400, "malformed",
+                          f"inconsistent chunk headers: chunk {chunk} of {chunks}, offset "
+                          f"{offset} + length {length} > total {total}")
+        spec = h.get(H_SPEC, "")
+        if self.spec_hash and spec != self.spec_hash:
+            raise _Refuse(409, "spec_mismatch", _spec_text(spec, self.spec_hash))
+        if inc in self._retired.get(sender, ()):
+            raise _Refuse(410, "retired", f"incarnation {inc} of {sender!r} has closed")
+        state = self._streams.setdefault((sender, channel), StreamState())
+        async with state.lock:
+            if state.incarnation != inc:  # a (re)started sender: fresh de-duplication state
+                if state.incarnation:
+                    self._retired.setdefault(sender, set()).add(state.incarnation)
+                await self._drop_partial(sender, channel, state)
+                state.incarnation, state.next_id = inc, None
+                box = self._inbox(sender, channel)
+                if box.closed and not self._closed:
+                    await box.set_closed(False)
+            if state.next_id is not None and msg_id < state.next_id:
+                return web.Response(text="duplicate")
+            box = self._inbox(sender, channel)
+            part = state.partial
+            waited = 0.0
+            if part is not None and part.msg_id == msg_id and chunk < part.next_chunk:
+                return web.Response(text="duplicate")
+            if chunk == 0:
+                await self._drop_partial(sender, channel, state)  # abandoned older message
+                t0 = time.monotonic()
+                if not await box.reserve(self._cfg.backpressure_wait):
+                    reason = "closing" if box.closed else "busy"
+                    raise _Refuse(503, reason, f"receiver {reason}: inbox of {channel!r} is full"
+                                  if reason == "busy" else "receiver is closing")
+                waited = time.monotonic() - t0
+                part = state.partial = Partial(msg_id, chunks, total)
+            elif part is None or part.msg_id != msg_id or chunk != part.next_chunk:
+                expect = part.next_chunk if part is not None and part.msg_id == msg_id else 0
+                raise _Refuse(409, "out_of_order",
+                              f"chunk {chunk} of message {msg_id} is out of order; expected "
+                              f"chunk {expect}", expect_chunk=expect)
+            if part.chunks != chunks or part.total != total or offset != part.filled:
+                await self._drop_partial(sender, channel, state)
+                raise _Refuse(400, "malformed", "chunk headers disagree with the message's "
+                              f"first chunk (chunks {chunks}, total {total}, offset {offset})")
+            t_read = time.monotonic()
+            await self._read_into(request, part.buffer, offset, length)
+            if self._verifier is not None:
+                view = memoryview(part.buffer)[offset:offset + length]
+                digest = (auth.body_digest([view]) if length < _INLINE_BYTES else
+                          await asyncio.to_thread(auth.body_digest, [view]))
+                if digest != h.get(auth.BODY_SHA):
+                    raise _Refuse(401, "unauthenticated", "body digest does not match")
+            stats = self.received_stats(sender)
+            stats.bytes += length
+            stats.busy_seconds += time.monotonic() - t_read
+            part.filled += length
+            part.next_chunk += 1
+            if part.next_chunk < part.chunks:
+                return web.Response(text="chunk", headers={H_WAIT: f"{waited:.6f}"})
+            state.partial = None
+            try:
+                frame = await self._check_frame(sender, channel, msg_id, part.buffer)
+            except BaseException:
+                await box.unreserve()
+                raise
+            await box.deliver(frame)
+            state.next_id = msg_id + 1
+            stats.frames += 1
+            return web.Response(text="ok", headers={H_WAIT: f"{waited:.6f}"})
+
+    async def _drop_partial(self, sender: str, channel: str, state: StreamState) -> None:
+        if state.partial is not None:
+            state.partial = None
+            await self._inbox(sender, channel).unreserve()
+
+    async def _read_into(self, request: web.Request, buf: memoryview, offset: int,
+                         length: int) -> None:
+        view = memoryview(buf)
+        pos, end = offset, offset + length
+        content = request.content
+        while pos < end:
+            data = await content.readany()
+            if not data:
+                raise _Refuse(400, "malformed",
+                              f"body ended after {pos - offset} of {length} bytes")
+            n = len(data)
+            if pos + n > end:
+                raise _Refuse(400, "malformed", "body longer than Content-Length")
+            view[pos:pos + n] = data
+            pos += n
+
+    async def _check_frame(self, sender: str, channel: str, msg_id: int,
+                           buffer: memoryview) -> Frame:
+        try:
+            frame = codec.decode(buffer, max_bytes=self._cfg.max_frame_bytes)
+        except PayloadTooLargeError as exc:
+            raise _Refuse(413, "too_large", str(exc)) from None
+        except FrameError as exc:
+            raise _Refuse(400, "malformed", f"malformed frame: {exc}") from None
+        if (frame.sender, frame.channel, frame.msg_id) != (sender, channel, msg_id):
+            raise _Refuse(400, "malformed",
+                          f"frame header (sender {frame.sender!r}, channel {frame.channel!r}, id "
+                          f"{frame.msg_id}) disagrees with the request headers ({sender!r}, "
+                          f"{channel!r}, {msg_id})")
+        if self.spec_hash and frame.spec_hash != self.spec_hash:
+            raise _Refuse(409, "spec_mismatch", _spec_text(frame.spec_hash, self.spec_hash))
+        if self._cfg.reject_nonfinite or self.validator is not None:
+            if frame.nbytes < _INLINE_BYTES:
+                self._validate(frame)
+            else:
+                await asyncio.to_thread(self._validate, frame)
+        return frame
+
+    def _validate(self, frame: Frame) -> None:
+        if self._cfg.reject_nonfinite:
+            for i, a in enumerate(frame.arrays):
+                if a.dtype.kind in "fc" and a.size and not np.isfinite(a).all():
+                    raise _Refuse(422, "nonfinite",
+                                  f"array {i} of frame {frame.msg_id} on {frame.channel!r} "
+                                  "contains NaN or Inf (reject_nonfinite=True on the receiver)")
+        if self.validator is not None:
+            try:
+                self.validator(frame)
+            except FrameError as exc:
+                raise _Refuse(422, "invalid", f"frame refused by validator: {exc}") from None
+
+    async def _handle_bye(self, request: web.Request) -> web.Response:
+        try:
+            sender = self._authenticate(request, BYE_PATH)
+        except _Refuse as r:
+            return self._refuse(r)
+        inc = request.headers.get(H_INC, "")
+        self._retired.setdefault(sender, set()).add(inc)
+        for (s, channel), state in list(self._streams.items()):
+            if s == sender and state.incarnation == inc:
+                async with state.lock:
+                    await self._drop_partial(s, channel, state)
+        for (s, _), box in list(self._inboxes.items()):
+            if s == sender:
+                await box.set_closed(True)
+        return web.Response(text="bye")
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "party": self.name})
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.metrics_text(), content_type="text/plain",
+                            charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+
+    def metrics_text(self) -> str:
+        """The ``GET /metrics`` document (Prometheus text format)."""
+        me = self.name
+        lines: list[str] = []
+        for direction, table in (("sent", self._sent), ("received", self._received)):
+            lines += metrics.family(
+                f"tandem_{direction}_bytes_total", "counter", f"Frame bytes {direction} per peer",
+                [({"party": me, "peer": p}, s.bytes) for p, s in table.items()])
+            lines += metrics.family(
+                f"tandem_{direction}_frames_total", "counter", f"Frames {direction} per peer",
+                [({"party": me, "peer": p}, s.frames) for p, s in table.items()])
+            lines += metrics.family(
+                f"tandem_{direction}_busy_seconds_total", "counter",
+                f"Seconds spent transferring frames {direction} per peer",
+                [({"party": me, "peer": p}, s.busy_seconds) for p, s in table.items()])
+        lines += metrics.family(
+            "tandem_inbound_queue_depth", "gauge", "Frames waiting for recv per (peer, channel)",
+            [({"party": me, "peer": p, "channel": c}, len(b.items))
+             for (p, c), b in self._inboxes.items()])
+        lines += metrics.family(
+            "tandem_send_retries_total", "counter", "Send retries per peer",
+            [({"party": me, "peer": p}, n) for p, n in self._retries.items()])
+        lines += metrics.family(
+            "tandem_refused_requests_total", "counter", "Refused inbound requests by reason",
+            [({"party": me, "reason": r}, n) for r, n in sorted(self._refused.items())])
+        text = "\n".join(lines) + "\n"
+        for source in self._metrics_sources:
+            try:
+                extra = source()
+            except Exception as exc:  # a broken source must not break /metrics
+                extra = f"# metrics source {source!r} failed: {type(exc).__name__}"
+            text += extra if extra.endswith("\n") else extra + "\n"
+        return text
+
+    @property
+    def refused(self) -> Mapping[str, int]:
+        """Refused inbound requests by reason (read-only view for tests and tooling)."""
+        return dict(self._refused)
+
+
+class _ResendFrom(Exception):
+    def __init__(self, index: int, text: str) -> None:
+        super().__init__(text)
+        self.index = index
+
+
+def _int_header(h: Mapping[str, str], key: str) -> int:
+    raw = h.get(key)
+    if raw is None:
+        raise _Refuse(400, "malformed", f"missing header {key}")
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
+        raise _Refuse(400, "malformed", f"header {key} must be a non-negative integer, got {raw[:40]!r}")
+    return int(raw)
+
+
+def _spec_text(got: str, mine: str) -> str:
+    return (f"frame spec hash {got!r} differs from this party's {mine!r}; both parties must "
+            "negotiate the same task spec")
