@@ -28,7 +28,6 @@ error or cancellation the pool is shut down and pending chunks are dropped.
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import dataclasses
 import functools
@@ -201,44 +200,87 @@ def _make_pool(n_workers: int) -> concurrent.futures.Executor:
         n_workers, mp_context=multiprocessing.get_context("spawn"))
 
 
-async def _ordered(results: "collections.deque[Awaitable[bytes]]") -> bytes:
-    return await results.popleft()
+async def _pipeline(feed: Callable[[Callable[[asyncio.Future], Awaitable[None]]], Awaitable[None]],
+                    sink: Callable[[bytes], Awaitable[None]], window: int) -> None:
+    """Run ``feed(put)``, which submits curve work and ``put``s its futures in order, while
+    results are awaited in that order and passed to ``sink``.
+
+    At most ``window`` futures wait in the queue (bounded memory); a failure in either side
+    (a bad chunk, a transport error) cancels the other at once instead of waiting for more
+    input. Futures left behind are cancelled or their exceptions consumed.
+    """
+    queue: asyncio.Queue[asyncio.Future | None] = asyncio.Queue(maxsize=window)
+
+    async def put(fut: asyncio.Future) -> None:
+        try:
+            await queue.put(fut)
+        except BaseException:
+            _discard(fut)
+            raise
+
+    async def produce() -> None:
+        await feed(put)
+        await queue.put(None)
+
+    async def consume() -> None:
+        while (fut := await queue.get()) is not None:
+            await sink(await fut)
+
+    try:
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(produce())
+            tg.create_task(consume())
+    finally:
+        while not queue.empty():
+            _discard(queue.get_nowait())
+
+
+def _discard(fut: asyncio.Future | None) -> None:
+    if fut is None:
+        return
+    if fut.done():
+        if not fut.cancelled():
+            fut.exception()  # mark retrieved: the error was already reported by its sibling
+    else:
+        fut.cancel()
 
 
 async def _send_own(transport: Transport, peer: str, keys: list[bytes], perm: np.ndarray,
                     chunk_size: int, window: int, run) -> None:
-    """Hash, blind and send our ids in shuffled order, ``window`` chunks in flight."""
-    pending: collections.deque = collections.deque()
+    """Hash, blind and send our ids in shuffled order."""
     offset = 0
-    for start in range(0, len(keys), chunk_size):
-        chunk = [keys[int(i)] for i in perm[start:start + chunk_size]]
-        pending.append(run(ecdh.hash_and_blind, chunk))
-        if len(pending) >= window:
-            offset = await _send_points(transport, peer, CH_BLINDED, await _ordered(pending),
-                                        ecdh.POINT_BYTES, offset)
-    while pending:
-        offset = await _send_points(transport, peer, CH_BLINDED, await _ordered(pending),
-                                    ecdh.POINT_BYTES, offset)
+
+    async def feed(put) -> None:
+        for start in range(0, len(keys), chunk_size):
+            chunk = [keys[int(i)] for i in perm[start:start + chunk_size]]
+            await put(run(ecdh.hash_and_blind, chunk))
+
+    async def sink(blob: bytes) -> None:
+        nonlocal offset
+        offset = await _send_points(transport, peer, CH_BLINDED, blob, ecdh.POINT_BYTES, offset)
+
+    await _pipeline(feed, sink, window)
 
 
 async def _serve_peer(transport: Transport, peer: str, count: int, width: int, window: int,
                       run, peer_doubles: bytearray) -> None:
     """Blind the peer's points with our scalar, keep them and return them in order."""
-    pending: collections.deque = collections.deque()
-    received = sent = 0
-    while received < count:
-        points = _points_of(await transport.recv(peer, CH_BLINDED), ecdh.POINT_BYTES,
-                            received, count)
-        received += len(points) // ecdh.POINT_BYTES
-        pending.append(run(ecdh.blind_points, points, width))
-        if len(pending) >= window:
-            blob = await _ordered(pending)
-            peer_doubles += blob
-            sent = await _send_points(transport, peer, CH_DOUBLE, blob, width, sent)
-    while pending:
-        blob = await _ordered(pending)
-        peer_doubles += blob
+    sent = 0
+
+    async def feed(put) -> None:
+        received = 0
+        while received < count:
+            points = _points_of(await transport.recv(peer, CH_BLINDED), ecdh.POINT_BYTES,
+                                received, count)
+            received += len(points) // ecdh.POINT_BYTES
+            await put(run(ecdh.blind_points, points, width))
+
+    async def sink(blob: bytes) -> None:
+        nonlocal sent
+        peer_doubles.extend(blob)
         sent = await _send_points(transport, peer, CH_DOUBLE, blob, width, sent)
+
+    await _pipeline(feed, sink, window)
 
 
 async def _recv_doubles(transport: Transport, peer: str, count: int, width: int,
