@@ -15,6 +15,7 @@ from typing import Awaitable, Callable, Sequence
 #: Modules providing ``register(subparsers)``; each adds its own sub-commands.
 COMMAND_MODULES = [
     "parties.split.cli",
+    "parties.elastic.cli",
 ]
 
 

@@ -113,6 +113,8 @@ class Coordinator:
         self._n_batches: dict[str, int] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._listeners: set[asyncio.Task] = set()
+        self._ckpt_digest: dict[str, str] = {}
+        self.initial_loss: float | None = None
 
     # -- plumbing --------------------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
@@ -242,6 +244,9 @@ class Coordinator:
         self._n_batches = {ds: int(rep.meta["n_batches"]) for ds, rep in reps.items()}
         self.ledger = Ledger(self._batches())
         self.progress.total = self.ledger.total
+        self._remember(await self._call_all("checkpoint"))
+        losses = await self._call_all("eval")
+        self.initial_loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
 
     def _batches(self) -> dict[str, list[int]]:
         return {ds: [i * P.STRIDE + b for b in range(self._n_batches[ds])]
@@ -301,6 +306,7 @@ class Coordinator:
             merged = await asyncio.to_thread(_mean, [rep.arrays for rep in fenced.values()])
         reps = await self._call_all("checkpoint", arrays=merged)
         self._check_replicas(reps)
+        self._remember(reps)
         committed = self.ledger.checkpoint(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
@@ -314,11 +320,21 @@ class Coordinator:
         gen = self.ledger.generation + 1
         reps = await self._call_all("rollback", gen=gen, live=sorted(det.live))
         self._check_replicas(reps)
+        back = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self._event("rollback_digests", back)
+        wrong = [ds for ds, d in back.items() if d != self._ckpt_digest.get(ds)]
+        if wrong:
+            raise ElasticError(f"parameter server(s) {wrong} did not return bit-identical to "
+                               "their last checkpoint after rollback")
         n = self.ledger.rollback()
         self.progress.rollbacks += 1
         self._event("rollback", n)
         log.info("membership changed (+%s -%s): rolled back, %d batches re-issued",
                  sorted(det.joined), sorted(det.left), n)
+
+    def _remember(self, reps: dict[str, Frame]) -> None:
+        self._ckpt_digest = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self._event("checkpoint_digests", dict(self._ckpt_digest))
 
     def _check_replicas(self, reps: dict[str, Frame]) -> None:
         models = {rep.meta["model"] for rep in reps.values()}
@@ -328,7 +344,7 @@ class Coordinator:
 
     async def _close_epoch(self) -> bool:
         self._set_phase("epoch")
-        await self._call_all("epoch")
+        self._remember(await self._call_all("epoch"))
         losses = await self._call_all("eval")
         loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
         self.history.append({"epoch": self.ledger.epoch, "committed": list(self.ledger.committed),
@@ -365,6 +381,7 @@ class Coordinator:
 
     def summary(self) -> dict[str, Any]:
         return {"epochs": len(self.history), "history": self.history,
+                "initial_loss": self.initial_loss,
                 "checkpoints": self.progress.checkpoints, "rollbacks": self.progress.rollbacks,
                 "reissued": self.ledger.reissued if self.ledger else 0,
                 "refused_reports": self.ledger.refused if self.ledger else 0,

@@ -109,7 +109,8 @@ class DataServer:
                 return {"digest": digest, "model": self._model_digest()}, ()
             if op == "epoch":
                 await asyncio.to_thread(self.ps.new_epoch, self.n_batches)
-                return {"epoch": self.ps.epoch}, ()
+                return {"epoch": self.ps.epoch, "digest": self.ps.digest(),
+                        "model": self._model_digest()}, ()
             if op == "eval":
                 loss = await asyncio.to_thread(self.ps.loss, self.shard.x, self.shard.y)
                 return {"loss": loss}, ()
