@@ -1,0 +1,186 @@
+"""Federated rounds end to end over the memory transport: accounting, exact downlink,
+dropouts, late clients that rejoin, malformed and oversized updates."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from engine.errors import ConfigError
+from engine.fl_aggregate import ServerRule
+from parties.fl import protocol as P
+from parties.fl.client import FLClient
+from parties.fl.data import load_federated_digits
+from parties.fl.federation import make_trainer, run_memory_federation
+from parties.fl.server import FLConfig
+from transports import codec
+from transports.base import Frame
+
+UPLINK = {"kind": "randk", "k": 40}
+TIMEOUT = 0.6  # s; faulty clients below are late by design, the others reply in milliseconds
+
+
+@pytest.fixture(scope="module")
+def setup():
+    data = load_federated_digits(4, 0.5, seed=1)
+    trainer = make_trainer(data, [16], lr=0.1, epochs=1)
+    x, y = data.clients[0]
+    trainer.train(trainer.init_vec, x, y, 0)  # compile outside the timed rounds
+    trainer.accuracy(trainer.init_vec, data.x_test, data.y_test)
+    return data, trainer
+
+
+def compressed(rounds: int, **kw) -> FLConfig:
+    base = dict(rounds=rounds, fraction=1.0, round_timeout=TIMEOUT, uplink=UPLINK,
+                rule=ServerRule(momentum=0.5, topk=60), downlink="version", seed=3)
+    base.update(kw)
+    return FLConfig(**base)
+
+
+class Recording(FLClient):
+    """Adds up the encoded size of every frame it receives, stop message included."""
+
+    down = 0
+
+    async def run(self):
+        while True:
+            frame = await self.transport.recv(self.server, P.MODEL)
+            self.down += codec.encoded_size(frame)
+            if frame.meta.get("kind") == "stop":
+                return
+            await self.handle(frame)
+
+
+async def test_byte_accounting_matches_encoded_frames_and_training_helps(setup):
+    data, trainer = setup
+    clients: list[Recording] = []
+
+    def make(*a, **kw):
+        clients.append(Recording(*a, **kw))
+        return clients[-1]
+
+    server = await run_memory_federation(data, trainer, compressed(4, lossless=True),
+                                         client_cls=make)
+    reps = server.reports
+    assert [r.accepted for r in reps] == [["c0", "c1", "c2", "c3"]] * 4
+    assert sum(r.up_bytes for r in reps) == server.bytes_up()
+    # what the clients received, frame by frame, is exactly what the server counted
+    assert sum(c.down for c in clients) == server.bytes_down()
+    assert sum(r.down_bytes for r in reps) < server.bytes_down()  # + the stop messages
+    dense_up = 4 * trainer.dim * 4 * 4
+    assert server.bytes_up() < dense_up / 5
+    assert reps[-1].accuracy is not None and reps[-1].accuracy > 0.15
+
+
+async def test_downlink_is_exact_with_dropouts_and_late_clients(setup):
+    data, trainer = setup
+    snapshots: dict[int, bytes] = {0: trainer.init_vec.tobytes()}
+    clients: dict[str, FLClient] = {}
+
+    class Flaky(FLClient):
+        async def before_reply(self, rnd):
+            if self.transport.name == "c1" and rnd in (1, 2):
+                await asyncio.sleep(TIMEOUT * 2)   # late: misses rounds 1 and 2
+
+    def make(transport, *a, **kw):
+        clients[transport.name] = Flaky(transport, *a, **kw)
+        return clients[transport.name]
+
+    cfg = compressed(6)
+
+    async def run():
+        from parties.fl import server as S
+        orig = S.FLServer._apply
+
+        def apply_and_snapshot(self, *a):
+            orig(self, *a)
+            snapshots[self.planner.version] = self.model.tobytes()
+        S.FLServer._apply = apply_and_snapshot
+        try:
+            return await run_memory_federation(data, trainer, cfg, client_cls=make)
+        finally:
+            S.FLServer._apply = orig
+
+    server = await run()
+    reps = server.reports
+    assert "c1" in reps[1].dropped and "c1" not in reps[1].accepted
+    assert "c1" in reps[2].dropped
+    assert any("c1" in r.accepted for r in reps[3:])          # it came back and rejoined
+    assert all(len(r.accepted) >= 3 for r in reps)            # every round completed
+    for name, c in clients.items():                           # bit-for-bit reconstruction
+        assert c.state.model.tobytes() == snapshots[c.state.version], name
+    assert clients["c0"].state.version == server.planner.version - 1  # got the last round
+
+
+class Malicious(FLClient):
+    """c0..c3 misbehave in round 0 in four ways; all behave afterwards."""
+
+    async def handle(self, frame):
+        meta = frame.meta
+        if meta.get("round") != 0 or self.transport.name == "c3":
+            return await super().handle(frame)
+        self.state.apply(meta, frame.arrays)
+        k = UPLINK["k"]
+        bad = {
+            "c0": ({"round": 0, "n": 5, "version": 0, "kind": "randk"},
+                   np.full(k, np.nan, np.float32)),
+            "c1": ({"round": 0, "n": 5, "version": 0, "kind": "randk"},
+                   np.zeros(10 * trainer_dim(self), np.float32)),          # oversized
+            "c2": ({"round": 0, "n": "many", "version": 0, "kind": "randk"},
+                   np.zeros(k, np.float32)),
+        }[self.transport.name]
+        await self.transport.send(self.server, P.UPDATE, Frame(meta=bad[0], arrays=(bad[1],)))
+
+
+def trainer_dim(client: FLClient) -> int:
+    return client.trainer.dim
+
+
+async def test_malformed_and_oversized_updates_are_refused_and_round_completes(setup):
+    data, trainer = setup
+    server = await run_memory_federation(data, trainer, compressed(2), client_cls=Malicious)
+    r0, r1 = server.reports
+    assert r0.accepted == ["c3"] and r0.version == 1
+    assert "NaN" in r0.rejected["c0"]
+    assert "exceeds the limit" in r0.rejected["c1"]
+    assert "meta.n must be an integer" in r0.rejected["c2"]
+    assert r1.accepted == ["c0", "c1", "c2", "c3"] and not r1.rejected
+
+
+def test_check_update_names_the_problem():
+    ok = dict(round=0, n=3, version=0, kind="randk")
+    arr = np.zeros(4, np.float32)
+    kw = dict(uplink={"kind": "randk", "k": 4}, d=100, version=2, max_bytes=64)
+    assert P.check_update(Frame(meta=ok, arrays=(arr,)), **kw)[1] == 3
+    cases = [
+        (dict(ok, kind="dense"), (arr,), "differs from the round's uplink"),
+        (dict(ok, version=7), (arr,), r"meta.version=7 is outside \[0, 2\]"),
+        (ok, (arr.astype(np.float64),), "must be float32"),
+        (ok, (arr, arr), "exactly one array"),
+        (dict(ok, zlib=[["<f4", [1000]]]), (np.zeros(3, np.uint8),), "inflate to 4000 bytes"),
+        (dict(ok, zlib=[["<f4", [4]]]), (np.zeros(3, np.uint8),), "not valid zlib"),
+    ]
+    for meta, arrays, msg in cases:
+        with pytest.raises(P.UpdateError, match=msg):
+            P.check_update(Frame(meta=meta, arrays=arrays), **kw)
+
+
+def test_lossless_roundtrip_and_config_errors():
+    a = np.arange(10, dtype=np.float32)
+    packed, info = P.pack_arrays((a,), True)
+    f = Frame(meta={"zlib": info}, arrays=packed)
+    assert np.array_equal(P.unpack_arrays(f, max_bytes=1000)[0], a)
+    with pytest.raises(ConfigError, match="fraction"):
+        FLConfig(fraction=0)
+    with pytest.raises(ConfigError, match="uplink kind"):
+        P.check_uplink({"kind": "gzip"}, 10)
+
+
+def test_local_trainer_compiles_once_for_any_dataset_size(setup):
+    data, trainer = setup
+    before = trainer.traces
+    for x, y in data.clients:
+        trainer.train(trainer.init_vec, x, y, 1)
+    assert trainer.traces == before == 1
