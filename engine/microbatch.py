@@ -4,17 +4,20 @@
 by at most one (the first ``B % n`` groups get the extra row), so at most two shapes occur and
 jitted kernels trace at most twice.
 
-`rule_groups` is the method's closed form ``n = ceil(bytes_to_send / bandwidth / compute_time)``
-clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches from measurements (see
-docs/design.md, "Choosing n"): it fits the per-group cost ``c0`` of the pipeline model
-``W(n) = max(Tc, Tl) + min(Tc, Tl) / n + n * c0`` from the last batch's wall time ``W`` and picks
-``n = sqrt(min(Tc, Tl) / c0)``, the model's optimum, using the method's rule as the starting point.
+`rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
+clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches from measurements
+(docs/design.md, "Choosing n"): the batch's resources (the compute lane, each link direction)
+take ``T_1..T_k`` seconds; pipelined over ``n`` groups the batch takes about
+``W(n) = max T + (sum T - max T) / n + n * c0``, where ``c0`` is the per-group cost (latency
+and per-op overheads) that splitting adds. The tuner fits ``c0`` from the last batch's measured
+wall time and moves toward the model's optimum ``n* = sqrt((sum T - max T) / c0)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Sequence
 
 from .errors import ConfigError
 
@@ -49,34 +52,68 @@ def rule_groups(bytes_to_send: float, bandwidth: float | None, compute_time: flo
 
 @dataclasses.dataclass
 class GroupTuner:
-    """Chooses ``n`` for the next batch from the last batch's measurements.
+    """Chooses ``n`` for the next batch from measurements; re-tuned between batches.
 
-    Call `observe` after each batch with the wall time, the local compute busy time, the bytes
-    the busiest link direction carried and its measured bandwidth; read `n` before the next.
+    1. The first full batch runs at ``n0`` (4 by default) and measures the compute time and
+       each link direction's bytes and bandwidth; the method's rule then gives the starting
+       point ``n = ceil(bytes / bandwidth / compute_time)`` for the busiest direction.
+    2. Hill-climbing on the measured wall time per batch: try ``2n`` and ``n/2``; move while one
+       is faster (by more than ``tolerance``); stop when neither is. Every ``recheck`` batches
+       the neighbours are tried again, so ``n`` follows a link or load that changes.
+
+    Invariant: ``1 <= n <= batch``.
     """
 
     batch: int
     n: int = 0
-    min_group_cost: float = 1e-4  # floor on c0 so n stays finite on near-ideal links
+    samples: int = 2
+    tolerance: float = 0.03
+    recheck: int = 50
     history: list[dict] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.n <= 0:
             self.n = min(4, self.batch)
+        self._walls: dict[int, list[float]] = {}
+        self._started = False
+        self._settled_at: int | None = None
 
-    def observe(self, *, wall: float, compute: float, link_bytes: float,
-                bandwidth: float | None) -> int:
-        link = link_bytes / bandwidth if bandwidth else 0.0
-        hi, lo = max(compute, link), min(compute, link)
-        n = self.n
-        if lo <= 0:
-            new = 1
-        else:
-            c0 = max((wall - hi - lo / n) / n, self.min_group_cost)
-            new = clamp_groups(math.sqrt(lo / c0), self.batch)
-            if not self.history:  # first measurement: start from the method's rule as well
-                new = max(new, rule_groups(link_bytes, bandwidth, compute, self.batch))
-        self.history.append({"n": n, "wall": wall, "compute": compute, "link": link, "next": new})
-        # move geometrically, at most x2 per batch, so one noisy batch cannot swing n far
-        self.n = int(min(max(new, max(1, n // 2)), n * 2, self.batch))
+    def _mean(self, n: int) -> float | None:
+        w = self._walls.get(n, [])
+        return sum(w) / len(w) if len(w) >= self.samples else None
+
+    def observe(self, *, wall: float, compute: float,
+                links: Sequence[tuple[float, float | None]] = ()) -> int:
+        self.history.append({"n": self.n, "wall": wall, "compute": compute})
+        measured = [(b, bw) for b, bw in links if bw]
+        if not self._started:
+            self._started = True
+            if not measured:
+                self.n = 1  # no link time to hide: pipelining only adds overhead
+            else:
+                b, bw = max(measured, key=lambda x: x[0] / x[1])
+                self.n = rule_groups(b, bw, max(compute, 1e-6), self.batch)
+            self._walls.clear()
+            return self.n
+        self._walls.setdefault(self.n, []).append(wall)
+        if self._settled_at is not None:
+            if len(self.history) - self._settled_at < self.recheck:
+                return self.n
+            self._settled_at, self._walls = None, {self.n: self._walls[self.n][-self.samples:]}
+        here = self._mean(self.n)
+        if here is None:
+            return self.n
+        for cand in (min(self.n * 2, self.batch), max(self.n // 2, 1)):
+            if cand == self.n:
+                continue
+            there = self._mean(cand)
+            if there is None:
+                self._probe_from = self.n
+                self.n = cand
+                return self.n
+        best = min((m, k) for k in self._walls if (m := self._mean(k)) is not None)[1]
+        if best != self.n and self._mean(best) < here * (1 - self.tolerance):
+            self.n = best  # move, then probe the new neighbours
+            return self.n
+        self._settled_at = len(self.history)
         return self.n

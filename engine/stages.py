@@ -1,0 +1,178 @@
+"""`StageHandler`: executes one party's split-learning ops with its stages' jitted kernels.
+
+Party state is explicit: ``params`` and ``opt_state`` map each local stage name to a pytree;
+`StageHandler.begin` binds one batch (this party's feature rows, the labels if it owns the loss
+stage, the group bounds); `compute` runs ``F``/``L``/``B``/``U`` ops and returns the tensors to
+send; `receive` checks and stores what peers sent.
+
+Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
+gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
+``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from .errors import ConfigError, ShapeError
+from .kernels import StageKernels, StageModel
+from .plan import Kind, Op
+from .topology import FEATURES, Topology
+
+
+class StageHandler:
+    """Implements `engine.runtime.OpHandler` for the stages ``party`` owns in ``topology``."""
+
+    def __init__(self, topology: Topology, party: str, models: Mapping[str, StageModel],
+                 optimizer: optax.GradientTransformation, *, loss=None,
+                 key: jax.Array | None = None, params: Mapping[str, Any] | None = None) -> None:
+        self.topology = topology
+        self.party = party
+        self.stages = {s.name: s for s in topology.stages_of(party)}
+        missing = [s for s in self.stages if s not in models]
+        if missing:
+            raise ConfigError(f"party {party!r} needs a StageModel for stages {missing}")
+        self.models = {s: models[s] for s in self.stages}
+        self.out_dims = {s.name: models[s.name].out_dim for s in topology.stages if s.name in models}
+        owns_loss = any(s.loss for s in self.stages.values())
+        if owns_loss and loss is None:
+            raise ConfigError(f"party {party!r} owns the loss stage; pass loss=...")
+        self.kernels = {s: StageKernels(self.models[s], optimizer,
+                                        loss if self.stages[s].loss else None)
+                        for s in self.stages}
+        if params is None:
+            key = jax.random.PRNGKey(0) if key is None else key
+            params = {}
+            for i, s in enumerate(sorted(self.stages)):
+                params[s] = self.models[s].init(jax.random.fold_in(key, _stable_hash(s)))
+        self.params: dict[str, Any] = dict(params)
+        self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
+        self._check_inputs()
+        self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
+
+    def _check_inputs(self) -> None:
+        for s in self.stages.values():
+            model = self.models[s.name]
+            if len(model.in_dims) != len(s.inputs):
+                raise ConfigError(f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
+                                  f"but its model declares {len(model.in_dims)} in_dims")
+            for i, d in zip(s.inputs, model.in_dims):
+                if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
+                    raise ConfigError(f"stage {s.name!r} expects width {d} from {i!r}, which "
+                                      f"outputs {self.out_dims[i]}")
+
+    # -- per batch ------------------------------------------------------------------------------
+    def begin(self, features: np.ndarray | None, labels: np.ndarray | None,
+              bounds: list[tuple[int, int]], *, train: bool) -> None:
+        """Bind one batch: this party's feature rows, labels (loss owner), group bounds."""
+        self.features = None if features is None else jnp.asarray(features)
+        self.labels = None if labels is None else jnp.asarray(labels)
+        self.bounds = bounds
+        self.rows = bounds[-1][1] if bounds else 0
+        self.train = train
+        self.acts: dict[tuple[str, int], jax.Array] = {}
+        self.vjps: dict[tuple[str, int], Any] = {}
+        self.inbox: dict[tuple[str, int], jax.Array] = {}
+        self.cots: dict[tuple[str, int], jax.Array] = {}
+        self.grads: dict[str, Any] = {}
+        self.loss_sum = 0.0
+        self.logits: dict[int, np.ndarray] = {}
+
+    def _input(self, stage: str, name: str, m: int) -> jax.Array:
+        if name == FEATURES:
+            lo, hi = self.bounds[m]
+            return self.features[lo:hi]
+        if name in self.stages:
+            return self.acts[(name, m)]
+        return self.inbox[(f"act/{name}->{stage}", m)]
+
+    def _accumulate(self, stage: str, grads) -> None:
+        prev = self.grads.get(stage)
+        self.grads[stage] = grads if prev is None else self.kernels[stage].accumulate(prev, grads)
+
+    def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
+        for name, g in zip(self.stages[stage].inputs, input_grads):
+            if name == FEATURES:
+                continue
+            if name in self.stages:
+                key = (name, m)
+                self.cots[key] = g if key not in self.cots else self.cots[key] + g
+            else:
+                out[f"grad/{name}->{stage}"] = np.asarray(g)
+
+    def compute(self, op: Op) -> dict[str, np.ndarray]:
+        out: dict[str, np.ndarray] = {}
+        s, m = op.stage, op.mb
+        k = self.kernels[s]
+        if op.kind is Kind.UPDATE:
+            self.params[s], self.opt_state[s] = k.update(self.params[s], self.opt_state[s],
+                                                         self.grads.pop(s))
+            jax.block_until_ready(self.params[s])
+            return out
+        xs = [self._input(s, i, m) for i in self.stages[s].inputs]
+        if op.kind is Kind.FORWARD:
+            if self.train:
+                y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
+            else:
+                y = k.predict(self.params[s], *xs)
+            self.acts[(s, m)] = y
+            sends = [c.name for c in self.topology.consumers(s) if c.name not in self.stages]
+            for c in sends:
+                out[f"act/{s}->{c}"] = np.asarray(y)
+            if not sends:
+                jax.block_until_ready(y)
+        elif op.kind is Kind.LOSS:
+            lo, hi = self.bounds[m]
+            if self.train:
+                loss, logits, gp, gxs = k.loss_step(self.params[s], self.labels[lo:hi],
+                                                    jnp.float32(1.0 / self.rows), *xs)
+                self._accumulate(s, gp)
+                self._route_input_grads(s, m, gxs, out)
+                self.loss_sum += float(loss)
+            else:
+                logits = k.predict(self.params[s], *xs)
+            self.logits[m] = np.asarray(logits)
+        elif op.kind is Kind.BACKWARD:
+            cot = self.cots.pop((s, m), None)
+            for c in self.topology.consumers(s):
+                if c.name not in self.stages:
+                    g = self.inbox.pop((f"grad/{s}->{c.name}", m))
+                    cot = g if cot is None else cot + g
+            grads = k.backward(self.vjps.pop((s, m)), cot)
+            self._accumulate(s, grads[0])
+            self._route_input_grads(s, m, grads[1:], out)
+            self.acts.pop((s, m), None)
+            if not out:
+                jax.block_until_ready(self.grads[s])
+        else:  # pragma: no cover - the runtime never hands other kinds to compute
+            raise ConfigError(f"StageHandler cannot run {op}")
+        return out
+
+    def receive(self, op: Op, array: np.ndarray) -> None:
+        kind, _, edge = op.channel.partition("/")
+        src, _, dst = edge.partition("->")
+        lo, hi = self.bounds[op.mb]
+        width = self.out_dims.get(src)
+        expected = (hi - lo, width)
+        if array.dtype != np.float32 or array.shape != expected:
+            raise ShapeError(
+                f"{self.party!r} received {array.dtype}{list(array.shape)} on {op.channel!r} "
+                f"micro-batch {op.mb}; expected float32{list(expected)} (rows of the group x "
+                f"output width of {src!r}). Check that both parties use the same model widths.")
+        self.inbox[(op.channel, op.mb)] = jnp.asarray(array)
+
+    def predictions(self) -> np.ndarray:
+        """The loss stage's logits of the bound batch, in row order."""
+        return np.concatenate([self.logits[m] for m in sorted(self.logits)], axis=0)
+
+
+def _stable_hash(name: str) -> int:
+    h = 0
+    for ch in name.encode():
+        h = (h * 131 + ch) % (1 << 31)
+    return h

@@ -1,0 +1,334 @@
+"""`SplitParty`: one party of a split-learning (vertical FL) job.
+
+Every party holds feature datasets by name (rows aligned across parties: row ``i`` of every
+party is the same sample) and its own stages. The party owning the loss stage is the *leader*:
+it samples batches (seeded), chooses the number of micro-batches, and drives everyone through a
+``ctl`` channel; the others *follow*: `serve` answers the leader's commands until it says stop.
+
+Leader::
+
+    history = await leader.fit(epochs=10)
+    metrics = await leader.evaluate("test")
+    await leader.stop()
+
+Follower::
+
+    await follower.serve()
+
+Each batch runs `engine.runtime.PartyRuntime` over the party's plan; the leader re-tunes
+``n`` between batches (`engine.microbatch.GroupTuner`) unless ``groups`` is fixed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import optax
+
+from engine.data import epoch_batches
+from engine.errors import ConfigError, EngineError
+from engine.kernels import StageModel, get_loss
+from engine.lanes import ThreadLane
+from engine.microbatch import GroupTuner, group_bounds
+from engine.plan import Plan, make_plan
+from engine.policy import Backpressure
+from engine.runtime import BatchStats, PartyRuntime
+from engine.stages import StageHandler
+from engine.topology import Topology
+from engine.trace import Trace
+from transports.base import Frame, Transport
+
+from .metrics import classification_metrics
+
+CTL = "ctl"
+
+
+@dataclasses.dataclass
+class SplitConfig:
+    """Training settings every party must agree on (the leader's are authoritative for n).
+
+    ``groups``: an int ``n`` (fixed), or ``"auto"`` (tuned between batches).
+    """
+
+    batch_size: int = 64
+    epochs: int = 10
+    groups: int | str = "auto"
+    learning_rate: float = 1e-2
+    optimizer: str = "adam"
+    loss: str = "binary"
+    seed: int = 0
+    threshold: int = 4
+    capacity: int = 8
+    policy: str = "priority"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
+            raise ConfigError(f"groups must be a positive int or 'auto', got {self.groups!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        get_loss(self.loss)
+        Backpressure(self.threshold, self.capacity)
+
+    def make_optimizer(self) -> optax.GradientTransformation:
+        return OPTIMIZERS[self.optimizer](self.learning_rate)
+
+    @property
+    def backpressure(self) -> Backpressure:
+        return Backpressure(self.threshold, self.capacity)
+
+
+OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
+    "adam": optax.adam, "sgd": optax.sgd, "adamw": optax.adamw, "momentum": lambda lr: optax.sgd(lr, 0.9),
+}
+
+
+@dataclasses.dataclass
+class EpochResult:
+    epoch: int
+    loss: float
+    seconds: float
+    n_groups: int
+    batches: int
+
+
+class SplitParty:
+    """One party of a split-learning job (see the module docstring).
+
+    Args:
+      name: this party's name (must own at least one stage of ``topology``).
+      topology: the agreed topology.
+      models: a `StageModel` for each stage this party owns (others' entries are used only for
+        widths, to check received tensors).
+      transport: the party's transport.
+      datasets: ``{"train": X, "test": X_test, ...}`` feature matrices (float32, rows aligned
+        across parties). A party whose stages take no raw features may pass none.
+      labels: ``{"train": y, ...}``, the leader only.
+      config: the shared `SplitConfig`.
+      trace: record ops and transfers here.
+      optimizer: overrides ``config.optimizer`` with any optax transformation.
+    """
+
+    def __init__(self, name: str, topology: Topology, models: Mapping[str, StageModel],
+                 transport: Transport, *, datasets: Mapping[str, np.ndarray] | None = None,
+                 labels: Mapping[str, np.ndarray] | None = None, config: SplitConfig | None = None,
+                 trace: Trace | None = None, optimizer: optax.GradientTransformation | None = None,
+                 params: Mapping[str, Any] | None = None, progress: bool = False) -> None:
+        self.name = name
+        self.topology = topology
+        self.config = config or SplitConfig()
+        self.transport = transport
+        self.trace = trace
+        self.progress = progress
+        self.is_leader = topology.label_owner == name
+        if name not in topology.parties:
+            raise ConfigError(f"party {name!r} owns no stage; parties: {list(topology.parties)}")
+        self.datasets = {k: np.asarray(v, np.float32) for k, v in (datasets or {}).items()}
+        self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
+        if self.is_leader and "train" not in self.labels:
+            raise ConfigError(f"{name!r} owns the loss stage and needs labels={{'train': y}}")
+        import jax
+
+        self.handler = StageHandler(
+            topology, name, models, optimizer or self.config.make_optimizer(),
+            loss=get_loss(self.config.loss) if self.is_leader else None,
+            key=jax.random.PRNGKey(self.config.seed), params=params)
+        self.followers = tuple(p for p in topology.parties if p != name)
+        self._plans: dict[tuple[int, str], Plan] = {}
+        self._batch = 0
+        self.tuner = GroupTuner(self.config.batch_size,
+                                self.config.groups if isinstance(self.config.groups, int) else 0)
+        self.history: list[EpochResult] = []
+        self.last_stats: BatchStats | None = None
+        self.n_groups = self.tuner.n
+
+    # -- shared machinery ---------------------------------------------------------------------
+    def plan(self, n: int, mode: str) -> Plan:
+        key = (n, mode)
+        if key not in self._plans:
+            self._plans[key] = make_plan(self.topology, self.name, n, mode=mode,
+                                         seed=self.config.seed)
+        return self._plans[key]
+
+    def _rows(self, dataset: str, idx: np.ndarray) -> np.ndarray | None:
+        if dataset not in self.datasets:
+            if any("features" in s.inputs for s in self.topology.stages_of(self.name)):
+                raise ConfigError(f"{self.name!r} has no dataset {dataset!r}; pass "
+                                  f"datasets={{{dataset!r}: X}}")
+            return None
+        data = self.datasets[dataset]
+        if len(idx) and int(idx.max()) >= len(data):
+            raise ConfigError(f"{self.name!r}: row {int(idx.max())} requested from dataset "
+                              f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned")
+        return data[idx]
+
+    async def _run_batch(self, runtime: PartyRuntime, idx: np.ndarray, n: int, mode: str,
+                         dataset: str) -> BatchStats:
+        n = max(1, min(n, len(idx)))
+        train = mode == "train"
+        labels = None
+        if self.is_leader and train:
+            labels = self.labels[dataset][idx]
+        self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train)
+        runtime.trace, runtime.policy = self.trace, self.config.policy
+        stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+        self._batch += 1
+        self.last_stats = stats
+        return stats
+
+    def _runtime(self, lane) -> PartyRuntime:
+        policy = self.config.policy
+        return PartyRuntime(self.transport, lane, backpressure=self.config.backpressure,
+                            policy=policy, trace=self.trace)
+
+    # -- leader -----------------------------------------------------------------------------
+    async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
+        arrays = () if idx is None else (np.asarray(idx, np.int64),)
+        for peer in self.followers:
+            await self.transport.send(peer, CTL, Frame(meta=meta, arrays=arrays))
+
+    async def run_batch(self, idx: np.ndarray, *, mode: str = "train", dataset: str = "train",
+                        n: int | None = None, lane=None) -> BatchStats:
+        """Leader: run one batch (rows ``idx`` of ``dataset``) on every party."""
+        self._require_leader("run_batch")
+        n = self.n_groups if n is None else n
+        n = max(1, min(n, len(idx)))
+        await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": mode,
+                             "data": dataset}, idx)
+        if lane is None:
+            async with ThreadLane(f"tandem-{self.name}") as lane:
+                return await self._run_batch(self._runtime(lane), idx, n, mode, dataset)
+        return await self._run_batch(self._runtime(lane), idx, n, mode, dataset)
+
+    async def fit(self, epochs: int | None = None, *, dataset: str = "train",
+                  on_batch: Callable[[int, int, float], None] | None = None) -> list[EpochResult]:
+        """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch."""
+        self._require_leader("fit")
+        epochs = self.config.epochs if epochs is None else epochs
+        n_rows = len(self.labels[dataset])
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            for epoch in range(epochs):
+                t0 = time.perf_counter()
+                batches = epoch_batches(n_rows, self.config.batch_size, len(self.history),
+                                        self.config.seed)
+                total = 0.0
+                for i, idx in enumerate(batches):
+                    n = self.n_groups
+                    await self._command({"cmd": "batch", "b": self._batch, "n": min(n, len(idx)),
+                                         "mode": "train", "data": dataset}, idx)
+                    before = self._link_counters()
+                    stats = await self._run_batch(runtime, idx, n, "train", dataset)
+                    total += self.handler.loss_sum * len(idx)
+                    self._retune(stats, before, len(idx))
+                    if on_batch is not None:
+                        on_batch(epoch, i + 1, self.handler.loss_sum)
+                self.history.append(EpochResult(len(self.history), total / n_rows,
+                                                time.perf_counter() - t0, self.n_groups,
+                                                len(batches)))
+        return self.history[-epochs:] if epochs else []
+
+    def _link_counters(self) -> dict[tuple[str, str], tuple[int, float]]:
+        out = {}
+        for p in self.followers:
+            s, r = self.transport.sent_stats(p), self.transport.received_stats(p)
+            out[(p, "out")] = (s.bytes, s.busy_seconds)
+            out[(p, "in")] = (r.bytes, r.busy_seconds)
+        return out
+
+    def _retune(self, stats: BatchStats, before, rows: int) -> None:
+        if self.config.groups != "auto" or rows < self.config.batch_size:
+            return
+        after = self._link_counters()
+        links = []
+        for k, (b1, t1) in after.items():
+            b0, t0 = before[k]
+            if b1 > b0 and t1 > t0:
+                links.append((b1 - b0, (b1 - b0) / (t1 - t0)))
+        self.n_groups = self.tuner.observe(wall=stats.wall, compute=stats.compute, links=links)
+
+    async def evaluate(self, dataset: str = "test", *, batch_size: int | None = None) -> dict:
+        """Leader: forward-only pass over ``dataset`` on every party; returns metrics
+        (``loss``, ``accuracy``, and ``auc`` for binary tasks) and keeps the predictions."""
+        self._require_leader("evaluate")
+        if dataset not in self.labels:
+            raise ConfigError(f"no labels for dataset {dataset!r}; pass labels={{{dataset!r}: y}}")
+        y = self.labels[dataset]
+        bs = batch_size or max(self.config.batch_size, 256)
+        outs = []
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            for start in range(0, len(y), bs):
+                idx = np.arange(start, min(start + bs, len(y)))
+                n = min(self.n_groups, len(idx))
+                await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": "eval",
+                                     "data": dataset}, idx)
+                await self._run_batch(runtime, idx, n, "eval", dataset)
+                outs.append(self.handler.predictions())
+        logits = np.concatenate(outs, axis=0)
+        self.predictions = logits
+        return classification_metrics(logits, y, self.config.loss)
+
+    async def predict(self, dataset: str, n_rows: int, *, batch_size: int = 256) -> np.ndarray:
+        """Leader: forward-only over ``n_rows`` rows of ``dataset`` (no labels needed)."""
+        self._require_leader("predict")
+        outs = []
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            for start in range(0, n_rows, batch_size):
+                idx = np.arange(start, min(start + batch_size, n_rows))
+                n = min(self.n_groups, len(idx))
+                await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": "eval",
+                                     "data": dataset}, idx)
+                await self._run_batch(runtime, idx, n, "eval", dataset)
+                outs.append(self.handler.predictions())
+        return np.concatenate(outs, axis=0)
+
+    async def stop(self) -> None:
+        """Leader: tell every follower to return from `serve`."""
+        self._require_leader("stop")
+        await self._command({"cmd": "stop"})
+
+    def _require_leader(self, what: str) -> None:
+        if not self.is_leader:
+            raise ConfigError(f"{what}() is the leader's; {self.name!r} follows "
+                              f"{self.topology.label_owner!r} and should call serve()")
+
+    # -- follower -----------------------------------------------------------------------------
+    async def serve(self) -> int:
+        """Follower: run the leader's batches until it says stop; returns batches run."""
+        if self.is_leader:
+            raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
+        leader = self.topology.label_owner
+        count = 0
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            while True:
+                frame = await self.transport.recv(leader, CTL)
+                cmd = frame.meta.get("cmd")
+                if cmd == "stop":
+                    return count
+                if cmd != "batch" or len(frame.arrays) != 1:
+                    raise EngineError(f"{self.name!r} got an unknown command from {leader!r}: "
+                                      f"{dict(frame.meta)}")
+                if frame.meta.get("b") != self._batch:
+                    raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
+                                      f"started batch {frame.meta.get('b')}; restart both parties")
+                self.n_groups = int(frame.meta["n"])
+                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
+                                      str(frame.meta["mode"]), str(frame.meta["data"]))
+                count += 1
+
+    @property
+    def params(self) -> dict[str, Any]:
+        return self.handler.params
+
+
+
+__all__ = ["SplitParty", "SplitConfig", "EpochResult"]
