@@ -16,6 +16,7 @@ from typing import Awaitable, Callable, Sequence
 COMMAND_MODULES = [
     "parties.split.cli",
     "parties.elastic.cli",
+    "parties.fl.cli",
 ]
 
 
