@@ -8,6 +8,7 @@ rest is cancelled.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Callable, Sequence
 
 import optax
@@ -48,4 +49,33 @@ async def run_memory_federation(
         for c in clients:
             tg.create_task(c.run())
         await server.run()
+    return server
+
+
+async def run_http_federation(
+        data: FederatedData, trainer: LocalTrainer, cfg: FLConfig, *,
+        on_round: Callable[[RoundReport], None] | None = None,
+        evaluate: bool = True, secret: bytes | None = None) -> FLServer:
+    """Same as `run_memory_federation`, but every party has its own `HttpTransport` on
+    127.0.0.1 (one process, real sockets). Frames over the update limit are refused by the
+    server's transport itself (413), so the client's send fails and it is left out."""
+    from transports.http import HttpConfig, HttpTransport
+
+    names = client_names(len(data.clients))
+    async with contextlib.AsyncExitStack() as stack:
+        server_t = await stack.enter_async_context(HttpTransport(HttpConfig(
+            name="server", secret=secret)))
+        client_ts = [await stack.enter_async_context(HttpTransport(HttpConfig(
+            name=n, secret=secret, peers={"server": server_t.url}))) for n in names]
+        for n, t in zip(names, client_ts):
+            server_t.add_peer(n, t.url)
+        clients = [FLClient(t, "server", x, y, trainer, seed=i)
+                   for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients))]
+        server = FLServer(server_t, names, trainer, cfg,
+                          test_set=(data.x_test, data.y_test) if evaluate else None,
+                          on_round=on_round)
+        async with asyncio.TaskGroup() as tg:
+            for c in clients:
+                tg.create_task(c.run())
+            await server.run()
     return server
