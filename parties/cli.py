@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "parties.split.cli",
     "parties.elastic.cli",
     "parties.fl.cli",
+    "parties.alignment.cli",
 ]
 
 

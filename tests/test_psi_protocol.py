@@ -215,3 +215,22 @@ async def test_cancellation_mid_exchange_leaves_nothing_running():
         await task
     assert asyncio.all_tasks() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("tandem-psi")]
+
+
+async def test_align_over_http_loopback():
+    from transports.http import HttpConfig, HttpTransport
+
+    ids_a = [f"u{i}" for i in range(0, 120)]
+    ids_b = list(range(60, 200)) + [f"u{i}" for i in range(100, 130)]
+    async with HttpTransport(HttpConfig(name="A", secret=b"s3cret")) as a, \
+            HttpTransport(HttpConfig(name="B", secret=b"s3cret")) as b:
+        a.add_peer("B", b.url)
+        b.add_peer("A", a.url)
+        async with asyncio.TaskGroup() as tg:
+            ta = tg.create_task(align(a, "B", ids_a, role="leader", rng=None, chunk_size=32))
+            tb = tg.create_task(align(b, "A", ids_b, role="follower", rng=None, chunk_size=32))
+        assert a.sent_stats("B").frames >= 4  # hello + 4 blinded chunks + doubles + done
+    want = expected(ids_a, ids_b)
+    assert len(want) == 20
+    check(ta.result(), ids_a, want)
+    check(tb.result(), ids_b, want)
