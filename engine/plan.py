@@ -44,7 +44,7 @@ class Kind(enum.Enum):
 COMPUTE_KINDS = frozenset({Kind.FORWARD, Kind.LOSS, Kind.BACKWARD, Kind.UPDATE})
 
 
-@dataclasses.dataclass(frozen=True, slots=True, order=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Op:
     """One step of a plan. ``stage`` for compute ops; ``channel`` and ``peer`` for S/R."""
 

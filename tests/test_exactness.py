@@ -1,0 +1,139 @@
+"""Pipelined training equals unpipelined training and a plain-JAX full-batch reference."""
+
+import asyncio
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engine.kernels import binary_logistic
+from engine.topology import FEATURES, leader_follower, star, two_party, u_shape
+from parties.split import SplitConfig
+from tests.split_helpers import make_job, topologies, train_steps
+
+TOPOLOGIES = {"two_party": two_party(), "leader_follower": leader_follower(),
+              "u_shape": u_shape(), "star3": star(3, leader_bottom=True)}
+ROWS, STEPS = 24, 3
+
+
+def reference(topo, models, params, data, labels, batches, lr):
+    """Plain JAX: the whole model as one function of all parameters, full-batch SGD."""
+    order = topo.topological_order()
+
+    def loss_fn(all_params, idx):
+        out = {}
+        for s in order:
+            xs = [jnp.asarray(data[s.owner][idx]) if i == FEATURES else out[i] for i in s.inputs]
+            out[s.name] = models[s.name].apply(all_params[s.name], *xs)
+        return jnp.mean(binary_logistic(out[topo.loss_stage.name], jnp.asarray(labels[idx])))
+
+    opt = optax.sgd(lr)
+    state = opt.init(params)
+    for idx in batches:
+        grads = jax.grad(loss_fn)(params, idx)
+        updates, state = opt.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+    return params
+
+
+def run_job(topo, n_of, seed=0):
+    parties, data, labels, models = make_job(topo, rows=ROWS, seed=seed)
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    rng = np.random.default_rng(seed)
+    batches = [rng.permutation(ROWS) for _ in range(STEPS)]
+    asyncio.run(train_steps(parties, topo, batches, n_of))
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    return init, final, data, labels, models, batches
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_any_group_count_matches_n1_and_plain_jax(name):
+    topo = TOPOLOGIES[name]
+    ns = np.random.default_rng(7).integers(1, ROWS + 1, size=STEPS)
+    init, final_n1, data, labels, models, batches = run_job(topo, lambda i: 1)
+    _, final_n, *_ = run_job(topo, lambda i: int(ns[i]))
+    ref = reference(topo, models, init, data, labels, batches, lr=0.1)
+    assert_trees_close(final_n, final_n1)
+    assert_trees_close(final_n, ref)
+    assert not all(np.allclose(np.asarray(a), np.asarray(b)) for a, b in zip(
+        jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n)))  # it did train
+
+
+@pytest.mark.slow
+@settings(max_examples=4, deadline=None)
+@given(topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS))
+def test_generated_topologies_match_plain_jax(topo, n):
+    init, final, data, labels, models, batches = run_job(topo, lambda i: n)
+    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+
+
+def test_equal_shaped_micro_batches_never_retrace():
+    topo = leader_follower()
+    parties, *_ = make_job(topo, rows=32)
+    asyncio.run(train_steps(parties, topo, [np.arange(32)] * 3, lambda i: 4))  # 4 groups of 8
+    for party in parties.values():
+        for stage, kernels in party.handler.kernels.items():
+            for name, count in kernels.traces.items():
+                assert count == 1, f"{stage}.{name} traced {count} times"
+
+
+def test_cancelling_training_leaves_no_task_and_no_busy_thread():
+    topo = two_party()
+
+    async def main():
+        parties, *_ = make_job(topo, rows=32)
+        before = set(asyncio.all_tasks())
+        job = asyncio.create_task(train_steps(parties, topo, [np.arange(32)] * 1000, lambda i: 8))
+        await asyncio.sleep(0.3)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        assert set(asyncio.all_tasks()) - before == set()
+
+    asyncio.run(main())
+    assert not [t for t in threading.enumerate() if t.name.startswith("tandem-")]
+
+
+def test_mismatched_widths_are_refused_with_a_clear_error():
+    from engine.errors import ShapeError
+    from engine.kernels import mlp_stage
+
+    topo = two_party()
+    parties, *_ = make_job(topo, rows=8)
+    # the follower (A) sends 3-wide activations; the leader's copy of the model expects 5
+    leader = parties["B"]
+    leader.handler.out_dims["bottom"] = 5
+    with pytest.raises(ExceptionGroup) as info:
+        asyncio.run(train_steps(parties, topo, [np.arange(8)], lambda i: 2))
+    msgs = [str(e) for e in _leaves(info.value)]
+    assert any(isinstance(e, ShapeError) for e in _leaves(info.value)), msgs
+    assert any("expected float32[4, 5]" in m for m in msgs), msgs
+    del mlp_stage
+
+
+def _leaves(group):
+    for e in group.exceptions:
+        if isinstance(e, BaseExceptionGroup):
+            yield from _leaves(e)
+        else:
+            yield e
+
+
+def test_split_config_rejects_bad_values():
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="groups"):
+        SplitConfig(groups=0)
+    with pytest.raises(ConfigError, match="optimizer"):
+        SplitConfig(optimizer="adagrad-ish")
+    with pytest.raises(ConfigError, match="loss"):
+        SplitConfig(loss="hinge?")

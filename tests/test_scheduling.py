@@ -1,0 +1,194 @@
+"""Property tests of plans, the policy, and the runtime's scheduling invariants."""
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from engine import plan as P
+from engine import simulator as S
+from engine.errors import ConfigError, PlanError
+from engine.lanes import VirtualLane
+from engine.plan import Kind, LOCAL_ONLY
+from engine.policy import Backpressure, ReadySet, choose
+from engine.runtime import PartyRuntime, message
+from engine.testing import Deadlock, run_virtual
+from engine.topology import leader_follower, two_party, u_shape
+from engine.trace import Trace
+from tests.split_helpers import topologies
+from transports import MemoryNetwork, codec
+
+WIDTH = 8
+
+
+class FakeHandler:
+    """Produces a WIDTH-float tensor for each send; records what ran."""
+
+    def __init__(self, plan):
+        self.plan, self.ran = plan, []
+
+    def compute(self, op):
+        self.ran.append(op)
+        return {s.channel: np.zeros((WIDTH,), np.float32)
+                for s in self.plan.successors[op] if s.kind is Kind.SEND}
+
+    def receive(self, op, array):
+        assert array.shape == (WIDTH,)
+
+
+def scenario(topo, n, bp, seed):
+    rng = random.Random(seed)
+    plans = P.make_plans(topo, n, seed=seed)
+    costs = {(p, op): rng.uniform(1e-3, 1e-2) for p, pl in plans.items() for op in pl.compute_ops}
+    links = {(a, b): S.Link(rng.uniform(2e4, 2e5), rng.uniform(0, 3e-3))
+             for a in topo.parties for b in topo.parties if a != b}
+    return plans, costs, links
+
+
+def frame_bytes(party, op):
+    frame = message(0, op, np.zeros((WIDTH,), np.float32))
+    return codec.encoded_size(frame.replace(sender=party, channel=op.channel, msg_id=op.mb))
+
+
+async def run_runtime(plans, costs, links, bp, policy="priority"):
+    net = MemoryNetwork(capacity=4)
+    for (a, b), link in links.items():
+        net.shape(a, b, bandwidth=link.bandwidth, latency=link.latency)
+    trace, handlers, stats = Trace(), {}, {}
+    async with asyncio.TaskGroup() as tg:
+        for p, pl in plans.items():
+            handlers[p] = FakeHandler(pl)
+            rt = PartyRuntime(net.endpoint(p), VirtualLane(lambda op, p=p: costs[(p, op)]),
+                              backpressure=bp, trace=trace, policy=policy)
+            stats[p] = tg.create_task(rt.run(pl, handlers[p], 0))
+    return trace, handlers, {p: t.result() for p, t in stats.items()}
+
+
+backpressures = st.integers(1, 4).flatmap(
+    lambda cap: st.builds(Backpressure, st.integers(1, cap), st.just(cap)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6))
+def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, seed):
+    plans, costs, links = scenario(topo, n, bp, seed)
+    if any(pl.max_fanout > bp.capacity for pl in plans.values()):
+        with pytest.raises(ConfigError, match="raise capacity"):
+            bp.check_plan(next(pl for pl in plans.values() if pl.max_fanout > bp.capacity))
+        return
+    trace, handlers, stats = run_virtual(run_runtime(plans, costs, links, bp))
+    for p, pl in plans.items():
+        ran = handlers[p].ran
+        assert sorted(map(str, ran)) == sorted(map(str, pl.compute_ops))          # every compute op exactly once
+        assert stats[p].max_outbound <= bp.capacity           # hard capacity never exceeded
+        end = {e.name: e.end for e in trace.events if e.party == p}
+        start = {e.name: e.start for e in trace.events if e.party == p}
+        for op in pl.ops:                                     # dependencies respected
+            if op.kind in (Kind.RECV,):
+                continue
+            for d in pl.deps.get(op, ()):
+                if d.kind is not Kind.RECV:
+                    assert end[str(d)] <= start[str(op)] + 1e-12, (str(d), str(op))
+
+
+@settings(max_examples=40, deadline=None)
+@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
+       policy=st.sampled_from(["priority", "fifo"]))
+def test_runtime_op_order_matches_the_simulation(topo, n, bp, seed, policy):
+    plans, costs, links = scenario(topo, n, bp, seed)
+    if any(pl.max_fanout > bp.capacity for pl in plans.values()):
+        return
+    sim = S.simulate(plans, cost=lambda p, op: costs[(p, op)], nbytes=frame_bytes, links=links,
+                     bp=bp, policy=policy)
+    trace, _, _ = run_virtual(run_runtime(plans, costs, links, bp, policy))
+    for p in plans:
+        assert trace.order(p) == sim.order(p)
+    assert trace.span == pytest.approx(sim.makespan, rel=1e-9, abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(topo=topologies(), n=st.integers(1, 5), data=st.data())
+def test_choose_matches_a_brute_force_reference(topo, n, data):
+    party = data.draw(st.sampled_from(topo.parties))
+    plan = P.make_plan(topo, party, n, seed=data.draw(st.integers(0, 99)))
+    compute = list(plan.compute_ops)
+    ready_ops = data.draw(st.lists(st.sampled_from(compute), unique=True, max_size=8))
+    cap = data.draw(st.integers(max(plan.max_fanout, 1), 5))
+    bp = Backpressure(data.draw(st.integers(1, cap)), cap)
+    outbound = data.draw(st.integers(0, cap))
+    ready = ReadySet(plan.key)
+    for op in ready_ops:
+        ready.add(op)
+    got = choose(ready, outbound, plan, bp)
+    # reference: the rules of docs/design.md, written directly
+    local = [op for op in ready_ops if plan.distance[op] == LOCAL_ONLY]
+    prod = [op for op in ready_ops if plan.distance[op] != LOCAL_ONLY
+            and outbound + plan.fanout[op] <= cap]
+    best_prod = min(prod, key=plan.key.__getitem__, default=None)
+    all_prod = [op for op in ready_ops if plan.distance[op] != LOCAL_ONLY]
+    if all_prod and min(all_prod, key=plan.key.__getitem__) not in prod:
+        best_prod = None  # the best producer must wait for room; we do not skip past it
+    best_local = min(local, key=plan.key.__getitem__, default=None)
+    if outbound >= bp.threshold and best_local is not None:
+        assert got == best_local
+    else:
+        assert got == (best_prod if best_prod is not None else best_local)
+
+
+def test_priorities_follow_the_methods_rules():
+    plans = P.make_plans(leader_follower(), 2)
+    lead, fol = plans["leader"], plans["follower"]
+    f = lambda pl, s: next(op for op in pl.ops if str(op) == s)  # noqa: E731
+    assert fol.distance[f(fol, "F(bottom_follower,0)")] == 0      # result is sent
+    assert lead.distance[f(lead, "L(top,0)")] == 0                # gradient is sent
+    assert lead.distance[f(lead, "F(bottom_leader,0)")] == 1      # feeds the op that sends
+    assert lead.distance[f(lead, "B(bottom_leader,0)")] == LOCAL_ONLY
+    assert lead.key[f(lead, "L(top,0)")] < lead.key[f(lead, "F(bottom_leader,1)")]
+    print(lead.format())
+
+
+@given(topo=topologies(), n=st.integers(1, 4))
+def test_plans_are_checked_and_messages_match(topo, n):
+    plans = P.make_plans(topo, n)
+    for pl in plans.values():
+        pl.check()
+        assert len(set(pl.ops)) == len(pl.ops)
+        assert sum(op.kind is Kind.UPDATE for op in pl.ops) == len(topo.stages_of(pl.party))
+
+
+def test_a_broken_plan_is_reported():
+    plan = P.make_plan(two_party(), "A", 2)
+    first, second = plan.ops[0], plan.ops[1]
+    bad = P.Plan("A", 2, "train", plan.ops, {**plan.deps, first: (second,)})
+    with pytest.raises(PlanError, match="cycle"):
+        bad.check()
+
+
+def test_bad_configs_are_rejected():
+    with pytest.raises(ConfigError, match="threshold <= capacity"):
+        Backpressure(5, 2)
+    with pytest.raises(ConfigError, match="n_groups"):
+        P.make_plan(two_party(), "A", 0)
+    with pytest.raises(ConfigError, match="owns no stage"):
+        P.make_plan(two_party(), "Z", 1)
+    with pytest.raises(ConfigError, match="mode"):
+        P.make_plan(two_party(), "A", 1, mode="infer")
+
+
+def test_virtual_loop_reports_a_deadlock_instead_of_hanging():
+    async def stuck():
+        await asyncio.Event().wait()
+
+    with pytest.raises(Deadlock):
+        run_virtual(stuck())
+
+
+def test_u_shape_pipelines_faster_than_sequential_in_simulation():
+    plans1, plans8 = P.make_plans(u_shape(), 1), P.make_plans(u_shape(), 8)
+    link = S.Link(1e6, 1e-3)
+    def run(plans, n, policy):
+        return S.simulate(plans, cost=lambda p, op: 0.01 / n, nbytes=lambda p, op: 2e4 / n,
+                          links=lambda a, b: link, policy=policy).makespan
+    assert run(plans8, 8, "priority") < 0.7 * run(plans1, 1, "fifo")
