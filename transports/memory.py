@@ -64,16 +64,31 @@ class _Direction:
 class _Inbox:
     """Frames from one sender on one channel, waiting at the receiver.
 
-    Invariant: ``len(items) + in_transit <= capacity`` (the semaphore holds the difference).
+    Invariant: ``len(items) + in_transit + free == capacity`` (``free`` counts open slots).
+    A closed inbox wakes every waiting sender, which then raises `TransportClosedError`.
     """
 
-    __slots__ = ("items", "slots", "arrived", "closed")
+    __slots__ = ("items", "free", "freed", "arrived", "closed")
 
     def __init__(self, capacity: int) -> None:
         self.items: Deque[tuple[float, Frame]] = collections.deque()
-        self.slots = asyncio.Semaphore(capacity)
+        self.free = capacity
+        self.freed = asyncio.Event()
         self.arrived = asyncio.Event()
         self.closed = False
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting while none is free; raises once the inbox is closed."""
+        while self.free == 0 and not self.closed:
+            self.freed.clear()
+            await self.freed.wait()
+        if self.closed:
+            raise TransportClosedError("link closed while waiting for a slot")
+        self.free -= 1
+
+    def release(self) -> None:
+        self.free += 1
+        self.freed.set()
 
 
 class MemoryNetwork:
@@ -104,11 +119,14 @@ class MemoryNetwork:
             self._direction(*pair).shape = LinkShape(bandwidth, latency)
 
     def endpoint(self, name: str) -> "MemoryTransport":
-        """The transport of party ``name`` (created on first call)."""
+        """The transport of party ``name`` (created on first call, and again after it closed)."""
         if not name or not isinstance(name, str):
             raise ValueError(f"party name must be a non-empty string, got {name!r}")
-        if name not in self._endpoints:
+        old = self._endpoints.get(name)
+        if old is None or old.closed:  # a closed party may come back (reconnect)
             self._endpoints[name] = MemoryTransport(self, name)
+            if old is not None:
+                self._reopen_endpoint(name)
         return self._endpoints[name]
 
     # -- internals -------------------------------------------------------------------------
@@ -137,6 +155,17 @@ class MemoryNetwork:
             if name in (src, dst):
                 box.closed = True
                 box.arrived.set()
+                box.freed.set()  # senders waiting for a slot must fail, not hang
+
+    def _reopen_endpoint(self, name: str) -> None:
+        """A party came back under the same name (a restarted process). Its inbound frames died
+        with the old endpoint; frames it sent earlier stay receivable, then its new ones follow."""
+        for key, box in list(self._inboxes.items()):
+            src, dst, _ = key
+            if dst == name:
+                del self._inboxes[key]
+            elif src == name and not self._closed(dst):
+                box.closed = False
 
 
 class MemoryTransport:
@@ -173,7 +202,7 @@ class MemoryTransport:
         size = codec.encoded_size(frame)
         box = self._net._inbox(self._name, peer, channel)
         direction = self._net._direction(self._name, peer)
-        await box.slots.acquire()
+        await box.acquire()
         try:
             if box.closed:
                 raise TransportClosedError(f"link {self._name!r} -> {peer!r} is closed")
@@ -191,7 +220,7 @@ class MemoryTransport:
                 box.items.append((loop.time() + direction.shape.latency, frame))
                 box.arrived.set()
         except BaseException:
-            box.slots.release()
+            box.release()
             raise
 
     async def recv(self, peer: str, channel: str) -> Frame:
@@ -206,7 +235,7 @@ class MemoryTransport:
                     await asyncio.sleep(wait)  # frame stays queued if we are cancelled here
                     continue
                 box.items.popleft()
-                box.slots.release()
+                box.release()
                 if not box.items:
                     box.arrived.clear()
                 return frame
