@@ -1,0 +1,394 @@
+"""Pipeline benchmark: sequential vs prioritised micro-batch pipeline on a shaped link.
+
+``python -m bench.pipeline --json`` prints ONE JSON line (progress goes to stderr).
+
+Workload: the ``two_party`` topology (party ``A`` holds a bottom MLP over synthetic float32
+features; party ``B`` holds a small top MLP, the labels and the loss). Compute per batch is
+measured first on an unshaped link (warm-up batches, n = 1), then both directions of the
+``A <-> B`` link are shaped so that one direction carries a batch's cut-layer tensor
+(``batch x cut x 4`` bytes) in the measured compute time per batch (both parties, summed):
+link time per direction ~= compute time per batch, on whatever machine runs it.
+
+Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
+ends when *both* parties have finished their last batch):
+
+* ``sequential_s``: n = 1 with the FIFO policy on both parties (no pipelining, no priorities).
+* ``pipelined_s``: the priority policy with the automatic group count: ``SplitParty.fit``
+  with ``groups="auto"`` (the `engine.microbatch.GroupTuner` re-tunes between batches) is run
+  until the tuner settles, then timed over the same number of batches.
+* ``bound_s``: a lower bound on the pipelined time, measured from the pipelined run's `Trace`:
+  ``max(busy(A compute), busy(B compute), bytes(send->B)/bandwidth, bytes(send->A)/bandwidth)``
+  where ``busy`` sums the durations of a party's compute-lane events and ``bytes`` sums the
+  tensor bytes (``array.nbytes``; frame headers excluded) of the ``send->PEER`` events. No
+  schedule can finish before its busiest resource has done its work. The terms are in
+  ``bound_terms``.
+* ``speedup`` = sequential / pipelined; ``efficiency`` = bound / pipelined.
+* ``sweep``: n -> seconds for fixed n (priority policy); ``auto_vs_best`` = best swept time /
+  pipelined (auto) time.
+* ``overhead_us_per_op``: the engine's own cost per plan op (F/L/B/U compute ops *and* S/R
+  sends/receives, both parties), with a tiny model on an unshaped memory link and many
+  micro-batches: (runtime wall time - baseline) / ops, where the baseline runs the very same
+  ``StageHandler.compute``/``receive`` calls (the same jitted kernels) serially in a plain loop
+  with no runtime, lanes or transport. ``overhead_us_per_compute_op`` divides by compute ops
+  only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from engine.errors import ConfigError
+from engine.kernels import mlp_stage
+from engine.lanes import ThreadLane
+from engine.microbatch import group_bounds
+from engine.plan import Kind, Op
+from engine.topology import two_party
+from engine.trace import Trace, plot_gantt
+from parties.split.party import SplitConfig, SplitParty
+from transports.memory import MemoryNetwork
+
+A, B = "A", "B"  # A: bottom model + features; B: top model + labels (the leader)
+
+
+@dataclasses.dataclass
+class BenchConfig:
+    """Sizes of the benchmark. The defaults take about a minute on a 2-core machine."""
+
+    batch_size: int = 512
+    batches: int = 4                  # batches per timed run
+    repeats: int = 3                  # timed runs per measurement (medians reported)
+    d_in: int = 512
+    hidden: tuple[int, ...] = (1024,)
+    cut: int = 512
+    top_hidden: tuple[int, ...] = (32,)
+    latency: float = 0.001
+    warmup: int = 3                   # unshaped warm-up batches that measure compute
+    sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    tune_epochs: int = 10             # most epochs of `fit` waiting for the tuner to settle
+    seed: int = 0
+    # overhead measurement (tiny model, unshaped link)
+    overhead_batch: int = 64
+    overhead_groups: int = 64
+    overhead_batches: int = 10
+    overhead_width: int = 4
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.batches < 1 or self.repeats < 1:
+            raise ConfigError("batch_size, batches and repeats must be >= 1")
+        if not 1 <= self.overhead_groups <= self.overhead_batch:
+            raise ConfigError("overhead_groups must be in [1, overhead_batch]")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench.pipeline] {msg}", file=sys.stderr, flush=True)
+
+
+# -- the workload --------------------------------------------------------------------------------
+class Workload:
+    """Two parties on one `MemoryNetwork`, B leading, A serving (see the module docstring)."""
+
+    def __init__(self, *, batch_size: int, n_batches: int, d_in: int, hidden, cut: int,
+                 top_hidden, seed: int, groups="auto") -> None:
+        rng = np.random.default_rng(seed)
+        rows = batch_size * n_batches
+        x = rng.standard_normal((rows, d_in), dtype=np.float32)
+        w = rng.standard_normal(d_in, dtype=np.float32)
+        y = (x @ w > 0).astype(np.float32)
+        self.topology = two_party(A, B)
+        self.models = {"bottom": mlp_stage([d_in], list(hidden), cut),
+                       "top": mlp_stage([cut], list(top_hidden), 1, activate_last=False)}
+        self.cfg = SplitConfig(batch_size=batch_size, groups=groups, seed=seed,
+                               learning_rate=1e-3, loss="binary")
+        self.net = MemoryNetwork()
+        self.leader = SplitParty(B, self.topology, self.models, self.net.endpoint(B),
+                                 labels={"train": y}, config=self.cfg)
+        self.follower = SplitParty(A, self.topology, self.models, self.net.endpoint(A),
+                                   datasets={"train": x},
+                                   config=dataclasses.replace(self.cfg))
+        self.rows = rows
+        self.cut = cut
+
+    @property
+    def parties(self) -> tuple[SplitParty, SplitParty]:
+        return self.leader, self.follower
+
+    def batch_indices(self, k: int) -> list[np.ndarray]:
+        bs = self.cfg.batch_size
+        return [np.arange(i * bs, (i + 1) * bs) for i in range(k)]
+
+    def set(self, *, policy: str, trace: Trace | None) -> None:
+        for p in self.parties:
+            p.config.policy, p.trace = policy, trace
+
+    async def synced(self) -> None:
+        """Wait until the follower has finished every batch the leader started (the leader's
+        ``run_batch`` returns once its own ops are done, before the follower's last backward)."""
+        while self.follower._batch < self.leader._batch:
+            await asyncio.sleep(0.0002)
+
+    async def run_fixed(self, lane: ThreadLane, n: int, idx_list) -> float:
+        t0 = time.perf_counter()
+        for idx in idx_list:
+            await self.leader.run_batch(idx, n=n, lane=lane)
+        await self.synced()
+        return time.perf_counter() - t0
+
+    async def run_auto_epoch(self) -> float:
+        t0 = time.perf_counter()
+        await self.leader.fit(1)
+        await self.synced()
+        return time.perf_counter() - t0
+
+
+def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
+    terms: dict[str, float] = {}
+    for party in (A, B):
+        terms[f"compute[{party}]"] = trace.busy(party, "compute")
+    for party, peer in ((A, B), (B, A)):
+        nbytes = sum(e.nbytes for e in trace.events if e.party == party and e.lane == f"send->{peer}")
+        terms[f"link[{party}->{peer}]"] = nbytes / bandwidth
+    return max(terms.values()), terms
+
+
+# -- the pipeline measurement ---------------------------------------------------------------------
+async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
+                           plot: str | None = None) -> dict[str, Any]:
+    wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
+                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed)
+    out: dict[str, Any] = {}
+
+    async def drive() -> None:
+        idx_list = wl.batch_indices(cfg.batches)
+        async with ThreadLane("bench-leader") as lane:
+            # 1. compute per batch, unshaped link, n = 1
+            wl.set(policy="fifo", trace=None)
+            await wl.run_fixed(lane, 1, idx_list[:1])  # compile
+            per_batch = []
+            for i in range(cfg.warmup):
+                tr = Trace()
+                wl.set(policy="fifo", trace=tr)
+                await wl.run_fixed(lane, 1, idx_list[i % len(idx_list):][:1])
+                per_batch.append(tr.busy(A) + tr.busy(B))
+            compute = statistics.median(per_batch)
+            link_bytes = cfg.batch_size * cfg.cut * 4
+            bandwidth = link_bytes / compute
+            wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
+            log(f"compute/batch {compute * 1e3:.1f} ms -> bandwidth {bandwidth / 1e6:.2f} MB/s "
+                f"({link_bytes} B per direction per batch)")
+            out["workload"] = {
+                "topology": "two_party", "batch_size": cfg.batch_size, "batches": cfg.batches,
+                "repeats": cfg.repeats, "d_in": cfg.d_in, "hidden": list(cfg.hidden),
+                "cut": cfg.cut, "top_hidden": list(cfg.top_hidden),
+                "compute_per_batch_s": compute, "cut_bytes_per_batch": link_bytes,
+                "link_per_batch_s": link_bytes / bandwidth}
+            out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
+
+            # 2. sequential: n = 1, FIFO
+            seq, seq_trace = [], None
+            for r in range(cfg.repeats):
+                tr = Trace()
+                wl.set(policy="fifo", trace=tr)
+                seq.append(await wl.run_fixed(lane, 1, idx_list))
+                seq_trace = seq_trace or tr
+            log(f"sequential (n=1, fifo): {[round(s, 3) for s in seq]} s")
+
+            # 3. sweep of fixed n, priority policy
+            wl.set(policy="priority", trace=None)
+            sweep = {}
+            for n in sorted({min(n, cfg.batch_size) for n in cfg.sweep}):
+                await wl.run_fixed(lane, n, idx_list[:1])  # compile this group shape
+                times = [await wl.run_fixed(lane, n, idx_list) for _ in range(cfg.repeats)]
+                sweep[n] = statistics.median(times)
+                log(f"fixed n={n}: {[round(t, 3) for t in times]} s")
+
+        # 4. auto: let the tuner settle (fit re-tunes between full batches), then time it
+        wl.set(policy="priority", trace=None)
+        tuner = wl.leader.tuner
+        for epoch in range(cfg.tune_epochs):
+            await wl.run_auto_epoch()
+            if tuner._settled_at is not None:
+                break
+        settled = tuner._settled_at is not None
+        log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
+            f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
+        auto, bounds, pipe_trace = [], [], None
+        for r in range(cfg.repeats):
+            tr = Trace()
+            wl.set(policy="priority", trace=tr)
+            auto.append(await wl.run_auto_epoch())
+            bounds.append(_bound(tr, bandwidth))
+            pipe_trace = pipe_trace or tr
+        log(f"pipelined (auto n={wl.leader.n_groups}): {[round(t, 3) for t in auto]} s")
+        wl.set(policy="priority", trace=None)
+        await wl.leader.stop()
+
+        seq_s, pipe_s = statistics.median(seq), statistics.median(auto)
+        bound_s = statistics.median(b for b, _ in bounds)
+        terms = {k: statistics.median(t[k] for _, t in bounds) for k in bounds[0][1]}
+        best_n = min(sweep, key=sweep.get)
+        out.update(
+            sequential_s=seq_s, pipelined_s=pipe_s, bound_s=bound_s,
+            speedup=seq_s / pipe_s, efficiency=bound_s / pipe_s,
+            n_groups=wl.leader.n_groups, tuner_settled=settled,
+            tuner_path=[h["n"] for h in tuner.history],
+            bound_terms={"definition": "max over: each party's compute-lane busy seconds; each "
+                                       "link direction's send->PEER tensor bytes / bandwidth; "
+                                       "from the pipelined (auto) run's Trace, median over repeats",
+                         **terms},
+            sweep={str(n): t for n, t in sweep.items()}, best_fixed_n=best_n,
+            auto_vs_best=sweep[best_n] / pipe_s,
+            runs={"sequential_s": seq, "pipelined_s": auto})
+        if plot:
+            plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
+                        (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
+            out["plot"] = plot
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(wl.follower.serve())
+        tg.create_task(drive())
+    return out
+
+
+# -- the engine's own cost -----------------------------------------------------------------------
+def _serial_order(wl: Workload, n: int) -> list[tuple[SplitParty, Op, list[tuple[SplitParty, Op]]]]:
+    """A valid serial execution of both parties' plans: (party, compute op, deliveries), where a
+    delivery is the peer's receive op fed by one of the op's sends."""
+    parties = {p.name: p for p in wl.parties}
+    plans = {name: p.plan(n, "train") for name, p in parties.items()}
+    remaining = {(name, op): len(plan.deps.get(op, ())) for name, plan in plans.items()
+                 for op in plan.ops}
+    order = []
+    done: set[tuple[str, Op]] = set()
+
+    def complete(name: str, op: Op, deliveries: list) -> None:
+        done.add((name, op))
+        for s in plans[name].successors[op]:
+            remaining[(name, s)] -= 1
+            if remaining[(name, s)] == 0 and s.kind is Kind.SEND:
+                recv = Op(Kind.RECV, s.mb, channel=s.channel, peer=name)
+                deliveries.append((parties[s.peer], recv))
+                complete(name, s, deliveries)
+                complete(s.peer, recv, deliveries)
+
+    while len(done) < len(remaining):
+        progressed = False
+        for name, plan in plans.items():
+            for op in plan.ops:
+                if op.is_compute and (name, op) not in done and remaining[(name, op)] == 0:
+                    deliveries: list = []
+                    complete(name, op, deliveries)
+                    order.append((parties[name], op, deliveries))
+                    progressed = True
+                    break
+        if not progressed:
+            raise RuntimeError("no serial order: the plans deadlock")
+    return order
+
+
+def _direct(wl: Workload, order, idx: np.ndarray, n: int) -> None:
+    """Run one batch's ops on the handlers directly: same kernels, no runtime/lanes/transport."""
+    bounds = group_bounds(len(idx), n)
+    wl.leader.handler.begin(None, wl.leader.labels["train"][idx], bounds, train=True)
+    wl.follower.handler.begin(wl.follower.datasets["train"][idx], None, bounds, train=True)
+    for party, op, deliveries in order:
+        outputs = party.handler.compute(op)
+        for peer, recv in deliveries:
+            peer.handler.receive(recv, outputs[recv.channel])
+
+
+async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
+    n, k = cfg.overhead_groups, cfg.overhead_batches
+    wl = Workload(batch_size=cfg.overhead_batch, n_batches=1, d_in=cfg.overhead_width,
+                  hidden=(cfg.overhead_width,), cut=cfg.overhead_width, top_hidden=(),
+                  seed=cfg.seed, groups=n)
+    idx = wl.batch_indices(1)[0]
+    out: dict[str, Any] = {}
+
+    async def drive() -> None:
+        wl.set(policy="priority", trace=None)
+        async with ThreadLane("bench-overhead") as lane:
+            await wl.run_fixed(lane, n, [idx] * 2)  # compile + warm
+            walls = [await wl.run_fixed(lane, n, [idx] * k) for _ in range(cfg.repeats)]
+        await wl.leader.stop()
+        order = _serial_order(wl, n)
+        _direct(wl, order, idx, n)  # warm
+        direct = []
+        for _ in range(cfg.repeats):
+            t0 = time.perf_counter()
+            for _ in range(k):
+                _direct(wl, order, idx, n)
+            direct.append(time.perf_counter() - t0)
+        plan_ops = sum(len(p.plan(n, "train").ops) for p in wl.parties) * k
+        compute_ops = sum(len(p.plan(n, "train").compute_ops) for p in wl.parties) * k
+        wall, base = statistics.median(walls), statistics.median(direct)
+        out.update(overhead_us_per_op=(wall - base) / plan_ops * 1e6,
+                   overhead_us_per_compute_op=(wall - base) / compute_ops * 1e6,
+                   overhead={"definition": "(runtime wall - direct handler loop) / ops; ops = "
+                                           "all plan ops (F/L/B/U + S/R) of both parties",
+                             "runtime_s": wall, "direct_s": base, "plan_ops": plan_ops,
+                             "compute_ops": compute_ops, "n_groups": n,
+                             "batch_size": cfg.overhead_batch, "batches": k,
+                             "loop": type(asyncio.get_running_loop()).__module__})
+        log(f"overhead: runtime {wall * 1e3:.1f} ms, direct {base * 1e3:.1f} ms, "
+            f"{plan_ops} plan ops -> {out['overhead_us_per_op']:.1f} us/op")
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(wl.follower.serve())
+        tg.create_task(drive())
+    return out
+
+
+async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None,
+                        log: Callable[[str], None] = _log) -> dict[str, Any]:
+    """The whole benchmark: the pipeline measurement, then the overhead measurement."""
+    t0 = time.perf_counter()
+    result = await measure_pipeline(cfg, log, plot)
+    result.update(await measure_overhead(cfg, log))
+    result["bench_s"] = time.perf_counter() - t0
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise RuntimeError(f"non-finite results {bad}: {result}")
+    return result
+
+
+def _run(coro):
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency where available
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
+    ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG: sequential vs pipelined")
+    ap.add_argument("--batches", type=int, default=BenchConfig.batches)
+    ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
+    ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
+    ap.add_argument("--seed", type=int, default=BenchConfig.seed)
+    args = ap.parse_args(argv)
+    cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
+                      seed=args.seed)
+    result = _run(run_benchmark(cfg, plot=args.plot))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
+                    "n_groups", "auto_vs_best", "overhead_us_per_op"):
+            print(f"{key:>20}: {result[key]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
