@@ -107,7 +107,7 @@ class Coordinator:
         self._urls: dict[str, str] = {}
         self._busy: dict[str, tuple[int, int]] = {}      # worker -> (batch, generation)
         self._watched: set[str] = set()
-        self._replies: dict[int, asyncio.Future] = {}
+        self._replies: dict[int, tuple[str, asyncio.Future]] = {}
         self._req = itertools.count()
         self._wake = asyncio.Event()
         self._n_batches: dict[str, int] = {}
@@ -127,7 +127,7 @@ class Coordinator:
     async def _call(self, ds: str, op: str, arrays=(), **meta) -> Frame:
         req = next(self._req)
         fut = asyncio.get_running_loop().create_future()
-        self._replies[req] = fut
+        self._replies[req] = (ds, fut)
         try:
             await self.t.send(ds, P.CTL, Frame(meta={"op": op, "req": req, **meta},
                                                arrays=tuple(arrays)))
@@ -152,8 +152,14 @@ class Coordinator:
 
     async def _replies_from(self, ds: str) -> None:
         while True:
-            rep = await self.t.recv(ds, P.REPLY)
-            fut = self._replies.get(rep.meta.get("req"))
+            try:
+                rep = await self.t.recv(ds, P.REPLY)
+            except TransportError as exc:  # the data server is gone: fail its pending calls
+                for who, fut in self._replies.values():
+                    if who == ds and not fut.done():
+                        fut.set_exception(ElasticError(f"data server {ds!r} is gone: {exc}"))
+                return
+            _, fut = self._replies.get(rep.meta.get("req"), (None, None))
             if fut is not None and not fut.done():
                 fut.set_result(rep)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from engine import elastic_kernels as K
 from transports.base import Frame, Transport
-from transports.errors import TransportError
+from transports.errors import TransportClosedError, TransportError
 
 from . import protocol as P
 from .errors import ElasticError, ProtocolError
@@ -73,8 +73,11 @@ class Worker:
                 for ds, url in servers.items():
                     P.learn_peer(self.t, ds, url)
                     loops.append(tg.create_task(self._serve(ds)))
-                stop = await self.t.recv(self.coordinator, P.CTL)
-                log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
+                try:
+                    stop = await self.t.recv(self.coordinator, P.CTL)
+                    log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
+                except TransportError as exc:
+                    log.warning("%s: coordinator gone (%s); stopping", self.t.name, exc)
                 for task in loops:
                     task.cancel()
         except* WorkerKilled:
@@ -91,9 +94,15 @@ class Worker:
 
     async def _serve(self, ds: str) -> None:
         while True:
-            task = await self.t.recv(ds, P.TASK)
-            async with self._busy:
-                await self._one(ds, task)
+            try:
+                task = await self.t.recv(ds, P.TASK)
+                async with self._busy:
+                    await self._one(ds, task)
+            except TransportError as exc:
+                # the data server is gone or unreachable: the coordinator re-issues the batch
+                log.info("%s: link to %s failed: %s", self.t.name, ds, exc)
+                if isinstance(exc, TransportClosedError):
+                    return
 
     async def _one(self, ds: str, task: Frame) -> None:
         try:

@@ -1,0 +1,130 @@
+"""Elastic training across processes over HTTP: ``kill -9`` a worker mid-training.
+
+Six processes: two data servers, three workers, a coordinator; the third worker is added to
+the coordinator's roster (so it may join) only after the kill. The run must finish with every batch of every epoch committed exactly once,
+the killed worker removed, and the surviving workers never restarted (they exit 0 on stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from parties.elastic.spec import ModelSpec, make_dataset, save_shard
+
+SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
+EPOCHS = 5
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _toml(path, **entries) -> str:
+    lines = []
+    tables = {k: v for k, v in entries.items() if isinstance(v, dict)}
+    for k, v in entries.items():
+        if not isinstance(v, dict):
+            lines.append(f"{k} = {json.dumps(v)}")
+    for k, v in tables.items():
+        lines.append(f"[{k}]")
+        lines += [f"{name} = {json.dumps(url)}" for name, url in v.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+@pytest.mark.slow
+def test_kill_dash_nine_a_worker_over_http(tmp_path):
+    shards = make_dataset(2, 256, SPEC, seed=3)
+    (tmp_path / "model.json").write_text(json.dumps(SPEC.to_dict()))
+    for i, shard in enumerate(shards):
+        save_shard(shard, str(tmp_path / f"shard{i}.npz"))
+    pc, p0, p1, pw0, pw1, pw2 = _free_ports(6)
+    url = lambda p: f"http://127.0.0.1:{p}"  # noqa: E731
+    secret = "test-secret"
+    common = dict(host="127.0.0.1", secret=secret, coordinator=url(pc))
+    cfg = {
+        "ds0": _toml(tmp_path / "ds0.toml", name="ds0", port=p0, model=str(tmp_path / "model.json"),
+                     shard=str(tmp_path / "shard0.npz"), **common),
+        "ds1": _toml(tmp_path / "ds1.toml", name="ds1", port=p1,
+                     model=f"file://{tmp_path}/model.json",
+                     shard=f"file://{tmp_path}/shard1.npz", **common),
+        "w0": _toml(tmp_path / "w0.toml", name="w0", port=pw0, heartbeat=0.1, **common),
+        "w1": _toml(tmp_path / "w1.toml", name="w1", port=pw1, heartbeat=0.1, **common),
+        "w2": _toml(tmp_path / "w2.toml", name="w2", port=pw2, heartbeat=0.1, **common),
+    }
+    roster = _toml(tmp_path / "roster.toml", w0=url(pw0), w1=url(pw1))
+    cfg["coordinator"] = _toml(
+        tmp_path / "coordinator.toml", name="coordinator", port=pc, secret=secret,
+        interval=0.3, epochs=EPOCHS, min_workers=2, roster=roster,
+        data_servers={"ds0": url(p0), "ds1": url(p1)})
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    procs: dict[str, subprocess.Popen] = {}
+
+    def start(role: str, name: str, *extra: str) -> None:
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "parties.cli", "elastic", role, "--config", cfg[name], *extra],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    summary_path = tmp_path / "summary.json"
+    try:
+        start("data-server", "ds0")
+        start("data-server", "ds1")
+        start("worker", "w0")
+        start("worker", "w1")
+        start("worker", "w2")   # refused (401, not on the roster) until the roster lists it
+        start("coordinator", "coordinator", "--summary", str(summary_path))
+        coord = procs["coordinator"]
+        seen = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = coord.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            if line.startswith("epoch ") and " committed " in line and \
+                    not line.split(" committed ")[1].startswith("0/"):
+                break
+        assert any(" committed " in s for s in seen), "".join(seen)
+        os.kill(procs["w0"].pid, signal.SIGKILL)          # kill -9, mid-training
+        with open(roster, "a") as f:                      # a new worker joins
+            f.write(f'w2 = "{url(pw2)}"\n')
+        out, _ = coord.communicate(timeout=90)
+        seen.append(out)
+        if os.environ.get("ELASTIC_DEBUG"):
+            print("".join(seen), time.monotonic() - deadline + 60)
+        assert coord.returncode == 0, "".join(seen)
+        for name in ("w1", "w2", "ds0", "ds1"):           # survivors were never restarted
+            rest, _ = procs[name].communicate(timeout=30)
+            assert procs[name].returncode == 0, f"{name}: {rest}"
+        assert procs["w0"].wait(timeout=5) == -signal.SIGKILL
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
+            p.stdout.close()
+
+    summary = json.loads(summary_path.read_text())
+    all_ids = sorted(i * (1 << 20) + b for i, s in enumerate(shards)
+                     for b in range(s.n_batches(SPEC.batch_size)))
+    assert summary["epochs"] == EPOCHS
+    for epoch in summary["history"]:
+        assert sorted(epoch["committed"]) == all_ids       # exactly once, whatever happened
+    removed = [w for _, kind, detail in summary["events"] if kind == "removed" for w in detail]
+    assert "w0" in removed
+    assert summary["rollbacks"] >= 1
+    assert summary["history"][-1]["loss"] < 0.25 * summary["initial_loss"]
