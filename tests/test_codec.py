@@ -1,0 +1,101 @@
+"""Codec: hypothesis round-trips; malformed input raises FrameError and nothing else."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings, strategies as st
+from hypothesis.extra import numpy as hnp
+
+from transports import codec
+from transports.base import Frame
+from transports.errors import FrameError, PayloadTooLargeError
+
+DTYPES = st.sampled_from(["bool", "int8", "uint16", "<i4", ">i4", "int64", "float16", "float32",
+                          ">f8", "complex64", "complex128"])
+arrays = DTYPES.flatmap(lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3,
+                                                                             min_side=0, max_side=5)))
+json_leaf = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=10) | \
+    st.floats(allow_nan=False, allow_infinity=False)
+meta = st.dictionaries(st.text(max_size=8),
+                       st.recursive(json_leaf, lambda c: st.lists(c, max_size=3) |
+                                    st.dictionaries(st.text(max_size=5), c, max_size=3),
+                                    max_leaves=8), max_size=4)
+frames = st.builds(Frame, sender=st.text(max_size=8), channel=st.text(max_size=8),
+                   msg_id=st.integers(0, 2**62), spec_hash=st.text(max_size=16), meta=meta,
+                   arrays=st.lists(arrays, max_size=4).map(tuple))
+
+
+@settings(max_examples=60, deadline=None)
+@given(frames)
+def test_roundtrip(frame):
+    data = codec.encode(frame)
+    assert len(data) == codec.encoded_size(frame)
+    assert b"".join(bytes(p) for p in codec.encode_parts(frame)) == data
+    got = codec.decode(data)
+    assert (got.sender, got.channel, got.msg_id, got.spec_hash) == \
+        (frame.sender, frame.channel, frame.msg_id, frame.spec_hash)
+    assert got.meta == frame.meta
+    assert len(got.arrays) == len(frame.arrays)
+    for x, y in zip(frame.arrays, got.arrays):
+        assert y.shape == x.shape and y.dtype.byteorder in "<|="
+        assert y.dtype == x.dtype.newbyteorder("<") or y.dtype == x.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.binary(max_size=300))
+def test_random_bytes_raise_frame_error(data):
+    try:
+        codec.decode(data)
+    except FrameError:
+        pass
+
+
+@settings(max_examples=120, deadline=None)
+@given(frames, st.data())
+def test_mutated_frames_raise_frame_error_or_decode(frame, data):
+    raw = bytearray(codec.encode(frame))
+    how = data.draw(st.sampled_from(["flip", "truncate", "extend"]))
+    if how == "flip":
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    elif how == "truncate":
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        raw += data.draw(st.binary(min_size=1, max_size=8))
+    try:
+        codec.decode(bytes(raw))
+    except FrameError:
+        pass
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.dictionaries(st.sampled_from(["sender", "channel", "id", "spec", "meta", "arrays", "x"]),
+                       st.none() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=4) | st.booleans() |
+                       st.lists(st.dictionaries(st.sampled_from(["dtype", "shape", "nbytes"]),
+                                                st.integers(-3, 9) | st.text(max_size=4) |
+                                                st.lists(st.integers(-2, 4), max_size=3)),
+                                max_size=2), max_size=7))
+def test_malformed_headers_raise_frame_error(header):
+    body = orjson.dumps(header)
+    raw = codec._PREFIX.pack(codec.MAGIC, len(body)) + body
+    try:
+        codec.decode(raw)
+    except FrameError:
+        pass
+
+
+def test_specific_errors_name_the_problem():
+    good = codec.encode(Frame(arrays=(np.arange(4, dtype=np.int32),)))
+    with pytest.raises(FrameError, match="magic"):
+        codec.decode(b"XXXX" + good[4:])
+    with pytest.raises(FrameError, match="describes"):
+        codec.decode(good[:-1])
+    with pytest.raises(PayloadTooLargeError, match="max_frame_bytes"):
+        codec.decode(good, max_bytes=10)
+    with pytest.raises(FrameError, match="dtype"):
+        codec.encode(Frame(arrays=(np.array(["a"]),)))
+    with pytest.raises(FrameError, match="JSON"):
+        codec.encode(Frame(meta={"x": object()}))
