@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"  {n} ids/side: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB, "
                   f"intersection {r['size']}", flush=True)
+    record["load_avg_1m"] = round(os.getloadavg()[0], 2)  # CPU-bound: other load matters
     print(json.dumps(record))
     return 0
 
