@@ -57,8 +57,10 @@ class GroupTuner:
     1. The first full batch runs at ``n0`` (4 by default) and measures the compute time and
        each link direction's bytes and bandwidth; the method's rule then gives the starting
        point ``n = ceil(bytes / bandwidth / compute_time)`` for the busiest direction.
-    2. Hill-climbing on the measured wall time per batch: try ``2n`` and ``n/2``; move while one
-       is faster (by more than ``tolerance``); stop when neither is. Every ``recheck`` batches
+    2. Hill-climbing on the measured wall time per batch (the fastest of ``samples`` batches):
+       from the base ``n`` try ``2n`` and ``n/2`` (each compared with the base, not with each
+       other); move the base to the faster one while it is faster by more than ``tolerance``;
+       settle on the base when neither is. Every ``recheck`` batches
        the neighbours are tried again, so ``n`` follows a link or load that changes.
 
     Invariant: ``1 <= n <= batch``.
@@ -77,10 +79,14 @@ class GroupTuner:
         self._walls: dict[int, list[float]] = {}
         self._started = False
         self._settled_at: int | None = None
+        self._base = self.n  # the n whose neighbours are being probed
 
     def _mean(self, n: int) -> float | None:
+        """The wall time of ``n``: the fastest of its samples, once it has ``samples`` of them
+        (the first batch at a new ``n`` pays for compiling its group shape, and other load on
+        the machine only ever adds time, so the minimum is the robust estimate)."""
         w = self._walls.get(n, [])
-        return sum(w) / len(w) if len(w) >= self.samples else None
+        return min(w) if len(w) >= self.samples else None
 
     def observe(self, *, wall: float, compute: float,
                 links: Sequence[tuple[float, float | None]] = ()) -> int:
@@ -94,26 +100,28 @@ class GroupTuner:
                 b, bw = max(measured, key=lambda x: x[0] / x[1])
                 self.n = rule_groups(b, bw, max(compute, 1e-6), self.batch)
             self._walls.clear()
+            self._base = self.n
             return self.n
         self._walls.setdefault(self.n, []).append(wall)
         if self._settled_at is not None:
             if len(self.history) - self._settled_at < self.recheck:
                 return self.n
             self._settled_at, self._walls = None, {self.n: self._walls[self.n][-self.samples:]}
-        here = self._mean(self.n)
-        if here is None:
-            return self.n
-        for cand in (min(self.n * 2, self.batch), max(self.n // 2, 1)):
-            if cand == self.n:
-                continue
-            there = self._mean(cand)
-            if there is None:
-                self._probe_from = self.n
+            self._base = self.n
+        if self._mean(self.n) is None:
+            return self.n  # keep sampling the current n (the base or a probe)
+        base = self._base
+        # probe the base's neighbours one at a time; every probe is judged from the base
+        for cand in (min(base * 2, self.batch), max(base // 2, 1)):
+            if cand != base and self._mean(cand) is None:
                 self.n = cand
                 return self.n
-        best = min((m, k) for k in self._walls if (m := self._mean(k)) is not None)[1]
-        if best != self.n and self._mean(best) < here * (1 - self.tolerance):
-            self.n = best  # move, then probe the new neighbours
+        here = self._mean(base)
+        best = min((m, k) for k in {base, base * 2, base // 2} & set(self._walls)
+                   if (m := self._mean(k)) is not None)[1]
+        if best != base and self._mean(best) < here * (1 - self.tolerance):
+            self._base = self.n = best  # move, then probe the new base's neighbours
             return self.n
+        self.n = base
         self._settled_at = len(self.history)
         return self.n
