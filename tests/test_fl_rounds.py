@@ -9,34 +9,25 @@ import numpy as np
 import pytest
 
 from engine.errors import ConfigError
-from engine.fl_aggregate import ServerRule
+from fl_helpers import UPLINK, small_setup
+from fl_helpers import compressed as _compressed
 from parties.fl import protocol as P
 from parties.fl.client import FLClient
-from parties.fl.data import load_federated_digits
-from parties.fl.federation import make_trainer, run_memory_federation
+from parties.fl.federation import run_memory_federation
 from parties.fl.server import FLConfig
 from transports import codec
 from transports.base import Frame
 
-UPLINK = {"kind": "randk", "k": 40}
 TIMEOUT = 0.6  # s; faulty clients below are late by design, the others reply in milliseconds
 
 
 @pytest.fixture(scope="module")
 def setup():
-    data = load_federated_digits(4, 0.5, seed=1)
-    trainer = make_trainer(data, [16], lr=0.1, epochs=1)
-    x, y = data.clients[0]
-    trainer.train(trainer.init_vec, x, y, 0)  # compile outside the timed rounds
-    trainer.accuracy(trainer.init_vec, data.x_test, data.y_test)
-    return data, trainer
+    return small_setup()  # compiled before any timed round
 
 
 def compressed(rounds: int, **kw) -> FLConfig:
-    base = dict(rounds=rounds, fraction=1.0, round_timeout=TIMEOUT, uplink=UPLINK,
-                rule=ServerRule(momentum=0.5, topk=60), downlink="version", seed=3)
-    base.update(kw)
-    return FLConfig(**base)
+    return _compressed(rounds, TIMEOUT, **kw)
 
 
 class Recording(FLClient):
