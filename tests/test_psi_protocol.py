@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parties.alignment import AlignedIds, AlignmentMismatchError, ProtocolError, align, ecdh
+from parties.alignment import AlignedIds, AlignmentConfigError, AlignmentMismatchError, ProtocolError, align, ecdh
 from transports import codec
 from transports.base import Frame
 from transports.memory import MemoryNetwork
@@ -156,9 +156,9 @@ async def test_same_role_is_refused():
 async def test_bad_arguments():
     net = MemoryNetwork()
     a, _ = net.endpoint("a"), net.endpoint("b")
-    with pytest.raises(ValueError, match="role must be one of"):
+    with pytest.raises(AlignmentConfigError, match="role must be one of"):
         await align(a, "b", [1], role="boss", rng=None)
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(AlignmentConfigError, match="width"):
         await align(a, "b", [1], role="leader", rng=None, width=40)
 
 

@@ -36,7 +36,7 @@ from typing import Iterable, Sequence
 import gmpy2
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
-from .errors import IdError, ProtocolError
+from .errors import AlignmentConfigError, IdError, ProtocolError
 
 #: Bytes of one curve point (u-coordinate, little-endian).
 POINT_BYTES = 32
@@ -108,7 +108,7 @@ def hash_to_u(key: bytes) -> bytes:
             continue
         if _on_curve(u):
             return u.to_bytes(POINT_BYTES, "little")
-    raise AssertionError("unreachable: 256 failed tries has probability 2**-256")  # pragma: no cover
+    raise RuntimeError("unreachable: 256 failed tries has probability 2**-256")  # pragma: no cover
 
 
 def _on_curve(u: int) -> bool:
@@ -135,7 +135,7 @@ def blind_points(secret: bytes, points: bytes, keep: int = POINT_BYTES) -> bytes
     if len(points) % POINT_BYTES:
         raise ProtocolError(f"blinded points blob of {len(points)} bytes is not a multiple of 32")
     if not 1 <= keep <= POINT_BYTES:
-        raise ValueError(f"keep must be in [1, 32] bytes, got {keep}")
+        raise AlignmentConfigError(f"keep must be in [1, 32] bytes, got {keep}")
     scalar = X25519PrivateKey.from_private_bytes(secret)
     load = X25519PublicKey.from_public_bytes
     out = []

@@ -22,3 +22,7 @@ class ProtocolError(AlignmentError):
 class AlignmentMismatchError(AlignmentError):
     """The two parties ended with different intersections (size or commitment), or a task spec
     records an alignment that differs from the local one. Re-run the alignment on both sides."""
+
+
+class AlignmentConfigError(AlignmentError, ValueError):
+    """An argument of `align` is out of range (the message names it and the accepted values)."""

@@ -41,7 +41,7 @@ import numpy as np
 from transports.base import Frame, Transport
 
 from . import ecdh
-from .errors import AlignmentMismatchError, ProtocolError
+from .errors import AlignmentConfigError, AlignmentMismatchError, ProtocolError
 
 VERSION = 1
 ROLES = ("leader", "follower")
@@ -111,9 +111,9 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
     (the two sides disagree), and transport errors.
     """
     if role not in ROLES:
-        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        raise AlignmentConfigError(f"role must be one of {ROLES}, got {role!r}")
     if chunk_size < 1 or not 1 <= width <= ecdh.POINT_BYTES or window < 1:
-        raise ValueError(
+        raise AlignmentConfigError(
             f"need chunk_size >= 1, 1 <= width <= 32, window >= 1; got chunk_size={chunk_size}, "
             f"width={width}, window={window}")
     keys, rows, duplicates = await asyncio.to_thread(ecdh.canonicalise, ids)
@@ -149,9 +149,8 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
         pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(pool.shutdown, wait=True)
 
-    hits = await asyncio.to_thread(ecdh.match, bytes(own_doubles), bytes(peer_doubles), width)
-    chosen = sorted((int(perm[j]) for j in hits), key=keys.__getitem__)
-    commit = await asyncio.to_thread(ecdh.commitment, (keys[i] for i in chosen))
+    chosen, commit = await asyncio.to_thread(
+        _intersection, bytes(own_doubles), bytes(peer_doubles), width, perm, keys)
     await transport.send(peer, CH_DONE, Frame(meta={"size": len(chosen), "commitment": commit}))
     done = (await transport.recv(peer, CH_DONE)).meta
     if done.get("size") != len(chosen) or done.get("commitment") != commit:
@@ -159,11 +158,19 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
             f"{peer!r} found an intersection of {done.get('size')} ids (commitment "
             f"{done.get('commitment')}) but this party found {len(chosen)} ({commit}); the "
             "parties ran different id sets concurrently or one side is faulty: re-run both")
-    row_of = np.asarray(rows, dtype=np.int64)
-    aligned_rows = row_of[np.asarray(chosen, dtype=np.int64)] if chosen else np.zeros(0, np.int64)
-    return AlignedIds(ids=tuple(ids[int(r)] for r in aligned_rows), rows=aligned_rows,
-                      size=len(chosen), commitment=commit, local_count=len(keys),
-                      peer_count=peer_count, duplicates=duplicates)
+    aligned_rows = np.asarray(rows, dtype=np.int64)[np.asarray(chosen, dtype=np.int64)]
+    local_ids = await asyncio.to_thread(lambda: tuple(ids[int(r)] for r in aligned_rows))
+    return AlignedIds(ids=local_ids, rows=aligned_rows, size=len(chosen), commitment=commit,
+                      local_count=len(keys), peer_count=peer_count, duplicates=duplicates)
+
+
+def _intersection(own_doubles: bytes, peer_doubles: bytes, width: int, perm: np.ndarray,
+                  keys: list[bytes]) -> tuple[list[int], str]:
+    """Indices into ``keys`` of the common ids, in the agreed (canonical) order, and the
+    commitment to them. Runs off the loop (sorting a large intersection takes a while)."""
+    hits = ecdh.match(own_doubles, peer_doubles, width)
+    chosen = sorted((int(perm[j]) for j in hits), key=keys.__getitem__)
+    return chosen, ecdh.commitment(keys[i] for i in chosen)
 
 
 def _check_hello(meta: Mapping[str, Any], role: str, width: int) -> int:
@@ -189,7 +196,7 @@ def _pool_size(workers: int | None, n: int, threshold: int) -> int:
     if workers is None:
         return (os.cpu_count() or 1) if n >= threshold else 1
     if workers < 0:
-        raise ValueError(f"workers must be >= 0 or None, got {workers}")
+        raise AlignmentConfigError(f"workers must be >= 0 or None, got {workers}")
     return max(1, workers)
 
 
