@@ -70,8 +70,10 @@ class StageHandler:
     def begin(self, features: np.ndarray | None, labels: np.ndarray | None,
               bounds: list[tuple[int, int]], *, train: bool) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds."""
-        self.features = None if features is None else jnp.asarray(features)
-        self.labels = None if labels is None else jnp.asarray(labels)
+        # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
+        # directly (an eager jax slice per op costs a dispatch of its own)
+        self.features = None if features is None else np.asarray(features)
+        self.labels = None if labels is None else np.asarray(labels)
         self.bounds = bounds
         self.rows = bounds[-1][1] if bounds else 0
         self.train = train
@@ -164,7 +166,7 @@ class StageHandler:
                 f"{self.party!r} received {array.dtype}{list(array.shape)} on {op.channel!r} "
                 f"micro-batch {op.mb}; expected float32{list(expected)} (rows of the group x "
                 f"output width of {src!r}). Check that both parties use the same model widths.")
-        self.inbox[(op.channel, op.mb)] = jnp.asarray(array)
+        self.inbox[(op.channel, op.mb)] = array  # host array; the consuming kernel takes it as is
 
     def predictions(self) -> np.ndarray:
         """The loss stage's logits of the bound batch, in row order."""
