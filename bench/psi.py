@@ -77,6 +77,8 @@ def _run_pair(n: int, chunk: int) -> dict:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            p.stdin.close()
+            p.stdout.close()
     lead, foll = results["leader"], results["follower"]
     if lead["commitment"] != foll["commitment"] or lead["size"] != n // 2:
         raise SystemExit(f"bench.psi: wrong alignment for n={n}: {results}")

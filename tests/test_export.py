@@ -6,6 +6,8 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.export import (ExportError, ExportMismatchError, describe, load_stages,
                            read_description, save_stages)
@@ -111,3 +113,19 @@ def test_bad_inputs_are_refused(tmp_path):
     with pytest.raises(ExportError, match="no arrays"):
         save_stages(path, {"a": {}}, topology={}, party="A")
     assert not path.exists()
+
+
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4),
+       dtype=st.sampled_from(["float32", "float16", "float64", "bfloat16"]),
+       seed=st.integers(0, 2**32 - 1))
+def test_round_trip_random_mlps(tmp_path_factory, sizes, dtype, seed):
+    rng = np.random.default_rng(seed)
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    params = [{"w": rng.standard_normal((a, b)).astype(dt), "b": rng.standard_normal(b).astype(dt)}
+              for a, b in zip(sizes[:-1], sizes[1:])]
+    path = tmp_path_factory.mktemp("rt") / "p.safetensors"
+    save_stages(path, {"s": params}, topology={"k": sizes}, party="P")
+    loaded = load_stages(path, expect={"stages": {"s": {"sizes": sizes, "dtype": dtype}}})
+    assert all(bits_equal(params[i][k], loaded.stages["s"][i][k])
+               for i in range(len(params)) for k in ("w", "b"))
