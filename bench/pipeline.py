@@ -24,7 +24,8 @@ ends when *both* parties have finished their last batch):
   ``bound_terms``.
 * ``speedup`` = sequential / pipelined; ``efficiency`` = bound / pipelined.
 * ``sweep``: n -> seconds for fixed n (priority policy); ``auto_vs_best`` = best swept time /
-  pipelined (auto) time.
+  pipelined (auto) time. The timed runs are interleaved round by round (sequential, every
+  fixed n, auto), so load drifting on a shared machine hits every variant alike.
 * ``overhead_us_per_op``: the engine's own cost per plan op (F/L/B/U compute ops *and* S/R
   sends/receives, both parties), with a tiny model on an unshaped memory link and many
   micro-batches: (runtime wall time - baseline) / ops, where the baseline runs the very same
@@ -66,7 +67,7 @@ class BenchConfig:
 
     batch_size: int = 512
     batches: int = 4                  # batches per timed run
-    repeats: int = 3                  # timed runs per measurement (medians reported)
+    repeats: int = 5                  # timed rounds (medians reported)
     d_in: int = 512
     hidden: tuple[int, ...] = (1024,)
     cut: int = 512
@@ -193,42 +194,43 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 "link_per_batch_s": link_bytes / bandwidth}
             out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
 
-            # 2. sequential: n = 1, FIFO
-            seq, seq_trace = [], None
+            # 2. compile every swept group shape (one untimed batch each)
+            wl.set(policy="priority", trace=None)
+            ns = sorted({min(n, cfg.batch_size) for n in cfg.sweep})
+            for n in ns:
+                await wl.run_fixed(lane, n, idx_list[:1])
+
+            # 3. auto: let the tuner settle (fit re-tunes between full batches)
+            tuner = wl.leader.tuner
+            for epoch in range(cfg.tune_epochs):
+                await wl.run_auto_epoch()
+                if tuner._settled_at is not None:
+                    break
+            settled = tuner._settled_at is not None
+            log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
+                f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
+
+            # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
+            #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live)
+            seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
+            runs: dict[int, list[float]] = {n: [] for n in ns}
             for r in range(cfg.repeats):
                 tr = Trace()
                 wl.set(policy="fifo", trace=tr)
                 seq.append(await wl.run_fixed(lane, 1, idx_list))
                 seq_trace = seq_trace or tr
-            log(f"sequential (n=1, fifo): {[round(s, 3) for s in seq]} s")
-
-            # 3. sweep of fixed n, priority policy
-            wl.set(policy="priority", trace=None)
-            sweep = {}
-            for n in sorted({min(n, cfg.batch_size) for n in cfg.sweep}):
-                await wl.run_fixed(lane, n, idx_list[:1])  # compile this group shape
-                times = [await wl.run_fixed(lane, n, idx_list) for _ in range(cfg.repeats)]
-                sweep[n] = statistics.median(times)
-                log(f"fixed n={n}: {[round(t, 3) for t in times]} s")
-
-        # 4. auto: let the tuner settle (fit re-tunes between full batches), then time it
-        wl.set(policy="priority", trace=None)
-        tuner = wl.leader.tuner
-        for epoch in range(cfg.tune_epochs):
-            await wl.run_auto_epoch()
-            if tuner._settled_at is not None:
-                break
-        settled = tuner._settled_at is not None
-        log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
-            f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
-        auto, bounds, pipe_trace = [], [], None
-        for r in range(cfg.repeats):
-            tr = Trace()
-            wl.set(policy="priority", trace=tr)
-            auto.append(await wl.run_auto_epoch())
-            bounds.append(_bound(tr, bandwidth))
-            pipe_trace = pipe_trace or tr
-        log(f"pipelined (auto n={wl.leader.n_groups}): {[round(t, 3) for t in auto]} s")
+                wl.set(policy="priority", trace=None)
+                for n in ns:
+                    runs[n].append(await wl.run_fixed(lane, n, idx_list))
+                tr = Trace()
+                wl.set(policy="priority", trace=tr)
+                auto.append(await wl.run_auto_epoch())
+                bounds.append(_bound(tr, bandwidth))
+                pipe_trace = pipe_trace or tr
+                log(f"round {r + 1}/{cfg.repeats}: sequential {seq[-1]:.3f} s, auto "
+                    f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
+                    + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
+            sweep = {n: statistics.median(t) for n, t in runs.items()}
         wl.set(policy="priority", trace=None)
         await wl.leader.stop()
 
@@ -240,14 +242,15 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             sequential_s=seq_s, pipelined_s=pipe_s, bound_s=bound_s,
             speedup=seq_s / pipe_s, efficiency=bound_s / pipe_s,
             n_groups=wl.leader.n_groups, tuner_settled=settled,
-            tuner_path=[h["n"] for h in tuner.history],
+            tuner_path=[[h["n"], round(h["wall"], 4)] for h in tuner.history],
             bound_terms={"definition": "max over: each party's compute-lane busy seconds; each "
                                        "link direction's send->PEER tensor bytes / bandwidth; "
                                        "from the pipelined (auto) run's Trace, median over repeats",
                          **terms},
             sweep={str(n): t for n, t in sweep.items()}, best_fixed_n=best_n,
             auto_vs_best=sweep[best_n] / pipe_s,
-            runs={"sequential_s": seq, "pipelined_s": auto})
+            runs={"sequential_s": seq, "pipelined_s": auto,
+                  **{f"n={n}": t for n, t in runs.items()}})
         if plot:
             plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
                         (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
