@@ -68,3 +68,13 @@ async def test_align_command_reports_bad_input(tmp_path, capsys):
                   "--ids", str(tmp_path / "a.csv"), "--out", "x.csv"])
     assert await args.func(args) == 2
     assert "--peer must be NAME=URL" in capsys.readouterr().err
+
+
+async def test_align_command_times_out_without_peer(tmp_path, capsys):
+    write_csv(tmp_path / "a.csv", ["cid"], [["c1"]])
+    pb = free_port()  # nobody listens there
+    args = parse(["align", "--name", "A", "--role", "leader", "--peer",
+                  f"B=http://127.0.0.1:{pb}", "--ids", str(tmp_path / "a.csv"), "--out",
+                  str(tmp_path / "o.csv"), "--timeout", "0.3"])
+    assert await args.func(args) == 1
+    assert "no result from B after 0.3 s" in capsys.readouterr().err

@@ -234,3 +234,12 @@ async def test_align_over_http_loopback():
     assert len(want) == 20
     check(ta.result(), ids_a, want)
     check(tb.result(), ids_b, want)
+
+
+async def test_oversized_peer_announcement_is_refused():
+    net = MemoryNetwork()
+    a, b = net.endpoint("a"), net.endpoint("b")
+    await b.send("a", "psi/hello", Frame(meta={
+        "scheme": ecdh.SCHEME, "version": 1, "role": "follower", "count": 10**9, "width": 16}))
+    with pytest.raises(ProtocolError, match="max_peer_ids"):
+        await align(a, "b", [1], role="leader", rng=None, max_peer_ids=1000)

@@ -42,6 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="environment variable holding the shared HMAC secret")
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the peer")
     p.add_argument("--chunk", type=int, default=32768, help="points per frame")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="give up if the alignment has not finished after this many seconds")
     p.set_defaults(func=run)
 
 
@@ -86,9 +88,15 @@ async def run(args: argparse.Namespace) -> int:
             print(f"tandem align: {args.name} serving on {t.url}, {len(ids)} ids, waiting for "
                   f"{peer} at {url}", file=sys.stderr, flush=True)
             t0 = time.perf_counter()
-            res = await align(t, peer, ids, role=args.role, rng=None, chunk_size=args.chunk)
+            async with asyncio.timeout(args.timeout):
+                res = await align(t, peer, ids, role=args.role, rng=None,
+                                  chunk_size=args.chunk)
             seconds = time.perf_counter() - t0
         await asyncio.to_thread(_write, args.out, res)
+    except TimeoutError:
+        print(f"tandem align: no result from {peer} after {args.timeout} s; is it running "
+              f"`tandem align` with --peer {args.name}=<this URL>?", file=sys.stderr)
+        return 1
     except (TandemError, OSError) as exc:
         print(f"tandem align: {exc}", file=sys.stderr)
         return 1

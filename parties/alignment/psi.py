@@ -90,7 +90,7 @@ class AlignedIds:
 async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: str,
                 rng: np.random.Generator | None, chunk_size: int = 32768, width: int = 16,
                 workers: int | None = None, window: int = 2,
-                parallel_threshold: int = 65536) -> AlignedIds:
+                parallel_threshold: int = 65536, max_peer_ids: int = 50_000_000) -> AlignedIds:
     """Privately intersect ``ids`` with ``peer``'s ids; both sides learn only the intersection.
 
     Args:
@@ -106,6 +106,8 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
         sets has at least ``parallel_threshold`` ids, else a single worker thread; ``0`` or
         ``1`` = always the single thread.
       window: chunks in flight per stream.
+      max_peer_ids: refuse a peer announcing more distinct ids than this (bounds the memory a
+        peer can make us spend: ``width`` bytes per announced id).
 
     Raises `IdError` (bad id), `ProtocolError` (peer misbehaves), `AlignmentMismatchError`
     (the two sides disagree), and transport errors.
@@ -129,6 +131,10 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
         "width": width}))
     hello = await transport.recv(peer, CH_HELLO)
     peer_count = _check_hello(hello.meta, role, width)
+    if peer_count > max_peer_ids:
+        raise ProtocolError(
+            f"peer announced {peer_count} ids, more than max_peer_ids={max_peer_ids}; raise "
+            "max_peer_ids if that many is expected")
 
     n_workers = _pool_size(workers, max(len(keys), peer_count), parallel_threshold)
     pool = _make_pool(n_workers)
