@@ -10,7 +10,8 @@ simulator's timing exactly (used by the simulator-vs-runtime tests and the overh
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import queue
+import threading
 from typing import Callable, TypeVar
 
 from .plan import Op
@@ -18,37 +19,87 @@ from .plan import Op
 T = TypeVar("T")
 
 
+class _Job:
+    """One op handed to a `ThreadLane`'s thread. ``finished`` is set (on the loop thread) once
+    ``fn`` returned or raised; ``waiter`` lets a cancelled caller wait for that."""
+
+    __slots__ = ("fn", "fut", "finished", "waiter", "result", "error")
+
+    def __init__(self, fn: Callable[[], T], fut: asyncio.Future) -> None:
+        self.fn, self.fut = fn, fut
+        self.finished = False
+        self.waiter: asyncio.Future | None = None
+        self.result = self.error = None
+
+
+def _resolve(job: _Job) -> None:  # on the loop thread
+    job.finished = True
+    if not job.fut.done():
+        if job.error is not None:
+            job.fut.set_exception(job.error)
+        else:
+            job.fut.set_result(job.result)
+    if job.waiter is not None and not job.waiter.done():
+        job.waiter.set_result(None)
+
+
 class ThreadLane:
-    """One worker thread. Use as ``async with ThreadLane(name) as lane``."""
+    """One dedicated worker thread fed by a `queue.SimpleQueue`. Use as
+    ``async with ThreadLane(name) as lane``.
+
+    A hand-off costs one queue put and one ``call_soon_threadsafe`` (about a third of
+    ``run_in_executor`` + ``asyncio.wait``, which this lane used before; see
+    ``bench/pipeline.py``'s ``overhead_us_per_op``).
+    """
 
     def __init__(self, name: str = "tandem-compute") -> None:
         self._name = name
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queue: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
 
     async def __aenter__(self) -> "ThreadLane":
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=self._name)
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, args=(self._queue,
+                                        asyncio.get_running_loop()), name=self._name, daemon=True)
+        self._thread.start()
         return self
 
     async def __aexit__(self, *exc) -> None:
-        pool, self._pool = self._pool, None
-        if pool is not None:
+        q, thread = self._queue, self._thread
+        self._queue = self._thread = None
+        if q is not None and thread is not None:
             # nothing is in flight here (run() never returns early), so this does not block
-            pool.shutdown(wait=True, cancel_futures=True)
+            q.put(None)
+            thread.join()
+
+    @staticmethod
+    def _work(q: queue.SimpleQueue, loop: asyncio.AbstractEventLoop) -> None:
+        while (job := q.get()) is not None:
+            try:
+                job.result = job.fn()
+            except BaseException as e:  # handed to the caller, re-raised there
+                job.error = e
+            job.fn = None
+            try:
+                loop.call_soon_threadsafe(_resolve, job)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
 
     async def run(self, op: Op, fn: Callable[[], T]) -> T:
-        if self._pool is None:
+        if self._queue is None:
             raise RuntimeError("ThreadLane used outside 'async with'")
-        fut = asyncio.get_running_loop().run_in_executor(self._pool, fn)
-        cancelled = False
-        while True:
-            try:
-                await asyncio.wait([fut])
-                break
-            except asyncio.CancelledError:
-                cancelled = True  # finish the op in flight first: no thread left busy
-        if cancelled:
-            raise asyncio.CancelledError
-        return fut.result()
+        job = _Job(fn, asyncio.get_running_loop().create_future())
+        self._queue.put(job)
+        try:
+            return await job.fut
+        except asyncio.CancelledError:
+            while not job.finished:  # finish the op in flight first: no thread left busy
+                job.waiter = asyncio.get_running_loop().create_future()
+                try:
+                    await job.waiter
+                except asyncio.CancelledError:
+                    pass
+            raise
 
 
 class VirtualLane:
