@@ -127,7 +127,7 @@ def check(summary: dict, cluster: LocalCluster) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+@settings(max_examples=10, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(plan=plans)
 def test_churn_exactly_once_and_converges(plan):

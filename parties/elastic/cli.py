@@ -20,7 +20,9 @@ import sys
 import tomllib
 from typing import Any
 
-from .errors import ConfigError, ElasticError
+from transports.errors import TandemError
+
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +122,7 @@ async def _coordinator(args) -> int:
             interval=float(cfg.get("interval", 1.0)), timeout=cfg.get("timeout"),
             drain=cfg.get("drain"), epochs=cfg.get("epochs", 1),
             min_workers=cfg.get("min_workers", 1))
-    except ElasticError as exc:
+    except TandemError as exc:
         return _fail(exc)
 
     def roster() -> dict[str, str]:
@@ -128,7 +130,7 @@ async def _coordinator(args) -> int:
         if "roster" in cfg:
             try:
                 workers.update(tomllib.loads(_read(cfg["roster"]).decode()))
-            except (ElasticError, tomllib.TOMLDecodeError) as exc:
+            except (TandemError, tomllib.TOMLDecodeError) as exc:
                 log.warning("cannot read roster %s: %s", cfg["roster"], exc)
         return {str(k): str(v) for k, v in workers.items()}
 
@@ -160,7 +162,7 @@ async def _coordinator(args) -> int:
                     summary = await coord.run()
                 finally:
                     watcher.cancel()
-        except* ElasticError as group:
+        except* TandemError as group:
             failed.extend(group.exceptions)
         if failed:
             return _fail(failed[0])
@@ -185,7 +187,7 @@ async def _data_server(args) -> int:
                           {**_TRANSPORT_KEYS, "coordinator_name": str})
         spec = load_spec(cfg["model"])
         shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
-    except ElasticError as exc:
+    except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
@@ -203,7 +205,7 @@ async def _worker(args) -> int:
     try:
         cfg = load_config(args.config, {"name": str, "coordinator": str},
                           {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float})
-    except ElasticError as exc:
+    except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:

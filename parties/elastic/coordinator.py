@@ -114,6 +114,7 @@ class Coordinator:
         self._tg: asyncio.TaskGroup | None = None
         self._listeners: set[asyncio.Task] = set()
         self._ckpt_digest: dict[str, str] = {}
+        self._stop_requested = False
         self.initial_loss: float | None = None
 
     # -- plumbing --------------------------------------------------------------------------
@@ -288,7 +289,8 @@ class Coordinator:
             end = self.clock() + cfg.drain_time
             while self.ledger.in_flight and self.clock() < end:
                 busy = set(self.ledger.in_flight.values())
-                if busy & self.membership.suspects(self.clock()):
+                quiet = self.membership.silent(self.clock(), cfg.heartbeat_timeout / 2)
+                if busy & quiet:  # a holder went quiet: its batch will be fenced anyway
                     break
                 await self._wait(min(end - self.clock(), cfg.interval / 10))
             det = self.membership.detect(self.clock())
@@ -297,9 +299,16 @@ class Coordinator:
             else:
                 await self._checkpoint()
             self._report()
+            if self._stop_requested:
+                return
             if self.ledger.done:
                 if not await self._close_epoch():
                     return
+
+    def request_stop(self) -> None:
+        """Finish after the next detection (checkpoint or rollback), even mid-epoch."""
+        self._stop_requested = True
+        self._wake.set()
 
     async def _checkpoint(self) -> None:
         self._set_phase("checkpoint")

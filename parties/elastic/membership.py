@@ -71,6 +71,12 @@ class Membership:
         return frozenset(w for w, inc in self._live.items()
                          if not self.alive(w, now) or self._incarnation.get(w) != inc)
 
+    def silent(self, now: float, seconds: float) -> frozenset[str]:
+        """Live workers with no beat in the last ``seconds`` (a cheaper, earlier suspicion
+        than `suspects`, used only to stop waiting for their in-flight batches)."""
+        return frozenset(w for w in self._live
+                         if w not in self._last or now - self._last[w] > seconds)
+
     def detect(self, now: float) -> Detection:
         """Run one survival detection at time ``now`` and update ``live``."""
         new_live = {w: inc for w, inc in self._incarnation.items() if self.alive(w, now)}
