@@ -233,3 +233,19 @@ async def test_data_server_refuses_bad_results_and_keeps_serving():
         assert (await call("stop")).meta["ok"]
         await server
     assert ds.refused == 1
+
+
+def test_kernels_do_not_retrace_for_equal_shapes():
+    from engine import elastic_kernels as K
+
+    ps = ParamServer(SPEC, n_batches=2)
+    x = np.zeros((16, 8), np.float32)
+    y = np.zeros(16, np.int32)
+    _, g = K.loss_and_grad(ps.params, x, y)
+    K.apply_update(SPEC.optimizer, SPEC.lr, ps.params, ps.state, g)
+    grad_traces, step_traces = K._grad()._cache_size(), K._update("adam", 0.02)._cache_size()
+    for batch in (0, 1):                      # new values, same shapes: no new trace
+        _, g = K.loss_and_grad(ps.params, x + batch + 1, y)
+        ps.apply(batch, 0, g)
+    assert K._grad()._cache_size() == grad_traces
+    assert K._update("adam", 0.02)._cache_size() == step_traces
