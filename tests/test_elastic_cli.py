@@ -9,13 +9,14 @@ from parties.cli import main
 from parties.elastic.spec import load_shard, load_spec
 
 
-def test_demo_with_churn_commits_every_batch_once(capsys):
+def test_demo_with_churn_commits_every_batch_once(capsys, tmp_path):
     rc = main(["elastic", "demo", "--quiet", "--epochs", "3", "--rows", "256", "--workers", "3",
-               "--interval", "0.05", "--churn"])
+               "--interval", "0.05", "--churn", "--plot", str(tmp_path / "loss.png")])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0
     assert result["exactly_once"] and result["epochs"] == 3
     assert result["final_loss"] < 0.25 * result["initial_loss"]
+    assert (tmp_path / "loss.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_prepare_writes_loadable_model_and_shards(tmp_path, capsys):

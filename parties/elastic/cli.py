@@ -48,6 +48,7 @@ def register(sub) -> None:
     d.add_argument("--churn", action="store_true",
                    help="kill a worker and add a new one during training")
     d.add_argument("--quiet", action="store_true")
+    d.add_argument("--plot", metavar="PNG", help="save the loss per epoch and the detections")
     d.set_defaults(func=_demo)
     m = roles.add_parser("prepare", help="write a model description and shards to a folder")
     m.add_argument("--out", required=True, help="folder or fsspec URL prefix")
@@ -285,5 +286,32 @@ async def _demo(args) -> int:
               "final_loss": round(summary["history"][-1]["loss"], 4),
               "exactly_once": all(len(set(h["committed"])) == len(h["committed"]) ==
                                   total // args.epochs for h in summary["history"])}
+    if args.plot:
+        await asyncio.to_thread(_plot, args.plot, summary, list(cluster.coordinator.events))
+        result["plot"] = args.plot
     print(json.dumps(result))
     return 0 if result["exactly_once"] else 1
+
+
+def _plot(path: str, summary: dict, events: list) -> None:
+    """Loss after each epoch against time, with rollbacks and removals marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t0 = events[0][0] if events else 0.0
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ep = [(t - t0, loss) for t, kind, loss in events if kind == "epoch"]
+    ax.plot([0.0] + [t for t, _ in ep], [summary["initial_loss"]] + [v for _, v in ep],
+            marker="o", label="loss (mean over shards)")
+    for i, (t, kind, _) in enumerate(e for e in events if e[1] == "rollback"):
+        ax.axvline(t - t0, color="red", alpha=0.4, label="rollback" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("cross-entropy")
+    ax.set_title("elastic training: loss per committed epoch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
