@@ -84,3 +84,22 @@ def test_client_refuses_delta_from_the_future_and_keeps_state():
         c.apply({"kind": "weird", "version": 1}, ())
     with pytest.raises(ConfigError, match="downlink mode"):
         DownlinkPlanner(4, "sometimes")
+
+
+async def test_client_skips_a_message_it_cannot_apply_and_keeps_serving():
+    from fl_helpers import small_setup
+    from parties.fl import protocol as P
+    from parties.fl.client import FLClient
+    from transports.base import Frame
+    from transports.memory import MemoryNetwork
+
+    data, trainer = small_setup()
+    net = MemoryNetwork()
+    server, ct = net.endpoint("server"), net.endpoint("c0")
+    client = FLClient(ct, "server", *data.clients[0], trainer)
+    bad = Frame(meta={"kind": "delta", "version": 9, "base": 5, "train": True},
+                arrays=(np.array([1], np.uint16), np.array([1.0], np.float32)))
+    await server.send("c0", P.MODEL, bad)
+    await server.send("c0", P.MODEL, Frame(meta={"kind": "stop"}))
+    await client.run()
+    assert len(client.errors) == 1 and "must send the full model" in client.errors[0]

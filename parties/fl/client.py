@@ -4,7 +4,8 @@ Loop: receive a model message from the server, rebuild the server's model exactl
 (`downlink.ClientModel`), and, when the message asks for training, train locally off the event
 loop (``asyncio.to_thread``), compress the delta as the message's ``uplink`` says, and send it
 back with the local sample count and the model version it started from. Stops on a ``stop``
-message or when the transport closes.
+message or when the transport closes; a message it cannot apply (`protocol.DownlinkError`,
+bad zlib data) is skipped and recorded in ``errors``, and the client keeps serving.
 
 A client that was away keeps its queue: on return it works through the messages in order
 (replies to past rounds are discarded by the server) and so rejoins.
@@ -53,6 +54,7 @@ class FLClient:
         self.seed = seed
         self.state = ClientModel(trainer.init_vec)
         self.rounds_trained = 0
+        self.errors: list[str] = []
 
     async def before_reply(self, rnd: int) -> None:
         """Hook run after training, before replying (tests use it to be late)."""
@@ -66,7 +68,12 @@ class FLClient:
                 return
             if frame.meta.get("kind") == "stop":
                 return
-            await self.handle(frame)
+            try:
+                await self.handle(frame)
+            except (P.DownlinkError, P.UpdateError) as exc:
+                # a message this client cannot use: skip it (the server times us out this
+                # round) and keep serving; the reason is kept for inspection
+                self.errors.append(str(exc))
 
     async def handle(self, frame: Frame) -> None:
         meta = frame.meta
