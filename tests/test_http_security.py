@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import secrets
 import ssl
 
 import aiohttp
@@ -327,7 +328,42 @@ def test_server_still_delivers_after_fuzzing(live):
     runner, server, session, state = live
     state["id"] += 1
     body = codec.encode(good(9).replace(sender="a", channel="after", msg_id=state["id"]))
-    assert runner.run(_post(session, server.url, body,
-                            signed(state["id"], body, **{"X-Tandem-Channel": "after"}))) == \
+    # A fresh incarnation: the header fuzzing may have announced a restarted "a" (another
+    # incarnation), after which the server rightly refuses the old one with 410.
+    fresh = {"X-Tandem-Channel": "after", "X-Tandem-Incarnation": secrets.token_hex(8)}
+    assert runner.run(_post(session, server.url, body, signed(state["id"], body, **fresh))) == \
         (200, "ok")
     assert runner.run(server.recv("a", "after")).meta == {"i": 9}
+
+
+def test_old_incarnation_is_refused_410_after_a_restart(live):
+    runner, server, session, state = live
+    for inc, expect in (("first", 200), ("second", 200), ("first", 410)):
+        state["id"] += 1
+        body = codec.encode(good().replace(sender="a", channel="restart", msg_id=state["id"]))
+        status, _ = runner.run(_post(session, server.url, body, signed(
+            state["id"], body, **{"X-Tandem-Channel": "restart", "X-Tandem-Incarnation": inc})))
+        assert status == expect, (inc, status)
+        if status == 200:
+            runner.run(server.recv("a", "restart"))
+
+
+async def test_admit_unknown_accepts_signed_senders_and_learns_their_url():
+    async with HttpTransport(cfg("coord", admit_unknown=True)) as coord, \
+            HttpTransport(cfg("w9", peers={})) as w, \
+            HttpTransport(cfg("intruder", secret=b"wrong")) as bad:
+        w.add_peer("coord", coord.url)
+        bad.add_peer("coord", coord.url)
+        await w.send("coord", "hb", good(1))
+        assert "w9" in coord.peers
+        assert (await coord.recv("w9", "hb")).meta == {"i": 1}
+        await coord.send("w9", "welcome", good(2))  # the learned URL works for replies
+        assert (await w.recv("coord", "welcome")).meta == {"i": 2}
+        with pytest.raises(AuthenticationError):
+            await bad.send("coord", "hb", good(3))
+        assert "intruder" not in coord.peers and coord.refused == {"unauthenticated": 1}
+
+
+def test_admit_unknown_requires_a_secret():
+    with pytest.raises(ValueError, match="admit_unknown needs a secret"):
+        HttpConfig(name="c", admit_unknown=True)

@@ -30,6 +30,7 @@ from .errors import AuthenticationError
 SIGNED_HEADERS = (
     "X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id",
     "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total", "X-Tandem-Spec",
+    "X-Tandem-Reply-To",
 )
 TIMESTAMP, NONCE, BODY_SHA, SIGNATURE = (
     "X-Tandem-Timestamp", "X-Tandem-Nonce", "X-Tandem-Body-SHA256", "X-Tandem-Signature")

@@ -55,6 +55,7 @@ H_SENDER, H_INC, H_CHANNEL, H_ID = (
     "X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id")
 H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL, H_SPEC = (
     "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total", "X-Tandem-Spec")
+H_REPLY = "X-Tandem-Reply-To"  # the sender's own base URL (lets `admit_unknown` learn it)
 H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
 _INLINE_BYTES = 1 << 20  # below this, hashing/checks run on the loop (cheaper than a thread hop)
 
@@ -85,6 +86,13 @@ class HttpConfig:
       seed: seeds the retry jitter.
       write_piece_bytes: size of individual socket writes (bounds sender-side buffering).
       clock: wall clock for signing/verifying (injectable in tests).
+      advertise_url: the base URL peers should use to reach this party (sent, signed, as
+        ``X-Tandem-Reply-To``); defaults to `HttpTransport.url` (set it when serving on 0.0.0.0
+        or behind NAT).
+      admit_unknown: accept a frame from a sender not in ``peers`` when its request is signed
+        with the shared ``secret`` and names its URL; the sender then becomes a peer (at most
+        ``max_peers``). For roles that anyone holding the secret may join (elastic workers).
+        Requires ``secret``.
     """
 
     name: str
@@ -110,6 +118,9 @@ class HttpConfig:
     write_piece_bytes: int = 1 << 20
     read_bufsize: int = 1 << 22
     clock: Callable[[], float] = time.time
+    advertise_url: str | None = None
+    admit_unknown: bool = False
+    max_peers: int = 4096
 
     def __post_init__(self) -> None:
         problems = []
@@ -123,6 +134,15 @@ class HttpConfig:
             problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
         if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
             problems.append("secret must be non-empty bytes or None")
+        if self.admit_unknown and not self.secret:
+            problems.append("admit_unknown needs a secret: only senders proving they hold it "
+                            "may join; set secret or list every peer in peers")
+        if self.advertise_url is not None and not str(self.advertise_url).startswith(
+                ("http://", "https://")):
+            problems.append(f"advertise_url must start with http:// or https://, got "
+                            f"{self.advertise_url!r}")
+        if self.max_peers < 1:
+            problems.append(f"max_peers must be >= 1, got {self.max_peers}")
         for f in ("retry_timeout", "backoff_base", "backoff_max", "backpressure_wait",
                   "auth_window"):
             if not getattr(self, f) > 0:
@@ -305,7 +325,7 @@ class HttpTransport:
             total = sum(chunking.total_size(v) for _, v in chunks)
             routing = {H_SENDER: self.name, H_INC: self._incarnation, H_CHANNEL: channel,
                        H_ID: str(msg_id), H_CHUNKS: str(len(chunks)), H_TOTAL: str(total),
-                       H_SPEC: frame.spec_hash}
+                       H_SPEC: frame.spec_hash, H_REPLY: self._cfg.advertise_url or self.url}
             digests: dict[int, str] = {}
             i = 0
             while i < len(chunks):
@@ -459,12 +479,31 @@ class HttpTransport:
     def _authenticate(self, request: web.Request, path: str) -> str:
         sender = request.headers.get(H_SENDER, "")
         if sender not in self._peers:
-            raise _Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+            return self._admit(request, path, sender)
         if self._verifier is not None:
             try:
                 self._verifier.verify(request.method, path, request.headers)
             except AuthenticationError as exc:
                 raise _Refuse(401, "unauthenticated", f"from {sender!r}: {exc}") from None
+        return sender
+
+    def _admit(self, request: web.Request, path: str, sender: str) -> str:
+        """An unknown sender becomes a peer only under ``admit_unknown`` with a valid signature."""
+        if not (self._cfg.admit_unknown and self._verifier is not None and path == FRAME_PATH):
+            raise _Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+        try:
+            self._verifier.verify(request.method, path, request.headers)
+        except AuthenticationError as exc:
+            raise _Refuse(401, "unauthenticated", f"unknown {sender!r}: {exc}") from None
+        url = request.headers.get(H_REPLY, "")
+        if len(self._peers) >= self._cfg.max_peers:
+            raise _Refuse(503, "too_many_peers",
+                          f"{self.name!r} already has max_peers={self._cfg.max_peers} peers")
+        try:
+            self.add_peer(sender, url)
+        except ValueError as exc:
+            raise _Refuse(400, "malformed", f"cannot admit {sender!r}: {exc}") from None
+        log.info("%s: admitted peer %r at %s", self.name, sender, url)
         return sender
 
     async def _handle_frame(self, request: web.Request) -> web.Response:
