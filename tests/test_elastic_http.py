@@ -1,7 +1,8 @@
 """Elastic training across processes over HTTP: ``kill -9`` a worker mid-training.
 
-Six processes: two data servers, three workers, a coordinator; the third worker is added to
-the coordinator's roster (so it may join) only after the kill. The run must finish with every batch of every epoch committed exactly once,
+Six processes: two data servers, three workers, a coordinator. The coordinator's roster lists
+w0 and w1; w2 is on no list and is started only after the kill: it joins by signing its
+heartbeats with the shared secret (the coordinator admits authenticated unknown senders). The run must finish with every batch of every epoch committed exactly once,
 the killed worker removed, and the surviving workers never restarted (they exit 0 on stop).
 """
 
@@ -85,7 +86,6 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
         start("data-server", "ds1")
         start("worker", "w0")
         start("worker", "w1")
-        start("worker", "w2")   # refused (401, not on the roster) until the roster lists it
         start("coordinator", "coordinator", "--summary", str(summary_path))
         coord = procs["coordinator"]
         seen = []
@@ -100,8 +100,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
                 break
         assert any(" committed " in s for s in seen), "".join(seen)
         os.kill(procs["w0"].pid, signal.SIGKILL)          # kill -9, mid-training
-        with open(roster, "a") as f:                      # a new worker joins
-            f.write(f'w2 = "{url(pw2)}"\n')
+        start("worker", "w2")                             # a new, unlisted worker joins
         out, _ = coord.communicate(timeout=90)
         seen.append(out)
         if os.environ.get("ELASTIC_DEBUG"):
@@ -126,5 +125,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
         assert sorted(epoch["committed"]) == all_ids       # exactly once, whatever happened
     removed = [w for _, kind, detail in summary["events"] if kind == "removed" for w in detail]
     assert "w0" in removed
+    joined = [w for _, kind, detail in summary["events"] if kind == "joined" for w in detail]
+    assert "w2" in joined, summary["events"]
     assert summary["rollbacks"] >= 1
     assert summary["history"][-1]["loss"] < 0.25 * summary["initial_loss"]

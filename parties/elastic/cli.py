@@ -84,16 +84,18 @@ def load_config(url: str, required: dict[str, type], optional: dict[str, type]
     return cfg
 
 
-_TRANSPORT_KEYS = {"name": str, "host": str, "port": int, "secret": str}
+_TRANSPORT_KEYS = {"name": str, "host": str, "port": int, "secret": str, "advertise_url": str}
 
 
-def _http(cfg: dict[str, Any], peers: dict[str, str]):
+def _http(cfg: dict[str, Any], peers: dict[str, str], *, admit_unknown: bool = False):
     from transports.http import HttpConfig, HttpTransport
 
     secret = cfg.get("secret")
     return HttpTransport(HttpConfig(name=cfg["name"], host=cfg.get("host", "127.0.0.1"),
                                     port=cfg.get("port", 0), peers=peers,
-                                    secret=secret.encode() if secret else None))
+                                    secret=secret.encode() if secret else None,
+                                    advertise_url=cfg.get("advertise_url"),
+                                    admit_unknown=admit_unknown))
 
 
 def _logging(args) -> None:
@@ -116,7 +118,12 @@ async def _coordinator(args) -> int:
         cfg = load_config(args.config, {"name": str, "data_servers": dict},
                           {**_TRANSPORT_KEYS, "interval": float, "timeout": float,
                            "drain": float, "epochs": int, "min_workers": int, "workers": dict,
-                           "roster": str})
+                           "roster": str, "admit_workers": bool})
+        admit = cfg.get("admit_workers", "secret" in cfg)
+        if admit and "secret" not in cfg:
+            raise ConfigError(f"config {args.config!r}: admit_workers = true needs a secret "
+                              "(workers prove they may join by signing with it); set secret "
+                              "or list the workers in [workers] / roster")
         ccfg = CoordinatorConfig(
             data_servers=tuple(cfg["data_servers"]),
             data_server_urls=tuple(cfg["data_servers"].items()),
@@ -145,7 +152,7 @@ async def _coordinator(args) -> int:
             print(f"epoch {p.epoch} committed {p.committed}/{p.total} live {p.live} "
                   f"gen {p.generation} rollbacks {p.rollbacks}{loss}", flush=True)
 
-    async with _http(cfg, {**cfg["data_servers"], **roster()}) as t:
+    async with _http(cfg, {**cfg["data_servers"], **roster()}, admit_unknown=admit) as t:
         coord = Coordinator(t, ccfg, on_progress=progress)
 
         async def refresh() -> None:  # operators add workers to the roster while it runs
@@ -192,7 +199,7 @@ async def _data_server(args) -> int:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
-        ds = DataServer(t, coordinator=coord, spec=spec, shard=shard, url=t.url)
+        ds = DataServer(t, coordinator=coord, spec=spec, shard=shard, url=cfg.get("advertise_url", t.url))
         print(f"{cfg['name']}: serving {len(shard.y)} rows "
               f"({ds.n_batches} batches) on {t.url}", flush=True)
         await ds.run()
@@ -211,7 +218,7 @@ async def _worker(args) -> int:
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
         worker = Worker(t, coordinator=coord, heartbeat=float(cfg.get("heartbeat", 0.3)),
-                        url=t.url)
+                        url=cfg.get("advertise_url", t.url))
         print(f"{cfg['name']}: worker on {t.url}", flush=True)
         await worker.run()
         print(f"{cfg['name']}: stopped after {worker.done} batches", flush=True)
