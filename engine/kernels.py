@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -34,13 +34,15 @@ class StageModel:
     """A stage's model: ``init(key) -> params``, ``apply(params, *inputs) -> output``.
 
     ``in_dims`` (one per input) and ``out_dim`` describe the feature widths, so plans, task specs
-    and received tensors can be checked before any compute.
+    and received tensors can be checked before any compute. ``spec`` (optional JSON data, e.g.
+    ``{"kind": "mlp", ...}``) lets `model_from_spec` rebuild the same model from an export.
     """
 
     init: Callable[[jax.Array], Any]
     apply: Callable[..., jax.Array]
     in_dims: tuple[int, ...]
     out_dim: int
+    spec: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
 
 def mlp_stage(in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *,
@@ -56,7 +58,28 @@ def mlp_stage(in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *,
         x = xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=-1)
         return mlp_apply(params, x, activate_last=activate_last)
 
-    return StageModel(init, apply, in_dims, int(out_dim))
+    spec = {"kind": "mlp", "in_dims": list(in_dims), "hidden": [int(h) for h in hidden],
+            "out_dim": int(out_dim), "activate_last": bool(activate_last)}
+    return StageModel(init, apply, in_dims, int(out_dim), spec)
+
+
+#: Model kinds `model_from_spec` can rebuild: kind -> builder taking the spec's other fields.
+MODEL_KINDS: dict[str, Callable[..., StageModel]] = {"mlp": mlp_stage}
+
+
+def model_from_spec(spec: Mapping[str, Any]) -> StageModel:
+    """The `StageModel` described by ``spec`` (a `StageModel.spec`, e.g. read from an export).
+
+    Raises `ConfigError` naming the field when the spec is not one this Tandem can build.
+    """
+    if not isinstance(spec, Mapping) or spec.get("kind") not in MODEL_KINDS:
+        kind = spec.get("kind") if isinstance(spec, Mapping) else spec
+        raise ConfigError(f"model kind {kind!r} is unknown; this Tandem builds {sorted(MODEL_KINDS)}")
+    fields = {k: v for k, v in spec.items() if k != "kind"}
+    try:
+        return MODEL_KINDS[spec["kind"]](**fields)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model spec {dict(spec)!r} is malformed: {exc}") from None
 
 
 # -- losses: per-sample loss from (logits, labels) ------------------------------------------------
