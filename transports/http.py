@@ -93,6 +93,11 @@ class HttpConfig:
         with the shared ``secret`` and names its URL; the sender then becomes a peer (at most
         ``max_peers``). For roles that anyone holding the secret may join (elastic workers).
         Requires ``secret``.
+      shape_bandwidth / shape_latency: emulate a slower link on loopback (benchmarks, tests):
+        request bodies to each peer are paced to ``shape_bandwidth`` bytes/s, shared by all
+        channels to that peer (one wire per direction, as `MemoryNetwork.shape`), and each
+        request waits ``shape_latency`` s before its first byte. None / 0 disable shaping; the
+        receiving direction is shaped by the peer's own setting.
     """
 
     name: str
@@ -121,6 +126,8 @@ class HttpConfig:
     advertise_url: str | None = None
     admit_unknown: bool = False
     max_peers: int = 4096
+    shape_bandwidth: float | None = None
+    shape_latency: float = 0.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -143,6 +150,11 @@ class HttpConfig:
                             f"{self.advertise_url!r}")
         if self.max_peers < 1:
             problems.append(f"max_peers must be >= 1, got {self.max_peers}")
+        if self.shape_bandwidth is not None and not self.shape_bandwidth > 0:
+            problems.append(f"shape_bandwidth must be > 0 bytes/s or None, got "
+                            f"{self.shape_bandwidth!r}")
+        if not self.shape_latency >= 0:
+            problems.append(f"shape_latency must be >= 0 s, got {self.shape_latency!r}")
         for f in ("retry_timeout", "backoff_base", "backoff_max", "backpressure_wait",
                   "auth_window"):
             if not getattr(self, f) > 0:
@@ -193,6 +205,7 @@ class HttpTransport:
         self._sent: dict[str, LinkStats] = {}
         self._received: dict[str, LinkStats] = {}
         self._retries: dict[str, int] = {}
+        self._wire_free: dict[str, float] = {}  # peer -> when the shaped wire is next free
         self._refused: dict[str, int] = {}
         self._metrics_sources: list[Callable[[], str]] = []
         self._session: aiohttp.ClientSession | None = None
@@ -371,7 +384,7 @@ class HttpTransport:
             t0 = loop.time()
             try:
                 async with self._session.post(url + FRAME_PATH, headers=headers,
-                                              data=self._body(views)) as resp:
+                                              data=self._body(peer, views)) as resp:
                     status, text = resp.status, await resp.text()
                     waited = float(resp.headers.get(H_WAIT, "0") or 0)
             except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError) as exc:
@@ -408,13 +421,26 @@ class HttpTransport:
                 return err.index  # the receiver lost the message's start: resend in order
             raise err if not isinstance(err, _ResendFrom) else FrameError(str(err))
 
-    def _body(self, views: list[memoryview]):
+    def _body(self, peer: str, views: list[memoryview]):
         piece = self._cfg.write_piece_bytes
+        bandwidth, latency = self._cfg.shape_bandwidth, self._cfg.shape_latency
+        if bandwidth is None and not latency:
+            async def gen():
+                for p in chunking.pieces(views, piece):
+                    yield p
+            return gen()
 
-        async def gen():
+        async def shaped():
+            loop = asyncio.get_running_loop()
+            if latency:
+                await asyncio.sleep(latency)
             for p in chunking.pieces(views, piece):
+                if bandwidth is not None:  # reserve the wire, release the piece at its end
+                    start = max(loop.time(), self._wire_free.get(peer, 0.0))
+                    self._wire_free[peer] = end = start + len(p) / bandwidth
+                    await asyncio.sleep(end - loop.time())
                 yield p
-        return gen()
+        return shaped()
 
     async def _backoff(self, peer: str, attempt: int) -> int:
         self._retries[peer] = self._retries.get(peer, 0) + 1
