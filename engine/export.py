@@ -16,6 +16,19 @@ File format (one ``.safetensors`` file per party, see docs/alignment.md#export):
                            "tensors": {"bottom/0/w": {"dtype": "float32", "shape": [8, 16]}, ...}}},
      "digest": "<sha256 over names, dtypes, shapes and bytes of all tensors, in name order>"}
 
+Optional fields (written only when the caller gives them; files without them stay valid, and
+their digest is unchanged), which cross-party inference (`parties.split.inference`) needs to
+rebuild a party from its own file alone:
+
+* ``stages[name]["model"]``: the stage's `engine.kernels.StageModel.spec`, e.g.
+  ``{"kind": "mlp", "in_dims": [8], "hidden": [32], "out_dim": 16, "activate_last": true}``;
+* ``"widths"``: output width of *every* stage of the topology, the other parties' included
+  (the cut-layer widths, to check received tensors), e.g. ``{"bottom": 16, "top": 1}``;
+* ``"training"``: an id shared by every party's export of one training run;
+* ``"loss"``: the loss the loss stage was trained with (``"binary"``, ``"softmax"``, ``"mse"``).
+
+The digest also covers these fields when present.
+
 ``structure`` mirrors the pytree: JSON objects for dicts (str keys), arrays for lists,
 ``{"tuple": [...]}`` for tuples, and tensor names at the leaves.
 
@@ -43,6 +56,8 @@ from .errors import EngineError
 FORMAT = "tandem-stages"
 VERSION = 1
 _META_KEY = "tandem"
+#: Optional top-level description fields (see the module docstring), covered by the digest.
+OPTIONAL_FIELDS = ("widths", "training", "loss")
 
 
 class ExportError(EngineError):
@@ -62,20 +77,28 @@ class LoadedStages:
     description: dict[str, Any]
 
 
-def describe(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str) -> dict:
+def describe(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str,
+             **optional: Any) -> dict:
     """The description `save_stages` writes for these stages (without the digest)."""
-    _, desc = _flatten_all(stages, topology=topology, party=party)
+    _, desc = _flatten_all(stages, topology=topology, party=party, **optional)
     return desc
 
 
 def save_stages(path: str | os.PathLike, stages: Mapping[str, Any], *,
-                topology: Mapping[str, Any], party: str) -> dict[str, Any]:
+                topology: Mapping[str, Any], party: str,
+                models: Mapping[str, Mapping[str, Any]] | None = None,
+                widths: Mapping[str, int] | None = None, training: str | None = None,
+                loss: str | None = None) -> dict[str, Any]:
     """Write ``stages`` (name -> params pytree of arrays) and their description to ``path``.
+
+    ``models`` (stage -> model spec), ``widths``, ``training`` and ``loss`` are the optional
+    fields of the module docstring; each is written only when given.
 
     The file is written to a temporary name and renamed, so a crash never leaves a partial
     file under ``path``. Returns the description written (including the digest).
     """
-    tensors, desc = _flatten_all(stages, topology=topology, party=party)
+    tensors, desc = _flatten_all(stages, topology=topology, party=party, models=models,
+                                 widths=widths, training=training, loss=loss)
     desc["digest"] = _digest(tensors, desc)
     stored = {name: _storable(arr) for name, arr in tensors.items()}
     blob = safetensors.numpy.save(stored, metadata={_META_KEY: json.dumps(desc, sort_keys=True)})
@@ -164,7 +187,10 @@ def load_stages(path: str | os.PathLike, *, expect: Mapping[str, Any] | None = N
 
 # -- internals -------------------------------------------------------------------------------
 
-def _flatten_all(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str):
+def _flatten_all(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str,
+                 models: Mapping[str, Mapping[str, Any]] | None = None,
+                 widths: Mapping[str, int] | None = None, training: str | None = None,
+                 loss: str | None = None):
     if not isinstance(party, str) or not party:
         raise ExportError(f"party must be a non-empty string, got {party!r}")
     try:
@@ -189,8 +215,30 @@ def _flatten_all(stages: Mapping[str, Any], *, topology: Mapping[str, Any], part
                         for t, a in leaves.items()},
         }
         tensors.update(leaves)
+    for name, spec in (models or {}).items():
+        if name not in described:
+            raise ExportError(f"models has a spec for stage {name!r}, which is not among the "
+                              f"stages being saved {sorted(described)}")
+        try:
+            described[name]["model"] = json.loads(json.dumps(spec, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            raise ExportError(f"model spec of stage {name!r} must be JSON data: {exc}") from None
     desc = {"format": FORMAT, "version": VERSION, "party": party, "topology": topo,
             "stages": described}
+    if widths is not None:
+        if not isinstance(widths, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+                and v >= 1 for k, v in widths.items()):
+            raise ExportError(f"widths must map stage names to positive ints, got {widths!r}")
+        desc["widths"] = {k: int(v) for k, v in sorted(widths.items())}
+    if training is not None:
+        if not isinstance(training, str) or not training:
+            raise ExportError(f"training must be a non-empty string id, got {training!r}")
+        desc["training"] = training
+    if loss is not None:
+        if not isinstance(loss, str) or not loss:
+            raise ExportError(f"loss must be a loss name such as 'binary', got {loss!r}")
+        desc["loss"] = loss
     return tensors, desc
 
 
@@ -261,8 +309,8 @@ def _restore(arr: np.ndarray, spec: Mapping[str, Any], name: str) -> np.ndarray:
 
 def _digest(tensors: Mapping[str, np.ndarray], desc: Mapping[str, Any]) -> str:
     h = hashlib.sha256(FORMAT.encode())
-    h.update(json.dumps({k: desc[k] for k in ("party", "topology", "stages")},
-                        sort_keys=True).encode())
+    h.update(json.dumps({k: desc[k] for k in ("party", "topology", "stages", *OPTIONAL_FIELDS)
+                         if k in desc}, sort_keys=True).encode())
     for name in sorted(tensors):
         arr = tensors[name]
         h.update(f"{name}|{arr.dtype.name}|{list(arr.shape)}|".encode())
