@@ -22,6 +22,7 @@ Each batch runs `engine.runtime.PartyRuntime` over the party's plan; the leader 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import time
 from typing import Any, Callable, Mapping
 
@@ -131,8 +132,10 @@ class SplitParty:
             raise ConfigError(f"party {name!r} owns no stage; parties: {list(topology.parties)}")
         self.datasets = {k: np.asarray(v, np.float32) for k, v in (datasets or {}).items()}
         self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
-        if self.is_leader and "train" not in self.labels:
-            raise ConfigError(f"{name!r} owns the loss stage and needs labels={{'train': y}}")
+        #: Identifies this training run: drawn by the leader, carried by every ctl command,
+        #: adopted by a follower from the leader's commands; exports record it so inference can
+        #: refuse parts of different runs (`parties.split.inference`).
+        self.run_id: str | None = secrets.token_hex(8) if self.is_leader else None
         import jax
 
         self.handler = StageHandler(
@@ -174,7 +177,7 @@ class SplitParty:
         train = mode == "train"
         labels = None
         if self.is_leader and train:
-            labels = self.labels[dataset][idx]
+            labels = self._require_labels(dataset)[idx]
         self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train)
         runtime.trace, runtime.policy = self.trace, self.config.policy
         stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
@@ -190,6 +193,7 @@ class SplitParty:
     # -- leader -----------------------------------------------------------------------------
     async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
         arrays = () if idx is None else (np.asarray(idx, np.int64),)
+        meta = {**meta, "run": self.run_id}
         for peer in self.followers:
             await self.transport.send(peer, CTL, Frame(meta=meta, arrays=arrays))
 
@@ -210,6 +214,7 @@ class SplitParty:
                   on_batch: Callable[[int, int, float], None] | None = None) -> list[EpochResult]:
         """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch."""
         self._require_leader("fit")
+        self._require_labels(dataset)
         epochs = self.config.epochs if epochs is None else epochs
         n_rows = len(self.labels[dataset])
         async with ThreadLane(f"tandem-{self.name}") as lane:
@@ -295,6 +300,12 @@ class SplitParty:
         self._require_leader("stop")
         await self._command({"cmd": "stop"})
 
+    def _require_labels(self, dataset: str) -> np.ndarray:
+        if dataset not in self.labels:
+            raise ConfigError(f"{self.name!r} owns the loss stage and needs labels to train on "
+                              f"{dataset!r}: pass labels={{{dataset!r}: y}}")
+        return self.labels[dataset]
+
     def _require_leader(self, what: str) -> None:
         if not self.is_leader:
             raise ConfigError(f"{what}() is the leader's; {self.name!r} follows "
@@ -312,6 +323,7 @@ class SplitParty:
             while True:
                 frame = await self.transport.recv(leader, CTL)
                 cmd = frame.meta.get("cmd")
+                self.run_id = frame.meta.get("run", self.run_id)
                 if cmd == "stop":
                     return count
                 if cmd != "batch" or len(frame.arrays) != 1:
