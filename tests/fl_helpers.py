@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 from engine.fl_aggregate import ServerRule
+from parties.fl.client import compress_update
 from parties.fl.data import load_federated_digits
 from parties.fl.federation import make_trainer
 from parties.fl.server import FLConfig
@@ -21,6 +22,7 @@ def small_setup():
     x, y = data.clients[0]
     trainer.train(trainer.init_vec, x, y, 0)
     trainer.accuracy(trainer.init_vec, data.x_test, data.y_test)
+    compress_update(trainer.init_vec, UPLINK, 0)  # compile the uplink kernels too
     return data, trainer
 
 

@@ -8,7 +8,10 @@ message or when the transport closes; a message it cannot apply (`protocol.Downl
 bad zlib data) is skipped and recorded in ``errors``, and the client keeps serving.
 
 A client that was away keeps its queue: on return it works through the messages in order
-(replies to past rounds are discarded by the server) and so rejoins.
+(replies to past rounds are discarded by the server) and so rejoins. A client that restarted
+(and so holds an older model than the server believes, e.g. the initial one) cannot apply the
+delta it is sent; it answers the training request with a ``resync`` message naming the version
+it does hold, and the server re-plans that client's model message from that version.
 """
 
 from __future__ import annotations
@@ -71,9 +74,21 @@ class FLClient:
             try:
                 await self.handle(frame)
             except (P.DownlinkError, P.UpdateError) as exc:
-                # a message this client cannot use: skip it (the server times us out this
-                # round) and keep serving; the reason is kept for inspection
+                # a message this client cannot use: skip it and keep serving; the reason is
+                # kept for inspection. For a training request, tell the server which version
+                # we hold so it can send a message we can apply (else it times us out).
                 self.errors.append(str(exc))
+                if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
+                    await self._resync(frame.meta.get("round"))
+
+    async def _resync(self, rnd: Any) -> None:
+        if not isinstance(rnd, int):
+            return
+        try:
+            await self.transport.send(self.server, P.UPDATE, Frame(meta={
+                "kind": P.RESYNC, "round": rnd, "version": self.state.version}))
+        except TransportClosedError:
+            return
 
     async def handle(self, frame: Frame) -> None:
         meta = frame.meta

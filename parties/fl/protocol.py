@@ -30,6 +30,7 @@ from transports.errors import TandemError
 
 MODEL = "fl/model"
 UPDATE = "fl/update"
+RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
 UPLINK_KINDS = ("dense", "randk", "sketch")
 
 
@@ -96,6 +97,14 @@ def _int_field(meta: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     if not lo <= v <= hi:
         raise UpdateError(f"update meta.{key}={v} is outside [{lo}, {hi}]")
     return v
+
+
+def check_resync(frame: Frame, *, version: int) -> tuple[int, int]:
+    """Validate a client's ``resync`` message; returns ``(round, version it holds)``."""
+    if frame.arrays:
+        raise UpdateError("a resync message carries no arrays")
+    return (_int_field(frame.meta, "round", 0, 2**62),
+            _int_field(frame.meta, "version", 0, version))
 
 
 def check_update(frame: Frame, *, uplink: Mapping[str, Any], d: int, version: int,

@@ -7,7 +7,9 @@ A round ``r``:
 2. in anchor mode, at an anchor version, broadcast the full model to every client;
 3. for each sampled client (concurrently, in one TaskGroup under ``round_timeout``): send the
    model message planned by `DownlinkPlanner` for the version that client last confirmed,
-   then wait for its update. Late replies to past rounds are dropped; an update that fails
+   then wait for its update. A client that answers ``resync`` (it restarted and holds an older
+   version) gets a message re-planned from the version it names, once per round. Late replies
+   to past rounds are dropped; an update that fails
    `protocol.check_update` is refused (the reason is in the round report) and the round goes
    on; clients silent at the deadline, or whose link closed, are left out;
 4. aggregate the accepted payloads weighted by sample count, decompress once (rand-k and
@@ -100,7 +102,8 @@ class FLServer:
         self.state = ServerState.zeros(self.d)
         self.planner = DownlinkPlanner(self.d, cfg.downlink, log_size=cfg.log_size,
                                        anchor_every=cfg.anchor_every)
-        self.known = {c: 0 for c in self.clients}  # lower bound of each client's version
+        self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
+        self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
         raw = 4 * math.prod(P.expected_shape(self.uplink, self.d))
         self.max_update_bytes = cfg.max_update_bytes or raw + raw // 64 + 4096
@@ -179,12 +182,27 @@ class FLServer:
                 self.known[c] = max(self.known[c], self.planner.version)
             if not train:
                 return
-            meta, arrays = self.planner.plan(self.model, self.known[c])
-            meta.update(round=r, seed=seed, train=True, uplink=self.uplink,
-                        lossless=self.cfg.lossless)
-            await self._send(c, meta, arrays)
+            await self._send_round(c, r, seed)
+            resynced = False
             while True:
                 frame = await self.transport.recv(c, P.UPDATE)
+                if frame.meta.get("kind") == P.RESYNC:
+                    try:
+                        rnd, held = P.check_resync(frame, version=self.planner.version)
+                    except P.UpdateError as exc:
+                        rejected[c] = f"resync from {c!r} refused: {exc}"
+                        return
+                    if rnd < r:
+                        continue  # about a past round's message; this round's is on its way
+                    if rnd > r or resynced:
+                        rejected[c] = f"{c!r} cannot apply its model message even after a " \
+                                      f"resync to version {held} (round {rnd})"
+                        return
+                    # the client restarted or lost state: plan from what it really holds
+                    self.known[c], resynced = held, True
+                    self.resyncs += 1
+                    await self._send_round(c, r, seed)
+                    continue
                 try:
                     rnd, n, ver, payload = P.check_update(
                         frame, uplink=self.uplink, d=self.d, version=self.planner.version,
@@ -203,6 +221,12 @@ class FLServer:
                 return
         except TandemError:
             return  # link closed or peer unknown: the client is left out of this round
+
+    async def _send_round(self, c: str, r: int, seed: int) -> None:
+        meta, arrays = self.planner.plan(self.model, self.known[c])
+        meta.update(round=r, seed=seed, train=True, uplink=self.uplink,
+                    lossless=self.cfg.lossless)
+        await self._send(c, meta, arrays)
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
