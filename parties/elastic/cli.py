@@ -199,7 +199,8 @@ async def _data_server(args) -> int:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
-        ds = DataServer(t, coordinator=coord, spec=spec, shard=shard, url=cfg.get("advertise_url", t.url))
+        ds = DataServer(t, coordinator=coord, spec=spec, shard=shard,
+                        url=cfg.get("advertise_url", t.url))
         print(f"{cfg['name']}: serving {len(shard.y)} rows "
               f"({ds.n_batches} batches) on {t.url}", flush=True)
         await ds.run()
