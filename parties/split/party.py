@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import numpy as np
 import optax
@@ -150,6 +150,8 @@ class SplitParty:
         self.history: list[EpochResult] = []
         self.last_stats: BatchStats | None = None
         self.n_groups = self.tuner.n
+        self.stop_meta: dict[str, Any] = {}
+        self.in_batch = False
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str) -> Plan:
@@ -211,32 +213,53 @@ class SplitParty:
         return await self._run_batch(self._runtime(lane), idx, n, mode, dataset)
 
     async def fit(self, epochs: int | None = None, *, dataset: str = "train",
-                  on_batch: Callable[[int, int, float], None] | None = None) -> list[EpochResult]:
-        """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch."""
+                  on_batch: Callable[[int, int, float], None] | None = None,
+                  start_epoch: int | None = None, start_batch: int = 0,
+                  after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
+                  ) -> list[EpochResult]:
+        """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
+
+        Resume hooks: ``start_epoch`` (default: epochs already in ``history``) and
+        ``start_batch`` skip to that data cursor (the batches of an epoch depend only on the
+        seed and the epoch, so the skipped batches are exactly those already trained).
+        ``after_batch(epoch, batches_done_in_epoch)`` is awaited after every batch (e.g. to
+        checkpoint); if it returns true, training stops there (the partial epoch is recorded).
+        """
         self._require_leader("fit")
         self._require_labels(dataset)
         epochs = self.config.epochs if epochs is None else epochs
         n_rows = len(self.labels[dataset])
         async with ThreadLane(f"tandem-{self.name}") as lane:
             runtime = self._runtime(lane)
-            for epoch in range(epochs):
+            first = len(self.history) if start_epoch is None else start_epoch
+            stop = False
+            for epoch in range(first, first + epochs):
                 t0 = time.perf_counter()
-                batches = epoch_batches(n_rows, self.config.batch_size, len(self.history),
-                                        self.config.seed)
-                total = 0.0
+                batches = epoch_batches(n_rows, self.config.batch_size, epoch, self.config.seed)
+                skip = start_batch if epoch == first else 0
+                total, rows = 0.0, 0
                 for i, idx in enumerate(batches):
+                    if i < skip:
+                        continue
                     n = self.n_groups
                     await self._command({"cmd": "batch", "b": self._batch, "n": min(n, len(idx)),
-                                         "mode": "train", "data": dataset}, idx)
+                                         "mode": "train", "data": dataset, "epoch": epoch,
+                                         "i": i}, idx)
                     before = self._link_counters()
                     stats = await self._run_batch(runtime, idx, n, "train", dataset)
                     total += self.handler.loss_sum * len(idx)
+                    rows += len(idx)
                     self._retune(stats, before, len(idx))
                     if on_batch is not None:
                         on_batch(epoch, i + 1, self.handler.loss_sum)
-                self.history.append(EpochResult(len(self.history), total / n_rows,
+                    if after_batch is not None and await after_batch(epoch, i + 1):
+                        stop = True
+                        break
+                self.history.append(EpochResult(epoch, total / max(rows, 1),
                                                 time.perf_counter() - t0, self.n_groups,
-                                                len(batches)))
+                                                len(batches) - skip))
+                if stop:
+                    break
         return self.history[-epochs:] if epochs else []
 
     def _link_counters(self) -> dict[tuple[str, str], tuple[int, float]]:
@@ -312,8 +335,14 @@ class SplitParty:
                               f"{self.topology.label_owner!r} and should call serve()")
 
     # -- follower -----------------------------------------------------------------------------
-    async def serve(self) -> int:
-        """Follower: run the leader's batches until it says stop; returns batches run."""
+    async def serve(self, *, on_batch: Callable[[Mapping[str, Any]], Awaitable[None]] | None
+                    = None) -> int:
+        """Follower: run the leader's batches until it says stop; returns batches run.
+
+        ``on_batch(command)`` is awaited after each batch with the leader's command (``mode``,
+        ``b``, and for training ``epoch``/``i``), e.g. to checkpoint. The stop command's fields
+        are kept in ``stop_meta``; ``in_batch`` is true while a batch runs.
+        """
         if self.is_leader:
             raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
         leader = self.topology.label_owner
@@ -325,6 +354,7 @@ class SplitParty:
                 cmd = frame.meta.get("cmd")
                 self.run_id = frame.meta.get("run", self.run_id)
                 if cmd == "stop":
+                    self.stop_meta = dict(frame.meta)
                     return count
                 if cmd != "batch" or len(frame.arrays) != 1:
                     raise EngineError(f"{self.name!r} got an unknown command from {leader!r}: "
@@ -333,13 +363,31 @@ class SplitParty:
                     raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
                                       f"started batch {frame.meta.get('b')}; restart both parties")
                 self.n_groups = int(frame.meta["n"])
-                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
-                                      str(frame.meta["mode"]), str(frame.meta["data"]))
+                self.in_batch = True
+                try:
+                    await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
+                                          str(frame.meta["mode"]), str(frame.meta["data"]))
+                finally:
+                    self.in_batch = False
                 count += 1
+                if on_batch is not None:
+                    await on_batch(frame.meta)
 
     @property
     def params(self) -> dict[str, Any]:
         return self.handler.params
+
+    def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int
+                ) -> None:
+        """Resume from a checkpoint: this party's stage params and optimizer state, and the
+        batch counter ``b`` the leader and followers keep in step (every party must restore
+        the same checkpoint)."""
+        missing = set(self.handler.stages) - set(params)
+        if missing or set(self.handler.stages) - set(opt_state):
+            raise ConfigError(f"{self.name!r}: the state to restore lacks stages {sorted(missing)}")
+        self.handler.params.update({s: params[s] for s in self.handler.stages})
+        self.handler.opt_state.update({s: opt_state[s] for s in self.handler.stages})
+        self._batch = int(batch)
 
 
 

@@ -8,9 +8,12 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     name = "leader"                  # this party's name in the topology
     export_dir = "out/leader"        # optional: save this party's stages here at the end
     progress = true                  # optional: live progress display
+    wait = 120.0                     # optional: seconds to wait for the peers to negotiate
+    grace = 10.0                     # optional: seconds SIGINT/SIGTERM lets a batch finish
 
     [listen]      host = "127.0.0.1", port = 8711
     [peers]       follower = "http://127.0.0.1:8712"       # name = base URL, every other party
+    [link]        bandwidth (bytes/s), latency (s): emulate a slower link on loopback
     [security]    secret | secret_env | secret_file (at most one; none = unsigned),
                   tls_cert, tls_key, tls_ca (optional), max_frame_bytes, reject_nonfinite,
                   retry_timeout
@@ -52,7 +55,9 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "threshold": (int,), "capacity": (int,), "policy": (str,),
 }
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "": {"role": (str,), "name": (str,), "export_dir": (str,), "progress": (bool,)},
+    "": {"role": (str,), "name": (str,), "export_dir": (str,), "progress": (bool,),
+         "wait": (float, int), "grace": (float, int)},
+    "link": {"bandwidth": (float, int), "latency": (float, int)},
     "listen": {"host": (str,), "port": (int,)},
     "peers": {},  # free-form: name -> URL
     "security": {"secret": (str,), "secret_env": (str,), "secret_file": (str,),
@@ -148,6 +153,10 @@ class PartyConfig:
     checkpoint: CheckpointConfig
     export_dir: str | None
     progress: bool
+    wait: float = 120.0
+    grace: float = 10.0
+    link_bandwidth: float | None = None
+    link_latency: float = 0.0
 
     # -- derived objects -----------------------------------------------------------------
     @property
@@ -186,7 +195,8 @@ class PartyConfig:
             name=self.name, host=self.host, port=self.port, peers=dict(self.peers),
             secret=self.secret, ssl_server=server, ssl_client=client,
             max_frame_bytes=self.max_frame_bytes, reject_nonfinite=self.reject_nonfinite,
-            retry_timeout=self.retry_timeout))
+            retry_timeout=self.retry_timeout, shape_bandwidth=self.link_bandwidth,
+            shape_latency=self.link_latency))
 
     def split_config(self):
         """The leader's `SplitConfig` from [train] (defaults for keys not given)."""
@@ -323,6 +333,10 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     checkpoint = CheckpointConfig(dir=os.path.join(base, ck["dir"]) if "dir" in ck else None,
                                   every=ck.get("every", 10), keep=ck.get("keep", 3))
     secret = _secret(sec, path, base)
+    link = raw.get("link", {})
+    for key, value in [*link.items(), ("wait", top.get("wait", 1)), ("grace", top.get("grace", 1))]:
+        if value < 0 or (key in ("bandwidth", "wait") and value == 0):
+            raise PartyConfigError(f"{path}: {key} must be > 0, got {value}")
     tls = {k: _file(base, sec[k], f"security.{k}", path) if k in sec else None
            for k in ("tls_cert", "tls_key", "tls_ca")}
     if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
@@ -336,7 +350,10 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         retry_timeout=float(sec.get("retry_timeout", 30.0)), data=data, model=model,
         schema=dict(schema), train=train, checkpoint=checkpoint,
         export_dir=os.path.join(base, top["export_dir"]) if "export_dir" in top else None,
-        progress=top.get("progress", True))
+        progress=top.get("progress", True), wait=float(top.get("wait", 120.0)),
+        grace=float(top.get("grace", 10.0)),
+        link_bandwidth=float(link["bandwidth"]) if "bandwidth" in link else None,
+        link_latency=float(link.get("latency", 0.0)))
     topo = cfg.topology()
     if cfg.name not in topo.parties:
         raise PartyConfigError(f"{path}: name {cfg.name!r} owns no stage of topology "

@@ -1,0 +1,657 @@
+"""WAN benchmark: split learning between two OS processes over `HttpTransport` on a shaped link.
+
+``python -m bench.wan --json`` prints ONE JSON line (progress goes to stderr). Needs root for
+the network namespaces; without them it falls back to loopback (see ``link``).
+
+**The link.** The leader and the follower each run in their own Linux network namespace, joined
+by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...`` (default
+100 Mbit/s each way): ``link = {"kind": "netns-veth-tbf", "rate_mbit": R, ...}``. When namespaces
+cannot be made (not root, no ``ip``/``tc``, a container without ``CAP_NET_ADMIN``), both
+processes run on 127.0.0.1 and each `HttpTransport` paces its outgoing bodies to the same rate
+(``HttpConfig.shape_bandwidth``): ``link = {"kind": "loopback-shaped", ...,
+"fallback_reason": ...}``. ``--link netns`` / ``--link loopback`` force one. Namespaces are
+removed on every exit path (try/finally, Ctrl-C, SIGTERM).
+
+**The processes.** This process (``main``) sets up the link and starts the leader, then the
+follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (plain
+``python -m ...`` on loopback); each prints its address as one JSON line, and main relays the
+follower's address to the leader. They talk only through `HttpTransport` (HMAC with a random
+secret passed in the environment) and one raw TCP probe socket; nothing is pickled.
+
+**The workload** (``two_party`` topology, as ``bench.pipeline``): the follower ``A`` holds the
+features and a bottom MLP ``d_in -> hidden -> cut``; the leader ``B`` holds a small top MLP, the
+labels and the loss. One batch carries ``batch_size x cut`` float32 activations each way.
+
+1. The leader measures the link's goodput in each direction with the raw TCP probe (a large
+   message and a one-byte ack); on loopback the configured rate is used instead.
+2. It sizes the workload so that link time ~= compute time: the hidden width is scaled until
+   the compute per batch (both parties' compute-lane busy time at n = 1, measured in-process on
+   an unshaped link, as ``bench.pipeline`` measures it) is within 15 % of one direction's link
+   time per batch. ``--hidden`` skips this.
+3. It sends the workload description (JSON) to the follower; both build their `SplitParty`.
+4. Compile (one batch at n = 1 and each swept n), let the auto tuner settle (``fit``), then
+   ``repeats`` timed rounds, interleaved: sequential, each fixed n, auto.
+
+**Reported** (medians over the rounds; a run ends when *both* processes finished their last
+batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes):
+
+* ``sequential_s``: n = 1, FIFO policy on both parties;
+* ``pipelined_s``: priority policy, automatic n (``SplitParty.fit``, ``groups="auto"``);
+  ``n_groups`` is the tuner's n; ``sweep`` and ``best_fixed_n`` give the fixed-n times;
+* ``bound_s``: ``max(busy(A compute), busy(B compute), bytes(A->B)/bw(A->B),
+  bytes(B->A)/bw(B->A))`` from the auto runs' traces (each process traces its own party):
+  compute busy sums the durations of the party's compute-lane events; bytes sums the tensor
+  bytes of its ``send->PEER`` events (frame and HTTP headers excluded); ``bw`` is the measured
+  goodput of that direction. No schedule can finish before its busiest resource has done its
+  work. The terms are in ``bound_terms``.
+* ``speedup = sequential_s / pipelined_s`` (target >= 1.7); ``efficiency = bound_s /
+  pipelined_s`` (target >= 0.85).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import math
+import os
+import secrets
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any, Awaitable, Callable
+
+import numpy as np
+
+A, B = "A", "B"  # A: follower (features, bottom); B: leader (top, labels, loss)
+BENCH = "bench"  # channel of the benchmark's own control messages
+SECRET_ENV = "TANDEM_WAN_SECRET"
+MiB = 1 << 20
+
+
+def _log(who: str, msg: str) -> None:
+    print(f"[bench.wan {who}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# the link: network namespaces joined by a shaped veth pair
+# ---------------------------------------------------------------------------------------------
+class LinkSetupError(RuntimeError):
+    """The namespaces/veth/tbf link could not be built (the caller may fall back)."""
+
+
+class NetnsLink:
+    """Two network namespaces joined by a veth pair, both ends shaped by ``tbf``.
+
+    Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
+    whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
+
+    def __init__(self, rate_mbit: float, *, tag: str | None = None) -> None:
+        tag = tag or str(os.getpid())
+        self.rate_mbit = rate_mbit
+        self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
+        self.dev = {B: f"tw{tag}l"[:15], A: f"tw{tag}f"[:15]}
+        self.ip = {B: "10.213.0.1", A: "10.213.0.2"}
+        rate_Bps = rate_mbit * 1e6 / 8
+        # burst: at least 64 KiB (one GSO segment train), else ~2 ms at line rate
+        self.burst = int(max(64 * 1024, rate_Bps * 0.002))
+        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency", "50ms"]
+        self._made: list[str] = []
+
+    def _ip(self, *args: str) -> None:
+        try:
+            subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
+        except FileNotFoundError:
+            raise LinkSetupError("the `ip` command (iproute2) is not installed") from None
+        except subprocess.CalledProcessError as exc:
+            raise LinkSetupError(f"`ip {' '.join(args)}` failed: {exc.stderr.strip()}") from None
+
+    def __enter__(self) -> "NetnsLink":
+        try:
+            for party in (B, A):
+                self._ip("netns", "add", self.ns[party])
+                self._made.append(self.ns[party])
+            self._ip("link", "add", self.dev[B], "type", "veth", "peer", "name", self.dev[A])
+            for party in (B, A):
+                ns, dev = self.ns[party], self.dev[party]
+                self._ip("link", "set", dev, "netns", ns)
+                self._ip("-n", ns, "addr", "add", f"{self.ip[party]}/30", "dev", dev)
+                self._ip("-n", ns, "link", "set", dev, "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+                self._ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                         *self.tbf)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def prefix(self, party: str) -> list[str]:
+        """Command prefix running a program inside ``party``'s namespace."""
+        return ["ip", "netns", "exec", self.ns[party]]
+
+    def close(self) -> None:
+        for ns in reversed(self._made):  # deleting a namespace deletes its veth end (and peer)
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        self._made.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "netns-veth-tbf", "rate_mbit": self.rate_mbit,
+                "tc": "tbf " + " ".join(self.tbf), "namespaces": list(self.ns.values())}
+
+
+# ---------------------------------------------------------------------------------------------
+# main: set up the link, start the two processes, relay addresses, print the result
+# ---------------------------------------------------------------------------------------------
+def _child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
+    line = proc.stdout.readline()
+    if not line:
+        code = proc.wait()
+        raise RuntimeError(f"the {what} process exited (code {code}) before sending its "
+                           "result; its error is above on stderr")
+    return json.loads(line)
+
+
+def run_main(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the whole benchmark from the parent process; returns the result dict."""
+    t_start = time.perf_counter()
+    link: NetnsLink | None = None
+    reason = None
+    procs: list[subprocess.Popen] = []
+
+    def on_term(signum, frame):  # SIGTERM: unwind through the finally blocks below
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        if args.link in ("auto", "netns"):
+            try:
+                link = NetnsLink(args.rate_mbit).__enter__()
+            except LinkSetupError as exc:
+                if args.link == "netns":
+                    raise
+                reason = str(exc)
+                _log("main", f"network namespaces unavailable ({reason}); falling back to "
+                             "loopback with in-transport shaping")
+        env = {**os.environ, SECRET_ENV: secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
+        me = [sys.executable, "-m", "bench.wan"]
+        common = [f"--{k.replace('_', '-')}="
+                  + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
+                  for k, v in vars(args).items() if k in _FORWARDED and v is not None]
+        if link is not None:
+            lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
+            fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
+        else:
+            shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
+            lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
+            fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+        leader = _child(lead_cmd, env)
+        procs.append(leader)
+        lead_addr = _read_line(leader, "leader")
+        follower = _child([*fol_cmd, "--peer-url", lead_addr["url"]], env)
+        procs.append(follower)
+        fol_addr = _read_line(follower, "follower")
+        leader.stdin.write(json.dumps(fol_addr) + "\n")
+        leader.stdin.flush()
+        result = _read_line(leader, "leader")
+        for p, what in ((leader, "leader"), (follower, "follower")):
+            code = p.wait(timeout=60)
+            if code != 0:
+                raise RuntimeError(f"the {what} process exited with code {code}")
+        result["link"] = {**(link.describe() if link is not None else
+                             {"kind": "loopback-shaped", "rate_mbit": args.rate_mbit,
+                              "shaping": "HttpConfig.shape_bandwidth (sender-side pacing)",
+                              "fallback_reason": reason or "--link loopback"}),
+                          **result.pop("link_measured")}
+        result["bench_s"] = time.perf_counter() - t_start
+        return result
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            for f in (p.stdin, p.stdout):
+                if f is not None and not f.closed:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+        if link is not None:
+            link.close()
+        signal.signal(signal.SIGTERM, old)
+
+
+# options main forwards to both processes
+_FORWARDED = ("batch_size", "batches", "repeats", "d_in", "hidden", "cut", "top_hidden",
+              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit")
+
+
+# ---------------------------------------------------------------------------------------------
+# the raw TCP probe: the link's goodput in each direction
+# ---------------------------------------------------------------------------------------------
+async def _probe_sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Serve probes: read ``up`` and ``down`` (u64 each), then ``up`` bytes; answer one byte,
+    then ``down`` bytes. Repeats until the client closes."""
+    buf = memoryview(bytearray(4 * MiB))
+    try:
+        while True:
+            head = await reader.readexactly(16)
+            up, down = int.from_bytes(head[:8], "little"), int.from_bytes(head[8:], "little")
+            while up:
+                chunk = await reader.read(min(up, len(buf)))
+                if not chunk:
+                    return
+                up -= len(chunk)
+            writer.write(b"k")
+            while down:
+                n = min(down, len(buf))
+                writer.write(buf[:n])
+                await writer.drain()
+                down -= n
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+async def measure_goodput(host: str, port: int, nbytes: int) -> tuple[float, float]:
+    """(up, down) goodput in bytes/s: ``nbytes`` each way after a 1 MiB warm-up exchange."""
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = memoryview(bytearray(4 * MiB))
+
+    async def exchange(up: int, down: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        writer.write(up.to_bytes(8, "little") + down.to_bytes(8, "little"))
+        left = up
+        while left:
+            n = min(left, len(payload))
+            writer.write(payload[:n])
+            await writer.drain()
+            left -= n
+        await reader.readexactly(1)
+        t1 = time.perf_counter()
+        left = down
+        while left:
+            chunk = await reader.read(min(left, 4 * MiB))
+            if not chunk:
+                raise ConnectionError("probe sink closed early")
+            left -= len(chunk)
+        return t1 - t0, time.perf_counter() - t1
+
+    try:
+        await exchange(MiB, MiB)
+        t_up, t_down = await exchange(nbytes, nbytes)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return nbytes / t_up, nbytes / t_down
+
+
+# ---------------------------------------------------------------------------------------------
+# the workload
+# ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Workload:
+    """Everything both parties must agree on; travels as JSON in the leader's first frame."""
+
+    batch_size: int
+    batches: int
+    d_in: int
+    hidden: int
+    cut: int
+    top_hidden: int
+    seed: int
+
+    @property
+    def rows(self) -> int:
+        return self.batch_size * self.batches
+
+    @property
+    def cut_bytes(self) -> int:
+        """Activation bytes one batch sends A -> B (and gradient bytes B -> A)."""
+        return self.batch_size * self.cut * 4
+
+    def data(self) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(self.seed)
+        x = rng.standard_normal((self.rows, self.d_in), dtype=np.float32)
+        w = rng.standard_normal(self.d_in, dtype=np.float32)
+        return x, (x @ w > 0).astype(np.float32)
+
+    def models(self) -> dict[str, Any]:
+        from engine.kernels import mlp_stage
+        return {"bottom": mlp_stage([self.d_in], [self.hidden], self.cut),
+                "top": mlp_stage([self.cut], [self.top_hidden], 1, activate_last=False)}
+
+    def party(self, name: str, transport, x=None, y=None):
+        from engine.topology import two_party
+        from parties.split.party import SplitConfig, SplitParty
+        cfg = SplitConfig(batch_size=self.batch_size, groups="auto", seed=self.seed,
+                          learning_rate=1e-3, loss="binary")
+        if name == A:
+            return SplitParty(A, two_party(A, B), self.models(), transport,
+                              datasets={"train": x}, config=cfg)
+        return SplitParty(B, two_party(A, B), self.models(), transport, labels={"train": y},
+                          config=cfg)
+
+
+async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
+    """Both parties' compute-lane busy seconds per batch at n = 1 (FIFO), in this process on an
+    unshaped memory link (the same measurement as ``bench.pipeline``'s warm-up)."""
+    from engine.lanes import ThreadLane
+    from engine.trace import Trace
+    from transports.memory import MemoryNetwork
+
+    one = dataclasses.replace(wl, batches=1)
+    x, y = one.data()
+    net = MemoryNetwork()
+    leader, follower = one.party(B, net.endpoint(B), y=y), one.party(A, net.endpoint(A), x=x)
+    idx = np.arange(one.batch_size)
+    per_batch: list[float] = []
+
+    async def drive() -> None:
+        async with ThreadLane("wan-calibrate") as lane:
+            for r in range(rounds + 1):  # the first batch compiles
+                tr = Trace()
+                for p in (leader, follower):
+                    p.config.policy, p.trace = "fifo", tr
+                await leader.run_batch(idx, n=1, lane=lane)
+                while follower._batch < leader._batch:  # the follower's last backward
+                    await asyncio.sleep(0.001)
+                if r:
+                    per_batch.append(tr.busy(A) + tr.busy(B))
+        await leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        tg.create_task(drive())
+    return statistics.median(per_batch)
+
+
+async def size_workload(wl: Workload, link_s: float, who: str) -> tuple[Workload, float]:
+    """Scale the hidden width until compute per batch is within 15 % of ``link_s``."""
+    compute = await compute_per_batch(wl, who)
+    for _ in range(3):
+        ratio = link_s / compute
+        _log(who, f"hidden={wl.hidden}: compute/batch {compute * 1e3:.0f} ms, link/batch "
+                  f"{link_s * 1e3:.0f} ms (ratio {ratio:.2f})")
+        if abs(ratio - 1) <= 0.15:
+            break
+        hidden = int(min(16384, max(16, round(wl.hidden * ratio / 16) * 16)))
+        if hidden == wl.hidden:
+            break
+        wl = dataclasses.replace(wl, hidden=hidden)
+        compute = await compute_per_batch(wl, who)
+    return wl, compute
+
+
+# ---------------------------------------------------------------------------------------------
+# the two processes
+# ---------------------------------------------------------------------------------------------
+def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
+    from transports.http import HttpConfig, HttpTransport
+    secret = os.environ.get(SECRET_ENV)
+    if not secret:
+        raise SystemExit(f"--role {args.role} is started by `python -m bench.wan` (it passes "
+                         f"the shared secret in ${SECRET_ENV})")
+    return HttpTransport(HttpConfig(name=name, host=args.host, port=0, peers=peers,
+                                    secret=secret.encode(), shape_bandwidth=args.shape_Bps,
+                                    retry_timeout=60.0))
+
+
+def _emit(obj: dict[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+def _sent_bytes(trace, party: str, peer: str) -> int:
+    return sum(e.nbytes for e in trace.events if e.party == party and e.lane == f"send->{peer}")
+
+
+async def follower_main(args: argparse.Namespace) -> int:
+    from engine.trace import Trace
+    from transports.base import Frame
+    from transports.errors import TransportClosedError
+
+    sink = await asyncio.start_server(_probe_sink, args.host, 0)
+    try:
+        async with _transport(args, A, {B: args.peer_url}) as t:
+            _emit({"url": t.url, "probe_port": sink.sockets[0].getsockname()[1]})
+            first = await t.recv(B, BENCH)
+            wl = Workload(**first.meta["workload"])
+            x, _ = wl.data()
+            party = wl.party(A, t, x=x)
+            await t.send(B, BENCH, Frame(meta={"ready": True}))
+            while True:
+                try:
+                    msg = await t.recv(B, BENCH)
+                except TransportClosedError:
+                    return 0  # the leader left
+                if msg.meta.get("cmd") == "done":
+                    return 0
+                tr = Trace()
+                party.config.policy, party.trace = str(msg.meta["policy"]), tr
+                batches = await party.serve()
+                end = time.perf_counter()
+                await t.send(B, BENCH, Frame(meta={
+                    "end": end, "batches": batches, "compute_s": tr.busy(A),
+                    "sent_bytes": _sent_bytes(tr, A, B)}))
+    finally:
+        sink.close()
+        await sink.wait_closed()
+
+
+class _Leader:
+    """The leader's side of the measurement protocol (see the module docstring)."""
+
+    def __init__(self, t, party, wl: Workload) -> None:
+        self.t, self.party, self.wl = t, party, wl
+
+    async def phase(self, policy: str, run: Callable[[], Awaitable[None]]):
+        """Run ``run()`` with ``policy`` on both parties; returns (wall, own trace, follower's
+        report). The wall ends when both processes are done."""
+        from engine.trace import Trace
+        from transports.base import Frame
+        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy}))
+        tr = Trace()
+        self.party.config.policy, self.party.trace = policy, tr
+        t0 = time.perf_counter()
+        await run()
+        mine = time.perf_counter()
+        await self.party.stop()
+        rep = dict((await self.t.recv(A, BENCH)).meta)
+        return max(mine, rep["end"]) - t0, tr, rep
+
+    def fixed(self, lane, n: int, k: int | None = None):
+        bs = self.wl.batch_size
+
+        async def run() -> None:
+            for i in range(k or self.wl.batches):
+                await self.party.run_batch(np.arange(i * bs, (i + 1) * bs), n=n, lane=lane)
+        return run
+
+    def auto(self, epochs: int = 1):
+        async def run() -> None:
+            await self.party.fit(epochs)
+        return run
+
+
+async def leader_main(args: argparse.Namespace) -> int:
+    from engine.lanes import ThreadLane
+    from transports.base import Frame
+
+    async with _transport(args, B, {}) as t:
+        _emit({"url": t.url})
+        peer = json.loads(await asyncio.to_thread(sys.stdin.readline))
+        t.add_peer(A, peer["url"])
+        host = peer["url"].split("//", 1)[1].rsplit(":", 1)[0]
+        wl = Workload(batch_size=args.batch_size, batches=args.batches, d_in=args.d_in,
+                      hidden=args.hidden or 1024, cut=args.cut, top_hidden=args.top_hidden,
+                      seed=args.seed)
+        # 1. the link's goodput
+        if args.shape_Bps is None:
+            up, down = await measure_goodput(host, peer["probe_port"], args.probe_mib * MiB)
+            source = f"raw TCP probe, {args.probe_mib} MiB each way"
+        else:
+            up = down = args.shape_Bps
+            source = "configured shaping rate (loopback is not measured)"
+        _log("leader", f"goodput B->A {up / 1e6:.2f} MB/s, A->B {down / 1e6:.2f} MB/s ({source})")
+        link_s = wl.cut_bytes / min(up, down)
+        # 2. size the workload: compute per batch ~= link time per batch
+        if args.hidden is None:
+            wl, calib = await size_workload(wl, link_s, "leader")
+        else:
+            calib = None
+        # 3. both parties build the job
+        _, y = wl.data()
+        party = wl.party(B, t, y=y)
+        await t.send(A, BENCH, Frame(meta={"workload": dataclasses.asdict(wl)}))
+        await t.recv(A, BENCH)
+        lead = _Leader(t, party, wl)
+        sweep = sorted({min(n, wl.batch_size) for n in args.sweep})
+        async with ThreadLane("wan-leader") as lane:
+            # 4. compile every shape used, then let the tuner settle
+            async def compile_all() -> None:
+                await lead.fixed(lane, 1, 1)()
+                for n in sweep:
+                    await lead.fixed(lane, n, 1)()
+            await lead.phase("priority", compile_all)
+            tuner = party.tuner
+            for _ in range(args.tune_epochs):
+                await lead.phase("priority", lead.auto())
+                if tuner._settled_at is not None:
+                    break
+            settled = tuner._settled_at is not None
+            _log("leader", f"tuner {'settled' if settled else 'NOT settled'} at "
+                           f"n={party.n_groups}: {[h['n'] for h in tuner.history]}")
+            # 5. timed rounds, interleaved
+            seq, auto, terms, seq_compute = [], [], [], []
+            runs: dict[int, list[float]] = {n: [] for n in sweep}
+            for r in range(args.repeats):
+                wall, tr, rep = await lead.phase("fifo", lead.fixed(lane, 1))
+                seq.append(wall)
+                seq_compute.append((tr.busy(B) + rep["compute_s"]) / wl.batches)
+                for n in sweep:
+                    runs[n].append((await lead.phase("priority", lead.fixed(lane, n)))[0])
+                wall, tr, rep = await lead.phase("priority", lead.auto())
+                auto.append(wall)
+                terms.append({f"compute[{A}]": rep["compute_s"], f"compute[{B}]": tr.busy(B),
+                              f"link[{A}->{B}]": rep["sent_bytes"] / down,
+                              f"link[{B}->{A}]": _sent_bytes(tr, B, A) / up})
+                _log("leader", f"round {r + 1}/{args.repeats}: sequential {seq[-1]:.3f} s, auto "
+                               f"(n={party.n_groups}) {auto[-1]:.3f} s, fixed " +
+                     ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in sweep))
+        await t.send(A, BENCH, Frame(meta={"cmd": "done"}))
+
+    seq_s, pipe_s = statistics.median(seq), statistics.median(auto)
+    bound_terms = {k: statistics.median(tm[k] for tm in terms) for k in terms[0]}
+    bound_s = max(bound_terms.values())
+    sweep_s = {n: statistics.median(v) for n, v in runs.items()}
+    best = min(sweep_s, key=sweep_s.get) if sweep_s else None
+    result = {
+        "bench": "wan", "sequential_s": seq_s, "pipelined_s": pipe_s, "bound_s": bound_s,
+        "speedup": seq_s / pipe_s, "efficiency": bound_s / pipe_s, "n_groups": party.n_groups,
+        "tuner_settled": settled, "tuner_path": [h["n"] for h in tuner.history],
+        "bound_terms": {"definition": "max over: each party's compute-lane busy seconds; each "
+                                      "direction's send->PEER tensor bytes / measured goodput; "
+                                      "from the auto runs' traces, median over rounds",
+                        **bound_terms},
+        "sweep": {str(n): s for n, s in sweep_s.items()}, "best_fixed_n": best,
+        "best_fixed_s": sweep_s[best] if best is not None else None,
+        "workload": {**dataclasses.asdict(wl), "topology": "two_party",
+                     "cut_bytes_per_batch": wl.cut_bytes,
+                     "compute_per_batch_s": statistics.median(seq_compute),
+                     "calibrated_compute_per_batch_s": calib,
+                     "link_per_batch_s": link_s},
+        "runs": {"sequential_s": seq, "pipelined_s": auto,
+                 **{f"n={n}": v for n, v in runs.items()}},
+        "link_measured": {"goodput_MBps": {f"{B}->{A}": up / 1e6, f"{A}->{B}": down / 1e6},
+                          "goodput_source": source},
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+    }
+    bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:
+        raise RuntimeError(f"non-finite results {bad}")
+    _emit(result)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+def _positive_ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"group counts must be >= 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.wan", description=__doc__.split("\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line on stdout")
+    p.add_argument("--link", choices=["auto", "netns", "loopback"], default="auto",
+                   help="auto: network namespaces if permitted, else loopback (default)")
+    p.add_argument("--rate-mbit", type=float, default=100.0, help="link rate each way (100)")
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds (3)")
+    p.add_argument("--d-in", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=None,
+                   help="bottom hidden width (default: sized so compute ~= link time)")
+    p.add_argument("--cut", type=int, default=512, help="cut-layer width (512)")
+    p.add_argument("--top-hidden", type=int, default=32)
+    p.add_argument("--sweep", type=_positive_ints, default=(4, 8, 16),
+                   help="fixed group counts timed besides auto (4,8,16)")
+    p.add_argument("--tune-epochs", type=int, default=8,
+                   help="most epochs waiting for the auto tuner to settle (8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
+    p.add_argument("--role", choices=["main", "leader", "follower"], default="main",
+                   help=argparse.SUPPRESS)
+    p.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
+    p.add_argument("--peer-url", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--shape-Bps", dest="shape_Bps", type=float, default=None,
+                   help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("batch_size", "batches", "repeats", "d_in", "cut", "top_hidden", "probe_mib"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.rate_mbit > 0:
+        raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
+    if args.role != "main":
+        from parties.cli import run_async
+        return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args))
+    try:
+        result = run_main(args)
+    except KeyboardInterrupt:
+        print("interrupted; namespaces removed", file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
+                    "n_groups", "link"):
+            print(f"{key:>14}: {result[key]}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
