@@ -1,0 +1,46 @@
+"""Smoke tests of ``bench.fl`` and ``bench.elastic`` on tiny configurations: each prints or
+returns every key with a sane value, and the invariants that hold at any size hold (no batch
+lost or applied twice; compressed traffic smaller than dense). The targets are the
+benchmarks' business, measured by running them, not by tests."""
+
+import argparse
+import math
+
+import orjson
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_fl_tiny(capsys):
+    from bench.fl import main
+
+    assert main(["--rounds", "3", "--skip-http", "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1, lines
+    out = orjson.loads(lines[0])
+    assert out["rounds"] == 3 and out["params"] >= 10_000
+    for key in ("acc_dense", "acc_compressed"):
+        assert 0.0 <= out[key] <= 100.0, out
+    # compression must actually cut traffic both ways, even after three rounds
+    assert out["uplink_ratio"] > 1.0 and out["downlink_ratio"] > 1.0, out
+    assert out["bytes_up_compressed"] < out["bytes_up_dense"]
+    assert out["total_ratio"] == pytest.approx(
+        (out["bytes_up_dense"] + out["bytes_down_dense"])
+        / (out["bytes_up_compressed"] + out["bytes_down_compressed"]), rel=1e-2)
+
+
+@pytest.mark.slow
+async def test_bench_elastic_tiny():
+    from bench.elastic import main
+
+    out = await main(argparse.Namespace(interval=0.1, seconds=0.5, rows=512))
+    assert set(out["throughput"]) == {"1", "2", "4"}
+    assert all(v > 0 for v in out["throughput"].values()), out
+    assert out["detect_heartbeats"] > 0, out  # a removal can only follow the kill
+    # under heavy load a short interval may commit little during churn: finite, not a target
+    assert out["recover_heartbeats"] is None or out["recover_heartbeats"] >= 0, out
+    for key in ("churn_efficiency", "churn_throughput", "steady_4_after_churn"):
+        assert math.isfinite(out[key]) and out[key] >= 0, (key, out)
+    assert out["churn_kills"] >= 1
+    # exactly-once holds whatever the timing
+    assert out["lost_batches"] == 0 and out["duplicated_batches"] == 0, out
