@@ -99,6 +99,33 @@ class CheckpointStore:
                 out.append(step)
         return out
 
+    def index(self) -> dict[int, str]:
+        """``{step: spec_hash}`` of this party's readable checkpoints (one pass over the
+        folder; lets a caller answer "which steps for hash h?" later without file I/O)."""
+        out = {}
+        for step in self.all_steps():
+            try:
+                meta = self.read_meta(step)
+            except CheckpointError:
+                continue
+            if meta.get("party") == self.party:
+                out[step] = str(meta.get("spec_hash"))
+        return out
+
+    def discard_after(self, step: int) -> list[int]:
+        """Delete the checkpoints newer than ``step`` (after the parties agreed to resume from
+        ``step``, a newer checkpoint of this party belongs to a trajectory that is being
+        replaced); returns the steps deleted."""
+        gone = [s for s in self.all_steps() if s > step]
+        for s in gone:
+            try:
+                os.unlink(self.path(s))
+            except FileNotFoundError:
+                pass
+        if gone:
+            _fsync_dir(self.directory)
+        return gone
+
     def read_meta(self, step: int) -> dict[str, Any]:
         path = self.path(step)
         try:
