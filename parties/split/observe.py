@@ -7,7 +7,8 @@ knows (docs/parties.md#metrics)::
     tandem_party_step                       gauge    batches run (the counter b)
     tandem_party_n_groups                   gauge    current micro-batches per batch
     tandem_party_in_batch                   gauge    1 while a batch runs
-    tandem_party_ops_total{kind}            counter  ops run, by kind (forward, backward, ...)
+    tandem_party_ops_total{kind}            counter  ops run, by kind (forward, loss, backward,
+                                                     update)
     tandem_party_op_seconds_total{kind}     counter  compute-lane seconds, by kind
     tandem_party_outbound_queue_max         gauge    outbound queue high-water mark, last batch
     tandem_party_outbound_queue_capacity    gauge    its hard capacity
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from engine.plan import Kind
 from transports.metrics import family
 
 from .party import SplitParty
@@ -47,13 +49,22 @@ def party_metrics(party: SplitParty, checkpoint_step: Callable[[], int] = lambda
                  checkpoint_step())):
             lines += family(name, kind, text, [(me, value)])
         lines += family("tandem_party_ops_total", "counter", "Ops run by kind",
-                        [({**me, "kind": k}, n) for k, n in sorted(party.op_counts.items())])
+                        [({**me, "kind": _kind(k)}, n) for k, n in sorted(party.op_counts.items())])
         lines += family("tandem_party_op_seconds_total", "counter",
                         "Compute-lane seconds by op kind",
-                        [({**me, "kind": k}, t) for k, t in sorted(party.op_seconds.items())])
+                        [({**me, "kind": _kind(k)}, t)
+                         for k, t in sorted(party.op_seconds.items())])
         return "\n".join(lines) + "\n"
 
     return source
+
+
+def _kind(code: str) -> str:
+    """``"F"`` -> ``"forward"`` (`engine.plan.Kind` values to readable label values)."""
+    try:
+        return Kind(code).name.lower()
+    except ValueError:
+        return code
 
 
 __all__ = ["party_metrics"]

@@ -152,7 +152,7 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
         (`engine.checkpoint.CheckpointStore.index`); only those of the agreed hash count.
       prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
-    Everything up to the agreement is bounded by ``cfg.wait`` seconds.
+    Reaching the peers, then agreeing, are each bounded by ``cfg.wait`` seconds.
     """
     if data is None:
         data = await asyncio.to_thread(cfg.load_data)
@@ -161,9 +161,9 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
     await transport.start()
     try:
         leader = cfg.topology().label_owner
+        await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):
-                await wait_for_peers(cfg, cfg.wait)
                 if cfg.is_leader:
                     spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
                     digest = spec.spec_hash()

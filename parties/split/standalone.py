@@ -150,7 +150,8 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
         finished = await _with_grace(stop, cfg.grace, fit,
                                      [listen(p) for p in party.followers])
     base = {"party": cfg.name, "role": "leader", "spec_hash": session.spec_hash,
-            "resumed_from": session.step, "n_groups": party.n_groups}
+            "alignment": _plain(spec.alignment), "resumed_from": session.step,
+            "n_groups": party.n_groups}
     if party.history:
         base["train_loss"] = party.history[-1].loss
     if not finished:  # aborted mid-batch: the peers see our goodbye
@@ -199,7 +200,8 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
         finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
                                      [ask_leader_to_stop()])
     base = {"party": cfg.name, "role": "follower", "spec_hash": session.spec_hash,
-            "resumed_from": session.step, "step": party.step}
+            "alignment": _plain(spec.alignment), "resumed_from": session.step,
+            "step": party.step}
     if not finished:
         return {**base, "status": "aborted", "checkpoint": st.saved if st.saved >= 0 else None}
     meta = party.stop_meta
@@ -214,6 +216,10 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                 "checkpoint": st.saved if st.store else None}
     return {**base, "status": "done", "checkpoint": st.saved if st.saved >= 0 else None,
             "export": await _export(session, party)}
+
+
+def _plain(value: Any) -> Any:
+    return None if value is None else dict(value)
 
 
 def _leave_frame():
