@@ -231,13 +231,14 @@ def _leave_frame():
 # -- shared steps --------------------------------------------------------------------------------
 async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
     """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
-    async with asyncio.TaskGroup() as tg:
-        work = tg.create_task(coro)
-        waiter = tg.create_task(stop.wait())
-        await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if not work.done():
-            work.cancel()
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            work = tg.create_task(coro)
+            waiter = tg.create_task(stop.wait())
+            await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not work.done():
+                work.cancel()
     return None if work.cancelled() else work.result()
 
 
@@ -245,23 +246,36 @@ async def _with_grace(stop: asyncio.Event, grace: float, main: Awaitable[Any],
                       helpers: list[Awaitable[Any]]) -> bool:
     """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
     ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
-    its exception, if any, propagates (in an ExceptionGroup)."""
+    its exception, if any, propagates."""
 
     async def deadline(task: asyncio.Task) -> None:
         await stop.wait()
         await asyncio.sleep(grace)
         task.cancel()
 
-    async with asyncio.TaskGroup() as tg:
-        task = tg.create_task(main)
-        others = [tg.create_task(h) for h in helpers]
-        others.append(tg.create_task(deadline(task)))
-        try:
-            await asyncio.wait({task})
-        finally:
-            for t in others:
-                t.cancel()
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(main)
+            others = [tg.create_task(h) for h in helpers]
+            others.append(tg.create_task(deadline(task)))
+            try:
+                await asyncio.wait({task})
+            finally:
+                for t in others:
+                    t.cancel()
     return not task.cancelled()
+
+
+@contextlib.contextmanager
+def _unwrap() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself (callers see `NegotiationError`,
+    `TransportClosedError`, ... rather than an ExceptionGroup); several stay grouped."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
 
 
 async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None:
