@@ -247,3 +247,32 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     rc_f, out_f, err_f = follower.finish()
     assert rc_l == 0 and rc_f == 0, err_l[-2000:] + err_f[-2000:]
     assert out_l["status"] == out_f["status"] == "done"
+
+
+def test_grace_exceeded_aborts_the_batch_and_resume_is_exact(tmp_path, reference):
+    """grace = 0: SIGTERM aborts the leader's current batch (nothing saved for it), the
+    follower sees the leader leave and says so; a restart resumes exactly."""
+    ref, _ = reference
+    job = Job(tmp_path)
+    _slow_link(job)
+    for role in ("leader", "follower"):
+        job.cfg[role]["grace"] = 0.0
+    procs = {r: job.start(r) for r in ("follower", "leader")}
+    wait_until(lambda: max(job.checkpoints("leader"), default=0) >= 2, 90,
+               "the leader's first checkpoint")
+    procs["leader"].signal(signal.SIGTERM)
+    (rc_l, lead, err_l), (rc_f, fol, err_f) = (procs[r].finish() for r in ("leader", "follower"))
+    assert rc_l == 0, err_l[-2000:]
+    if lead["status"] == "aborted":  # the usual case: the signal lands inside a batch
+        assert rc_f == 1 and "a peer left during training" in err_f, err_f[-2000:]
+    else:  # it landed exactly between two batches: a clean stop
+        assert lead["status"] == "stopped" and rc_f == 0, (lead, err_f[-2000:])
+    assert lead["checkpoint"] in job.checkpoints("leader")
+    _fast_link(job)
+    for role in ("leader", "follower"):
+        job.cfg[role]["grace"] = 10.0
+    results = job.run_both(tag="-resumed")
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 0 and out["resumed_from"] >= 2, err[-3000:]
+    _assert_same_params(job, ref)

@@ -37,7 +37,7 @@ from engine.checkpoint import CheckpointStore
 from engine.data import epoch_batches
 from engine.spec import TaskSpec
 from engine.topology import Topology
-from transports.errors import TandemError
+from transports.errors import TandemError, TransportClosedError
 
 from .negotiate import CTL
 from .observe import party_metrics
@@ -147,8 +147,9 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
 
         fit = party.fit(max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0,
                         after_batch=after_batch)
-        finished = await _with_grace(stop, cfg.grace, fit,
-                                     [listen(p) for p in party.followers])
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, fit,
+                                         [listen(p) for p in party.followers])
     base = {"party": cfg.name, "role": "leader", "spec_hash": session.spec_hash,
             "alignment": _plain(spec.alignment), "resumed_from": session.step,
             "n_groups": party.n_groups}
@@ -197,8 +198,9 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                 await session.transport.send(leader, CTL, _leave_frame())
             await asyncio.Event().wait()  # cancelled when serve returns
 
-        finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
-                                     [ask_leader_to_stop()])
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
+                                         [ask_leader_to_stop()])
     base = {"party": cfg.name, "role": "follower", "spec_hash": session.spec_hash,
             "alignment": _plain(spec.alignment), "resumed_from": session.step,
             "step": party.step}
@@ -216,6 +218,37 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                 "checkpoint": st.saved if st.store else None}
     return {**base, "status": "done", "checkpoint": st.saved if st.saved >= 0 else None,
             "export": await _export(session, party)}
+
+
+class PeerLeftError(TandemError):
+    """A peer closed its connection in the middle of training (it was stopped or aborted)."""
+
+
+@contextlib.contextmanager
+def _peer_left(name: str, st: _State) -> Iterator[None]:
+    """Turn a peer's goodbye during training into a `PeerLeftError` saying how to resume."""
+    try:
+        yield
+    except Exception as err:
+        exc = _leaf(err, TransportClosedError)
+        if exc is None:
+            raise
+        saved = f"step {st.saved}" if st.saved >= 0 else "none"
+        raise PeerLeftError(
+            f"{name!r} stopped at step {st.party.step}: a peer left during training ({exc}). "
+            f"Last checkpoint: {saved}; restart every party to resume from the newest common "
+            "checkpoint.") from None
+
+
+def _leaf(err: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in ``err`` or its (nested) exception groups."""
+    if isinstance(err, kind):
+        return err
+    if isinstance(err, BaseExceptionGroup):
+        for sub in err.exceptions:
+            if (found := _leaf(sub, kind)) is not None:
+                return found
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -279,11 +312,20 @@ def _unwrap() -> Iterator[None]:
 
 
 async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None:
+    """Checkpoint the party's current step; a cancellation (grace ran out) waits for the
+    write to finish first, so ``st.saved`` always names the newest file on disk."""
     party = st.party
     step = party.step
-    await asyncio.to_thread(st.store.save, step, params=dict(party.handler.params),
-                            opt_state=dict(party.handler.opt_state),
-                            spec_hash=session.spec_hash, cursor=cursor, extra=extra)
+    write = asyncio.ensure_future(asyncio.to_thread(
+        st.store.save, step, params=dict(party.handler.params),
+        opt_state=dict(party.handler.opt_state), spec_hash=session.spec_hash, cursor=cursor,
+        extra=extra))
+    try:
+        await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await write
+        st.saved = step
+        raise
     st.saved = step
 
 
@@ -337,4 +379,4 @@ def _progress(cfg: PartyConfig, total: int, done: int, label: str
         yield advance
 
 
-__all__ = ["run_party", "make_party"]
+__all__ = ["run_party", "make_party", "PeerLeftError"]
