@@ -79,15 +79,17 @@ def _fast_link(job: Job) -> None:
         job.cfg[role].pop("link", None)
 
 
-def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference):
+@pytest.mark.parametrize("first", ["follower", "leader"])
+def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference, first):
     ref, _ = reference
     job = Job(tmp_path, every=3)  # checkpoints at 3, 6, 9, ...: mostly mid-epoch
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
     wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
                "the follower's checkpoint at step 6")
-    procs["follower"].kill9()
-    procs["leader"].kill9()  # it would wait for the dead follower forever
+    procs[first].kill9()
+    # the survivor would wait for the dead peer (kill -9 sends no goodbye): kill it too
+    procs["leader" if first == "follower" else "follower"].kill9()
     leader_steps, follower_steps = job.checkpoints("leader"), job.checkpoints("follower")
     assert max(follower_steps) < TOTAL, "training finished before the kill"
     # the window: the follower died before writing the step the leader already saved
