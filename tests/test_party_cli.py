@@ -83,6 +83,8 @@ def _fast_link(job: Job) -> None:
 def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference, first):
     ref, _ = reference
     job = Job(tmp_path, every=3)  # checkpoints at 3, 6, 9, ...: mostly mid-epoch
+    for role in ("leader", "follower"):
+        job.cfg[role]["checkpoint"]["keep"] = 3
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
     wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
@@ -92,11 +94,14 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
     procs["leader" if first == "follower" else "follower"].kill9()
     leader_steps, follower_steps = job.checkpoints("leader"), job.checkpoints("follower")
     assert max(follower_steps) < TOTAL, "training finished before the kill"
-    # the window: the follower died before writing the step the leader already saved
-    if max(leader_steps) == max(follower_steps):
-        os.unlink(job.folder / "ckpt" / "follower" / f"step-{max(follower_steps):09d}.safetensors")
+    # the window: the follower died before writing the step the leader already saved (made
+    # certain by deleting its newest file; also done when that step ends an epoch, so that
+    # the resume point is mid-epoch: steps are multiples of 3, epochs 4 batches long)
+    newest = max(follower_steps)
+    if newest == max(leader_steps) or newest % 4 == 0:
+        os.unlink(job.folder / "ckpt" / "follower" / f"step-{newest:09d}.safetensors")
     common = max(set(leader_steps) & set(job.checkpoints("follower")))
-    assert common % 4, "expected a mid-epoch resume point"  # 3, 6 or 9 with 4 batches/epoch
+    assert common % 4 and common < max(leader_steps + follower_steps)  # one party is ahead
     _fast_link(job)
     results = job.run_both(tag="-resumed")
     for role in ("leader", "follower"):
@@ -104,7 +109,7 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
         assert rc == 0, err[-3000:]
         assert out["status"] == "done" and out["resumed_from"] == common
     # the stale newer checkpoint of the leader was discarded and rewritten by the replay
-    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [9, 12, 15]
     _assert_same_params(job, ref)
 
 
@@ -251,10 +256,10 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     assert out_l["status"] == out_f["status"] == "done"
 
 
-def test_grace_exceeded_aborts_the_batch_and_resume_is_exact(tmp_path, reference):
-    """grace = 0: SIGTERM aborts the leader's current batch (nothing saved for it), the
-    follower sees the leader leave and says so; a restart resumes exactly."""
-    ref, _ = reference
+def test_grace_exceeded_aborts_the_batch_cleanly(tmp_path):
+    """grace = 0: SIGTERM aborts the leader's current batch (nothing saved for it, exit 0),
+    and the follower sees the leader leave and says how to resume. (That a restart from the
+    remaining checkpoints is exact is what the kill -9 tests check.)"""
     job = Job(tmp_path)
     _slow_link(job)
     for role in ("leader", "follower"):
@@ -267,14 +272,9 @@ def test_grace_exceeded_aborts_the_batch_and_resume_is_exact(tmp_path, reference
     assert rc_l == 0, err_l[-2000:]
     if lead["status"] == "aborted":  # the usual case: the signal lands inside a batch
         assert rc_f == 1 and "a peer left during training" in err_f, err_f[-2000:]
+        assert "restart every party to resume" in err_f
     else:  # it landed exactly between two batches: a clean stop
         assert lead["status"] == "stopped" and rc_f == 0, (lead, err_f[-2000:])
-    assert lead["checkpoint"] in job.checkpoints("leader")
-    _fast_link(job)
-    for role in ("leader", "follower"):
-        job.cfg[role]["grace"] = 10.0
-    results = job.run_both(tag="-resumed")
-    for role in ("leader", "follower"):
-        rc, out, err = results[role]
-        assert rc == 0 and out["resumed_from"] >= 2, err[-3000:]
-    _assert_same_params(job, ref)
+    assert lead["step"] < TOTAL
+    assert lead["checkpoint"] == max(job.checkpoints("leader"))
+    assert set(job.checkpoints("leader")) & set(job.checkpoints("follower"))
