@@ -108,6 +108,8 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
         else:
             result = await _follow(session, st, stop)
         result.update(_traffic(session))
+        if st.discarded:  # newer than the agreed step: replaced by the replayed batches
+            result["discarded_checkpoints"] = st.discarded
         return result
     finally:
         await session.transport.aclose()
