@@ -71,7 +71,7 @@ def _assert_same_params(job: Job, ref: Job) -> None:
 
 def _slow_link(job: Job) -> None:
     for role in ("leader", "follower"):
-        job.cfg[role]["link"] = {"latency": 0.05}
+        job.cfg[role]["link"] = {"latency": 0.03}
 
 
 def _fast_link(job: Job) -> None:
@@ -114,8 +114,7 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
 
 
 @pytest.mark.parametrize("who", ["leader", "follower"])
-def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, reference, who):
-    ref, _ = reference
+def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, who):
     job = Job(tmp_path)
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
@@ -132,15 +131,33 @@ def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, reference, who
     assert 2 <= step < TOTAL
     if who == "follower":
         assert results["leader"][1]["detail"] == "follower asked to stop"
-    assert step in job.checkpoints("leader") and step in job.checkpoints("follower")
-    if who == "follower":
-        return  # resuming is the same for both; the leader case checks it
-    _fast_link(job)
-    results = job.run_both(tag="-resumed")
+    # usable: both parties hold that step for the agreed spec, and it loads into their models
+    # (that resuming from a common checkpoint is exact is what the kill -9 tests check)
     for role in ("leader", "follower"):
-        rc, out, err = results[role]
-        assert rc == 0 and out["resumed_from"] == step, err[-3000:]
-    _assert_same_params(job, ref)
+        _load_checkpoint(job, role, step, results[role][1]["spec_hash"])
+
+
+def _load_checkpoint(job: Job, role: str, step: int, spec_hash: str) -> None:
+    import optax
+
+    from engine.checkpoint import CheckpointStore
+    from engine.kernels import get_loss
+    from engine.stages import StageHandler
+    from parties.split.party_config import load_party_config, models_from_widths
+    from party_helpers import F_FOLLOWER, F_LEADER
+
+    cfg = load_party_config(job.path(role))
+    topo = cfg.topology()
+    models = models_from_widths(topo, cfg.stage_widths({"leader": F_LEADER,
+                                                        "follower": F_FOLLOWER}))
+    handler = StageHandler(topo, role, models, optax.adam(0.01),
+                           loss=get_loss("binary") if role == "leader" else None)
+    store = CheckpointStore(job.folder / "ckpt" / role, party=role)
+    restored = store.load(step, params_like=handler.params, opt_state_like=handler.opt_state,
+                          spec_hash=spec_hash)
+    assert restored.step == step
+    if role == "leader":  # data cursor: the epoch and the batches done in it
+        assert restored.cursor == {"epoch": (step - 1) // 4, "batch": (step - 1) % 4 + 1}
 
 
 def test_wrong_secret_is_refused_with_401(tmp_path):
