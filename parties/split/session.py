@@ -10,8 +10,9 @@
    refuses with readable reasons; the parties also agree on the newest checkpoint they all
    hold for that spec (``checkpoints``);
 5. call ``prepare(session)`` (build the model on ``session.transport``, load checkpoint
-   ``session.step``; a follower reports a failure there to the leader), after which both transports stamp every frame with the
-   spec hash and refuse frames of another hash (409) or tensors of another dtype/shape (422).
+   ``session.step``; a follower reports a failure there to the leader), after which both
+   transports stamp every frame with the spec hash and refuse frames of another hash (409)
+   or tensors of another dtype/shape (422).
 
 Example (a ``tandem predict`` could start the same way with its own ``spec``/``check``)::
 
