@@ -248,7 +248,9 @@ class CheckpointStore:
                         if arr.dtype != want.dtype or arr.shape != want.shape:
                             raise CheckpointError(
                                 f"{path!r}: {name} is {arr.dtype}{list(arr.shape)} but this "
-                                f"party's model needs {want.dtype}{list(want.shape)}")
+                                f"party's model needs {want.dtype}{list(want.shape)}; the file "
+                                "does not fit this model: delete it (every party's file of "
+                                "that step) or point checkpoint.dir elsewhere")
                         filled.append(arr)
                     out[key][stage] = jax.tree_util.tree_unflatten(treedef, filled)
         return Restored(step=int(desc["step"]), params=out["params"],
