@@ -99,6 +99,33 @@ class CheckpointStore:
                 out.append(step)
         return out
 
+    def index(self) -> dict[int, str]:
+        """``{step: spec_hash}`` of this party's readable checkpoints (one pass over the
+        folder; lets a caller answer "which steps for hash h?" later without file I/O)."""
+        out = {}
+        for step in self.all_steps():
+            try:
+                meta = self.read_meta(step)
+            except CheckpointError:
+                continue
+            if meta.get("party") == self.party:
+                out[step] = str(meta.get("spec_hash"))
+        return out
+
+    def discard_after(self, step: int) -> list[int]:
+        """Delete the checkpoints newer than ``step`` (after the parties agreed to resume from
+        ``step``, a newer checkpoint of this party belongs to a trajectory that is being
+        replaced); returns the steps deleted."""
+        gone = [s for s in self.all_steps() if s > step]
+        for s in gone:
+            try:
+                os.unlink(self.path(s))
+            except FileNotFoundError:
+                pass
+        if gone:
+            _fsync_dir(self.directory)
+        return gone
+
     def read_meta(self, step: int) -> dict[str, Any]:
         path = self.path(step)
         try:
@@ -132,7 +159,9 @@ class CheckpointStore:
                 leaves, treedef = jax.tree_util.tree_flatten(tree)
                 structure[key][stage] = str(treedef)
                 for i, leaf in enumerate(leaves):
-                    arr = np.ascontiguousarray(np.asarray(leaf))
+                    arr = np.asarray(leaf)  # (np.ascontiguousarray would make 0-d arrays 1-d)
+                    if not arr.flags.c_contiguous:
+                        arr = arr.copy(order="C")
                     if arr.dtype.kind not in "biuf":
                         raise CheckpointError(f"{key} leaf {stage}/{i} has dtype {arr.dtype}; "
                                               "only numeric arrays can be checkpointed")
@@ -219,7 +248,9 @@ class CheckpointStore:
                         if arr.dtype != want.dtype or arr.shape != want.shape:
                             raise CheckpointError(
                                 f"{path!r}: {name} is {arr.dtype}{list(arr.shape)} but this "
-                                f"party's model needs {want.dtype}{list(want.shape)}")
+                                f"party's model needs {want.dtype}{list(want.shape)}; the file "
+                                "does not fit this model: delete it (every party's file of "
+                                "that step) or point checkpoint.dir elsewhere")
                         filled.append(arr)
                     out[key][stage] = jax.tree_util.tree_unflatten(treedef, filled)
         return Restored(step=int(desc["step"]), params=out["params"],

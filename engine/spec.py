@@ -17,7 +17,8 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   "dtype"}``: activations on ``act/src->dst`` and gradients on ``grad/src->dst`` are
   ``dtype[rows, width]`` with ``1 <= rows <= max_rows``;
 * ``hyper``: batch size, eval batch size, groups policy, learning rate, optimizer, loss, epochs,
-  seed, threshold, capacity, policy, checkpoint_every;
+  seed, threshold, capacity, policy, checkpoint_every; optionally ``test_samples`` (rows of the
+  test split every party must hold when the leader evaluates);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `parties.alignment.AlignedIds`, or null.
@@ -220,13 +221,15 @@ class TaskSpec:
 def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
                stage_widths: Mapping[str, Mapping[str, Any]], hyper: Mapping[str, Any],
                security: Mapping[str, Any], alignment: Mapping[str, Any] | None = None,
-               dtype: str = "float32") -> TaskSpec:
+               dtype: str = "float32", test_samples: int | None = None) -> TaskSpec:
     """Assemble a spec; cut-edge shapes are derived from the topology and the stage widths.
 
     Args:
       features: feature columns of every party whose stages read features.
       stage_widths: stage -> ``{"in_dims": [...], "out_dim": int, "sizes": [...] | None}``
         for every stage of ``topology``.
+      test_samples: rows of the test split the leader will evaluate on (recorded as
+        ``hyper["test_samples"]`` only when given, so specs without it hash as before).
     Raises `SpecError` naming what is missing or inconsistent.
     """
     missing = [k for k in HYPER_KEYS if k not in hyper]
@@ -262,7 +265,8 @@ def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
                     datasets={p: {"features": int(features[p]), "dtype": dtype}
                               for p in topology.feature_parties()},
                     samples=int(samples), stages=stages, edges=edges,
-                    hyper={k: hyper[k] for k in HYPER_KEYS},
+                    hyper={**{k: hyper[k] for k in HYPER_KEYS},
+                           **({} if test_samples is None else {"test_samples": int(test_samples)})},
                     security={k: security[k] for k in SECURITY_KEYS},
                     alignment=None if alignment is None else
                     {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])})

@@ -21,6 +21,7 @@ Each batch runs `engine.runtime.PartyRuntime` over the party's plan; the leader 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import secrets
 import time
@@ -152,6 +153,9 @@ class SplitParty:
         self.n_groups = self.tuner.n
         self.stop_meta: dict[str, Any] = {}
         self.in_batch = False
+        #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
+        self.op_counts: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.Counter[str] = collections.Counter()
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str) -> Plan:
@@ -182,15 +186,28 @@ class SplitParty:
             labels = self._require_labels(dataset)[idx]
         self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train)
         runtime.trace, runtime.policy = self.trace, self.config.policy
-        stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+        self.in_batch = True
+        try:
+            stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+        finally:
+            self.in_batch = False
         self._batch += 1
         self.last_stats = stats
         return stats
 
     def _runtime(self, lane) -> PartyRuntime:
         policy = self.config.policy
-        return PartyRuntime(self.transport, lane, backpressure=self.config.backpressure,
-                            policy=policy, trace=self.trace)
+        runtime = PartyRuntime(self.transport, lane, backpressure=self.config.backpressure,
+                               policy=policy, trace=self.trace)
+        runtime.counters, runtime.op_seconds = self.op_counts, self.op_seconds  # shared totals
+        return runtime
+
+    @property
+    def step(self) -> int:
+        """Batches run so far (train and eval; the batch counter ``b`` every party keeps in
+        step). During training with evaluation only at the end it counts training batches,
+        which is what checkpoints record."""
+        return self._batch
 
     # -- leader -----------------------------------------------------------------------------
     async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
@@ -318,10 +335,11 @@ class SplitParty:
                 outs.append(self.handler.predictions())
         return np.concatenate(outs, axis=0)
 
-    async def stop(self) -> None:
-        """Leader: tell every follower to return from `serve`."""
+    async def stop(self, **meta: Any) -> None:
+        """Leader: tell every follower to return from `serve`; ``meta`` (JSON values, e.g.
+        ``reason``, ``checkpoint``) travels with the command and lands in their `stop_meta`."""
         self._require_leader("stop")
-        await self._command({"cmd": "stop"})
+        await self._command({**meta, "cmd": "stop"})
 
     def _require_labels(self, dataset: str) -> np.ndarray:
         if dataset not in self.labels:
@@ -341,7 +359,7 @@ class SplitParty:
 
         ``on_batch(command)`` is awaited after each batch with the leader's command (``mode``,
         ``b``, and for training ``epoch``/``i``), e.g. to checkpoint. The stop command's fields
-        are kept in ``stop_meta``; ``in_batch`` is true while a batch runs.
+        are kept in ``stop_meta``. (On any party, ``in_batch`` is true while a batch runs.)
         """
         if self.is_leader:
             raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
@@ -363,12 +381,8 @@ class SplitParty:
                     raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
                                       f"started batch {frame.meta.get('b')}; restart both parties")
                 self.n_groups = int(frame.meta["n"])
-                self.in_batch = True
-                try:
-                    await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
-                                          str(frame.meta["mode"]), str(frame.meta["data"]))
-                finally:
-                    self.in_batch = False
+                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
+                                      str(frame.meta["mode"]), str(frame.meta["data"]))
                 count += 1
                 if on_batch is not None:
                     await on_batch(frame.meta)
@@ -381,14 +395,25 @@ class SplitParty:
                 ) -> None:
         """Resume from a checkpoint: this party's stage params and optimizer state, and the
         batch counter ``b`` the leader and followers keep in step (every party must restore
-        the same checkpoint)."""
-        missing = set(self.handler.stages) - set(params)
-        if missing or set(self.handler.stages) - set(opt_state):
-            raise ConfigError(f"{self.name!r}: the state to restore lacks stages {sorted(missing)}")
-        self.handler.params.update({s: params[s] for s in self.handler.stages})
-        self.handler.opt_state.update({s: opt_state[s] for s in self.handler.stages})
-        self._batch = int(batch)
+        the same checkpoint step, or the followers refuse the leader's next command).
 
+        Leaves are copied to device arrays bit for bit; pytree structure must match this
+        party's (`engine.checkpoint.CheckpointStore.load` checks it against templates).
+        """
+        import jax
+        import jax.numpy as jnp
+
+        stages = set(self.handler.stages)
+        lacking = sorted((stages - set(params)) | (stages - set(opt_state)))
+        if lacking:
+            raise ConfigError(f"{self.name!r}: the state to restore lacks the params or "
+                              f"optimizer state of stages {lacking}")
+        if int(batch) < 0:
+            raise ConfigError(f"{self.name!r}: cannot restore to batch {batch}")
+        as_device = lambda tree: jax.tree_util.tree_map(jnp.asarray, tree)  # noqa: E731
+        self.handler.params.update({s: as_device(params[s]) for s in stages})
+        self.handler.opt_state.update({s: as_device(opt_state[s]) for s in stages})
+        self._batch = int(batch)
 
 
 __all__ = ["SplitParty", "SplitConfig", "EpochResult"]
