@@ -1,9 +1,10 @@
-"""Split-learning sub-commands: ``tandem demo``."""
+"""Split-learning sub-commands: ``tandem demo``, ``tandem predict``."""
 
 from __future__ import annotations
 
 
 def register(sub) -> None:
+    from . import predict_cli
     from .demo import demo_command
 
     p = sub.add_parser("demo", help="train leader + follower in one process on the "
@@ -17,3 +18,4 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and a Gantt PNG here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=demo_command)
+    predict_cli.register(sub)

@@ -217,7 +217,8 @@ def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[s
 
 
 # -- rows ----------------------------------------------------------------------------------------
-def check_rows(model: PartyModel, x: np.ndarray | None, *, source: str = "x") -> np.ndarray | None:
+def check_rows(model: PartyModel, x: np.ndarray | None, *, source: str = "x"
+               ) -> np.ndarray | None:
     """``x`` as float32 after checking it fits ``model`` (2-D, the exported feature count, all
     finite); `InferenceError` naming ``source`` and the fix otherwise."""
     want = model.features
@@ -368,7 +369,7 @@ async def predict(transport: Transport, model: PartyModel, x: np.ndarray | None 
     """
     if not model.is_leader:
         raise InferenceError(f"{model.party!r} does not own the loss stage; call serve() there")
-    x, n = _rows_of(model, x, rows, alignment)
+    x, n = prepare_rows(model, x, rows, alignment)
     spec = inference_spec(model, rows=n, batch_size=batch_size, groups=groups,
                           alignment=alignment, security=security)
     followers = [p for p in model.topology.parties if p != model.party]
@@ -383,7 +384,7 @@ async def serve(transport: Transport, model: PartyModel, x: np.ndarray | None = 
     batches; returns batches served. Raises `NegotiationError` when it refuses."""
     if model.is_leader:
         raise InferenceError(f"{model.party!r} owns the loss stage; call predict() there")
-    x, n = _rows_of(model, x, rows, alignment)
+    x, n = prepare_rows(model, x, rows, alignment)
     leader = model.topology.label_owner
     spec, _ = await negotiate.answer(transport, leader, check=inference_check(
         model, rows=n, alignment=alignment, security=security))
@@ -391,7 +392,10 @@ async def serve(transport: Transport, model: PartyModel, x: np.ndarray | None = 
     return await run_follower(transport, model, x, spec)
 
 
-def _rows_of(model: PartyModel, x, rows: int | None, alignment) -> tuple[np.ndarray | None, int]:
+def prepare_rows(model: PartyModel, x: np.ndarray | None, rows: int | None = None,
+                 alignment: Mapping[str, Any] | None = None) -> tuple[np.ndarray | None, int]:
+    """(checked ``x``, row count): the count of ``x``, else ``rows``, else the alignment's
+    size; `InferenceError` when they disagree or none is given."""
     x = check_rows(model, x)
     n = len(x) if x is not None else rows
     if n is None and alignment is not None:
@@ -422,5 +426,5 @@ def _brief(topology: Topology | Mapping[str, Any]) -> str:
 
 
 __all__ = ["PartyModel", "InferenceError", "export_party", "load_model", "load_model_sync",
-           "resolve_export", "check_rows", "inference_spec", "inference_check", "make_party",
-           "run_leader", "run_follower", "predict", "serve", "DATASET"]
+           "resolve_export", "check_rows", "prepare_rows", "inference_spec", "inference_check",
+           "make_party", "run_leader", "run_follower", "predict", "serve", "DATASET"]
