@@ -279,7 +279,7 @@ def inference_check(model: PartyModel, *, rows: int,
                     security: Mapping[str, Any] | None = None
                     ) -> Callable[[TaskSpec], list[str]]:
     """A follower's ``check(spec) -> reasons`` ([] = accept) against its own export and rows."""
-    me = repr(model.party)
+    me, mine = repr(model.party), f"the export of {model.party!r}"
 
     def check(spec: TaskSpec) -> list[str]:
         hyper = spec.hyper
@@ -288,19 +288,20 @@ def inference_check(model: PartyModel, *, rows: int,
                     "same command on every party"]
         reasons = []
         if _plain(spec.topology) != _plain(model.topology.to_dict()):
-            reasons.append(f"the leader's model has topology {_brief(spec.topology)} but {me}'s "
-                           f"export has {_brief(model.topology)}")
+            reasons.append(f"the leader's model has topology {_brief(spec.topology)} but {mine} "
+                           f"has {_brief(model.topology)}")
         if hyper.get("training") != model.training:
             reasons.append(
                 f"the exports come from different trainings: the leader's has training id "
-                f"{hyper.get('training')!r}, {me}'s ({model.path}) has {model.training!r}; give "
+                f"{hyper.get('training')!r}, {mine} ({model.path}) has {model.training!r}; give "
                 "every party its export of the same training run")
         if model.loss is not None and hyper.get("loss") != model.loss:
-            reasons.append(f"loss {hyper.get('loss')!r} != {model.loss!r} in {me}'s export")
+            reasons.append(f"the leader's model was trained with loss {hyper.get('loss')!r} "
+                           f"but {mine} with {model.loss!r}")
         for name, st in spec.stages.items():
             if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
                 reasons.append(f"stage {name!r} outputs {st.get('out_dim')} columns in the "
-                               f"leader's export but {model.widths[name]} in {me}'s")
+                               f"leader's export but {model.widths[name]} in {mine}")
         if int(spec.samples) != int(rows):
             reasons.append(f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
                            "give every party the same (aligned) rows")
@@ -312,8 +313,9 @@ def inference_check(model: PartyModel, *, rows: int,
         elif theirs is not None and (str(theirs["commitment"]) != str(alignment["commitment"])
                                      or int(theirs["size"]) != int(alignment["size"])):
             reasons.append(f"the rows are aligned differently: the leader's commitment "
-                           f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != {me}'s "
-                           f"{str(alignment['commitment'])[:12]} (size {alignment['size']}); "
+                           f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
+                           f"{me}'s {str(alignment['commitment'])[:12]} "
+                           f"(size {alignment['size']}); "
                            "align the new rows again and give every party its output")
         for key, value in (security or {}).items():
             if spec.security.get(key) != value:
