@@ -159,7 +159,9 @@ class CheckpointStore:
                 leaves, treedef = jax.tree_util.tree_flatten(tree)
                 structure[key][stage] = str(treedef)
                 for i, leaf in enumerate(leaves):
-                    arr = np.ascontiguousarray(np.asarray(leaf))
+                    arr = np.asarray(leaf)  # (np.ascontiguousarray would make 0-d arrays 1-d)
+                    if not arr.flags.c_contiguous:
+                        arr = arr.copy(order="C")
                     if arr.dtype.kind not in "biuf":
                         raise CheckpointError(f"{key} leaf {stage}/{i} has dtype {arr.dtype}; "
                                               "only numeric arrays can be checkpointed")

@@ -421,7 +421,7 @@ async def test_cli_over_http_refuses_another_training(trained, other_run, tmp_pa
     async with asyncio.TaskGroup() as tg:
         rl = tg.create_task(lead.func(lead))
         rf = tg.create_task(follow.func(follow))
-    assert rl.result() == rf.result() == 2
+    assert rl.result() == rf.result() == 1
     err = capsys.readouterr().err
     assert err.count("different trainings") == 2 and trained.training in err
     assert not (tmp_path / "p.npy").exists()

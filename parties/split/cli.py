@@ -1,6 +1,12 @@
-"""Split-learning sub-commands: ``tandem demo``, ``tandem predict``."""
+"""Split-learning sub-commands: ``tandem demo``, ``tandem party --config F.toml`` and
+``tandem predict --config F.toml`` (`parties.split.predict_cli`)."""
 
 from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
 
 
 def register(sub) -> None:
@@ -18,4 +24,51 @@ def register(sub) -> None:
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and a Gantt PNG here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=demo_command)
+
+    p = sub.add_parser("party", help="run one split-learning party (leader or follower) over "
+                       "HTTP from a TOML config; prints one JSON line (docs/parties.md)")
+    p.add_argument("--config", required=True, metavar="F.toml",
+                   help="the party's configuration (see examples/split/leader.toml)")
+    p.set_defaults(func=party_command)
     predict_cli.register(sub)
+
+
+async def party_command(args) -> int:
+    """Exit codes: 0 done or stopped cleanly (SIGINT/SIGTERM, see the JSON ``status``),
+    1 the run failed (refused spec, wrong secret, unreachable or lost peer), 2 bad config."""
+    from engine.errors import ConfigError
+    from transports.errors import TandemError
+
+    from .party_config import load_party_config
+    from .standalone import run_party
+
+    try:
+        cfg = await asyncio.to_thread(load_party_config, args.config)
+    except ConfigError as exc:
+        print(f"tandem party: {exc}", file=sys.stderr)
+        return 2
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        result = await run_party(cfg, stop=stop)
+    except (TandemError, OSError, ExceptionGroup) as exc:
+        err = _first(exc)
+        if not isinstance(err, (TandemError, OSError)):
+            raise
+        print(f"tandem party ({cfg.name}): error: {err}", file=sys.stderr)
+        return 2 if isinstance(err, ConfigError) else 1
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def _first(exc: BaseException) -> BaseException:
+    """``exc``, or the first leaf exception of a (nested) exception group."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -186,7 +186,11 @@ class SplitParty:
             labels = self._require_labels(dataset)[idx]
         self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train)
         runtime.trace, runtime.policy = self.trace, self.config.policy
-        stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+        self.in_batch = True
+        try:
+            stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+        finally:
+            self.in_batch = False
         self._batch += 1
         self.last_stats = stats
         return stats
@@ -355,7 +359,7 @@ class SplitParty:
 
         ``on_batch(command)`` is awaited after each batch with the leader's command (``mode``,
         ``b``, and for training ``epoch``/``i``), e.g. to checkpoint. The stop command's fields
-        are kept in ``stop_meta``; ``in_batch`` is true while a batch runs.
+        are kept in ``stop_meta``. (On any party, ``in_batch`` is true while a batch runs.)
         """
         if self.is_leader:
             raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
@@ -377,12 +381,8 @@ class SplitParty:
                     raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
                                       f"started batch {frame.meta.get('b')}; restart both parties")
                 self.n_groups = int(frame.meta["n"])
-                self.in_batch = True
-                try:
-                    await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
-                                          str(frame.meta["mode"]), str(frame.meta["data"]))
-                finally:
-                    self.in_batch = False
+                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
+                                      str(frame.meta["mode"]), str(frame.meta["data"]))
                 count += 1
                 if on_batch is not None:
                     await on_batch(frame.meta)

@@ -13,7 +13,7 @@ and cut widths; same row count and, with ``--aligned``, the same alignment commi
 leader writes the predictions (``.csv``: ``row[,id]`` then ``logit,probability`` for a binary
 loss, ``logit_k...,class`` for softmax, ``output_k...`` otherwise; ``.npy``: the raw outputs)
 and every party prints one JSON summary line. Errors go to stderr with exit code 2 (bad
-input or refused negotiation) or 1 (timeout).
+input: config, export, rows) or 1 (refused negotiation, unreachable peer, timeout).
 """
 
 from __future__ import annotations
@@ -56,7 +56,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 async def predict_command(args: argparse.Namespace) -> int:
+    """Exit codes (as `tandem party`): 0 done; 1 the run failed (spec refused, peer
+    unreachable or lost, timeout); 2 bad input (config, export, rows, options)."""
+    from engine.errors import ConfigError
     from transports.errors import TandemError
+
+    from .cli import _first
 
     try:
         async with asyncio.timeout(args.timeout):
@@ -65,9 +70,12 @@ async def predict_command(args: argparse.Namespace) -> int:
         print(f"tandem predict: not finished after {args.timeout:g} s; is every party running "
               "`tandem predict` with matching configs?", file=sys.stderr)
         return 1
-    except (TandemError, OSError) as exc:
-        print(f"tandem predict: {exc}", file=sys.stderr)
-        return 2
+    except (TandemError, OSError, ExceptionGroup) as exc:
+        err = _first(exc)
+        if not isinstance(err, (TandemError, OSError)):
+            raise
+        print(f"tandem predict: {err}", file=sys.stderr)
+        return 2 if isinstance(err, ConfigError) else 1
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -9,8 +9,8 @@
    a follower checks it against its own data and model (`follower_check`) and accepts or
    refuses with readable reasons; the parties also agree on the newest checkpoint they all
    hold for that spec (``checkpoints``);
-5. call ``prepare(spec, step)`` (build the model, load checkpoint ``step``; a follower reports
-   a failure there to the leader), after which both transports stamp every frame with the
+5. call ``prepare(session)`` (build the model on ``session.transport``, load checkpoint
+   ``session.step``; a follower reports a failure there to the leader), after which both transports stamp every frame with the
    spec hash and refuse frames of another hash (409) or tensors of another dtype/shape (422).
 
 Example (a ``tandem predict`` could start the same way with its own ``spec``/``check``)::
@@ -141,7 +141,7 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
                   spec: TaskSpec | None = None,
                   check: Callable[[TaskSpec], list[str]] | None = None,
                   checkpoints: Mapping[int, str] | None = None,
-                  prepare: Callable[[TaskSpec, int], Awaitable[None]] | None = None) -> Session:
+                  prepare: Callable[[Session], Awaitable[None]] | None = None) -> Session:
     """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
 
     Args:
@@ -150,9 +150,9 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
       check: follower only, the acceptance check (default `follower_check`).
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
         (`engine.checkpoint.CheckpointStore.index`); only those of the agreed hash count.
-      prepare: awaited with ``(spec, step)`` once the step is agreed, before training can
+      prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
-    Everything up to the agreement is bounded by ``cfg.wait`` seconds.
+    Reaching the peers, then agreeing, are each bounded by ``cfg.wait`` seconds.
     """
     if data is None:
         data = await asyncio.to_thread(cfg.load_data)
@@ -161,9 +161,9 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
     await transport.start()
     try:
         leader = cfg.topology().label_owner
+        await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):
-                await wait_for_peers(cfg, cfg.wait)
                 if cfg.is_leader:
                     spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
                     digest = spec.spec_hash()
@@ -179,16 +179,17 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
             raise PartyStartError(
                 f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
                 " is every party started with a matching config (same secret, ports)?") from None
+        session = Session(cfg, transport, data, spec, spec.spec_hash(), step)
         if prepare is not None:
             try:
-                await prepare(spec, step)
+                await prepare(session)
             except Exception as exc:
                 if not cfg.is_leader:
                     await negotiate.ready(transport, leader, error=f"{type(exc).__name__}: {exc}")
                 raise
         if not cfg.is_leader:
             await negotiate.ready(transport, leader)
-        return Session(cfg, transport, data, spec, spec.spec_hash(), step)
+        return session
     except BaseException:
         await transport.aclose()
         raise

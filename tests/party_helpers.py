@@ -1,0 +1,207 @@
+"""Helpers for tests of `tandem party`: tiny two-party jobs as real OS processes on loopback.
+
+`Job` writes the data (npz), the aligned-rows CSVs and both TOML configs into a folder, with
+free ports; `Job.start(role)` launches ``python -m parties.cli party --config ...`` with its
+stdout/stderr in files; `Proc.finish` waits (bounded) and parses the JSON line. Nothing here
+sleeps for a fixed time: `wait_until` polls a condition with a bounded deadline.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS, TEST_ROWS, F_LEADER, F_FOLLOWER = 64, 24, 4, 3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.02) -> Any:
+    """Poll ``cond()`` until truthy (returned); AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll)
+
+
+def toml(table: dict[str, Any]) -> str:
+    """A TOML document from a dict of scalars/lists and one level of sub-tables."""
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        return repr(v)
+    top = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
+    subs = [f"\n[{k}]\n" + "\n".join(f"{sk} = {value(sv)}" for sk, sv in v.items())
+            for k, v in table.items() if isinstance(v, dict)]
+    return "\n".join(top) + "\n" + "\n".join(subs) + "\n"
+
+
+def write_data(folder: Path, seed: int = 0) -> None:
+    """Leader: 4 feature columns + labels; follower: 3 columns, its rows stored in *reverse*
+    order, so only the aligned-rows CSVs (ids ``c<i>``) line the two up."""
+    rng = np.random.default_rng(seed)
+    n = ROWS + TEST_ROWS
+    xl = rng.normal(size=(n, F_LEADER)).astype("f4")
+    xf = rng.normal(size=(n, F_FOLLOWER)).astype("f4")
+    y = (xl[:, 0] + xf[:, 0] > 0).astype("f4")
+    np.savez(folder / "leader.npz", x_train=xl[:ROWS], y_train=y[:ROWS], x_test=xl[ROWS:],
+             y_test=y[ROWS:])
+    np.savez(folder / "follower.npz", x_train=xf[:ROWS][::-1], x_test=xf[ROWS:])
+    write_aligned(folder / "leader_aligned.csv", [(i, f"c{i}") for i in range(ROWS)])
+    write_aligned(folder / "follower_aligned.csv",
+                  [(ROWS - 1 - i, f"c{i}") for i in range(ROWS)])
+
+
+def write_aligned(path: Path, pairs) -> None:
+    """A `tandem align --out` CSV, in the agreed (canonical) id order."""
+    from parties.alignment.ecdh import canonical
+
+    pairs = sorted(pairs, key=lambda p: canonical(p[1]))
+    path.write_text("row,id\n" + "".join(f"{r},{i}\n" for r, i in pairs))
+
+
+@dataclasses.dataclass
+class Proc:
+    popen: subprocess.Popen
+    out: Path
+    err: Path
+
+    def finish(self, timeout: float = 90.0) -> tuple[int, dict | None, str]:
+        """(exit code, parsed JSON line or None, stderr text); kills it after ``timeout``."""
+        try:
+            rc = self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+            raise AssertionError(f"party did not exit within {timeout} s; stderr:\n"
+                                 f"{self.err.read_text()[-3000:]}") from None
+        lines = [ln for ln in self.out.read_text().splitlines() if ln.startswith("{")]
+        return rc, (json.loads(lines[-1]) if lines else None), self.err.read_text()
+
+    def signal(self, sig: int) -> None:
+        self.popen.send_signal(sig)
+
+    def kill9(self) -> None:
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(30)
+
+
+class Job:
+    """Two party configs (leader, follower) in ``folder``; tweak ``cfg[role]`` before
+    `write`/`start`."""
+
+    def __init__(self, folder: Path, *, epochs: int = 4, every: int = 2) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / "leader.npz").exists():
+            write_data(folder)
+        ports = {"leader": free_port(), "follower": free_port()}
+        self.ports = ports
+        common = lambda role: {  # noqa: E731
+            "role": role, "name": role, "export_dir": f"out/{role}", "progress": False,
+            "wait": 60.0, "grace": 10.0,
+            "listen": {"host": "127.0.0.1", "port": ports[role]},
+            "security": {"secret": "s3cret", "retry_timeout": 10.0},
+            "model": {"topology": "leader_follower", "cut": 4, "hidden": [8], "out": 1},
+            "checkpoint": {"dir": f"ckpt/{role}", "every": every, "keep": 2},
+        }
+        self.cfg = {
+            "leader": {**common("leader"), "peers": {"follower": self.url("follower")},
+                       "data": {"source": "leader.npz", "aligned": "leader_aligned.csv"},
+                       "schema": {"follower": F_FOLLOWER},
+                       "train": {"batch_size": 16, "epochs": epochs, "groups": 2,
+                                 "learning_rate": 0.01, "seed": 3}},
+            "follower": {**common("follower"), "peers": {"leader": self.url("leader")},
+                         "data": {"source": "follower.npz", "aligned": "follower_aligned.csv"}},
+        }
+
+    def url(self, role: str) -> str:
+        return f"http://127.0.0.1:{self.ports[role]}"
+
+    def path(self, role: str) -> Path:
+        return self.folder / f"{role}.toml"
+
+    def write(self) -> None:
+        for role, table in self.cfg.items():
+            self.path(role).write_text(toml(table))
+
+    def start(self, role: str, tag: str = "") -> Proc:
+        self.write()
+        out = self.folder / f"{role}{tag}.out"
+        err = self.folder / f"{role}{tag}.err"
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+        with open(out, "wb") as fo, open(err, "wb") as fe:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "parties.cli", "party", "--config",
+                 str(self.path(role))], cwd=ROOT, stdout=fo, stderr=fe, env=env)
+        return Proc(popen, out, err)
+
+    def run_both(self, tag: str = "", timeout: float = 90.0):
+        """Start both, wait for both; returns ``{role: (rc, json, stderr)}``."""
+        procs = {r: self.start(r, tag) for r in ("follower", "leader")}
+        return {r: p.finish(timeout) for r, p in procs.items()}
+
+    def checkpoints(self, role: str) -> list[int]:
+        folder = self.folder / "ckpt" / role
+        if not folder.is_dir():
+            return []
+        return sorted(int(n[5:14]) for n in os.listdir(folder)
+                      if n.startswith("step-") and n.endswith(".safetensors"))
+
+    def exported(self, role: str) -> dict[str, np.ndarray]:
+        """The exported tensors of ``role`` by name."""
+        from engine.export import load_stages
+
+        loaded = load_stages(self.folder / "out" / role / f"{role}.safetensors")
+        out: dict[str, np.ndarray] = {}
+
+        def walk(node, prefix):
+            if isinstance(node, dict):
+                for k, v in node.items():
+                    walk(v, f"{prefix}/{k}")
+            elif isinstance(node, (list, tuple)):
+                for i, v in enumerate(node):
+                    walk(v, f"{prefix}/{i}")
+            else:
+                out[prefix] = np.asarray(node)
+
+        walk(loaded.stages, "")
+        return out
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=1.0) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def metrics(url: str) -> str:
+    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as r:
+        return r.read().decode()

@@ -1,0 +1,248 @@
+"""`tandem party --config`: leader and follower as two real OS processes over HTTP on loopback.
+
+Every case starts ``python -m parties.cli party`` twice (see `party_helpers.Job`). The
+reference run (module fixture) is the uninterrupted training every resumed run must match
+bit for bit (same seed, fixed ``groups = 2``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import os
+import signal
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from party_helpers import Job, healthy, metrics, wait_until
+
+pytestmark = pytest.mark.slow
+TOTAL = 16  # 64 rows / batch 16 = 4 batches per epoch, 4 epochs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    job = Job(tmp_path_factory.mktemp("reference"))
+    results = job.run_both()
+    return job, results
+
+
+def test_full_run_trains_evaluates_exports(reference):
+    job, results = reference
+    (rc_l, lead, err_l), (rc_f, fol, err_f) = results["leader"], results["follower"]
+    assert rc_l == 0 and rc_f == 0, err_l[-2000:] + err_f[-2000:]
+    assert lead["status"] == fol["status"] == "done"
+    assert lead["spec_hash"] == fol["spec_hash"] and len(lead["spec_hash"]) == 64
+    assert lead["resumed_from"] == fol["resumed_from"] == 0
+    assert lead["epochs"] == 4 and lead["n_groups"] == 2
+    assert 0.0 <= lead["test_accuracy"] <= 1.0 and np.isfinite(lead["test_loss"])
+    assert lead["bytes_sent"]["follower"] == fol["bytes_received"]["leader"] > 0
+    # each party exported only its own stages, stamped with the same run id
+    assert {k.split("/")[1] for k in job.exported("leader")} == {"bottom_leader", "top"}
+    assert {k.split("/")[1] for k in job.exported("follower")} == {"bottom_follower"}
+    from engine.export import read_description
+
+    descs = [read_description(job.folder / "out" / r / f"{r}.safetensors")
+             for r in ("leader", "follower")]
+    assert descs[0]["training"] == descs[1]["training"]
+    # checkpoints every 2 batches, the newest 2 kept, same steps on both sides
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [TOTAL - 2, TOTAL]
+
+
+def test_alignment_is_part_of_the_agreed_spec(reference):
+    """The follower stores its rows in reverse; `data.aligned` (the `tandem align --out` CSVs)
+    lines them up, and the spec records the intersection size and commitment."""
+    _, results = reference
+    lead, fol = results["leader"][1], results["follower"][1]
+    assert lead["alignment"] == fol["alignment"]
+    assert lead["alignment"]["size"] == 64 and len(lead["alignment"]["commitment"]) == 64
+
+
+def _assert_same_params(job: Job, ref: Job) -> None:
+    for role in ("leader", "follower"):
+        got, want = job.exported(role), ref.exported(role)
+        assert got.keys() == want.keys()
+        for name in want:  # bit-for-bit: same ops on the same values in the same order
+            assert np.array_equal(got[name], want[name]), f"{role} {name} differs"
+
+
+def _slow_link(job: Job) -> None:
+    for role in ("leader", "follower"):
+        job.cfg[role]["link"] = {"latency": 0.05}
+
+
+def _fast_link(job: Job) -> None:
+    for role in ("leader", "follower"):
+        job.cfg[role].pop("link", None)
+
+
+def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference):
+    ref, _ = reference
+    job = Job(tmp_path, every=3)  # checkpoints at 3, 6, 9, ...: mostly mid-epoch
+    _slow_link(job)
+    procs = {r: job.start(r) for r in ("follower", "leader")}
+    wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
+               "the follower's checkpoint at step 6")
+    procs["follower"].kill9()
+    procs["leader"].kill9()  # it would wait for the dead follower forever
+    leader_steps, follower_steps = job.checkpoints("leader"), job.checkpoints("follower")
+    assert max(follower_steps) < TOTAL, "training finished before the kill"
+    # the window: the follower died before writing the step the leader already saved
+    if max(leader_steps) == max(follower_steps):
+        os.unlink(job.folder / "ckpt" / "follower" / f"step-{max(follower_steps):09d}.safetensors")
+    common = max(set(leader_steps) & set(job.checkpoints("follower")))
+    assert common % 4, "expected a mid-epoch resume point"  # 3, 6 or 9 with 4 batches/epoch
+    _fast_link(job)
+    results = job.run_both(tag="-resumed")
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 0, err[-3000:]
+        assert out["status"] == "done" and out["resumed_from"] == common
+    assert job.checkpoints("leader")[-1] == TOTAL  # newer stale checkpoints were replaced
+    _assert_same_params(job, ref)
+
+
+@pytest.mark.parametrize("who", ["leader", "follower"])
+def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, reference, who):
+    ref, _ = reference
+    job = Job(tmp_path)
+    _slow_link(job)
+    procs = {r: job.start(r) for r in ("follower", "leader")}
+    wait_until(lambda: max(job.checkpoints("leader"), default=0) >= 2, 90,
+               "the leader's first checkpoint")
+    procs[who].signal(signal.SIGTERM)
+    results = {r: p.finish() for r, p in procs.items()}
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 0, err[-3000:]
+        assert out["status"] == "stopped", out
+    step = results["leader"][1]["checkpoint"]
+    assert step == results["follower"][1]["checkpoint"] == results["leader"][1]["step"]
+    assert 2 <= step < TOTAL
+    if who == "follower":
+        assert results["leader"][1]["detail"] == "follower asked to stop"
+    assert step in job.checkpoints("leader") and step in job.checkpoints("follower")
+    if who == "follower":
+        return  # resuming is the same for both; the leader case checks it
+    _fast_link(job)
+    results = job.run_both(tag="-resumed")
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 0 and out["resumed_from"] == step, err[-3000:]
+    _assert_same_params(job, ref)
+
+
+def test_wrong_secret_is_refused_with_401(tmp_path):
+    job = Job(tmp_path)
+    job.cfg["follower"]["security"]["secret"] = "another-secret"
+    follower = job.start("follower")
+    leader = job.start("leader")
+    rc, out, err = leader.finish()
+    assert rc == 1 and out is None
+    assert "refused the frame (401)" in err and "same secret" in err, err[-2000:]
+    assert 'reason="unauthenticated"' in metrics(job.url("follower"))
+    follower.signal(signal.SIGTERM)  # still waiting for a proposal: a clean stop
+    rc, out, err = follower.finish()
+    assert rc == 0 and out["status"] == "stopped", err[-2000:]
+
+
+def test_spec_and_alignment_mismatch_refused_at_negotiation(tmp_path):
+    job = Job(tmp_path)
+    job.cfg["follower"]["model"]["cut"] = 6
+    from party_helpers import ROWS, write_aligned
+
+    # the follower aligned on other ids: same size, different commitment
+    write_aligned(tmp_path / "other_aligned.csv",
+                  [(ROWS - 1 - i, f"c{i}" if i else "zz") for i in range(ROWS)])
+    job.cfg["follower"]["data"]["aligned"] = "other_aligned.csv"
+    results = job.run_both()
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 1 and out is None, err[-2000:]
+        assert "stage 'bottom_follower': 'follower' has out_dim 6 but the spec says 4" in err
+        assert "aligned rows differ" in err
+    assert "refused the task spec" in results["follower"][2]
+    assert not job.checkpoints("leader")
+
+
+# -- malformed requests against a live party ----------------------------------------------------
+HEADER_NAMES = ["X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id",
+                "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total",
+                "X-Tandem-Spec", "X-Tandem-Reply-To", "X-Tandem-Signature"]
+printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=40)
+numbers = st.one_of(st.integers(-5, 2**70).map(str), printable)
+
+
+@st.composite
+def requests(draw):
+    """(headers, body, sign): random routing headers, some signed with the real secret so
+    they get past authentication to the header, chunk and codec checks."""
+    from transports import codec
+    from transports.base import Frame
+
+    signed = draw(st.booleans())
+    headers = {name: draw(numbers if "Id" in name or "Chunk" in name or "Offset" in name
+                          or "Total" in name else printable)
+               for name in draw(st.lists(st.sampled_from(HEADER_NAMES), unique=True))}
+    if signed:  # a known sender and a single chunk: valid routing, bad content
+        headers.update({"X-Tandem-Sender": "leader", "X-Tandem-Chunk": "0",
+                        "X-Tandem-Chunks": "1", "X-Tandem-Offset": "0",
+                        "X-Tandem-Msg-Id": str(draw(st.integers(0, 3))),
+                        "X-Tandem-Incarnation": draw(st.text("0123456789abcdef", min_size=1,
+                                                             max_size=16))})
+        headers.setdefault("X-Tandem-Channel", draw(st.sampled_from(["ctl", "fuzz"])))
+    kind = draw(st.sampled_from(["random", "truncated", "foreign"]))
+    arrays = (np.zeros((2, 3), np.float32),)
+    good = codec.encode(Frame(sender="mallory", channel="ctl", meta={"cmd": "propose"},
+                              arrays=arrays))
+    body = {"random": draw(st.binary(max_size=300)),
+            "truncated": good[:draw(st.integers(0, len(good) - 1))],
+            "foreign": good}[kind]  # a well-formed frame whose header disagrees
+    if signed:
+        headers["X-Tandem-Total"] = str(len(body))
+    return headers, body, signed
+
+
+def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
+    from transports import auth
+
+    job = Job(tmp_path, epochs=1)
+    follower = job.start("follower")
+    wait_until(lambda: healthy(job.url("follower")) or follower.popen.poll() is not None, 60,
+               "the follower's /healthz")
+    assert follower.popen.poll() is None, follower.err.read_text()[-2000:]
+    port = job.ports["follower"]
+    statuses = []
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(requests())
+    def fuzz(req):
+        headers, body, signed = req
+        headers = dict(headers)
+        if signed:
+            auth.sign(b"s3cret", "POST", "/tandem/v1/frame", headers,
+                      hashlib.sha256(body).hexdigest())
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            conn.request("POST", "/tandem/v1/frame", body=body, headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+        finally:
+            conn.close()
+        statuses.append(resp.status)
+        assert 400 <= resp.status < 500, (resp.status, headers, body[:60])
+
+    fuzz()
+    assert follower.popen.poll() is None, "the follower died under malformed requests"
+    assert 401 in statuses and any(s != 401 for s in statuses)  # both layers were reached
+    text = metrics(job.url("follower"))
+    assert 'reason="malformed"' in text and "tandem_party_n_groups" not in text  # no spec yet
+    leader = job.start("leader")
+    rc_l, out_l, err_l = leader.finish()
+    rc_f, out_f, err_f = follower.finish()
+    assert rc_l == 0 and rc_f == 0, err_l[-2000:] + err_f[-2000:]
+    assert out_l["status"] == out_f["status"] == "done"

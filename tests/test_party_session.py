@@ -1,0 +1,205 @@
+"""In-process tests of the standalone party plumbing: `session.connect` over real HTTP on
+loopback (spec hash and validator installed, refusals), the party metrics source, checkpoint
+agreement, and `CheckpointStore` (atomic save, exact round trip, index/discard, errors)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+from engine.checkpoint import CheckpointError, CheckpointStore
+from parties.split import negotiate
+from parties.split.party_config import load_party_config
+from parties.split.session import PartyStartError, connect
+from parties.split.standalone import make_party
+from party_helpers import Job
+from transports.base import Frame
+from transports.errors import FrameError
+from transports.memory import MemoryNetwork
+
+
+def configs(tmp_path, tweak=None):
+    job = Job(tmp_path)
+    for role in ("leader", "follower"):
+        job.cfg[role]["wait"] = 20.0
+    for (role, section, key), value in (tweak or {}).items():
+        job.cfg[role][section][key] = value
+    job.write()
+    return job, {r: load_party_config(job.path(r)) for r in ("leader", "follower")}
+
+
+async def connect_both(cfgs, **kwargs):
+    async with asyncio.TaskGroup() as tg:
+        lead = tg.create_task(connect(cfgs["leader"], **kwargs.get("leader", {})))
+        fol = tg.create_task(connect(cfgs["follower"], **kwargs.get("follower", {})))
+    return lead.result(), fol.result()
+
+
+async def test_connect_installs_spec_and_refuses_foreign_frames(tmp_path):
+    _, cfgs = configs(tmp_path)
+    lead, fol = await connect_both(cfgs)
+    try:
+        assert lead.spec_hash == fol.spec_hash == lead.spec.spec_hash()
+        assert lead.transport.spec_hash == fol.transport.spec_hash == lead.spec_hash
+        assert lead.step == fol.step == 0
+        assert lead.spec.alignment["size"] == 64 and lead.spec.hyper["test_samples"] == 24
+        ch = "act/bottom_follower->top"
+        ok = np.ones((5, 4), np.float32)
+        await fol.transport.send("leader", ch, Frame(arrays=(ok,)))
+        assert (await lead.transport.recv("follower", ch)).arrays[0].shape == (5, 4)
+        for bad, says in ((ok.astype(np.float64), "float64[5, 4]"),
+                          (np.ones((5, 3), np.float32), "float32[5, 3]"),
+                          (np.ones((300, 4), np.float32), "float32[300, 4]")):
+            with pytest.raises(FrameError, match=r"\(422\).*" + says.replace("[", r"\[")
+                               + r".*the spec says float32\[rows, 4\]"):
+                await fol.transport.send("leader", ch, Frame(arrays=(bad,)))
+        with pytest.raises(FrameError, match="not part of the negotiated task"):
+            await fol.transport.send("leader", "act/elsewhere", Frame(arrays=(ok,)))
+        fol.transport.spec_hash = "0" * 64  # a party of another task
+        with pytest.raises(FrameError, match=r"\(409\).*both parties must negotiate"):
+            await fol.transport.send("leader", ch, Frame(arrays=(ok,)))
+    finally:
+        await lead.transport.aclose()
+        await fol.transport.aclose()
+
+
+async def test_refusal_lists_every_reason_on_both_sides(tmp_path):
+    _, cfgs = configs(tmp_path, {("follower", "model", "hidden"): [9]})
+    async with asyncio.TaskGroup() as tg:
+        async def side(role):
+            try:
+                await connect(cfgs[role])
+            except negotiate.NegotiationError as exc:
+                return exc
+        lt, ft = tg.create_task(side("leader")), tg.create_task(side("follower"))
+    lead_err, fol_err = lt.result(), ft.result()
+    for err in (lead_err, fol_err):
+        assert isinstance(err, negotiate.NegotiationError)
+        assert "stage 'bottom_follower': 'follower' has sizes [3, 9, 4] but the spec says " \
+               "[3, 8, 4]" in str(err)
+    assert lead_err.reasons.keys() == {"follower"}
+
+
+async def test_unreachable_peer_is_named(tmp_path):
+    _, cfgs = configs(tmp_path)
+    import dataclasses
+
+    cfg = dataclasses.replace(cfgs["leader"], wait=0.3)
+    with pytest.raises(PartyStartError, match=r"peers not reachable after 0.3 s: follower at "
+                       r"http://127.0.0.1:\d+"):
+        await connect(cfg)
+
+
+async def test_party_metrics_on_the_transport_endpoint(tmp_path):
+    _, cfgs = configs(tmp_path)
+    lead, fol = await connect_both(cfgs)
+    try:
+        from parties.split.observe import party_metrics
+
+        parties = {}
+        for s in (lead, fol):
+            parties[s.config.name] = p = make_party(s.spec, s.config, s.data, s.transport)
+            s.transport.add_metrics_source(party_metrics(p, lambda: 7))
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(parties["follower"].serve())
+            await parties["leader"].run_batch(np.arange(16), n=2)
+            await parties["leader"].stop()
+        for s in (lead, fol):
+            text = s.transport.metrics_text()
+            me = s.config.name
+            peer = "follower" if me == "leader" else "leader"
+            assert f'tandem_party_n_groups{{party="{me}"}} 2' in text
+            assert f'tandem_party_step{{party="{me}"}} 1' in text
+            assert f'tandem_party_checkpoint_step{{party="{me}"}} 7' in text
+            assert f'tandem_party_ops_total{{party="{me}",kind="forward"}} 2' in text
+            assert f'tandem_party_op_seconds_total{{party="{me}",kind="forward"}}' in text
+            assert f'tandem_sent_bytes_total{{party="{me}",peer="{peer}"}}' in text
+            assert "tandem_inbound_queue_depth" in text
+            assert "tandem_party_outbound_queue_max" in text
+    finally:
+        await lead.transport.aclose()
+        await fol.transport.aclose()
+
+
+# -- checkpoint agreement -------------------------------------------------------------------------
+async def test_agreement_takes_newest_common_step_in_the_save_window():
+    """The leader saved step 6; the follower died before saving it: both resume from 3."""
+    from engine.spec import build_spec
+    from engine.topology import leader_follower
+
+    topo = leader_follower()
+    spec = build_spec(topo, features={"leader": 2, "follower": 2}, samples=8,
+                      stage_widths={"bottom_leader": {"in_dims": [2], "out_dim": 2},
+                                    "bottom_follower": {"in_dims": [2], "out_dim": 2},
+                                    "top": {"in_dims": [2, 2], "out_dim": 1}},
+                      hyper={"batch_size": 4, "eval_batch_size": 4, "groups": 1,
+                          "learning_rate": 0.1, "optimizer": "sgd", "loss": "binary",
+                          "epochs": 1, "seed": 0, "threshold": 1, "capacity": 2,
+                          "policy": "priority", "checkpoint_every": 3},
+                      security={"auth": "none", "tls": False, "max_frame_bytes": 1 << 20,
+                                "reject_nonfinite": True})
+    net = MemoryNetwork()
+    lt, ft = net.endpoint("leader"), net.endpoint("follower")
+
+    async def follower():
+        got, step = await negotiate.answer(ft, "leader", check=lambda s: [],
+                                           checkpoints=lambda h: [3] if h == got_hash else [])
+        await negotiate.ready(ft, "leader")
+        return step
+
+    got_hash = spec.spec_hash()
+    async with asyncio.TaskGroup() as tg:
+        f = tg.create_task(follower())
+        step = await negotiate.propose(lt, ["follower"], spec, checkpoints=[3, 6])
+    assert step == f.result() == 3
+
+
+# -- CheckpointStore ------------------------------------------------------------------------------
+def _handler_state(seed=0):
+    import jax
+    import optax
+
+    from engine.kernels import mlp_stage
+    from engine.stages import StageHandler
+    from engine.topology import leader_follower
+
+    models = {"bottom_leader": mlp_stage([3], [5], 2), "bottom_follower": mlp_stage([2], [5], 2),
+              "top": mlp_stage([2, 2], [4], 1, activate_last=False)}
+    from engine.kernels import get_loss
+
+    h = StageHandler(leader_follower(), "leader", models, optax.adam(0.1),
+                     loss=get_loss("binary"), key=jax.random.PRNGKey(seed))
+    return h.params, h.opt_state
+
+
+def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
+    import jax
+
+    params, opt = _handler_state()
+    store = CheckpointStore(tmp_path / "ck", party="leader", keep=2)
+    for step in (2, 4, 6):
+        store.save(step, params=params, opt_state=opt, spec_hash="h1",
+                   cursor={"epoch": 1, "batch": step}, extra={"run_id": "r"})
+    (tmp_path / "ck" / ".step-8.junk.tmp").write_bytes(b"half a file")
+    assert store.all_steps() == [4, 6]  # keep=2; the stray tmp file is no checkpoint
+    assert store.index() == {4: "h1", 6: "h1"} and store.steps("other") == []
+    fresh_p, fresh_o = _handler_state(seed=1)
+    r = store.load(6, params_like=fresh_p, opt_state_like=fresh_o, spec_hash="h1")
+    assert r.cursor == {"epoch": 1, "batch": 6} and r.extra == {"run_id": "r"}
+    for a, b in zip(jax.tree_util.tree_leaves((params, opt)),
+                    jax.tree_util.tree_leaves((r.params, r.opt_state))):
+        assert np.asarray(a).dtype == b.dtype and np.array_equal(np.asarray(a), b)
+    with pytest.raises(CheckpointError, match="saved for task spec"):
+        store.load(6, params_like=fresh_p, opt_state_like=fresh_o, spec_hash="h2")
+    with pytest.raises(CheckpointError, match="belongs to party 'leader'"):
+        CheckpointStore(tmp_path / "ck", party="follower").load(
+            6, params_like=fresh_p, opt_state_like=fresh_o)
+    wrong = {**fresh_p, "top": fresh_p["bottom_leader"]}
+    with pytest.raises(CheckpointError, match="top"):
+        store.load(6, params_like=wrong, opt_state_like=fresh_o)
+    assert store.discard_after(4) == [6] and store.all_steps() == [4]
+    (tmp_path / "ck" / "step-000000009.safetensors").write_bytes(b"garbage")
+    assert store.index() == {4: "h1"}  # unreadable files are not offered to the peers
