@@ -440,3 +440,43 @@ async def test_cli_bad_input_exits_with_a_readable_error(trained, tmp_path, caps
                    "--data", str(tmp_path / "wide.npy")])
     assert await args.func(args) == 2
     assert "holds the stages of party 'leader', not 'follower'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_path, capsys):
+    """End to end: `tandem party` trains (two processes) and exports; `tandem predict` on the
+    test rows with those exports and configs gives the test metrics the training reported."""
+    from party_helpers import Job
+
+    from parties.split.metrics import classification_metrics
+
+    job = Job(tmp_path / "job")
+    results = await asyncio.to_thread(job.run_both)
+    (rc_l, lead, err_l), (rc_f, _, err_f) = results["leader"], results["follower"]
+    assert rc_l == rc_f == 0, err_l[-2000:] + err_f[-2000:]
+    with np.load(job.folder / "leader.npz") as z:
+        np.save(tmp_path / "l.npy", z["x_test"])
+        y_test = z["y_test"]
+    with np.load(job.folder / "follower.npz") as z:
+        np.save(tmp_path / "f.npy", z["x_test"])
+    out = tmp_path / "p.npy"
+    lead_args = _parse(["predict", "--config", str(job.path("leader")), "--data",
+                        str(tmp_path / "l.npy"), "--out", str(out), "--groups", "2",
+                        "--timeout", "60"])
+    fol_args = _parse(["predict", "--config", str(job.path("follower")), "--data",
+                       str(tmp_path / "f.npy"), "--timeout", "60"])
+    async with asyncio.TaskGroup() as tg:
+        rl = tg.create_task(lead_args.func(lead_args))
+        rf = tg.create_task(fol_args.func(fol_args))
+    assert rl.result() == rf.result() == 0, capsys.readouterr().err[-2000:]
+    logits = np.load(out)
+    m = classification_metrics(logits, y_test, "binary")
+    assert m["accuracy"] == pytest.approx(lead["test_accuracy"], abs=1e-9)
+    assert m["loss"] == pytest.approx(lead["test_loss"], rel=1e-6)
+    from engine.export import read_description
+
+    trained_by = read_description(job.folder / "out" / "leader" / "leader.safetensors")
+    summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines()
+                 if x.startswith("{")]
+    assert len(summaries) == 2
+    assert {s["training"] for s in summaries} == {trained_by["training"]}

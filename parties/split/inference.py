@@ -314,7 +314,7 @@ def inference_check(model: PartyModel, *, rows: int,
                                      or int(theirs["size"]) != int(alignment["size"])):
             reasons.append(f"the rows are aligned differently: the leader's commitment "
                            f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
-                           f"{me}'s {str(alignment['commitment'])[:12]} "
+                           f"that of {me}, {str(alignment['commitment'])[:12]} "
                            f"(size {alignment['size']}); "
                            "align the new rows again and give every party its output")
         for key, value in (security or {}).items():
