@@ -126,16 +126,17 @@ async def _predict_pair(lm, fm, xl, xf, **kw):
 async def test_api_over_memory_matches_in_process(trained):
     lm = await inference.load_model(trained.leader, "leader")
     fm = await inference.load_model(trained.follower, "follower")
-    out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower)
-    assert not isinstance(out, Exception), out
+    res, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower)
+    assert not isinstance(res, Exception), res
     assert served == -(-NEW // BATCH)
-    assert out.shape == (NEW, 1)
-    np.testing.assert_allclose(out, trained.reference, rtol=1e-6, atol=1e-6)
+    assert res.outputs.shape == (NEW, 1) and res.training == trained.training
+    assert res.digests == {"leader": lm.digest, "follower": fm.digest}
+    np.testing.assert_allclose(res.outputs, trained.reference, rtol=1e-6, atol=1e-6)
     # the trained model differs from a fresh one: a wrong parameter load could not match
     fresh = dataclasses.replace(lm, params={
         s: lm.models[s].init(jax.random.PRNGKey(7)) for s in lm.params})
     out2, _ = await _predict_pair(fresh, fm, trained.x_leader, trained.x_follower)
-    assert np.abs(out2 - trained.reference).max() > 1e-3
+    assert np.abs(out2.outputs - trained.reference).max() > 1e-3
 
 
 async def test_two_party_topology_leader_without_features(tmp_path):
@@ -164,7 +165,7 @@ async def test_two_party_topology_leader_without_features(tmp_path):
         inference.predict(net2.endpoint("B"), bm, rows=9, batch_size=4),
         inference.serve(net2.endpoint("A"), am, new))
     assert served == 3
-    np.testing.assert_allclose(out, ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.outputs, ref, rtol=1e-6, atol=1e-6)
 
 
 # -- each party loads only its own export; the wire carries activations only -----------------
@@ -207,7 +208,7 @@ async def test_each_party_reads_only_its_own_export_and_receives_activations(tra
 
     out, _ = await _pair(party("leader", trained.leader, trained.x_leader),
                          party("follower", trained.follower, trained.x_follower))
-    np.testing.assert_allclose(out, trained.reference, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.outputs, trained.reference, rtol=1e-6, atol=1e-6)
     assert {p for p, _ in opened} == {"leader", "follower"}
     for who, path in opened:
         assert path == (trained.leader if who == "leader" else trained.follower), (who, path)
@@ -247,6 +248,17 @@ async def test_exports_of_different_trainings_refused(trained, other_run):
         _refused(side, "different trainings", lm.training, fm.training)
 
 
+async def test_leader_checks_the_followers_model_too(trained, other_run, monkeypatch):
+    """A follower whose own check lets everything through (a bug, or another version) is
+    still refused: the leader checks the model description every follower sends."""
+    monkeypatch.setattr(inference, "inference_check", lambda *a, **k: lambda spec: [])
+    lm = await inference.load_model(trained.leader, "leader")
+    fm = await inference.load_model(other_run.follower, "follower")
+    out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower)
+    _refused(out, "refused the followers' models", f"training {fm.training!r}")
+    _refused(served, "the leader refused the model of 'follower'", lm.training)
+
+
 async def test_wrong_row_count_refused(trained):
     lm = await inference.load_model(trained.leader, "leader")
     fm = await inference.load_model(trained.follower, "follower")
@@ -269,7 +281,7 @@ async def test_alignment_commitments_must_agree(trained):
     _refused(served, "only the leader gave an aligned-ids file")
     out, _ = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
                                  alignment=a, follower_kw={"alignment": a})
-    np.testing.assert_allclose(out, trained.reference, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(out.outputs, trained.reference, rtol=1e-6, atol=1e-6)
 
 
 async def test_follower_refuses_a_training_proposal(trained):
@@ -288,6 +300,17 @@ async def test_follower_refuses_a_training_proposal(trained):
                       security=inference.NO_SECURITY)
     reasons = inference.inference_check(fm, rows=NEW)(spec)
     assert len(reasons) == 1 and "proposes training" in reasons[0]
+
+
+async def test_training_follower_refuses_a_prediction_spec(trained, tmp_path):
+    from parties.split.party_config import PartyData, load_party_config
+    from parties.split.session import follower_check
+
+    cfg = load_party_config(_configs(trained, tmp_path)["follower"])
+    lm = await inference.load_model(trained.leader, "leader")
+    spec = inference.inference_spec(lm, rows=NEW, security=cfg.security())
+    reasons = follower_check(cfg, PartyData(train=trained.x_follower))(spec)
+    assert any("no dataset schema for 'follower'" in r for r in reasons), reasons
 
 
 # -- bad input -------------------------------------------------------------------------------

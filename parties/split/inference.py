@@ -6,7 +6,8 @@ the output width of every stage, the training id and the loss) is all it needs:
 
     leader (owns the loss stage)                     every follower
     m = await load_model("leader.safetensors")       m = await load_model("follower.safetensors")
-    y = await predict(transport, m, x_new)           await serve(transport, m, x_new)
+    res = await predict(transport, m, x_new)         await serve(transport, m, x_new)
+    res.outputs  # [rows, out] float32
 
 Negotiation (`parties.split.negotiate`, before any compute): the leader proposes an inference
 `TaskSpec` (``hyper.task = "predict"``, no optimizer, 0 epochs) carrying its export's training
@@ -14,11 +15,14 @@ id, topology, loss and stage widths, the number of rows to predict and their ali
 commitment. A follower refuses, with one readable sentence per problem, if its own export comes
 from another training, topology, loss or cut widths, or if its rows differ in count or
 commitment; both sides then raise `NegotiationError` and nothing is computed. A training
-proposal sent to a predicting follower (or the reverse) is refused the same way.
+proposal sent to a predicting follower (or the reverse) is refused the same way. Once a
+follower has accepted, it sends the leader its own model description (``{"cmd": "model",
+"training", "digest", "widths", "topology"}``), which the leader checks in turn (`confirm`):
+both sides verify, and the leader's result names every party's export digest.
 
-What crosses the wire: the negotiation, the leader's batch commands (row indices into the new
-rows) and cut-layer activations along the topology's edges; never parameters, features or
-labels. Only the label owner computes the predictions (raw outputs of the loss stage).
+What crosses the wire: the negotiation and model descriptions (ids, digests, widths), the
+leader's batch commands (row indices into the new rows) and cut-layer activations along the
+topology's edges; never parameters, features or labels. Only the label owner computes the predictions (raw outputs of the loss stage).
 
 Contract: files are read and written in worker threads and compute runs on each party's lane,
 so the event loop never blocks; nothing here creates a loop or leaves a task running.
@@ -39,9 +43,10 @@ from engine.export import ExportError, load_stages, save_stages
 from engine.kernels import StageModel, model_from_spec
 from engine.spec import TaskSpec
 from engine.topology import FEATURES, Topology
-from transports.base import Transport
+from transports.base import Frame, Transport
 
 from . import negotiate
+from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
 
 DATASET = "predict"
@@ -327,6 +332,16 @@ def inference_check(model: PartyModel, *, rows: int,
 
 
 # -- running -------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Predictions:
+    """The leader's result: ``outputs`` (the loss stage's raw outputs, ``[rows, out]``
+    float32, in row order), the ``training`` id and every party's export ``digests``."""
+
+    outputs: np.ndarray
+    training: str
+    digests: dict[str, str]
+
+
 def make_party(transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
                ) -> SplitParty:
     """A forward-only `SplitParty` of ``model`` over ``x`` with the spec's runtime settings."""
@@ -343,27 +358,75 @@ def make_party(transport: Transport, model: PartyModel, x: np.ndarray | None, sp
 
 
 async def run_leader(transport: Transport, model: PartyModel, x: np.ndarray | None,
-                     spec: TaskSpec) -> np.ndarray:
-    """Leader, after negotiation: forward ``spec.samples`` rows; returns the loss stage's
-    outputs (``[rows, out]`` float32) and tells the followers to stop."""
-    party = make_party(transport, model, x, spec)
+                     spec: TaskSpec) -> Predictions:
+    """Leader, after negotiation: check every follower's model description (`confirm`),
+    forward ``spec.samples`` rows, tell the followers to stop."""
+    followers = [p for p in model.topology.parties if p != model.party]
+    digests = await confirm(transport, model, followers)
+    party = await asyncio.to_thread(make_party, transport, model, x, spec)
     out = await party.predict(DATASET, int(spec.samples),
                               batch_size=int(spec.hyper["batch_size"]))
     await party.stop(reason="done")
-    return out
+    return Predictions(out, model.training, {model.party: model.digest, **digests})
 
 
 async def run_follower(transport: Transport, model: PartyModel, x: np.ndarray | None,
                        spec: TaskSpec) -> int:
-    """Follower, after negotiation: answer the leader's batches; returns batches served."""
-    return await make_party(transport, model, x, spec).serve()
+    """Follower, after negotiation: describe its model to the leader, then answer its
+    batches; returns batches served. `NegotiationError` if the leader refuses the model."""
+    leader = model.topology.label_owner
+    await transport.send(leader, negotiate.CTL, Frame(meta={
+        "cmd": "model", "training": model.training, "digest": model.digest,
+        "widths": model.widths, "topology": model.topology.to_dict()}))
+    party = await asyncio.to_thread(make_party, transport, model, x, spec)
+    served = await party.serve()
+    if party.stop_meta.get("reason") == "refused":
+        reasons = [str(r) for r in party.stop_meta.get("reasons", [])]
+        raise NegotiationError(f"the leader refused the model of {model.party!r}:\n  "
+                               + "\n  ".join(reasons), {leader: reasons})
+    return served
+
+
+async def confirm(transport: Transport, model: PartyModel, followers: list[str]
+                  ) -> dict[str, str]:
+    """Leader: receive each follower's model description (training id, export digest, widths,
+    topology) and check it against its own export, as the followers checked the leader's;
+    returns their export digests. On a mismatch every follower is stopped with the reasons and
+    `NegotiationError` is raised."""
+    digests, refused = {}, {}
+    for peer in followers:
+        meta = dict((await transport.recv(peer, negotiate.CTL)).meta)
+        reasons = []
+        if meta.get("cmd") != "model":
+            reasons.append(f"{peer!r} sent {meta.get('cmd')!r} instead of its model "
+                           "description; is it running `tandem predict` of this version?")
+        else:
+            if meta.get("training") != model.training:
+                reasons.append(f"the export of {peer!r} is of training {meta.get('training')!r}, "
+                               f"the leader's of {model.training!r}")
+            if _plain(meta.get("topology")) != _plain(model.topology.to_dict()):
+                reasons.append(f"the export of {peer!r} has another topology")
+            if meta.get("widths") != model.widths:
+                reasons.append(f"the stage widths of {peer!r}, {meta.get('widths')}, differ "
+                               f"from the leader's {model.widths}")
+            digests[peer] = str(meta.get("digest"))
+        if reasons:
+            refused[peer] = reasons
+    if refused:
+        flat = [r for rs in refused.values() for r in rs]
+        for peer in followers:
+            await transport.send(peer, negotiate.CTL, Frame(meta={
+                "cmd": "stop", "reason": "refused", "reasons": flat}))
+        raise NegotiationError("the leader refused the followers' models:\n  "
+                               + "\n  ".join(flat), refused)
+    return digests
 
 
 async def predict(transport: Transport, model: PartyModel, x: np.ndarray | None = None, *,
                   rows: int | None = None, alignment: Mapping[str, Any] | None = None,
                   batch_size: int = 256, groups: int = 1,
-                  security: Mapping[str, Any] | None = None) -> np.ndarray:
-    """Leader: negotiate with every follower, then predict; returns the loss stage's outputs.
+                  security: Mapping[str, Any] | None = None) -> Predictions:
+    """Leader: negotiate with every follower, then predict; returns the `Predictions`.
 
     ``x``: this party's new feature rows (None if its stages read none; then give ``rows``).
     ``alignment``: ``{"size", "commitment"}`` of the new rows' alignment, if they were aligned.
@@ -371,7 +434,7 @@ async def predict(transport: Transport, model: PartyModel, x: np.ndarray | None 
     """
     if not model.is_leader:
         raise InferenceError(f"{model.party!r} does not own the loss stage; call serve() there")
-    x, n = prepare_rows(model, x, rows, alignment)
+    x, n = await asyncio.to_thread(prepare_rows, model, x, rows, alignment)
     spec = inference_spec(model, rows=n, batch_size=batch_size, groups=groups,
                           alignment=alignment, security=security)
     followers = [p for p in model.topology.parties if p != model.party]
@@ -386,7 +449,7 @@ async def serve(transport: Transport, model: PartyModel, x: np.ndarray | None = 
     batches; returns batches served. Raises `NegotiationError` when it refuses."""
     if model.is_leader:
         raise InferenceError(f"{model.party!r} owns the loss stage; call predict() there")
-    x, n = prepare_rows(model, x, rows, alignment)
+    x, n = await asyncio.to_thread(prepare_rows, model, x, rows, alignment)
     leader = model.topology.label_owner
     spec, _ = await negotiate.answer(transport, leader, check=inference_check(
         model, rows=n, alignment=alignment, security=security))
@@ -429,4 +492,5 @@ def _brief(topology: Topology | Mapping[str, Any]) -> str:
 
 __all__ = ["PartyModel", "InferenceError", "export_party", "load_model", "load_model_sync",
            "resolve_export", "check_rows", "prepare_rows", "inference_spec", "inference_check",
-           "make_party", "run_leader", "run_follower", "predict", "serve", "DATASET"]
+           "make_party", "run_leader", "run_follower", "confirm", "predict", "serve",
+           "Predictions", "DATASET"]

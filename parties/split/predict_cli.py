@@ -101,7 +101,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise InferenceError("--batch-size and --groups must be >= 1")
     x, alignment, ids = await asyncio.to_thread(read_inputs, model, args)
     n = args.rows if x is None and alignment is None else None
-    x, rows = inference.prepare_rows(model, x, n, alignment)
+    x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, n, alignment)
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
     if model.is_leader:
@@ -109,9 +109,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                         groups=args.groups, alignment=alignment,
                                         security=cfg.security())
         async with connected(cfg, data=data, spec=spec) as session:
-            out = await inference.run_leader(session.transport, model, x, session.spec)
-        await asyncio.to_thread(write_predictions, args.out, out, model.loss, ids)
-        extra: dict[str, Any] = {"out": args.out, "outputs": int(out.shape[1])}
+            result = await inference.run_leader(session.transport, model, x, session.spec)
+        await asyncio.to_thread(write_predictions, args.out, result.outputs, model.loss, ids)
+        extra: dict[str, Any] = {"out": args.out, "outputs": int(result.outputs.shape[1]),
+                                 "digests": result.digests}
     else:
         check = inference.inference_check(model, rows=rows, alignment=alignment,
                                           security=cfg.security())
