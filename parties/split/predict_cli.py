@@ -100,8 +100,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.batch_size < 1 or args.groups < 1:
         raise InferenceError("--batch-size and --groups must be >= 1")
     x, alignment, ids = await asyncio.to_thread(read_inputs, model, args)
-    n = args.rows if x is None and alignment is None else None
-    x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, n, alignment)
+    x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, args.rows, alignment)
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
     if model.is_leader:
