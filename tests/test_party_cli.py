@@ -79,15 +79,17 @@ def _fast_link(job: Job) -> None:
         job.cfg[role].pop("link", None)
 
 
-def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference):
+@pytest.mark.parametrize("first", ["follower", "leader"])
+def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, reference, first):
     ref, _ = reference
     job = Job(tmp_path, every=3)  # checkpoints at 3, 6, 9, ...: mostly mid-epoch
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
     wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
                "the follower's checkpoint at step 6")
-    procs["follower"].kill9()
-    procs["leader"].kill9()  # it would wait for the dead follower forever
+    procs[first].kill9()
+    # the survivor would wait for the dead peer (kill -9 sends no goodbye): kill it too
+    procs["leader" if first == "follower" else "follower"].kill9()
     leader_steps, follower_steps = job.checkpoints("leader"), job.checkpoints("follower")
     assert max(follower_steps) < TOTAL, "training finished before the kill"
     # the window: the follower died before writing the step the leader already saved
@@ -101,7 +103,8 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
         rc, out, err = results[role]
         assert rc == 0, err[-3000:]
         assert out["status"] == "done" and out["resumed_from"] == common
-    assert job.checkpoints("leader")[-1] == TOTAL  # newer stale checkpoints were replaced
+    # the stale newer checkpoint of the leader was discarded and rewritten by the replay
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]
     _assert_same_params(job, ref)
 
 
@@ -246,3 +249,32 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     rc_f, out_f, err_f = follower.finish()
     assert rc_l == 0 and rc_f == 0, err_l[-2000:] + err_f[-2000:]
     assert out_l["status"] == out_f["status"] == "done"
+
+
+def test_grace_exceeded_aborts_the_batch_and_resume_is_exact(tmp_path, reference):
+    """grace = 0: SIGTERM aborts the leader's current batch (nothing saved for it), the
+    follower sees the leader leave and says so; a restart resumes exactly."""
+    ref, _ = reference
+    job = Job(tmp_path)
+    _slow_link(job)
+    for role in ("leader", "follower"):
+        job.cfg[role]["grace"] = 0.0
+    procs = {r: job.start(r) for r in ("follower", "leader")}
+    wait_until(lambda: max(job.checkpoints("leader"), default=0) >= 2, 90,
+               "the leader's first checkpoint")
+    procs["leader"].signal(signal.SIGTERM)
+    (rc_l, lead, err_l), (rc_f, fol, err_f) = (procs[r].finish() for r in ("leader", "follower"))
+    assert rc_l == 0, err_l[-2000:]
+    if lead["status"] == "aborted":  # the usual case: the signal lands inside a batch
+        assert rc_f == 1 and "a peer left during training" in err_f, err_f[-2000:]
+    else:  # it landed exactly between two batches: a clean stop
+        assert lead["status"] == "stopped" and rc_f == 0, (lead, err_f[-2000:])
+    assert lead["checkpoint"] in job.checkpoints("leader")
+    _fast_link(job)
+    for role in ("leader", "follower"):
+        job.cfg[role]["grace"] = 10.0
+    results = job.run_both(tag="-resumed")
+    for role in ("leader", "follower"):
+        rc, out, err = results[role]
+        assert rc == 0 and out["resumed_from"] >= 2, err[-3000:]
+    _assert_same_params(job, ref)

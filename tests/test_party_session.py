@@ -68,6 +68,8 @@ async def test_connect_installs_spec_and_refuses_foreign_frames(tmp_path):
 
 async def test_refusal_lists_every_reason_on_both_sides(tmp_path):
     _, cfgs = configs(tmp_path, {("follower", "model", "hidden"): [9]})
+    with np.load(tmp_path / "follower.npz") as z:  # the follower lacks the test split
+        np.savez(tmp_path / "follower.npz", x_train=z["x_train"])
     async with asyncio.TaskGroup() as tg:
         async def side(role):
             try:
@@ -80,6 +82,7 @@ async def test_refusal_lists_every_reason_on_both_sides(tmp_path):
         assert isinstance(err, negotiate.NegotiationError)
         assert "stage 'bottom_follower': 'follower' has sizes [3, 9, 4] but the spec says " \
                "[3, 8, 4]" in str(err)
+        assert "the leader evaluates on 24 test rows but 'follower' holds 0" in str(err)
     assert lead_err.reasons.keys() == {"follower"}
 
 
@@ -203,3 +206,35 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
     assert store.discard_after(4) == [6] and store.all_steps() == [4]
     (tmp_path / "ck" / "step-000000009.safetensors").write_bytes(b"garbage")
     assert store.index() == {4: "h1"}  # unreadable files are not offered to the peers
+
+
+# -- stop / grace helpers -------------------------------------------------------------------------
+async def test_with_grace_finishes_aborts_and_raises():
+    from parties.split.standalone import _until, _with_grace
+
+    stop = asyncio.Event()
+
+    async def quick():
+        return 1
+
+    assert await _with_grace(stop, 0.0, quick(), []) is True
+    never = asyncio.Event()
+    helper_cancelled = asyncio.Event()
+
+    async def helper():
+        try:
+            await never.wait()
+        finally:
+            helper_cancelled.set()
+
+    stop.set()  # a stop request, and the work never ends: cancelled after grace
+    assert await _with_grace(stop, 0.01, never.wait(), [helper()]) is False
+    assert helper_cancelled.is_set()
+
+    async def broken():
+        raise FrameError("boom")
+
+    with pytest.raises(FrameError, match="boom"):  # raised as itself, not grouped
+        await _with_grace(asyncio.Event(), 1.0, broken(), [])
+    assert await _until(stop, never.wait()) is None  # stop wins
+    assert await _until(asyncio.Event(), quick()) == 1

@@ -164,8 +164,12 @@ class PartyConfig:
         return self.role == "leader"
 
     def topology(self) -> Topology:
-        """The configured topology (built-in by name, or read from a JSON file)."""
-        return _topology(self.model, self.path)
+        """The configured topology (built-in by name, or read from a JSON file; read once,
+        then cached, so later calls do no file I/O)."""
+        cached = self.__dict__.get("_topology")
+        if cached is None:
+            cached = self.__dict__["_topology"] = _topology(self.model, self.path)
+        return cached
 
     def security(self) -> dict[str, Any]:
         """The security settings recorded in the task spec."""

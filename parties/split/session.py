@@ -157,17 +157,18 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
     if data is None:
         data = await asyncio.to_thread(cfg.load_data)
     held = dict(checkpoints or {})
+    topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
     transport = cfg.transport()
     await transport.start()
     try:
-        leader = cfg.topology().label_owner
+        leader = topology.label_owner
         await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):
                 if cfg.is_leader:
                     spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
                     digest = spec.spec_hash()
-                    followers = [p for p in cfg.topology().parties if p != cfg.name]
+                    followers = [p for p in topology.parties if p != cfg.name]
                     step = await negotiate.propose(
                         transport, followers, spec,
                         checkpoints=[s for s, h in held.items() if h == digest])

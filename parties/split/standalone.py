@@ -37,7 +37,7 @@ from engine.checkpoint import CheckpointStore
 from engine.data import epoch_batches
 from engine.spec import TaskSpec
 from engine.topology import Topology
-from transports.errors import TandemError
+from transports.errors import TandemError, TransportClosedError
 
 from .negotiate import CTL
 from .observe import party_metrics
@@ -147,8 +147,9 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
 
         fit = party.fit(max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0,
                         after_batch=after_batch)
-        finished = await _with_grace(stop, cfg.grace, fit,
-                                     [listen(p) for p in party.followers])
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, fit,
+                                         [listen(p) for p in party.followers])
     base = {"party": cfg.name, "role": "leader", "spec_hash": session.spec_hash,
             "alignment": _plain(spec.alignment), "resumed_from": session.step,
             "n_groups": party.n_groups}
@@ -197,8 +198,9 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                 await session.transport.send(leader, CTL, _leave_frame())
             await asyncio.Event().wait()  # cancelled when serve returns
 
-        finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
-                                     [ask_leader_to_stop()])
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
+                                         [ask_leader_to_stop()])
     base = {"party": cfg.name, "role": "follower", "spec_hash": session.spec_hash,
             "alignment": _plain(spec.alignment), "resumed_from": session.step,
             "step": party.step}
@@ -218,6 +220,37 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
             "export": await _export(session, party)}
 
 
+class PeerLeftError(TandemError):
+    """A peer closed its connection in the middle of training (it was stopped or aborted)."""
+
+
+@contextlib.contextmanager
+def _peer_left(name: str, st: _State) -> Iterator[None]:
+    """Turn a peer's goodbye during training into a `PeerLeftError` saying how to resume."""
+    try:
+        yield
+    except Exception as err:
+        exc = _leaf(err, TransportClosedError)
+        if exc is None:
+            raise
+        saved = f"step {st.saved}" if st.saved >= 0 else "none"
+        raise PeerLeftError(
+            f"{name!r} stopped at step {st.party.step}: a peer left during training ({exc}). "
+            f"Last checkpoint: {saved}; restart every party to resume from the newest common "
+            "checkpoint.") from None
+
+
+def _leaf(err: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in ``err`` or its (nested) exception groups."""
+    if isinstance(err, kind):
+        return err
+    if isinstance(err, BaseExceptionGroup):
+        for sub in err.exceptions:
+            if (found := _leaf(sub, kind)) is not None:
+                return found
+    return None
+
+
 def _plain(value: Any) -> Any:
     return None if value is None else dict(value)
 
@@ -231,13 +264,14 @@ def _leave_frame():
 # -- shared steps --------------------------------------------------------------------------------
 async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
     """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
-    async with asyncio.TaskGroup() as tg:
-        work = tg.create_task(coro)
-        waiter = tg.create_task(stop.wait())
-        await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if not work.done():
-            work.cancel()
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            work = tg.create_task(coro)
+            waiter = tg.create_task(stop.wait())
+            await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not work.done():
+                work.cancel()
     return None if work.cancelled() else work.result()
 
 
@@ -245,31 +279,53 @@ async def _with_grace(stop: asyncio.Event, grace: float, main: Awaitable[Any],
                       helpers: list[Awaitable[Any]]) -> bool:
     """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
     ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
-    its exception, if any, propagates (in an ExceptionGroup)."""
+    its exception, if any, propagates."""
 
     async def deadline(task: asyncio.Task) -> None:
         await stop.wait()
         await asyncio.sleep(grace)
         task.cancel()
 
-    async with asyncio.TaskGroup() as tg:
-        task = tg.create_task(main)
-        others = [tg.create_task(h) for h in helpers]
-        others.append(tg.create_task(deadline(task)))
-        try:
-            await asyncio.wait({task})
-        finally:
-            for t in others:
-                t.cancel()
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(main)
+            others = [tg.create_task(h) for h in helpers]
+            others.append(tg.create_task(deadline(task)))
+            try:
+                await asyncio.wait({task})
+            finally:
+                for t in others:
+                    t.cancel()
     return not task.cancelled()
 
 
+@contextlib.contextmanager
+def _unwrap() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself (callers see `NegotiationError`,
+    `TransportClosedError`, ... rather than an ExceptionGroup); several stay grouped."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+
+
 async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None:
+    """Checkpoint the party's current step; a cancellation (grace ran out) waits for the
+    write to finish first, so ``st.saved`` always names the newest file on disk."""
     party = st.party
     step = party.step
-    await asyncio.to_thread(st.store.save, step, params=dict(party.handler.params),
-                            opt_state=dict(party.handler.opt_state),
-                            spec_hash=session.spec_hash, cursor=cursor, extra=extra)
+    write = asyncio.ensure_future(asyncio.to_thread(
+        st.store.save, step, params=dict(party.handler.params),
+        opt_state=dict(party.handler.opt_state), spec_hash=session.spec_hash, cursor=cursor,
+        extra=extra))
+    try:
+        await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await write
+        st.saved = step
+        raise
     st.saved = step
 
 
@@ -323,4 +379,4 @@ def _progress(cfg: PartyConfig, total: int, done: int, label: str
         yield advance
 
 
-__all__ = ["run_party", "make_party"]
+__all__ = ["run_party", "make_party", "PeerLeftError"]
