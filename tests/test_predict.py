@@ -473,7 +473,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
 
     from parties.split.metrics import classification_metrics
 
-    job = Job(tmp_path / "job")
+    job = Job(tmp_path / "job", epochs=1)
     results = await asyncio.to_thread(job.run_both)
     (rc_l, lead, err_l), (rc_f, _, err_f) = results["leader"], results["follower"]
     assert rc_l == rc_f == 0, err_l[-2000:] + err_f[-2000:]
