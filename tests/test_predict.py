@@ -112,14 +112,17 @@ async def _pair(leader_coro, follower_coro):
     return lt.result(), ft.result()
 
 
-async def _predict_pair(lm, fm, xl, xf, **kw):
+_SAME = object()
+
+
+async def _predict_pair(lm, fm, xl, xf, *, alignment=None, follower_alignment=_SAME):
+    """`inference.predict` and `inference.serve` over a fresh memory network."""
     net = MemoryNetwork()
-    fkw = {k: v for k, v in kw.items() if k in ("rows", "alignment")}
-    fkw.update(kw.pop("follower_kw", {}))
     return await _pair(
         inference.predict(net.endpoint("leader"), lm, xl, batch_size=BATCH, groups=GROUPS,
-                          **{k: v for k, v in kw.items() if k != "follower_kw"}),
-        inference.serve(net.endpoint("follower"), fm, xf, **fkw))
+                          alignment=alignment),
+        inference.serve(net.endpoint("follower"), fm, xf, alignment=alignment
+                        if follower_alignment is _SAME else follower_alignment))
 
 
 # -- matches in-process ----------------------------------------------------------------------
@@ -273,14 +276,14 @@ async def test_alignment_commitments_must_agree(trained):
     a = {"size": NEW, "commitment": "ab" * 32}
     b = {"size": NEW, "commitment": "cd" * 32}
     out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                      alignment=a, follower_kw={"alignment": b})
+                                      alignment=a, follower_alignment=b)
     for side in (out, served):
         _refused(side, "aligned differently")
     out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                      alignment=a, follower_kw={"alignment": None})
+                                      alignment=a, follower_alignment=None)
     _refused(served, "only the leader gave an aligned-ids file")
     out, _ = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                 alignment=a, follower_kw={"alignment": a})
+                                 alignment=a)
     np.testing.assert_allclose(out.outputs, trained.reference, rtol=1e-6, atol=1e-6)
 
 
