@@ -1,4 +1,5 @@
-"""Split-learning sub-commands: ``tandem demo`` and ``tandem party --config F.toml``."""
+"""Split-learning sub-commands: ``tandem demo``, ``tandem party --config F.toml`` and
+``tandem predict --config F.toml`` (`parties.split.predict_cli`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 
 
 def register(sub) -> None:
+    from . import predict_cli
     from .demo import demo_command
 
     p = sub.add_parser("demo", help="train leader + follower in one process on the "
@@ -28,6 +30,7 @@ def register(sub) -> None:
     p.add_argument("--config", required=True, metavar="F.toml",
                    help="the party's configuration (see examples/split/leader.toml)")
     p.set_defaults(func=party_command)
+    predict_cli.register(sub)
 
 
 async def party_command(args) -> int:
