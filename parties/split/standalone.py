@@ -39,6 +39,7 @@ from engine.spec import TaskSpec
 from engine.topology import Topology
 from transports.errors import TandemError, TransportClosedError
 
+from .inference import export_party
 from .negotiate import CTL
 from .observe import party_metrics
 from .party import SplitParty
@@ -332,24 +333,13 @@ async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None
 
 
 async def _export(session: Session, party: SplitParty) -> str | None:
+    """Save this party's own stages to ``<export_dir>/<name>.safetensors`` (if configured)."""
     cfg = session.config
     if not cfg.export_dir:
         return None
-    from engine.export import save_stages
-
     path = os.path.join(cfg.export_dir, f"{cfg.name}.safetensors")
-    stages = {s: party.handler.params[s] for s in party.handler.stages}
-    models = {s: dict(party.handler.models[s].spec) for s in party.handler.stages
-              if party.handler.models[s].spec is not None}
-
-    def write() -> None:
-        os.makedirs(cfg.export_dir, exist_ok=True)
-        save_stages(path, stages, topology=session.spec.topology, party=cfg.name,
-                    models=models or None,
-                    widths={s: int(w["out_dim"]) for s, w in session.spec.stages.items()},
-                    training=party.run_id, loss=str(session.spec.hyper["loss"]))
-
-    await asyncio.to_thread(write)
+    await asyncio.to_thread(os.makedirs, cfg.export_dir, exist_ok=True)
+    await export_party(party, path)
     return path
 
 
