@@ -56,6 +56,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import statistics
@@ -89,7 +90,8 @@ class NetnsLink:
     Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
     whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
 
-    def __init__(self, rate_mbit: float, *, tag: str | None = None) -> None:
+    def __init__(self, rate_mbit: float, *, latency_ms: float = 50.0,
+                 tag: str | None = None) -> None:
         tag = tag or str(os.getpid())
         self.rate_mbit = rate_mbit
         self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
@@ -98,7 +100,9 @@ class NetnsLink:
         rate_Bps = rate_mbit * 1e6 / 8
         # burst: at least 64 KiB (one GSO segment train), else ~2 ms at line rate
         self.burst = int(max(64 * 1024, rate_Bps * 0.002))
-        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency", "50ms"]
+        # latency: the longest a packet may wait in the shaper's queue (its buffer size)
+        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency",
+                    f"{latency_ms:g}ms"]
         self._made: list[str] = []
 
     def _ip(self, *args: str) -> None:
@@ -133,9 +137,30 @@ class NetnsLink:
         return ["ip", "netns", "exec", self.ns[party]]
 
     def close(self) -> None:
-        for ns in reversed(self._made):  # deleting a namespace deletes its veth end (and peer)
+        """Delete what `__enter__` made (idempotent). Deleting a namespace deletes its veth end
+        and so the pair; a pair not yet moved into a namespace is deleted explicitly."""
+        for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        if self._made:
+            subprocess.run(["ip", "link", "del", self.dev[B]], capture_output=True, timeout=20)
         self._made.clear()
+
+    @staticmethod
+    def remove_stale() -> list[str]:
+        """Delete namespaces left by an earlier run whose process is gone (killed with
+        SIGKILL, so its finally blocks never ran); returns their names."""
+        try:
+            out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                 timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        stale = []
+        for line in out.splitlines():
+            m = re.match(r"(tdmwan(\d+)[lf])\b", line)
+            if m and not os.path.exists(f"/proc/{m.group(2)}"):
+                subprocess.run(["ip", "netns", "del", m.group(1)], capture_output=True, timeout=20)
+                stale.append(m.group(1))
+        return stale
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -175,8 +200,10 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         if args.link in ("auto", "netns"):
+            if stale := NetnsLink.remove_stale():
+                _log("main", f"removed namespaces left by killed runs: {stale}")
             try:
-                link = NetnsLink(args.rate_mbit).__enter__()
+                link = NetnsLink(args.rate_mbit, latency_ms=args.tbf_latency_ms).__enter__()
             except LinkSetupError as exc:
                 if args.link == "netns":
                     raise
@@ -237,7 +264,7 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
 
 # options main forwards to both processes
 _FORWARDED = ("batch_size", "batches", "repeats", "d_in", "hidden", "cut", "top_hidden",
-              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit")
+              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit", "trace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,6 +440,18 @@ def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
                                     retry_timeout=60.0))
 
 
+def _write_traces(directory: str, seq, auto, n: int) -> None:
+    """Both parties' events of the last round: Chrome traces and one Gantt PNG."""
+    from pathlib import Path
+    from engine.trace import plot_gantt
+    out = Path(directory)
+    seq.write_chrome(out / "wan_sequential.json")
+    auto.write_chrome(out / "wan_pipelined.json")
+    plot_gantt([("sequential (n=1, fifo)", seq), (f"pipelined (auto, n={n})", auto)],
+               out / "wan_gantt.png")
+    _log("leader", f"traces written to {out}/wan_{{sequential,pipelined}}.json, wan_gantt.png")
+
+
 def _emit(obj: dict[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
@@ -446,9 +485,11 @@ async def follower_main(args: argparse.Namespace) -> int:
                 party.config.policy, party.trace = str(msg.meta["policy"]), tr
                 batches = await party.serve()
                 end = time.perf_counter()
-                await t.send(B, BENCH, Frame(meta={
-                    "end": end, "batches": batches, "compute_s": tr.busy(A),
-                    "sent_bytes": _sent_bytes(tr, A, B)}))
+                rep = {"end": end, "batches": batches, "compute_s": tr.busy(A),
+                       "sent_bytes": _sent_bytes(tr, A, B)}
+                if msg.meta.get("events"):
+                    rep["events"] = [dataclasses.astuple(e) for e in tr.events]
+                await t.send(B, BENCH, Frame(meta=rep))
     finally:
         sink.close()
         await sink.wait_closed()
@@ -460,12 +501,15 @@ class _Leader:
     def __init__(self, t, party, wl: Workload) -> None:
         self.t, self.party, self.wl = t, party, wl
 
-    async def phase(self, policy: str, run: Callable[[], Awaitable[None]]):
-        """Run ``run()`` with ``policy`` on both parties; returns (wall, own trace, follower's
-        report). The wall ends when both processes are done."""
-        from engine.trace import Trace
+    async def phase(self, policy: str, run: Callable[[], Awaitable[None]], *,
+                    events: bool = False):
+        """Run ``run()`` with ``policy`` on both parties; returns (wall, trace, follower's
+        report). The wall ends when both processes are done. With ``events`` the follower's
+        trace events are merged into the returned trace (both use CLOCK_MONOTONIC)."""
+        from engine.trace import Trace, TraceEvent
         from transports.base import Frame
-        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy}))
+        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy,
+                                                "events": events}))
         tr = Trace()
         self.party.config.policy, self.party.trace = policy, tr
         t0 = time.perf_counter()
@@ -473,6 +517,8 @@ class _Leader:
         mine = time.perf_counter()
         await self.party.stop()
         rep = dict((await self.t.recv(A, BENCH)).meta)
+        if events:
+            tr.extend(TraceEvent(*e) for e in rep.pop("events"))
         return max(mine, rep["end"]) - t0, tr, rep
 
     def fixed(self, lane, n: int, k: int | None = None):
@@ -493,6 +539,7 @@ async def leader_main(args: argparse.Namespace) -> int:
     from engine.lanes import ThreadLane
     from transports.base import Frame
 
+    load_start = list(os.getloadavg())
     async with _transport(args, B, {}) as t:
         _emit({"url": t.url})
         peer = json.loads(await asyncio.to_thread(sys.stdin.readline))
@@ -524,9 +571,12 @@ async def leader_main(args: argparse.Namespace) -> int:
         sweep = sorted({min(n, wl.batch_size) for n in args.sweep})
         async with ThreadLane("wan-leader") as lane:
             # 4. compile every shape used, then let the tuner settle
+            # (the tuner's first batch runs at n = 4 and its rule reads that batch's compute
+            # time, so every n it may start from or step to must be compiled first)
+            shapes = sorted({1, *sweep, *(min(2 ** k, wl.batch_size) for k in range(7))})
+
             async def compile_all() -> None:
-                await lead.fixed(lane, 1, 1)()
-                for n in sweep:
+                for n in shapes:
                     await lead.fixed(lane, n, 1)()
             await lead.phase("priority", compile_all)
             tuner = party.tuner
@@ -541,13 +591,17 @@ async def leader_main(args: argparse.Namespace) -> int:
             seq, auto, terms, seq_compute = [], [], [], []
             runs: dict[int, list[float]] = {n: [] for n in sweep}
             for r in range(args.repeats):
-                wall, tr, rep = await lead.phase("fifo", lead.fixed(lane, 1))
+                last = args.trace is not None and r == args.repeats - 1
+                wall, tr, rep = await lead.phase("fifo", lead.fixed(lane, 1), events=last)
                 seq.append(wall)
+                seq_trace = tr
                 seq_compute.append((tr.busy(B) + rep["compute_s"]) / wl.batches)
                 for n in sweep:
                     runs[n].append((await lead.phase("priority", lead.fixed(lane, n)))[0])
-                wall, tr, rep = await lead.phase("priority", lead.auto())
+                wall, tr, rep = await lead.phase("priority", lead.auto(), events=last)
                 auto.append(wall)
+                if last:
+                    _write_traces(args.trace, seq_trace, tr, party.n_groups)
                 terms.append({f"compute[{A}]": rep["compute_s"], f"compute[{B}]": tr.busy(B),
                               f"link[{A}->{B}]": rep["sent_bytes"] / down,
                               f"link[{B}->{A}]": _sent_bytes(tr, B, A) / up})
@@ -570,6 +624,7 @@ async def leader_main(args: argparse.Namespace) -> int:
                                       "from the auto runs' traces, median over rounds",
                         **bound_terms},
         "sweep": {str(n): s for n, s in sweep_s.items()}, "best_fixed_n": best,
+        "auto_vs_best": (sweep_s[best] / pipe_s) if best is not None else None,
         "best_fixed_s": sweep_s[best] if best is not None else None,
         "workload": {**dataclasses.asdict(wl), "topology": "two_party",
                      "cut_bytes_per_batch": wl.cut_bytes,
@@ -581,6 +636,8 @@ async def leader_main(args: argparse.Namespace) -> int:
         "link_measured": {"goodput_MBps": {f"{B}->{A}": up / 1e6, f"{A}->{B}": down / 1e6},
                           "goodput_source": source},
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+        "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
+                 "loadavg_end": list(os.getloadavg())},
     }
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
@@ -606,19 +663,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", choices=["auto", "netns", "loopback"], default="auto",
                    help="auto: network namespaces if permitted, else loopback (default)")
     p.add_argument("--rate-mbit", type=float, default=100.0, help="link rate each way (100)")
+    p.add_argument("--tbf-latency-ms", type=float, default=50.0,
+                   help="tbf queue size, as the longest wait in it (50 ms)")
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds (3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")
     p.add_argument("--d-in", type=int, default=512)
     p.add_argument("--hidden", type=int, default=None,
                    help="bottom hidden width (default: sized so compute ~= link time)")
     p.add_argument("--cut", type=int, default=512, help="cut-layer width (512)")
     p.add_argument("--top-hidden", type=int, default=32)
-    p.add_argument("--sweep", type=_positive_ints, default=(4, 8, 16),
-                   help="fixed group counts timed besides auto (4,8,16)")
+    p.add_argument("--sweep", type=_positive_ints, default=(8, 16, 32, 64),
+                   help="fixed group counts timed besides auto (8,16,32,64)")
     p.add_argument("--tune-epochs", type=int, default=8,
                    help="most epochs waiting for the auto tuner to settle (8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write both parties' traces of the last round (Chrome JSON + Gantt PNG)")
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
     p.add_argument("--role", choices=["main", "leader", "follower"], default="main",
                    help=argparse.SUPPRESS)
@@ -634,8 +695,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("batch_size", "batches", "repeats", "d_in", "cut", "top_hidden", "probe_mib"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.tbf_latency_ms > 0:
+        raise SystemExit(f"--tbf-latency-ms must be > 0, got {args.tbf_latency_ms}")
     if not args.rate_mbit > 0:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
+    if args.trace is not None:
+        args.trace = os.path.abspath(args.trace)
     if args.role != "main":
         from parties.cli import run_async
         return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args))
