@@ -7,8 +7,9 @@ pickled). It serves a raw length-prefixed TCP sink and an `HttpTransport`. The s
 process, sends the same 64 MiB payloads over both, in the same run:
 
 * ``raw_MBps``: 64 MiB messages over one TCP socket, each acknowledged by one byte: the sender
-  hands the whole message to ``loop.sock_sendall`` and the receiver ``sock_recv_into`` a
-  preallocated buffer (no stream buffering, no per-chunk Python copies: the fairest baseline);
+  hands the whole message to ``loop.sock_sendall`` and the receiver ``sock_recv_into`` a fresh
+  ``np.empty`` buffer, as the HTTP receiver does (no stream buffering, no per-chunk Python
+  copies: the fairest baseline);
 * ``http_MBps``: 64 MiB float32 frames via `HttpTransport.send` (receiver drains with recv);
 * ``http_hmac_MBps``: the same with HMAC authentication (SHA-256 of every body, both sides);
 * ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead).
@@ -51,11 +52,12 @@ def _raw_server() -> socket.socket:
 
 async def _raw_sink(srv: socket.socket) -> None:
     """Serve one raw connection: u64 length, then that many bytes received straight into a
-    preallocated buffer (``sock_recv_into``: no intermediate copies); answer one byte."""
+    new buffer (``sock_recv_into``: no intermediate copies); answer one byte. Each message gets
+    a fresh ``np.empty`` buffer, as the HTTP receiver must (the application keeps the tensor):
+    both pay the same page faults, so the comparison measures the protocol, not the pooling."""
     loop = asyncio.get_running_loop()
     conn, _ = await loop.sock_accept(srv)
     conn.setblocking(False)
-    buf = memoryview(bytearray(80 * MiB))
     try:
         while True:
             head = bytearray()
@@ -65,7 +67,7 @@ async def _raw_sink(srv: socket.socket) -> None:
                     return
                 head += chunk
             n = int.from_bytes(head, "little")
-            view = buf[:n] if n <= len(buf) else memoryview(bytearray(n))
+            view = memoryview(np.empty(n, np.uint8))
             got = 0
             while got < n:
                 k = await loop.sock_recv_into(conn, view[got:])
