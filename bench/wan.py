@@ -578,10 +578,13 @@ async def leader_main(args: argparse.Namespace) -> int:
             async def compile_all() -> None:
                 for n in shapes:
                     await lead.fixed(lane, n, 1)()
+            _log("leader", f"hidden={wl.hidden}; compiling group counts {shapes} ...")
             await lead.phase("priority", compile_all)
             tuner = party.tuner
-            for _ in range(args.tune_epochs):
-                await lead.phase("priority", lead.auto())
+            for e in range(args.tune_epochs):
+                wall = (await lead.phase("priority", lead.auto()))[0]
+                _log("leader", f"tuning epoch {e + 1}/{args.tune_epochs}: {wall:.3f} s, "
+                               f"n path {[h['n'] for h in tuner.history]}")
                 if tuner._settled_at is not None:
                     break
             settled = tuner._settled_at is not None
