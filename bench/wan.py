@@ -5,7 +5,7 @@ the network namespaces; without them it falls back to loopback (see ``link``).
 
 **The link.** The leader and the follower each run in their own Linux network namespace, joined
 by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...`` (default
-100 Mbit/s each way): ``link = {"kind": "netns-veth-tbf", "rate_mbit": R, ...}``. When namespaces
+100 Mbit/s each way, at most 5 ms queued): ``link = {"kind": "netns-veth-tbf", "rate_mbit": R, ...}``. When namespaces
 cannot be made (not root, no ``ip``/``tc``, a container without ``CAP_NET_ADMIN``), both
 processes run on 127.0.0.1 and each `HttpTransport` paces its outgoing bodies to the same rate
 (``HttpConfig.shape_bandwidth``): ``link = {"kind": "loopback-shaped", ...,
@@ -90,7 +90,7 @@ class NetnsLink:
     Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
     whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
 
-    def __init__(self, rate_mbit: float, *, latency_ms: float = 50.0,
+    def __init__(self, rate_mbit: float, *, latency_ms: float = 5.0,
                  tag: str | None = None) -> None:
         tag = tag or str(os.getpid())
         self.rate_mbit = rate_mbit
@@ -410,23 +410,39 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
     return min(per_batch)
 
 
-async def size_workload(wl: Workload, link_s: float, who: str) -> tuple[Workload, float]:
-    """Scale the hidden width until compute per batch is within 15 % of ``link_s``."""
-    compute = await compute_per_batch(wl, who)
-    for _ in range(3):
-        ratio = link_s / compute
-        _log(who, f"hidden={wl.hidden}: compute/batch {compute * 1e3:.0f} ms, link/batch "
-                  f"{link_s * 1e3:.0f} ms (ratio {ratio:.2f})")
-        if abs(ratio - 1) <= 0.15:
+async def size_workload(wl: Workload, link_s: float, who: str,
+                        steps: int = 4) -> tuple[Workload, float]:
+    """Choose the hidden width so that compute per batch is within 15 % of ``link_s``.
+
+    Compute grows about linearly with the width: each step interpolates between the nearest
+    measured widths on either side of ``link_s`` (secant), or scales the width by the ratio
+    while all measurements lie on one side. After ``steps`` measurements the measured width
+    closest to ``link_s`` is kept (never an unmeasured one)."""
+    seen: dict[int, float] = {}
+
+    def pick(h: float) -> int:
+        return int(min(16384, max(16, round(h / 16) * 16)))
+
+    hidden = wl.hidden
+    for _ in range(steps):
+        seen[hidden] = c = await compute_per_batch(dataclasses.replace(wl, hidden=hidden), who)
+        _log(who, f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
+                  f"{link_s * 1e3:.0f} ms (ratio {link_s / c:.2f})")
+        if abs(link_s / c - 1) <= 0.15:
             break
-        hidden = int(min(16384, max(16, round(wl.hidden * ratio / 16) * 16)))
-        if hidden == wl.hidden:
+        below = [h for h, t in seen.items() if t < link_s]
+        above = [h for h, t in seen.items() if t >= link_s]
+        if below and above:
+            lo, hi = max(below, key=lambda h: seen[h]), min(above, key=lambda h: seen[h])
+            slope = (seen[hi] - seen[lo]) / (hi - lo) if hi != lo else 0.0
+            nxt = pick(lo + (link_s - seen[lo]) / slope) if slope > 0 else pick((lo + hi) / 2)
+        else:
+            nxt = pick(hidden * link_s / c)
+        if nxt in seen:
             break
-        wl = dataclasses.replace(wl, hidden=hidden)
-        compute = await compute_per_batch(wl, who)
-    else:
-        _log(who, f"hidden={wl.hidden}: compute/batch {compute * 1e3:.0f} ms (after 3 steps)")
-    return wl, compute
+        hidden = nxt
+    best = min(seen, key=lambda h: abs(math.log(link_s / seen[h])))
+    return dataclasses.replace(wl, hidden=best), seen[best]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -673,8 +689,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", choices=["auto", "netns", "loopback"], default="auto",
                    help="auto: network namespaces if permitted, else loopback (default)")
     p.add_argument("--rate-mbit", type=float, default=100.0, help="link rate each way (100)")
-    p.add_argument("--tbf-latency-ms", type=float, default=50.0,
-                   help="tbf queue size, as the longest wait in it (50 ms)")
+    p.add_argument("--tbf-latency-ms", type=float, default=5.0,
+                   help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
+                        "50 shows a bloated FIFO)")
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")

@@ -140,3 +140,30 @@ def _children(pid: int) -> set[int]:
         if int(fields[1]) == pid:
             kids.add(int(stat.parent.name))
     return kids
+
+
+def test_size_workload_search(monkeypatch):
+    """The width search on a model of compute time (no timing): converges on a linear machine;
+    keeps the best measured width when noise keeps it from converging."""
+    import asyncio
+
+    import bench.wan as wan
+
+    wl = wan.Workload(batch_size=64, batches=1, d_in=8, hidden=1024, cut=8, top_hidden=4, seed=0)
+
+    def run(model):
+        async def fake(w, who, rounds=3):
+            calls.append(w.hidden)
+            return model(w.hidden)
+        calls: list[int] = []
+        monkeypatch.setattr(wan, "compute_per_batch", fake)
+        monkeypatch.setattr(wan, "_log", lambda who, msg: None)
+        return asyncio.run(wan.size_workload(wl, 0.35, "test")), calls
+
+    (got, c), calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
+    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got.hidden)
+    assert len(calls) <= 4
+    noisy = {1024: 0.092, 3888: 0.463, 2928: 0.217}  # a loaded machine (measured once)
+    (got, c), calls = run(lambda h: noisy.get(h, 0.6))
+    assert len(calls) <= 4 and got.hidden in calls
+    assert c == min((noisy.get(h, 0.6) for h in calls), key=lambda t: abs(math.log(0.35 / t)))
