@@ -173,9 +173,18 @@ class NetnsLink:
 # ---------------------------------------------------------------------------------------------
 # main: set up the link, start the two processes, relay addresses, print the result
 # ---------------------------------------------------------------------------------------------
+def _die_with_parent() -> None:  # in the child, before exec (kept across exec)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's finally still terminates its children
+
+
 def _child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start a role process; it gets SIGTERM if this process dies without cleaning up."""
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_die_with_parent)
 
 
 def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
