@@ -4,13 +4,14 @@
 the network namespaces; without them it falls back to loopback (see ``link``).
 
 **The link.** The leader and the follower each run in their own Linux network namespace, joined
-by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...`` (default
-100 Mbit/s each way, at most 5 ms queued): ``link = {"kind": "netns-veth-tbf", "rate_mbit": R, ...}``. When namespaces
-cannot be made (not root, no ``ip``/``tc``, a container without ``CAP_NET_ADMIN``), both
-processes run on 127.0.0.1 and each `HttpTransport` paces its outgoing bodies to the same rate
-(``HttpConfig.shape_bandwidth``): ``link = {"kind": "loopback-shaped", ...,
-"fallback_reason": ...}``. ``--link netns`` / ``--link loopback`` force one. Namespaces are
-removed on every exit path (try/finally, Ctrl-C, SIGTERM).
+by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...``
+(default 100 Mbit/s each way, at most 5 ms queued): ``link = {"kind": "netns-veth-tbf",
+"rate_mbit": R, ...}``. When namespaces cannot be made (not root, no ``ip``/``tc``, a
+container without ``CAP_NET_ADMIN``), both processes run on 127.0.0.1 and each `HttpTransport`
+paces its outgoing bodies to the same rate (``HttpConfig.shape_bandwidth``):
+``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` / ``--link loopback`` force one. Namespaces are
+removed on every exit path (try/finally, Ctrl-C, SIGTERM); the role processes die with main
+(``PR_SET_PDEATHSIG``), and namespaces of a SIGKILLed run are swept by the next run.
 
 **The processes.** This process (``main``) sets up the link and starts the leader, then the
 follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (plain
@@ -24,16 +25,18 @@ labels and the loss. One batch carries ``batch_size x cut`` float32 activations 
 
 1. The leader measures the link's goodput in each direction with the raw TCP probe (a large
    message and a one-byte ack); on loopback the configured rate is used instead.
-2. It sizes the workload so that link time ~= compute time: the hidden width is scaled until
-   the compute per batch (both parties' compute-lane busy time at n = 1, measured in-process on
-   an unshaped link, as ``bench.pipeline`` measures it) is within 15 % of one direction's link
-   time per batch. ``--hidden`` skips this.
+2. It sizes the workload so that link time ~= compute time: the hidden width is searched
+   (`size_workload`) until the compute per batch (both parties' compute-lane busy time at
+   n = 1, measured in-process on an unshaped link, as ``bench.pipeline`` measures it; the
+   fastest of 3 batches) is within 15 % of one direction's link time per batch. ``--hidden``
+   skips this.
 3. It sends the workload description (JSON) to the follower; both build their `SplitParty`.
-4. Compile (one batch at n = 1 and each swept n), let the auto tuner settle (``fit``), then
-   ``repeats`` timed rounds, interleaved: sequential, each fixed n, auto.
+4. Compile (one batch at n = 1, 2, 4, ..., 64 and each swept n), let the auto tuner settle
+   (``fit``), then ``repeats`` timed rounds, interleaved: sequential, each fixed n, auto.
 
 **Reported** (medians over the rounds; a run ends when *both* processes finished their last
-batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes):
+batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes; ``load``
+records ``os.getloadavg()``; docs/wan-bench.md has the details and measured lines):
 
 * ``sequential_s``: n = 1, FIFO policy on both parties;
 * ``pipelined_s``: priority policy, automatic n (``SplitParty.fit``, ``groups="auto"``);
