@@ -9,9 +9,10 @@ by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate
 "rate_mbit": R, ...}``. When namespaces cannot be made (not root, no ``ip``/``tc``, a
 container without ``CAP_NET_ADMIN``), both processes run on 127.0.0.1 and each `HttpTransport`
 paces its outgoing bodies to the same rate (``HttpConfig.shape_bandwidth``):
-``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` / ``--link loopback`` force one. Namespaces are
-removed on every exit path (try/finally, Ctrl-C, SIGTERM); the role processes die with main
-(``PR_SET_PDEATHSIG``), and namespaces of a SIGKILLed run are swept by the next run.
+``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` /
+``--link loopback`` force one. Namespaces are removed on every exit path (try/finally,
+Ctrl-C, SIGTERM); the role processes die with main (``PR_SET_PDEATHSIG``), and namespaces of
+a SIGKILLed run are swept by the next run.
 
 **The processes.** This process (``main``) sets up the link and starts the leader, then the
 follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (plain
