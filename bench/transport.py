@@ -6,12 +6,20 @@ The receiver runs in a subprocess (``--role receiver``; started with ``subproces
 pickled). It serves a raw length-prefixed TCP sink and an `HttpTransport`. The sender, in this
 process, sends the same 64 MiB payloads over both, in the same run:
 
-* ``raw_MBps``: 64 MiB messages over one asyncio stream, each acknowledged by one byte;
+* ``raw_MBps``: 64 MiB messages over one TCP socket, each acknowledged by one byte: the sender
+  hands the whole message to ``loop.sock_sendall`` and the receiver ``sock_recv_into`` a fresh
+  ``np.empty`` buffer, as the HTTP receiver does (no stream buffering, no per-chunk Python
+  copies: the fairest baseline);
 * ``http_MBps``: 64 MiB float32 frames via `HttpTransport.send` (receiver drains with recv);
 * ``http_hmac_MBps``: the same with HMAC authentication (SHA-256 of every body, both sides);
 * ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead).
 
-``ratio_vs_raw = http_MBps / raw_MBps`` (target >= 0.5). MB = 1e6 bytes.
+The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; ``repeats``
+messages each, after one untimed warm-up message per variant); medians over the rounds are
+reported, and every round in ``runs``. ``ratio_vs_raw`` is the median over rounds of
+``http / raw`` measured in the same round (target >= 0.5). MB = 1e6 bytes. ``load`` records
+``os.getloadavg()`` before and after: loopback throughput is CPU-bound, so compare only runs on a
+quiet machine.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import argparse
 import asyncio
 import json
 import os
+import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -34,34 +44,49 @@ MiB = 1 << 20
 SECRET = b"bench-secret"
 
 
-async def _raw_sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    buf = bytearray(80 * MiB)
+def _raw_server() -> socket.socket:
+    srv = socket.create_server(("127.0.0.1", 0))
+    srv.setblocking(False)
+    return srv
+
+
+async def _raw_sink(srv: socket.socket) -> None:
+    """Serve one raw connection: u64 length, then that many bytes received straight into a
+    new buffer (``sock_recv_into``: no intermediate copies); answer one byte. Each message gets
+    a fresh ``np.empty`` buffer, as the HTTP receiver must (the application keeps the tensor):
+    both pay the same page faults, so the comparison measures the protocol, not the pooling."""
+    loop = asyncio.get_running_loop()
+    conn, _ = await loop.sock_accept(srv)
+    conn.setblocking(False)
     try:
         while True:
-            head = await reader.readexactly(8)
-            n = int.from_bytes(head, "little")
-            view = memoryview(buf)[:n] if n <= len(buf) else memoryview(bytearray(n))
-            got = 0
-            while got < n:
-                chunk = await reader.read(min(n - got, 4 * MiB))
+            head = bytearray()
+            while len(head) < 8:
+                chunk = await loop.sock_recv(conn, 8 - len(head))
                 if not chunk:
                     return
-                view[got:got + len(chunk)] = chunk
-                got += len(chunk)
-            writer.write(b"k")
-            await writer.drain()
-    except asyncio.IncompleteReadError:
+                head += chunk
+            n = int.from_bytes(head, "little")
+            view = memoryview(np.empty(n, np.uint8))
+            got = 0
+            while got < n:
+                k = await loop.sock_recv_into(conn, view[got:])
+                if not k:
+                    return
+                got += k
+            await loop.sock_sendall(conn, b"k")
+    except ConnectionError:
         pass
     finally:
-        writer.close()
+        conn.close()
 
 
 async def _receiver() -> int:
-    raw = await asyncio.start_server(_raw_sink, "127.0.0.1", 0, limit=4 * MiB)
+    raw = _raw_server()
     plain = await HttpTransport(HttpConfig(name="rx", peers={"tx": "http://127.0.0.1:9"})).start()
     signed = await HttpTransport(HttpConfig(name="rx", secret=SECRET,
                                             peers={"tx": "http://127.0.0.1:9"})).start()
-    print(json.dumps({"raw_port": raw.sockets[0].getsockname()[1], "plain": plain.url,
+    print(json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url,
                       "signed": signed.url}), flush=True)
 
     async def drain(t: HttpTransport, channel: str) -> None:
@@ -76,6 +101,7 @@ async def _receiver() -> int:
 
     try:
         async with asyncio.TaskGroup() as tg:
+            tg.create_task(_raw_sink(raw))
             for t in (plain, signed):
                 for ch in ("big", "small"):
                     tg.create_task(drain(t, ch))
@@ -87,74 +113,106 @@ async def _receiver() -> int:
         await plain.aclose()
         await signed.aclose()
         raw.close()
-        await raw.wait_closed()
     return 0
 
 
-async def _bench_raw(port: int, payload: memoryview, repeats: int) -> float:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    n = len(payload)
+class _RawSender:
+    """The baseline: one TCP connection, each message one ``sock_sendall`` of the whole
+    payload (the kernel takes it as fast as the receiver drains it; no per-chunk Python work)
+    and a one-byte acknowledgement, as each HTTP send waits for its response."""
 
-    async def one() -> None:
-        writer.write(n.to_bytes(8, "little"))
-        for start in range(0, n, MiB):
-            writer.write(payload[start:start + MiB])
-            await writer.drain()
-        await reader.readexactly(1)
+    def __init__(self, port: int, payload: memoryview) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port))
+        self.sock.setblocking(False)
+        self.payload = payload
 
-    await one()  # warm-up
+    async def send(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.sock_sendall(self.sock, len(self.payload).to_bytes(8, "little"))
+        await loop.sock_sendall(self.sock, self.payload)
+        if not await loop.sock_recv(self.sock, 1):
+            raise ConnectionError("raw sink closed early")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def _throughput(send, nbytes: int, repeats: int) -> float:
     t0 = time.perf_counter()
     for _ in range(repeats):
-        await one()
-    dt = time.perf_counter() - t0
-    writer.close()
-    await writer.wait_closed()
-    return repeats * n / dt / 1e6
+        await send()
+    return repeats * nbytes / (time.perf_counter() - t0) / 1e6
 
 
-async def _bench_http(url: str, secret: bytes | None, big: np.ndarray, repeats: int,
-                      small_n: int) -> tuple[float, float]:
-    async with HttpTransport(HttpConfig(name="tx", secret=secret, peers={"rx": url})) as t:
-        frame = Frame(arrays=(big,))
-        await t.send("rx", "big", frame)  # warm-up (connection, allocations)
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            await t.send("rx", "big", frame)
-        mbps = repeats * big.nbytes / (time.perf_counter() - t0) / 1e6
-        small = Frame(arrays=(np.zeros(1024, np.float32),))  # 4 KiB
-        for _ in range(20):
-            await t.send("rx", "small", small)
-        t0 = time.perf_counter()
-        for _ in range(small_n):
-            await t.send("rx", "small", small)
-        us = (time.perf_counter() - t0) / small_n * 1e6
-    return mbps, us
+async def _small_us(t: HttpTransport, n: int) -> float:
+    small = Frame(arrays=(np.zeros(1024, np.float32),))  # 4 KiB
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await t.send("rx", "small", small)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _log(msg: str) -> None:
+    print(f"[bench.transport] {msg}", file=sys.stderr, flush=True)
 
 
 async def _sender(args: argparse.Namespace) -> dict:
+    load_start = list(os.getloadavg())
     proc = subprocess.Popen([sys.executable, "-m", "bench.transport", "--role", "receiver"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    raw = None
     try:
         line = await asyncio.to_thread(proc.stdout.readline)
+        if not line:
+            raise RuntimeError(f"the receiver exited (code {proc.wait()}); its error is above")
         addr = json.loads(line)
         big = np.random.default_rng(0).standard_normal(args.mib * MiB // 4, dtype=np.float32)
-        payload = memoryview(big).cast("B")
-        raw = await _bench_raw(addr["raw_port"], payload, args.repeats)
-        http, small_us = await _bench_http(addr["plain"], None, big, args.repeats, args.small)
-        hmac_mbps, hmac_small_us = await _bench_http(addr["signed"], SECRET, big, args.repeats,
-                                                     args.small)
+        raw = _RawSender(addr["raw_port"], memoryview(big).cast("B"))
+        frame = Frame(arrays=(big,))
+        async with HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]})) as plain, \
+                HttpTransport(HttpConfig(name="tx", secret=SECRET,
+                                         peers={"rx": addr["signed"]})) as signed:
+            senders = {"raw": raw.send,
+                       "http": lambda: plain.send("rx", "big", frame),
+                       "http_hmac": lambda: signed.send("rx", "big", frame)}
+            for send in senders.values():  # warm-up: connections, allocations
+                await send()
+            for t in (plain, signed):
+                await _small_us(t, 20)
+            # rounds interleave the variants, so load drifting on a shared machine hits all
+            runs: dict[str, list[float]] = {k: [] for k in
+                                            (*senders, "small_us", "small_hmac_us")}
+            for r in range(args.rounds):
+                for key, send in senders.items():
+                    runs[key].append(await _throughput(send, big.nbytes, args.repeats))
+                runs["small_us"].append(await _small_us(plain, args.small))
+                runs["small_hmac_us"].append(await _small_us(signed, args.small))
+                _log(f"round {r + 1}/{args.rounds}: " + ", ".join(
+                    f"{k} {v[-1]:.1f}" for k, v in runs.items()))
     finally:
+        if raw is not None:
+            raw.close()
         proc.stdin.close()
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+        proc.stdout.close()
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    ratios = [h / r for h, r in zip(runs["http"], runs["raw"])]
     return {"bench": "transport", "tensor_MiB": args.mib, "repeats": args.repeats,
-            "raw_MBps": round(raw, 1), "http_MBps": round(http, 1),
-            "ratio_vs_raw": round(http / raw, 3), "http_hmac_MBps": round(hmac_mbps, 1),
-            "small_frame_us": round(small_us, 1), "small_frame_hmac_us": round(hmac_small_us, 1),
-            "loop": type(asyncio.get_running_loop()).__module__.split(".")[0]}
+            "rounds": args.rounds,
+            "raw_MBps": round(med["raw"], 1), "http_MBps": round(med["http"], 1),
+            "ratio_vs_raw": round(statistics.median(ratios), 3),
+            "http_hmac_MBps": round(med["http_hmac"], 1),
+            "small_frame_us": round(med["small_us"], 1),
+            "small_frame_hmac_us": round(med["small_hmac_us"], 1),
+            "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+            "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+            "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
+                     "loadavg_end": list(os.getloadavg())}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--mib", type=int, default=64, help="tensor size in MiB (default 64)")
-    p.add_argument("--repeats", type=int, default=8, help="large frames per measurement")
+    p.add_argument("--repeats", type=int, default=4, help="large frames per variant per round")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians reported)")
     p.add_argument("--small", type=int, default=500, help="4 KiB frames for the overhead")
     p.add_argument("--role", choices=["sender", "receiver"], default="sender",
                    help=argparse.SUPPRESS)

@@ -4,13 +4,15 @@
 the network namespaces; without them it falls back to loopback (see ``link``).
 
 **The link.** The leader and the follower each run in their own Linux network namespace, joined
-by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...`` (default
-100 Mbit/s each way): ``link = {"kind": "netns-veth-tbf", "rate_mbit": R, ...}``. When namespaces
-cannot be made (not root, no ``ip``/``tc``, a container without ``CAP_NET_ADMIN``), both
-processes run on 127.0.0.1 and each `HttpTransport` paces its outgoing bodies to the same rate
-(``HttpConfig.shape_bandwidth``): ``link = {"kind": "loopback-shaped", ...,
-"fallback_reason": ...}``. ``--link netns`` / ``--link loopback`` force one. Namespaces are
-removed on every exit path (try/finally, Ctrl-C, SIGTERM).
+by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate R ...``
+(default 100 Mbit/s each way, at most 5 ms queued): ``link = {"kind": "netns-veth-tbf",
+"rate_mbit": R, ...}``. When namespaces cannot be made (not root, no ``ip``/``tc``, a
+container without ``CAP_NET_ADMIN``), both processes run on 127.0.0.1 and each `HttpTransport`
+paces its outgoing bodies to the same rate (``HttpConfig.shape_bandwidth``):
+``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` /
+``--link loopback`` force one. Namespaces are removed on every exit path (try/finally,
+Ctrl-C, SIGTERM); the role processes die with main (``PR_SET_PDEATHSIG``), and namespaces of
+a SIGKILLed run are swept by the next run.
 
 **The processes.** This process (``main``) sets up the link and starts the leader, then the
 follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (plain
@@ -24,16 +26,18 @@ labels and the loss. One batch carries ``batch_size x cut`` float32 activations 
 
 1. The leader measures the link's goodput in each direction with the raw TCP probe (a large
    message and a one-byte ack); on loopback the configured rate is used instead.
-2. It sizes the workload so that link time ~= compute time: the hidden width is scaled until
-   the compute per batch (both parties' compute-lane busy time at n = 1, measured in-process on
-   an unshaped link, as ``bench.pipeline`` measures it) is within 15 % of one direction's link
-   time per batch. ``--hidden`` skips this.
+2. It sizes the workload so that link time ~= compute time: the hidden width is searched
+   (`size_workload`) until the compute per batch (both parties' compute-lane busy time at
+   n = 1, measured in-process on an unshaped link, as ``bench.pipeline`` measures it; the
+   fastest of 3 batches) is within 15 % of one direction's link time per batch. ``--hidden``
+   skips this.
 3. It sends the workload description (JSON) to the follower; both build their `SplitParty`.
-4. Compile (one batch at n = 1 and each swept n), let the auto tuner settle (``fit``), then
-   ``repeats`` timed rounds, interleaved: sequential, each fixed n, auto.
+4. Compile (one batch at n = 1, 2, 4, ..., 64 and each swept n), let the auto tuner settle
+   (``fit``), then ``repeats`` timed rounds, interleaved: sequential, each fixed n, auto.
 
 **Reported** (medians over the rounds; a run ends when *both* processes finished their last
-batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes):
+batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes; ``load``
+records ``os.getloadavg()``; docs/wan-bench.md has the details and measured lines):
 
 * ``sequential_s``: n = 1, FIFO policy on both parties;
 * ``pipelined_s``: priority policy, automatic n (``SplitParty.fit``, ``groups="auto"``);
@@ -56,6 +60,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import statistics
@@ -89,7 +94,8 @@ class NetnsLink:
     Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
     whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
 
-    def __init__(self, rate_mbit: float, *, tag: str | None = None) -> None:
+    def __init__(self, rate_mbit: float, *, latency_ms: float = 5.0,
+                 tag: str | None = None) -> None:
         tag = tag or str(os.getpid())
         self.rate_mbit = rate_mbit
         self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
@@ -98,7 +104,9 @@ class NetnsLink:
         rate_Bps = rate_mbit * 1e6 / 8
         # burst: at least 64 KiB (one GSO segment train), else ~2 ms at line rate
         self.burst = int(max(64 * 1024, rate_Bps * 0.002))
-        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency", "50ms"]
+        # latency: the longest a packet may wait in the shaper's queue (its buffer size)
+        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency",
+                    f"{latency_ms:g}ms"]
         self._made: list[str] = []
 
     def _ip(self, *args: str) -> None:
@@ -133,9 +141,30 @@ class NetnsLink:
         return ["ip", "netns", "exec", self.ns[party]]
 
     def close(self) -> None:
-        for ns in reversed(self._made):  # deleting a namespace deletes its veth end (and peer)
+        """Delete what `__enter__` made (idempotent). Deleting a namespace deletes its veth end
+        and so the pair; a pair not yet moved into a namespace is deleted explicitly."""
+        for ns in reversed(self._made):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
+        if self._made:
+            subprocess.run(["ip", "link", "del", self.dev[B]], capture_output=True, timeout=20)
         self._made.clear()
+
+    @staticmethod
+    def remove_stale() -> list[str]:
+        """Delete namespaces left by an earlier run whose process is gone (killed with
+        SIGKILL, so its finally blocks never ran); returns their names."""
+        try:
+            out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                 timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        stale = []
+        for line in out.splitlines():
+            m = re.match(r"(tdmwan(\d+)[lf])\b", line)
+            if m and not os.path.exists(f"/proc/{m.group(2)}"):
+                subprocess.run(["ip", "netns", "del", m.group(1)], capture_output=True, timeout=20)
+                stale.append(m.group(1))
+        return stale
 
     def __exit__(self, *exc: object) -> None:
         self.close()
@@ -148,9 +177,18 @@ class NetnsLink:
 # ---------------------------------------------------------------------------------------------
 # main: set up the link, start the two processes, relay addresses, print the result
 # ---------------------------------------------------------------------------------------------
+def _die_with_parent() -> None:  # in the child, before exec (kept across exec)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's finally still terminates its children
+
+
 def _child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    """Start a role process; it gets SIGTERM if this process dies without cleaning up."""
     return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_die_with_parent)
 
 
 def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
@@ -175,8 +213,10 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         if args.link in ("auto", "netns"):
+            if stale := NetnsLink.remove_stale():
+                _log("main", f"removed namespaces left by killed runs: {stale}")
             try:
-                link = NetnsLink(args.rate_mbit).__enter__()
+                link = NetnsLink(args.rate_mbit, latency_ms=args.tbf_latency_ms).__enter__()
             except LinkSetupError as exc:
                 if args.link == "netns":
                     raise
@@ -237,7 +277,7 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
 
 # options main forwards to both processes
 _FORWARDED = ("batch_size", "batches", "repeats", "d_in", "hidden", "cut", "top_hidden",
-              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit")
+              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit", "trace")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +391,8 @@ class Workload:
 
 async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
     """Both parties' compute-lane busy seconds per batch at n = 1 (FIFO), in this process on an
-    unshaped memory link (the same measurement as ``bench.pipeline``'s warm-up)."""
+    unshaped memory link (the same measurement as ``bench.pipeline``'s warm-up). The fastest of
+    ``rounds`` batches: other load on the machine only ever adds time."""
     from engine.lanes import ThreadLane
     from engine.trace import Trace
     from transports.memory import MemoryNetwork
@@ -379,24 +420,42 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
     async with asyncio.TaskGroup() as tg:
         tg.create_task(follower.serve())
         tg.create_task(drive())
-    return statistics.median(per_batch)
+    return min(per_batch)
 
 
-async def size_workload(wl: Workload, link_s: float, who: str) -> tuple[Workload, float]:
-    """Scale the hidden width until compute per batch is within 15 % of ``link_s``."""
-    compute = await compute_per_batch(wl, who)
-    for _ in range(3):
-        ratio = link_s / compute
-        _log(who, f"hidden={wl.hidden}: compute/batch {compute * 1e3:.0f} ms, link/batch "
-                  f"{link_s * 1e3:.0f} ms (ratio {ratio:.2f})")
-        if abs(ratio - 1) <= 0.15:
+async def size_workload(wl: Workload, link_s: float, who: str,
+                        steps: int = 4) -> tuple[Workload, float]:
+    """Choose the hidden width so that compute per batch is within 15 % of ``link_s``.
+
+    Compute grows about linearly with the width: each step interpolates between the nearest
+    measured widths on either side of ``link_s`` (secant), or scales the width by the ratio
+    while all measurements lie on one side. After ``steps`` measurements the measured width
+    closest to ``link_s`` is kept (never an unmeasured one)."""
+    seen: dict[int, float] = {}
+
+    def pick(h: float) -> int:
+        return int(min(16384, max(16, round(h / 16) * 16)))
+
+    hidden = wl.hidden
+    for _ in range(steps):
+        seen[hidden] = c = await compute_per_batch(dataclasses.replace(wl, hidden=hidden), who)
+        _log(who, f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
+                  f"{link_s * 1e3:.0f} ms (ratio {link_s / c:.2f})")
+        if abs(link_s / c - 1) <= 0.15:
             break
-        hidden = int(min(16384, max(16, round(wl.hidden * ratio / 16) * 16)))
-        if hidden == wl.hidden:
+        below = [h for h, t in seen.items() if t < link_s]
+        above = [h for h, t in seen.items() if t >= link_s]
+        if below and above:
+            lo, hi = max(below, key=lambda h: seen[h]), min(above, key=lambda h: seen[h])
+            slope = (seen[hi] - seen[lo]) / (hi - lo) if hi != lo else 0.0
+            nxt = pick(lo + (link_s - seen[lo]) / slope) if slope > 0 else pick((lo + hi) / 2)
+        else:
+            nxt = pick(hidden * link_s / c)
+        if nxt in seen:
             break
-        wl = dataclasses.replace(wl, hidden=hidden)
-        compute = await compute_per_batch(wl, who)
-    return wl, compute
+        hidden = nxt
+    best = min(seen, key=lambda h: abs(math.log(link_s / seen[h])))
+    return dataclasses.replace(wl, hidden=best), seen[best]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,6 +470,18 @@ def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
     return HttpTransport(HttpConfig(name=name, host=args.host, port=0, peers=peers,
                                     secret=secret.encode(), shape_bandwidth=args.shape_Bps,
                                     retry_timeout=60.0))
+
+
+def _write_traces(directory: str, seq, auto, n: int) -> None:
+    """Both parties' events of the last round: Chrome traces and one Gantt PNG."""
+    from pathlib import Path
+    from engine.trace import plot_gantt
+    out = Path(directory)
+    seq.write_chrome(out / "wan_sequential.json")
+    auto.write_chrome(out / "wan_pipelined.json")
+    plot_gantt([("sequential (n=1, fifo)", seq), (f"pipelined (auto, n={n})", auto)],
+               out / "wan_gantt.png")
+    _log("leader", f"traces written to {out}/wan_{{sequential,pipelined}}.json, wan_gantt.png")
 
 
 def _emit(obj: dict[str, Any]) -> None:
@@ -444,11 +515,17 @@ async def follower_main(args: argparse.Namespace) -> int:
                     return 0
                 tr = Trace()
                 party.config.policy, party.trace = str(msg.meta["policy"]), tr
-                batches = await party.serve()
-                end = time.perf_counter()
-                await t.send(B, BENCH, Frame(meta={
-                    "end": end, "batches": batches, "compute_s": tr.busy(A),
-                    "sent_bytes": _sent_bytes(tr, A, B)}))
+                done: list[float] = []
+
+                async def mark(_cmd) -> None:  # the end of each batch, not of the stop message
+                    done.append(time.perf_counter())
+                batches = await party.serve(on_batch=mark)
+                end = done[-1] if done else time.perf_counter()
+                rep = {"end": end, "batches": batches, "compute_s": tr.busy(A),
+                       "sent_bytes": _sent_bytes(tr, A, B)}
+                if msg.meta.get("events"):
+                    rep["events"] = [dataclasses.astuple(e) for e in tr.events]
+                await t.send(B, BENCH, Frame(meta=rep))
     finally:
         sink.close()
         await sink.wait_closed()
@@ -460,12 +537,15 @@ class _Leader:
     def __init__(self, t, party, wl: Workload) -> None:
         self.t, self.party, self.wl = t, party, wl
 
-    async def phase(self, policy: str, run: Callable[[], Awaitable[None]]):
-        """Run ``run()`` with ``policy`` on both parties; returns (wall, own trace, follower's
-        report). The wall ends when both processes are done."""
-        from engine.trace import Trace
+    async def phase(self, policy: str, run: Callable[[], Awaitable[None]], *,
+                    events: bool = False):
+        """Run ``run()`` with ``policy`` on both parties; returns (wall, trace, follower's
+        report). The wall ends when both processes are done. With ``events`` the follower's
+        trace events are merged into the returned trace (both use CLOCK_MONOTONIC)."""
+        from engine.trace import Trace, TraceEvent
         from transports.base import Frame
-        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy}))
+        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy,
+                                                "events": events}))
         tr = Trace()
         self.party.config.policy, self.party.trace = policy, tr
         t0 = time.perf_counter()
@@ -473,6 +553,8 @@ class _Leader:
         mine = time.perf_counter()
         await self.party.stop()
         rep = dict((await self.t.recv(A, BENCH)).meta)
+        if events:
+            tr.extend(TraceEvent(*e) for e in rep.pop("events"))
         return max(mine, rep["end"]) - t0, tr, rep
 
     def fixed(self, lane, n: int, k: int | None = None):
@@ -493,6 +575,7 @@ async def leader_main(args: argparse.Namespace) -> int:
     from engine.lanes import ThreadLane
     from transports.base import Frame
 
+    load_start = list(os.getloadavg())
     async with _transport(args, B, {}) as t:
         _emit({"url": t.url})
         peer = json.loads(await asyncio.to_thread(sys.stdin.readline))
@@ -524,14 +607,20 @@ async def leader_main(args: argparse.Namespace) -> int:
         sweep = sorted({min(n, wl.batch_size) for n in args.sweep})
         async with ThreadLane("wan-leader") as lane:
             # 4. compile every shape used, then let the tuner settle
+            # (the tuner's first batch runs at n = 4 and its rule reads that batch's compute
+            # time, so every n it may start from or step to must be compiled first)
+            shapes = sorted({1, *sweep, *(min(2 ** k, wl.batch_size) for k in range(7))})
+
             async def compile_all() -> None:
-                await lead.fixed(lane, 1, 1)()
-                for n in sweep:
+                for n in shapes:
                     await lead.fixed(lane, n, 1)()
+            _log("leader", f"hidden={wl.hidden}; compiling group counts {shapes} ...")
             await lead.phase("priority", compile_all)
             tuner = party.tuner
-            for _ in range(args.tune_epochs):
-                await lead.phase("priority", lead.auto())
+            for e in range(args.tune_epochs):
+                wall = (await lead.phase("priority", lead.auto()))[0]
+                _log("leader", f"tuning epoch {e + 1}/{args.tune_epochs}: {wall:.3f} s, "
+                               f"n path {[h['n'] for h in tuner.history]}")
                 if tuner._settled_at is not None:
                     break
             settled = tuner._settled_at is not None
@@ -541,13 +630,17 @@ async def leader_main(args: argparse.Namespace) -> int:
             seq, auto, terms, seq_compute = [], [], [], []
             runs: dict[int, list[float]] = {n: [] for n in sweep}
             for r in range(args.repeats):
-                wall, tr, rep = await lead.phase("fifo", lead.fixed(lane, 1))
+                last = args.trace is not None and r == args.repeats - 1
+                wall, tr, rep = await lead.phase("fifo", lead.fixed(lane, 1), events=last)
                 seq.append(wall)
+                seq_trace = tr
                 seq_compute.append((tr.busy(B) + rep["compute_s"]) / wl.batches)
                 for n in sweep:
                     runs[n].append((await lead.phase("priority", lead.fixed(lane, n)))[0])
-                wall, tr, rep = await lead.phase("priority", lead.auto())
+                wall, tr, rep = await lead.phase("priority", lead.auto(), events=last)
                 auto.append(wall)
+                if last:
+                    _write_traces(args.trace, seq_trace, tr, party.n_groups)
                 terms.append({f"compute[{A}]": rep["compute_s"], f"compute[{B}]": tr.busy(B),
                               f"link[{A}->{B}]": rep["sent_bytes"] / down,
                               f"link[{B}->{A}]": _sent_bytes(tr, B, A) / up})
@@ -570,6 +663,7 @@ async def leader_main(args: argparse.Namespace) -> int:
                                       "from the auto runs' traces, median over rounds",
                         **bound_terms},
         "sweep": {str(n): s for n, s in sweep_s.items()}, "best_fixed_n": best,
+        "auto_vs_best": (sweep_s[best] / pipe_s) if best is not None else None,
         "best_fixed_s": sweep_s[best] if best is not None else None,
         "workload": {**dataclasses.asdict(wl), "topology": "two_party",
                      "cut_bytes_per_batch": wl.cut_bytes,
@@ -581,6 +675,8 @@ async def leader_main(args: argparse.Namespace) -> int:
         "link_measured": {"goodput_MBps": {f"{B}->{A}": up / 1e6, f"{A}->{B}": down / 1e6},
                           "goodput_source": source},
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+        "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
+                 "loadavg_end": list(os.getloadavg())},
     }
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
@@ -606,19 +702,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--link", choices=["auto", "netns", "loopback"], default="auto",
                    help="auto: network namespaces if permitted, else loopback (default)")
     p.add_argument("--rate-mbit", type=float, default=100.0, help="link rate each way (100)")
+    p.add_argument("--tbf-latency-ms", type=float, default=5.0,
+                   help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
+                        "50 shows a bloated FIFO)")
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds (3)")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")
     p.add_argument("--d-in", type=int, default=512)
     p.add_argument("--hidden", type=int, default=None,
                    help="bottom hidden width (default: sized so compute ~= link time)")
     p.add_argument("--cut", type=int, default=512, help="cut-layer width (512)")
     p.add_argument("--top-hidden", type=int, default=32)
-    p.add_argument("--sweep", type=_positive_ints, default=(4, 8, 16),
-                   help="fixed group counts timed besides auto (4,8,16)")
+    p.add_argument("--sweep", type=_positive_ints, default=(8, 16, 32, 64),
+                   help="fixed group counts timed besides auto (8,16,32,64)")
     p.add_argument("--tune-epochs", type=int, default=8,
                    help="most epochs waiting for the auto tuner to settle (8)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="write both parties' traces of the last round (Chrome JSON + Gantt PNG)")
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
     p.add_argument("--role", choices=["main", "leader", "follower"], default="main",
                    help=argparse.SUPPRESS)
@@ -634,8 +735,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("batch_size", "batches", "repeats", "d_in", "cut", "top_hidden", "probe_mib"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not args.tbf_latency_ms > 0:
+        raise SystemExit(f"--tbf-latency-ms must be > 0, got {args.tbf_latency_ms}")
     if not args.rate_mbit > 0:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
+    if args.trace is not None:
+        args.trace = os.path.abspath(args.trace)
     if args.role != "main":
         from parties.cli import run_async
         return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args))

@@ -648,7 +648,9 @@ class HttpTransport:
         pos, end = offset, offset + length
         content = request.content
         while pos < end:
-            data = await content.readany()
+            # readchunk hands over aiohttp's buffered chunks one by one; readany would first
+            # join them into a new bytes object (a second copy of every body byte)
+            data, _ = await content.readchunk()
             if not data:
                 raise _Refuse(400, "malformed",
                               f"body ended after {pos - offset} of {length} bytes")

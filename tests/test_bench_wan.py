@@ -1,0 +1,169 @@
+"""Smoke tests of `bench.wan` on a tiny configuration.
+
+The loopback test runs everywhere (two real processes over HTTP, in-transport shaping): one JSON
+line on stdout, every key present, every number finite and consistent with its definition (the
+speed targets are the benchmark's business, not a test's). The namespace tests need root and
+iproute2 and are skipped otherwise: the link is removed when the benchmark is terminated, and
+namespaces left by a killed run are swept up.
+"""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.wan import LinkSetupError, NetnsLink
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--batch-size", "64", "--batches", "2", "--repeats", "1", "--d-in", "8", "--hidden",
+        "16", "--cut", "8", "--sweep", "2", "--tune-epochs", "2", "--rate-mbit", "10"]
+KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups", "link",
+        "bound_terms", "sweep", "workload", "runs", "load")
+
+
+def _bench(*args: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench.wan", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kw)
+
+
+def _namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _can_make_namespaces() -> bool:
+    if os.name != "posix" or os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
+        return False
+    try:  # the whole link (namespaces, veth, tbf), as the benchmark makes it
+        with NetnsLink(10.0, tag=f"p{os.getpid()}"):
+            return True
+    except LinkSetupError:
+        return False
+
+
+needs_netns = pytest.mark.skipif(not _can_make_namespaces(),
+                                 reason="needs root, iproute2 and permission to make namespaces")
+
+
+@pytest.mark.slow
+def test_wan_bench_loopback_tiny():
+    proc = _bench("--json", "--link", "loopback", *TINY)
+    out, err = proc.communicate(timeout=110)
+    assert proc.returncode == 0, err
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out  # exactly one JSON line on stdout; progress went to stderr
+    assert "[bench.wan leader]" in err
+    r = json.loads(lines[0])
+    for key in KEYS:
+        assert key in r, key
+    for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency"):
+        assert math.isfinite(r[key]) and r[key] > 0, key
+    assert r["link"]["kind"] == "loopback-shaped"
+    assert r["link"]["fallback_reason"] == "--link loopback"
+    assert r["link"]["goodput_MBps"] == {"B->A": 1.25, "A->B": 1.25}
+    terms = {k: v for k, v in r["bound_terms"].items() if k != "definition"}
+    assert set(terms) == {"compute[A]", "compute[B]", "link[A->B]", "link[B->A]"}
+    assert r["bound_s"] == pytest.approx(max(terms.values()))
+    # each direction carries batches x batch_size x cut float32 tensors at 1.25 MB/s
+    assert terms["link[A->B]"] == pytest.approx(2 * 64 * 8 * 4 / 1.25e6)
+    assert r["speedup"] == pytest.approx(r["sequential_s"] / r["pipelined_s"])
+    assert r["efficiency"] == pytest.approx(r["bound_s"] / r["pipelined_s"])
+    assert set(r["sweep"]) == {"2"} and 1 <= r["n_groups"] <= 64
+    assert len(r["runs"]["sequential_s"]) == len(r["runs"]["pipelined_s"]) == 1
+    assert len(r["load"]["loadavg_start"]) == 3
+
+
+@needs_netns
+def test_netns_link_removed_on_error():
+    link = NetnsLink(10.0, tag=f"t{os.getpid()}")
+    with pytest.raises(RuntimeError, match="boom"):
+        with link:
+            assert set(link.ns.values()) <= _namespaces()
+            raise RuntimeError("boom")
+    assert not set(link.ns.values()) & _namespaces()
+
+
+@needs_netns
+def test_stale_namespaces_swept():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    name = f"tdmwan{dead.pid}l"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert name in NetnsLink.remove_stale()
+        assert name not in _namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+@needs_netns
+@pytest.mark.slow
+def test_wan_bench_sigterm_removes_namespaces_and_children():
+    proc = _bench("--json", "--link", "netns", *TINY)
+    mine = {f"tdmwan{proc.pid}l", f"tdmwan{proc.pid}f"}
+    try:
+        deadline = time.monotonic() + 60
+        children: set[int] = set()
+        while time.monotonic() < deadline and len(children) < 2:  # leader and follower up
+            time.sleep(0.2)
+            assert proc.poll() is None, proc.stderr.read()
+            children = _children(proc.pid)
+        assert len(children) == 2 and mine <= _namespaces()
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert proc.returncode != 0
+        assert not mine & _namespaces()
+        assert not any(Path(f"/proc/{pid}").exists() for pid in children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for ns in mine:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _children(pid: int) -> set[int]:
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def test_size_workload_search(monkeypatch):
+    """The width search on a model of compute time (no timing): converges on a linear machine;
+    keeps the best measured width when noise keeps it from converging."""
+    import asyncio
+
+    import bench.wan as wan
+
+    wl = wan.Workload(batch_size=64, batches=1, d_in=8, hidden=1024, cut=8, top_hidden=4, seed=0)
+
+    def run(model):
+        async def fake(w, who, rounds=3):
+            calls.append(w.hidden)
+            return model(w.hidden)
+        calls: list[int] = []
+        monkeypatch.setattr(wan, "compute_per_batch", fake)
+        monkeypatch.setattr(wan, "_log", lambda who, msg: None)
+        return asyncio.run(wan.size_workload(wl, 0.35, "test")), calls
+
+    (got, c), calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
+    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got.hidden)
+    assert len(calls) <= 4
+    noisy = {1024: 0.092, 3888: 0.463, 2928: 0.217}  # a loaded machine (measured once)
+    (got, c), calls = run(lambda h: noisy.get(h, 0.6))
+    assert len(calls) <= 4 and got.hidden in calls
+    assert c == min((noisy.get(h, 0.6) for h in calls), key=lambda t: abs(math.log(0.35 / t)))
