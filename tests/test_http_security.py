@@ -140,6 +140,49 @@ async def test_nan_refused_422_then_good_frame_delivered():
         await b.aclose()
 
 
+@pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", "<c8", "<c16"])
+def test_all_finite_agrees_with_isfinite(dtype):
+    """`_all_finite` (a sum, then the exact check) against the reference
+    ``np.isfinite(a).all()``: NaN/Inf anywhere, Inf of both signs, and finite values whose sum
+    overflows (must still be accepted)."""
+    from transports.http import _all_finite
+    dt = np.dtype(dtype)
+    big = np.finfo(dt).max
+    cases = [np.arange(1000, dtype=dt), np.full(1000, big, dt), np.full(1000, -big, dt)]
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, 517, 999):
+            a = np.ones(1000, dt)
+            a[pos] = bad
+            cases.append(a)
+            if dt.kind == "c":
+                c = np.ones(1000, dt)
+                c[pos] = complex(1.0, bad)  # non-finite imaginary part only
+                cases.append(c)
+    both = np.ones(1000, dt)
+    both[3], both[700] = np.inf, -np.inf  # sums to NaN
+    cases.append(both)
+    for a in cases:
+        assert _all_finite(a.reshape(10, 100)) == bool(np.isfinite(a).all())
+
+
+async def test_nan_in_large_frame_refused_422():
+    """A frame large enough to be checked off the event loop (>= 1 MiB): Inf in its last
+    element is still refused."""
+    a, b = await pair()
+    try:
+        x = np.zeros((2 << 20) // 4, np.float32)
+        x[-1] = np.inf
+        with pytest.raises(FrameError, match="NaN or Inf"):
+            await a.send("b", "c", Frame(arrays=(np.zeros(3, np.int32), x)))
+        assert b.refused == {"nonfinite": 1}
+        x[-1] = 0.0
+        await a.send("b", "c", Frame(arrays=(x,)))
+        assert not (await b.recv("a", "c")).arrays[0].any()
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
 async def test_spec_hash_mismatch_409_names_both_hashes():
     a, b = await pair(a_kw={"spec_hash": "aaa111"}, b_kw={"spec_hash": "bbb222"})
     try:
