@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import io
 import ipaddress
 import secrets
 import ssl
@@ -122,6 +123,30 @@ def test_verifier_bounded_nonce_memory_never_forgets_into_a_replay():
     for h in reqs:  # forgotten or remembered: every replay is refused
         with pytest.raises(AuthenticationError, match="replay"):
             v.verify("POST", "/p", h)
+
+
+async def test_body_digest_covers_every_byte_of_a_large_body():
+    """The receiver hashes a large body while reading it (in steps, off the loop): a body
+    altered in its first, a middle, or its last byte is refused (401); the original passes."""
+    a, b = await pair()
+    try:
+        x = np.arange((10 << 20) // 4, dtype=np.float32)  # 10 MiB: several hashing steps
+        body = codec.encode(Frame(arrays=(x,)).replace(sender="a", channel="c", msg_id=0))
+        async with aiohttp.ClientSession() as s:
+            for pos in (0, len(body) // 2 + 3, len(body) - 1):
+                bad = bytearray(body)
+                bad[pos] ^= 1
+                async with s.post(b.url + FRAME_PATH, data=io.BytesIO(bad),
+                                  headers=signed(0, body)) as r:
+                    assert (r.status, await r.text()) == (401, "unauthorized"), pos
+            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body),
+                              headers=signed(0, body)) as r:
+                assert r.status == 200
+        assert b.refused == {"unauthenticated": 3}
+        assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
+    finally:
+        await a.aclose()
+        await b.aclose()
 
 
 async def test_nan_refused_422_then_good_frame_delivered():
