@@ -23,6 +23,7 @@ import os
 import sys
 import time
 
+from .aligned_file import write_aligned
 from .errors import AlignmentError
 
 
@@ -108,8 +109,4 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def _write(path: str, res) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f)
-        w.writerow(["row", "id"])
-        for row, value in zip(res.rows.tolist(), res.ids):
-            w.writerow([row, value])
+    write_aligned(path, res.rows.tolist(), res.ids)

@@ -541,21 +541,14 @@ def _read_csv(path: str, label: str | None, cfg_path: str):
 
 
 def _align(data: PartyData, aligned: str, cfg_path: str) -> PartyData:
-    import csv
+    from parties.alignment.aligned_file import read_aligned
+    from parties.alignment.errors import AlignmentError
 
-    from parties.alignment.ecdh import canonical, commitment
-
-    with open(aligned, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != ["row", "id"]:
-            raise PartyConfigError(f"{cfg_path}: data.aligned {aligned!r} must be the `tandem "
-                                   f"align --out` CSV (header row,id), got header {header}")
-        pairs = list(reader)
     try:
-        rows = np.asarray([int(r[0]) for r in pairs], np.int64)
-    except (ValueError, IndexError):
-        raise PartyConfigError(f"{cfg_path}: data.aligned {aligned!r} has a malformed row") from None
+        file = read_aligned(aligned)
+    except AlignmentError as exc:
+        raise PartyConfigError(f"{cfg_path}: data.aligned: {exc}") from None
+    rows = file.rows
     n = data.samples or 0
     if len(rows) and (rows.min() < 0 or rows.max() >= n):
         raise PartyConfigError(f"{cfg_path}: data.aligned {aligned!r} refers to row "
@@ -563,7 +556,7 @@ def _align(data: PartyData, aligned: str, cfg_path: str) -> PartyData:
     take = lambda a: None if a is None else a[rows]  # noqa: E731
     return dataclasses.replace(
         data, train=take(data.train), y_train=take(data.y_train),
-        alignment={"size": len(rows), "commitment": commitment(canonical(r[1]) for r in pairs)})
+        alignment=file.spec_fields())
 
 
 __all__ = ["PartyConfig", "PartyConfigError", "PartyData", "DataConfig", "ModelConfig",

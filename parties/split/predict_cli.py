@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from parties.alignment import aligned_file
+from parties.alignment.errors import AlignmentError
+
 from .inference import InferenceError, check_rows
 
 
@@ -186,25 +189,11 @@ def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
 
 def read_aligned(path: str) -> tuple[np.ndarray, list[str], dict[str, Any]]:
     """(row indices, ids, ``{"size", "commitment"}``) of a `tandem align --out` CSV."""
-    from parties.alignment.ecdh import canonical, commitment
-
-    if not os.path.isfile(path):
-        raise InferenceError(f"--aligned {path!r}: no such file")
-    with open(path, newline="", encoding="utf-8") as f:
-        reader = csv.reader(f)
-        header = next(reader, None)
-        if header != ["row", "id"]:
-            raise InferenceError(f"--aligned {path!r} must be the `tandem align --out` CSV "
-                                 f"(header row,id), got header {header}")
-        pairs = list(reader)
     try:
-        rows = np.asarray([int(r[0]) for r in pairs], np.int64)
-        ids = [r[1] for r in pairs]
-    except (ValueError, IndexError):
-        raise InferenceError(f"--aligned {path!r} has a malformed line") from None
-    if len(rows) and rows.min() < 0:
-        raise InferenceError(f"--aligned {path!r} has a negative row index")
-    return rows, ids, {"size": len(ids), "commitment": commitment(canonical(i) for i in ids)}
+        aligned = aligned_file.read_aligned(path)
+    except AlignmentError as exc:
+        raise InferenceError(f"--aligned: {exc}") from None
+    return aligned.rows, aligned.ids, aligned.spec_fields()
 
 
 def write_predictions(path: str, out: np.ndarray, loss: str | None,
