@@ -64,15 +64,15 @@ class _BatchState:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.remaining = {op: len(plan.deps.get(op, ())) for op in plan.ops}
+        self.remaining = dict(plan.indegree)  # a copy: the plan is shared by every batch
         self.ready = ReadySet(plan.key)
         self.outbound = 0
         self.max_outbound = 0
         self.queues: dict[str, asyncio.Queue] = {}
         self.wake = asyncio.Event()
-        self.compute_left = len(plan.compute_ops)
-        for op in plan.ops:
-            if op.is_compute and self.remaining[op] == 0:
+        self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
+        for op, k in plan.indegree.items():
+            if k == 0 and op.kind is not Kind.SEND and op.kind is not Kind.RECV:
                 self.ready.add(op)
 
 
@@ -178,18 +178,21 @@ class PartyRuntime:
                     f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
                     f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
                     "and n_groups on both sides?)")
-            op = Op(Kind.RECV, m, channel=channel, peer=peer)
+            op = st.plan.recv_op[(peer, channel, m)]
             handler.receive(op, frame.arrays[0])
             self._complete(st, op, None)
             st.wake.set()
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _complete(self, st: _BatchState, op: Op, outputs: Mapping[str, np.ndarray] | None) -> None:
+        remaining = st.remaining
         for s in st.plan.successors[op]:
-            st.remaining[s] -= 1
-            if st.remaining[s]:
+            left = remaining[s] - 1
+            remaining[s] = left
+            if left:
                 continue
-            if s.kind is Kind.SEND:
+            kind = s.kind
+            if kind is Kind.SEND:
                 try:
                     array = outputs[s.channel]  # type: ignore[index]
                 except (KeyError, TypeError):
@@ -200,5 +203,5 @@ class PartyRuntime:
                 if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose
                     raise EngineError(f"outbound queue exceeded its capacity {self.bp.capacity}")
                 st.queues[s.peer].put_nowait((s, array))
-            elif s.is_compute:
+            elif kind is not Kind.RECV:
                 st.ready.add(s)

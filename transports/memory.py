@@ -197,8 +197,9 @@ class MemoryTransport:
         self._check_peer(peer)
         arrays = tuple(np.array(a, copy=True) for a in frame.arrays) if self._net.copy \
             else tuple(np.asarray(a) for a in frame.arrays)
-        frame = frame.replace(sender=self._name, channel=channel,
-                              msg_id=next(self._ids[(peer, channel)]), arrays=arrays)
+        # the constructor, not dataclasses.replace: this is on every message's path
+        frame = Frame(sender=self._name, channel=channel, msg_id=next(self._ids[(peer, channel)]),
+                      spec_hash=frame.spec_hash, meta=frame.meta, arrays=arrays)
         size = codec.encoded_size(frame)
         box = self._net._inbox(self._name, peer, channel)
         direction = self._net._direction(self._name, peer)
