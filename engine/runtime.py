@@ -78,6 +78,7 @@ class _BatchState:
         self.cond = threading.Condition(self.lock)
         self.stop = False  # set (under lock) when the batch is cancelled
         self.waiting = False  # a lane-driven compute loop waits on ``cond``
+        self.clock: Callable[[], float] = time.monotonic  # the trace's clock (set by run)
         self.plan = plan
         self.remaining = dict(plan.indegree)  # a copy: the plan is shared by every batch
         self.ready = ReadySet(plan.key)
@@ -119,8 +120,12 @@ class PartyRuntime:
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
         st = _BatchState(plan)
+        # trace clock: the loop's (virtual in tests) unless the lane's thread drives the batch;
+        # then time.monotonic for every event, which asyncio's loop.time() also reads (uvloop's
+        # reads the same clock, but cached once per loop iteration, in whole milliseconds)
+        st.clock = time.monotonic if getattr(self.lane, "drives_batches", False) else loop.time
         stats = BatchStats()
-        t0 = loop.time()
+        t0 = st.clock()
         sends_per_peer = collections.Counter(op.peer for op in plan.sends)
         recv_channels = collections.Counter((op.peer, op.channel) for op in plan.recvs)
         for peer in sends_per_peer:
@@ -131,7 +136,7 @@ class PartyRuntime:
             for (peer, channel), count in recv_channels.items():
                 tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
             tg.create_task(self._compute_lane(st, handler, batch, stats))
-        stats.wall = loop.time() - t0
+        stats.wall = st.clock() - t0
         stats.ops = len(plan.ops)
         stats.max_outbound = st.max_outbound
         return stats
@@ -181,9 +186,9 @@ class PartyRuntime:
                 st.wake.clear()
                 await st.wake.wait()
                 continue
-            start = loop.time()
+            start = st.clock()
             outputs = await self.lane.run(op, lambda op=op: handler.compute(op))
-            end = loop.time()
+            end = st.clock()
             self._ran(st, op, start, end, stats)
             with st.lock:
                 st.compute_left -= 1
@@ -193,7 +198,7 @@ class PartyRuntime:
                order: Mapping[Op, int] | None, enqueue: Callable) -> None:
         """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
         Returns when every compute op ran, or early once ``st.stop`` is set (cancellation)."""
-        clock = time.monotonic  # the clock of asyncio's loop.time() (uvloop's too, in ms)
+        clock = st.clock
         while True:
             with st.lock:
                 while True:
@@ -215,14 +220,13 @@ class PartyRuntime:
 
     async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
                          stats: BatchStats) -> None:
-        loop = asyncio.get_running_loop()
         queue = st.queues[peer]
         for _ in range(count):
             op, array = await queue.get()
-            start = loop.time()
+            start = st.clock()
             frame = message(batch, op, array)
             await self.transport.send(peer, op.channel, frame)
-            end = loop.time()
+            end = st.clock()
             nbytes = int(array.nbytes)
             stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
             if self.trace is not None:
