@@ -167,7 +167,7 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 # -- the pipeline measurement ---------------------------------------------------------------------
 async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
-                           plot: str | None = None) -> dict[str, Any]:
+                           plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
     wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
                   hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed)
     out: dict[str, Any] = {}
@@ -259,6 +259,10 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
                         (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
             out["plot"] = plot
+        if trace:
+            seq_trace.write_chrome(f"{trace}/trace_sequential.json")
+            pipe_trace.write_chrome(f"{trace}/trace_pipelined.json")
+            out["trace_dir"] = trace
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(wl.follower.serve())
@@ -412,13 +416,14 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
     return out
 
 
-async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None,
+async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None, trace: str | None = None,
                         log: Callable[[str], None] = _log) -> dict[str, Any]:
     """The whole benchmark: the pipeline measurement, then the overhead measurement."""
     t0 = time.perf_counter()
-    result = await measure_pipeline(cfg, log, plot)
+    result = await measure_pipeline(cfg, log, plot, trace)
     result.update(await measure_overhead(cfg, log))
     result["bench_s"] = time.perf_counter() - t0
+    result["loadavg"] = list(os.getloadavg())
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise RuntimeError(f"non-finite results {bad}: {result}")
@@ -437,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
     ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG: sequential vs pipelined")
+    ap.add_argument("--trace", metavar="DIR", help="write Chrome traces (Perfetto) of the first "
+                    "timed sequential and pipelined runs")
     ap.add_argument("--batches", type=int, default=BenchConfig.batches)
     ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
     ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
@@ -444,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
                       seed=args.seed)
-    result = _run(run_benchmark(cfg, plot=args.plot))
+    result = _run(run_benchmark(cfg, plot=args.plot, trace=args.trace))
     if args.json:
         print(json.dumps(result))
     else:
