@@ -60,7 +60,7 @@ def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(topo, n, 
         handlers, stats = {}, {}
         async with contextlib.AsyncExitStack() as stack:
             lanes = {p: await stack.enter_async_context(ThreadLane(f"lane-{p}")) for p in plans}
-            async with asyncio.TaskGroup() as tg:
+            async with asyncio.timeout(20), asyncio.TaskGroup() as tg:  # a hang fails here
                 for p, pl in plans.items():
                     handlers[p] = CheckingHandler(pl)
                     stats[p] = tg.create_task(PartyRuntime(
