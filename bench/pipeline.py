@@ -40,10 +40,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import math
+import os
+import queue
 import statistics
 import sys
+import threading
 import time
 from typing import Any, Callable
 
@@ -135,10 +139,7 @@ class Workload:
     async def synced(self) -> None:
         """Wait until the follower has finished every batch the leader started (the leader's
         ``run_batch`` returns once its own ops are done, before the follower's last backward)."""
-        while self.follower._batch < self.leader._batch:
-            # 1 ms: uvloop's timer resolution (a shorter sleep would spin and hold the GIL the
-            # follower's lane thread needs); costs at most 1 ms per timed run
-            await asyncio.sleep(0.001)
+        await self.follower.wait_batches(self.leader.batches_done)
 
     async def run_fixed(self, lane: ThreadLane, n: int, idx_list) -> float:
         t0 = time.perf_counter()
@@ -166,7 +167,7 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 # -- the pipeline measurement ---------------------------------------------------------------------
 async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
-                           plot: str | None = None) -> dict[str, Any]:
+                           plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
     wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
                   hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed)
     out: dict[str, Any] = {}
@@ -258,6 +259,10 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
                         (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
             out["plot"] = plot
+        if trace:
+            seq_trace.write_chrome(f"{trace}/trace_sequential.json")
+            pipe_trace.write_chrome(f"{trace}/trace_pipelined.json")
+            out["trace_dir"] = trace
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(wl.follower.serve())
@@ -312,6 +317,41 @@ def _direct(wl: Workload, order, idx: np.ndarray, n: int) -> None:
             peer.handler.receive(recv, outputs[recv.channel])
 
 
+class _Worker:
+    """A bare worker thread: ``call(fn)`` hands ``fn`` over a `queue.SimpleQueue`, blocks for the
+    result coming back the same way. The floor under any "compute off the calling thread"
+    design: two thread wake-ups per call and nothing else."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._work, name="bench-handoff", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        while (fn := self._jobs.get()) is not None:
+            self._done.put(fn())
+
+    def call(self, fn):
+        self._jobs.put(fn)
+        return self._done.get()
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._thread.join()
+
+
+def _direct_handoff(wl: Workload, order, idx: np.ndarray, n: int, worker: _Worker) -> None:
+    """`_direct` with every compute op handed to a worker thread and back (no overlap)."""
+    bounds = group_bounds(len(idx), n)
+    wl.leader.handler.begin(None, wl.leader.labels["train"][idx], bounds, train=True)
+    wl.follower.handler.begin(wl.follower.datasets["train"][idx], None, bounds, train=True)
+    for party, op, deliveries in order:
+        outputs = worker.call(functools.partial(party.handler.compute, op))
+        for peer, recv in deliveries:
+            peer.handler.receive(recv, outputs[recv.channel])
+
+
 async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
     n, k = cfg.overhead_groups, cfg.overhead_batches
     wl = Workload(batch_size=cfg.overhead_batch, n_batches=1, d_in=cfg.overhead_width,
@@ -323,16 +363,28 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
     async def drive() -> None:
         wl.set(policy="priority", trace=None)
         order = _serial_order(wl, n)
-        walls, direct = [], []
-        async with ThreadLane("bench-overhead") as lane:
-            await wl.run_fixed(lane, n, [idx] * 2)  # compile + warm
-            _direct(wl, order, idx, n)
-            for _ in range(cfg.repeats):  # interleaved pairs: a load spike hits one pair only
-                walls.append(await wl.run_fixed(lane, n, [idx] * k))
-                t0 = time.perf_counter()
-                for _ in range(k):
-                    _direct(wl, order, idx, n)
-                direct.append(time.perf_counter() - t0)
+        walls, direct, handoff, cpu = [], [], [], []  # cpu: (runtime, direct) process seconds
+        worker = _Worker()
+        try:
+            async with ThreadLane("bench-overhead") as lane:
+                await wl.run_fixed(lane, n, [idx] * 2)  # compile + warm
+                _direct(wl, order, idx, n)
+                _direct_handoff(wl, order, idx, n, worker)
+                for _ in range(cfg.repeats):  # interleaved: a load spike hits one round only
+                    c0 = time.process_time()
+                    walls.append(await wl.run_fixed(lane, n, [idx] * k))
+                    c1 = time.process_time()
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        _direct(wl, order, idx, n)
+                    direct.append(time.perf_counter() - t0)
+                    cpu.append((c1 - c0, time.process_time() - c1))
+                    t0 = time.perf_counter()
+                    for _ in range(k):
+                        _direct_handoff(wl, order, idx, n, worker)
+                    handoff.append(time.perf_counter() - t0)
+        finally:
+            worker.close()
         await wl.leader.stop()
         plan_ops = sum(len(p.plan(n, "train").ops) for p in wl.parties) * k
         compute_ops = sum(len(p.plan(n, "train").compute_ops) for p in wl.parties) * k
@@ -340,15 +392,23 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
         wall, base = statistics.median(walls), statistics.median(direct)
         out.update(overhead_us_per_op=extra / plan_ops * 1e6,
                    overhead_us_per_compute_op=extra / compute_ops * 1e6,
-                   overhead={"definition": "median over interleaved pairs of (runtime wall - "
+                   overhead_cpu_us_per_op=statistics.median(r - d for r, d in cpu)
+                   / plan_ops * 1e6,
+                   handoff_us_per_compute_op=statistics.median(
+                       h - d for h, d in zip(handoff, direct)) / compute_ops * 1e6,
+                   overhead={"definition": "median over interleaved rounds of (runtime wall - "
                                            "direct handler loop) / ops; ops = all plan ops "
-                                           "(F/L/B/U + S/R) of both parties",
-                             "runtime_s": wall, "direct_s": base, "plan_ops": plan_ops,
-                             "compute_ops": compute_ops, "n_groups": n,
+                                           "(F/L/B/U + S/R) of both parties; see "
+                                           "docs/pipeline-bench.md",
+                             "runtime_s": wall, "direct_s": base,
+                             "direct_handoff_s": statistics.median(handoff),
+                             "plan_ops": plan_ops, "compute_ops": compute_ops, "n_groups": n,
                              "batch_size": cfg.overhead_batch, "batches": k,
-                             "loop": type(asyncio.get_running_loop()).__module__})
-        log(f"overhead: runtime {wall * 1e3:.1f} ms, direct {base * 1e3:.1f} ms, "
-            f"{plan_ops} plan ops -> {out['overhead_us_per_op']:.1f} us/op")
+                             "loop": type(asyncio.get_running_loop()).__module__,
+                             "loadavg_1m": os.getloadavg()[0]})
+        log(f"overhead: runtime {wall * 1e3:.1f} ms, direct {base * 1e3:.1f} ms, direct with "
+            f"hand-offs {statistics.median(handoff) * 1e3:.1f} ms, {plan_ops} plan ops -> "
+            f"{out['overhead_us_per_op']:.1f} us/op")
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(wl.follower.serve())
@@ -356,13 +416,14 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
     return out
 
 
-async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None,
+async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None, trace: str | None = None,
                         log: Callable[[str], None] = _log) -> dict[str, Any]:
     """The whole benchmark: the pipeline measurement, then the overhead measurement."""
     t0 = time.perf_counter()
-    result = await measure_pipeline(cfg, log, plot)
+    result = await measure_pipeline(cfg, log, plot, trace)
     result.update(await measure_overhead(cfg, log))
     result["bench_s"] = time.perf_counter() - t0
+    result["loadavg"] = list(os.getloadavg())
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
         raise RuntimeError(f"non-finite results {bad}: {result}")
@@ -381,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
     ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG: sequential vs pipelined")
+    ap.add_argument("--trace", metavar="DIR", help="write Chrome traces (Perfetto) of the first "
+                    "timed sequential and pipelined runs")
     ap.add_argument("--batches", type=int, default=BenchConfig.batches)
     ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
     ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
@@ -388,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
                       seed=args.seed)
-    result = _run(run_benchmark(cfg, plot=args.plot))
+    result = _run(run_benchmark(cfg, plot=args.plot, trace=args.trace))
     if args.json:
         print(json.dumps(result))
     else:

@@ -47,10 +47,15 @@ class ThreadLane:
     """One dedicated worker thread fed by a `queue.SimpleQueue`. Use as
     ``async with ThreadLane(name) as lane``.
 
-    A hand-off costs one queue put and one ``call_soon_threadsafe`` (about a third of
-    ``run_in_executor`` + ``asyncio.wait``, which this lane used before; see
-    ``bench/pipeline.py``'s ``overhead_us_per_op``).
+    A hand-off costs one queue put and one ``call_soon_threadsafe``: two thread wake-ups, which
+    on a busy machine cost more than the engine's bookkeeping of an op. So the runtime hands a
+    ThreadLane a whole batch's compute loop at once (``drives_batches``; see
+    `engine.runtime.PartyRuntime`): the thread picks its next op itself, and sleeps only when
+    no op is ready.
     """
+
+    #: the runtime may run a batch's whole compute loop as one job on this lane
+    drives_batches = True
 
     def __init__(self, name: str = "tandem-compute") -> None:
         self._name = name
@@ -85,7 +90,13 @@ class ThreadLane:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
 
-    async def run(self, op: Op, fn: Callable[[], T]) -> T:
+    async def run(self, op: Op | None, fn: Callable[[], T], *,
+                  on_cancel: Callable[[], None] | None = None) -> T:
+        """Run ``fn`` on the lane's thread; return its result or raise its exception.
+
+        If the caller is cancelled, ``on_cancel`` (if given) is called on the loop thread, e.g.
+        to ask a long ``fn`` to return early; then the cancellation waits for ``fn`` to finish,
+        so no thread is left busy."""
         if self._queue is None:
             raise RuntimeError("ThreadLane used outside 'async with'")
         job = _Job(fn, asyncio.get_running_loop().create_future())
@@ -93,6 +104,8 @@ class ThreadLane:
         try:
             return await job.fut
         except asyncio.CancelledError:
+            if on_cancel is not None and not job.finished:
+                on_cancel()
             while not job.finished:  # finish the op in flight first: no thread left busy
                 job.waiter = asyncio.get_running_loop().create_future()
                 try:
@@ -104,6 +117,8 @@ class ThreadLane:
 
 class VirtualLane:
     """Sleeps ``cost(op)`` seconds on the event loop's clock, then runs ``fn`` inline."""
+
+    drives_batches = False
 
     def __init__(self, cost: Callable[[Op], float]) -> None:
         self._cost = cost

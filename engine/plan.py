@@ -53,6 +53,17 @@ class Op:
     stage: str = ""
     channel: str = ""
     peer: str = ""
+    # the hash, computed once: ops are dict/set keys on the runtime's per-op path, and the
+    # generated dataclass hash (a tuple holding an Enum, whose hash is Python code) cost more
+    # than the rest of an op's bookkeeping
+    _hash: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.kind.value, self.mb, self.stage,
+                                                self.channel, self.peer)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @property
     def is_compute(self) -> bool:
@@ -92,12 +103,19 @@ class Plan:
         object.__setattr__(self, "fanout", {
             op: sum(1 for s in self.successors[op] if s.kind is Kind.SEND)
             for op in self.ops if op.is_compute})
+        object.__setattr__(self, "indegree", {op: len(self.deps.get(op, ())) for op in self.ops})
+        object.__setattr__(self, "recv_op", {(op.peer, op.channel, op.mb): op
+                                             for op in self.ops if op.kind is Kind.RECV})
 
     # populated in __post_init__ (declared for readers and type checkers)
     successors: Mapping[Op, tuple[Op, ...]] = dataclasses.field(init=False, repr=False)
     distance: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     key: Mapping[Op, tuple[int, int, int]] = dataclasses.field(init=False, repr=False)
     fanout: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+    #: number of dependencies of each op (the runtime copies it per batch)
+    indegree: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+    #: the receive op of each ``(peer, channel, micro-batch)``
+    recv_op: Mapping[tuple[str, str, int], Op] = dataclasses.field(init=False, repr=False)
 
     @property
     def compute_ops(self) -> tuple[Op, ...]:

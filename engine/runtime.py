@@ -4,11 +4,18 @@ Per batch, inside one `asyncio.TaskGroup`:
 
 * one **compute lane** loop picks ready compute ops with `policy.choose` (the same function the
   simulator uses) and runs them on the party's lane (a worker thread), so sends and receives
-  progress during compute;
+  progress during compute. With a `ThreadLane` (``lane.drives_batches``) that loop itself runs
+  on the lane's thread: after an op it takes the batch's lock, records the op's completion and
+  calls ``choose`` again, so consecutive ops cost no thread hand-off; it sleeps on a condition
+  only when nothing is ready, and arrivals and drained sends (loop thread, same lock) wake it.
+  With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
+  tests run it on a virtual clock);
 * one **send lane** per peer drains that peer's outbound FIFO through the transport;
 * one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
 
-Invariants: an op starts only when all its dependencies completed; the outbound count (frames
+Invariants: the batch's bookkeeping (`_BatchState`: readiness, the ready set, the outbound
+count) is read and written only under ``_BatchState.lock``, never across a kernel call or an
+``await``; an op starts only when all its dependencies completed; the outbound count (frames
 queued or in transmission) never exceeds ``Backpressure.capacity``; every op of the plan runs
 exactly once per batch. Any failure cancels the siblings and surfaces as an exception group;
 on return (normal or not) no task of the batch is left running.
@@ -19,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-from typing import Mapping, Protocol
+import threading
+import time
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -60,19 +69,26 @@ def message(batch: int, op: Op, array: np.ndarray) -> Frame:
 
 
 class _BatchState:
-    """Mutable bookkeeping of one batch of one plan (loop thread only)."""
+    """Mutable bookkeeping of one batch of one plan, guarded by ``lock`` (held for
+    microseconds: never across a kernel or an ``await``). ``cond`` (same lock) wakes a
+    lane-driven compute loop waiting for a ready op; ``wake`` does that for the coroutine one."""
 
     def __init__(self, plan: Plan) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.stop = False  # set (under lock) when the batch is cancelled
+        self.waiting = False  # a lane-driven compute loop waits on ``cond``
+        self.clock: Callable[[], float] = time.monotonic  # the trace's clock (set by run)
         self.plan = plan
-        self.remaining = {op: len(plan.deps.get(op, ())) for op in plan.ops}
+        self.remaining = dict(plan.indegree)  # a copy: the plan is shared by every batch
         self.ready = ReadySet(plan.key)
         self.outbound = 0
         self.max_outbound = 0
         self.queues: dict[str, asyncio.Queue] = {}
         self.wake = asyncio.Event()
-        self.compute_left = len(plan.compute_ops)
-        for op in plan.ops:
-            if op.is_compute and self.remaining[op] == 0:
+        self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
+        for op, k in plan.indegree.items():
+            if k == 0 and op.kind is not Kind.SEND and op.kind is not Kind.RECV:
                 self.ready.add(op)
 
 
@@ -104,8 +120,12 @@ class PartyRuntime:
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
         st = _BatchState(plan)
+        # trace clock: the loop's (virtual in tests) unless the lane's thread drives the batch;
+        # then time.monotonic for every event, which asyncio's loop.time() also reads (uvloop's
+        # reads the same clock, but cached once per loop iteration, in whole milliseconds)
+        st.clock = time.monotonic if getattr(self.lane, "drives_batches", False) else loop.time
         stats = BatchStats()
-        t0 = loop.time()
+        t0 = st.clock()
         sends_per_peer = collections.Counter(op.peer for op in plan.sends)
         recv_channels = collections.Counter((op.peer, op.channel) for op in plan.recvs)
         for peer in sends_per_peer:
@@ -116,55 +136,107 @@ class PartyRuntime:
             for (peer, channel), count in recv_channels.items():
                 tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
             tg.create_task(self._compute_lane(st, handler, batch, stats))
-        stats.wall = loop.time() - t0
+        stats.wall = st.clock() - t0
         stats.ops = len(plan.ops)
         stats.max_outbound = st.max_outbound
         return stats
 
     # -- the three kinds of lanes --------------------------------------------------------------
+    def _pick(self, st: _BatchState, order: Mapping[Op, int] | None) -> Op | None:
+        """The policy's choice (caller holds ``st.lock``); removes it from the ready set."""
+        if order is None:
+            op = choose(st.ready, st.outbound, st.plan, self.bp)
+        else:
+            op = fifo_choose(st.ready, st.outbound, st.plan, self.bp, order)
+        if op is not None:
+            st.ready.remove(op)
+        return op
+
+    def _ran(self, st: _BatchState, op: Op, start: float, end: float,
+             stats: BatchStats) -> None:
+        stats.compute += end - start
+        kind = op.kind._value_
+        self.counters[kind] += 1
+        self.op_seconds[kind] += end - start
+        if self.trace is not None:
+            self.trace.add(TraceEvent(st.plan.party, "compute", str(op), op.mb, start, end))
+
     async def _compute_lane(self, st: _BatchState, handler: OpHandler, batch: int,
                             stats: BatchStats) -> None:
+        order = {op: i for i, op in enumerate(st.plan.ops)} if self.policy == "fifo" else None
+        if getattr(self.lane, "drives_batches", False):
+            loop = asyncio.get_running_loop()
+
+            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+            def stop() -> None:
+                with st.lock:
+                    st.stop = True
+                    st.cond.notify_all()
+
+            await self.lane.run(None, lambda: self._drive(st, handler, stats, order, enqueue),
+                                on_cancel=stop)
+            return
         loop = asyncio.get_running_loop()
-        plan = st.plan
-        order = {op: i for i, op in enumerate(plan.ops)} if self.policy == "fifo" else None
         while st.compute_left:
-            if order is None:
-                op = choose(st.ready, st.outbound, plan, self.bp)
-            else:
-                op = fifo_choose(st.ready, st.outbound, plan, self.bp, order)
+            with st.lock:
+                op = self._pick(st, order)
             if op is None:
                 st.wake.clear()
                 await st.wake.wait()
                 continue
-            st.ready.remove(op)
-            start = loop.time()
+            start = st.clock()
             outputs = await self.lane.run(op, lambda op=op: handler.compute(op))
-            end = loop.time()
-            stats.compute += end - start
-            self.counters[op.kind.value] += 1
-            self.op_seconds[op.kind.value] += end - start
-            if self.trace is not None:
-                self.trace.add(TraceEvent(plan.party, "compute", str(op), op.mb, start, end))
-            st.compute_left -= 1
-            self._complete(st, op, outputs)
+            end = st.clock()
+            self._ran(st, op, start, end, stats)
+            with st.lock:
+                st.compute_left -= 1
+                self._complete(st, op, outputs)
+
+    def _drive(self, st: _BatchState, handler: OpHandler, stats: BatchStats,
+               order: Mapping[Op, int] | None, enqueue: Callable) -> None:
+        """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
+        Returns when every compute op ran, or early once ``st.stop`` is set (cancellation)."""
+        clock = st.clock
+        while True:
+            with st.lock:
+                while True:
+                    if st.stop or not st.compute_left:
+                        return
+                    op = self._pick(st, order)
+                    if op is not None:
+                        break
+                    st.waiting = True
+                    st.cond.wait()  # an arrival, a drained send or `stop` notifies
+                    st.waiting = False
+            start = clock()
+            outputs = handler.compute(op)
+            end = clock()
+            self._ran(st, op, start, end, stats)
+            with st.lock:
+                st.compute_left -= 1
+                self._complete(st, op, outputs, enqueue)
 
     async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
                          stats: BatchStats) -> None:
-        loop = asyncio.get_running_loop()
         queue = st.queues[peer]
         for _ in range(count):
             op, array = await queue.get()
-            start = loop.time()
+            start = st.clock()
             frame = message(batch, op, array)
             await self.transport.send(peer, op.channel, frame)
-            end = loop.time()
+            end = st.clock()
             nbytes = int(array.nbytes)
             stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
             if self.trace is not None:
                 self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
                                           start, end, nbytes))
-            st.outbound -= 1
-            self._complete(st, op, None)
+            with st.lock:
+                st.outbound -= 1
+                self._complete(st, op, None)
+                if st.waiting:
+                    st.cond.notify()
             st.wake.set()
 
     async def _receiver(self, st: _BatchState, handler: OpHandler, peer: str, channel: str,
@@ -178,18 +250,28 @@ class PartyRuntime:
                     f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
                     f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
                     "and n_groups on both sides?)")
-            op = Op(Kind.RECV, m, channel=channel, peer=peer)
+            op = st.plan.recv_op[(peer, channel, m)]
             handler.receive(op, frame.arrays[0])
-            self._complete(st, op, None)
+            with st.lock:
+                self._complete(st, op, None)
+                if st.waiting:
+                    st.cond.notify()
             st.wake.set()
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def _complete(self, st: _BatchState, op: Op, outputs: Mapping[str, np.ndarray] | None) -> None:
+    def _complete(self, st: _BatchState, op: Op, outputs: Mapping[str, np.ndarray] | None,
+                  enqueue: Callable[[asyncio.Queue, tuple], None] | None = None) -> None:
+        """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies
+        are all done become ready; sends go to their peer's outbound queue (through
+        ``enqueue`` when called off the loop thread)."""
+        remaining = st.remaining
         for s in st.plan.successors[op]:
-            st.remaining[s] -= 1
-            if st.remaining[s]:
+            left = remaining[s] - 1
+            remaining[s] = left
+            if left:
                 continue
-            if s.kind is Kind.SEND:
+            kind = s.kind
+            if kind is Kind.SEND:
                 try:
                     array = outputs[s.channel]  # type: ignore[index]
                 except (KeyError, TypeError):
@@ -199,6 +281,9 @@ class PartyRuntime:
                 st.max_outbound = max(st.max_outbound, st.outbound)
                 if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose
                     raise EngineError(f"outbound queue exceeded its capacity {self.bp.capacity}")
-                st.queues[s.peer].put_nowait((s, array))
-            elif s.is_compute:
+                if enqueue is None:
+                    st.queues[s.peer].put_nowait((s, array))
+                else:
+                    enqueue(st.queues[s.peer], (s, array))
+            elif kind is not Kind.RECV:
                 st.ready.add(s)

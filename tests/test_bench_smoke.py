@@ -9,7 +9,8 @@ from bench.pipeline import BenchConfig, run_benchmark
 
 KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
         "auto_vs_best", "sweep", "bound_terms", "overhead_us_per_op",
-        "overhead_us_per_compute_op", "link", "workload")
+        "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
+        "link", "workload", "loadavg")
 
 
 @pytest.mark.slow

@@ -92,7 +92,9 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
         result.update(test_accuracy=metrics["accuracy"], test_auc=metrics["auc"],
                       test_loss=metrics["loss"], train_loss=leader.history[-1].loss,
                       n_groups=leader.n_groups, epochs=epochs)
-        # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities)
+        # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);
+        # each timing starts with both parties idle and ends when BOTH finished the last batch
+        # (the leader's run_batch returns before the follower's last backward and update)
         idx_list = epoch_batches(len(data.labels["train"]), batch_size, 0, seed)[:timing_batches]
         timings, traces = {}, {}
         for label, n, policy in (("sequential", 1, "fifo"), ("pipelined", leader.n_groups,
@@ -100,9 +102,11 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
             tr = Trace()
             for party in (leader, follower):
                 party.trace, party.config.policy = tr, policy
+            await follower.wait_batches(leader.batches_done)
             t0 = time.perf_counter()
             for idx in idx_list:
                 await leader.run_batch(idx, n=n)
+            await follower.wait_batches(leader.batches_done)
             timings[label] = time.perf_counter() - t0
             traces[label] = (f"{label} (n={n}, {policy})", tr)
         for party in (leader, follower):

@@ -21,6 +21,7 @@ Each batch runs `engine.runtime.PartyRuntime` over the party's plan; the leader 
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import secrets
@@ -156,6 +157,7 @@ class SplitParty:
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.Counter[str] = collections.Counter()
+        self._batch_waiters: list[asyncio.Future] = []
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str) -> Plan:
@@ -193,7 +195,36 @@ class SplitParty:
             self.in_batch = False
         self._batch += 1
         self.last_stats = stats
+        self._wake_batch_waiters()
         return stats
+
+    @property
+    def batches_done(self) -> int:
+        """Batches this party finished (its batch counter ``b``; parties keep it in step)."""
+        return self._batch
+
+    async def wait_batches(self, count: int) -> None:
+        """Return once this party has finished ``count`` batches (``batches_done >= count``).
+
+        For parties in one process, e.g. timing: the leader's `run_batch` returns when *its*
+        ops are done, while a follower may still run its last backward and update;
+        ``await follower.wait_batches(leader.batches_done)`` waits for those too. Event-driven
+        (no polling); cancelling the wait leaves nothing behind.
+        """
+        while self._batch < count:
+            fut = asyncio.get_running_loop().create_future()
+            self._batch_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._batch_waiters:
+                    self._batch_waiters.remove(fut)
+
+    def _wake_batch_waiters(self) -> None:
+        waiters, self._batch_waiters = self._batch_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
 
     def _runtime(self, lane) -> PartyRuntime:
         policy = self.config.policy
@@ -414,6 +445,7 @@ class SplitParty:
         self.handler.params.update({s: as_device(params[s]) for s in stages})
         self.handler.opt_state.update({s: as_device(opt_state[s]) for s in stages})
         self._batch = int(batch)
+        self._wake_batch_waiters()
 
 
 __all__ = ["SplitParty", "SplitConfig", "EpochResult"]

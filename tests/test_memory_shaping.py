@@ -1,0 +1,42 @@
+"""The memory transport's link emulation keeps its configured bandwidth when timers fire late."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import transports.memory as memory
+from engine.testing import run_virtual
+from transports import MemoryNetwork, codec
+from transports.base import Frame
+
+
+@pytest.mark.parametrize("late", [0.0, 0.002])
+def test_back_to_back_frames_take_bytes_over_bandwidth_however_late_the_timers(monkeypatch, late):
+    real_sleep = asyncio.sleep
+
+    async def late_sleep(delay, result=None):  # every timer fires `late` seconds late
+        return await real_sleep(delay + late if delay > 0 else delay, result)
+
+    monkeypatch.setattr(memory.asyncio, "sleep", late_sleep)
+    frames, tx = 10, 0.01
+
+    async def main():
+        net = MemoryNetwork()
+        a, b = net.endpoint("a"), net.endpoint("b")
+        frame = Frame(meta={"m": 0}, arrays=(np.zeros(1000, np.float32),))
+        size = codec.encoded_size(frame.replace(sender="a", channel="c", msg_id=0))
+        net.shape("a", "b", bandwidth=size / tx)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        for _ in range(frames):
+            await a.send("b", "c", frame)
+        elapsed = loop.time() - t0
+        got = [await b.recv("a", "c") for _ in range(frames)]
+        return elapsed, len(got), a.sent_stats("b").busy_seconds
+
+    elapsed, n, busy = run_virtual(main())
+    assert n == frames
+    assert busy == pytest.approx(frames * tx)
+    # lateness is credited to the next frame: only the last frame's lateness remains
+    assert elapsed == pytest.approx(frames * tx + late, abs=1e-9)

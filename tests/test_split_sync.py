@@ -1,0 +1,40 @@
+"""`SplitParty.wait_batches`: timing that ends when every party finished the batch."""
+
+import asyncio
+
+import numpy as np
+
+from engine.topology import two_party
+from tests.split_helpers import make_job
+
+
+async def test_wait_batches_returns_once_the_follower_finished_the_leaders_batches():
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    leader, follower = parties["B"], parties["A"]
+    seen = []
+
+    async def drive():
+        for _ in range(3):
+            await leader.run_batch(np.arange(8), n=4)
+            await follower.wait_batches(leader.batches_done)
+            seen.append((leader.batches_done, follower.batches_done, follower.in_batch))
+        await leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        tg.create_task(drive())
+    assert seen == [(1, 1, False), (2, 2, False), (3, 3, False)]
+
+
+async def test_cancelled_wait_leaves_no_waiter_and_a_reached_count_returns_at_once():
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    follower = parties["A"]
+    task = asyncio.create_task(follower.wait_batches(1))
+    await asyncio.sleep(0)
+    assert not task.done()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and follower._batch_waiters == []
+    await asyncio.wait_for(follower.wait_batches(0), 1)
