@@ -59,9 +59,7 @@ H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL, H_SPEC = (
 H_REPLY = "X-Tandem-Reply-To"  # the sender's own base URL (lets `admit_unknown` learn it)
 H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
 _INLINE_BYTES = 1 << 20  # below this, hashing/checks run on the loop (cheaper than a thread hop)
-_BATCH_BYTES = 1 << 20  # received bytes handed to the body worker at a time, at least (_read_into)
-_HELD_BYTES = 8 << 20  # received bytes held for the busy worker above which reading waits
-_SUB_BYTES = 1 << 20  # the worker hashes and scans what it copied in steps of this (in cache)
+_HASH_STEP = 4 << 20  # received bytes handed to the hashing thread at a time (see _read_into)
 
 
 @dataclasses.dataclass
@@ -217,7 +215,6 @@ class HttpTransport:
         self._closed = False
         self._closed_event: asyncio.Event | None = None
         self._port: int | None = None
-        self._body_jobs = 0  # body worker jobs in flight (see _read_into); 0 between requests
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def start(self) -> "HttpTransport":
@@ -607,8 +604,6 @@ class HttpTransport:
                                   if reason == "busy" else "receiver is closing")
                 waited = time.monotonic() - t0
                 part = state.partial = Partial(msg_id, chunks, total)
-                if self._cfg.reject_nonfinite and total >= _INLINE_BYTES:
-                    part.scan = _FiniteScan(part.buffer)
             elif part is None or part.msg_id != msg_id or chunk != part.next_chunk:
                 expect = part.next_chunk if part is not None and part.msg_id == msg_id else 0
                 raise _Refuse(409, "out_of_order",
@@ -620,7 +615,7 @@ class HttpTransport:
                               f"first chunk (chunks {chunks}, total {total}, offset {offset})")
             t_read = time.monotonic()
             hasher = hashlib.sha256() if self._verifier is not None else None
-            await self._read_into(request, part, offset, length, hasher)
+            await self._read_into(request, part.buffer, offset, length, hasher)
             if hasher is not None:
                 if hasher.hexdigest() != h.get(auth.BODY_SHA):
                     raise _Refuse(401, "unauthenticated", "body digest does not match")
@@ -633,7 +628,7 @@ class HttpTransport:
                 return web.Response(text="chunk", headers={H_WAIT: f"{waited:.6f}"})
             state.partial = None
             try:
-                frame = await self._check_frame(sender, channel, msg_id, part.buffer, part.scan)
+                frame = await self._check_frame(sender, channel, msg_id, part.buffer)
             except BaseException:
                 await box.unreserve()
                 raise
@@ -647,91 +642,48 @@ class HttpTransport:
             state.partial = None
             await self._inbox(sender, channel).unreserve()
 
-    async def _read_into(self, request: web.Request, part: Partial, offset: int,
+    async def _read_into(self, request: web.Request, buf: memoryview, offset: int,
                          length: int, hasher: Any = None) -> None:
-        """Read exactly ``length`` body bytes into ``part.buffer[offset:]``; with ``hasher``,
-        also feed it every byte read, in order (the caller compares the digest afterwards);
-        advance ``part.scan`` (the NaN/Inf check) over the bytes written.
+        """Read exactly ``length`` body bytes into ``buf[offset:]``; with ``hasher``, also feed
+        it every byte read, in order (the caller compares the digest afterwards).
 
-        The event loop only parses the request and collects aiohttp's body chunks (``bytes``).
-        For bodies >= ``_INLINE_BYTES``, a worker thread copies them into the buffer, hashes and
-        scans them (numpy's copy, hashlib and numpy's sum release the GIL), one job of >=
-        ``_BATCH_BYTES`` at a time, in order, while the loop keeps receiving. That copy, the
-        first touch of the fresh buffer's pages, SHA-256 and the NaN/Inf check used to run on
-        the loop thread, the receiver's bottleneck.
-
-        Invariants: at most one job in flight; at most ``_HELD_BYTES`` (plus one chunk) held
-        for it, beyond which reading waits (aiohttp then pauses the socket); when this returns
-        or raises (cancellation included), no job of this body is running and the bytes not yet
-        handed over are dropped (``_body_jobs`` counts the jobs in flight)."""
+        Hashing runs in a worker thread on the part already received while the loop keeps
+        receiving (at most one update in flight, each over >= ``_HASH_STEP`` bytes; hashlib
+        releases the GIL). Hashing the whole body after reading it kept SHA-256 (~37 ms per
+        64 MiB) on the critical path of every signed request."""
+        view = memoryview(buf)
         pos, end = offset, offset + length
+        hashed, pending = offset, None  # view[offset:hashed] is in hasher (or being added)
         content = request.content
-        scan = part.scan
-        if length < _INLINE_BYTES:  # a thread hop costs more than the work
-            view = part.buffer
-            while pos < end:
-                data = await _next_chunk(content, pos - offset, end - pos, length)
-                view[pos:pos + len(data)] = data
-                pos += len(data)
-            if hasher is not None:
-                hasher.update(view[offset:end])
-            if scan is not None:
-                scan.advance(end)
-            return
         loop = asyncio.get_running_loop()
-        job = _BodyJob(np.frombuffer(part.buffer, np.uint8), hasher, scan)
-        running: asyncio.Future | None = None
-        held: list[bytes] = []
-        held_bytes, written = 0, offset  # buffer[offset:written] is written or being written
-
-        def submit() -> asyncio.Future:
-            nonlocal held, held_bytes, written
-            fut = loop.run_in_executor(None, job.run, written, held)
-            self._body_jobs += 1
-            fut.add_done_callback(self._body_job_done)
-            written += held_bytes
-            held, held_bytes = [], 0
-            return fut
-
-        try:
-            while pos < end:
-                data = await _next_chunk(content, pos - offset, end - pos, length)
-                held.append(data)
-                held_bytes += len(data)
-                pos += len(data)
-                if running is not None and not running.done():
-                    if held_bytes < _HELD_BYTES:
-                        continue
-                    # backpressure: the worker is behind. Shielded: a cancellation must not
-                    # cancel this future (it would look done while the thread still writes)
-                    await asyncio.shield(running)
-                if running is not None:
-                    running.result()  # a worker error surfaces here
-                    running = None
-                if held_bytes >= _BATCH_BYTES:
-                    running = submit()
-            if running is not None:
-                await asyncio.shield(running)
-                running = None
-            if held:
-                running = submit()
-                await asyncio.shield(running)
-                running = None
-        finally:
-            if running is not None and not running.done():
-                # cancelled (or failed) mid-body: let the job stop at its next chunk, and wait
-                # for it so that no thread keeps writing into a buffer nobody owns
-                job.stop = True
-                held.clear()
-                await _wait_uncancelled(running)
-
-    def _body_job_done(self, fut: asyncio.Future) -> None:
-        self._body_jobs -= 1
-        if not fut.cancelled():
-            fut.exception()  # retrieved (raised to the reader, or dropped on cancellation)
+        while pos < end:
+            # readchunk hands over aiohttp's buffered chunks one by one; readany would first
+            # join them into a new bytes object (a second copy of every body byte)
+            data, _ = await content.readchunk()
+            if not data:
+                raise _Refuse(400, "malformed",
+                              f"body ended after {pos - offset} of {length} bytes")
+            n = len(data)
+            if pos + n > end:
+                raise _Refuse(400, "malformed", "body longer than Content-Length")
+            view[pos:pos + n] = data
+            pos += n
+            if (hasher is not None and pos - hashed >= _HASH_STEP
+                    and (pending is None or pending.done())):
+                if pending is not None:
+                    pending.result()
+                pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
+                hashed = pos
+        if hasher is not None:
+            if pending is not None:
+                await pending
+            if end - hashed < _INLINE_BYTES:
+                hasher.update(view[hashed:end])
+            else:
+                await asyncio.to_thread(hasher.update, view[hashed:end])
 
     async def _check_frame(self, sender: str, channel: str, msg_id: int,
-                           buffer: memoryview, scan: "_FiniteScan | None" = None) -> Frame:
+                           buffer: memoryview) -> Frame:
         try:
             frame = codec.decode(buffer, max_bytes=self._cfg.max_frame_bytes)
         except PayloadTooLargeError as exc:
@@ -745,21 +697,20 @@ class HttpTransport:
                           f"{channel!r}, {msg_id})")
         if self.spec_hash and frame.spec_hash != self.spec_hash:
             raise _Refuse(409, "spec_mismatch", _spec_text(frame.spec_hash, self.spec_hash))
-        scanned = scan is not None and scan.complete(len(frame.arrays))
-        if scanned and scan.bad is not None:
-            raise _nonfinite(frame, scan.bad)
-        if (self._cfg.reject_nonfinite and not scanned) or self.validator is not None:
+        if self._cfg.reject_nonfinite or self.validator is not None:
             if frame.nbytes < _INLINE_BYTES:
-                self._validate(frame, scanned)
+                self._validate(frame)
             else:
-                await asyncio.to_thread(self._validate, frame, scanned)
+                await asyncio.to_thread(self._validate, frame)
         return frame
 
-    def _validate(self, frame: Frame, scanned: bool = False) -> None:
-        if self._cfg.reject_nonfinite and not scanned:
+    def _validate(self, frame: Frame) -> None:
+        if self._cfg.reject_nonfinite:
             for i, a in enumerate(frame.arrays):
                 if a.dtype.kind in "fc" and a.size and not _all_finite(a):
-                    raise _nonfinite(frame, i)
+                    raise _Refuse(422, "nonfinite",
+                                  f"array {i} of frame {frame.msg_id} on {frame.channel!r} "
+                                  "contains NaN or Inf (reject_nonfinite=True on the receiver)")
         if self.validator is not None:
             try:
                 self.validator(frame)
@@ -864,133 +815,3 @@ def _all_finite(a: np.ndarray) -> bool:
 def _spec_text(got: str, mine: str) -> str:
     return (f"frame spec hash {got!r} differs from this party's {mine!r}; both parties must "
             "negotiate the same task spec")
-
-
-def _nonfinite(frame: Frame, i: int) -> _Refuse:
-    return _Refuse(422, "nonfinite", f"array {i} of frame {frame.msg_id} on {frame.channel!r} "
-                   "contains NaN or Inf (reject_nonfinite=True on the receiver)")
-
-
-async def _next_chunk(content: Any, got: int, left: int, length: int) -> bytes:
-    """aiohttp's next buffered body chunk (``readchunk``: ``readany`` would first join the
-    buffered chunks into a new bytes object, one more copy of every byte), checked against the
-    ``left`` bytes still expected."""
-    data, _ = await content.readchunk()
-    if not data:
-        raise _Refuse(400, "malformed", f"body ended after {got} of {length} bytes")
-    if len(data) > left:
-        raise _Refuse(400, "malformed", "body longer than Content-Length")
-    return data
-
-
-async def _wait_uncancelled(fut: asyncio.Future) -> None:
-    """Wait for ``fut`` (a thread's job: it cannot be interrupted) even if cancelled again
-    meanwhile; the job is bounded (it stops at its next chunk), so this wait is too."""
-    while not fut.done():
-        try:
-            await asyncio.shield(fut)
-        except asyncio.CancelledError:
-            continue
-        except Exception:
-            return
-
-
-class _BodyJob:
-    """Worker-thread side of `HttpTransport._read_into`: copy received chunks into the frame
-    buffer at their offset, then hash and NaN/Inf-scan what was written. Called with one batch
-    at a time, in body order (the reader keeps one call in flight)."""
-
-    __slots__ = ("buf", "hasher", "scan", "stop")
-
-    def __init__(self, buf: np.ndarray, hasher: Any, scan: "_FiniteScan | None") -> None:
-        self.buf, self.hasher, self.scan = buf, hasher, scan
-        self.stop = False  # set by the reader when it is cancelled: drop what is left
-
-    def run(self, pos: int, chunks: list[bytes]) -> None:
-        start = pos
-        for k, data in enumerate(chunks):
-            if self.stop:
-                return
-            n = len(data)
-            np.copyto(self.buf[pos:pos + n], np.frombuffer(data, np.uint8))  # GIL released
-            pos += n
-            if pos - start >= _SUB_BYTES or k == len(chunks) - 1:  # while still in cache
-                if self.hasher is not None:
-                    self.hasher.update(self.buf[start:pos])
-                if self.scan is not None:
-                    self.scan.advance(pos)
-                start = pos
-
-
-class _FiniteScan:
-    """Incremental ``reject_nonfinite`` check of one message being received into ``buffer``.
-
-    `advance(filled)` (called in body order, with ``buffer[:filled]`` written) parses the frame
-    header once its bytes are in, then checks every float/complex array's elements written so
-    far (`_all_finite` on each newly completed element range), so the check runs while the body
-    is still arriving, on data still in cache. It never raises: a header it cannot parse makes it
-    give up (decoding the frame then refuses it), and the first non-finite array is recorded in
-    ``bad``. Invariant: every element of float arrays before ``(idx, done)`` has been checked.
-    """
-
-    __slots__ = ("buffer", "arrays", "n_arrays", "idx", "done", "bad", "failed")
-
-    def __init__(self, buffer: memoryview) -> None:
-        self.buffer = buffer
-        self.arrays: list[tuple[int, int, int, np.dtype]] | None = None  # (i, start, end, dt)
-        self.n_arrays = 0
-        self.idx = 0  # index into arrays of the first array not fully checked
-        self.done = 0  # buffer offset up to which arrays[idx] is checked
-        self.bad: int | None = None  # index (in the frame) of the first non-finite array
-        self.failed = False
-
-    def complete(self, n_arrays: int) -> bool:
-        """True when the scan covered every float array of a frame with ``n_arrays`` arrays
-        (``bad`` is then the answer); False means: check the decoded frame instead."""
-        return (not self.failed and self.arrays is not None and self.n_arrays == n_arrays
-                and (self.bad is not None or self.idx >= len(self.arrays)))
-
-    def advance(self, filled: int) -> None:
-        if self.failed or self.bad is not None:
-            return
-        try:
-            if self.arrays is None and not self._parse(filled):
-                return
-        except (FrameError, ValueError, TypeError, KeyError):
-            self.failed = True
-            return
-        arrays = self.arrays
-        while self.idx < len(arrays):
-            i, start, end, dt = arrays[self.idx]
-            lo = max(start, self.done)
-            hi = min(end, filled)
-            hi -= (hi - start) % dt.itemsize
-            if hi > lo:
-                a = np.frombuffer(self.buffer, dt, count=(hi - lo) // dt.itemsize, offset=lo)
-                if not _all_finite(a):
-                    self.bad = i
-                    return
-                self.done = hi
-            if hi < end:
-                return
-            self.idx += 1
-
-    def _parse(self, filled: int) -> bool:
-        if filled < codec.PREFIX_SIZE:
-            return False
-        header_len = codec.parse_prefix(bytes(self.buffer[:codec.PREFIX_SIZE]))
-        end = codec.PREFIX_SIZE + header_len
-        if filled < end:
-            return False
-        header = codec.parse_header(self.buffer[codec.PREFIX_SIZE:end])
-        arrays, offset = [], end
-        for i, spec in enumerate(header["arrays"]):
-            dt, n = np.dtype(spec["dtype"]), int(spec["nbytes"])
-            if dt.kind in "fc" and n:
-                arrays.append((i, offset, offset + n, dt))
-            offset += n
-        if offset > len(self.buffer):
-            raise FrameError("header describes more bytes than the message holds")
-        self.n_arrays = len(header["arrays"])
-        self.arrays = arrays
-        return True

@@ -87,7 +87,7 @@ class Inbox:
 class Partial:
     """A chunked message being reassembled into one preallocated buffer."""
 
-    __slots__ = ("msg_id", "chunks", "total", "next_chunk", "filled", "buffer", "scan")
+    __slots__ = ("msg_id", "chunks", "total", "next_chunk", "filled", "buffer")
 
     def __init__(self, msg_id: int, chunks: int, total: int) -> None:
         self.msg_id = msg_id
@@ -98,7 +98,6 @@ class Partial:
         # np.empty: no zero-fill pass over what is about to be overwritten; writable, so
         # decoded arrays are ordinary writable views of it.
         self.buffer = memoryview(np.empty(total, dtype=np.uint8))
-        self.scan: object | None = None  # the receiver's incremental content check, if any
 
 
 class StreamState:
