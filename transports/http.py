@@ -650,37 +650,44 @@ class HttpTransport:
         Hashing runs in a worker thread on the part already received while the loop keeps
         receiving (at most one update in flight, each over >= ``_HASH_STEP`` bytes; hashlib
         releases the GIL). Hashing the whole body after reading it kept SHA-256 (~37 ms per
-        64 MiB) on the critical path of every signed request."""
+        64 MiB) on the critical path of every signed request. When this returns or raises
+        (cancellation included), no update is running: a thread cannot be interrupted, so the
+        update in flight is awaited (shielded) before the exception propagates."""
         view = memoryview(buf)
         pos, end = offset, offset + length
         hashed, pending = offset, None  # view[offset:hashed] is in hasher (or being added)
         content = request.content
         loop = asyncio.get_running_loop()
-        while pos < end:
-            # readchunk hands over aiohttp's buffered chunks one by one; readany would first
-            # join them into a new bytes object (a second copy of every body byte)
-            data, _ = await content.readchunk()
-            if not data:
-                raise _Refuse(400, "malformed",
-                              f"body ended after {pos - offset} of {length} bytes")
-            n = len(data)
-            if pos + n > end:
-                raise _Refuse(400, "malformed", "body longer than Content-Length")
-            view[pos:pos + n] = data
-            pos += n
-            if (hasher is not None and pos - hashed >= _HASH_STEP
-                    and (pending is None or pending.done())):
+        try:
+            while pos < end:
+                # readchunk hands over aiohttp's buffered chunks one by one; readany would first
+                # join them into a new bytes object (a second copy of every body byte)
+                data, _ = await content.readchunk()
+                if not data:
+                    raise _Refuse(400, "malformed",
+                                  f"body ended after {pos - offset} of {length} bytes")
+                n = len(data)
+                if pos + n > end:
+                    raise _Refuse(400, "malformed", "body longer than Content-Length")
+                view[pos:pos + n] = data
+                pos += n
+                if (hasher is not None and pos - hashed >= _HASH_STEP
+                        and (pending is None or pending.done())):
+                    if pending is not None:
+                        pending.result()
+                    pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
+                    hashed = pos
+            if hasher is not None:
                 if pending is not None:
-                    pending.result()
-                pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
-                hashed = pos
-        if hasher is not None:
-            if pending is not None:
-                await pending
-            if end - hashed < _INLINE_BYTES:
-                hasher.update(view[hashed:end])
-            else:
-                await asyncio.to_thread(hasher.update, view[hashed:end])
+                    await asyncio.shield(pending)  # unshielded, a cancel would orphan the thread
+                if end - hashed < _INLINE_BYTES:
+                    hasher.update(view[hashed:end])
+                else:
+                    pending = loop.run_in_executor(None, hasher.update, view[hashed:end])
+                    await asyncio.shield(pending)
+        finally:
+            if pending is not None and not pending.done():
+                await _wait_uncancelled(pending)
 
     async def _check_frame(self, sender: str, channel: str, msg_id: int,
                            buffer: memoryview) -> Frame:
@@ -810,6 +817,18 @@ def _all_finite(a: np.ndarray) -> bool:
         if np.isfinite(total):
             return True
     return bool(np.isfinite(a).all())
+
+
+async def _wait_uncancelled(fut: asyncio.Future) -> None:
+    """Wait for ``fut`` (a thread's job: it cannot be interrupted) even if cancelled again
+    meanwhile; its outcome is dropped (the caller is already leaving with an exception)."""
+    while not fut.done():
+        try:
+            await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            continue
+        except Exception:
+            return
 
 
 def _spec_text(got: str, mine: str) -> str:

@@ -1,0 +1,209 @@
+"""The HTTP receiver's body path (`HttpTransport._read_into` and the checks after it): large
+bodies, hashed on a worker thread while they arrive, keep every guarantee."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import threading
+
+import aiohttp
+import numpy as np
+import pytest
+
+from transports import auth, codec
+from transports.base import Frame
+from transports.errors import FrameError
+from transports.http import _HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport
+
+from test_http_security import cfg, pair, signed
+
+MiB = 1 << 20
+
+
+class _Content:
+    """A stand-in for aiohttp's StreamReader: hands out ``body`` in ``step``-byte chunks; after
+    ``stall_after`` bytes it waits forever (a sender that stopped mid-body)."""
+
+    def __init__(self, body: bytes, step: int, stall_after: int | None = None) -> None:
+        self.body, self.step, self.stall_after = body, step, stall_after
+        self.pos = 0
+        self.stalled = asyncio.Event()
+        self.on_read = lambda pos: None
+
+    async def readchunk(self) -> tuple[bytes, bool]:
+        if self.stall_after is not None and self.pos >= self.stall_after:
+            self.stalled.set()
+            await asyncio.Event().wait()
+        data = self.body[self.pos:self.pos + self.step]
+        self.pos += len(data)
+        self.on_read(self.pos)
+        return data, False
+
+
+class _Request:
+    def __init__(self, content: _Content) -> None:
+        self.content = content
+
+
+class _GatedHasher:
+    """A SHA-256 whose ``update`` (run by the worker thread) can be held back by the test."""
+
+    def __init__(self) -> None:
+        self.inner = hashlib.sha256()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.fed = 0
+
+    def update(self, data) -> None:
+        self.entered.set()
+        self.gate.wait()
+        self.inner.update(data)
+        self.fed += len(data)
+
+
+def _encoded(*arrays) -> bytes:
+    return codec.encode(Frame(arrays=arrays).replace(sender="a", channel="c", msg_id=0))
+
+
+async def test_read_into_copies_and_hashes_every_byte_in_order():
+    body = np.random.default_rng(1).integers(0, 256, 5 * MiB + 12345, np.uint8).tobytes()
+    t = HttpTransport(HttpConfig(name="rx"))
+    for step in (1000, 256 << 10, 3 * MiB):
+        buf = memoryview(bytearray(len(body)))
+        hasher = hashlib.sha256()
+        await t._read_into(_Request(_Content(body, step)), buf, 0, len(body), hasher)
+        assert bytes(buf) == body
+        assert hasher.hexdigest() == hashlib.sha256(body).hexdigest()
+
+
+async def test_cancelled_mid_body_leaves_no_hashing_thread_running():
+    """Cancelling a signed request while a hash update runs on the worker thread: the reader
+    waits for that update (a thread cannot be interrupted) before the cancellation propagates,
+    and hashes nothing afterwards."""
+    body = bytes(range(256)) * (40 * MiB // 256)
+    t = HttpTransport(HttpConfig(name="rx"))
+    buf = memoryview(bytearray(len(body)))
+    hasher = _GatedHasher()
+    content = _Content(body, 256 << 10, stall_after=_HASH_STEP + 2 * MiB)
+    task = asyncio.ensure_future(t._read_into(_Request(content), buf, 0, len(body), hasher))
+    try:
+        await asyncio.to_thread(hasher.entered.wait)  # an update runs, blocked in the hasher
+        await content.stalled.wait()
+        task.cancel()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done()  # it waits for the thread rather than leave it running
+    finally:
+        hasher.gate.set()  # never leave the thread blocked (the test would hang at exit)
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert hasher.fed == _HASH_STEP
+    await asyncio.sleep(0.01)
+    assert hasher.fed == _HASH_STEP
+
+
+async def test_nonfinite_anywhere_in_a_big_chunked_tensor_is_refused_422():
+    """Inf/NaN in the first, a chunk-straddling or the last element of a tensor spread over
+    several requests (chunk size not a multiple of the element size) is refused; finite values
+    whose sum overflows are accepted."""
+    a, b = await pair(a_kw={"chunk_bytes": 3 * MiB + 1})
+    try:
+        n = (10 * MiB) // 4
+        for pos, bad in ((0, np.nan), ((3 * MiB) // 4 - 1, np.inf), (n - 1, -np.inf)):
+            x = np.ones(n, np.float32)
+            x[pos] = bad
+            with pytest.raises(FrameError, match="array 1 .* NaN or Inf"):
+                await a.send("b", "c", Frame(arrays=(np.zeros(3, np.int32), x)))
+        assert b.refused == {"nonfinite": 3}
+        big = np.full(n, np.finfo(np.float32).max, np.float32)
+        await a.send("b", "c", Frame(arrays=(big,)))
+        assert np.array_equal((await b.recv("a", "c")).arrays[0], big)
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_corrupted_middle_chunk_is_refused_401_then_resent():
+    """A three-request message whose middle request has one altered byte: 401 for that
+    request (nothing accepted); the intact request then completes the message."""
+    a, b = await pair()
+    try:
+        x = np.random.default_rng(2).standard_normal((9 * MiB) // 4).astype(np.float32)
+        body = _encoded(x)
+        bounds = [0, 3 * MiB, 6 * MiB, len(body)]
+        chunks = [body[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+
+        def headers(i, chunk):
+            return signed(0, chunk, **{"X-Tandem-Chunk": str(i), "X-Tandem-Chunks": "3",
+                                       "X-Tandem-Offset": str(bounds[i]),
+                                       "X-Tandem-Total": str(len(body))})
+
+        async with aiohttp.ClientSession() as s:
+            async def post(i, data):
+                async with s.post(b.url + FRAME_PATH, data=io.BytesIO(data),
+                                  headers=headers(i, chunks[i])) as r:
+                    return r.status, await r.text()
+            assert await post(0, chunks[0]) == (200, "chunk")
+            bad = bytearray(chunks[1])
+            bad[len(bad) // 2 + 1] ^= 0x40
+            assert await post(1, bytes(bad)) == (401, "unauthorized")
+            assert await post(1, chunks[1]) == (200, "chunk")
+            assert await post(2, chunks[2]) == (200, "ok")
+        assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
+        assert b.refused == {"unauthenticated": 1}
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_bad_digest_wins_over_nonfinite_content():
+    """A large body that is both altered and non-finite is refused as unauthenticated (401):
+    nothing about its content is judged before the digest over the whole body matches."""
+    a, b = await pair()
+    try:
+        x = np.ones((4 * MiB) // 4, np.float32)
+        x[-1] = np.nan
+        body = _encoded(x)
+        bad = bytearray(body)
+        bad[len(bad) // 3] ^= 1
+        async with aiohttp.ClientSession() as s:
+            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(bytes(bad)),
+                              headers=signed(0, body)) as r:
+                assert r.status == 401
+            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body),
+                              headers=signed(0, body)) as r:
+                assert r.status == 422
+        assert b.refused == {"unauthenticated": 1, "nonfinite": 1}
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_disconnect_mid_body_leaves_the_server_serving():
+    """A client that drops its connection halfway through a large body: no worker job stays
+    behind and the next frame is delivered."""
+    a, b = await pair()
+    try:
+        x = np.ones((8 * MiB) // 4, np.float32)
+        body = _encoded(x)
+        sent_half = asyncio.Event()
+
+        async def half():
+            yield body[:len(body) // 2]
+            sent_half.set()
+            await asyncio.Event().wait()
+
+        async with aiohttp.ClientSession() as s:
+            post = asyncio.ensure_future(s.post(b.url + FRAME_PATH, data=half(),
+                                                headers=signed(0, body)))
+            await sent_half.wait()
+            post.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await post
+        await a.send("b", "c", Frame(arrays=(x,)))
+        assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
+    finally:
+        await a.aclose()
+        await b.aclose()
