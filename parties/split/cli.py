@@ -55,11 +55,7 @@ async def party_command(args) -> int:
     try:
         result = await run_party(cfg, stop=stop)
     except (TandemError, OSError, ExceptionGroup) as exc:
-        err = _first(exc)
-        if not isinstance(err, (TandemError, OSError)):
-            raise
-        print(f"tandem party ({cfg.name}): error: {err}", file=sys.stderr)
-        return 2 if isinstance(err, ConfigError) else 1
+        return report_error(f"tandem party ({cfg.name}): error", exc)
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
@@ -72,3 +68,17 @@ def _first(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
     return exc
+
+
+def report_error(prefix: str, exc: BaseException) -> int:
+    """Print a command's failure as ``prefix: message`` on stderr and return its exit code:
+    2 for a configuration error (the user must fix an input), 1 for any other Tandem or OS
+    error. Anything else (a bug) is re-raised, as are exception groups holding one."""
+    from engine.errors import ConfigError
+    from transports.errors import TandemError
+
+    err = _first(exc)
+    if not isinstance(err, (TandemError, OSError)):
+        raise exc
+    print(f"{prefix}: {err}", file=sys.stderr)
+    return 2 if isinstance(err, ConfigError) else 1

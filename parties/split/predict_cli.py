@@ -61,10 +61,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 async def predict_command(args: argparse.Namespace) -> int:
     """Exit codes (as `tandem party`): 0 done; 1 the run failed (spec refused, peer
     unreachable or lost, timeout); 2 bad input (config, export, rows, options)."""
-    from engine.errors import ConfigError
     from transports.errors import TandemError
 
-    from .cli import _first
+    from .cli import report_error
 
     try:
         async with asyncio.timeout(args.timeout):
@@ -74,11 +73,7 @@ async def predict_command(args: argparse.Namespace) -> int:
               "`tandem predict` with matching configs?", file=sys.stderr)
         return 1
     except (TandemError, OSError, ExceptionGroup) as exc:
-        err = _first(exc)
-        if not isinstance(err, (TandemError, OSError)):
-            raise
-        print(f"tandem predict: {err}", file=sys.stderr)
-        return 2 if isinstance(err, ConfigError) else 1
+        return report_error("tandem predict", exc)
     print(json.dumps(summary), flush=True)
     return 0
 
