@@ -50,7 +50,10 @@ class _Direction:
     ``late``: how far past the ideal end of the last transmission its timer fired. The next
     transmission starts that much earlier (it is credited once), so timer lateness (uvloop's
     timers have 1 ms resolution; a loaded machine adds more) does not accumulate into wire
-    idle time: over back-to-back frames the emulated link carries exactly ``bandwidth``.
+    idle time: over back-to-back frames the emulated link carries exactly ``bandwidth``. (A
+    sender awaits each send, so its next frame is only ready once the late timer fired; hence
+    the credit rather than starting each frame at max(ready, previous ideal end).) The price: a
+    frame sent after an idle spell may arrive up to one timer lateness early, once.
     """
 
     __slots__ = ("shape", "stats", "_wire", "late")
