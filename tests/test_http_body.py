@@ -207,3 +207,24 @@ async def test_disconnect_mid_body_leaves_the_server_serving():
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_wait_uncancelled_finishes_the_thread_job_and_keeps_the_cancellation():
+    from transports.http import _wait_uncancelled
+
+    release, finished = threading.Event(), threading.Event()
+
+    def job():
+        release.wait(5)
+        finished.set()
+
+    fut = asyncio.get_running_loop().run_in_executor(None, job)
+    waiter = asyncio.ensure_future(_wait_uncancelled(fut))
+    await asyncio.sleep(0.01)
+    waiter.cancel()          # arrives while the thread is still busy
+    await asyncio.sleep(0.01)
+    assert not waiter.done()  # it keeps waiting for the uninterruptible job
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter          # ...and then the cancellation is not lost
+    assert finished.is_set()

@@ -820,15 +820,19 @@ def _all_finite(a: np.ndarray) -> bool:
 
 
 async def _wait_uncancelled(fut: asyncio.Future) -> None:
-    """Wait for ``fut`` (a thread's job: it cannot be interrupted) even if cancelled again
-    meanwhile; its outcome is dropped (the caller is already leaving with an exception)."""
+    """Wait for ``fut`` (a thread's job: it cannot be interrupted) even if cancelled meanwhile;
+    its outcome is dropped (the caller is already leaving with an exception). A cancellation
+    that arrived during the wait is raised once the job is done, so it is never lost."""
+    cancelled = False
     while not fut.done():
         try:
             await asyncio.shield(fut)
         except asyncio.CancelledError:
-            continue
+            cancelled = True
         except Exception:
-            return
+            break
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _spec_text(got: str, mine: str) -> str:
