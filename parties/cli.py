@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import Awaitable, Callable, Sequence
 
+from transports.allocator import tune_allocator
+
 #: Modules providing ``register(subparsers)``; each adds its own sub-commands.
 COMMAND_MODULES = [
     "parties.split.cli",
@@ -22,7 +24,11 @@ COMMAND_MODULES = [
 
 
 def run_async(main: Callable[[], Awaitable[int]]) -> int:
-    """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise."""
+    """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise.
+
+    First tunes the C allocator for the receive path (`transports.allocator.tune_allocator`):
+    this is the process's entry point, the one place a process-wide setting belongs."""
+    tune_allocator()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - platform without uvloop
