@@ -5,11 +5,19 @@ A `StageModel` is an ``(init, apply)`` pair: ``init(key) -> params`` and
 
 * ``forward(params, *xs) -> (out, vjp)``  the output and its pullback (residuals kept, so the
   backward pass does not recompute the forward);
-* ``backward(vjp, cot) -> (param_grads, *input_grads)``;
-* ``loss_step(params, labels, scale, *xs) -> (loss, logits, param_grads, input_grads)`` for the
-  loss stage, fusing forward and backward; ``scale`` is the micro-batch's share ``1/B`` so summed
-  micro-batch gradients equal the full batch's mean-loss gradient;
-* ``predict(params, *xs)``; ``accumulate(a, b)``; ``update(params, opt_state, grads)`` (optax).
+* ``backward(vjp, cot, acc) -> (acc + param_grads, input_grads)``;
+* ``loss_step(params, acc, loss_acc, labels, scale, *xs) -> (acc + param_grads,
+  loss_acc + loss, logits, input_grads)`` for the loss stage, fusing forward and backward;
+  ``scale`` is the micro-batch's share ``1/B`` so summed micro-batch gradients equal the full
+  batch's mean-loss gradient;
+* ``predict(params, *xs)``; ``zeros(params)`` (a fresh accumulator);
+  ``update(params, opt_state, grads)`` (optax).
+
+Gradient and loss accumulation happen inside the backward kernels (``acc``, ``loss_acc`` are
+carried on the device), so a micro-batch costs one dispatch and no host synchronisation beyond
+the tensors it must send: a ``float(loss)`` or an extra ``accumulate`` call per micro-batch is
+a device round trip each (a stall on a GPU; on a CPU, where the calling thread gives up Python's
+lock around it, a chance for every other thread to take it).
 
 Each kernel counts its traces (``kernels.traces[name]``), so a test can prove that micro-batches
 of equal shape never retrace.
@@ -119,17 +127,18 @@ class StageKernels:
             self.traces["forward"] += 1
             return jax.vjp(apply, params, *xs)
 
-        def backward(vjp, cot):
+        def backward(vjp, cot, acc):
             self.traces["backward"] += 1
-            return vjp(cot)
+            grads = vjp(cot)
+            return _add(acc, grads[0]), grads[1:]
 
         def predict(params, *xs):
             self.traces["predict"] += 1
             return apply(params, *xs)
 
-        def accumulate(a, b):
-            self.traces["accumulate"] += 1
-            return jax.tree_util.tree_map(jnp.add, a, b)
+        def zeros(params):
+            self.traces["zeros"] += 1
+            return jax.tree_util.tree_map(jnp.zeros_like, params)
 
         def update(params, opt_state, grads):
             self.traces["update"] += 1
@@ -139,11 +148,11 @@ class StageKernels:
         self.forward = jax.jit(forward)
         self.backward = jax.jit(backward)
         self.predict = jax.jit(predict)
-        self.accumulate = jax.jit(accumulate)
+        self.zeros = jax.jit(zeros)
         self.update = jax.jit(update)
         self.init_opt = optimizer.init
         if loss is not None:
-            def loss_step(params, labels, scale, *xs):
+            def loss_step(params, acc, loss_acc, labels, scale, *xs):
                 self.traces["loss_step"] += 1
 
                 def objective(params, *xs):
@@ -153,6 +162,11 @@ class StageKernels:
                 argnums = tuple(range(len(xs) + 1))
                 (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(
                     params, *xs)
-                return value, logits, grads[0], grads[1:]
+                return _add(acc, grads[0]), loss_acc + value, logits, grads[1:]
 
             self.loss_step = jax.jit(loss_step)
+
+
+def _add(acc, grads):
+    """``acc + grads`` leaf by leaf: the order of summation of unfused accumulation."""
+    return jax.tree_util.tree_map(jnp.add, acc, grads)

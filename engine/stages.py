@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -81,9 +80,15 @@ class StageHandler:
         self.vjps: dict[tuple[str, int], Any] = {}
         self.inbox: dict[tuple[str, int], jax.Array] = {}
         self.cots: dict[tuple[str, int], jax.Array] = {}
-        self.grads: dict[str, Any] = {}
-        self.loss_sum = 0.0
-        self.logits: dict[int, np.ndarray] = {}
+        self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
+        self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
+        self.logits: dict[int, jax.Array] = {}
+
+    @property
+    def loss_sum(self) -> float:
+        """The bound batch's mean loss so far (the scaled micro-batch losses, summed). Reading
+        it waits for the loss stage's kernels: read it once per batch, not per op."""
+        return 0.0 if self._loss is None else float(self._loss)
 
     def _input(self, stage: str, name: str, m: int) -> jax.Array:
         if name == FEATURES:
@@ -93,9 +98,10 @@ class StageHandler:
             return self.acts[(name, m)]
         return self.inbox[(f"act/{name}->{stage}", m)]
 
-    def _accumulate(self, stage: str, grads) -> None:
-        prev = self.grads.get(stage)
-        self.grads[stage] = grads if prev is None else self.kernels[stage].accumulate(prev, grads)
+    def _acc(self, stage: str):
+        """The stage's gradient accumulator for this batch (zeros before its first backward)."""
+        acc = self.grads.get(stage)
+        return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
     def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
         for name, g in zip(self.stages[stage].inputs, input_grads):
@@ -131,23 +137,22 @@ class StageHandler:
         elif op.kind is Kind.LOSS:
             lo, hi = self.bounds[m]
             if self.train:
-                loss, logits, gp, gxs = k.loss_step(self.params[s], self.labels[lo:hi],
-                                                    jnp.float32(1.0 / self.rows), *xs)
-                self._accumulate(s, gp)
+                loss = _ZERO if self._loss is None else self._loss
+                self.grads[s], self._loss, logits, gxs = k.loss_step(
+                    self.params[s], self._acc(s), loss, self.labels[lo:hi],
+                    np.float32(1.0 / self.rows), *xs)
                 self._route_input_grads(s, m, gxs, out)
-                self.loss_sum += float(loss)
             else:
                 logits = k.predict(self.params[s], *xs)
-            self.logits[m] = np.asarray(logits)
+            self.logits[m] = logits  # fetched once per batch, by `predictions`
         elif op.kind is Kind.BACKWARD:
             cot = self.cots.pop((s, m), None)
             for c in self.topology.consumers(s):
                 if c.name not in self.stages:
                     g = self.inbox.pop((f"grad/{s}->{c.name}", m))
                     cot = g if cot is None else cot + g
-            grads = k.backward(self.vjps.pop((s, m)), cot)
-            self._accumulate(s, grads[0])
-            self._route_input_grads(s, m, grads[1:], out)
+            self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
+            self._route_input_grads(s, m, input_grads, out)
             self.acts.pop((s, m), None)
             if not out:
                 jax.block_until_ready(self.grads[s])
@@ -170,7 +175,10 @@ class StageHandler:
 
     def predictions(self) -> np.ndarray:
         """The loss stage's logits of the bound batch, in row order."""
-        return np.concatenate([self.logits[m] for m in sorted(self.logits)], axis=0)
+        return np.concatenate([np.asarray(self.logits[m]) for m in sorted(self.logits)], axis=0)
+
+
+_ZERO = np.float32(0.0)  # the loss accumulator before a batch's first loss step
 
 
 def _stable_hash(name: str) -> int:
