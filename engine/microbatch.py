@@ -63,12 +63,18 @@ class GroupTuner:
        settle on the base when neither is. Every ``recheck`` batches
        the neighbours are tried again, so ``n`` follows a link or load that changes.
 
+    The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
+    group shape, and it starts while the peers still drain the previous batch (the leader's
+    batch ends before a follower's last backward and update), so its wall time mixes two
+    values of ``n`` and is easily the fastest of a probe's batches when it follows a quickly
+    drained one.
+
     Invariant: ``1 <= n <= batch``.
     """
 
     batch: int
     n: int = 0
-    samples: int = 2
+    samples: int = 3
     tolerance: float = 0.03
     recheck: int = 50
     history: list[dict] = dataclasses.field(default_factory=list)
@@ -78,6 +84,7 @@ class GroupTuner:
             self.n = min(4, self.batch)
         self._walls: dict[int, list[float]] = {}
         self._started = False
+        self._last_n = self.n  # the n of the batch before the one being observed
         self._settled_at: int | None = None
         self._base = self.n  # the n whose neighbours are being probed
 
@@ -102,7 +109,9 @@ class GroupTuner:
             self._walls.clear()
             self._base = self.n
             return self.n
-        self._walls.setdefault(self.n, []).append(wall)
+        changed, self._last_n = self._last_n != self.n, self.n
+        if not changed:  # see the class docstring: a change's first batch is no sample
+            self._walls.setdefault(self.n, []).append(wall)
         if self._settled_at is not None:
             if len(self.history) - self._settled_at < self.recheck:
                 return self.n
