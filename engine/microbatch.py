@@ -1,8 +1,8 @@
 """Micro-batching: group boundaries and the automatic group count.
 
-`group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups whose sizes differ
-by at most one (the first ``B % n`` groups get the extra row), so at most two shapes occur and
-jitted kernels trace at most twice.
+`group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups: the middle ones
+differ by at most one row, the first and last are half as large (a shorter pipeline fill and
+drain), so at most four shapes occur and jitted kernels trace at most four times per ``n``.
 
 `rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
 clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches from measurements
@@ -23,17 +23,36 @@ from .errors import ConfigError
 
 
 def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
-    """``n`` contiguous ``(start, stop)`` row ranges covering ``range(batch)``."""
+    """``n`` contiguous ``(start, stop)`` row ranges covering ``range(batch)``.
+
+    For ``n >= 3`` the first and last groups are *tapered*: about half the size of the middle
+    groups, whose sizes differ by at most one (a batch too small to halve its end groups gets
+    even groups). A batch's pipeline cannot run faster than its fill and drain allow: the
+    gradient link idles until the first group went forward, across the link and through the
+    loss, and the last group's backward waits until every gradient has arrived. Both waits
+    scale with the end groups' size, so halving those shortens the batch by about one middle
+    group's transfer and compute while costing no extra op. At most four shapes occur (ends
+    and middles, each possibly one row apart), so jitted kernels trace at most four times
+    per ``n``.
+    """
     if batch < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch}")
     if not 1 <= n <= batch:
         raise ConfigError(f"n_groups must be in [1, batch={batch}], got {n}")
-    base, extra = divmod(batch, n)
-    bounds, start = [], 0
+    end = batch // (2 * n - 2) if n >= 3 else 0  # an end group: half a middle group
+    if end < 1:
+        return _even(0, batch, n)
+    return [(0, end), *_even(end, batch - end, n - 2), (batch - end, batch)]
+
+
+def _even(start: int, stop: int, n: int) -> list[tuple[int, int]]:
+    """``range(start, stop)`` in ``n`` contiguous groups whose sizes differ by at most one."""
+    base, extra = divmod(stop - start, n)
+    bounds = []
     for i in range(n):
-        stop = start + base + (1 if i < extra else 0)
-        bounds.append((start, stop))
-        start = stop
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
     return bounds
 
 

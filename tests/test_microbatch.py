@@ -16,13 +16,25 @@ from engine.microbatch import GroupTuner, group_bounds, rule_groups
 
 
 @given(batch=st.integers(1, 500), data=st.data())
-def test_group_bounds_cover_the_batch_with_sizes_within_one(batch, data):
+def test_group_bounds_cover_the_batch_with_tapered_ends(batch, data):
     n = data.draw(st.integers(1, batch))
     bounds = group_bounds(batch, n)
     assert len(bounds) == n and bounds[0][0] == 0 and bounds[-1][1] == batch
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-    sizes = {hi - lo for lo, hi in bounds}
-    assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+    sizes = [hi - lo for lo, hi in bounds]
+    assert min(sizes) >= 1 and len(set(sizes)) <= 4
+    if n >= 3 and batch >= 2 * n - 2:  # ends: equal, at most half a middle group
+        middle = sizes[1:-1]
+        assert sizes[0] == sizes[-1] and 2 * sizes[0] <= min(middle)
+        assert max(middle) - min(middle) <= 1
+    else:
+        assert max(sizes) - min(sizes) <= 1
+
+
+def test_tapered_ends_are_half_a_middle_group():
+    assert [hi - lo for lo, hi in group_bounds(2048, 9)] == [128] + [256] * 7 + [128]
+    assert [hi - lo for lo, hi in group_bounds(10, 2)] == [5, 5]
+    assert [hi - lo for lo, hi in group_bounds(8, 8)] == [1] * 8  # too small to taper
 
 
 @pytest.mark.parametrize("batch,n", [(0, 1), (8, 0), (8, 9)])
