@@ -15,7 +15,7 @@ import pytest
 from transports import auth, codec
 from transports.base import Frame
 from transports.errors import FrameError
-from transports.http import _HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport
+from transports.http import _HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport, _PlainBody
 
 from test_http_security import cfg, pair, signed
 
@@ -40,11 +40,6 @@ class _Content:
         self.pos += len(data)
         self.on_read(self.pos)
         return data, False
-
-
-class _Request:
-    def __init__(self, content: _Content) -> None:
-        self.content = content
 
 
 class _GatedHasher:
@@ -73,7 +68,8 @@ async def test_read_into_copies_and_hashes_every_byte_in_order():
     for step in (1000, 256 << 10, 3 * MiB):
         buf = memoryview(bytearray(len(body)))
         hasher = hashlib.sha256()
-        await t._read_into(_Request(_Content(body, step)), buf, 0, len(body), hasher)
+        await t._read_into(_PlainBody(_Content(body, step), len(body)), buf, 0, len(body),
+                               hasher)
         assert bytes(buf) == body
         assert hasher.hexdigest() == hashlib.sha256(body).hexdigest()
 
@@ -87,7 +83,8 @@ async def test_cancelled_mid_body_leaves_no_hashing_thread_running():
     buf = memoryview(bytearray(len(body)))
     hasher = _GatedHasher()
     content = _Content(body, 256 << 10, stall_after=_HASH_STEP + 2 * MiB)
-    task = asyncio.ensure_future(t._read_into(_Request(content), buf, 0, len(body), hasher))
+    task = asyncio.ensure_future(
+        t._read_into(_PlainBody(content, len(body)), buf, 0, len(body), hasher))
     try:
         await asyncio.to_thread(hasher.entered.wait)  # an update runs, blocked in the hasher
         await content.stalled.wait()
