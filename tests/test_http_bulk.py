@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from transports import auth, codec
 from transports.base import Frame
 from transports.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
-                               PeerUnavailableError)
+                               PeerUnavailableError, TransportError)
 from transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
 
 from test_http_security import SECRET, _mutate, make_cert, routing
@@ -494,6 +494,31 @@ def test_server_still_delivers_bulk_after_fuzzing(live):
         state["id"], body, **{"X-Tandem-Channel": "after"}), body)) == ("line", 200, "ok")
     np.testing.assert_array_equal(runner.run(server.recv("a", "after")).arrays[0], x)
     assert bulk(server, "received") >= 1
+
+
+async def test_a_receiver_that_ignores_the_upgrade_is_reported_not_trusted():
+    """An older receiver treats the bulk request as a plain POST with an empty body and may
+    answer 200 "chunk": the sender must not count that chunk as delivered."""
+    from aiohttp import web
+
+    async def old_receiver(request):
+        return web.Response(text="chunk")
+
+    app = web.Application()
+    app.router.add_post(FRAME_PATH, old_receiver)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    a = await HttpTransport(cfg("a", peers={"b": f"http://127.0.0.1:{port}"})).start()
+    try:
+        with pytest.raises(TransportError, match="does not support the bulk path"):
+            await a.send("b", "c", Frame(arrays=(tensor(MiB),)))
+        assert a.sent_stats("b").bytes == 0
+    finally:
+        await a.aclose()
+        await runner.cleanup()
 
 
 # -- shaping and configuration ----------------------------------------------------------------

@@ -495,6 +495,11 @@ class HttpTransport:
             status, _, rh = await _read_response_head(reader)
             if status != 101:
                 text = await _read_response_text(reader, rh)
+                if status == 200 and text != "duplicate":
+                    # accepted without reading a body: a receiver that ignores the upgrade
+                    raise TransportError(
+                        f"peer {peer!r} does not support the bulk path ({BULK_PROTOCOL}): "
+                        "update it, or set bulk_min_bytes=None on this sender")
                 done = True
                 return status, text, _float(rh.get(H_WAIT.lower(), "0"))
             if rh.get("upgrade", "").strip().lower() != BULK_PROTOCOL:
