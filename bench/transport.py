@@ -13,6 +13,9 @@ process, sends the same 64 MiB payloads over both, in the same run:
 * ``http_MBps``: 64 MiB float32 frames via `HttpTransport.send` (receiver drains with recv);
 * ``http_hmac_MBps``: the same with HMAC authentication (SHA-256 of every body, both sides);
 * ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead).
+* ``http_requests``: the plain-HTTP sender's requests by path (``bulk``: the 64 MiB bodies,
+  upgraded and received outside aiohttp's parser; ``plain``: small frames and each frame's
+  short last chunk); ``--no-bulk`` sends everything as plain POSTs.
 
 The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; ``repeats``
 messages each, after one untimed warm-up message per variant); medians over the rounds are
@@ -170,9 +173,11 @@ async def _sender(args: argparse.Namespace) -> dict:
         big = np.random.default_rng(0).standard_normal(args.mib * MiB // 4, dtype=np.float32)
         raw = _RawSender(addr["raw_port"], memoryview(big).cast("B"))
         frame = Frame(arrays=(big,))
-        async with HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]})) as plain, \
-                HttpTransport(HttpConfig(name="tx", secret=SECRET,
-                                         peers={"rx": addr["signed"]})) as signed:
+        bulk = {"bulk_min_bytes": None} if args.no_bulk else {}
+        async with HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]},
+                                            **bulk)) as plain, \
+                HttpTransport(HttpConfig(name="tx", secret=SECRET, peers={"rx": addr["signed"]},
+                                         **bulk)) as signed:
             senders = {"raw": raw.send,
                        "http": lambda: plain.send("rx", "big", frame),
                        "http_hmac": lambda: signed.send("rx", "big", frame)}
@@ -190,6 +195,7 @@ async def _sender(args: argparse.Namespace) -> dict:
                 runs["small_hmac_us"].append(await _small_us(signed, args.small))
                 _log(f"round {r + 1}/{args.rounds}: " + ", ".join(
                     f"{k} {v[-1]:.1f}" for k, v in runs.items()))
+            requests = {p: n for (_, p), n in sorted(plain.frame_requests.items())}
     finally:
         if raw is not None:
             raw.close()
@@ -209,6 +215,7 @@ async def _sender(args: argparse.Namespace) -> dict:
             "http_hmac_MBps": round(med["http_hmac"], 1),
             "small_frame_us": round(med["small_us"], 1),
             "small_frame_hmac_us": round(med["small_hmac_us"], 1),
+            "http_requests": requests,
             "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
             "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
             "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
@@ -223,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=4, help="large frames per variant per round")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians reported)")
     p.add_argument("--small", type=int, default=500, help="4 KiB frames for the overhead")
+    p.add_argument("--no-bulk", action="store_true",
+                   help="send every HTTP request as a plain POST (bulk_min_bytes=None)")
     p.add_argument("--role", choices=["sender", "receiver"], default="sender",
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)

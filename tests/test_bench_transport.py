@@ -21,3 +21,4 @@ def test_bench_transport_tiny(capsys):
         assert math.isfinite(r[key]) and r[key] > 0, key
     assert all(len(v) == 2 for v in r["runs"].values())
     assert len(r["load"]["loadavg_start"]) == 3
+    assert r["http_requests"]["bulk"] > 0  # the 1 MiB frames took the bulk path

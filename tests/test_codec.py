@@ -44,6 +44,31 @@ def test_roundtrip(frame):
         np.testing.assert_array_equal(x, y)
 
 
+@settings(max_examples=60, deadline=None)
+@given(meta=meta, sender=st.text(max_size=20))
+def test_first_array_starts_aligned_and_unpadded_frames_still_decode(meta, sender):
+    """The header is padded so that the first array starts at a multiple of ALIGN: decoded
+    into an aligned buffer, its view is aligned (numpy reduces it without a buffered copy).
+    Frames from an encoder that did not pad decode the same."""
+    x = np.arange(10, dtype=np.float64)
+    frame = Frame(sender=sender, meta=meta, arrays=(x,))
+    data = codec.encode(frame)
+    header_len = codec.parse_prefix(data[:codec.PREFIX_SIZE])
+    assert (codec.PREFIX_SIZE + header_len) % codec.ALIGN == 0
+    buf = np.empty(len(data) + codec.ALIGN, np.uint8)
+    start = -buf.ctypes.data % codec.ALIGN
+    buf[start:start + len(data)] = np.frombuffer(data, np.uint8)
+    got = codec.decode(memoryview(buf)[start:start + len(data)])
+    assert got.arrays[0].flags.aligned and got.arrays[0].ctypes.data % codec.ALIGN == 0
+    np.testing.assert_array_equal(got.arrays[0], x)
+    header = orjson.dumps(codec.header_of(frame))  # as an encoder without padding wrote it
+    unpadded = (codec._PREFIX.pack(codec.MAGIC, len(header)) + header
+                + memoryview(x).cast("B").tobytes())
+    old = codec.decode(unpadded)
+    assert old.meta == got.meta and old.sender == got.sender
+    np.testing.assert_array_equal(old.arrays[0], x)
+
+
 @settings(max_examples=120, deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_raise_frame_error(data):

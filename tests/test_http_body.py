@@ -11,12 +11,15 @@ import threading
 import aiohttp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from transports import auth, codec
 from transports.base import Frame
 from transports.errors import FrameError
-from transports.http import _HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport
+from transports.http import (_HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport, _FiniteScan,
+                             _PlainBody)
 
+from test_http_bulk import bulk_post
 from test_http_security import cfg, pair, signed
 
 MiB = 1 << 20
@@ -42,11 +45,6 @@ class _Content:
         return data, False
 
 
-class _Request:
-    def __init__(self, content: _Content) -> None:
-        self.content = content
-
-
 class _GatedHasher:
     """A SHA-256 whose ``update`` (run by the worker thread) can be held back by the test."""
 
@@ -63,8 +61,8 @@ class _GatedHasher:
         self.fed += len(data)
 
 
-def _encoded(*arrays) -> bytes:
-    return codec.encode(Frame(arrays=arrays).replace(sender="a", channel="c", msg_id=0))
+def _encoded(*arrays, msg_id: int = 0) -> bytes:
+    return codec.encode(Frame(arrays=arrays).replace(sender="a", channel="c", msg_id=msg_id))
 
 
 async def test_read_into_copies_and_hashes_every_byte_in_order():
@@ -73,7 +71,8 @@ async def test_read_into_copies_and_hashes_every_byte_in_order():
     for step in (1000, 256 << 10, 3 * MiB):
         buf = memoryview(bytearray(len(body)))
         hasher = hashlib.sha256()
-        await t._read_into(_Request(_Content(body, step)), buf, 0, len(body), hasher)
+        await t._read_into(_PlainBody(_Content(body, step), len(body)), buf, 0, len(body),
+                               hasher)
         assert bytes(buf) == body
         assert hasher.hexdigest() == hashlib.sha256(body).hexdigest()
 
@@ -87,7 +86,8 @@ async def test_cancelled_mid_body_leaves_no_hashing_thread_running():
     buf = memoryview(bytearray(len(body)))
     hasher = _GatedHasher()
     content = _Content(body, 256 << 10, stall_after=_HASH_STEP + 2 * MiB)
-    task = asyncio.ensure_future(t._read_into(_Request(content), buf, 0, len(body), hasher))
+    task = asyncio.ensure_future(
+        t._read_into(_PlainBody(content, len(body)), buf, 0, len(body), hasher))
     try:
         await asyncio.to_thread(hasher.entered.wait)  # an update runs, blocked in the hasher
         await content.stalled.wait()
@@ -228,3 +228,124 @@ async def test_wait_uncancelled_finishes_the_thread_job_and_keeps_the_cancellati
     with pytest.raises(asyncio.CancelledError):
         await waiter          # ...and then the cancellation is not lost
     assert finished.is_set()
+
+
+# -- the NaN/Inf scan run while the body arrives (_FiniteScan) ----------------------------------
+
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_finite_scan_agrees_with_isfinite_whatever_the_pieces_and_rewinds(data):
+    """Pieces of any size, rewinds to any earlier offset with different bytes written again
+    (a failed attempt, then another): once every byte is in, the scan's verdicts are exactly
+    ``np.isfinite(a).all()`` of what the buffer finally holds."""
+    dtypes = ["<f2", "<f4", "<f8", "<c8", "<i4", "|u1"]
+    arrays = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        dt = np.dtype(data.draw(st.sampled_from(dtypes)))
+        arrays.append(np.ones(data.draw(st.integers(0, 300)), dt))
+
+    def poisoned():
+        out = []
+        for a in arrays:
+            a = a.copy()
+            if a.dtype.kind in "fc" and a.size and data.draw(st.booleans()):
+                a[data.draw(st.integers(0, a.size - 1))] = data.draw(
+                    st.sampled_from([np.nan, np.inf, -np.inf]))
+            out.append(a)
+        return codec.encode(Frame(sender="a", channel="c", arrays=tuple(out)))
+
+    final = poisoned()
+    n = len(final)
+    buf = memoryview(bytearray(n))
+    scan = _FiniteScan(buf)
+    pos = 0
+    # events drawn as fractions of the frame (few draws, any piece boundary)
+    for rewind, frac in data.draw(st.lists(st.tuples(st.booleans(), st.floats(0, 1)),
+                                           max_size=10)):
+        if rewind and pos:  # an attempt fails after writing other bytes: rewind, resend
+            to = int(frac * pos)
+            scan.rewind(to)
+            other = poisoned()
+            buf[to:pos] = other[to:pos]
+            scan.advance(pos)
+            scan.rewind(to)
+            pos = to
+        else:
+            nxt = pos + int(frac * (n - pos))
+            buf[pos:nxt] = final[pos:nxt]
+            scan.advance(nxt)
+            pos = nxt
+    buf[pos:] = final[pos:]
+    scan.advance(n)
+    frame = codec.decode(buf)
+    known = scan.verdicts(frame)
+    for i, a in enumerate(frame.arrays):
+        if a.dtype.kind in "fc" and a.size:
+            assert known[i] == bool(np.isfinite(a).all()), (i, a)
+        else:
+            assert i not in known
+
+
+def test_finite_scan_gives_no_verdict_for_an_unreadable_header_or_another_layout():
+    body = codec.encode(Frame(sender="a", channel="c", arrays=(np.ones(8, np.float32),)))
+    bad = bytearray(body)
+    bad[0] ^= 1  # not a frame: decode refuses it, the scan gives up
+    scan = _FiniteScan(memoryview(bad))
+    scan.advance(len(bad))
+    assert scan.off and scan.verdicts(codec.decode(body)) == {}
+    scan = _FiniteScan(memoryview(bytearray(body)))
+    scan.advance(len(body))
+    other = Frame(arrays=(np.ones(8, np.float64),))  # arrays that are not the scanned ones
+    assert scan.verdicts(codec.decode(body)) == {0: True} and scan.verdicts(other) == {}
+
+
+@pytest.mark.parametrize("path", ["bulk", "plain"])
+async def test_a_resent_chunk_is_judged_on_its_new_bytes(path):
+    """The scan runs before the digest is checked: a failed attempt's NaN must not condemn the
+    intact resend, and a failed attempt's finite bytes must not excuse a NaN resent."""
+    a, b = await pair()
+    try:
+        x = np.ones((3 * MiB) // 4, np.float32)
+        bounds = [0, MiB + 3, 2 * MiB + 1, len(_encoded(x))]  # chunks straddle elements
+
+        def chunks(msg_id):
+            body = _encoded(x, msg_id=msg_id)
+            good = [body[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+            bad = bytearray(good[1])
+            bad[4001:4005] = np.array([np.nan], np.float32).tobytes()
+            return good, bytes(bad)
+
+        async def post(s, msg_id, i, data, signed_bytes=None):
+            """Chunk ``i`` carrying ``data``, signed over ``signed_bytes`` (default: data)."""
+            h = signed(msg_id, data if signed_bytes is None else signed_bytes, **{
+                "X-Tandem-Chunk": str(i), "X-Tandem-Chunks": "3",
+                "X-Tandem-Offset": str(bounds[i]), "X-Tandem-Total": str(bounds[3])})
+            if path == "plain":
+                async with s.post(b.url + FRAME_PATH, data=io.BytesIO(data), headers=h) as r:
+                    return r.status, await r.text()
+            h["X-Tandem-Length"] = str(len(data))
+            _, status, text = await bulk_post(b.url, h, data)
+            return status, text
+
+        async with aiohttp.ClientSession() as s:
+            # a NaN in a failed attempt (401), then the intact resend: delivered
+            good, bad = chunks(0)
+            assert await post(s, 0, 0, good[0]) == (200, "chunk")
+            assert await post(s, 0, 1, bad, signed_bytes=good[1]) == (401, "unauthorized")
+            assert await post(s, 0, 1, good[1]) == (200, "chunk")
+            assert await post(s, 0, 2, good[2]) == (200, "ok")
+            np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], x)
+            # finite bytes in a failed attempt (401), then a signed resend holding a NaN: 422
+            good, bad = chunks(1)
+            assert await post(s, 1, 0, good[0]) == (200, "chunk")
+            assert await post(s, 1, 1, good[1], signed_bytes=bad) == (401, "unauthorized")
+            assert await post(s, 1, 1, bad) == (200, "chunk")
+            status, text = await post(s, 1, 2, good[2])
+            assert status == 422 and "NaN or Inf" in text
+        assert b.refused == {"unauthenticated": 2, "nonfinite": 1}
+        assert b.frame_requests[("received", path)] == 8
+    finally:
+        await a.aclose()
+        await b.aclose()

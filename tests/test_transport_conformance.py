@@ -34,18 +34,24 @@ class MemoryHarness:
 
 
 class HttpHarness:
-    """Two HTTP parties on loopback; small chunks so that every test also exercises chunking."""
+    """Two HTTP parties on loopback; small chunks so that every test also exercises chunking.
+
+    ``path`` picks how bodies travel: "plain" (every request a POST with its body; the chunks
+    stay below ``bulk_min_bytes``) or "bulk" (``bulk_min_bytes=1``: every request upgraded, its
+    body received outside aiohttp). `close` checks that no request took the other path."""
 
     capacity = CAPACITY
 
-    def __init__(self) -> None:
+    def __init__(self, path: str = "plain") -> None:
         self.made: list[HttpTransport] = []
         self.urls: dict[str, str] = {}
+        self.path = path
 
     def _config(self, name: str, port: int = 0, peers=None) -> HttpConfig:
         return HttpConfig(name=name, port=port, peers=peers or {}, secret=b"conformance",
                           capacity=CAPACITY, chunk_bytes=256 << 10, retry_timeout=0.5,
-                          backpressure_wait=0.2, backoff_base=0.005, backoff_max=0.05)
+                          backpressure_wait=0.2, backoff_base=0.005, backoff_max=0.05,
+                          bulk_min_bytes=1 if self.path == "bulk" else 1 << 20)
 
     async def pair(self):
         a = await HttpTransport(self._config("a")).start()
@@ -66,6 +72,10 @@ class HttpHarness:
     async def close(self):
         for t in self.made:
             await t.aclose()
+        other = "plain" if self.path == "bulk" else "bulk"
+        for t in self.made:  # a silent fall-back to the other path would show here
+            assert not any(n for (_, p), n in t.frame_requests.items() if p == other), \
+                (t.name, t.frame_requests)
 
 
 class TestMemoryTransport(TransportConformance):
@@ -82,3 +92,15 @@ class TestHttpTransport(TransportConformance):
         h = HttpHarness()
         yield h
         await h.close()
+
+
+class TestHttpBulkTransport(TransportConformance):
+    """The same suite with every request on the bulk path."""
+
+    @pytest.fixture
+    async def harness(self):
+        h = HttpHarness("bulk")
+        yield h
+        await h.close()
+        assert sum(t.frame_requests.get(("received", "bulk"), 0) for t in h.made) > 0 or \
+            not any(t.frame_requests for t in h.made)

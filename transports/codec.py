@@ -4,6 +4,8 @@ Wire layout of one encoded frame::
 
     b"TDM1" | u32 header_len (little-endian) | header (orjson) | buffer_0 | buffer_1 | ...
 
+The header is padded with spaces so that ``buffer_0`` starts at a multiple of `ALIGN` bytes.
+
 The header holds ``sender, channel, id, spec, meta`` and, per array, ``dtype`` (numpy
 ``dtype.str``, little-endian), ``shape`` and ``nbytes``. `decode` validates every field and
 raises `FrameError` naming the first problem, so a server can answer 4xx and keep serving.
@@ -26,6 +28,11 @@ MAGIC = b"TDM1"
 _PREFIX = struct.Struct("<4sI")
 PREFIX_SIZE = _PREFIX.size
 MAX_HEADER_BYTES = 1 << 20
+#: The header is padded with JSON whitespace so that the first array starts at a multiple of
+#: this offset: decoded arrays (views of the receive buffer) are then aligned for their dtype,
+#: so numpy reductions over them (the receiver's NaN/Inf check, the application's own
+#: arithmetic) need no buffered copy. Decoders need not know: JSON allows trailing spaces.
+ALIGN = 64
 #: dtypes allowed on the wire (kinds: bool, signed/unsigned int, float, complex).
 _ALLOWED_KINDS = frozenset("biufc")
 
@@ -62,6 +69,7 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
         header = orjson.dumps(header_of(frame), option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise FrameError(f"frame meta is not JSON-serialisable: {exc}") from None
+    header = _pad(header)
     parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
     for a in frame.arrays:
         arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
@@ -78,7 +86,16 @@ def encode(frame: Frame) -> bytes:
 def encoded_size(frame: Frame) -> int:
     """Exact number of bytes `encode(frame)` produces (what a wire would carry)."""
     header = orjson.dumps(header_of(frame), option=orjson.OPT_SERIALIZE_NUMPY)
-    return PREFIX_SIZE + len(header) + frame.nbytes
+    return PREFIX_SIZE + len(_pad(header)) + frame.nbytes
+
+
+def _pad(header: bytes) -> bytes:
+    """``header`` followed by spaces up to the next `ALIGN` boundary of the frame (never past
+    `MAX_HEADER_BYTES`)."""
+    pad = -(PREFIX_SIZE + len(header)) % ALIGN
+    if not pad or len(header) + pad > MAX_HEADER_BYTES:
+        return header
+    return header + b" " * pad
 
 
 def parse_prefix(prefix: bytes) -> int:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Deque
+from typing import Any, Deque
 
 import numpy as np
 
@@ -87,7 +87,7 @@ class Inbox:
 class Partial:
     """A chunked message being reassembled into one preallocated buffer."""
 
-    __slots__ = ("msg_id", "chunks", "total", "next_chunk", "filled", "buffer")
+    __slots__ = ("msg_id", "chunks", "total", "next_chunk", "filled", "buffer", "scan")
 
     def __init__(self, msg_id: int, chunks: int, total: int) -> None:
         self.msg_id = msg_id
@@ -98,6 +98,7 @@ class Partial:
         # np.empty: no zero-fill pass over what is about to be overwritten; writable, so
         # decoded arrays are ordinary writable views of it.
         self.buffer = memoryview(np.empty(total, dtype=np.uint8))
+        self.scan: Any = None  # checks run over the buffer as it fills (transports.http)
 
 
 class StreamState:
