@@ -54,10 +54,10 @@ class Pipeline:
     """Batch wall times as the leader measures them, for a given per-group cost ``c0``."""
 
     def __init__(self, seed: int, *, compute=1.0, link=1.0, c0=0.004, noise=0.05,
-                 compile_s=0.3, drain=0.5):
+                 compile_s=0.3, drain=0.5, shift=0.3):
         self.rng = np.random.default_rng(seed)
         self.compute, self.link, self.c0 = compute, link, c0
-        self.noise, self.compile_s, self.drain = noise, compile_s, drain
+        self.noise, self.compile_s, self.drain, self.shift = noise, compile_s, drain, shift
         self.seen: set[int] = set()
         self.leftover = 0.0
 
@@ -66,7 +66,11 @@ class Pipeline:
         return big + small / n + n * self.c0
 
     def batch(self, n: int) -> float:
-        tail = self.drain * self.ideal(n) / n   # the follower's last group, after the leader
+        # the follower's work after the leader's batch ended, counted in the next batch: its
+        # last group, plus a random share that grows with n (measured: per-batch walls at
+        # n = 16 spread over +-30% where n = 8 spread over +-5%, their sums steady)
+        tail = self.drain * self.ideal(n) / n
+        tail += self.rng.uniform(0, self.shift * min(1.0, n / 32)) * self.ideal(n)
         wall = self.ideal(n) - tail + self.leftover
         self.leftover = tail
         if n not in self.seen:
@@ -88,7 +92,7 @@ def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
 @pytest.mark.parametrize("c0", [0.001, 0.004, 0.016])
 def test_tuner_settles_near_the_best_power_of_two(c0):
     """Over 100 seeded noisy runs: within 10% of the best power of two in at least 95 of
-    them, and never worse than 25% (noise is 5% per batch on average, with a long tail)."""
+    them, and never worse than 20% (noise is 5% per batch on average, with a long tail)."""
     ratios = []
     for seed in range(100):
         pipe = Pipeline(seed, c0=c0)
@@ -96,7 +100,7 @@ def test_tuner_settles_near_the_best_power_of_two(c0):
         best = min((2 ** k for k in range(11)), key=pipe.ideal)
         ratios.append(pipe.ideal(n) / pipe.ideal(best))
     ratios = np.array(ratios)
-    assert (ratios <= 1.10).mean() >= 0.95 and ratios.max() <= 1.25, np.sort(ratios)[-10:]
+    assert (ratios <= 1.10).mean() >= 0.95 and ratios.max() <= 1.20, np.sort(ratios)[-10:]
 
 
 def test_first_batch_after_a_change_is_not_a_sample():
@@ -108,3 +112,22 @@ def test_first_batch_after_a_change_is_not_a_sample():
     tuner.observe(wall=2.0, compute=0.5)
     tuner.observe(wall=2.0, compute=0.5)
     assert tuner._walls[1] == [2.0, 2.0] and tuner.n == 2  # probing 2n, judged on real samples
+
+
+def test_rule_start_counts_compute_the_leader_cannot_see():
+    """Leader computes 0.01 s of a 1.5 s batch whose busiest link takes 0.5 s: the rest, not
+    the leader's 0.01 s, is the compute the link must hide behind (n = 1, not 50)."""
+    tuner = GroupTuner(batch=1024, n=4)
+    assert tuner.observe(wall=1.5, compute=0.01, links=[(5e6, 1e7)]) == 1
+
+
+def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
+    """Walls of n = 2 trade time batch to batch (mean 1.0); n = 1 is steady at 0.95."""
+    tuner = GroupTuner(batch=64, n=4, samples=3)
+    tuner.observe(wall=1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: ceil(1 / 1) = 1
+    for wall in (5.0, 0.95, 0.95, 0.95):  # 5.0: the change's first batch, ignored
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner.n == 2
+    for wall in (5.0, 0.6, 1.4, 1.0):
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner._base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
