@@ -82,8 +82,9 @@ class GroupTuner:
        ``bench.wan`` a start at n = 56 where 8 was best).
     2. Hill-climbing on the measured wall time per batch (the mean of ``samples`` batches):
        from the base ``n`` try ``2n`` and ``n/2`` (each compared with the base, not with each
-       other); move the base to the faster one while it is faster by more than ``tolerance``;
-       settle on the base when neither is. Every ``recheck`` batches
+       other), and ``4n`` too when ``2n`` came out level with ``n`` (within ``tolerance``: a
+       plateau, or noise, can hide a slope further up); move the base to the fastest while it
+       is faster by more than ``tolerance``; settle on the base when none is. Every ``recheck`` batches
        the neighbours are tried again, so ``n`` follows a link or load that changes.
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
@@ -155,7 +156,12 @@ class GroupTuner:
                 self.n = cand
                 return self.n
         here = self._mean(base)
-        best = min((m, k) for k in {base, base * 2, base // 2} & set(self._walls)
+        up, far = min(base * 2, self.batch), min(base * 4, self.batch)
+        if (far != up and self._mean(far) is None
+                and self._mean(up) < here * (1 + self.tolerance)):
+            self.n = far  # 2n about level with n: a plateau may hide a slope further up
+            return self.n
+        best = min((m, k) for k in {base, up, far, base // 2} & set(self._walls)
                    if (m := self._mean(k)) is not None)[1]
         if best != base and self._mean(best) < here * (1 - self.tolerance):
             self._base = self.n = best  # move, then probe the new base's neighbours

@@ -121,6 +121,19 @@ def test_rule_start_counts_compute_the_leader_cannot_see():
     assert tuner.observe(wall=1.5, compute=0.01, links=[(5e6, 1e7)]) == 1
 
 
+def test_a_level_step_up_is_followed_by_one_more():
+    """n = 2 is level with n = 1 (a plateau), n = 4 is clearly faster: the tuner looks at 4."""
+    tuner = GroupTuner(batch=64, n=4, samples=2)
+    tuner.observe(wall=1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: n = 1
+    walls = {1: 1.0, 2: 0.99, 4: 0.7, 8: 0.75}
+    for _ in range(40):
+        n = tuner.n
+        tuner.observe(wall=walls.get(n, 1.0), compute=1.0)
+        if tuner._settled_at is not None:
+            break
+    assert tuner.n == 4 and tuner._settled_at is not None
+
+
 def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
     """Walls of n = 2 trade time batch to batch (mean 1.0); n = 1 is steady at 0.95."""
     tuner = GroupTuner(batch=64, n=4, samples=3)
