@@ -85,13 +85,16 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
     job = Job(tmp_path, every=3)  # checkpoints at 3, 6, 9, ...: mostly mid-epoch
     for role in ("leader", "follower"):
         job.cfg[role]["checkpoint"]["keep"] = 3
+        job.cfg[role]["security"]["peer_timeout"] = 2.0
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
     wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
                "the follower's checkpoint at step 6")
     procs[first].kill9()
-    # the survivor would wait for the dead peer (kill -9 sends no goodbye): kill it too
-    procs["leader" if first == "follower" else "follower"].kill9()
+    # the survivor gets no goodbye (kill -9); it finds the peer gone (peer_timeout, or its
+    # sends' retry_timeout) and stops by itself, saying how to resume
+    rc, _, err = procs["leader" if first == "follower" else "follower"].finish(timeout=60)
+    assert rc != 0 and "restart every party" in err, err[-3000:]
     leader_steps, follower_steps = job.checkpoints("leader"), job.checkpoints("follower")
     assert max(follower_steps) < TOTAL, "training finished before the kill"
     # the window: the follower died before writing the step the leader already saved (made

@@ -26,7 +26,8 @@ Wire protocol (docs/transports.md has the full description):
 Sending: one message at a time per (peer, channel), ids counting from 0 per sender incarnation;
 a chunk is retried with exponential backoff and seeded jitter on connection loss and 503, until
 ``retry_timeout`` seconds without reaching the peer (`PeerUnavailableError`). Receiving: see
-`transports.inbound` for de-duplication and bounded inboxes.
+`transports.inbound` for de-duplication and bounded inboxes; a receive waiting on a peer that
+died without a goodbye ends after ``peer_timeout`` (`HttpConfig`).
 
 The library never creates an event loop: construct and use the transport inside one.
 """
@@ -94,6 +95,12 @@ class HttpConfig:
       validator: called with each decoded inbound frame; raise `FrameError` to refuse it (422).
       retry_timeout: seconds a send keeps retrying an unreachable peer before
         `PeerUnavailableError`.
+      peer_timeout: seconds a peer we have received from may stay unreachable while a `recv`
+        from it waits; past that (or as soon as its ``/healthz`` shows a new incarnation: it
+        restarted) it is treated as having said goodbye: its inboxes close and the waiting
+        `recv` raises `TransportClosedError`, as after a clean close. A waiting `recv` probes
+        the peer's ``/healthz`` every ``min(1, peer_timeout / 3)`` s. A peer never heard from
+        is not probed (it may not have started yet). None: wait forever.
       backoff_base / backoff_max: exponential backoff between retries (with jitter).
       backpressure_wait: seconds a request waits for an inbox slot before 503.
       auth_window: accepted clock skew (s) for signed requests; max_nonces: replay memory.
@@ -135,6 +142,7 @@ class HttpConfig:
     spec_hash: str = ""
     validator: Callable[[Frame], None] | None = None
     retry_timeout: float = 30.0
+    peer_timeout: float | None = 30.0
     backoff_base: float = 0.01
     backoff_max: float = 1.0
     backpressure_wait: float = 1.0
@@ -185,6 +193,8 @@ class HttpConfig:
                   "auth_window"):
             if not getattr(self, f) > 0:
                 problems.append(f"{f} must be > 0 s, got {getattr(self, f)!r}")
+        if self.peer_timeout is not None and not self.peer_timeout > 0:
+            problems.append(f"peer_timeout must be > 0 s or None, got {self.peer_timeout!r}")
         if problems:
             raise ValueError("invalid HttpConfig: " + "; ".join(problems))
 
@@ -231,6 +241,8 @@ class HttpTransport:
         self._sent: dict[str, LinkStats] = {}
         self._received: dict[str, LinkStats] = {}
         self._retries: dict[str, int] = {}
+        self._down_since: dict[str, float] = {}  # peer -> loop time its probes began failing
+        self._lost: dict[str, str] = {}  # peer -> why it was taken as gone (see _check_alive)
         self._wire_free: dict[str, float] = {}  # peer -> when the shaped wire is next free
         self._refused: dict[str, int] = {}
         self._requests: dict[tuple[str, str], int] = {}  # (sent|received, plain|bulk) -> count
@@ -375,14 +387,29 @@ class HttpTransport:
             stats.frames += 1
 
     async def recv(self, peer: str, channel: str) -> Frame:
-        """Next frame from ``peer`` on ``channel``; cancelling it loses no frame."""
+        """Next frame from ``peer`` on ``channel``; cancelling it loses no frame. While it
+        waits, the peer's liveness is checked (``HttpConfig.peer_timeout``)."""
         self._check(peer)
         box = self._inbox(peer, channel)
-        frame = await box.get()
+        timeout = self._cfg.peer_timeout
+        if timeout is None or box.items:
+            frame = await box.get()
+        elif peer in self._lost:  # gone (see _check_alive) and nothing of it left to read
+            frame = None
+        else:
+            every = min(1.0, timeout / 3)
+            while True:
+                try:  # box.get is cancel-safe: a timed-out wait loses no frame
+                    frame = await asyncio.wait_for(box.get(), every)
+                    break
+                except TimeoutError:
+                    await self._check_alive(peer, every)
         if frame is None:
             if self._closed:
                 raise TransportClosedError(f"transport of {self.name!r} is closed")
+            why = self._lost.get(peer)
             raise TransportClosedError(
+                f"{why}; no frame pending on {channel!r}" if why else
                 f"peer {peer!r} closed its transport with no frame pending on {channel!r}")
         return frame
 
@@ -688,6 +715,8 @@ class HttpTransport:
         state = self._streams.setdefault((sender, channel), StreamState())
         async with state.lock:
             if state.incarnation != inc:  # a (re)started sender: fresh de-duplication state
+                self._lost.pop(sender, None)
+                self._down_since.pop(sender, None)
                 if state.incarnation:
                     self._retired.setdefault(sender, set()).add(state.incarnation)
                 await self._drop_partial(sender, channel, state)
@@ -849,7 +878,46 @@ class HttpTransport:
             sender = self._authenticate(request, BYE_PATH)
         except _Refuse as r:
             return self._refuse(r)
-        inc = request.headers.get(H_INC, "")
+        await self._forget_incarnation(sender, request.headers.get(H_INC, ""))
+        return web.Response(text="bye")
+
+    async def _handle_health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "party": self.name,
+                                  "incarnation": self._incarnation})
+
+    async def _check_alive(self, peer: str, probe_timeout: float) -> None:
+        """One liveness probe of ``peer`` (see ``HttpConfig.peer_timeout``); closes its inboxes
+        (an implicit goodbye of the incarnation we know) when it is gone."""
+        retired = self._retired.get(peer, ())
+        known = next((st.incarnation for (s, _), st in self._streams.items()
+                      if s == peer and st.incarnation and st.incarnation not in retired), None)
+        if known is None or self._closed:
+            return  # never heard from: not lost, perhaps not started yet
+        loop = asyncio.get_running_loop()
+        gone = None
+        try:
+            async with self._session.get(self._peers[peer] + "/healthz", timeout=aiohttp.
+                                         ClientTimeout(total=probe_timeout)) as resp:
+                info = await resp.json(content_type=None)
+            self._down_since.pop(peer, None)
+            inc = info.get("incarnation") if isinstance(info, dict) else None
+            if inc and inc != known:
+                gone = f"peer {peer!r} restarted (a new process answers at its address)"
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+            since = self._down_since.setdefault(peer, loop.time())
+            if loop.time() - since >= self._cfg.peer_timeout:
+                gone = (f"peer {peer!r} has not answered for {loop.time() - since:.0f} s "
+                        f"(peer_timeout={self._cfg.peer_timeout:g}; last: "
+                        f"{type(exc).__name__}): it stopped without saying goodbye (killed, "
+                        "or its machine or network failed)")
+        if gone is not None:
+            log.warning("%s: %s", self.name, gone)
+            self._lost[peer] = gone
+            await self._forget_incarnation(peer, known)
+
+    async def _forget_incarnation(self, sender: str, inc: str) -> None:
+        """What a goodbye of ``sender``'s incarnation ``inc`` does: its late requests are
+        refused, its partial messages dropped, and ``recv`` from it raises once drained."""
         self._retired.setdefault(sender, set()).add(inc)
         for (s, channel), state in list(self._streams.items()):
             if s == sender and state.incarnation == inc:
@@ -858,10 +926,6 @@ class HttpTransport:
         for (s, _), box in list(self._inboxes.items()):
             if s == sender:
                 await box.set_closed(True)
-        return web.Response(text="bye")
-
-    async def _handle_health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "party": self.name})
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=self.metrics_text(), content_type="text/plain",

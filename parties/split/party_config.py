@@ -16,7 +16,7 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [link]        bandwidth (bytes/s), latency (s): emulate a slower link on loopback
     [security]    secret | secret_env | secret_file (at most one; none = unsigned),
                   tls_cert, tls_key, tls_ca (optional), max_frame_bytes, reject_nonfinite,
-                  retry_timeout
+                  retry_timeout, peer_timeout
     [data]        source = "breast_cancer" | "x.npz" | "x.csv"; part ("leader"/"follower",
                   breast_cancer only), seed (breast_cancer split), label_column (csv),
                   test (csv of test rows), aligned (the `tandem align --out` CSV)
@@ -63,7 +63,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "security": {"secret": (str,), "secret_env": (str,), "secret_file": (str,),
                  "tls_cert": (str,), "tls_key": (str,), "tls_ca": (str,),
                  "max_frame_bytes": (int,), "reject_nonfinite": (bool,),
-                 "retry_timeout": (float, int)},
+                 "retry_timeout": (float, int), "peer_timeout": (float, int)},
     "data": {"source": (str,), "part": (str,), "seed": (int,), "label_column": (str,),
              "test": (str,), "aligned": (str,)},
     "model": {"topology": (str,), "topology_args": (list,), "cut": (int,), "hidden": (list,),
@@ -146,6 +146,7 @@ class PartyConfig:
     max_frame_bytes: int
     reject_nonfinite: bool
     retry_timeout: float
+    peer_timeout: float
     data: DataConfig
     model: ModelConfig
     schema: dict[str, int]
@@ -199,7 +200,8 @@ class PartyConfig:
             name=self.name, host=self.host, port=self.port, peers=dict(self.peers),
             secret=self.secret, ssl_server=server, ssl_client=client,
             max_frame_bytes=self.max_frame_bytes, reject_nonfinite=self.reject_nonfinite,
-            retry_timeout=self.retry_timeout, shape_bandwidth=self.link_bandwidth,
+            retry_timeout=self.retry_timeout, peer_timeout=self.peer_timeout,
+            shape_bandwidth=self.link_bandwidth,
             shape_latency=self.link_latency))
 
     def split_config(self):
@@ -351,7 +353,8 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         port=listen.get("port", 0), peers=peers, secret=secret, **tls,
         max_frame_bytes=sec.get("max_frame_bytes", 1 << 31),
         reject_nonfinite=sec.get("reject_nonfinite", True),
-        retry_timeout=float(sec.get("retry_timeout", 30.0)), data=data, model=model,
+        retry_timeout=float(sec.get("retry_timeout", 30.0)),
+        peer_timeout=float(sec.get("peer_timeout", 30.0)), data=data, model=model,
         schema=dict(schema), train=train, checkpoint=checkpoint,
         export_dir=os.path.join(base, top["export_dir"]) if "export_dir" in top else None,
         progress=top.get("progress", True), wait=float(top.get("wait", 120.0)),

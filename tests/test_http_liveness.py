@@ -1,0 +1,88 @@
+"""A receive waiting on a peer that died without a goodbye (kill -9, lost machine) does not wait
+forever: past ``peer_timeout``, or once a new process answers at the peer's address, the peer
+counts as gone and ``recv`` raises as after a clean close. A silent but live peer, and a peer
+never heard from (perhaps not started yet), are waited for."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from transports.base import Frame
+from transports.errors import TransportClosedError
+from transports.http import HttpConfig, HttpTransport
+
+
+def cfg(name, **kw):
+    return HttpConfig(name=name, secret=b"k", backoff_base=0.005, backoff_max=0.05, **kw)
+
+
+async def crash(t: HttpTransport) -> None:
+    """Stop ``t`` the way kill -9 would: no goodbye, its port simply stops answering."""
+    await t._runner.cleanup()
+    await t._session.close()
+    t._closed = True
+
+
+async def pair(timeout=0.6):
+    a = await HttpTransport(cfg("a", peer_timeout=timeout)).start()
+    b = await HttpTransport(cfg("b", peers={"a": a.url})).start()
+    a.add_peer("b", b.url)
+    await b.send("a", "c", Frame(meta={"i": 0}))
+    assert (await a.recv("b", "c")).meta == {"i": 0}  # a now knows b's incarnation
+    return a, b
+
+
+async def test_a_silent_live_peer_is_waited_for():
+    a, b = await pair()
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(a.recv("b", "c"), 2.0)  # > 3 x peer_timeout of probes
+        await b.send("a", "c", Frame(meta={"i": 1}))
+        assert (await a.recv("b", "c")).meta == {"i": 1}
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_killed_peer_is_gone_after_peer_timeout():
+    a, b = await pair()
+    try:
+        await crash(b)
+        t0 = time.monotonic()
+        with pytest.raises(TransportClosedError, match=r"has not answered .*peer_timeout=0.6"):
+            await asyncio.wait_for(a.recv("b", "c"), 10)
+        assert 0.5 < time.monotonic() - t0 < 5
+        with pytest.raises(TransportClosedError):  # and stays gone, at once
+            await asyncio.wait_for(a.recv("b", "other"), 1)
+    finally:
+        await a.aclose()
+
+
+async def test_a_restarted_peer_ends_the_wait_and_its_new_frames_flow():
+    a, b = await pair(timeout=30.0)  # the restart is seen long before the timeout
+    port = int(b.url.rsplit(":", 1)[1])
+    try:
+        await crash(b)
+        b2 = await HttpTransport(cfg("b", port=port, peers={"a": a.url})).start()
+        with pytest.raises(TransportClosedError, match="restarted"):
+            await asyncio.wait_for(a.recv("b", "c"), 10)
+        await b2.send("a", "c", Frame(meta={"i": 7}))  # the new incarnation reopens the stream
+        assert (await asyncio.wait_for(a.recv("b", "c"), 10)).meta == {"i": 7}
+        await b2.aclose()
+    finally:
+        await a.aclose()
+
+
+async def test_a_peer_never_heard_from_is_waited_for():
+    async with HttpTransport(cfg("a", peer_timeout=0.3,
+                                 peers={"b": "http://127.0.0.1:9"})) as a:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(a.recv("b", "c"), 1.5)
+
+
+def test_peer_timeout_must_be_positive():
+    with pytest.raises(ValueError, match="peer_timeout"):
+        HttpConfig(name="a", peer_timeout=0)
