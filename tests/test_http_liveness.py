@@ -36,10 +36,10 @@ async def pair(timeout=0.6):
 
 
 async def test_a_silent_live_peer_is_waited_for():
-    a, b = await pair()
+    a, b = await pair(timeout=1.5)
     try:
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(a.recv("b", "c"), 2.0)  # > 3 x peer_timeout of probes
+            await asyncio.wait_for(a.recv("b", "c"), 3.5)  # > 2 x peer_timeout of probes
         await b.send("a", "c", Frame(meta={"i": 1}))
         assert (await a.recv("b", "c")).meta == {"i": 1}
     finally:
