@@ -26,7 +26,7 @@ from transports.errors import (AuthenticationError, FrameError, PayloadTooLargeE
                                PeerUnavailableError, TransportError)
 from transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
 
-from test_http_security import SECRET, _mutate, make_cert, routing
+from test_http_security import SECRET, _mutate, live_server, make_cert, routing
 
 MiB = 1 << 20
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -449,13 +449,9 @@ async def test_client_that_sends_before_the_101_cannot_wedge_the_server():
 
 @pytest.fixture(scope="module")
 def live():
-    runner = asyncio.Runner()
-    server = runner.run(HttpTransport(cfg("srv", peers={"a": "http://127.0.0.1:9"},
-                                          capacity=10_000)).start())
-    state = {"id": 0}
-    yield runner, server, state
-    runner.run(server.aclose())
-    runner.close()
+    for runner, server in live_server(cfg("srv", peers={"a": "http://127.0.0.1:9"},
+                                          capacity=10_000)):
+        yield runner, server, {"id": 0}
 
 
 @settings(max_examples=40, deadline=None,

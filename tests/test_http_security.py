@@ -311,17 +311,26 @@ async def test_healthz_and_metrics_need_no_auth():
 
 # -- fuzzing a live server: hypothesis drives synchronous examples on one persistent loop ----
 
+def live_server(config: HttpConfig):
+    """Generator for a module fixture: ``(runner, server)``, an `HttpTransport` serving on its
+    own loop (`asyncio.Runner`) so that synchronous hypothesis examples can drive it; closed
+    after the last test."""
+    runner = asyncio.Runner()
+    server = runner.run(HttpTransport(config).start())
+    try:
+        yield runner, server
+    finally:
+        runner.run(server.aclose())
+        runner.close()
+
+
 @pytest.fixture(scope="module")
 def live():
-    runner = asyncio.Runner()
-    server = runner.run(HttpTransport(cfg("srv", peers={"a": "http://127.0.0.1:9"},
-                                          capacity=10_000)).start())
-    session = runner.run(_session())
-    state = {"id": 0}
-    yield runner, server, session, state
-    runner.run(session.close())
-    runner.run(server.aclose())
-    runner.close()
+    for runner, server in live_server(cfg("srv", peers={"a": "http://127.0.0.1:9"},
+                                          capacity=10_000)):
+        session = runner.run(_session())
+        yield runner, server, session, {"id": 0}
+        runner.run(session.close())
 
 
 async def _session():
