@@ -33,6 +33,10 @@ ends when *both* parties have finished their last batch):
   ``StageHandler.compute``/``receive`` calls (the same jitted kernels) serially in a plain loop
   with no runtime, lanes or transport. ``overhead_us_per_compute_op`` divides by compute ops
   only.
+* ``python_threads_cpu``: the CPU the event loop's thread and the compute lanes are pinned to,
+  as the ``tandem`` commands pin them (`engine.affinity`; ``TANDEM_PYTHON_CPU=off`` runs the
+  whole benchmark unpinned, and then this is null). When pinned, the overhead is measured once
+  more with the threads free to move: ``overhead_unpinned_us_per_op``.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from engine.affinity import colocate_python_threads, thread_cpus
 from engine.errors import ConfigError
 from engine.kernels import mlp_stage
 from engine.lanes import ThreadLane
@@ -417,11 +422,27 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
 
 
 async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None, trace: str | None = None,
-                        log: Callable[[str], None] = _log) -> dict[str, Any]:
-    """The whole benchmark: the pipeline measurement, then the overhead measurement."""
+                        log: Callable[[str], None] = _log,
+                        pinned: tuple[int, set[int]] | None = None) -> dict[str, Any]:
+    """The whole benchmark: the pipeline measurement, then the overhead measurement.
+
+    ``pinned`` = (cpu, cpus): the loop's thread was pinned to ``cpu`` as ``tandem`` pins it
+    (`engine.affinity`); the overhead is then measured a second time with the threads free to
+    run on ``cpus`` (``overhead_unpinned_us_per_op``), so one run shows what the pin is worth."""
     t0 = time.perf_counter()
     result = await measure_pipeline(cfg, log, plot, trace)
     result.update(await measure_overhead(cfg, log))
+    result["python_threads_cpu"] = None if pinned is None else pinned[0]
+    if pinned is not None:
+        cpu, free = pinned
+        os.sched_setaffinity(0, free)  # lanes started from now on inherit the free mask
+        try:
+            log("overhead again, threads not pinned")
+            free_run = await measure_overhead(cfg, log)
+        finally:
+            os.sched_setaffinity(0, {cpu})
+        result["overhead_unpinned_us_per_op"] = free_run["overhead_us_per_op"]
+        result["overhead_unpinned_cpu_us_per_op"] = free_run["overhead_cpu_us_per_op"]
     result["bench_s"] = time.perf_counter() - t0
     result["loadavg"] = list(os.getloadavg())
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
@@ -451,13 +472,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
                       seed=args.seed)
-    result = _run(run_benchmark(cfg, plot=args.plot, trace=args.trace))
+    # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
+    free = thread_cpus()
+    cpu = colocate_python_threads()
+    result = _run(run_benchmark(cfg, plot=args.plot, trace=args.trace,
+                                pinned=None if cpu is None else (cpu, free)))
     if args.json:
         print(json.dumps(result))
     else:
         for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
-                    "n_groups", "auto_vs_best", "overhead_us_per_op"):
-            print(f"{key:>20}: {result[key]}")
+                    "n_groups", "auto_vs_best", "overhead_us_per_op",
+                    "overhead_unpinned_us_per_op"):
+            print(f"{key:>20}: {result.get(key)}")
     return 0
 
 

@@ -12,6 +12,7 @@ import importlib
 import sys
 from typing import Awaitable, Callable, Sequence
 
+from engine.errors import ConfigError
 from transports.allocator import tune_allocator
 
 #: Modules providing ``register(subparsers)``; each adds its own sub-commands.
@@ -23,12 +24,19 @@ COMMAND_MODULES = [
 ]
 
 
-def run_async(main: Callable[[], Awaitable[int]]) -> int:
+def run_async(main: Callable[[], Awaitable[int]], *, colocate_threads: bool = False) -> int:
     """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise.
 
-    First tunes the C allocator for the receive path (`transports.allocator.tune_allocator`):
-    this is the process's entry point, the one place a process-wide setting belongs."""
+    First tunes the C allocator for the receive path (`transports.allocator.tune_allocator`)
+    and, with ``colocate_threads`` (the commands that run the split-learning pipeline), pins the
+    loop's thread and so the compute lanes it starts to one CPU
+    (`engine.affinity.colocate_python_threads`; ``TANDEM_PYTHON_CPU=off`` turns it off): this
+    is the process's entry point, the one place a process-wide setting belongs."""
     tune_allocator()
+    if colocate_threads:
+        from engine.affinity import colocate_python_threads
+
+        colocate_python_threads()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - platform without uvloop
@@ -51,9 +59,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_async(lambda: args.func(args))
+        return run_async(lambda: args.func(args),
+                         colocate_threads=getattr(args, "colocate_threads", False))
     except KeyboardInterrupt:
         return 130
+    except ConfigError as exc:  # a process-wide setting refused before the command started
+        print(f"tandem: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

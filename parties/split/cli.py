@@ -23,13 +23,13 @@ def register(sub) -> None:
     p.add_argument("--latency", type=float, default=0.002, help="shaped link latency, seconds")
     p.add_argument("--trace", metavar="DIR", help="write Chrome traces and a Gantt PNG here")
     p.add_argument("--quiet", action="store_true", help="no progress display")
-    p.set_defaults(func=demo_command)
+    p.set_defaults(func=demo_command, colocate_threads=True)
 
     p = sub.add_parser("party", help="run one split-learning party (leader or follower) over "
                        "HTTP from a TOML config; prints one JSON line (docs/parties.md)")
     p.add_argument("--config", required=True, metavar="F.toml",
                    help="the party's configuration (see examples/split/leader.toml)")
-    p.set_defaults(func=party_command)
+    p.set_defaults(func=party_command, colocate_threads=True)
     predict_cli.register(sub)
 
 

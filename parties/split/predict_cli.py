@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--groups", type=int, default=1, help="leader: micro-batches per batch")
     p.add_argument("--timeout", type=float, default=3600.0,
                    help="give up if prediction has not finished after this many seconds")
-    p.set_defaults(func=predict_command)
+    p.set_defaults(func=predict_command, colocate_threads=True)
 
 
 async def predict_command(args: argparse.Namespace) -> int:
