@@ -743,7 +743,8 @@ def main(argv: list[str] | None = None) -> int:
         args.trace = os.path.abspath(args.trace)
     if args.role != "main":
         from parties.cli import run_async
-        return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args))
+        return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args),
+                         colocate_threads=True)  # as `tandem party` runs
     try:
         result = run_main(args)
     except KeyboardInterrupt:
