@@ -63,6 +63,7 @@ from engine.kernels import mlp_stage
 from engine.lanes import ThreadLane
 from engine.microbatch import group_bounds
 from engine.plan import Kind, Op
+from engine.simulator import Link, simulate
 from engine.topology import two_party
 from engine.trace import Trace, plot_gantt
 from parties.split.party import SplitConfig, SplitParty
@@ -170,6 +171,32 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
     return max(terms.values()), terms
 
 
+def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: float) -> float:
+    """The makespan of one batch that the engine's own schedule allows with zero engine cost:
+    `engine.simulator.simulate` of both parties' plans at ``n`` (same policy and backpressure),
+    each op costing its median measured duration in ``trace`` and each send its measured
+    bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the engine's
+    cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the gradient
+    link trailing the activation link by a group: docs/pipeline-bench.md)."""
+    durations: dict[tuple[str, str], list[float]] = {}
+    sizes: dict[tuple[str, str], int] = {}
+    for e in trace.events:
+        if e.lane == "compute":
+            durations.setdefault((e.party, e.name), []).append(e.end - e.start)
+        elif e.lane.startswith("send->"):
+            sizes[(e.party, e.name)] = e.nbytes
+    plans = {p.name: p.plan(n, "train") for p in wl.parties}
+    bp = wl.leader.config.backpressure
+    missing = [f"{p}:{op}" for p, plan in plans.items() for op in plan.compute_ops
+               if (p, str(op)) not in durations]
+    if missing:
+        raise RuntimeError(f"the trace has no duration for {missing[:3]}: was it run at n={n}?")
+    result = simulate(plans, cost=lambda p, op: statistics.median(durations[(p, str(op))]),
+                      nbytes=lambda p, op: sizes[(p, str(op))],
+                      links=lambda src, dst: Link(bandwidth, latency), bp=bp)
+    return result.makespan
+
+
 # -- the pipeline measurement ---------------------------------------------------------------------
 async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                            plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
@@ -222,6 +249,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
             #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live)
             seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
+            schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
             for r in range(cfg.repeats):
                 tr = Trace()
@@ -236,6 +264,9 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 auto.append(await wl.run_auto_epoch())
                 bounds.append(_bound(tr, bandwidth))
                 pipe_trace = pipe_trace or tr
+                if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches:]):
+                    schedules.append(cfg.batches * _schedule(tr, wl, wl.leader.n_groups,
+                                                             bandwidth, cfg.latency))
                 log(f"round {r + 1}/{cfg.repeats}: sequential {seq[-1]:.3f} s, auto "
                     f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
                     + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
@@ -247,9 +278,13 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
         terms = {k: statistics.median(t[k] for _, t in bounds) for k in bounds[0][1]}
         bound_s = max(terms.values())
         best_n = min(sweep, key=sweep.get)
+        schedule_s = statistics.median(schedules) if schedules else None
         out.update(
             sequential_s=seq_s, pipelined_s=pipe_s, bound_s=bound_s,
             speedup=seq_s / pipe_s, efficiency=bound_s / pipe_s,
+            schedule_s=schedule_s,
+            schedule_efficiency=None if schedule_s is None else bound_s / schedule_s,
+            engine_efficiency=None if schedule_s is None else schedule_s / pipe_s,
             n_groups=wl.leader.n_groups, tuner_settled=settled,
             tuner_path=[[h["n"], round(h["wall"], 4)] for h in tuner.history],
             bound_terms={"definition": "max over: each party's compute-lane busy seconds; each "

@@ -10,7 +10,7 @@ from bench.pipeline import BenchConfig, run_benchmark
 KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
         "auto_vs_best", "sweep", "bound_terms", "overhead_us_per_op",
         "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
-        "link", "workload", "loadavg")
+        "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency")
 
 
 @pytest.mark.slow
@@ -35,3 +35,41 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     assert result["efficiency"] == pytest.approx(result["bound_s"] / result["pipelined_s"])
     assert result["speedup"] == pytest.approx(result["sequential_s"] / result["pipelined_s"])
     assert plot.stat().st_size > 0
+    # the zero-cost schedule at the tuner's n: never shorter than a link's transfer time
+    if result["schedule_s"] is not None:
+        links = max(v for k, v in terms.items() if k.startswith("link"))
+        assert result["schedule_s"] >= links * (1 - 1e-9)
+        assert result["engine_efficiency"] == pytest.approx(
+            result["schedule_s"] / result["pipelined_s"])
+        assert result["schedule_efficiency"] == pytest.approx(
+            result["bound_s"] / result["schedule_s"])
+
+
+@pytest.mark.slow
+async def test_schedule_replays_a_traced_run_in_the_simulator():
+    """`_schedule` (``schedule_s``): the traced ops' durations and bytes, replayed by the
+    simulator on the benchmark's link, give a makespan no shorter than the link's share."""
+    from bench.pipeline import A, B, Workload, _schedule
+    from engine.lanes import ThreadLane
+    from engine.trace import Trace
+    import asyncio
+
+    wl = Workload(batch_size=32, n_batches=1, d_in=8, hidden=(16,), cut=8, top_hidden=(4,),
+                  seed=0)
+    bandwidth, latency = 32 * 8 * 4 / 0.02, 0.001  # 20 ms per direction per batch
+    wl.net.shape(A, B, bandwidth=bandwidth, latency=latency, both=True)
+    trace = Trace()
+    wl.set(policy="priority", trace=trace)
+
+    async def drive():
+        async with ThreadLane("test") as lane:
+            await wl.run_fixed(lane, 4, wl.batch_indices(1))
+        await wl.leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(wl.follower.serve())
+        tg.create_task(drive())
+    makespan = _schedule(trace, wl, 4, bandwidth, latency)
+    assert 0.02 <= makespan < 5.0
+    with pytest.raises(RuntimeError, match="no duration"):
+        _schedule(trace, wl, 8, bandwidth, latency)  # ops of n = 8 never ran

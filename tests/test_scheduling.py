@@ -192,3 +192,17 @@ def test_u_shape_pipelines_faster_than_sequential_in_simulation():
         return S.simulate(plans, cost=lambda p, op: 0.01 / n, nbytes=lambda p, op: 2e4 / n,
                           links=lambda a, b: link, policy=policy).makespan
     assert run(plans8, 8, "priority") < 0.7 * run(plans1, 1, "fifo")
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_the_gradient_link_trails_the_activation_link_by_one_group(n):
+    """Why `efficiency` stays below 1 on a link-bound batch even for a zero-cost engine: a
+    group's gradient can only leave once its whole activation arrived, so with free compute,
+    no latency and both directions carrying the same bytes, one batch takes the activation
+    link's time plus one group's transfer: ``T * (1 + 1/n)`` for n even groups (the docs'
+    model; `bench.pipeline` reports it as ``schedule_s``)."""
+    plans = P.make_plans(two_party(), n)
+    T = 1.0  # seconds per direction per batch; groups of equal bytes
+    makespan = S.simulate(plans, cost=lambda p, op: 0.0, nbytes=lambda p, op: 1000 // n,
+                          links=lambda a, b: S.Link(1000 / T, 0.0)).makespan
+    assert makespan == pytest.approx(T * (1 + 1 / n))
