@@ -256,8 +256,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 wl.set(policy="fifo", trace=tr)
                 seq.append(await wl.run_fixed(lane, 1, idx_list))
                 seq_trace = seq_trace or tr
-                wl.set(policy="priority", trace=None)
-                for n in ns:
+                for n in ns:  # traced like the auto run (whose trace gives the bound): same cost
+                    wl.set(policy="priority", trace=Trace())
                     runs[n].append(await wl.run_fixed(lane, n, idx_list))
                 tr = Trace()
                 wl.set(policy="priority", trace=tr)
