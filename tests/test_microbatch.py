@@ -144,3 +144,20 @@ def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
     for wall in (5.0, 0.6, 1.4, 1.0):
         tuner.observe(wall=wall, compute=1.0)
     assert tuner._base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
+
+
+@pytest.mark.parametrize("wall8, settles_on", [(0.70, 8), (0.79, 6)])
+def test_refines_between_the_base_and_its_faster_neighbour(wall8, settles_on):
+    """The doubling search from a rule start of 3 sees 3, 6, 12: once 6 is the base, the
+    midpoint towards its faster neighbour (8, towards 12) is tried once and taken only when
+    it is faster by more than the tolerance."""
+    tuner = GroupTuner(batch=64, n=4, samples=2)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3  # rule: ceil(3/1)
+    walls = {1: 1.5, 3: 1.0, 6: 0.8, 12: 0.85, 24: 1.0, 8: wall8}
+    for _ in range(60):
+        n = tuner.n
+        tuner.observe(wall=walls[n], compute=1.0)
+        if tuner._settled_at is not None:
+            break
+    assert tuner._settled_at is not None and tuner.n == settles_on
+    assert 8 in tuner._walls  # the midpoint was measured either way
