@@ -13,8 +13,9 @@ micro-batch. Pinned to one CPU, a hand-off is an ordinary context switch on that
 (the compute lanes of `engine.lanes.ThreadLane`, asyncio's default executor) inherit the pin.
 XLA's worker pools are started first (the JAX backend is initialised before pinning), so they
 keep every CPU the process may use and the kernels stay parallel. Measured on the 2-core
-machine (docs/pipeline-bench.md): `bench.pipeline`'s engine overhead per op fell from 53-67 to
-23-28 us and its pipelined and sequential runs got faster too.
+machine (docs/pipeline-bench.md): `bench.pipeline`'s engine overhead per op was 18-48 us pinned
+against 53-100 us unpinned in the same runs, and its pipelined and sequential runs got faster
+too.
 
 It is process-wide, so the library never calls it by itself: the ``tandem`` commands that run
 the split-learning pipeline call it before starting their event loop (`parties.cli`), as does
