@@ -249,3 +249,39 @@ def test_kernels_do_not_retrace_for_equal_shapes():
         ps.apply(batch, 0, g)
     assert K._grad()._cache_size() == grad_traces
     assert K._update("adam", 0.02)._cache_size() == step_traces
+
+
+# -- a worker whose result is never acknowledged moves on -------------------------------------
+async def test_worker_reports_an_unacknowledged_result_and_takes_the_next_task():
+    """A data server whose rollback named this worker not live (a heartbeat gap) cancels its
+    listener (`DataServer._forget`), possibly after it took the worker's result: no ACK ever
+    comes. The worker stays live, so it must not wait for that ACK forever (once every live
+    worker waited so, the demo ran on forever with nobody to give a batch to)."""
+    from engine import elastic_kernels as K
+    from parties.elastic.worker import Worker
+
+    net = MemoryNetwork()
+    coord, ds = net.endpoint("coordinator"), net.endpoint("ds0")
+    worker = Worker(net.endpoint("w0"), coordinator="coordinator", heartbeat=0.05)
+    arrays = (*K.init_params(SPEC.sizes, 0), np.zeros((16, 8), np.float32),
+              np.zeros(16, np.int32))
+
+    def task(batch: int) -> Frame:
+        return Frame(meta={"batch": batch, "gen": 0, "spec": SPEC.to_dict()}, arrays=arrays)
+
+    async with asyncio.timeout(10), asyncio.TaskGroup() as tg:
+        tg.create_task(worker.run())
+        await coord.recv("w0", P.HB)
+        await coord.send("w0", P.WELCOME, Frame(meta={"data_servers": {"ds0": ""}}))
+        await ds.send("w0", P.TASK, task(1))
+        assert (await ds.recv("w0", P.RESULT)).meta["batch"] == 1   # never acknowledged
+        done = await coord.recv("w0", P.DONE)
+        assert (done.meta["batch"], done.meta["ok"]) == (1, False)
+        await ds.send("w0", P.TASK, task(2))
+        assert (await ds.recv("w0", P.RESULT)).meta["batch"] == 2
+        await ds.send("w0", P.ACK, Frame(meta={"batch": 1, "gen": 0, "ok": True}))  # late
+        await ds.send("w0", P.ACK, Frame(meta={"batch": 2, "gen": 0, "ok": True}))
+        done = await coord.recv("w0", P.DONE)
+        assert (done.meta["batch"], done.meta["ok"]) == (2, True)
+        await coord.send("w0", P.CTL, Frame(meta={"op": "stop"}))
+    assert worker.done == 1 and not worker.killed

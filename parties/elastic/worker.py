@@ -6,6 +6,12 @@ batch's loss and gradient with JAX off the event loop, push the gradient (``RESU
 for the data server's ``ACK``, report the batch id to the coordinator (``DONE``). One task at a
 time. ``stop`` from the coordinator ends it.
 
+The wait for an ``ACK`` is bounded (``ack_timeout``): a data server that rolled back while
+this worker was suspected (a heartbeat gap) stops listening to it and may never answer the
+result it pushed. Past the bound the batch is reported as not done (the parameter servers'
+``applied`` list decides at the next checkpoint) and the worker takes its next task; a late
+``ACK`` of an earlier result is skipped.
+
 Fault injection for tests: ``chaos(point, batch)`` is called at ``"received"``, ``"computed"``,
 ``"pushed"`` and ``"acked"``; raising `WorkerKilled` there makes the worker die on the spot
 (heartbeats stop, nothing more is sent), as a ``kill -9`` would.
@@ -49,9 +55,11 @@ def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, li
 
 class Worker:
     def __init__(self, transport: Transport, *, coordinator: str, heartbeat: float,
-                 url: str = "", chaos: Callable[[str, int], None] | None = None) -> None:
+                 url: str = "", chaos: Callable[[str, int], None] | None = None,
+                 ack_timeout: float | None = None) -> None:
         if not heartbeat > 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {heartbeat!r}")
+        self.ack_timeout = ack_timeout if ack_timeout is not None else max(1.0, 10 * heartbeat)
         self.t = transport
         self.coordinator = coordinator
         self.heartbeat = heartbeat
@@ -123,13 +131,30 @@ class Worker:
         await self.t.send(ds, P.RESULT, Frame(meta={"batch": batch, "gen": gen, "loss": loss},
                                               arrays=tuple(grads)))
         self.chaos("pushed", batch)
-        ack = await self.t.recv(ds, P.ACK)
-        self.chaos("acked", batch)
-        ok = bool(ack.meta.get("ok")) and ack.meta.get("batch") == batch
-        if not ok:
-            log.info("%s: batch %d refused by %s: %s", self.t.name, batch, ds,
-                     ack.meta.get("error"))
+        ack = await self._ack(ds, batch, gen)
+        if ack is None:
+            log.info("%s: no ack from %s for batch %d within %.3g s; reporting it not done",
+                     self.t.name, ds, batch, self.ack_timeout)
+            ok = False
+        else:
+            self.chaos("acked", batch)
+            ok = bool(ack.meta.get("ok"))
+            if not ok:
+                log.info("%s: batch %d refused by %s: %s", self.t.name, batch, ds,
+                         ack.meta.get("error"))
         self.done += ok
         await self.t.send(self.coordinator, P.DONE,
                           Frame(meta={"batch": batch, "gen": gen, "ds": ds, "ok": ok,
                                       "loss": loss}))
+
+    async def _ack(self, ds: str, batch: int, gen: int) -> Frame | None:
+        """The ``ACK`` of this result (late ones of earlier results are skipped), or None after
+        ``ack_timeout``."""
+        try:
+            async with asyncio.timeout(self.ack_timeout):
+                while True:
+                    ack = await self.t.recv(ds, P.ACK)
+                    if ack.meta.get("batch") == batch and ack.meta.get("gen") == gen:
+                        return ack
+        except TimeoutError:
+            return None
