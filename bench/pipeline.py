@@ -191,7 +191,8 @@ def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: flo
                if (p, str(op)) not in durations]
     if missing:
         raise RuntimeError(f"the trace has no duration for {missing[:3]}: was it run at n={n}?")
-    result = simulate(plans, cost=lambda p, op: statistics.median(durations[(p, str(op))]),
+    cost = {key: statistics.median(ds) for key, ds in durations.items()}
+    result = simulate(plans, cost=lambda p, op: cost[(p, str(op))],
                       nbytes=lambda p, op: sizes[(p, str(op))],
                       links=lambda src, dst: Link(bandwidth, latency), bp=bp)
     return result.makespan

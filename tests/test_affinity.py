@@ -116,7 +116,11 @@ def test_cli_pins_before_its_loop_and_reports_a_bad_setting(monkeypatch, capsys)
 
     assert cli.run_async(main, colocate_threads=True) == 3
     calls.clear()
-    assert cli.run_async(main_without_pin := _returns(4)) == 4 and calls == []
+
+    async def main_without_pin() -> int:
+        return 4
+
+    assert cli.run_async(main_without_pin) == 4 and calls == []
 
     def refuse():
         raise ConfigError(f"{ENV}=fast is not understood")
@@ -124,10 +128,3 @@ def test_cli_pins_before_its_loop_and_reports_a_bad_setting(monkeypatch, capsys)
     monkeypatch.setattr(affinity, "colocate_python_threads", refuse)
     assert cli.main(["demo", "--quiet"]) == 2
     assert "TANDEM_PYTHON_CPU=fast is not understood" in capsys.readouterr().err
-    del main_without_pin
-
-
-def _returns(code: int):
-    async def main() -> int:
-        return code
-    return main
