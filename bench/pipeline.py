@@ -83,6 +83,7 @@ class BenchConfig:
     hidden: tuple[int, ...] = (1024,)
     cut: int = 512
     top_hidden: tuple[int, ...] = (32,)
+    chunks: int = 4                   # messages per group in the pipelined runs
     latency: float = 0.001
     warmup: int = 3                   # unshaped warm-up batches that measure compute
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -110,7 +111,7 @@ class Workload:
     """Two parties on one `MemoryNetwork`, B leading, A serving (see the module docstring)."""
 
     def __init__(self, *, batch_size: int, n_batches: int, d_in: int, hidden, cut: int,
-                 top_hidden, seed: int, groups="auto") -> None:
+                 top_hidden, seed: int, groups="auto", chunks: int = 1) -> None:
         rng = np.random.default_rng(seed)
         rows = batch_size * n_batches
         x = rng.standard_normal((rows, d_in), dtype=np.float32)
@@ -120,7 +121,8 @@ class Workload:
         self.models = {"bottom": mlp_stage([d_in], list(hidden), cut),
                        "top": mlp_stage([cut], list(top_hidden), 1, activate_last=False)}
         self.cfg = SplitConfig(batch_size=batch_size, groups=groups, seed=seed,
-                               learning_rate=1e-3, loss="binary")
+                               learning_rate=1e-3, loss="binary", chunks=chunks)
+        self.chunks = chunks
         self.net = MemoryNetwork()
         self.leader = SplitParty(B, self.topology, self.models, self.net.endpoint(B),
                                  labels={"train": y}, config=self.cfg)
@@ -139,8 +141,11 @@ class Workload:
         return [np.arange(i * bs, (i + 1) * bs) for i in range(k)]
 
     def set(self, *, policy: str, trace: Trace | None) -> None:
+        """Policy and trace of the next runs; ``"fifo"`` (the sequential baseline) also sends
+        each group whole (chunks = 1), ``"priority"`` in the workload's chunks."""
         for p in self.parties:
             p.config.policy, p.trace = policy, trace
+            p.config.chunks = 1 if policy == "fifo" else self.chunks
 
     async def synced(self) -> None:
         """Wait until the follower has finished every batch the leader started (the leader's
@@ -185,8 +190,9 @@ def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: flo
             durations.setdefault((e.party, e.name), []).append(e.end - e.start)
         elif e.lane.startswith("send->"):
             sizes[(e.party, e.name)] = e.nbytes
-    plans = {p.name: p.plan(n, "train") for p in wl.parties}
-    bp = wl.leader.config.backpressure
+    chunks = wl.leader.chunks_for(wl.cfg.batch_size, n)
+    plans = {p.name: p.plan(n, "train", chunks) for p in wl.parties}
+    bp = wl.leader.config.backpressure.scaled(chunks)
     missing = [f"{p}:{op}" for p, plan in plans.items() for op in plan.compute_ops
                if (p, str(op)) not in durations]
     if missing:
@@ -202,7 +208,8 @@ def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: flo
 async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                            plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
     wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
-                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed)
+                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed,
+                  chunks=cfg.chunks)
     out: dict[str, Any] = {}
 
     async def drive() -> None:
@@ -226,7 +233,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             out["workload"] = {
                 "topology": "two_party", "batch_size": cfg.batch_size, "batches": cfg.batches,
                 "repeats": cfg.repeats, "d_in": cfg.d_in, "hidden": list(cfg.hidden),
-                "cut": cfg.cut, "top_hidden": list(cfg.top_hidden),
+                "cut": cfg.cut, "top_hidden": list(cfg.top_hidden), "chunks": cfg.chunks,
                 "compute_per_batch_s": compute, "cut_bytes_per_batch": link_bytes,
                 "link_per_batch_s": link_bytes / bandwidth}
             out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
@@ -355,7 +362,7 @@ def _direct(wl: Workload, order, idx: np.ndarray, n: int) -> None:
     for party, op, deliveries in order:
         outputs = party.handler.compute(op)
         for peer, recv in deliveries:
-            peer.handler.receive(recv, outputs[recv.channel])
+            peer.handler.receive(recv, outputs[(recv.channel, recv.mb)])
 
 
 class _Worker:
@@ -390,7 +397,7 @@ def _direct_handoff(wl: Workload, order, idx: np.ndarray, n: int, worker: _Worke
     for party, op, deliveries in order:
         outputs = worker.call(functools.partial(party.handler.compute, op))
         for peer, recv in deliveries:
-            peer.handler.receive(recv, outputs[recv.channel])
+            peer.handler.receive(recv, outputs[(recv.channel, recv.mb)])
 
 
 async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
@@ -505,9 +512,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
     ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
     ap.add_argument("--seed", type=int, default=BenchConfig.seed)
+    ap.add_argument("--chunks", type=int, default=BenchConfig.chunks,
+                    help="messages per group in the pipelined runs (1: whole groups)")
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
-                      seed=args.seed)
+                      seed=args.seed, chunks=args.chunks)
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

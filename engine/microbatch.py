@@ -56,6 +56,29 @@ def _even(start: int, stop: int, n: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def chunk_bounds(bounds: Sequence[tuple[int, int]], chunks: int) -> list[tuple[int, int]]:
+    """Each group of ``bounds`` cut into ``chunks`` contiguous parts whose sizes differ by at
+    most one row: the row ranges of a batch's messages (`engine.plan`, "chunks"). Raises
+    `ConfigError` if a group has fewer rows than ``chunks`` (see `fit_chunks`)."""
+    if chunks == 1:
+        return list(bounds)
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ConfigError(f"chunks must be a positive int, got {chunks!r}")
+    out: list[tuple[int, int]] = []
+    for lo, hi in bounds:
+        if hi - lo < chunks:
+            raise ConfigError(f"a group of {hi - lo} rows cannot travel in {chunks} chunks; "
+                              f"use at most {hi - lo} chunks (fit_chunks) or fewer groups")
+        out += _even(lo, hi, chunks)
+    return out
+
+
+def fit_chunks(batch: int, n: int, chunks: int) -> int:
+    """``chunks`` lowered to the smallest group's rows of `group_bounds(batch, n)` (>= 1)."""
+    smallest = min(hi - lo for lo, hi in group_bounds(batch, n))
+    return max(1, min(chunks, smallest))
+
+
 def clamp_groups(n: float, batch: int) -> int:
     return int(min(max(1, math.ceil(n)), batch))
 

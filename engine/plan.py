@@ -10,6 +10,14 @@ For each micro-batch ``m`` a party's plan holds:
 
 and ``U(stage)`` once per batch, the optimizer update (train only).
 
+**Chunks** (``chunks = c > 1``) make cross-party messages finer than compute: each of the
+``n_groups`` groups travels as ``c`` messages (``S``/``R`` micro-batch ``m*c + i`` for group
+``m``), and the party owning the loss stage computes per message (``n_groups * c`` compute
+groups) while every other party computes per group, sending its output in ``c`` parts and
+joining ``c`` arrivals before the op that consumes them. The gradient of a group then starts
+back as soon as its first part went through the loss instead of after the whole group
+(docs/design.md, "The bound").
+
 **Priority** (`Plan.distance`) is derived, never hand-written: a compute op's *distance to a
 send* is 0 when one of its successors is a send, ``1 + min`` over its compute successors
 otherwise, and ``None`` (local-only) when no send is reachable. Lower distance runs first; ties
@@ -86,6 +94,9 @@ class Plan:
     ops: tuple[Op, ...]
     deps: Mapping[Op, tuple[Op, ...]]
     seed: int = 0
+    #: messages per group (see the module docstring); ``fine``: this party computes per message
+    chunks: int = 1
+    fine: bool = False
 
     def __post_init__(self) -> None:
         succ: dict[Op, list[Op]] = {op: [] for op in self.ops}
@@ -116,6 +127,12 @@ class Plan:
     indegree: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     #: the receive op of each ``(peer, channel, micro-batch)``
     recv_op: Mapping[tuple[str, str, int], Op] = dataclasses.field(init=False, repr=False)
+
+    @property
+    def compute_groups(self) -> int:
+        """How many groups this party's compute ops cover (``n_groups``, times ``chunks`` for
+        the party computing per message); compute ops' ``mb`` counts these."""
+        return self.n_groups * self.chunks if self.fine else self.n_groups
 
     @property
     def compute_ops(self) -> tuple[Op, ...]:
@@ -162,11 +179,15 @@ class Plan:
 
     def format(self) -> str:
         """A grid: one row per micro-batch, ops with their priority distance in brackets."""
-        rows = [f"plan for {self.party} ({self.mode}, n={self.n_groups})"]
-        for m in range(self.n_groups):
+        c = f", chunks={self.chunks}" if self.chunks > 1 else ""
+        rows = [f"plan for {self.party} ({self.mode}, n={self.n_groups}{c})"]
+        coarse = self.chunks if not self.fine else 1  # messages per row of this grid
+        for m in range(self.compute_groups):
             cells = []
             for op in self.ops:
-                if op.mb != m or op.kind is Kind.UPDATE:
+                if op.kind is Kind.UPDATE:
+                    continue
+                if (op.mb // coarse if op.kind in (Kind.SEND, Kind.RECV) else op.mb) != m:
                     continue
                 d = self.distance.get(op)
                 tag = "" if d is None else ("[local]" if d == LOCAL_ONLY else f"[{d}]")
@@ -211,22 +232,28 @@ def _distances(ops: Sequence[Op], succ: Mapping[Op, tuple[Op, ...]]) -> dict[Op,
 
 
 def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "train",
-              seed: int = 0) -> Plan:
+              seed: int = 0, chunks: int = 1) -> Plan:
     """Derive ``party``'s plan for one batch of ``n_groups`` micro-batches.
 
     ``mode`` is ``"train"`` (forward, backward, sends both ways, update) or ``"eval"``
-    (forward only; the loss stage produces predictions).
+    (forward only; the loss stage produces predictions). ``chunks`` splits each group's
+    messages in that many parts (module docstring); every party must use the same value.
     """
     if mode not in ("train", "eval"):
         raise ConfigError(f"plan mode must be 'train' or 'eval', got {mode!r}")
     if not isinstance(n_groups, int) or n_groups < 1:
         raise ConfigError(f"n_groups must be a positive int, got {n_groups!r}")
+    if not isinstance(chunks, int) or chunks < 1:
+        raise ConfigError(f"chunks must be a positive int, got {chunks!r}")
     if party not in topology.parties:
         raise ConfigError(f"party {party!r} owns no stage of this topology; parties: "
                           f"{list(topology.parties)}")
     by = topology.by_name
     mine = topology.stages_of(party)
     train = mode == "train"
+    fine = chunks > 1 and party == topology.label_owner
+    groups = n_groups * chunks if fine else n_groups
+    per_op = 1 if fine else chunks  # messages per compute op, each way
     ops: list[Op] = []
     deps: dict[Op, tuple[Op, ...]] = {}
 
@@ -235,9 +262,17 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
         deps[op] = tuple(ds)
         return op
 
+    def recvs(m: int, channel: str, peer: str) -> list[Op]:
+        return [add(Op(Kind.RECV, k, channel=channel, peer=peer), ())
+                for k in range(m * per_op, (m + 1) * per_op)]
+
+    def sends(m: int, channel: str, peer: str, src: Op) -> None:
+        for k in range(m * per_op, (m + 1) * per_op):
+            add(Op(Kind.SEND, k, channel=channel, peer=peer), (src,))
+
     fwd: dict[tuple[str, int], Op] = {}
     bwd: dict[tuple[str, int], Op] = {}
-    for m in range(n_groups):
+    for m in range(groups):
         for s in mine:
             ins = []
             for i in s.inputs:
@@ -247,14 +282,14 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
                 if src.owner == party:
                     ins.append(fwd[(i, m)])
                 else:
-                    ins.append(add(Op(Kind.RECV, m, channel=f"act/{i}->{s.name}", peer=src.owner), ()))
+                    ins += recvs(m, f"act/{i}->{s.name}", src.owner)
             kind = Kind.LOSS if s.loss else Kind.FORWARD
             fwd[(s.name, m)] = op = add(Op(kind, m, stage=s.name), ins)
             if s.loss:
                 bwd[(s.name, m)] = op
             for c in topology.consumers(s.name):
                 if c.owner != party:
-                    add(Op(Kind.SEND, m, channel=f"act/{s.name}->{c.name}", peer=c.owner), (op,))
+                    sends(m, f"act/{s.name}->{c.name}", c.owner, op)
         if not train:
             continue
         for s in reversed(mine):
@@ -264,25 +299,24 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
                     if c.owner == party:
                         ds.append(bwd[(c.name, m)])
                     else:
-                        ds.append(add(Op(Kind.RECV, m, channel=f"grad/{s.name}->{c.name}",
-                                         peer=c.owner), ()))
+                        ds += recvs(m, f"grad/{s.name}->{c.name}", c.owner)
                 bwd[(s.name, m)] = add(Op(Kind.BACKWARD, m, stage=s.name), ds)
             for i in s.inputs:
                 if i != FEATURES and by[i].owner != party:
-                    add(Op(Kind.SEND, m, channel=f"grad/{i}->{s.name}", peer=by[i].owner),
-                        (bwd[(s.name, m)],))
+                    sends(m, f"grad/{i}->{s.name}", by[i].owner, bwd[(s.name, m)])
     if train:
         for s in mine:
-            add(Op(Kind.UPDATE, n_groups, stage=s.name),
-                tuple(bwd[(s.name, m)] for m in range(n_groups)))
-    plan = Plan(party, n_groups, mode, tuple(ops), deps, seed)
+            add(Op(Kind.UPDATE, groups, stage=s.name),
+                tuple(bwd[(s.name, m)] for m in range(groups)))
+    plan = Plan(party, n_groups, mode, tuple(ops), deps, seed, chunks, fine)
     plan.check()
     return plan
 
 
 def make_plans(topology: Topology, n_groups: int, *, mode: str = "train",
-               seed: int = 0) -> dict[str, Plan]:
-    plans = {p: make_plan(topology, p, n_groups, mode=mode, seed=seed) for p in topology.parties}
+               seed: int = 0, chunks: int = 1) -> dict[str, Plan]:
+    plans = {p: make_plan(topology, p, n_groups, mode=mode, seed=seed, chunks=chunks)
+             for p in topology.parties}
     check_plans(plans)
     return plans
 

@@ -40,6 +40,12 @@ class Backpressure:
                 f"backpressure needs 1 <= threshold <= capacity, got threshold={self.threshold}, "
                 f"capacity={self.capacity}")
 
+    def scaled(self, factor: int) -> "Backpressure":
+        """Threshold and capacity times ``factor``: what a party runs with when each group's
+        output travels as ``factor`` chunks (`engine.plan`), so the same bytes stay in flight."""
+        return self if factor == 1 else Backpressure(self.threshold * factor,
+                                                     self.capacity * factor)
+
     def check_plan(self, plan: Plan) -> None:
         if plan.max_fanout > self.capacity:
             op = max(plan.fanout, key=plan.fanout.get)

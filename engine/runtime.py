@@ -43,9 +43,9 @@ from .trace import Trace, TraceEvent
 class OpHandler(Protocol):
     """What the runtime calls to execute a plan's ops (e.g. `parties.split.StageHandler`)."""
 
-    def compute(self, op: Op) -> Mapping[str, np.ndarray]:
-        """Run compute op ``op`` (on the lane thread); return ``{channel: array}`` for each of
-        its sends."""
+    def compute(self, op: Op) -> Mapping[tuple[str, int], np.ndarray]:
+        """Run compute op ``op`` (on the lane thread); return ``{(channel, mb): array}`` for
+        each of its sends (``plan.successors[op]`` of kind ``S``)."""
         ...
 
     def receive(self, op: Op, array: np.ndarray) -> None:
@@ -259,7 +259,8 @@ class PartyRuntime:
             st.wake.set()
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def _complete(self, st: _BatchState, op: Op, outputs: Mapping[str, np.ndarray] | None,
+    def _complete(self, st: _BatchState, op: Op,
+                  outputs: Mapping[tuple[str, int], np.ndarray] | None,
                   enqueue: Callable[[asyncio.Queue, tuple], None] | None = None) -> None:
         """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies
         are all done become ready; sends go to their peer's outbound queue (through
@@ -273,10 +274,11 @@ class PartyRuntime:
             kind = s.kind
             if kind is Kind.SEND:
                 try:
-                    array = outputs[s.channel]  # type: ignore[index]
+                    array = outputs[(s.channel, s.mb)]  # type: ignore[index]
                 except (KeyError, TypeError):
                     raise EngineError(f"{op} produced no tensor for {s}; the handler must return "
-                                      f"every send channel of the op") from None
+                                      f"one keyed (channel, micro-batch) for every send of the "
+                                      f"op") from None
                 st.outbound += 1
                 st.max_outbound = max(st.max_outbound, st.outbound)
                 if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose

@@ -2,8 +2,13 @@
 
 Party state is explicit: ``params`` and ``opt_state`` map each local stage name to a pytree;
 `StageHandler.begin` binds one batch (this party's feature rows, the labels if it owns the loss
-stage, the group bounds); `compute` runs ``F``/``L``/``B``/``U`` ops and returns the tensors to
-send; `receive` checks and stores what peers sent.
+stage, the group bounds, the chunks per group); `compute` runs ``F``/``L``/``B``/``U`` ops and
+returns the tensors to send, keyed by ``(channel, micro-batch)`` of each send; `receive` checks
+and stores what peers sent.
+
+With ``chunks = c > 1`` (`engine.plan`) messages are parts of groups: a party computing per
+group sends each output as ``c`` row slices and concatenates the ``c`` parts it receives before
+the op that consumes them; the loss party computes per part.
 
 Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
 gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
@@ -20,6 +25,7 @@ import optax
 
 from .errors import ConfigError, ShapeError
 from .kernels import StageKernels, StageModel
+from .microbatch import chunk_bounds
 from .plan import Kind, Op
 from .topology import FEATURES, Topology
 
@@ -41,8 +47,11 @@ class StageHandler:
         owns_loss = any(s.loss for s in self.stages.values())
         if owns_loss and loss is None:
             raise ConfigError(f"party {party!r} owns the loss stage; pass loss=...")
+        # raw features need no gradient: their kernels skip it (`StageKernels`, differentiable)
         self.kernels = {s: StageKernels(self.models[s], optimizer,
-                                        loss if self.stages[s].loss else None)
+                                        loss if self.stages[s].loss else None,
+                                        differentiable=[i != FEATURES
+                                                        for i in self.stages[s].inputs])
                         for s in self.stages}
         if params is None:
             key = jax.random.PRNGKey(0) if key is None else key
@@ -67,13 +76,19 @@ class StageHandler:
 
     # -- per batch ------------------------------------------------------------------------------
     def begin(self, features: np.ndarray | None, labels: np.ndarray | None,
-              bounds: list[tuple[int, int]], *, train: bool) -> None:
-        """Bind one batch: this party's feature rows, labels (loss owner), group bounds."""
+              bounds: list[tuple[int, int]], *, train: bool, chunks: int = 1) -> None:
+        """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
+        the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows)."""
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
         self.features = None if features is None else np.asarray(features)
         self.labels = None if labels is None else np.asarray(labels)
-        self.bounds = bounds
+        #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
+        self.msg_bounds = chunk_bounds(bounds, chunks)
+        fine = chunks > 1 and self.topology.label_owner == self.party
+        #: row ranges of this party's compute ops; ``per_op`` messages each way per op
+        self.bounds = self.msg_bounds if fine else bounds
+        self.per_op = 1 if fine else chunks
         self.rows = bounds[-1][1] if bounds else 0
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
@@ -96,7 +111,25 @@ class StageHandler:
             return self.features[lo:hi]
         if name in self.stages:
             return self.acts[(name, m)]
-        return self.inbox[(f"act/{name}->{stage}", m)]
+        return self._gather(f"act/{name}->{stage}", m)
+
+    def _gather(self, channel: str, m: int) -> np.ndarray:
+        """The arrived messages of op ``m`` on ``channel`` (taken out of the inbox), as one
+        array in row order."""
+        if self.per_op == 1:
+            return self.inbox.pop((channel, m))
+        k = m * self.per_op
+        return np.concatenate([self.inbox.pop((channel, j)) for j in range(k, k + self.per_op)])
+
+    def _scatter(self, channel: str, m: int, array, out: dict) -> None:
+        """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``."""
+        if self.per_op == 1:
+            out[(channel, m)] = np.asarray(array)
+            return
+        host, base = np.asarray(array), self.bounds[m][0]
+        for j in range(m * self.per_op, (m + 1) * self.per_op):
+            lo, hi = self.msg_bounds[j]
+            out[(channel, j)] = host[lo - base:hi - base]
 
     def _acc(self, stage: str):
         """The stage's gradient accumulator for this batch (zeros before its first backward)."""
@@ -111,9 +144,9 @@ class StageHandler:
                 key = (name, m)
                 self.cots[key] = g if key not in self.cots else self.cots[key] + g
             else:
-                out[f"grad/{name}->{stage}"] = np.asarray(g)
+                self._scatter(f"grad/{name}->{stage}", m, g, out)
 
-    def compute(self, op: Op) -> dict[str, np.ndarray]:
+    def compute(self, op: Op) -> dict[tuple[str, int], np.ndarray]:
         out: dict[str, np.ndarray] = {}
         s, m = op.stage, op.mb
         k = self.kernels[s]
@@ -122,7 +155,8 @@ class StageHandler:
                                                          self.grads.pop(s))
             jax.block_until_ready(self.params[s])
             return out
-        xs = [self._input(s, i, m) for i in self.stages[s].inputs]
+        if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
+            xs = [self._input(s, i, m) for i in self.stages[s].inputs]
         if op.kind is Kind.FORWARD:
             if self.train:
                 y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
@@ -131,7 +165,7 @@ class StageHandler:
             self.acts[(s, m)] = y
             sends = [c.name for c in self.topology.consumers(s) if c.name not in self.stages]
             for c in sends:
-                out[f"act/{s}->{c}"] = np.asarray(y)
+                self._scatter(f"act/{s}->{c}", m, y, out)
             if not sends:
                 jax.block_until_ready(y)
         elif op.kind is Kind.LOSS:
@@ -149,7 +183,7 @@ class StageHandler:
             cot = self.cots.pop((s, m), None)
             for c in self.topology.consumers(s):
                 if c.name not in self.stages:
-                    g = self.inbox.pop((f"grad/{s}->{c.name}", m))
+                    g = self._gather(f"grad/{s}->{c.name}", m)
                     cot = g if cot is None else cot + g
             self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
             self._route_input_grads(s, m, input_grads, out)
@@ -163,7 +197,7 @@ class StageHandler:
     def receive(self, op: Op, array: np.ndarray) -> None:
         kind, _, edge = op.channel.partition("/")
         src, _, dst = edge.partition("->")
-        lo, hi = self.bounds[op.mb]
+        lo, hi = self.msg_bounds[op.mb]
         width = self.out_dims.get(src)
         expected = (hi - lo, width)
         if array.dtype != np.float32 or array.shape != expected:

@@ -41,8 +41,10 @@ def reference(topo, models, params, data, labels, batches, lr):
     return params
 
 
-def run_job(topo, n_of, seed=0):
-    parties, data, labels, models = make_job(topo, rows=ROWS, seed=seed)
+def run_job(topo, n_of, seed=0, chunks=1):
+    cfg = SplitConfig(batch_size=ROWS, groups=1, optimizer="sgd", learning_rate=0.1, seed=seed,
+                      threshold=2, capacity=16, chunks=chunks)
+    parties, data, labels, models = make_job(topo, rows=ROWS, seed=seed, config=cfg)
     init = {s: p for party in parties.values() for s, p in party.params.items()}
     rng = np.random.default_rng(seed)
     batches = [rng.permutation(ROWS) for _ in range(STEPS)]
@@ -69,11 +71,24 @@ def test_any_group_count_matches_n1_and_plain_jax(name):
         jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n)))  # it did train
 
 
+@pytest.mark.parametrize("name", sorted(TOPOLOGIES))
+def test_chunked_messages_match_n1_and_plain_jax(name):
+    """Groups travelling in parts (the loss party computing per part) change nothing."""
+    topo = TOPOLOGIES[name]
+    rng = np.random.default_rng(11)
+    ns, chunks = rng.integers(1, 5, size=STEPS), int(rng.integers(2, 4))
+    init, final_n1, data, labels, models, batches = run_job(topo, lambda i: 1)
+    parties_final = run_job(topo, lambda i: int(ns[i]), chunks=chunks)[1]
+    assert_trees_close(parties_final, final_n1)
+    assert_trees_close(parties_final, reference(topo, models, init, data, labels, batches, lr=0.1))
+
+
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None)
-@given(topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS))
-def test_generated_topologies_match_plain_jax(topo, n):
-    init, final, data, labels, models, batches = run_job(topo, lambda i: n)
+@given(topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS),
+       chunks=st.integers(1, 4))
+def test_generated_topologies_match_plain_jax(topo, n, chunks):
+    init, final, data, labels, models, batches = run_job(topo, lambda i: n, chunks=chunks)
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
 
 
@@ -136,7 +151,34 @@ def test_split_config_rejects_bad_values():
 
     with pytest.raises(ConfigError, match="groups"):
         SplitConfig(groups=0)
+    with pytest.raises(ConfigError, match="chunks"):
+        SplitConfig(chunks=0)
     with pytest.raises(ConfigError, match="optimizer"):
         SplitConfig(optimizer="adagrad-ish")
     with pytest.raises(ConfigError, match="loss"):
         SplitConfig(loss="hinge?")
+
+
+def test_kernels_skip_gradients_of_raw_features():
+    """A stage over raw features gets the same parameter gradients without computing the
+    features' gradient: its backward has one matmul fewer and returns None in its place."""
+    from engine.kernels import StageKernels, mlp_stage
+
+    model = mlp_stage([6], [5], 4)
+    params = model.init(jax.random.PRNGKey(0))
+    x = np.random.default_rng(0).normal(size=(3, 6)).astype(np.float32)
+    cot = np.ones((3, 4), np.float32)
+    full = StageKernels(model, optax.sgd(0.1))
+    lean = StageKernels(model, optax.sgd(0.1), differentiable=[False])
+    acc = full.zeros(params)
+    g_full, in_full = full.backward(full.forward(params, x)[1], cot, acc)
+    g_lean, in_lean = lean.backward(lean.forward(params, x)[1], cot, acc)
+    assert in_full[0].shape == x.shape and in_lean == (None,)
+    assert_trees_close(g_lean, g_full)
+
+    def matmuls(kernels):
+        vjp = kernels.forward(params, x)[1]
+        jaxpr = jax.make_jaxpr(lambda c: kernels.backward(vjp, c, acc))(cot)
+        return str(jaxpr).count("dot_general")
+
+    assert matmuls(lean) == matmuls(full) - 1

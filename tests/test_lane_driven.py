@@ -35,7 +35,7 @@ class CheckingHandler:
             if d.kind is not Kind.RECV and d not in done:
                 self.errors.append(f"{op} started before its dependency {d}")
         self.ran.append(op)
-        return {s.channel: np.zeros((2,), np.float32)
+        return {(s.channel, s.mb): np.zeros((2,), np.float32)
                 for s in self.plan.successors[op] if s.kind is Kind.SEND}
 
     def receive(self, op, array):
@@ -48,9 +48,11 @@ backpressures = st.integers(1, 4).flatmap(
 
 @settings(max_examples=25, deadline=None)
 @given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
-       policy=st.sampled_from(["priority", "fifo"]))
-def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(topo, n, bp, seed, policy):
-    plans = P.make_plans(topo, n, seed=seed)
+       policy=st.sampled_from(["priority", "fifo"]), chunks=st.sampled_from([1, 1, 2, 3]))
+def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(topo, n, bp, seed, policy,
+                                                                     chunks):
+    bp = bp.scaled(chunks)
+    plans = P.make_plans(topo, n, seed=seed, chunks=chunks)
     if any(pl.max_fanout > bp.capacity for pl in plans.values()):
         return
 

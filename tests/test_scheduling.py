@@ -31,16 +31,16 @@ class FakeHandler:
 
     def compute(self, op):
         self.ran.append(op)
-        return {s.channel: np.zeros((WIDTH,), np.float32)
+        return {(s.channel, s.mb): np.zeros((WIDTH,), np.float32)
                 for s in self.plan.successors[op] if s.kind is Kind.SEND}
 
     def receive(self, op, array):
         assert array.shape == (WIDTH,)
 
 
-def scenario(topo, n, bp, seed):
+def scenario(topo, n, bp, seed, chunks=1):
     rng = random.Random(seed)
-    plans = P.make_plans(topo, n, seed=seed)
+    plans = P.make_plans(topo, n, seed=seed, chunks=chunks)
     costs = {(p, op): rng.uniform(1e-3, 1e-2) for p, pl in plans.items() for op in pl.compute_ops}
     links = {(a, b): S.Link(rng.uniform(2e4, 2e5), rng.uniform(0, 3e-3))
              for a in topo.parties for b in topo.parties if a != b}
@@ -71,9 +71,11 @@ backpressures = st.integers(1, 4).flatmap(
 
 
 @settings(max_examples=40, deadline=None)
-@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6))
-def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, seed):
-    plans, costs, links = scenario(topo, n, bp, seed)
+@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
+       chunks=st.sampled_from([1, 1, 2, 3]))
+def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, seed, chunks):
+    bp = bp.scaled(chunks)  # as `SplitParty` runs a chunked batch
+    plans, costs, links = scenario(topo, n, bp, seed, chunks)
     if any(pl.max_fanout > bp.capacity for pl in plans.values()):
         with pytest.raises(ConfigError, match="raise capacity"):
             bp.check_plan(next(pl for pl in plans.values() if pl.max_fanout > bp.capacity))
@@ -95,9 +97,10 @@ def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, se
 
 @settings(max_examples=40, deadline=None)
 @given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
-       policy=st.sampled_from(["priority", "fifo"]))
-def test_runtime_op_order_matches_the_simulation(topo, n, bp, seed, policy):
-    plans, costs, links = scenario(topo, n, bp, seed)
+       policy=st.sampled_from(["priority", "fifo"]), chunks=st.sampled_from([1, 1, 2, 3]))
+def test_runtime_op_order_matches_the_simulation(topo, n, bp, seed, policy, chunks):
+    bp = bp.scaled(chunks)
+    plans, costs, links = scenario(topo, n, bp, seed, chunks)
     if any(pl.max_fanout > bp.capacity for pl in plans.values()):
         return
     sim = S.simulate(plans, cost=lambda p, op: costs[(p, op)], nbytes=frame_bytes, links=links,
@@ -109,13 +112,13 @@ def test_runtime_op_order_matches_the_simulation(topo, n, bp, seed, policy):
 
 
 @settings(max_examples=200, deadline=None)
-@given(topo=topologies(), n=st.integers(1, 5), data=st.data())
-def test_choose_matches_a_brute_force_reference(topo, n, data):
+@given(topo=topologies(), n=st.integers(1, 5), chunks=st.sampled_from([1, 2, 3]), data=st.data())
+def test_choose_matches_a_brute_force_reference(topo, n, chunks, data):
     party = data.draw(st.sampled_from(topo.parties))
-    plan = P.make_plan(topo, party, n, seed=data.draw(st.integers(0, 99)))
+    plan = P.make_plan(topo, party, n, seed=data.draw(st.integers(0, 99)), chunks=chunks)
     compute = list(plan.compute_ops)
     ready_ops = data.draw(st.lists(st.sampled_from(compute), unique=True, max_size=8))
-    cap = data.draw(st.integers(max(plan.max_fanout, 1), 5))
+    cap = data.draw(st.integers(max(plan.max_fanout, 1), max(plan.max_fanout, 5)))
     bp = Backpressure(data.draw(st.integers(1, cap)), cap)
     outbound = data.draw(st.integers(0, cap))
     ready = ReadySet(plan.key)
@@ -149,13 +152,36 @@ def test_priorities_follow_the_methods_rules():
     print(lead.format())
 
 
-@given(topo=topologies(), n=st.integers(1, 4))
-def test_plans_are_checked_and_messages_match(topo, n):
-    plans = P.make_plans(topo, n)
+@given(topo=topologies(), n=st.integers(1, 4), chunks=st.integers(1, 3))
+def test_plans_are_checked_and_messages_match(topo, n, chunks):
+    plans = P.make_plans(topo, n, chunks=chunks)  # make_plans runs check_plans
     for pl in plans.values():
         pl.check()
         assert len(set(pl.ops)) == len(pl.ops)
         assert sum(op.kind is Kind.UPDATE for op in pl.ops) == len(topo.stages_of(pl.party))
+        fine = chunks > 1 and pl.party == topo.label_owner
+        assert pl.fine == fine and pl.compute_groups == n * (chunks if fine else 1)
+        stages = len(topo.stages_of(pl.party))
+        assert sum(op.kind in (Kind.FORWARD, Kind.LOSS) for op in pl.ops) == stages * pl.compute_groups
+        for op in pl.ops:  # every message belongs to one compute group of each side
+            if op.kind in (Kind.SEND, Kind.RECV):
+                assert 0 <= op.mb < n * chunks
+
+
+def test_a_chunked_plan_splits_the_follower_messages_and_fines_the_loss_party():
+    plans = P.make_plans(two_party(), 2, chunks=3)
+    a, b = plans["A"], plans["B"]
+    fwd = P.Op(Kind.FORWARD, 1, stage="bottom")
+    assert [str(s) for s in a.successors[fwd] if s.kind is Kind.SEND] == [
+        f"S(act/bottom->top,{k})" for k in (3, 4, 5)]
+    assert a.fanout[fwd] == 3
+    bwd = P.Op(Kind.BACKWARD, 1, stage="bottom")
+    assert sorted(str(d) for d in a.deps[bwd] if d.kind is Kind.RECV) == [
+        f"R(grad/bottom->top,{k})" for k in (3, 4, 5)]
+    assert [op.mb for op in b.compute_ops if op.kind is Kind.LOSS] == list(range(6))
+    assert "chunks=3" in a.format() and "S(act/bottom->top,5)" in a.format()
+    with pytest.raises(ConfigError, match="chunks"):
+        P.make_plan(two_party(), "A", 2, chunks=0)
 
 
 def test_a_broken_plan_is_reported():
@@ -206,3 +232,15 @@ def test_the_gradient_link_trails_the_activation_link_by_one_group(n):
     makespan = S.simulate(plans, cost=lambda p, op: 0.0, nbytes=lambda p, op: 1000 // n,
                           links=lambda a, b: S.Link(1000 / T, 0.0)).makespan
     assert makespan == pytest.approx(T * (1 + 1 / n))
+
+
+@pytest.mark.parametrize("n,chunks", [(2, 2), (4, 4), (8, 4)])
+def test_chunks_shorten_the_gradient_links_lag_to_one_part(n, chunks):
+    """The fix for the lag above: with each group travelling in ``chunks`` parts and the loss
+    party answering per part, the gradient link trails by one part, ``T / (n * chunks)``."""
+    plans = P.make_plans(two_party(), n, chunks=chunks)
+    T, parts = 1.0, n * chunks
+    makespan = S.simulate(plans, cost=lambda p, op: 0.0, nbytes=lambda p, op: 1000 / parts,
+                          links=lambda a, b: S.Link(1000 / T, 0.0),
+                          bp=Backpressure().scaled(chunks)).makespan
+    assert makespan == pytest.approx(T * (1 + 1 / parts))

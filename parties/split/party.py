@@ -35,7 +35,7 @@ from engine.data import epoch_batches
 from engine.errors import ConfigError, EngineError
 from engine.kernels import StageModel, get_loss
 from engine.lanes import ThreadLane
-from engine.microbatch import GroupTuner, group_bounds
+from engine.microbatch import GroupTuner, fit_chunks, group_bounds
 from engine.plan import Plan, make_plan
 from engine.policy import Backpressure
 from engine.runtime import BatchStats, PartyRuntime
@@ -54,11 +54,16 @@ class SplitConfig:
     """Training settings every party must agree on (the leader's are authoritative for n).
 
     ``groups``: an int ``n`` (fixed), or ``"auto"`` (tuned between batches).
+    ``chunks``: messages per group each way (`engine.plan`): the loss party computes per
+    message, so a group's gradient starts back after its first part instead of after the whole
+    group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
+    worth of messages (a party queues up to ``capacity * chunks`` frames).
     """
 
     batch_size: int = 64
     epochs: int = 10
     groups: int | str = "auto"
+    chunks: int = 1
     learning_rate: float = 1e-2
     optimizer: str = "adam"
     loss: str = "binary"
@@ -72,6 +77,8 @@ class SplitConfig:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
             raise ConfigError(f"groups must be a positive int or 'auto', got {self.groups!r}")
+        if not (isinstance(self.chunks, int) and self.chunks >= 1):
+            raise ConfigError(f"chunks must be a positive int, got {self.chunks!r}")
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
         if not self.learning_rate > 0:
@@ -160,12 +167,17 @@ class SplitParty:
         self._batch_waiters: list[asyncio.Future] = []
 
     # -- shared machinery ---------------------------------------------------------------------
-    def plan(self, n: int, mode: str) -> Plan:
-        key = (n, mode)
+    def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
+        key = (n, mode, chunks)
         if key not in self._plans:
             self._plans[key] = make_plan(self.topology, self.name, n, mode=mode,
-                                         seed=self.config.seed)
+                                         seed=self.config.seed, chunks=chunks)
         return self._plans[key]
+
+    def chunks_for(self, rows: int, n: int) -> int:
+        """The chunks a batch of ``rows`` rows in ``n`` groups uses: ``config.chunks`` lowered
+        to its smallest group (the leader decides; the command carries it)."""
+        return fit_chunks(rows, max(1, min(n, rows)), self.config.chunks)
 
     def _rows(self, dataset: str, idx: np.ndarray) -> np.ndarray | None:
         if dataset not in self.datasets:
@@ -180,17 +192,19 @@ class SplitParty:
         return data[idx]
 
     async def _run_batch(self, runtime: PartyRuntime, idx: np.ndarray, n: int, mode: str,
-                         dataset: str) -> BatchStats:
+                         dataset: str, chunks: int = 1) -> BatchStats:
         n = max(1, min(n, len(idx)))
         train = mode == "train"
         labels = None
         if self.is_leader and train:
             labels = self._require_labels(dataset)[idx]
-        self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train)
+        self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n),
+                           train=train, chunks=chunks)
         runtime.trace, runtime.policy = self.trace, self.config.policy
+        runtime.bp = self.config.backpressure.scaled(chunks)
         self.in_batch = True
         try:
-            stats = await runtime.run(self.plan(n, mode), self.handler, self._batch)
+            stats = await runtime.run(self.plan(n, mode, chunks), self.handler, self._batch)
         finally:
             self.in_batch = False
         self._batch += 1
@@ -253,12 +267,13 @@ class SplitParty:
         self._require_leader("run_batch")
         n = self.n_groups if n is None else n
         n = max(1, min(n, len(idx)))
-        await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": mode,
+        c = self.chunks_for(len(idx), n)
+        await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c, "mode": mode,
                              "data": dataset}, idx)
         if lane is None:
             async with ThreadLane(f"tandem-{self.name}") as lane:
-                return await self._run_batch(self._runtime(lane), idx, n, mode, dataset)
-        return await self._run_batch(self._runtime(lane), idx, n, mode, dataset)
+                return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
+        return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
 
     async def fit(self, epochs: int | None = None, *, dataset: str = "train",
                   on_batch: Callable[[int, int, float], None] | None = None,
@@ -289,12 +304,13 @@ class SplitParty:
                 for i, idx in enumerate(batches):
                     if i < skip:
                         continue
-                    n = self.n_groups
-                    await self._command({"cmd": "batch", "b": self._batch, "n": min(n, len(idx)),
+                    n = min(self.n_groups, len(idx))
+                    c = self.chunks_for(len(idx), n)
+                    await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
                                          "mode": "train", "data": dataset, "epoch": epoch,
                                          "i": i}, idx)
                     before = self._link_counters()
-                    stats = await self._run_batch(runtime, idx, n, "train", dataset)
+                    stats = await self._run_batch(runtime, idx, n, "train", dataset, c)
                     total += self.handler.loss_sum * len(idx)
                     rows += len(idx)
                     self._retune(stats, before, len(idx))
@@ -343,9 +359,10 @@ class SplitParty:
             for start in range(0, len(y), bs):
                 idx = np.arange(start, min(start + bs, len(y)))
                 n = min(self.n_groups, len(idx))
-                await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": "eval",
-                                     "data": dataset}, idx)
-                await self._run_batch(runtime, idx, n, "eval", dataset)
+                c = self.chunks_for(len(idx), n)
+                await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
+                                     "mode": "eval", "data": dataset}, idx)
+                await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
         logits = np.concatenate(outs, axis=0)
         self.predictions = logits
@@ -360,9 +377,10 @@ class SplitParty:
             for start in range(0, n_rows, batch_size):
                 idx = np.arange(start, min(start + batch_size, n_rows))
                 n = min(self.n_groups, len(idx))
-                await self._command({"cmd": "batch", "b": self._batch, "n": n, "mode": "eval",
-                                     "data": dataset}, idx)
-                await self._run_batch(runtime, idx, n, "eval", dataset)
+                c = self.chunks_for(len(idx), n)
+                await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
+                                     "mode": "eval", "data": dataset}, idx)
+                await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
         return np.concatenate(outs, axis=0)
 
@@ -413,7 +431,8 @@ class SplitParty:
                                       f"started batch {frame.meta.get('b')}; restart both parties")
                 self.n_groups = int(frame.meta["n"])
                 await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
-                                      str(frame.meta["mode"]), str(frame.meta["data"]))
+                                      str(frame.meta["mode"]), str(frame.meta["data"]),
+                                      int(frame.meta.get("c", 1)))
                 count += 1
                 if on_batch is not None:
                     await on_batch(frame.meta)
