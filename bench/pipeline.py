@@ -33,6 +33,10 @@ ends when *both* parties have finished their last batch):
   ``StageHandler.compute``/``receive`` calls (the same jitted kernels) serially in a plain loop
   with no runtime, lanes or transport. ``overhead_us_per_compute_op`` divides by compute ops
   only.
+* ``chunks``: messages per group in the pipelined runs (``--chunks``; `engine.plan`): the loss
+  party computes per message, so a group's gradient starts back after its first part.
+  ``unchunked_s`` runs the tuner's n with whole groups in the same rounds, and
+  ``unchunked_efficiency`` is its bound / time (median of per-round ratios): what chunking buys.
 * ``python_threads_cpu``: the CPU the event loop's thread and the compute lanes are pinned to,
   as the ``tandem`` commands pin them (`engine.affinity`; ``TANDEM_PYTHON_CPU=off`` runs the
   whole benchmark unpinned, and then this is null). When pinned, the overhead is measured once
@@ -140,12 +144,13 @@ class Workload:
         bs = self.cfg.batch_size
         return [np.arange(i * bs, (i + 1) * bs) for i in range(k)]
 
-    def set(self, *, policy: str, trace: Trace | None) -> None:
+    def set(self, *, policy: str, trace: Trace | None, chunks: int | None = None) -> None:
         """Policy and trace of the next runs; ``"fifo"`` (the sequential baseline) also sends
-        each group whole (chunks = 1), ``"priority"`` in the workload's chunks."""
+        each group whole (chunks = 1), ``"priority"`` in the workload's chunks unless
+        ``chunks`` says otherwise."""
         for p in self.parties:
             p.config.policy, p.trace = policy, trace
-            p.config.chunks = 1 if policy == "fifo" else self.chunks
+            p.config.chunks = 1 if policy == "fifo" else chunks or self.chunks
 
     async def synced(self) -> None:
         """Wait until the follower has finished every batch the leader started (the leader's
@@ -259,6 +264,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
             schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
+            whole: list[tuple[float, float]] = []  # the tuner's n, groups unchunked: (s, bound)
             for r in range(cfg.repeats):
                 tr = Trace()
                 wl.set(policy="fifo", trace=tr)
@@ -275,6 +281,11 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches:]):
                     schedules.append(cfg.batches * _schedule(tr, wl, wl.leader.n_groups,
                                                              bandwidth, cfg.latency))
+                if cfg.chunks > 1:  # what chunking buys, measured in the same round
+                    tr = Trace()
+                    wl.set(policy="priority", trace=tr, chunks=1)
+                    whole.append((await wl.run_fixed(lane, wl.leader.n_groups, idx_list),
+                                  _bound(tr, bandwidth)[0]))
                 log(f"round {r + 1}/{cfg.repeats}: sequential {seq[-1]:.3f} s, auto "
                     f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
                     + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
@@ -301,8 +312,12 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                          **terms},
             sweep={str(n): t for n, t in sweep.items()}, best_fixed_n=best_n,
             auto_vs_best=sweep[best_n] / pipe_s,
+            chunks=cfg.chunks,
+            unchunked_s=statistics.median(t for t, _ in whole) if whole else None,
+            unchunked_efficiency=statistics.median(b / t for t, b in whole) if whole else None,
             runs={"sequential_s": seq, "pipelined_s": auto,
-                  **{f"n={n}": t for n, t in runs.items()}})
+                  **{f"n={n}": t for n, t in runs.items()},
+                  **({"unchunked_s": [t for t, _ in whole]} if whole else {})})
         if plot:
             plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
                         (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
@@ -526,8 +541,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
     else:
         for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
-                    "n_groups", "auto_vs_best", "overhead_us_per_op",
-                    "overhead_unpinned_us_per_op"):
+                    "n_groups", "chunks", "unchunked_s", "unchunked_efficiency", "auto_vs_best",
+                    "overhead_us_per_op", "overhead_unpinned_us_per_op"):
             print(f"{key:>20}: {result.get(key)}")
     return 0
 

@@ -356,6 +356,7 @@ class Workload:
     cut: int
     top_hidden: int
     seed: int
+    chunks: int = 1  # messages per group in the pipelined phases (the sequential sends whole)
 
     @property
     def rows(self) -> int:
@@ -381,7 +382,7 @@ class Workload:
         from engine.topology import two_party
         from parties.split.party import SplitConfig, SplitParty
         cfg = SplitConfig(batch_size=self.batch_size, groups="auto", seed=self.seed,
-                          learning_rate=1e-3, loss="binary")
+                          learning_rate=1e-3, loss="binary", chunks=self.chunks)
         if name == A:
             return SplitParty(A, two_party(A, B), self.models(), transport,
                               datasets={"train": x}, config=cfg)
@@ -409,7 +410,7 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
             for r in range(rounds + 1):  # the first batch compiles
                 tr = Trace()
                 for p in (leader, follower):
-                    p.config.policy, p.trace = "fifo", tr
+                    p.config.policy, p.trace, p.config.chunks = "fifo", tr, 1
                 await leader.run_batch(idx, n=1, lane=lane)
                 while follower._batch < leader._batch:  # the follower's last backward
                     await asyncio.sleep(0.001)
@@ -548,6 +549,8 @@ class _Leader:
                                                 "events": events}))
         tr = Trace()
         self.party.config.policy, self.party.trace = policy, tr
+        # the leader's chunks travel in each batch command; the sequential baseline sends whole
+        self.party.config.chunks = 1 if policy == "fifo" else self.wl.chunks
         t0 = time.perf_counter()
         await run()
         mine = time.perf_counter()
@@ -583,7 +586,7 @@ async def leader_main(args: argparse.Namespace) -> int:
         host = peer["url"].split("//", 1)[1].rsplit(":", 1)[0]
         wl = Workload(batch_size=args.batch_size, batches=args.batches, d_in=args.d_in,
                       hidden=args.hidden or 1024, cut=args.cut, top_hidden=args.top_hidden,
-                      seed=args.seed)
+                      seed=args.seed, chunks=args.chunks)
         # 1. the link's goodput
         if args.shape_Bps is None:
             up, down = await measure_goodput(host, peer["probe_port"], args.probe_mib * MiB)
@@ -718,6 +721,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tune-epochs", type=int, default=10,
                    help="most epochs waiting for the auto tuner to settle (10)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunks", type=int, default=1,
+                   help="messages per group in the pipelined runs (1: whole groups)")
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="write both parties' traces of the last round (Chrome JSON + Gantt PNG)")
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")

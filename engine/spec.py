@@ -17,8 +17,9 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   "dtype"}``: activations on ``act/src->dst`` and gradients on ``grad/src->dst`` are
   ``dtype[rows, width]`` with ``1 <= rows <= max_rows``;
 * ``hyper``: batch size, eval batch size, groups policy, learning rate, optimizer, loss, epochs,
-  seed, threshold, capacity, policy, checkpoint_every; optionally ``test_samples`` (rows of the
-  test split every party must hold when the leader evaluates);
+  seed, threshold, capacity, policy, checkpoint_every; optionally ``chunks`` (messages per
+  group, recorded when not 1) and ``test_samples`` (rows of the test split every party must
+  hold when the leader evaluates);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `parties.alignment.AlignedIds`, or null.
@@ -266,7 +267,10 @@ def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
                               for p in topology.feature_parties()},
                     samples=int(samples), stages=stages, edges=edges,
                     hyper={**{k: hyper[k] for k in HYPER_KEYS},
-                           **({} if test_samples is None else {"test_samples": int(test_samples)})},
+                           **({} if test_samples is None else {"test_samples": int(test_samples)}),
+                           # recorded only when not 1, so specs without chunks hash as before
+                           **({} if int(hyper.get("chunks", 1)) == 1
+                              else {"chunks": int(hyper["chunks"])})},
                     security={k: security[k] for k in SECURITY_KEYS},
                     alignment=None if alignment is None else
                     {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])})

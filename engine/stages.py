@@ -23,6 +23,7 @@ import jax
 import numpy as np
 import optax
 
+from .data import BatchRows
 from .errors import ConfigError, ShapeError
 from .kernels import StageKernels, StageModel
 from .microbatch import chunk_bounds
@@ -75,13 +76,14 @@ class StageHandler:
                                       f"outputs {self.out_dims[i]}")
 
     # -- per batch ------------------------------------------------------------------------------
-    def begin(self, features: np.ndarray | None, labels: np.ndarray | None,
+    def begin(self, features: np.ndarray | BatchRows | None, labels: np.ndarray | None,
               bounds: list[tuple[int, int]], *, train: bool, chunks: int = 1) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
         the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows)."""
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
-        self.features = None if features is None else np.asarray(features)
+        self.features = (features if features is None or isinstance(features, BatchRows)
+                         else np.asarray(features))
         self.labels = None if labels is None else np.asarray(labels)
         #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
         self.msg_bounds = chunk_bounds(bounds, chunks)

@@ -10,7 +10,8 @@ from bench.pipeline import BenchConfig, run_benchmark
 KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
         "auto_vs_best", "sweep", "bound_terms", "overhead_us_per_op",
         "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
-        "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency")
+        "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency",
+        "chunks", "unchunked_s", "unchunked_efficiency")
 
 
 @pytest.mark.slow
@@ -35,6 +36,10 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     assert result["efficiency"] == pytest.approx(result["bound_s"] / result["pipelined_s"])
     assert result["speedup"] == pytest.approx(result["sequential_s"] / result["pipelined_s"])
     assert plot.stat().st_size > 0
+    # chunked pipelined runs (the default), with whole groups timed beside them
+    assert result["chunks"] == cfg.chunks > 1 and result["workload"]["chunks"] == cfg.chunks
+    assert math.isfinite(result["unchunked_s"]) and result["unchunked_s"] > 0
+    assert 0 < result["unchunked_efficiency"] and len(result["runs"]["unchunked_s"]) == 1
     # the zero-cost schedule at the tuner's n: never shorter than a link's transfer time
     if result["schedule_s"] is not None:
         links = max(v for k, v in terms.items() if k.startswith("link"))

@@ -161,3 +161,50 @@ def test_refines_between_the_base_and_its_faster_neighbour(wall8, settles_on):
             break
     assert tuner._settled_at is not None and tuner.n == settles_on
     assert 8 in tuner._walls  # the midpoint was measured either way
+
+
+@given(batch=st.integers(1, 300), n=st.integers(1, 20), chunks=st.integers(1, 9))
+def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
+    from engine.microbatch import chunk_bounds, fit_chunks
+
+    n = min(n, batch)
+    groups = group_bounds(batch, n)
+    c = fit_chunks(batch, n, chunks)
+    assert 1 <= c <= chunks and (c == chunks or c == min(hi - lo for lo, hi in groups))
+    parts = chunk_bounds(groups, c)
+    assert len(parts) == n * c
+    assert parts[0][0] == 0 and parts[-1][1] == batch
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in row order
+    for k, (lo, hi) in enumerate(groups):  # group k is exactly its c parts
+        mine = parts[k * c:(k + 1) * c]
+        assert mine[0][0] == lo and mine[-1][1] == hi
+        sizes = [b - a for a, b in mine]
+        assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
+
+
+def test_chunk_bounds_refuse_a_group_smaller_than_its_chunks():
+    from engine.microbatch import chunk_bounds
+
+    with pytest.raises(ConfigError, match="cannot travel in 4 chunks"):
+        chunk_bounds([(0, 3), (3, 10)], 4)
+
+
+@given(idx=st.lists(st.integers(0, 19), min_size=1, max_size=30), lo=st.integers(0, 30),
+       hi=st.integers(0, 30))
+def test_batch_rows_gather_exactly_the_rows_asked(idx, lo, hi):
+    from engine.data import BatchRows
+
+    data = np.arange(20 * 3, dtype=np.float32).reshape(20, 3)
+    rows = BatchRows(data, np.array(idx))
+    assert len(rows) == len(idx)
+    np.testing.assert_array_equal(rows[lo:hi], data[np.array(idx)][lo:hi])
+
+
+def test_batch_rows_of_consecutive_indices_are_a_view():
+    from engine.data import BatchRows
+
+    data = np.zeros((10, 2), np.float32)
+    part = BatchRows(data, np.arange(2, 9))[1:4]
+    assert np.shares_memory(part, data) and part.shape == (3, 2)
+    with pytest.raises(TypeError, match="slice"):
+        BatchRows(data, np.arange(3))[0]

@@ -52,6 +52,27 @@ def test_full_run_trains_evaluates_exports(reference):
     assert job.checkpoints("leader") == job.checkpoints("follower") == [TOTAL - 2, TOTAL]
 
 
+def test_chunked_messages_over_http_train_the_same_model(tmp_path, reference):
+    """``[train] chunks = 3`` on the leader only: the follower takes it from each batch command
+    (sending each group's activation in 3 parts, joining 3 gradient parts), the spec records
+    it, and the parameters equal the reference run's up to float reassociation."""
+    ref, results = reference
+    job = Job(tmp_path)
+    job.cfg["leader"]["train"]["chunks"] = 3
+    got = job.run_both()
+    for role in ("leader", "follower"):
+        rc, out, err = got[role]
+        assert rc == 0 and out["status"] == "done", err[-3000:]
+    assert got["leader"][1]["spec_hash"] == got["follower"][1]["spec_hash"]
+    assert got["leader"][1]["spec_hash"] != results["leader"][1]["spec_hash"]  # chunks recorded
+    for role in ("leader", "follower"):
+        have, want = job.exported(role), ref.exported(role)
+        assert have.keys() == want.keys()
+        for name in want:
+            np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"{role} {name}")
+
+
 def test_alignment_is_part_of_the_agreed_spec(reference):
     """The follower stores its rows in reverse; `data.aligned` (the `tandem align --out` CSVs)
     lines them up, and the spec records the intersection size and commitment."""

@@ -18,6 +18,8 @@ def register(sub) -> None:
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--groups", default="auto", help="micro-batches per batch: an int or 'auto'")
+    p.add_argument("--chunks", type=int, default=1,
+                   help="messages per micro-batch each way; the loss party computes per message")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", type=float, default=1e6, help="shaped link, bytes/s each way")
     p.add_argument("--latency", type=float, default=0.002, help="shaped link latency, seconds")

@@ -61,11 +61,11 @@ def demo_models(d_leader: int, d_follower: int, cut: int, hidden: int):
 async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed: int = 0,
                    bandwidth: float = 1e6, latency: float = 0.002, cut: int = 128,
                    hidden: int = 64, trace_dir: str | None = None, progress: bool = True,
-                   timing_batches: int = 4) -> dict:
+                   timing_batches: int = 4, chunks: int = 1) -> dict:
     data = load_breast_cancer_split(seed)
     topo = leader_follower()
     cfg = SplitConfig(batch_size=batch_size, epochs=epochs, groups=groups, seed=seed,
-                      learning_rate=3e-3, loss="binary")
+                      learning_rate=3e-3, loss="binary", chunks=chunks)
     models = demo_models(data.leader["train"].shape[1], data.follower["train"].shape[1],
                          cut, hidden)
     net = MemoryNetwork()
@@ -102,6 +102,7 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
             tr = Trace()
             for party in (leader, follower):
                 party.trace, party.config.policy = tr, policy
+            leader.config.chunks = chunks if policy == "priority" else 1  # sequential: whole
             await follower.wait_batches(leader.batches_done)
             t0 = time.perf_counter()
             for idx in idx_list:
@@ -132,6 +133,6 @@ async def demo_command(args) -> int:
     result = await run_demo(epochs=args.epochs, batch_size=args.batch_size,
                             groups=args.groups if args.groups == "auto" else int(args.groups),
                             seed=args.seed, bandwidth=args.bandwidth, latency=args.latency,
-                            trace_dir=args.trace, progress=not args.quiet)
+                            trace_dir=args.trace, progress=not args.quiet, chunks=args.chunks)
     print(json.dumps(result))
     return 0 if result["test_accuracy"] >= 0.9 else 1

@@ -31,7 +31,7 @@ from typing import Any, Awaitable, Callable, Mapping
 import numpy as np
 import optax
 
-from engine.data import epoch_batches
+from engine.data import BatchRows, epoch_batches
 from engine.errors import ConfigError, EngineError
 from engine.kernels import StageModel, get_loss
 from engine.lanes import ThreadLane
@@ -179,17 +179,18 @@ class SplitParty:
         to its smallest group (the leader decides; the command carries it)."""
         return fit_chunks(rows, max(1, min(n, rows)), self.config.chunks)
 
-    def _rows(self, dataset: str, idx: np.ndarray) -> np.ndarray | None:
+    def _rows(self, dataset: str, idx: np.ndarray) -> BatchRows | None:
         if dataset not in self.datasets:
             if any("features" in s.inputs for s in self.topology.stages_of(self.name)):
                 raise ConfigError(f"{self.name!r} has no dataset {dataset!r}; pass "
                                   f"datasets={{{dataset!r}: X}}")
             return None
         data = self.datasets[dataset]
-        if len(idx) and int(idx.max()) >= len(data):
-            raise ConfigError(f"{self.name!r}: row {int(idx.max())} requested from dataset "
+        if len(idx) and (int(idx.max()) >= len(data) or int(idx.min()) < 0):
+            bad = int(idx.max()) if int(idx.max()) >= len(data) else int(idx.min())
+            raise ConfigError(f"{self.name!r}: row {bad} requested from dataset "
                               f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned")
-        return data[idx]
+        return BatchRows(data, idx)  # gathered per group, on the compute lane
 
     async def _run_batch(self, runtime: PartyRuntime, idx: np.ndarray, n: int, mode: str,
                          dataset: str, chunks: int = 1) -> BatchStats:

@@ -52,7 +52,7 @@ class PartyConfigError(ConfigError):
 TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "batch_size": (int,), "eval_batch_size": (int,), "epochs": (int,), "groups": (int, str),
     "learning_rate": (float, int), "optimizer": (str,), "loss": (str,), "seed": (int,),
-    "threshold": (int,), "capacity": (int,), "policy": (str,),
+    "threshold": (int,), "capacity": (int,), "policy": (str,), "chunks": (int,),
 }
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {"role": (str,), "name": (str,), "export_dir": (str,), "progress": (bool,),
@@ -220,7 +220,7 @@ class PartyConfig:
         sc = self.split_config()
         out = {k: getattr(sc, k) for k in ("batch_size", "groups", "learning_rate", "optimizer",
                                            "loss", "epochs", "seed", "threshold", "capacity",
-                                           "policy")}
+                                           "policy", "chunks")}
         out["eval_batch_size"] = int(self.train.get("eval_batch_size",
                                                     max(sc.batch_size, 256)))
         out["checkpoint_every"] = self.checkpoint.every
