@@ -28,9 +28,12 @@ def lane():
 t = threading.Thread(target=lane); t.start(); t.join()
 threads = []
 for tid in os.listdir("/proc/self/task"):
-    name = open(f"/proc/self/task/{tid}/comm").read().strip()
-    cpus = [l.split(":")[1].strip() for l in open(f"/proc/self/task/{tid}/status")
-            if l.startswith("Cpus_allowed_list")][0]
+    try:  # a short-lived thread may exit between the listing and the read
+        name = open(f"/proc/self/task/{tid}/comm").read().strip()
+        cpus = [l.split(":")[1].strip() for l in open(f"/proc/self/task/{tid}/status")
+                if l.startswith("Cpus_allowed_list")][0]
+    except (FileNotFoundError, ProcessLookupError):
+        continue
     threads.append([name, cpus])
 print(json.dumps({"cpu": cpu, "main": sorted(os.sched_getaffinity(0)),
                   "started": started["cpus"], "threads": threads}))
