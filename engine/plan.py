@@ -231,6 +231,12 @@ def _distances(ops: Sequence[Op], succ: Mapping[Op, tuple[Op, ...]]) -> dict[Op,
     return dist
 
 
+def computes_per_message(topology: Topology, party: str, chunks: int) -> bool:
+    """Whether ``party`` runs its ops per message (the loss party, when ``chunks > 1``) rather
+    than per group: the one rule both the plans and `engine.stages.StageHandler` follow."""
+    return chunks > 1 and party == topology.label_owner
+
+
 def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "train",
               seed: int = 0, chunks: int = 1) -> Plan:
     """Derive ``party``'s plan for one batch of ``n_groups`` micro-batches.
@@ -251,7 +257,7 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
     by = topology.by_name
     mine = topology.stages_of(party)
     train = mode == "train"
-    fine = chunks > 1 and party == topology.label_owner
+    fine = computes_per_message(topology, party, chunks)
     groups = n_groups * chunks if fine else n_groups
     per_op = 1 if fine else chunks  # messages per compute op, each way
     ops: list[Op] = []

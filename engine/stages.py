@@ -27,7 +27,7 @@ from .data import BatchRows
 from .errors import ConfigError, ShapeError
 from .kernels import StageKernels, StageModel
 from .microbatch import chunk_bounds
-from .plan import Kind, Op
+from .plan import Kind, Op, computes_per_message
 from .topology import FEATURES, Topology
 
 
@@ -87,7 +87,7 @@ class StageHandler:
         self.labels = None if labels is None else np.asarray(labels)
         #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
         self.msg_bounds = chunk_bounds(bounds, chunks)
-        fine = chunks > 1 and self.topology.label_owner == self.party
+        fine = computes_per_message(self.topology, self.party, chunks)
         #: row ranges of this party's compute ops; ``per_op`` messages each way per op
         self.bounds = self.msg_bounds if fine else bounds
         self.per_op = 1 if fine else chunks
@@ -149,7 +149,7 @@ class StageHandler:
                 self._scatter(f"grad/{name}->{stage}", m, g, out)
 
     def compute(self, op: Op) -> dict[tuple[str, int], np.ndarray]:
-        out: dict[str, np.ndarray] = {}
+        out: dict[tuple[str, int], np.ndarray] = {}
         s, m = op.stage, op.mb
         k = self.kernels[s]
         if op.kind is Kind.UPDATE:

@@ -186,8 +186,9 @@ class SplitParty:
                                   f"datasets={{{dataset!r}: X}}")
             return None
         data = self.datasets[dataset]
-        if len(idx) and (int(idx.max()) >= len(data) or int(idx.min()) < 0):
-            bad = int(idx.max()) if int(idx.max()) >= len(data) else int(idx.min())
+        lo, hi = (int(idx.min()), int(idx.max())) if len(idx) else (0, -1)
+        if lo < 0 or hi >= len(data):
+            bad = lo if lo < 0 else hi
             raise ConfigError(f"{self.name!r}: row {bad} requested from dataset "
                               f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned")
         return BatchRows(data, idx)  # gathered per group, on the compute lane
@@ -256,6 +257,17 @@ class SplitParty:
         return self._batch
 
     # -- leader -----------------------------------------------------------------------------
+    async def _start_batch(self, idx: np.ndarray, n: int, mode: str, dataset: str,
+                           **meta: Any) -> tuple[int, int]:
+        """Leader: tell every follower to run rows ``idx`` of ``dataset``; returns the group
+        count and chunks the batch uses (``n`` clamped to the rows, `chunks_for`), which the
+        command carries, for the leader's own `_run_batch`."""
+        n = max(1, min(n, len(idx)))
+        c = self.chunks_for(len(idx), n)
+        await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c, "mode": mode,
+                             "data": dataset, **meta}, idx)
+        return n, c
+
     async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
         arrays = () if idx is None else (np.asarray(idx, np.int64),)
         meta = {**meta, "run": self.run_id}
@@ -266,11 +278,7 @@ class SplitParty:
                         n: int | None = None, lane=None) -> BatchStats:
         """Leader: run one batch (rows ``idx`` of ``dataset``) on every party."""
         self._require_leader("run_batch")
-        n = self.n_groups if n is None else n
-        n = max(1, min(n, len(idx)))
-        c = self.chunks_for(len(idx), n)
-        await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c, "mode": mode,
-                             "data": dataset}, idx)
+        n, c = await self._start_batch(idx, self.n_groups if n is None else n, mode, dataset)
         if lane is None:
             async with ThreadLane(f"tandem-{self.name}") as lane:
                 return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
@@ -305,11 +313,8 @@ class SplitParty:
                 for i, idx in enumerate(batches):
                     if i < skip:
                         continue
-                    n = min(self.n_groups, len(idx))
-                    c = self.chunks_for(len(idx), n)
-                    await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
-                                         "mode": "train", "data": dataset, "epoch": epoch,
-                                         "i": i}, idx)
+                    n, c = await self._start_batch(idx, self.n_groups, "train", dataset,
+                                                   epoch=epoch, i=i)
                     before = self._link_counters()
                     stats = await self._run_batch(runtime, idx, n, "train", dataset, c)
                     total += self.handler.loss_sum * len(idx)
@@ -359,10 +364,7 @@ class SplitParty:
             runtime = self._runtime(lane)
             for start in range(0, len(y), bs):
                 idx = np.arange(start, min(start + bs, len(y)))
-                n = min(self.n_groups, len(idx))
-                c = self.chunks_for(len(idx), n)
-                await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
-                                     "mode": "eval", "data": dataset}, idx)
+                n, c = await self._start_batch(idx, self.n_groups, "eval", dataset)
                 await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
         logits = np.concatenate(outs, axis=0)
@@ -377,10 +379,7 @@ class SplitParty:
             runtime = self._runtime(lane)
             for start in range(0, n_rows, batch_size):
                 idx = np.arange(start, min(start + batch_size, n_rows))
-                n = min(self.n_groups, len(idx))
-                c = self.chunks_for(len(idx), n)
-                await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c,
-                                     "mode": "eval", "data": dataset}, idx)
+                n, c = await self._start_batch(idx, self.n_groups, "eval", dataset)
                 await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
         return np.concatenate(outs, axis=0)
