@@ -107,9 +107,9 @@ class GroupTuner:
        from the base ``n`` try ``2n`` and ``n/2`` (each compared with the base, not with each
        other), and ``4n`` too when ``2n`` came out level with ``n`` (within ``tolerance``: a
        plateau, or noise, can hide a slope further up); move the base to the fastest while it
-       is faster by more than ``tolerance``. When none is, try once the geometric midpoint
-       between the base and its faster neighbour (8 between 6 and 12), take it if it is faster
-       by more than ``tolerance``, and settle. Every ``recheck`` batches
+       is faster by more than ``tolerance``. When none is, try once each geometric midpoint
+       between the base and its neighbours (4 and 8 around 6), move to the faster of them if
+       it beats the base by more than ``tolerance``, and settle. Every ``recheck`` batches
        the neighbours are tried again, so ``n`` follows a link or load that changes.
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
@@ -191,25 +191,30 @@ class GroupTuner:
         if best != base and self._mean(best) < here * (1 - self.tolerance):
             self._base = self.n = best  # move, then probe the new base's neighbours
             return self.n
-        mid = self._midpoint(base)
-        if mid is not None:
+        mids = self._midpoints(base)
+        for mid in mids:
             if self._mean(mid) is None:
-                self.n = mid  # refine between the base and its better neighbour
+                self.n = mid  # refine on both sides of the base, the faster side first
                 return self.n
+        if mids:
+            mid = min(mids, key=self._mean)
             if self._mean(mid) < here * (1 - self.tolerance):
                 base = self._base = mid
         self.n = base
         self._settled_at = len(self.history)
         return self.n
 
-    def _midpoint(self, base: int) -> int | None:
-        """The geometric midpoint between ``base`` and its faster measured neighbour (``2n``
-        or ``n/2``), when it is a count of its own: the doubling search only sees powers of
-        two times the rule's start (``bench.pipeline`` settled on 6 where 8 was faster)."""
-        near = [(m, k) for k in (min(base * 2, self.batch), max(base // 2, 1))
-                if k != base and (m := self._mean(k)) is not None]
-        if not near:
-            return None
-        other = min(near)[1]
-        mid = round(math.sqrt(base * other))
-        return None if mid in (base, other) else mid
+    def _midpoints(self, base: int) -> list[int]:
+        """The geometric midpoints between ``base`` and each measured neighbour (``2n`` and
+        ``n/2``) that are counts of their own, the one towards the faster neighbour first.
+
+        The doubling search only sees powers of two times the rule's start, and a neighbour
+        that is slower on one side says little about the midpoint on the other: from a start
+        of 3 the search sees 3, 6 and 12, and when 3 beat 12 the midpoint towards it (4) was
+        the only one tried while 8, the sweep's fastest in 10 of 12 ``bench.pipeline`` runs,
+        was never measured (docs/pipeline-bench.md, "Fifth pass")."""
+        near = sorted((m, k) for k in (min(base * 2, self.batch), max(base // 2, 1))
+                      if k != base and (m := self._mean(k)) is not None)
+        mids = [round(math.sqrt(base * k)) for _, k in near]
+        return [m for i, m in enumerate(mids)
+                if m not in (base, near[i][1]) and m not in mids[:i]]

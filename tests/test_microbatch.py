@@ -146,21 +146,37 @@ def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
     assert tuner._base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
 
 
-@pytest.mark.parametrize("wall8, settles_on", [(0.70, 8), (0.79, 6)])
-def test_refines_between_the_base_and_its_faster_neighbour(wall8, settles_on):
-    """The doubling search from a rule start of 3 sees 3, 6, 12: once 6 is the base, the
-    midpoint towards its faster neighbour (8, towards 12) is tried once and taken only when
-    it is faster by more than the tolerance."""
-    tuner = GroupTuner(batch=64, n=4, samples=2)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3  # rule: ceil(3/1)
-    walls = {1: 1.5, 3: 1.0, 6: 0.8, 12: 0.85, 24: 1.0, 8: wall8}
-    for _ in range(60):
+def _settle_on(tuner: GroupTuner, walls: dict[int, float]) -> int:
+    for _ in range(80):
         n = tuner.n
         tuner.observe(wall=walls[n], compute=1.0)
         if tuner._settled_at is not None:
-            break
-    assert tuner._settled_at is not None and tuner.n == settles_on
-    assert 8 in tuner._walls  # the midpoint was measured either way
+            return tuner.n
+    raise AssertionError(f"tuner did not settle: {[h['n'] for h in tuner.history]}")
+
+
+@pytest.mark.parametrize("wall4, wall8, settles_on",
+                         [(0.90, 0.70, 8), (0.90, 0.79, 6), (0.70, 0.79, 4), (0.75, 0.70, 8)])
+def test_refines_on_both_sides_of_the_base(wall4, wall8, settles_on):
+    """The doubling search from a rule start of 3 sees 3, 6, 12: once 6 is the base, both
+    midpoints (4 and 8) are tried once, and the faster is taken only when it beats 6 by more
+    than the tolerance."""
+    tuner = GroupTuner(batch=64, n=4, samples=2)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3  # rule: ceil(3/1)
+    walls = {1: 1.5, 3: 1.0, 6: 0.8, 12: 0.85, 24: 1.0, 4: wall4, 8: wall8}
+    assert _settle_on(tuner, walls) == settles_on
+    assert {4, 8} <= set(tuner._walls)  # both midpoints were measured either way
+
+
+def test_finds_the_midpoint_on_the_side_of_the_slower_neighbour():
+    """``bench.pipeline``'s case: 3 beats 12, so the midpoint towards the faster neighbour is 4,
+    yet 8 is the fastest. The tuner measures 8 too and settles there."""
+    tuner = GroupTuner(batch=2048, n=4, samples=2)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3
+    walls = {1: 1.4, 3: 0.84, 6: 0.80, 12: 0.86, 4: 0.81, 8: 0.74}
+    assert _settle_on(tuner, walls) == 8
+    path = [h["n"] for h in tuner.history]
+    assert path.index(4) < path.index(8)  # the faster side's midpoint first
 
 
 @given(batch=st.integers(1, 300), n=st.integers(1, 20), chunks=st.integers(1, 9))
