@@ -196,9 +196,18 @@ async def test_disconnect_mid_body_leaves_the_server_serving():
             await asyncio.Event().wait()
 
         async with aiohttp.ClientSession() as s:
-            post = asyncio.ensure_future(s.post(b.url + FRAME_PATH, data=half(),
-                                                headers=signed(0, body)))
-            await sent_half.wait()
+            # Content-Length as a real sender gives it (the receiver refuses a body without
+            # one, 411, before reading any of it; a generator alone is sent chunked)
+            post = asyncio.ensure_future(s.post(
+                b.url + FRAME_PATH, data=half(),
+                headers={**signed(0, body), "Content-Length": str(len(body))}))
+            halfway = asyncio.ensure_future(sent_half.wait())
+            await asyncio.wait({post, halfway}, return_when=asyncio.FIRST_COMPLETED)
+            if post.done():  # answered before half the body was read: not the case under test
+                halfway.cancel()
+                async with post.result() as r:
+                    pytest.fail(f"the receiver answered {r.status} {await r.text()!r} before "
+                                "half the body arrived")
             post.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await post
