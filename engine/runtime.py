@@ -10,7 +10,8 @@ Per batch, inside one `asyncio.TaskGroup`:
   only when nothing is ready, and arrivals and drained sends (loop thread, same lock) wake it.
   With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
   tests run it on a virtual clock);
-* one **send lane** per peer drains that peer's outbound FIFO through the transport;
+* one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
+  the next frame waiting behind the one on the wire (``SEND_DEPTH``);
 * one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
 
 Invariants: the batch's bookkeeping (`_BatchState`: readiness, the ready set, the outbound
@@ -66,6 +67,10 @@ class BatchStats:
 def message(batch: int, op: Op, array: np.ndarray) -> Frame:
     """The frame carrying the tensor of send ``op`` of batch ``batch``."""
     return Frame(meta={"b": batch, "m": op.mb}, arrays=(array,))
+
+
+#: sends a party's runtime keeps in flight per peer (`PartyRuntime._send_lane`)
+SEND_DEPTH = 2
 
 
 class _BatchState:
@@ -220,24 +225,41 @@ class PartyRuntime:
 
     async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
                          stats: BatchStats) -> None:
+        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
+        ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
+        frames leave no idle wire between them (as in `engine.simulator`) however late the loop
+        gets round to them. Each send is a task of its own, started in queue order, so a
+        transport that serialises a channel's sends (both do) keeps their order."""
         queue = st.queues[peer]
-        for _ in range(count):
-            op, array = await queue.get()
-            start = st.clock()
-            frame = message(batch, op, array)
-            await self.transport.send(peer, op.channel, frame)
-            end = st.clock()
-            nbytes = int(array.nbytes)
-            stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
-            if self.trace is not None:
-                self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
-                                          start, end, nbytes))
-            with st.lock:
-                st.outbound -= 1
-                self._complete(st, op, None)
-                if st.waiting:
-                    st.cond.notify()
-            st.wake.set()
+        window = asyncio.Semaphore(SEND_DEPTH)
+        sent = [float("-inf")]  # end of the latest completed send: a trace's wire start
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(count):
+                op, array = await queue.get()
+                await window.acquire()
+                tg.create_task(self._send_one(st, peer, op, array, batch, stats, window, sent))
+
+    async def _send_one(self, st: _BatchState, peer: str, op: Op, array: np.ndarray,
+                        batch: int, stats: BatchStats, window: asyncio.Semaphore,
+                        sent: list[float]) -> None:
+        try:
+            offered = st.clock()
+            await self.transport.send(peer, op.channel, message(batch, op, array))
+        finally:
+            window.release()
+        end = st.clock()
+        nbytes = int(array.nbytes)
+        stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
+        if self.trace is not None:  # on the wire from when the frame before it left
+            self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
+                                      max(offered, min(sent[0], end)), end, nbytes))
+        sent[0] = max(sent[0], end)
+        with st.lock:
+            st.outbound -= 1
+            self._complete(st, op, None)
+            if st.waiting:
+                st.cond.notify()
+        st.wake.set()
 
     async def _receiver(self, st: _BatchState, handler: OpHandler, peer: str, channel: str,
                         count: int, batch: int) -> None:

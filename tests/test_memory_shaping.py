@@ -40,3 +40,35 @@ def test_back_to_back_frames_take_bytes_over_bandwidth_however_late_the_timers(m
     assert busy == pytest.approx(frames * tx)
     # lateness is credited to the next frame: only the last frame's lateness remains
     assert elapsed == pytest.approx(frames * tx + late, abs=1e-9)
+
+
+def test_frames_waiting_for_the_wire_follow_each_other_however_late_the_loop():
+    """A frame offered while the wire is busy starts at the previous frame's ideal end, even when
+    the loop handles other work (here: the receiver, taking ``hog`` seconds per frame) between
+    that frame's timer and the next frame's turn: queued frames leave no idle wire."""
+    frames, tx, hog = 6, 0.01, 0.004
+
+    async def main():
+        net = MemoryNetwork()
+        a, b = net.endpoint("a"), net.endpoint("b")
+        frame = Frame(meta={"m": 0}, arrays=(np.zeros(1000, np.float32),))
+        size = codec.encoded_size(frame.replace(sender="a", channel="c", msg_id=0))
+        net.shape("a", "b", bandwidth=size / tx)
+        loop = asyncio.get_running_loop()
+        arrived = []
+
+        async def receive():
+            for _ in range(frames):
+                await b.recv("a", "c")
+                arrived.append(loop.time())
+                loop._vsel.now += hog  # a callback that keeps the loop busy for `hog` s
+
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(receive())
+            for _ in range(frames):  # every frame offered at once, as a send window does
+                tg.create_task(a.send("b", "c", frame))
+        return arrived
+
+    arrived = run_virtual(main())
+    # the receiver's work (hog < tx) fits inside the next frame's transmission
+    assert arrived == pytest.approx([(k + 1) * tx for k in range(frames)], abs=1e-9)

@@ -39,6 +39,11 @@ async def settled(task: asyncio.Task) -> bool:
     return bool(done)
 
 
+async def _recv_after_a_pause(t, peer: str, channel: str, n: int) -> list[Frame]:
+    await asyncio.sleep(0.05)  # let the senders fill the inbox and queue behind it
+    return [await t.recv(peer, channel) for _ in range(n)]
+
+
 class TransportConformance:
     async def test_implements_protocol(self, harness):
         a, b = await harness.pair()
@@ -67,6 +72,18 @@ class TransportConformance:
             assert f.sender == "a" and f.channel == "ch"
             np.testing.assert_array_equal(f.arrays[0], np.full(3, i, dtype=np.int64))
             assert f.meta == {"i": i, "tag": f"m{i}"}
+
+    async def test_concurrent_sends_on_a_channel_arrive_in_call_order(self, harness):
+        """Sends started one after another without awaiting each (the runtime's send window,
+        `engine.runtime.SEND_DEPTH`) arrive in the order they were started, also while they
+        wait for a full inbox."""
+        a, b = await harness.pair()
+        n = 2 * harness.capacity + 3
+        async with asyncio.TaskGroup() as tg:
+            for i in range(n):  # tasks start in creation order; none is awaited before the next
+                tg.create_task(a.send("b", "ch", frame(i)))
+            got = tg.create_task(_recv_after_a_pause(b, "a", "ch", n))
+        assert [index(f) for f in got.result()] == list(range(n))
 
     async def test_dtypes_shapes_meta_roundtrip(self, harness):
         a, b = await harness.pair()

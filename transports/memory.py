@@ -6,7 +6,7 @@ latency (s), so a laptop can emulate a WAN:
 
 * one frame at a time occupies a direction for ``encoded_size / bandwidth`` seconds (the wire
   is serialised across channels, as on a real link); the two directions are independent
-  (full duplex);
+  (full duplex); frames offered while the wire is busy follow each other with no gap;
 * a frame becomes receivable ``latency`` seconds after its transmission ends.
 
 Every (sender, receiver, channel) inbox holds at most ``capacity`` frames; a sender waits for a
@@ -47,22 +47,28 @@ class LinkShape:
 class _Direction:
     """One direction of one link: the wire lock, its shape and its counters.
 
-    ``late``: how far past the ideal end of the last transmission its timer fired. The next
-    transmission starts that much earlier (it is credited once), so timer lateness (uvloop's
-    timers have 1 ms resolution; a loaded machine adds more) does not accumulate into wire
-    idle time: over back-to-back frames the emulated link carries exactly ``bandwidth``. (A
-    sender awaits each send, so its next frame is only ready once the late timer fired; hence
-    the credit rather than starting each frame at max(ready, previous ideal end).) The price: a
-    frame sent after an idle spell may arrive up to one timer lateness early, once.
+    Transmissions are scheduled on ideal times, not on when timers happen to fire:
+
+    * ``free_at``: the ideal end of the last transmission. A frame *offered* (its inbox slot
+      taken) before then was waiting for the wire, as behind a socket buffer, and starts
+      exactly at ``free_at``: back-to-back frames leave no idle wire between them, however
+      late the event loop gets round to them (uvloop's timers have 1 ms resolution; a loaded
+      machine adds more).
+    * ``late``: how far past ``free_at`` the last transmission's timer fired. A sender that
+      awaits each send can offer its next frame only after that timer, so the next frame
+      starts that much earlier (credited once); over back-to-back frames from such a sender the
+      emulated link also carries exactly ``bandwidth``. The price: a frame sent after an idle
+      spell may arrive up to one timer lateness early, once.
     """
 
-    __slots__ = ("shape", "stats", "_wire", "late")
+    __slots__ = ("shape", "stats", "_wire", "late", "free_at")
 
     def __init__(self, shape: LinkShape) -> None:
         self.shape = shape
         self.stats = LinkStats()
         self._wire: asyncio.Lock | None = None
         self.late = 0.0
+        self.free_at = float("-inf")
 
     @property
     def wire(self) -> asyncio.Lock:
@@ -214,19 +220,22 @@ class MemoryTransport:
         box = self._net._inbox(self._name, peer, channel)
         direction = self._net._direction(self._name, peer)
         await box.acquire()
+        loop = asyncio.get_running_loop()
+        offered = loop.time()
         try:
             if box.closed:
                 raise TransportClosedError(f"link {self._name!r} -> {peer!r} is closed")
             async with direction.wire:
-                loop = asyncio.get_running_loop()
                 bw = direction.shape.bandwidth
                 tx = size / bw if bw else 0.0
                 now = loop.time()
-                end = now - direction.late + tx  # see _Direction.late
+                # see _Direction: a frame that waited for the wire starts at its ideal end
+                end = max(direction.free_at, offered - direction.late) + tx
                 direction.late = 0.0
+                direction.free_at = end
                 if end > now:
                     await asyncio.sleep(end - now)
-                    direction.late = max(loop.time() - end, 0.0)
+                direction.late = max(loop.time() - end, 0.0)
                 if box.closed:
                     raise TransportClosedError(f"link {self._name!r} -> {peer!r} is closed")
                 direction.stats.frames += 1
