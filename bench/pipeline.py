@@ -91,7 +91,7 @@ class BenchConfig:
     latency: float = 0.001
     warmup: int = 3                   # unshaped warm-up batches that measure compute
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    tune_epochs: int = 10             # most epochs of `fit` waiting for the tuner to settle
+    tune_epochs: int = 20             # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
     # overhead measurement (tiny model, unshaped link)
     overhead_batch: int = 64

@@ -116,7 +116,11 @@ class GroupTuner:
     group shape, and it starts while the peers still drain the previous batch (the leader's
     batch ends before a follower's last backward and update), so its wall time mixes two
     values of ``n`` and is easily the fastest of a probe's batches when it follows a quickly
-    drained one. The estimate is the mean, not the fastest, of the next ``samples`` batches:
+    drained one. Where the new ``n`` never ran before, the second batch is no sample either:
+    the follower compiles its backward for the new shapes at the end of the first batch, after
+    the leader's part of it ended, so that compile lands in the second batch's wall
+    (``bench.pipeline`` measured second batches of 210-456 ms against 95-136 ms for the
+    batches after them). The estimate is the mean, not the fastest, of the next ``samples`` batches:
     the follower's work left over from one batch lands in the next one's wall time, so the
     walls of consecutive batches trade time with each other (measured: +-30% per batch at
     n = 16, +-5% at n = 8, their sums steady), and the fastest of several rewards the ``n``
@@ -138,6 +142,8 @@ class GroupTuner:
         self._walls: dict[int, list[float]] = {}
         self._started = False
         self._last_n = self.n  # the n of the batch before the one being observed
+        self._ran: set[int] = set()  # every n a batch has run at (its shapes are compiled)
+        self._skip = 0  # batches still to pass before the current n's walls are samples
         self._settled_at: int | None = None
         self._base = self.n  # the n whose neighbours are being probed
 
@@ -153,6 +159,8 @@ class GroupTuner:
         measured = [(b, bw) for b, bw in links if bw]
         if not self._started:
             self._started = True
+            first = self.n
+            self._ran.add(first)
             if not measured:
                 self.n = 1  # no link time to hide: pipelining only adds overhead
             else:
@@ -163,9 +171,16 @@ class GroupTuner:
                 self.n = rule_groups(b, bw, max(compute, wall - b / bw, 1e-6), self.batch)
             self._walls.clear()
             self._base = self.n
+            self._skip = int(self.n == first)  # the first batch's compile spills into the next
             return self.n
-        changed, self._last_n = self._last_n != self.n, self.n
-        if not changed:  # see the class docstring: a change's first batch is no sample
+        if self._last_n != self.n:  # see the class docstring: a change's first batch, and
+            # the second too where this n is new (its first compiled), are no samples
+            self._skip = 1 if self.n in self._ran else 2
+        self._last_n = self.n
+        self._ran.add(self.n)
+        if self._skip:
+            self._skip -= 1
+        else:
             self._walls.setdefault(self.n, []).append(wall)
         if self._settled_at is not None:
             if len(self.history) - self._settled_at < self.recheck:

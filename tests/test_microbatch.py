@@ -73,9 +73,10 @@ class Pipeline:
         tail += self.rng.uniform(0, self.shift * min(1.0, n / 32)) * self.ideal(n)
         wall = self.ideal(n) - tail + self.leftover
         self.leftover = tail
-        if n not in self.seen:
-            self.seen.add(n)
-            wall += self.compile_s
+        if n not in self.seen:  # the follower's backward compiles after the leader's first
+            self.seen.add(n)     # batch at n ended, so half the compile lands in the second
+            wall += self.compile_s / 2
+            self.leftover += self.compile_s / 2
         return wall * (1 + self.noise * self.rng.exponential())
 
 
@@ -108,10 +109,36 @@ def test_first_batch_after_a_change_is_not_a_sample():
     tuner.observe(wall=1.0, compute=0.5, links=[(4e6, 8e6)])  # rule: ceil(0.5 / 0.5) = 1
     assert tuner.n == 1
     tuner.observe(wall=0.01, compute=0.5)  # the change's first batch: absurdly fast, ignored
+    tuner.observe(wall=3.0, compute=0.5)  # a new n's second: the follower's compile, ignored
     assert 1 not in tuner._walls
     tuner.observe(wall=2.0, compute=0.5)
     tuner.observe(wall=2.0, compute=0.5)
     assert tuner._walls[1] == [2.0, 2.0] and tuner.n == 2  # probing 2n, judged on real samples
+
+
+def test_two_batches_of_a_new_n_are_no_samples_one_of_a_known_n():
+    """The follower compiles a new n's backward after the leader's first batch at it ended, so
+    a new n's first two batches are no samples; going back to an n that ran before (its shapes
+    compiled), only the first is skipped."""
+    tuner = GroupTuner(batch=64, n=4, samples=1)
+    tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: ceil(2 / 1) = 2
+    walls = []
+    for wall in (9.0, 5.0, 1.0):  # at 2: the change's batch, the compile's spill, a sample
+        walls.append(tuner.n)
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner._walls == {2: [1.0]} and tuner.n == 4  # probing 2n = 4 ...
+    tuner.observe(wall=9.0, compute=1.0)  # ... which ran first (compiled): one batch skipped
+    tuner.observe(wall=0.9, compute=1.0)
+    assert tuner._walls[4] == [0.9] and walls == [2, 2, 2]
+
+
+def test_the_first_batch_compile_is_skipped_when_the_rule_keeps_n():
+    tuner = GroupTuner(batch=64, n=2, samples=1)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)]) == 2  # rule keeps n = 2
+    tuner.observe(wall=5.0, compute=1.0)  # the first batch's spill
+    assert 2 not in tuner._walls
+    tuner.observe(wall=1.0, compute=1.0)
+    assert tuner._walls[2] == [1.0]
 
 
 def test_rule_start_counts_compute_the_leader_cannot_see():
@@ -138,10 +165,10 @@ def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
     """Walls of n = 2 trade time batch to batch (mean 1.0); n = 1 is steady at 0.95."""
     tuner = GroupTuner(batch=64, n=4, samples=3)
     tuner.observe(wall=1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: ceil(1 / 1) = 1
-    for wall in (5.0, 0.95, 0.95, 0.95):  # 5.0: the change's first batch, ignored
+    for wall in (5.0, 5.0, 0.95, 0.95, 0.95):  # 5.0: a new n's first two batches, ignored
         tuner.observe(wall=wall, compute=1.0)
     assert tuner.n == 2
-    for wall in (5.0, 0.6, 1.4, 1.0):
+    for wall in (5.0, 5.0, 0.6, 1.4, 1.0):
         tuner.observe(wall=wall, compute=1.0)
     assert tuner._base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
 
