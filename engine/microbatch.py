@@ -114,8 +114,8 @@ class GroupTuner:
        ``tolerance``, so that noise does not flap a settled ``n``. The first search has no such
        margin: its start is the rule's guess, and a margin there kept lucky starts
        (``bench.pipeline`` settled on 3, 2.7% behind 4 in the tuner's samples and 13% behind 8
-       in the timed runs; simulated with 10% noise per batch, the margin about
-       doubled the runs ending more than 10% behind the best n).
+       in the timed runs; ``python -m bench.tuner_noise``, 10% noise per batch: with
+       the margin 7.0% of runs end more than 10% behind the best n, without it 4.2%).
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
     group shape, and it starts while the peers still drain the previous batch (the leader's
@@ -127,7 +127,7 @@ class GroupTuner:
     (``bench.pipeline`` measured second batches of 210-456 ms against 95-136 ms for the
     batches after them). The estimate is the mean, not the fastest, of the next ``samples``
     batches (4: batches on the shared benchmark machine scatter by about 10%, and in the same
-    simulation 4 samples halved the runs ending 10% behind against 3):
+    simulation 4 samples leave 2.6% of runs 10% behind, against 4.2% with 3):
     the follower's work left over from one batch lands in the next one's wall time, so the
     walls of consecutive batches trade time with each other (measured: +-30% per batch at
     n = 16, +-5% at n = 8, their sums steady), and the fastest of several rewards the ``n``

@@ -78,3 +78,17 @@ async def test_schedule_replays_a_traced_run_in_the_simulator():
     assert 0.02 <= makespan < 5.0
     with pytest.raises(RuntimeError, match="no duration"):
         _schedule(trace, wl, 8, bandwidth, latency)  # ops of n = 8 never ran
+
+
+def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
+    import json
+
+    from bench.tuner_noise import main
+
+    assert main(["--runs", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(s["samples"], s["first_search_margin"]) for s in out["settings"]] == \
+        [(3, True), (3, False), (4, False), (5, False)]
+    for s in out["settings"]:
+        assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= 1
+        assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
