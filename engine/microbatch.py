@@ -155,6 +155,12 @@ class GroupTuner:
         self._settled_at: int | None = None
         self._base = self.n  # the n whose neighbours are being probed
 
+    @property
+    def best(self) -> int:
+        """The fastest ``n`` known so far: the settled one, or while the tuner still probes,
+        the base whose neighbours it is trying (``n`` itself may be a probe on trial)."""
+        return self.n if self._settled_at is not None else self._base
+
     def _mean(self, n: int) -> float | None:
         """The wall time of ``n``: the mean of its last ``samples`` samples, once it has that
         many (the first batch after a change is never one; see the class docstring)."""

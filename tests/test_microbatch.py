@@ -278,3 +278,20 @@ def test_the_first_search_takes_any_faster_n_a_settled_one_only_beyond_the_toler
     for _ in range(6):
         tuner.observe(wall=walls[4], compute=1.0)
     assert settle() == 8
+
+
+def test_best_is_the_base_while_a_neighbour_is_on_trial():
+    tuner = GroupTuner(batch=64, n=4, samples=1)
+    tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: n = 2
+    for wall in (9.0, 9.0, 1.0):  # 2's compile batches, then its sample
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner.n == 4 and tuner.best == 2  # 4 is on trial; 2 is the fastest known
+    for wall in (9.0, 0.8):  # 4 ran first (compiled): one batch skipped, then faster
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner.n == 1 and tuner.best == 2  # both neighbours are measured before a move
+    for wall in (9.0, 9.0, 1.2):
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner.n == 8 and tuner.best == 2  # 4n on trial too (2n was not slower)
+    for wall in (9.0, 9.0, 0.9):
+        tuner.observe(wall=wall, compute=1.0)
+    assert tuner.best == tuner.n == 4  # moved to the fastest, 4

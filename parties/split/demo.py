@@ -89,16 +89,18 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
                     task, completed=i, loss=f"{loss:.4f}"))
                 bar.update(task, loss=f"{hist[-1].loss:.4f}  n={leader.n_groups}")
         metrics = await leader.evaluate("test")
+        # the tuner may still be trying a neighbour after a short run: time its best n so far
+        tuned = leader.tuner.best if groups == "auto" else leader.n_groups
         result.update(test_accuracy=metrics["accuracy"], test_auc=metrics["auc"],
                       test_loss=metrics["loss"], train_loss=leader.history[-1].loss,
-                      n_groups=leader.n_groups, epochs=epochs)
+                      n_groups=tuned, tuner_settled=leader.tuner._settled_at is not None,
+                      epochs=epochs)
         # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);
         # each timing starts with both parties idle and ends when BOTH finished the last batch
         # (the leader's run_batch returns before the follower's last backward and update)
         idx_list = epoch_batches(len(data.labels["train"]), batch_size, 0, seed)[:timing_batches]
         timings, traces = {}, {}
-        for label, n, policy in (("sequential", 1, "fifo"), ("pipelined", leader.n_groups,
-                                                              "priority")):
+        for label, n, policy in (("sequential", 1, "fifo"), ("pipelined", tuned, "priority")):
             tr = Trace()
             for party in (leader, follower):
                 party.trace, party.config.policy = tr, policy
