@@ -11,6 +11,17 @@ from transports import MemoryNetwork, codec
 from transports.base import Frame
 
 
+def shaped_pair(tx: float):
+    """Endpoints ``a`` and ``b`` of a `MemoryNetwork` whose ``a -> b`` direction carries the
+    returned frame in ``tx`` seconds."""
+    net = MemoryNetwork()
+    a, b = net.endpoint("a"), net.endpoint("b")
+    frame = Frame(meta={"m": 0}, arrays=(np.zeros(1000, np.float32),))
+    size = codec.encoded_size(frame.replace(sender="a", channel="c", msg_id=0))
+    net.shape("a", "b", bandwidth=size / tx)
+    return a, b, frame
+
+
 @pytest.mark.parametrize("late", [0.0, 0.002])
 def test_back_to_back_frames_take_bytes_over_bandwidth_however_late_the_timers(monkeypatch, late):
     real_sleep = asyncio.sleep
@@ -22,11 +33,7 @@ def test_back_to_back_frames_take_bytes_over_bandwidth_however_late_the_timers(m
     frames, tx = 10, 0.01
 
     async def main():
-        net = MemoryNetwork()
-        a, b = net.endpoint("a"), net.endpoint("b")
-        frame = Frame(meta={"m": 0}, arrays=(np.zeros(1000, np.float32),))
-        size = codec.encoded_size(frame.replace(sender="a", channel="c", msg_id=0))
-        net.shape("a", "b", bandwidth=size / tx)
+        a, b, frame = shaped_pair(tx)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         for _ in range(frames):
@@ -49,11 +56,7 @@ def test_frames_waiting_for_the_wire_follow_each_other_however_late_the_loop():
     frames, tx, hog = 6, 0.01, 0.004
 
     async def main():
-        net = MemoryNetwork()
-        a, b = net.endpoint("a"), net.endpoint("b")
-        frame = Frame(meta={"m": 0}, arrays=(np.zeros(1000, np.float32),))
-        size = codec.encoded_size(frame.replace(sender="a", channel="c", msg_id=0))
-        net.shape("a", "b", bandwidth=size / tx)
+        a, b, frame = shaped_pair(tx)
         loop = asyncio.get_running_loop()
         arrived = []
 
