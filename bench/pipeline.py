@@ -253,9 +253,9 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             tuner = wl.leader.tuner
             for epoch in range(cfg.tune_epochs):
                 await wl.run_auto_epoch()
-                if tuner._settled_at is not None:
+                if tuner.settled:
                     break
-            settled = tuner._settled_at is not None
+            settled = tuner.settled
             log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
                 f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
 

@@ -35,13 +35,12 @@ def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
     rng = np.random.default_rng(seed)
     tuner = GroupTuner(batch=2048, n=start, samples=samples)
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
-    tuner._ran.add(start)
     tuner._settled_once = first_margin  # True: the first search already needs the margin
     for _ in range(limit):
         spike = 1.3 if rng.random() < 0.05 else 1.0
         tuner.observe(wall=curve(tuner.n) * (1 + noise * rng.standard_normal()) * spike / 1e3,
                       compute=0.0)
-        if tuner._settled_at is not None:
+        if tuner.settled:
             break
     return tuner.n, len(tuner.history)
 

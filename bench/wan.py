@@ -624,9 +624,9 @@ async def leader_main(args: argparse.Namespace) -> int:
                 wall = (await lead.phase("priority", lead.auto()))[0]
                 _log("leader", f"tuning epoch {e + 1}/{args.tune_epochs}: {wall:.3f} s, "
                                f"n path {[h['n'] for h in tuner.history]}")
-                if tuner._settled_at is not None:
+                if tuner.settled:
                     break
-            settled = tuner._settled_at is not None
+            settled = tuner.settled
             _log("leader", f"tuner {'settled' if settled else 'NOT settled'} at "
                            f"n={party.n_groups}: {[h['n'] for h in tuner.history]}")
             # 5. timed rounds, interleaved

@@ -149,17 +149,21 @@ class GroupTuner:
         self._walls: dict[int, list[float]] = {}
         self._started = False
         self._last_n = self.n  # the n of the batch before the one being observed
-        self._ran: set[int] = set()  # every n a batch has run at (its shapes are compiled)
         self._skip = 0  # batches still to pass before the current n's walls are samples
         self._settled_once = False
         self._settled_at: int | None = None
         self._base = self.n  # the n whose neighbours are being probed
 
     @property
+    def settled(self) -> bool:
+        """Whether the search has settled (until the next re-check)."""
+        return self._settled_at is not None
+
+    @property
     def best(self) -> int:
         """The fastest ``n`` known so far: the settled one, or while the tuner still probes,
         the base whose neighbours it is trying (``n`` itself may be a probe on trial)."""
-        return self.n if self._settled_at is not None else self._base
+        return self.n if self.settled else self._base
 
     def _mean(self, n: int) -> float | None:
         """The wall time of ``n``: the mean of its last ``samples`` samples, once it has that
@@ -174,7 +178,6 @@ class GroupTuner:
         if not self._started:
             self._started = True
             first = self.n
-            self._ran.add(first)
             if not measured:
                 self.n = 1  # no link time to hide: pipelining only adds overhead
             else:
@@ -189,9 +192,9 @@ class GroupTuner:
             return self.n
         if self._last_n != self.n:  # see the class docstring: a change's first batch, and
             # the second too where this n is new (its first compiled), are no samples
-            self._skip = 1 if self.n in self._ran else 2
+            ran = any(h["n"] == self.n for h in self.history[:-1])  # its shapes compiled
+            self._skip = 1 if ran else 2
         self._last_n = self.n
-        self._ran.add(self.n)
         if self._skip:
             self._skip -= 1
         else:

@@ -93,7 +93,7 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
         tuned = leader.tuner.best if groups == "auto" else leader.n_groups
         result.update(test_accuracy=metrics["accuracy"], test_auc=metrics["auc"],
                       test_loss=metrics["loss"], train_loss=leader.history[-1].loss,
-                      n_groups=tuned, tuner_settled=leader.tuner._settled_at is not None,
+                      n_groups=tuned, tuner_settled=leader.tuner.settled,
                       epochs=epochs)
         # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);
         # each timing starts with both parties idle and ends when BOTH finished the last batch
