@@ -92,3 +92,60 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
+
+
+def test_balance_splits_each_batch_into_parts_that_add_up():
+    """`bench.balance.batch_parts` on a hand-made trace of two batches: each batch starts where
+    the previous update on A ended, and its parts sum to its length."""
+    from bench.balance import PARTS, batch_parts
+    from engine.trace import Trace, TraceEvent
+
+    ms = 1e-3
+    tr = Trace()
+    for t0 in (0.0, 12 * ms):  # two identical 12 ms batches
+        for party, lane, name, start, end in [
+                ("A", "compute", "F(bottom,0)", 0, 1), ("A", "send->B", "S(act,0)", 1, 3),
+                ("A", "send->B", "S(act,1)", 3, 5), ("B", "compute", "L(top,0)", 4, 4.5),
+                ("B", "send->A", "S(grad,0)", 5, 7), ("B", "send->A", "S(grad,1)", 8, 9),
+                ("A", "compute", "B(bottom,0)", 10, 11), ("A", "compute", "U(bottom)", 11, 12)]:
+            tr.add(TraceEvent(party, lane, name, 0, t0 + start * ms, t0 + end * ms))
+    parts = batch_parts(tr)
+    assert len(parts) == 2
+    for p in parts:
+        assert p == pytest.approx({"fill_ms": 1, "grad_start_ms": 4, "grad_link_ms": 3,
+                                   "grad_gaps_ms": 1, "drain_ms": 3, "batch_ms": 12})
+        assert sum(p[k] for k in PARTS) == pytest.approx(p["batch_ms"])
+    with pytest.raises(ValueError, match="no update on A"):
+        batch_parts(Trace())
+
+
+@pytest.mark.slow
+async def test_balance_benchmark_tiny(tmp_path):
+    """`bench.balance` end to end on a tiny model: a row per ratio, finite efficiencies, and
+    the medians of the parts close to the median batch."""
+    from bench.balance import PARTS, BalanceConfig, measure_balance
+
+    cfg = BalanceConfig(batch_size=32, batches=2, repeats=2, n_groups=4, chunks=2,
+                        ratios=(1.0, 2.0), calibration=1, d_in=8, hidden=(16,), cut=8,
+                        top_hidden=(4,))
+    plot = tmp_path / "balance.png"
+    result = await measure_balance(cfg, log=lambda msg: None, plot=str(plot))
+    assert set(result["ratios"]) == {"1", "2"}
+    assert result["n_groups"] == 4 and result["chunks"] == 2
+    for row in result["ratios"].values():
+        assert math.isfinite(row["efficiency"]) and row["efficiency"] > 0
+        assert len(row["efficiency_runs"]) == cfg.repeats
+        assert all(row[k] >= 0 for k in PARTS) and row["batch_ms"] > 0
+    slow, fast = result["ratios"]["2"], result["ratios"]["1"]
+    assert slow["link_per_batch_ms"] == pytest.approx(2 * fast["link_per_batch_ms"])
+    assert plot.stat().st_size > 0
+
+
+def test_balance_rejects_a_bad_config():
+    from bench.balance import BalanceConfig
+    from engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="ratios"):
+        BalanceConfig(ratios=(1.0, 0.0))
+    with pytest.raises(ConfigError, match="n_groups"):
+        BalanceConfig(batch_size=4, n_groups=5)

@@ -1,0 +1,208 @@
+"""Efficiency against the balance of link and compute: where a pipelined batch's time goes.
+
+``python -m bench.balance --json`` prints ONE JSON line (progress goes to stderr).
+
+`bench.pipeline` shapes its link to the *sequential* compute time, so the pipelined run lands
+wherever the pipelined compute happens to fall against it (0.9-1.5 times the link on the 2-core
+machine). This benchmark puts it where a pipeline is weakest, on purpose: the workload of
+`bench.pipeline` at a fixed ``n`` and ``chunks``; party A's compute per batch is measured in
+pipelined runs at that ``n`` on an unshaped link (its compute-lane busy seconds); then for each
+``ratio`` the link is shaped so that one direction carries a batch's cut-layer tensor in
+``ratio`` times that compute. At ratio 1 the compute lane, the activation link and the gradient
+link all have the same work, and a batch can finish no sooner than each of them allows.
+
+Reported per ratio (``ratios``, keyed by the ratio as a string):
+
+* ``efficiency``: the median over ``repeats`` timed runs of bound / time, where the bound is
+  `bench.pipeline`'s (each party's compute-lane busy seconds, each direction's bytes /
+  bandwidth, from the run's own `Trace`);
+* ``batch_ms`` and its parts, medians over every timed batch, read from the trace. A batch
+  starts when the previous one's update on A ended (the first event, for a run's first batch)
+  and ends when its own update on A ends. Exactly
+  ``batch_ms = fill_ms + grad_start_ms + grad_link_ms + grad_gaps_ms + drain_ms`` per batch:
+
+  - ``fill_ms``: until the activation link starts (A's first forward, the first frame's hand-off);
+  - ``grad_start_ms``: from the activation link's start to the gradient link's (the first part's
+    transfer and latency, the first loss step);
+  - ``grad_link_ms``: the gradient link's busy time (a batch's gradient bytes / bandwidth);
+  - ``grad_gaps_ms``: the gradient link's idle time between its first and last transfer (a
+    loss step that started late: the link cannot catch up, since the activations reach the loss
+    party no faster than the gradients leave it);
+  - ``drain_ms``: from the last gradient's arrival to the end of A's update (A's last backward
+    and the update).
+
+  What is not ``grad_link_ms`` is what the batch spends beyond its busiest link.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+from typing import Any, Callable
+
+from engine.affinity import colocate_python_threads
+from engine.errors import ConfigError
+from engine.lanes import ThreadLane
+from engine.trace import Trace, TraceEvent, plot_gantt
+
+from .pipeline import A, B, Workload, _bound, _run
+
+PARTS = ("fill_ms", "grad_start_ms", "grad_link_ms", "grad_gaps_ms", "drain_ms")
+
+
+@dataclasses.dataclass
+class BalanceConfig:
+    """Sizes of the benchmark (the model is `bench.pipeline`'s). About 30 s on 2 cores."""
+
+    batch_size: int = 2048
+    batches: int = 3                    # batches per timed run
+    repeats: int = 5                    # timed runs per ratio
+    n_groups: int = 8
+    chunks: int = 4
+    ratios: tuple[float, ...] = (0.8, 1.0, 1.25)
+    calibration: int = 3                # unshaped pipelined runs measuring A's compute
+    d_in: int = 512
+    hidden: tuple[int, ...] = (1024,)
+    cut: int = 512
+    top_hidden: tuple[int, ...] = (32,)
+    latency: float = 0.001
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.batch_size, self.batches, self.repeats, self.calibration) < 1:
+            raise ConfigError("batch_size, batches, repeats and calibration must be >= 1")
+        if not 1 <= self.n_groups <= self.batch_size:
+            raise ConfigError(f"n_groups must be in [1, batch_size={self.batch_size}], "
+                              f"got {self.n_groups}")
+        if not self.ratios or any(not r > 0 for r in self.ratios):
+            raise ConfigError(f"ratios must be positive link/compute ratios, got {self.ratios}")
+
+
+def _log(msg: str) -> None:
+    print(f"[bench.balance] {msg}", file=sys.stderr, flush=True)
+
+
+def _lane(events: list[TraceEvent], party: str, lane: str) -> list[TraceEvent]:
+    return sorted((e for e in events if e.party == party and e.lane == lane),
+                  key=lambda e: e.start)
+
+
+def batch_parts(trace: Trace) -> list[dict[str, float]]:
+    """The parts of each batch of a traced run on the two-party workload (module docstring), in
+    milliseconds. Raises `ValueError` for a trace with no update on A or a batch that sent
+    nothing."""
+    updates = [e for e in _lane(trace.events, A, "compute") if e.name.startswith("U")]
+    if not updates:
+        raise ValueError("the trace holds no update on A: was it a training run?")
+    start = min(e.start for e in trace.events)
+    out = []
+    for update in updates:
+        end = update.end
+        inside = [e for e in trace.events if e.start >= start and e.end <= end]
+        acts, grads = _lane(inside, A, f"send->{B}"), _lane(inside, B, f"send->{A}")
+        if not acts or not grads:
+            raise ValueError(f"a batch ending at {end - start:.4f} s sent no activations or "
+                             "no gradients")
+        busy = sum(e.end - e.start for e in grads)
+        span = max(e.end for e in grads) - grads[0].start
+        parts = {"fill_ms": acts[0].start - start, "grad_start_ms": grads[0].start - acts[0].start,
+                 "grad_link_ms": busy, "grad_gaps_ms": span - busy,
+                 "drain_ms": end - max(e.end for e in grads), "batch_ms": end - start}
+        out.append({k: v * 1e3 for k, v in parts.items()})
+        start = end
+    return out
+
+
+async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _log,
+                          plot: str | None = None) -> dict[str, Any]:
+    wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
+                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed,
+                  chunks=cfg.chunks)
+    n, out = cfg.n_groups, {}
+    link_bytes = cfg.batch_size * cfg.cut * 4
+
+    async def drive() -> None:
+        idx = wl.batch_indices(cfg.batches)
+        async with ThreadLane("bench-leader") as lane:
+            wl.set(policy="priority", trace=None)
+            await wl.run_fixed(lane, n, idx)  # compile
+            per_batch = []
+            for _ in range(cfg.calibration):
+                tr = Trace()
+                wl.set(policy="priority", trace=tr)
+                await wl.run_fixed(lane, n, idx)
+                per_batch.append(tr.busy(A) / cfg.batches)
+            compute = statistics.median(per_batch)
+            log(f"A's compute per batch at n={n}, chunks={cfg.chunks}: {compute * 1e3:.1f} ms")
+            out.update(compute_A_per_batch_s=compute, n_groups=n, chunks=cfg.chunks,
+                       batch_size=cfg.batch_size, ratios={})
+            gantt = None
+            for ratio in cfg.ratios:
+                bandwidth = link_bytes / (compute * ratio)
+                wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
+                wl.set(policy="priority", trace=None)
+                await wl.run_fixed(lane, n, idx)  # the first run on a new link: untimed
+                effs, parts = [], []
+                for _ in range(cfg.repeats):
+                    tr = Trace()
+                    wl.set(policy="priority", trace=tr)
+                    wall = await wl.run_fixed(lane, n, idx)
+                    effs.append(_bound(tr, bandwidth)[0] / wall)
+                    parts += batch_parts(tr)
+                    if ratio == 1.0 and gantt is None:
+                        gantt = tr
+                row = {"efficiency": statistics.median(effs),
+                       "efficiency_runs": [round(e, 3) for e in effs],
+                       "link_per_batch_ms": link_bytes / bandwidth * 1e3,
+                       **{k: statistics.median(p[k] for p in parts)
+                          for k in ("batch_ms", *PARTS)}}
+                out["ratios"][f"{ratio:g}"] = row
+                log(f"ratio {ratio:g}: efficiency {row['efficiency']:.3f}, batch "
+                    f"{row['batch_ms']:.1f} ms = " + " + ".join(
+                        f"{k[:-3]} {row[k]:.1f}" for k in PARTS))
+            if plot and gantt is not None:
+                plot_gantt([(f"n={n}, chunks={cfg.chunks}, link = A's compute", gantt)], plot)
+                out["plot"] = plot
+        wl.set(policy="priority", trace=None)
+        await wl.leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(wl.follower.serve())
+        tg.create_task(drive())
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
+    ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG of a run at ratio 1")
+    ap.add_argument("--n-groups", type=int, default=BalanceConfig.n_groups)
+    ap.add_argument("--chunks", type=int, default=BalanceConfig.chunks)
+    ap.add_argument("--batch-size", type=int, default=BalanceConfig.batch_size)
+    ap.add_argument("--repeats", type=int, default=BalanceConfig.repeats)
+    ap.add_argument("--ratios", default=",".join(f"{r:g}" for r in BalanceConfig.ratios),
+                    help="link time / A's compute time per batch, comma-separated")
+    args = ap.parse_args(argv)
+    try:
+        ratios = tuple(float(r) for r in args.ratios.split(","))
+    except ValueError:
+        ap.error(f"--ratios takes comma-separated numbers such as 0.8,1,1.25; got {args.ratios!r}")
+    cfg = BalanceConfig(n_groups=args.n_groups, chunks=args.chunks, batch_size=args.batch_size,
+                        repeats=args.repeats, ratios=ratios)
+    colocate_python_threads()  # as `tandem` and bench.pipeline do
+    result = _run(measure_balance(cfg, plot=args.plot))
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for ratio, row in result["ratios"].items():
+            print(f"ratio {ratio}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                                                   for k, v in row.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
