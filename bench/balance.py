@@ -140,7 +140,7 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
             log(f"A's compute per batch at n={n}, chunks={cfg.chunks}: {compute * 1e3:.1f} ms")
             out.update(compute_A_per_batch_s=compute, n_groups=n, chunks=cfg.chunks,
                        batch_size=cfg.batch_size, ratios={})
-            gantt = None
+            gantt, drawn = None, min(cfg.ratios, key=lambda r: abs(r - 1))  # the plot's ratio
             for ratio in cfg.ratios:
                 bandwidth = link_bytes / (compute * ratio)
                 wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
@@ -153,7 +153,7 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
                     wall = await wl.run_fixed(lane, n, idx)
                     effs.append(_bound(tr, bandwidth)[0] / wall)
                     parts += batch_parts(tr)
-                    if ratio == 1.0 and gantt is None:
+                    if ratio == drawn and gantt is None:
                         gantt = tr
                 row = {"efficiency": statistics.median(effs),
                        "efficiency_runs": [round(e, 3) for e in effs],
@@ -165,7 +165,8 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
                     f"{row['batch_ms']:.1f} ms = " + " + ".join(
                         f"{k[:-3]} {row[k]:.1f}" for k in PARTS))
             if plot and gantt is not None:
-                plot_gantt([(f"n={n}, chunks={cfg.chunks}, link = A's compute", gantt)], plot)
+                plot_gantt([(f"n={n}, chunks={cfg.chunks}, link = {drawn:g} x A's compute", gantt)],
+                           plot)
                 out["plot"] = plot
         wl.set(policy="priority", trace=None)
         await wl.leader.stop()
@@ -179,7 +180,7 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
-    ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG of a run at ratio 1")
+    ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG of a run at the ratio nearest 1")
     ap.add_argument("--n-groups", type=int, default=BalanceConfig.n_groups)
     ap.add_argument("--chunks", type=int, default=BalanceConfig.chunks)
     ap.add_argument("--batch-size", type=int, default=BalanceConfig.batch_size)
