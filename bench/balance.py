@@ -49,28 +49,29 @@ from engine.errors import ConfigError
 from engine.lanes import ThreadLane
 from engine.trace import Trace, TraceEvent, plot_gantt
 
-from .pipeline import A, B, Workload, _bound, _run
+from .pipeline import A, B, BenchConfig, Workload, _bound, _run
 
 PARTS = ("fill_ms", "grad_start_ms", "grad_link_ms", "grad_gaps_ms", "drain_ms")
 
 
 @dataclasses.dataclass
 class BalanceConfig:
-    """Sizes of the benchmark (the model is `bench.pipeline`'s). About 30 s on 2 cores."""
+    """Sizes of the benchmark; the model, latency and seed default to `BenchConfig`'s (one
+    source for the workload both benchmarks share). About 12 s on 2 cores."""
 
-    batch_size: int = 2048
-    batches: int = 3                    # batches per timed run
+    batch_size: int = BenchConfig.batch_size
+    batches: int = BenchConfig.batches  # batches per timed run
     repeats: int = 5                    # timed runs per ratio
     n_groups: int = 8
-    chunks: int = 4
+    chunks: int = BenchConfig.chunks
     ratios: tuple[float, ...] = (0.8, 1.0, 1.25)
     calibration: int = 3                # unshaped pipelined runs measuring A's compute
-    d_in: int = 512
-    hidden: tuple[int, ...] = (1024,)
-    cut: int = 512
-    top_hidden: tuple[int, ...] = (32,)
-    latency: float = 0.001
-    seed: int = 0
+    d_in: int = BenchConfig.d_in
+    hidden: tuple[int, ...] = BenchConfig.hidden
+    cut: int = BenchConfig.cut
+    top_hidden: tuple[int, ...] = BenchConfig.top_hidden
+    latency: float = BenchConfig.latency
+    seed: int = BenchConfig.seed
 
     def __post_init__(self) -> None:
         if min(self.batch_size, self.batches, self.repeats, self.calibration) < 1:
