@@ -7,7 +7,8 @@ The wall time per batch follows a measured curve (``bench.pipeline``'s fixed-n s
 interpolated in log n), times ``1 + noise * N(0, 1)``, and 5% of batches are 30% slower (a
 load spike). The tuner starts where the method's rule put it in those runs (n = 3). For each
 setting (samples per n; whether the first search already demands the ``tolerance`` margin, as
-before it was dropped), ``runs`` seeded runs report: the fraction settling more than 5% and
+before it was dropped; whether ties go to the larger n, ``GroupTuner.prefer_larger``, the
+default since the ninth pass), ``runs`` seeded runs report: the fraction settling more than 5% and
 10% behind the best n, the mean of best / settled time, and the batches until settling.
 """
 
@@ -30,10 +31,10 @@ def curve(n: int) -> float:
 
 
 def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
-           start: int = 3, limit: int = 400) -> tuple[int, int]:
+           start: int = 3, limit: int = 400, prefer_larger: bool = True) -> tuple[int, int]:
     """(settled n, batches observed) of one seeded run."""
     rng = np.random.default_rng(seed)
-    tuner = GroupTuner(batch=2048, n=start, samples=samples)
+    tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger)
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
     tuner._settled_once = first_margin  # True: the first search already needs the margin
     for _ in range(limit):
@@ -52,12 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     best = min(curve(n) for n in range(1, 65))
     out: dict = {"runs": args.runs, "noise": args.noise, "settings": []}
-    for samples, first_margin in ((3, True), (3, False), (4, False), (5, False)):
-        results = [settle(s, samples=samples, first_margin=first_margin, noise=args.noise)
-                   for s in range(args.runs)]
+    for samples, first_margin, larger in ((3, True, False), (3, False, False), (4, False, False),
+                                          (5, False, False), (4, False, True)):
+        results = [settle(s, samples=samples, first_margin=first_margin, noise=args.noise,
+                          prefer_larger=larger) for s in range(args.runs)]
         ratio = np.array([best / curve(n) for n, _ in results])
         out["settings"].append({
-            "samples": samples, "first_search_margin": first_margin,
+            "samples": samples, "first_search_margin": first_margin, "prefer_larger": larger,
             "behind_5pct": round(float((ratio < 1 / 1.05).mean()), 4),
             "behind_10pct": round(float((ratio < 1 / 1.10).mean()), 4),
             "mean_best_over_settled": round(float(ratio.mean()), 4),

@@ -87,8 +87,10 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
 
     assert main(["--runs", "20"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [(s["samples"], s["first_search_margin"]) for s in out["settings"]] == \
-        [(3, True), (3, False), (4, False), (5, False)]
+    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"])
+            for s in out["settings"]] == \
+        [(3, True, False), (3, False, False), (4, False, False), (5, False, False),
+         (4, False, True)]
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
