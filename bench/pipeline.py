@@ -7,7 +7,8 @@ features; party ``B`` holds a small top MLP, the labels and the loss). Compute p
 measured first on an unshaped link (warm-up batches, n = 1), then both directions of the
 ``A <-> B`` link are shaped so that one direction carries a batch's cut-layer tensor
 (``batch x cut x 4`` bytes) in the measured compute time per batch (both parties, summed):
-link time per direction ~= compute time per batch, on whatever machine runs it.
+link time per direction ~= compute time per batch, on whatever machine runs it
+(``--link-ratio r`` makes it ``r`` times that).
 
 Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
 ends when *both* parties have finished their last batch):
@@ -89,6 +90,7 @@ class BenchConfig:
     top_hidden: tuple[int, ...] = (32,)
     chunks: int = 4                   # messages per group in the pipelined runs
     latency: float = 0.001
+    link_ratio: float = 1.0           # link time per batch / measured compute per batch
     warmup: int = 3                   # unshaped warm-up batches that measure compute
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tune_epochs: int = 20             # most epochs of `fit` waiting for the tuner to settle
@@ -102,6 +104,9 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.batches < 1 or self.repeats < 1:
             raise ConfigError("batch_size, batches and repeats must be >= 1")
+        if not (self.link_ratio > 0 and math.isfinite(self.link_ratio)):
+            raise ConfigError(f"link_ratio must be a positive number (link time per batch / "
+                              f"compute time per batch), got {self.link_ratio!r}")
         if not 1 <= self.overhead_groups <= self.overhead_batch:
             raise ConfigError("overhead_groups must be in [1, overhead_batch]")
 
@@ -231,7 +236,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 per_batch.append(tr.busy(A) + tr.busy(B))
             compute = statistics.median(per_batch)
             link_bytes = cfg.batch_size * cfg.cut * 4
-            bandwidth = link_bytes / compute
+            bandwidth = link_bytes / (compute * cfg.link_ratio)
             wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
             log(f"compute/batch {compute * 1e3:.1f} ms -> bandwidth {bandwidth / 1e6:.2f} MB/s "
                 f"({link_bytes} B per direction per batch)")
@@ -240,6 +245,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 "repeats": cfg.repeats, "d_in": cfg.d_in, "hidden": list(cfg.hidden),
                 "cut": cfg.cut, "top_hidden": list(cfg.top_hidden), "chunks": cfg.chunks,
                 "compute_per_batch_s": compute, "cut_bytes_per_batch": link_bytes,
+                "link_ratio": cfg.link_ratio,
                 "link_per_batch_s": link_bytes / bandwidth}
             out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
 
@@ -529,9 +535,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=BenchConfig.seed)
     ap.add_argument("--chunks", type=int, default=BenchConfig.chunks,
                     help="messages per group in the pipelined runs (1: whole groups)")
+    ap.add_argument("--link-ratio", type=float, default=BenchConfig.link_ratio,
+                    help="link time per batch as a multiple of the measured compute per batch "
+                         "(1: the balance; above 1 the link binds)")
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
-                      seed=args.seed, chunks=args.chunks)
+                      seed=args.seed, chunks=args.chunks, link_ratio=args.link_ratio)
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

@@ -151,3 +151,12 @@ def test_balance_rejects_a_bad_config():
         BalanceConfig(ratios=(1.0, 0.0))
     with pytest.raises(ConfigError, match="n_groups"):
         BalanceConfig(batch_size=4, n_groups=5)
+
+
+def test_pipeline_benchmark_rejects_a_bad_link_ratio():
+    from bench.pipeline import BenchConfig
+    from engine.errors import ConfigError
+
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="link_ratio"):
+            BenchConfig(link_ratio=bad)
