@@ -123,9 +123,9 @@ class GroupTuner:
        near the optimum the larger has the shorter fill and drain (smaller end groups, a
        smaller last part on the gradient link), which is what a batch the link binds waits
        for. Measured: of 86 recorded ``bench.pipeline`` runs the tuner settled on 6 in 26, and
-       in 23 of those the timed sweep found a larger n faster (8 in 22; median 4%); in
-       ``python -m bench.tuner_noise`` the share of runs settling more than 5% behind the
-       best ``n`` falls from 14% to 10%.
+       in 23 of those the timed sweep was faster at another n (8 in 21, 16 in one; median
+       4%); in ``python -m bench.tuner_noise`` the share of runs settling more than 5% behind
+       the best ``n`` falls from 14% to 10%.
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
     group shape, and it starts while the peers still drain the previous batch (the leader's
