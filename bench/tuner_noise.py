@@ -8,8 +8,8 @@ interpolated in log n), times ``1 + noise * N(0, 1)``, and 5% of batches are 30%
 load spike). The tuner starts where the method's rule put it in those runs (n = 3). For each
 setting (samples per n; whether the first search already demands the ``tolerance`` margin, as
 before it was dropped; whether ties go to the larger n, ``GroupTuner.prefer_larger``, the
-default since the ninth pass), ``runs`` seeded runs report: the fraction settling more than 5% and
-10% behind the best n, the mean of best / settled time, and the batches until settling.
+default since the ninth pass), ``runs`` seeded runs report: the fraction settling more than 5%
+and 10% behind the best n, the mean of best / settled time, and the batches until settling.
 """
 
 from __future__ import annotations
