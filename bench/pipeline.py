@@ -16,7 +16,8 @@ ends when *both* parties have finished their last batch):
 * ``sequential_s``: n = 1 with the FIFO policy on both parties (no pipelining, no priorities).
 * ``pipelined_s``: the priority policy with the automatic group count: ``SplitParty.fit``
   with ``groups="auto"`` (the `engine.microbatch.GroupTuner` re-tunes between batches) is run
-  until the tuner settles, then timed over the same number of batches.
+  until the tuner settles (one ``fit`` call, epochs back to back, as a user trains), then timed
+  over the same number of batches.
 * ``bound_s``: a lower bound on the pipelined time, measured from the pipelined run's `Trace`:
   ``max(busy(A compute), busy(B compute), bytes(send->B)/bandwidth, bytes(send->A)/bandwidth)``
   where ``busy`` sums the durations of a party's compute-lane events and ``bytes`` sums the
@@ -255,12 +256,19 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             for n in ns:
                 await wl.run_fixed(lane, n, idx_list[:1])
 
-            # 3. auto: let the tuner settle (fit re-tunes between full batches)
+            # 3. auto: let the tuner settle (fit re-tunes between full batches). One `fit` call,
+            #    as a user trains: no pause between epochs, so every batch's wall carries the
+            #    previous batch's leftover work. A pause for the follower every 3 batches made
+            #    the batch after it ~7% faster than the two others, which biased the tuner's
+            #    4-batch means by up to 4% depending on where a probe began
+            #    (docs/pipeline-bench.md, "Ninth pass").
             tuner = wl.leader.tuner
-            for epoch in range(cfg.tune_epochs):
-                await wl.run_auto_epoch()
-                if tuner.settled:
-                    break
+
+            async def until_settled(epoch: int, done: int) -> bool:
+                return tuner.settled
+
+            await wl.leader.fit(cfg.tune_epochs, after_batch=until_settled)
+            await wl.synced()
             settled = tuner.settled
             log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
                 f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
