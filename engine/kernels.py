@@ -24,6 +24,13 @@ the tensors it must send: a ``float(loss)`` or an extra ``accumulate`` call per 
 a device round trip each (a stall on a GPU; on a CPU, where the calling thread gives up Python's
 lock around it, a chance for every other thread to take it).
 
+**Donation.** ``update`` takes ownership of its ``params`` and ``opt_state`` and ``backward`` and
+``loss_step`` of their ``acc`` (``donate_argnums``): XLA writes the results into those buffers
+instead of allocating new ones. A 1M-parameter Adam update measured 0.74 ms instead of 1.88 ms
+(90th percentile 0.9 against 4.5 ms) on the 2-core CPU machine, and the update sits on every
+batch's critical path. The arrays passed in are deleted by the call: keep a copy of anything
+you still need (`engine.stages.StageHandler` copies the parameters it is given).
+
 Each kernel counts its traces (``kernels.traces[name]``), so a test can prove that micro-batches
 of equal shape never retrace.
 """
@@ -173,10 +180,10 @@ class StageKernels:
             return optax.apply_updates(params, updates), opt_state
 
         self.forward = jax.jit(forward)
-        self.backward = jax.jit(backward)
+        self.backward = jax.jit(backward, donate_argnums=(2,))  # acc (module docstring)
         self.predict = jax.jit(predict)
         self.zeros = jax.jit(zeros)
-        self.update = jax.jit(update)
+        self.update = jax.jit(update, donate_argnums=(0, 1))  # params, opt_state
         self.init_opt = optimizer.init
         if loss is not None:
             def loss_step(params, acc, loss_acc, labels, scale, *xs):
@@ -193,7 +200,7 @@ class StageKernels:
                     params, *dxs)
                 return _add(acc, grads[0]), loss_acc + value, logits, spread(grads[1:])
 
-            self.loss_step = jax.jit(loss_step)
+            self.loss_step = jax.jit(loss_step, donate_argnums=(1,))  # acc
 
 
 def _add(acc, grads):

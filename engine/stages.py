@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -59,7 +60,11 @@ class StageHandler:
             params = {}
             for i, s in enumerate(sorted(self.stages)):
                 params[s] = self.models[s].init(jax.random.fold_in(key, _stable_hash(s)))
-        self.params: dict[str, Any] = dict(params)
+        # copied: the update kernel donates the parameters it is given (`engine.kernels`), and
+        # the caller's arrays (often a template shared with another party or a reference run)
+        # must outlive it
+        self.params: dict[str, Any] = {s: jax.tree_util.tree_map(jnp.array, p)
+                                       for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)

@@ -439,7 +439,13 @@ class SplitParty:
 
     @property
     def params(self) -> dict[str, Any]:
-        return self.handler.params
+        """A copy of this party's stage parameters (stage name -> pytree). A copy, because the
+        update kernel takes over the engine's own arrays (`engine.kernels`, "Donation"): a
+        reference kept across a batch would be deleted by the next update."""
+        import jax
+        import jax.numpy as jnp
+
+        return {s: jax.tree_util.tree_map(jnp.array, p) for s, p in self.handler.params.items()}
 
     def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int
                 ) -> None:
@@ -460,7 +466,8 @@ class SplitParty:
                               f"optimizer state of stages {lacking}")
         if int(batch) < 0:
             raise ConfigError(f"{self.name!r}: cannot restore to batch {batch}")
-        as_device = lambda tree: jax.tree_util.tree_map(jnp.asarray, tree)  # noqa: E731
+        # copies (jnp.array): the next update donates them, and the caller's must survive
+        as_device = lambda tree: jax.tree_util.tree_map(jnp.array, tree)  # noqa: E731
         self.handler.params.update({s: as_device(params[s]) for s in stages})
         self.handler.opt_state.update({s: as_device(opt_state[s]) for s in stages})
         self._batch = int(batch)
