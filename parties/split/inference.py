@@ -111,7 +111,7 @@ async def export_party(party: SplitParty, path: str | os.PathLike) -> dict[str, 
         raise InferenceError(f"stages {[s for s, v in specs.items() if v is None]} of "
                              f"{party.name!r} have no model spec (build them with "
                              "engine.kernels.mlp_stage), so an export could not rebuild them")
-    params = dict(party.handler.params)
+    params = party.params  # a copy, taken now: an update running meanwhile donates the originals
     return await asyncio.to_thread(
         _save, path, params, topology=party.topology.to_dict(), party=party.name,
         models=specs, widths=dict(party.handler.out_dims), training=party.run_id,

@@ -319,6 +319,8 @@ async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None
     write to finish first, so ``st.saved`` always names the newest file on disk."""
     party = st.party
     step = party.step
+    # the party's own arrays, not copies: its next batch (whose update donates them) waits for
+    # this write, since the save is awaited from the batch hook
     write = asyncio.ensure_future(asyncio.to_thread(
         st.store.save, step, params=dict(party.handler.params),
         opt_state=dict(party.handler.opt_state), spec_hash=session.spec_hash, cursor=cursor,
