@@ -20,13 +20,12 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from .data import BatchRows
 from .errors import ConfigError, ShapeError
-from .kernels import StageKernels, StageModel
+from .kernels import StageKernels, StageModel, owned_copy
 from .microbatch import chunk_bounds
 from .plan import Kind, Op, computes_per_message
 from .topology import FEATURES, Topology
@@ -63,8 +62,7 @@ class StageHandler:
         # copied: the update kernel donates the parameters it is given (`engine.kernels`), and
         # the caller's arrays (often a template shared with another party or a reference run)
         # must outlive it
-        self.params: dict[str, Any] = {s: jax.tree_util.tree_map(jnp.array, p)
-                                       for s, p in params.items()}
+        self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)

@@ -442,10 +442,9 @@ class SplitParty:
         """A copy of this party's stage parameters (stage name -> pytree). A copy, because the
         update kernel takes over the engine's own arrays (`engine.kernels`, "Donation"): a
         reference kept across a batch would be deleted by the next update."""
-        import jax
-        import jax.numpy as jnp
+        from engine.kernels import owned_copy
 
-        return {s: jax.tree_util.tree_map(jnp.array, p) for s, p in self.handler.params.items()}
+        return {s: owned_copy(p) for s, p in self.handler.params.items()}
 
     def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int
                 ) -> None:
@@ -456,8 +455,7 @@ class SplitParty:
         Leaves are copied to device arrays bit for bit; pytree structure must match this
         party's (`engine.checkpoint.CheckpointStore.load` checks it against templates).
         """
-        import jax
-        import jax.numpy as jnp
+        from engine.kernels import owned_copy
 
         stages = set(self.handler.stages)
         lacking = sorted((stages - set(params)) | (stages - set(opt_state)))
@@ -466,10 +464,9 @@ class SplitParty:
                               f"optimizer state of stages {lacking}")
         if int(batch) < 0:
             raise ConfigError(f"{self.name!r}: cannot restore to batch {batch}")
-        # copies (jnp.array): the next update donates them, and the caller's must survive
-        as_device = lambda tree: jax.tree_util.tree_map(jnp.array, tree)  # noqa: E731
-        self.handler.params.update({s: as_device(params[s]) for s in stages})
-        self.handler.opt_state.update({s: as_device(opt_state[s]) for s in stages})
+        # copies: the next update donates them, and the caller's must survive
+        self.handler.params.update({s: owned_copy(params[s]) for s in stages})
+        self.handler.opt_state.update({s: owned_copy(opt_state[s]) for s in stages})
         self._batch = int(batch)
         self._wake_batch_waiters()
 
