@@ -85,14 +85,15 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
 
     from bench.tuner_noise import main
 
-    assert main(["--runs", "20"]) == 0
+    assert main(["--runs", "10", "--starts", "3,8"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"])
+    assert out["starts"] == [3, 8]
+    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"], s["confirm"])
             for s in out["settings"]] == \
-        [(3, True, False), (3, False, False), (4, False, False), (5, False, False),
-         (4, False, True)]
+        [(3, True, False, 0), (3, False, False, 0), (4, False, False, 0), (5, False, False, 0),
+         (8, False, False, 0), (4, False, True, 0), (8, False, True, 0), (4, False, True, 2)]
     for s in out["settings"]:
-        assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= 1
+        assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= s["behind_2pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
 
 
