@@ -568,9 +568,9 @@ class _Leader:
                 await self.party.run_batch(np.arange(i * bs, (i + 1) * bs), n=n, lane=lane)
         return run
 
-    def auto(self, epochs: int = 1):
+    def auto(self, epochs: int = 1, after_batch=None):
         async def run() -> None:
-            await self.party.fit(epochs)
+            await self.party.fit(epochs, after_batch=after_batch)
         return run
 
 
@@ -619,14 +619,17 @@ async def leader_main(args: argparse.Namespace) -> int:
                     await lead.fixed(lane, n, 1)()
             _log("leader", f"hidden={wl.hidden}; compiling group counts {shapes} ...")
             await lead.phase("priority", compile_all)
+            # One `fit` call, epochs back to back as a user trains (bench.pipeline does the
+            # same): a pause for the follower after every epoch made the batch after it faster
+            # than the others and biased the tuner's means by where a probe began
+            # (docs/pipeline-bench.md, "Ninth pass").
             tuner = party.tuner
-            for e in range(args.tune_epochs):
-                wall = (await lead.phase("priority", lead.auto()))[0]
-                _log("leader", f"tuning epoch {e + 1}/{args.tune_epochs}: {wall:.3f} s, "
-                               f"n path {[h['n'] for h in tuner.history]}")
-                if tuner.settled:
-                    break
+
+            async def until_settled(epoch: int, done: int) -> bool:
+                return tuner.settled
+            wall = (await lead.phase("priority", lead.auto(args.tune_epochs, until_settled)))[0]
             settled = tuner.settled
+            _log("leader", f"tuning: {wall:.3f} s for {len(tuner.history)} batches")
             _log("leader", f"tuner {'settled' if settled else 'NOT settled'} at "
                            f"n={party.n_groups}: {[h['n'] for h in tuner.history]}")
             # 5. timed rounds, interleaved

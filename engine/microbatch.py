@@ -129,13 +129,16 @@ class GroupTuner:
     4. A close call is measured again (``confirm``): when a count larger than the one the tie
        rule picks is within three tolerances of the fastest, every count that near is run for
        another ``samples`` batches, each as often, and the rule is applied again to the
-       pooled means; at most ``confirm`` (2) such rounds per search. A one-sided re-run would
-       be biased: stopping as soon as the larger count catches up lets its luck decide. The
+       pooled means; at most ``confirm`` (2) such rounds per search. The search no longer
+       moves once it re-measures (a base that moved on the new means sent one
+       ``bench.pipeline`` search through 81 batches), and a one-sided re-run would be biased:
+       stopping as soon as the larger count catches up lets its luck decide. The
        three ``bench.pipeline`` misses of the ninth pass had 8 behind 6 by 4-7% in the
        tuner's four batches and 1.4-4.2% ahead in the timed runs. In ``bench.tuner_noise``
        (6.7% noise, the spread measured with one-call tuning; five starting counts) the mean
        best / settled time rises from 0.993 to 0.996 for about five more batches, what eight
-       samples for every probe reach with 22 more.
+       samples for every probe reach with 22 more (at 10% noise: 0.986 to 0.991; eight
+       samples, 0.993).
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
     group shape, and it starts while the peers still drain the previous batch (the leader's
@@ -231,6 +234,8 @@ class GroupTuner:
             self._base = self.n
         if self._mean(self.n) is None:
             return self.n  # keep sampling the current n (the base or a probe)
+        if self._confirm_to:  # measuring a close call again: the search no longer moves
+            return self._settle_first_search()
         base = self._base
         # probe the base's neighbours one at a time; every probe is judged from the base
         for cand in (min(base * 2, self.batch), max(base // 2, 1)):
@@ -249,7 +254,6 @@ class GroupTuner:
                    if (m := self._mean(k)) is not None)[1]
         if best != base and self._mean(best) < here * (1 - margin):
             self._base = self.n = best  # move, then probe the new base's neighbours
-            self._confirm_to = 0
             return self.n
         mids = self._midpoints(base)
         for mid in mids:
@@ -261,14 +265,20 @@ class GroupTuner:
             if self._mean(mid) < here * (1 - margin):
                 base = self._base = mid
         elif mids:  # the first search: ties go to the larger n (class docstring, 3. and 4.)
-            choice = self._break_tie()
-            if choice is None:
-                return self.n  # measuring a close call again
-            base = self._base = choice
-        self.n = base
+            return self._settle_first_search()
+        return self._settle(base)
+
+    def _settle(self, n: int) -> int:
+        self._base = self.n = n
+        self._confirm_to = 0
         self._settled_at = len(self.history)
         self._settled_once = True
         return self.n
+
+    def _settle_first_search(self) -> int:
+        """Settle by the tie rule, or keep ``n`` on a close call's count being measured again."""
+        choice = self._break_tie()
+        return self.n if choice is None else self._settle(choice)
 
     def _break_tie(self) -> int | None:
         """The count the first search settles on, or None after pointing ``n`` at a close

@@ -234,11 +234,14 @@ def test_a_close_call_is_measured_again_before_the_first_search_settles():
     """8 lost to 6 by less than three tolerances, so every count that near (6, 8, and 4 at
     0.83) is measured again, each as often, and the pooled means decide: 8 (0.80 against
     0.80 for 6, a tie that goes to the larger). Without the re-measuring 6 is kept."""
-    tuner = GroupTuner(batch=2048, n=4, samples=4)
+    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
     assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3
     assert _settle_on_sequence(tuner, _unlucky_eight()) == 8
     assert [len(tuner._walls[k]) for k in (4, 6, 8)] == [8, 8, 8]  # one round: 8 won it
     assert tuner._walls[8][-4:] == [0.76] * 4
+    for _ in range(10):  # settled until the re-check, which probes 8's neighbours again
+        tuner.observe(wall=0.76, compute=1.0)
+    assert not tuner.settled and tuner.n == 16
 
     once = GroupTuner(batch=2048, n=4, samples=4, confirm=0)
     once.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
