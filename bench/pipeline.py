@@ -94,7 +94,7 @@ class BenchConfig:
     link_ratio: float = 1.0           # link time per batch / measured compute per batch
     warmup: int = 3                   # unshaped warm-up batches that measure compute
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    tune_epochs: int = 30             # most epochs of `fit` waiting for the tuner to settle
+    tune_epochs: int = 50             # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
     # overhead measurement (tiny model, unshaped link)
     overhead_batch: int = 64

@@ -126,19 +126,21 @@ class GroupTuner:
        in 23 of those the timed sweep was faster at another n (8 in 21, 16 in one; median
        4%); in ``python -m bench.tuner_noise`` the share of runs settling more than 5% behind
        the best ``n`` falls from 14% to 10%.
-    4. A close call is measured again (``confirm``): when a count larger than the one the tie
-       rule picks is within three tolerances of the fastest, every count that near is run for
-       another ``samples`` batches, each as often, and the rule is applied again to the
-       pooled means; at most ``confirm`` (2) such rounds per search. The search no longer
+    4. A close call is measured again (``confirm``): when the tie rule's pick is not the
+       fastest count, or a count larger than the pick is within three tolerances of the
+       fastest, every count that near is run for another ``samples`` batches, each as often,
+       and the rule is applied again to the pooled means; at most ``confirm`` (2) such rounds
+       per search. The search no longer
        moves once it re-measures (a base that moved on the new means sent one
        ``bench.pipeline`` search through 81 batches), and a one-sided re-run would be biased:
        stopping as soon as the larger count catches up lets its luck decide. The
        three ``bench.pipeline`` misses of the ninth pass had 8 behind 6 by 4-7% in the
-       tuner's four batches and 1.4-4.2% ahead in the timed runs. In ``bench.tuner_noise``
-       (6.7% noise, the spread measured with one-call tuning; five starting counts) the mean
-       best / settled time rises from 0.993 to 0.996 for about five more batches, what eight
-       samples for every probe reach with 22 more (at 10% noise: 0.986 to 0.991; eight
-       samples, 0.993).
+       tuner's four batches and 1.4-4.2% ahead in the timed runs; and with the pick taken
+       among every count measured, 12 won a tie against 8 on four lucky batches and ran 9%
+       slower than 8 in the timed runs. In ``bench.tuner_noise`` (6.7% noise, the spread
+       measured with one-call tuning; five starting counts) the mean best / settled time rises
+       from 0.993 to 0.997 for about eight more batches; eight samples for every probe reach
+       0.996 with 22 more (at 10% noise: 0.986 to 0.992; eight samples, 0.993).
 
     The first batch after ``n`` changes is not a sample of the new ``n``: it compiles the new
     group shape, and it starts while the peers still drain the previous batch (the leader's
@@ -295,10 +297,11 @@ class GroupTuner:
                         self.n = k
                         return None
             pick = max(k for k in near if means[k] <= fastest * (1 + self.tolerance))
-            if pick == max(near) or self._confirmed >= self.confirm:
+            if (means[pick] == fastest and pick == max(near)) or self._confirmed >= self.confirm:
                 return pick
-            # a larger count lost by less than three tolerances: its bad luck or the
-            # fastest's good luck? Measure every near count again, each as often, and decide
+            # a close call: the pick is not the fastest (did the larger count win the tie by
+            # its luck?) or a larger count lost by less than three tolerances (by its bad luck
+            # or the fastest's good luck?). Measure every near count again, each as often.
             self._confirmed += 1
             self._confirm_to = max(len(self._walls[k]) for k in near) + self.samples
 

@@ -249,6 +249,22 @@ def test_a_close_call_is_measured_again_before_the_first_search_settles():
     assert len(once._walls[8]) == 4
 
 
+def test_a_larger_count_that_won_the_tie_by_luck_is_measured_again():
+    """12 (the base 6's 2n) has four lucky batches (0.81, within 3% of 8 at 0.79) and is slow
+    after them (0.90): measured again, it drops out of the tie and the search settles on 8.
+    Without the re-measuring the tie goes to 12."""
+    walls = {1: [1.5], 3: [1.0], 6: [0.8], 4: [0.83], 24: [1.0], 8: [0.79],
+             12: [0.81] * 6 + [0.9]}
+    tuner = GroupTuner(batch=2048, n=4, samples=4)
+    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])  # rule: n = 3
+    assert _settle_on_sequence(tuner, walls) == 8
+    assert len(tuner._walls[12]) >= 8
+
+    once = GroupTuner(batch=2048, n=4, samples=4, confirm=0)
+    once.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
+    assert _settle_on_sequence(once, walls) == 12
+
+
 def test_measuring_again_is_bounded_and_skipped_when_the_larger_count_won():
     """A larger count that stays behind (8 at a steady 0.84) is measured again at most
     ``confirm`` times; one that won the first time (8 at 0.79) is not measured again."""
