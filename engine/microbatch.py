@@ -130,11 +130,10 @@ class GroupTuner:
        fastest count, or a count larger than the pick is within three tolerances of the
        fastest, every count that near is run for another ``samples`` batches, each as often,
        and the rule is applied again to the pooled means; at most ``confirm`` (2) such rounds
-       per search. The search no longer
-       moves once it re-measures (a base that moved on the new means sent one
-       ``bench.pipeline`` search through 81 batches), and a one-sided re-run would be biased:
-       stopping as soon as the larger count catches up lets its luck decide. The
-       three ``bench.pipeline`` misses of the ninth pass had 8 behind 6 by 4-7% in the
+       per search. The search no longer moves once it re-measures (a base that moved on the
+       new means sent one ``bench.pipeline`` search through 81 batches), and a one-sided
+       re-run would be biased: stopping as soon as the larger count catches up lets its luck
+       decide. The three ``bench.pipeline`` misses of the ninth pass had 8 behind 6 by 4-7% in the
        tuner's four batches and 1.4-4.2% ahead in the timed runs; and with the pick taken
        among every count measured, 12 won a tie against 8 on four lucky batches and ran 9%
        slower than 8 in the timed runs. In ``bench.tuner_noise`` (6.7% noise, the spread
@@ -196,8 +195,8 @@ class GroupTuner:
 
     def _mean(self, n: int) -> float | None:
         """The wall time of ``n``: the mean of its samples in this search (``samples`` of them,
-        twice that after a close call was measured again), once it has ``samples`` (the first
-        batch after a change is never one; see the class docstring)."""
+        or up to ``(1 + confirm) * samples`` after a close call was measured again), once it has
+        ``samples`` (the first batch after a change is never one; see the class docstring)."""
         w = self._walls.get(n, [])
         return sum(w) / len(w) if len(w) >= self.samples else None
 
