@@ -721,8 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-hidden", type=int, default=32)
     p.add_argument("--sweep", type=_positive_ints, default=(8, 16, 32, 64),
                    help="fixed group counts timed besides auto (8,16,32,64)")
-    p.add_argument("--tune-epochs", type=int, default=20,
-                   help="most epochs waiting for the auto tuner to settle (20)")
+    p.add_argument("--tune-epochs", type=int, default=50,
+                   help="most epochs of the one fit call waiting for the auto tuner to settle "
+                        "(50: a search that re-measures a close call takes up to about 100 "
+                        "batches)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunks", type=int, default=1,
                    help="messages per group in the pipelined runs (1: whole groups)")

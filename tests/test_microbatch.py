@@ -174,12 +174,8 @@ def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
 
 
 def _settle_on(tuner: GroupTuner, walls: dict[int, float]) -> int:
-    for _ in range(80):
-        n = tuner.n
-        tuner.observe(wall=walls[n], compute=1.0)
-        if tuner._settled_at is not None:
-            return tuner.n
-    raise AssertionError(f"tuner did not settle: {[h['n'] for h in tuner.history]}")
+    """Settle with every batch of each n taking that n's wall."""
+    return _settle_on_sequence(tuner, {n: [w] for n, w in walls.items()})
 
 
 @pytest.mark.parametrize("wall4, wall8, settles_on",
