@@ -5,12 +5,9 @@ differ by at most one row, the first and last are half as large (a shorter pipel
 drain), so at most four shapes occur and jitted kernels trace at most four times per ``n``.
 
 `rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
-clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches from measurements
-(docs/design.md, "Choosing n"): the batch's resources (the compute lane, each link direction)
-take ``T_1..T_k`` seconds; pipelined over ``n`` groups the batch takes about
-``W(n) = max T + (sum T - max T) / n + n * c0``, where ``c0`` is the per-group cost (latency
-and per-op overheads) that splitting adds. The tuner fits ``c0`` from the last batch's measured
-wall time and moves toward the model's optimum ``n* = sqrt((sum T - max T) / c0)``.
+clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches (docs/design.md, "Choosing
+n"): it starts from the rule, then hill-climbs on the measured wall time per batch, each count
+judged by the `trimmed_mean` of a few batches.
 """
 
 from __future__ import annotations
@@ -92,6 +89,20 @@ def rule_groups(bytes_to_send: float, bandwidth: float | None, compute_time: flo
     return clamp_groups(bytes_to_send / bandwidth / compute_time, batch)
 
 
+def trimmed_mean(xs: Sequence[float], trim: float = 0.25) -> float:
+    """The mean of ``xs`` once ``floor(trim * len(xs))`` of the smallest and as many of the
+    largest values are cut (``trim = 0.25``: the interquartile mean; 0: the plain mean).
+
+    Cutting both ends alike keeps the centre of walls that trade time batch to batch (a slow
+    batch whose leftover work a fast one makes up), while one machine hiccup no longer moves
+    the estimate by its whole excess. Requires ``xs`` non-empty and ``0 <= trim < 0.5``."""
+    if not xs:
+        raise ValueError("trimmed_mean of no values")
+    cut = int(trim * len(xs))
+    kept = sorted(xs)[cut:len(xs) - cut]
+    return sum(kept) / len(kept)
+
+
 @dataclasses.dataclass
 class GroupTuner:
     """Chooses ``n`` for the next batch from measurements; re-tuned between batches.
@@ -103,7 +114,8 @@ class GroupTuner:
        direction's transfer time: the leader cannot see a follower's compute, which is the
        larger one when a big bottom model feeds a small top (taking the leader's alone gave
        ``bench.wan`` a start at n = 56 where 8 was best).
-    2. Hill-climbing on the measured wall time per batch (the mean of ``samples`` batches):
+    2. Hill-climbing on the measured wall time per batch (the interquartile mean of
+       ``samples`` batches; "mean" below):
        from the base ``n`` try ``2n`` and ``n/2`` (each compared with the base, not with each
        other), and ``4n`` too when ``2n`` came out level with ``n`` (within ``tolerance``: a
        plateau, or noise, can hide a slope further up); move the base to the fastest while it
@@ -149,13 +161,22 @@ class GroupTuner:
     the follower compiles its backward for the new shapes at the end of the first batch, after
     the leader's part of it ended, so that compile lands in the second batch's wall
     (``bench.pipeline`` measured second batches of 210-456 ms against 95-136 ms for the
-    batches after them). The estimate is the mean, not the fastest, of the next ``samples``
-    batches (4: batches on the shared benchmark machine scatter by about 10%, and in the same
-    simulation 4 samples leave 2.6% of runs 10% behind, against 4.2% with 3):
-    the follower's work left over from one batch lands in the next one's wall time, so the
-    walls of consecutive batches trade time with each other (measured: +-30% per batch at
-    n = 16, +-5% at n = 8, their sums steady), and the fastest of several rewards the ``n``
-    whose walls scatter most rather than the one whose batches finish soonest.
+    batches after them). The estimate is the interquartile mean (`trimmed_mean`, ``trim`` =
+    0.25 cut at each end), not the fastest, of the next ``samples`` batches (4: batches on
+    the shared benchmark machine scatter by about 10%, and in the same simulation 4 samples
+    leave 2.6% of runs 10% behind, against 4.2% with 3). Not the fastest: the follower's work
+    left over from one batch lands in the next one's wall time, so the walls of consecutive
+    batches trade time with each other (measured: +-30% per batch at n = 16, +-5% at n = 8,
+    their sums steady), and the fastest of several rewards the ``n`` whose walls scatter most
+    rather than the one whose batches finish soonest; cutting both ends alike keeps such
+    walls' centre. Not the plain mean: the walls have a long right tail (of 2006 sampled in
+    56 ``bench.pipeline`` runs, half lie within 3.7% of their median but 1% are 33% or more
+    over it, the shared machine's hiccups), and one hiccup among four samples moved a
+    count's mean by 8% and decided ties (in the tenth pass's one efficiency miss, one 148 ms
+    batch among 8's twelve of about 119 ms kept 6; the same walls replayed through the
+    interquartile mean settle on 8). Drawing the noise from those walls,
+    ``bench.tuner_noise`` puts 3.8% of runs more than 2% behind the best ``n`` with the
+    interquartile mean, against 9.6% with the plain mean, in slightly fewer batches.
 
     Invariant: ``1 <= n <= batch``.
     """
@@ -164,12 +185,16 @@ class GroupTuner:
     n: int = 0
     samples: int = 4
     tolerance: float = 0.03
+    trim: float = 0.25
     prefer_larger: bool = True
     confirm: int = 2
     recheck: int = 50
     history: list[dict] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.trim < 0.5:
+            raise ConfigError(f"GroupTuner.trim is the share of samples cut at each end before "
+                              f"averaging and must be in [0, 0.5), got {self.trim!r}")
         if self.n <= 0:
             self.n = min(4, self.batch)
         self._walls: dict[int, list[float]] = {}
@@ -194,11 +219,12 @@ class GroupTuner:
         return self.n if self.settled else self._base
 
     def _mean(self, n: int) -> float | None:
-        """The wall time of ``n``: the mean of its samples in this search (``samples`` of them,
-        or up to ``(1 + confirm) * samples`` after a close call was measured again), once it has
-        ``samples`` (the first batch after a change is never one; see the class docstring)."""
+        """The wall time of ``n``: the trimmed mean (`trimmed_mean`, ``trim`` cut at each end)
+        of its samples in this search (``samples`` of them, or up to ``(1 + confirm) *
+        samples`` after a close call was measured again), once it has ``samples`` (the first
+        batch after a change is never one; see the class docstring)."""
         w = self._walls.get(n, [])
-        return sum(w) / len(w) if len(w) >= self.samples else None
+        return trimmed_mean(w, self.trim) if len(w) >= self.samples else None
 
     def observe(self, *, wall: float, compute: float,
                 links: Sequence[tuple[float, float | None]] = ()) -> int:

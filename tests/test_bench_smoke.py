@@ -88,13 +88,31 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
     assert main(["--runs", "10", "--starts", "3,8"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["starts"] == [3, 8]
-    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"], s["confirm"])
-            for s in out["settings"]] == \
-        [(3, True, False, 0), (3, False, False, 0), (4, False, False, 0), (5, False, False, 0),
-         (8, False, False, 0), (4, False, True, 0), (8, False, True, 0), (4, False, True, 2)]
+    assert out["noise_model"] == "measured" and out["noise"] is None
+    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"], s["confirm"],
+             s["trim"]) for s in out["settings"]] == \
+        [(3, True, False, 0, 0.0), (3, False, False, 0, 0.0), (4, False, False, 0, 0.0),
+         (5, False, False, 0, 0.0), (8, False, False, 0, 0.0), (4, False, True, 0, 0.0),
+         (8, False, True, 0, 0.0), (4, False, True, 2, 0.0), (4, False, True, 2, 0.25)]
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= s["behind_2pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
+    assert main(["--runs", "3", "--starts", "8", "--noise-model", "normal", "--noise", "0.05"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["noise_model"] == "normal" and out["noise"] == 0.05 and len(out["settings"]) == 9
+
+
+def test_the_measured_noise_model_draws_the_stored_distribution():
+    import numpy as np
+
+    from bench.tuner_noise import MEASURED_PERCENTILES, noise_factor
+
+    rng = np.random.default_rng(0)
+    draws = np.array([noise_factor(rng, "measured", 0.0) - 1 for _ in range(20000)])
+    assert draws.min() >= MEASURED_PERCENTILES[0] and draws.max() <= MEASURED_PERCENTILES[-1]
+    for q in (5, 50, 95):
+        assert np.percentile(draws, q) == pytest.approx(MEASURED_PERCENTILES[q], abs=0.01)
+    assert (draws > MEASURED_PERCENTILES[99]).mean() == pytest.approx(0.01, abs=0.003)  # the tail
 
 
 def test_balance_splits_each_batch_into_parts_that_add_up():

@@ -278,6 +278,39 @@ def test_measuring_again_is_bounded_and_skipped_when_the_larger_count_won():
     assert [len(tuner._walls[k]) for k in (4, 6, 8)] == [4, 4, 4]
 
 
+def test_trimmed_mean_cuts_both_ends_alike():
+    from engine.microbatch import trimmed_mean
+
+    assert trimmed_mean([0.79, 0.79, 1.10, 0.79]) == pytest.approx(0.79)  # a hiccup is cut
+    assert trimmed_mean([1.0, 3.0, 1.0, 3.0]) == 2.0  # walls trading time keep their centre
+    assert trimmed_mean([1.0, 2.0, 9.0], trim=0.0) == 4.0  # 0: the plain mean
+    assert trimmed_mean([5.0, 1.0, 3.0]) == 3.0  # fewer than 4 values: nothing cut
+    assert trimmed_mean(list(range(12))) == 5.5  # 3 cut at each end of 12
+    with pytest.raises(ValueError, match="no values"):
+        trimmed_mean([])
+    with pytest.raises(ConfigError, match=r"trim .* must be in \[0, 0.5\)"):
+        GroupTuner(batch=64, trim=0.5)
+
+
+def test_one_hiccup_among_a_counts_batches_does_not_decide_the_tie():
+    """8 is as fast as 6 but one of its four samples is a machine hiccup (1.10 against 0.79).
+    The plain mean puts 8 8.4% behind 6, so without re-measuring the search keeps 6; the
+    interquartile mean cuts the hiccup, and 8 wins the tie without a second round."""
+    def walls():
+        w = _unlucky_eight()
+        w[8] = [0.84, 0.84, 0.79, 1.10, 0.79]  # two compile batches, then the samples
+        return w
+
+    plain = GroupTuner(batch=2048, n=4, samples=4, confirm=0, trim=0.0)
+    plain.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])  # rule: n = 3
+    assert _settle_on_sequence(plain, walls()) == 6
+
+    tuner = GroupTuner(batch=2048, n=4, samples=4)
+    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
+    assert _settle_on_sequence(tuner, walls()) == 8
+    assert len(tuner._walls[8]) == 4  # decided on the first four: no close call
+
+
 @given(batch=st.integers(1, 300), n=st.integers(1, 20), chunks=st.integers(1, 9))
 def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
     from engine.microbatch import chunk_bounds, fit_chunks
