@@ -51,22 +51,26 @@ MEASURED_PERCENTILES = (
     0.169, 0.194, 0.223, 0.253, 0.328, 0.597)
 
 
+_LOG_N = [math.log(k) for k in sorted(CURVE_MS)]
+_CURVE = [CURVE_MS[k] for k in sorted(CURVE_MS)]
+_PERCENTS = np.arange(len(MEASURED_PERCENTILES))
+
+
 def curve(n: int) -> float:
-    xs = [math.log(k) for k in sorted(CURVE_MS)]
-    return float(np.interp(math.log(n), xs, [CURVE_MS[k] for k in sorted(CURVE_MS)]))
+    return float(np.interp(math.log(n), _LOG_N, _CURVE))
 
 
 def noise_factor(rng: np.random.Generator, model: str, noise: float) -> float:
     """One batch's wall / its n's curve value under ``model`` (module docstring)."""
     if model == "measured":  # inverse-CDF draw, linear between the stored percentiles
-        return 1.0 + float(np.interp(rng.random() * 100, np.arange(101), MEASURED_PERCENTILES))
+        return 1.0 + float(np.interp(rng.random() * 100, _PERCENTS, MEASURED_PERCENTILES))
     spike = 1.3 if rng.random() < 0.05 else 1.0
     return (1.0 + noise * rng.standard_normal()) * spike
 
 
 def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
            start: int = 3, limit: int = 400, prefer_larger: bool = True,
-           confirm: int = 2, trim: float = 0.25, model: str = "normal") -> tuple[int, int]:
+           confirm: int = 2, trim: float = 0.25, model: str = "measured") -> tuple[int, int]:
     """(settled n, batches observed) of one seeded run."""
     rng = np.random.default_rng(seed)
     tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger,

@@ -98,6 +98,8 @@ def trimmed_mean(xs: Sequence[float], trim: float = 0.25) -> float:
     the estimate by its whole excess. Requires ``xs`` non-empty and ``0 <= trim < 0.5``."""
     if not xs:
         raise ValueError("trimmed_mean of no values")
+    if not 0 <= trim < 0.5:
+        raise ValueError(f"trim is the share cut at each end and must be in [0, 0.5), got {trim!r}")
     cut = int(trim * len(xs))
     kept = sorted(xs)[cut:len(xs) - cut]
     return sum(kept) / len(kept)

@@ -288,6 +288,8 @@ def test_trimmed_mean_cuts_both_ends_alike():
     assert trimmed_mean(list(range(12))) == 5.5  # 3 cut at each end of 12
     with pytest.raises(ValueError, match="no values"):
         trimmed_mean([])
+    with pytest.raises(ValueError, match=r"must be in \[0, 0.5\)"):
+        trimmed_mean([1.0, 2.0], trim=0.5)
     with pytest.raises(ConfigError, match=r"trim .* must be in \[0, 0.5\)"):
         GroupTuner(batch=64, trim=0.5)
 
