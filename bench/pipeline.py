@@ -4,11 +4,14 @@
 
 Workload: the ``two_party`` topology (party ``A`` holds a bottom MLP over synthetic float32
 features; party ``B`` holds a small top MLP, the labels and the loss). Compute per batch is
-measured first on an unshaped link (warm-up batches, n = 1), then both directions of the
-``A <-> B`` link are shaped so that one direction carries a batch's cut-layer tensor
-(``batch x cut x 4`` bytes) in the measured compute time per batch (both parties, summed):
-link time per direction ~= compute time per batch, on whatever machine runs it
-(``--link-ratio r`` makes it ``r`` times that).
+measured on an unshaped link (n = 1, both parties' compute busy time, median over
+``warmup`` batches), then both directions of the ``A <-> B`` link are shaped so that one
+direction carries a batch's cut-layer tensor (``batch x cut x 4`` bytes) in that time: link
+time per direction ~= compute time per batch, on whatever machine runs it (``--link-ratio r``
+makes it ``r`` times that). Before every timed round the compute is measured again
+(``recalibrate`` batches) and the link re-shaped, so the ratio holds while the machine's speed
+drifts; ``link_vs_compute`` reports what it was (link per batch / the compute per batch of
+the round's sequential run, median over rounds).
 
 Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
 ends when *both* parties have finished their last batch):
@@ -92,7 +95,8 @@ class BenchConfig:
     chunks: int = 4                   # messages per group in the pipelined runs
     latency: float = 0.001
     link_ratio: float = 1.0           # link time per batch / measured compute per batch
-    warmup: int = 3                   # unshaped warm-up batches that measure compute
+    warmup: int = 5                   # unshaped n = 1 batches measuring compute before tuning
+    recalibrate: int = 3              # the same, before every timed round (0: calibrate once)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tune_epochs: int = 50             # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
@@ -108,6 +112,9 @@ class BenchConfig:
         if not (self.link_ratio > 0 and math.isfinite(self.link_ratio)):
             raise ConfigError(f"link_ratio must be a positive number (link time per batch / "
                               f"compute time per batch), got {self.link_ratio!r}")
+        if self.warmup < 1 or self.recalibrate < 0:
+            raise ConfigError(f"warmup must be >= 1 and recalibrate >= 0 batches, got "
+                              f"{self.warmup} and {self.recalibrate}")
         if not 1 <= self.overhead_groups <= self.overhead_batch:
             raise ConfigError("overhead_groups must be in [1, overhead_batch]")
 
@@ -226,19 +233,34 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
     async def drive() -> None:
         idx_list = wl.batch_indices(cfg.batches)
         async with ThreadLane("bench-leader") as lane:
-            # 1. compute per batch, unshaped link, n = 1
+            # 1. compile n = 1 and every swept group shape (one untimed batch each)
             wl.set(policy="fifo", trace=None)
-            await wl.run_fixed(lane, 1, idx_list[:1])  # compile
-            per_batch = []
-            for i in range(cfg.warmup):
-                tr = Trace()
-                wl.set(policy="fifo", trace=tr)
-                await wl.run_fixed(lane, 1, idx_list[i % len(idx_list):][:1])
-                per_batch.append(tr.busy(A) + tr.busy(B))
-            compute = statistics.median(per_batch)
+            await wl.run_fixed(lane, 1, idx_list[:1])
+            wl.set(policy="priority", trace=None)
+            ns = sorted({min(n, cfg.batch_size) for n in cfg.sweep})
+            for n in ns:
+                await wl.run_fixed(lane, n, idx_list[:1])
+
+            # 2. compute per batch (n = 1, unshaped link), and the link shaped from it
             link_bytes = cfg.batch_size * cfg.cut * 4
-            bandwidth = link_bytes / (compute * cfg.link_ratio)
-            wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
+
+            async def calibrate(k: int) -> tuple[float, float]:
+                """(compute per batch, bandwidth): the median over ``k`` unshaped n = 1 FIFO
+                batches of both parties' compute busy time, and the bandwidth that carries a
+                batch's cut tensor in ``link_ratio`` times that; the link is left so shaped."""
+                wl.net.shape(A, B, bandwidth=None, latency=0.0, both=True)
+                per_batch = []
+                for i in range(k):
+                    tr = Trace()
+                    wl.set(policy="fifo", trace=tr)
+                    await wl.run_fixed(lane, 1, idx_list[i % len(idx_list):][:1])
+                    per_batch.append(tr.busy(A) + tr.busy(B))
+                compute = statistics.median(per_batch)
+                bandwidth = link_bytes / (compute * cfg.link_ratio)
+                wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
+                return compute, bandwidth
+
+            compute, bandwidth = await calibrate(cfg.warmup)
             log(f"compute/batch {compute * 1e3:.1f} ms -> bandwidth {bandwidth / 1e6:.2f} MB/s "
                 f"({link_bytes} B per direction per batch)")
             out["workload"] = {
@@ -249,12 +271,6 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 "link_ratio": cfg.link_ratio,
                 "link_per_batch_s": link_bytes / bandwidth}
             out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
-
-            # 2. compile every swept group shape (one untimed batch each)
-            wl.set(policy="priority", trace=None)
-            ns = sorted({min(n, cfg.batch_size) for n in cfg.sweep})
-            for n in ns:
-                await wl.run_fixed(lane, n, idx_list[:1])
 
             # 3. auto: let the tuner settle (fit re-tunes between full batches). One `fit` call,
             #    as a user trains: no pause between epochs, so every batch's wall carries the
@@ -274,15 +290,27 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
 
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
-            #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live)
+            #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live).
+            #    Each round first re-measures the compute and re-shapes the link from it
+            #    (``recalibrate``): this machine's speed drifts by a quarter within seconds, and
+            #    a link shaped once from the first batches ran up to 1.44 times the compute the
+            #    timed runs then measured (docs/pipeline-bench.md, "Twelfth pass").
             seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
             schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
             whole: list[tuple[float, float]] = []  # the tuner's n, groups unchunked: (s, bound)
+            calibration: dict[str, list[float]] = {"compute_s": [], "link_s": [],
+                                                   "sequential_compute_s": []}
             for r in range(cfg.repeats):
+                if cfg.recalibrate:
+                    compute, bandwidth = await calibrate(cfg.recalibrate)
+                calibration["compute_s"].append(compute)
+                calibration["link_s"].append(link_bytes / bandwidth)
                 tr = Trace()
                 wl.set(policy="fifo", trace=tr)
                 seq.append(await wl.run_fixed(lane, 1, idx_list))
+                calibration["sequential_compute_s"].append(
+                    (tr.busy(A) + tr.busy(B)) / cfg.batches)
                 seq_trace = seq_trace or tr
                 for n in ns:  # traced like the auto run (whose trace gives the bound): same cost
                     wl.set(policy="priority", trace=Trace())
@@ -300,7 +328,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                     wl.set(policy="priority", trace=tr, chunks=1)
                     whole.append((await wl.run_fixed(lane, wl.leader.n_groups, idx_list),
                                   _bound(tr, bandwidth)[0]))
-                log(f"round {r + 1}/{cfg.repeats}: sequential {seq[-1]:.3f} s, auto "
+                log(f"round {r + 1}/{cfg.repeats}: link {link_bytes / bandwidth * 1e3:.1f} ms/batch, "
+                    f"sequential {seq[-1]:.3f} s, auto "
                     f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
                     + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
             sweep = {n: statistics.median(t) for n, t in runs.items()}
@@ -327,6 +356,17 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             sweep={str(n): t for n, t in sweep.items()}, best_fixed_n=best_n,
             auto_vs_best=sweep[best_n] / pipe_s,
             chunks=cfg.chunks,
+            link_vs_compute=statistics.median(
+                link / c for link, c in zip(calibration["link_s"],
+                                            calibration["sequential_compute_s"])),
+            calibration={"definition": "per timed round: compute_s, the median over "
+                                       "`recalibrate` unshaped n = 1 batches of both parties' "
+                                       "compute per batch, from which link_s (seconds per "
+                                       "batch per direction) is shaped; sequential_compute_s, "
+                                       "the same busy time in that round's sequential run. "
+                                       "link_vs_compute: median of link_s / "
+                                       "sequential_compute_s",
+                         "recalibrate": cfg.recalibrate, **calibration},
             unchunked_s=statistics.median(t for t, _ in whole) if whole else None,
             unchunked_efficiency=statistics.median(b / t for t, b in whole) if whole else None,
             runs={"sequential_s": seq, "pipelined_s": auto,
@@ -543,12 +583,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=BenchConfig.seed)
     ap.add_argument("--chunks", type=int, default=BenchConfig.chunks,
                     help="messages per group in the pipelined runs (1: whole groups)")
+    ap.add_argument("--recalibrate", type=int, default=BenchConfig.recalibrate,
+                    help="unshaped n = 1 batches re-measuring the compute before each timed "
+                         "round, the link re-shaped from them (0: shape the link once)")
     ap.add_argument("--link-ratio", type=float, default=BenchConfig.link_ratio,
                     help="link time per batch as a multiple of the measured compute per batch "
                          "(1: the balance; above 1 the link binds)")
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
-                      seed=args.seed, chunks=args.chunks, link_ratio=args.link_ratio)
+                      seed=args.seed, chunks=args.chunks, link_ratio=args.link_ratio,
+                      recalibrate=args.recalibrate)
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

@@ -2,6 +2,7 @@
 and every number is finite (the targets are the benchmark's business, not a test's)."""
 
 import math
+import statistics
 
 import pytest
 
@@ -16,8 +17,8 @@ KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_gr
 
 @pytest.mark.slow
 async def test_pipeline_benchmark_tiny(tmp_path):
-    cfg = BenchConfig(batch_size=16, batches=2, repeats=1, d_in=8, hidden=(16,), cut=8,
-                      top_hidden=(4,), warmup=1, sweep=(1, 4), tune_epochs=2,
+    cfg = BenchConfig(batch_size=16, batches=2, repeats=2, d_in=8, hidden=(16,), cut=8,
+                      top_hidden=(4,), warmup=1, recalibrate=1, sweep=(1, 4), tune_epochs=2,
                       overhead_batch=8, overhead_groups=8, overhead_batches=2)
     plot = tmp_path / "gantt.png"
     result = await run_benchmark(cfg, plot=str(plot), log=lambda msg: None)
@@ -39,7 +40,15 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     # chunked pipelined runs (the default), with whole groups timed beside them
     assert result["chunks"] == cfg.chunks > 1 and result["workload"]["chunks"] == cfg.chunks
     assert math.isfinite(result["unchunked_s"]) and result["unchunked_s"] > 0
-    assert 0 < result["unchunked_efficiency"] and len(result["runs"]["unchunked_s"]) == 1
+    assert 0 < result["unchunked_efficiency"] and len(result["runs"]["unchunked_s"]) == 2
+    # the link is re-shaped from the compute measured before each round
+    cal = result["calibration"]
+    assert cal["recalibrate"] == 1
+    for key in ("compute_s", "link_s", "sequential_compute_s"):
+        assert len(cal[key]) == cfg.repeats and all(v > 0 for v in cal[key]), key
+    assert cal["link_s"] == pytest.approx([c * cfg.link_ratio for c in cal["compute_s"]])
+    assert result["link_vs_compute"] == pytest.approx(statistics.median(
+        link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"])))
     # the zero-cost schedule at the tuner's n: never shorter than a link's transfer time
     if result["schedule_s"] is not None:
         links = max(v for k, v in terms.items() if k.startswith("link"))
@@ -179,3 +188,7 @@ def test_pipeline_benchmark_rejects_a_bad_link_ratio():
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="link_ratio"):
             BenchConfig(link_ratio=bad)
+    with pytest.raises(ConfigError, match="recalibrate"):
+        BenchConfig(recalibrate=-1)
+    with pytest.raises(ConfigError, match="warmup"):
+        BenchConfig(warmup=0)
