@@ -247,7 +247,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             async def calibrate(k: int) -> tuple[float, float]:
                 """(compute per batch, bandwidth): the median over ``k`` unshaped n = 1 FIFO
                 batches of both parties' compute busy time, and the bandwidth that carries a
-                batch's cut tensor in ``link_ratio`` times that; the link is left so shaped."""
+                batch's cut tensor in ``link_ratio`` times that. Leaves the link so shaped and
+                the parties on the priority policy, untraced."""
                 wl.net.shape(A, B, bandwidth=None, latency=0.0, both=True)
                 per_batch = []
                 for i in range(k):
@@ -258,6 +259,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 compute = statistics.median(per_batch)
                 bandwidth = link_bytes / (compute * cfg.link_ratio)
                 wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
+                wl.set(policy="priority", trace=None)
                 return compute, bandwidth
 
             compute, bandwidth = await calibrate(cfg.warmup)
@@ -279,6 +281,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             #    4-batch means by up to 4% depending on where a probe began
             #    (docs/pipeline-bench.md, "Ninth pass").
             tuner = wl.leader.tuner
+            wl.set(policy="priority", trace=None)
 
             async def until_settled(epoch: int, done: int) -> bool:
                 return tuner.settled
