@@ -14,6 +14,12 @@ interpolated in log n), times a noise factor per batch (``--noise-model``):
   hiccups), which the normal model's symmetric scatter does not show.
 * ``normal``: ``1 + noise * N(0, 1)``, and 5% of batches 30% slower (a load spike).
 
+``--drift SIGMA`` multiplies every batch by the machine's speed as well, ``exp(x)`` with ``x``
+an AR(1) process over batches (stationary std ``SIGMA``, correlation time ``--drift-batches``,
+20 by default): a shared machine's slow and fast spells, which shift whole probes of one n
+against another (``bench.pipeline`` measured its compute per batch at medians of 76 to 102 ms
+in consecutive spells of ten batches). 0 (the default) is no drift.
+
 The tuner starts where the method's rule put it in recorded runs (``--starts``: 3, 4, 6, 8 and
 12; each gets ``runs`` seeded runs, reported together). For each setting (samples per n;
 whether the first search already demands the ``tolerance`` margin, as before it was dropped;
@@ -70,15 +76,21 @@ def noise_factor(rng: np.random.Generator, model: str, noise: float) -> float:
 
 def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
            start: int = 3, limit: int = 400, prefer_larger: bool = True,
-           confirm: int = 2, trim: float = 0.25, model: str = "measured") -> tuple[int, int]:
+           confirm: int = 2, trim: float = 0.25, model: str = "measured",
+           drift: float = 0.0,
+           drift_batches: float = 20.0) -> tuple[int, int]:
     """(settled n, batches observed) of one seeded run."""
     rng = np.random.default_rng(seed)
+    phi = math.exp(-1.0 / drift_batches)
+    x = drift * rng.standard_normal()  # the drift's state, drawn from its stationary law
     tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger,
                        confirm=confirm, trim=trim)
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
     tuner._settled_once = first_margin  # True: the first search already needs the margin
     for _ in range(limit):
-        tuner.observe(wall=curve(tuner.n) * noise_factor(rng, model, noise) / 1e3, compute=0.0)
+        x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
+        tuner.observe(wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3,
+                      compute=0.0)
         if tuner.settled:
             break
     return tuner.n, len(tuner.history)
@@ -97,17 +109,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="per-batch noise: drawn from measured walls, or normal with spikes")
     ap.add_argument("--noise", type=float, default=0.10,
                     help="relative std of a batch's time (the normal model only)")
+    ap.add_argument("--drift", type=float, default=0.0,
+                    help="std of the machine's slow drift in log speed (0: none)")
+    ap.add_argument("--drift-batches", type=float, default=20.0,
+                    help="correlation time of the drift, in batches")
     ap.add_argument("--starts", default="3,4,6,8,12", help="the rule's starting n, comma-separated")
     args = ap.parse_args(argv)
     starts = [int(x) for x in args.starts.split(",")]
     best = min(curve(n) for n in range(1, 65))
     out: dict = {"runs": args.runs, "noise_model": args.noise_model,
                  "noise": args.noise if args.noise_model == "normal" else None,
+                 "drift": args.drift, "drift_batches": args.drift_batches,
                  "starts": starts, "settings": []}
     for samples, first_margin, larger, confirm, trim in SETTINGS:
         results = [settle(s, samples=samples, first_margin=first_margin, noise=args.noise,
                           start=start, prefer_larger=larger, confirm=confirm, trim=trim,
-                          model=args.noise_model)
+                          model=args.noise_model, drift=args.drift,
+                          drift_batches=args.drift_batches)
                    for start in starts for s in range(args.runs)]
         ratio = np.array([best / curve(n) for n, _ in results])
         out["settings"].append({

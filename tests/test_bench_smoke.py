@@ -103,12 +103,27 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
         [(3, True, False, 0, 0.0), (3, False, False, 0, 0.0), (4, False, False, 0, 0.0),
          (5, False, False, 0, 0.0), (8, False, False, 0, 0.0), (4, False, True, 0, 0.0),
          (8, False, True, 0, 0.0), (4, False, True, 2, 0.0), (4, False, True, 2, 0.25)]
+    assert out["drift"] == 0.0
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= s["behind_2pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
     assert main(["--runs", "3", "--starts", "8", "--noise-model", "normal", "--noise", "0.05"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["noise_model"] == "normal" and out["noise"] == 0.05 and len(out["settings"]) == 9
+
+
+def test_drift_moves_whole_spells_of_batches_alike():
+    """``--drift``: the tuner sees the machine's slow spells on top of the per-batch noise, and
+    a seeded run is reproducible."""
+    from bench.tuner_noise import settle
+
+    calm = settle(1, samples=4, first_margin=False, noise=0.0, start=3)
+    assert settle(1, samples=4, first_margin=False, noise=0.0, start=3) == calm
+    drifting = [settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2)
+                for s in range(20)]
+    assert drifting == [settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2)
+                        for s in range(20)]
+    assert len({n for n, _ in drifting}) > 1  # a strong drift sends some runs elsewhere
 
 
 def test_the_measured_noise_model_draws_the_stored_distribution():
