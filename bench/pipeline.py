@@ -8,10 +8,12 @@ measured on an unshaped link (n = 1, both parties' compute busy time, median ove
 ``warmup`` batches), then both directions of the ``A <-> B`` link are shaped so that one
 direction carries a batch's cut-layer tensor (``batch x cut x 4`` bytes) in that time: link
 time per direction ~= compute time per batch, on whatever machine runs it (``--link-ratio r``
-makes it ``r`` times that). Before every timed round the compute is measured again
-(``recalibrate`` batches) and the link re-shaped, so the ratio holds while the machine's speed
-drifts; ``link_vs_compute`` reports what it was (link per batch / the compute per batch of
-the round's sequential run, median over rounds).
+makes it ``r`` times that). ``link_vs_compute`` reports the ratio the timed rounds had (link
+per batch / the compute per batch of the round's sequential run, median over rounds): this
+machine's speed drifts, so it strays from 1. ``--recalibrate K`` measures the compute again
+before every timed round (``K`` batches) and re-shapes the link from it; off by default
+(docs/pipeline-bench.md, "Twelfth pass": it kept the ratio nearer 1 but left the tuner's
+choice, made under the first link, behind).
 
 Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
 ends when *both* parties have finished their last batch):
@@ -96,7 +98,7 @@ class BenchConfig:
     latency: float = 0.001
     link_ratio: float = 1.0           # link time per batch / measured compute per batch
     warmup: int = 5                   # unshaped n = 1 batches measuring compute before tuning
-    recalibrate: int = 3              # the same, before every timed round (0: calibrate once)
+    recalibrate: int = 0              # the same, before every timed round (0: calibrate once)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tune_epochs: int = 50             # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
@@ -294,10 +296,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
 
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
             #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live).
-            #    Each round first re-measures the compute and re-shapes the link from it
-            #    (``recalibrate``): this machine's speed drifts by a quarter within seconds, and
-            #    a link shaped once from the first batches ran up to 1.44 times the compute the
-            #    timed runs then measured (docs/pipeline-bench.md, "Twelfth pass").
+            #    With ``recalibrate`` each round first re-measures the compute and re-shapes
+            #    the link from it (off by default; docs/pipeline-bench.md, "Twelfth pass").
             seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
             schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
@@ -588,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="messages per group in the pipelined runs (1: whole groups)")
     ap.add_argument("--recalibrate", type=int, default=BenchConfig.recalibrate,
                     help="unshaped n = 1 batches re-measuring the compute before each timed "
-                         "round, the link re-shaped from them (0: shape the link once)")
+                         "round, the link re-shaped from them (0, the default: shape it once)")
     ap.add_argument("--link-ratio", type=float, default=BenchConfig.link_ratio,
                     help="link time per batch as a multiple of the measured compute per batch "
                          "(1: the balance; above 1 the link binds)")
