@@ -249,8 +249,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             async def calibrate(k: int) -> tuple[float, float]:
                 """(compute per batch, bandwidth): the median over ``k`` unshaped n = 1 FIFO
                 batches of both parties' compute busy time, and the bandwidth that carries a
-                batch's cut tensor in ``link_ratio`` times that. Leaves the link so shaped and
-                the parties on the priority policy, untraced."""
+                batch's cut tensor in ``link_ratio`` times that. Leaves the link so shaped
+                and the parties on FIFO: each caller sets the policy of what it runs next."""
                 wl.net.shape(A, B, bandwidth=None, latency=0.0, both=True)
                 per_batch = []
                 for i in range(k):
@@ -261,7 +261,6 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 compute = statistics.median(per_batch)
                 bandwidth = link_bytes / (compute * cfg.link_ratio)
                 wl.net.shape(A, B, bandwidth=bandwidth, latency=cfg.latency, both=True)
-                wl.set(policy="priority", trace=None)
                 return compute, bandwidth
 
             compute, bandwidth = await calibrate(cfg.warmup)
@@ -331,8 +330,8 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                     wl.set(policy="priority", trace=tr, chunks=1)
                     whole.append((await wl.run_fixed(lane, wl.leader.n_groups, idx_list),
                                   _bound(tr, bandwidth)[0]))
-                log(f"round {r + 1}/{cfg.repeats}: link {link_bytes / bandwidth * 1e3:.1f} ms/batch, "
-                    f"sequential {seq[-1]:.3f} s, auto "
+                log(f"round {r + 1}/{cfg.repeats}: link {link_bytes / bandwidth * 1e3:.1f} "
+                    f"ms/batch, sequential {seq[-1]:.3f} s, auto "
                     f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
                     + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
             sweep = {n: statistics.median(t) for n, t in runs.items()}
@@ -362,10 +361,11 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             link_vs_compute=statistics.median(
                 link / c for link, c in zip(calibration["link_s"],
                                             calibration["sequential_compute_s"])),
-            calibration={"definition": "per timed round: compute_s, the median over "
-                                       "`recalibrate` unshaped n = 1 batches of both parties' "
-                                       "compute per batch, from which link_s (seconds per "
-                                       "batch per direction) is shaped; sequential_compute_s, "
+            calibration={"definition": "per timed round: compute_s, the median over unshaped "
+                                       "n = 1 batches (`recalibrate` of them before the round, "
+                                       "or with recalibrate = 0 the `warmup` ones) of both "
+                                       "parties' compute per batch, from which link_s (seconds "
+                                       "per batch per direction) is shaped; sequential_compute_s, "
                                        "the same busy time in that round's sequential run. "
                                        "link_vs_compute: median of link_s / "
                                        "sequential_compute_s",

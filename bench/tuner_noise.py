@@ -82,13 +82,16 @@ def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
     """(settled n, batches observed) of one seeded run."""
     rng = np.random.default_rng(seed)
     phi = math.exp(-1.0 / drift_batches)
-    x = drift * rng.standard_normal()  # the drift's state, drawn from its stationary law
+    # the drift's state, drawn from its stationary law; no draws without drift, so runs
+    # without it keep the random stream (and the figures) they had before drift existed
+    x = drift * rng.standard_normal() if drift else 0.0
     tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger,
                        confirm=confirm, trim=trim)
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
     tuner._settled_once = first_margin  # True: the first search already needs the margin
     for _ in range(limit):
-        x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
+        if drift:
+            x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
         tuner.observe(wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3,
                       compute=0.0)
         if tuner.settled:
