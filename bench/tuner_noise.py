@@ -28,6 +28,10 @@ pass; how many rounds of measuring a close call again, ``GroupTuner.confirm``, t
 since the tenth; the share ``GroupTuner.trim`` cut at each end of an n's samples before
 averaging, 0.25 since the eleventh) the runs report: the fraction settling more than 2%, 5% and
 10% behind the best n, the mean of best / settled time, and the batches until settling.
+``--rechecks K`` reports the n each run holds after ``K`` re-checks instead (`GroupTuner`
+re-probes a settled n's neighbours every ``recheck`` batches), and the batches until then;
+``--no-verify`` lets a re-check move on one comparison (``GroupTuner.verify``, the default
+since the thirteenth pass; the oldest setting, a margin in the first search, never verifies).
 """
 
 from __future__ import annotations
@@ -77,24 +81,28 @@ def noise_factor(rng: np.random.Generator, model: str, noise: float) -> float:
 def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
            start: int = 3, limit: int = 400, prefer_larger: bool = True,
            confirm: int = 2, trim: float = 0.25, model: str = "measured",
-           drift: float = 0.0,
-           drift_batches: float = 20.0) -> tuple[int, int]:
-    """(settled n, batches observed) of one seeded run."""
+           drift: float = 0.0, drift_batches: float = 20.0,
+           rechecks: int = 0, verify: bool = True) -> tuple[int, int]:
+    """(settled n, batches observed) of one seeded run: the n it settles on after the first
+    search and ``rechecks`` re-checks (`GroupTuner.recheck` batches apart)."""
     rng = np.random.default_rng(seed)
     phi = math.exp(-1.0 / drift_batches)
     # the drift's state, drawn from its stationary law; no draws without drift, so runs
     # without it keep the random stream (and the figures) they had before drift existed
     x = drift * rng.standard_normal() if drift else 0.0
     tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger,
-                       confirm=confirm, trim=trim)
+                       confirm=confirm, trim=trim, verify=verify)
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
     tuner._settled_once = first_margin  # True: the first search already needs the margin
-    for _ in range(limit):
+    settles = 0
+    for _ in range(limit + rechecks * (tuner.recheck + limit)):
         if drift:
             x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
+        was = tuner.settled
         tuner.observe(wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3,
                       compute=0.0)
-        if tuner.settled:
+        settles += tuner.settled and not was
+        if settles > rechecks:
             break
     return tuner.n, len(tuner.history)
 
@@ -117,18 +125,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drift-batches", type=float, default=20.0,
                     help="correlation time of the drift, in batches")
     ap.add_argument("--starts", default="3,4,6,8,12", help="the rule's starting n, comma-separated")
+    ap.add_argument("--rechecks", type=int, default=0,
+                    help="report the n each run holds after this many re-checks (0: after "
+                         "the first search)")
+    ap.add_argument("--no-verify", dest="verify", action="store_false",
+                    help="a re-check moves n on one comparison's win, as before the "
+                         "thirteenth pass (GroupTuner.verify = False)")
     args = ap.parse_args(argv)
     starts = [int(x) for x in args.starts.split(",")]
     best = min(curve(n) for n in range(1, 65))
     out: dict = {"runs": args.runs, "noise_model": args.noise_model,
                  "noise": args.noise if args.noise_model == "normal" else None,
                  "drift": args.drift, "drift_batches": args.drift_batches,
+                 "rechecks": args.rechecks, "verify": args.verify,
                  "starts": starts, "settings": []}
     for samples, first_margin, larger, confirm, trim in SETTINGS:
         results = [settle(s, samples=samples, first_margin=first_margin, noise=args.noise,
                           start=start, prefer_larger=larger, confirm=confirm, trim=trim,
                           model=args.noise_model, drift=args.drift,
-                          drift_batches=args.drift_batches)
+                          drift_batches=args.drift_batches, rechecks=args.rechecks,
+                          verify=args.verify and not first_margin)
                    for start in starts for s in range(args.runs)]
         ratio = np.array([best / curve(n) for n, _ in results])
         out["settings"].append({

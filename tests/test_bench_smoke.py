@@ -126,6 +126,21 @@ def test_drift_moves_whole_spells_of_batches_alike():
     assert len({n for n, _ in drifting}) > 1  # a strong drift sends some runs elsewhere
 
 
+def test_rechecks_keep_a_settled_n_when_their_wins_are_measured_again():
+    """``--rechecks``: a run goes on through re-checks; with a re-check's win measured again
+    (``GroupTuner.verify``) fewer runs drift off the best n (8 on the curve) than when one
+    comparison moves n."""
+    from bench.tuner_noise import settle
+
+    def off_eight(verify: bool) -> int:
+        runs = [settle(s, samples=4, first_margin=False, noise=0.0, start=8, rechecks=2,
+                       verify=verify) for s in range(60)]
+        assert all(b > 2 * 50 for _, b in runs)  # both re-checks ran
+        return sum(n != 8 for n, _ in runs)
+
+    assert off_eight(True) < off_eight(False)
+
+
 def test_the_measured_noise_model_draws_the_stored_distribution():
     import numpy as np
 

@@ -386,6 +386,42 @@ def test_the_first_search_takes_any_faster_n_a_settled_one_only_beyond_the_toler
     assert settle() == 8
 
 
+def _recheck_of_eight(six_after: list[float]) -> GroupTuner:
+    """A tuner settled on 8 (its neighbours and midpoints clearly slower), then run through
+    its first re-check, where 6's first four batches are lucky (0.76 against 8's steady 0.80:
+    5% faster, beyond the 3% tolerance) and its later ones take their walls from
+    ``six_after``. Each n's batches take the next wall of its list; the last one repeats."""
+    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(8e6, 1e6)]) == 8  # rule: ceil(8/1)
+    walls = {8: [0.80], 16: [0.95], 4: [0.95], 11: [0.95],
+             6: [0.90] * 6 + [0.76] * 5 + six_after}  # first search; re-check; then after
+    runs: dict[int, int] = {}
+    settles = 0
+    for _ in range(200):
+        n, was = tuner.n, tuner.settled
+        seq = walls[n]
+        tuner.observe(wall=seq[min(runs.get(n, 0), len(seq) - 1)], compute=1.0)
+        runs[n] = runs.get(n, 0) + 1
+        settles += tuner.settled and not was
+        if settles == 2:
+            return tuner
+    raise AssertionError(f"no second settle: {[h['n'] for h in tuner.history]}")
+
+
+def test_a_recheck_measures_a_win_again_before_leaving_the_settled_n():
+    """One comparison's luck does not move a settled n: 6's four lucky batches at the re-check
+    are followed by more of 6 (0.84), and once its pooled mean no longer beats 8 by the
+    tolerance, 8 stays. A win that holds when measured again, both counts to eight batches,
+    still moves n (the tuner follows a real change)."""
+    tuner = _recheck_of_eight([0.84])
+    assert tuner.n == 8
+    assert len(tuner._walls[6]) > 4 and tuner._mean(6) > 0.80 * (1 - tuner.tolerance)
+
+    tuner = _recheck_of_eight([0.76])
+    assert tuner.n == 6
+    assert len(tuner._walls[6]) == 8 and len(tuner._walls[8]) == 8
+
+
 def test_best_is_the_base_while_a_neighbour_is_on_trial():
     tuner = GroupTuner(batch=64, n=4, samples=1)
     tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: n = 2
