@@ -21,8 +21,9 @@ ends when *both* parties have finished their last batch):
 * ``sequential_s``: n = 1 with the FIFO policy on both parties (no pipelining, no priorities).
 * ``pipelined_s``: the priority policy with the automatic group count: ``SplitParty.fit``
   with ``groups="auto"`` (the `engine.microbatch.GroupTuner` re-tunes between batches) is run
-  until the tuner settles (one ``fit`` call, epochs back to back, as a user trains), then timed
-  over the same number of batches.
+  until the tuner settles and has gone through ``--tune-rechecks`` (1) re-checks, its steady
+  state (one ``fit`` call, epochs back to back, as a user trains), then timed over the same
+  number of batches. ``tuner_first_n`` is the count its first search settled on.
 * ``bound_s``: a lower bound on the pipelined time, measured from the pipelined run's `Trace`:
   ``max(busy(A compute), busy(B compute), bytes(send->B)/bandwidth, bytes(send->A)/bandwidth)``
   where ``busy`` sums the durations of a party's compute-lane events and ``bytes`` sums the
@@ -100,7 +101,8 @@ class BenchConfig:
     warmup: int = 5                   # unshaped n = 1 batches measuring compute before tuning
     recalibrate: int = 0              # the same, before every timed round (0: calibrate once)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    tune_epochs: int = 50             # most epochs of `fit` waiting for the tuner to settle
+    tune_rechecks: int = 1            # re-checks the tuner goes through before the timed rounds
+    tune_epochs: int = 120            # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
     # overhead measurement (tiny model, unshaped link)
     overhead_batch: int = 64
@@ -114,6 +116,9 @@ class BenchConfig:
         if not (self.link_ratio > 0 and math.isfinite(self.link_ratio)):
             raise ConfigError(f"link_ratio must be a positive number (link time per batch / "
                               f"compute time per batch), got {self.link_ratio!r}")
+        if self.tune_rechecks < 0:
+            raise ConfigError(f"tune_rechecks counts the tuner's re-checks before the timed "
+                              f"rounds and must be >= 0, got {self.tune_rechecks}")
         if self.warmup < 1 or self.recalibrate < 0:
             raise ConfigError(f"warmup must be >= 1 and recalibrate >= 0 batches, got "
                               f"{self.warmup} and {self.recalibrate}")
@@ -281,17 +286,28 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             #    the batch after it ~7% faster than the two others, which biased the tuner's
             #    4-batch means by up to 4% depending on where a probe began
             #    (docs/pipeline-bench.md, "Ninth pass").
+            #    The tuner goes on through ``tune_rechecks`` re-checks (`GroupTuner.recheck`
+            #    batches apart) before the timing: its steady state, which a user's training
+            #    reaches within a few hundred batches (docs/pipeline-bench.md, "Thirteenth
+            #    pass").
             tuner = wl.leader.tuner
             wl.set(policy="priority", trace=None)
+            settles, was_settled, first_n = 0, False, None
 
             async def until_settled(epoch: int, done: int) -> bool:
-                return tuner.settled
+                nonlocal settles, was_settled, first_n
+                if tuner.settled and not was_settled:
+                    settles += 1
+                    first_n = first_n or wl.leader.n_groups
+                was_settled = tuner.settled
+                return settles > cfg.tune_rechecks
 
             await wl.leader.fit(cfg.tune_epochs, after_batch=until_settled)
             await wl.synced()
             settled = tuner.settled
             log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
-                f"after {len(tuner.history)} batches: {[h['n'] for h in tuner.history]}")
+                f"(first search: {first_n}) after {len(tuner.history)} batches: "
+                f"{[h['n'] for h in tuner.history]}")
 
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
             #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live).
@@ -350,6 +366,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             schedule_efficiency=None if schedule_s is None else bound_s / schedule_s,
             engine_efficiency=None if schedule_s is None else schedule_s / pipe_s,
             n_groups=wl.leader.n_groups, tuner_settled=settled,
+            tuner_first_n=first_n, tune_rechecks=cfg.tune_rechecks,
             tuner_path=[[h["n"], round(h["wall"], 4)] for h in tuner.history],
             bound_terms={"definition": "max over: each party's compute-lane busy seconds; each "
                                        "link direction's send->PEER tensor bytes / bandwidth; "
@@ -589,13 +606,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recalibrate", type=int, default=BenchConfig.recalibrate,
                     help="unshaped n = 1 batches re-measuring the compute before each timed "
                          "round, the link re-shaped from them (0, the default: shape it once)")
+    ap.add_argument("--tune-rechecks", type=int, default=BenchConfig.tune_rechecks,
+                    help="re-checks the tuner goes through before the timed rounds (0: time "
+                         "right after its first search)")
     ap.add_argument("--link-ratio", type=float, default=BenchConfig.link_ratio,
                     help="link time per batch as a multiple of the measured compute per batch "
                          "(1: the balance; above 1 the link binds)")
     args = ap.parse_args(argv)
     cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
                       seed=args.seed, chunks=args.chunks, link_ratio=args.link_ratio,
-                      recalibrate=args.recalibrate)
+                      recalibrate=args.recalibrate, tune_rechecks=args.tune_rechecks)
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

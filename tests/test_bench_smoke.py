@@ -12,13 +12,13 @@ KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_gr
         "auto_vs_best", "sweep", "bound_terms", "overhead_us_per_op",
         "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
         "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency",
-        "chunks", "unchunked_s", "unchunked_efficiency")
+        "chunks", "unchunked_s", "unchunked_efficiency", "tuner_first_n", "tune_rechecks")
 
 
 @pytest.mark.slow
 async def test_pipeline_benchmark_tiny(tmp_path):
     cfg = BenchConfig(batch_size=16, batches=2, repeats=2, d_in=8, hidden=(16,), cut=8,
-                      top_hidden=(4,), warmup=1, recalibrate=1, sweep=(1, 4), tune_epochs=2,
+                      top_hidden=(4,), warmup=1, recalibrate=1, sweep=(1, 4), tune_epochs=100,
                       overhead_batch=8, overhead_groups=8, overhead_batches=2)
     plot = tmp_path / "gantt.png"
     result = await run_benchmark(cfg, plot=str(plot), log=lambda msg: None)
@@ -41,6 +41,11 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     assert result["chunks"] == cfg.chunks > 1 and result["workload"]["chunks"] == cfg.chunks
     assert math.isfinite(result["unchunked_s"]) and result["unchunked_s"] > 0
     assert 0 < result["unchunked_efficiency"] and len(result["runs"]["unchunked_s"]) == 2
+    # timed after the tuner's first search and one re-check: it settled twice
+    assert result["tune_rechecks"] == 1 and result["tuner_settled"]
+    path = [n for n, _ in result["tuner_path"]]
+    assert 1 <= result["tuner_first_n"] <= cfg.batch_size
+    assert len(path) > 50 + 2 * 4  # two searches of >= 4 samples, 50 batches apart
     # the link is re-shaped from the compute measured before each round
     cal = result["calibration"]
     assert cal["recalibrate"] == 1
@@ -220,5 +225,7 @@ def test_pipeline_benchmark_rejects_a_bad_link_ratio():
             BenchConfig(link_ratio=bad)
     with pytest.raises(ConfigError, match="recalibrate"):
         BenchConfig(recalibrate=-1)
+    with pytest.raises(ConfigError, match="tune_rechecks"):
+        BenchConfig(tune_rechecks=-1)
     with pytest.raises(ConfigError, match="warmup"):
         BenchConfig(warmup=0)
