@@ -316,7 +316,8 @@ class GroupTuner:
         A settled ``n`` is left on one comparison's noise otherwise, and found again only at
         a later re-check that the noise happens to favour: in ``bench.tuner_noise``'s model
         (the midpoint 6 2.8% behind 8), one re-check without this took the runs more than 2%
-        behind the best ``n`` from 4.3% to 14% (docs/pipeline-bench.md, "Thirteenth pass")."""
+        behind the best ``n`` from 3.8% (after the first search) to 14.3%, against 4.4% with
+        it (docs/pipeline-bench.md, "Thirteenth pass")."""
         for c in sorted((k, base), key=lambda c: c != self.n):
             if len(self._walls.get(c, ())) < 2 * self.samples:
                 self.n = c
