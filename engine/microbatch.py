@@ -284,7 +284,7 @@ class GroupTuner:
         best = min((m, k) for k in {base, up, far, base // 2} & set(self._walls)
                    if (m := self._mean(k)) is not None)[1]
         if best != base and self._mean(best) < here * (1 - margin):
-            holds = self._holds(best, base) if self._settled_once and self.verify else True
+            holds = self._holds(best, base)
             if holds is None:
                 return self.n  # a re-check's win, measured again before n moves
             if holds:
@@ -298,7 +298,7 @@ class GroupTuner:
         if mids and self._settled_once:  # a re-check: only a clear gain moves a settled n
             mid = min(mids, key=self._mean)
             if self._mean(mid) < here * (1 - margin):
-                holds = self._holds(mid, base) if self.verify else True
+                holds = self._holds(mid, base)
                 if holds is None:
                     return self.n
                 if holds:
@@ -311,13 +311,16 @@ class GroupTuner:
         """Whether a re-check's move from the settled ``base`` to ``k`` holds up: ``k`` beat
         ``base`` by more than ``tolerance`` on ``samples`` batches each; both are measured
         until each has ``2 * samples`` (the running ``n`` first), and the pooled means decide.
-        None after pointing ``n`` at the count still to be sampled.
+        None after pointing ``n`` at the count still to be sampled. Always True in the first
+        search (its start is a guess; class docstring, 2.) and with ``verify`` off.
 
         A settled ``n`` is left on one comparison's noise otherwise, and found again only at
         a later re-check that the noise happens to favour: in ``bench.tuner_noise``'s model
         (the midpoint 6 2.8% behind 8), one re-check without this took the runs more than 2%
         behind the best ``n`` from 3.8% (after the first search) to 14.3%, against 4.4% with
         it (docs/pipeline-bench.md, "Thirteenth pass")."""
+        if not (self._settled_once and self.verify):
+            return True
         for c in sorted((k, base), key=lambda c: c != self.n):
             if len(self._walls.get(c, ())) < 2 * self.samples:
                 self.n = c
