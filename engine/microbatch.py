@@ -126,7 +126,8 @@ class GroupTuner:
        see 3.). Every ``recheck`` batches the neighbours are tried again, so ``n`` follows a
        link or load that changes; from then on a move needs a gain of more than
        ``tolerance``, so that noise does not flap a settled ``n``, and such a gain is measured
-       again before ``n`` moves (`_holds`). The first search has no such
+       again, the two counts in alternating blocks, before ``n`` moves (`_holds`,
+       `_start_trial`). The first search has no such
        margin: its start is the rule's guess, and a margin there kept lucky starts
        (``bench.pipeline`` settled on 3, 2.7% behind 4 in the tuner's samples and 13% behind 8
        in the timed runs; ``python -m bench.tuner_noise``, 10% noise per batch: with
@@ -192,7 +193,7 @@ class GroupTuner:
     prefer_larger: bool = True
     confirm: int = 2
     recheck: int = 50
-    verify: bool = True  # a re-check's win is measured again before n moves (`_holds`)
+    verify: bool = True  # a re-check's win is measured again, alternating, before n moves
     history: list[dict] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -210,6 +211,8 @@ class GroupTuner:
         self._base = self.n  # the n whose neighbours are being probed
         self._confirm_to = 0  # samples each of a close call's counts is to reach (0: none)
         self._confirmed = 0  # re-measuring rounds the first search has taken
+        self._trial: dict | None = None  # a re-check's win being measured again (`_holds`)
+        self._refuted: set[int] = set()  # counts whose win did not hold in this re-check
 
     @property
     def settled(self) -> bool:
@@ -254,15 +257,23 @@ class GroupTuner:
             ran = any(h["n"] == self.n for h in self.history[:-1])  # its shapes compiled
             self._skip = 1 if ran else 2
         self._last_n = self.n
-        if self._skip:
-            self._skip -= 1
-        else:
+        sample = not self._skip
+        self._skip = max(self._skip - 1, 0)
+        if self._trial is not None:
+            if sample:
+                self._trial["walls"][self.n].append(wall)
+            return self._trial_step()
+        if sample:
             self._walls.setdefault(self.n, []).append(wall)
         if self._settled_at is not None:
             if len(self.history) - self._settled_at < self.recheck:
                 return self.n
             self._settled_at, self._walls = None, {self.n: self._walls[self.n][-self.samples:]}
             self._base = self.n
+            self._refuted = set()
+        return self._step()
+
+    def _step(self) -> int:
         if self._mean(self.n) is None:
             return self.n  # keep sampling the current n (the base or a probe)
         if self._confirm_to:  # measuring a close call again: the search no longer moves
@@ -281,51 +292,93 @@ class GroupTuner:
             return self.n
         # the first search takes any faster n; once settled, only one faster by `tolerance`
         margin = self.tolerance if self._settled_once else 0.0
-        best = min((m, k) for k in {base, up, far, base // 2} & set(self._walls)
+        best = min((m, k) for k in ({base, up, far, base // 2} & set(self._walls)) - self._refuted
                    if (m := self._mean(k)) is not None)[1]
         if best != base and self._mean(best) < here * (1 - margin):
-            holds = self._holds(best, base)
-            if holds is None:
-                return self.n  # a re-check's win, measured again before n moves
-            if holds:
+            if self._holds(best, base):
                 self._base = self.n = best  # move, then probe the new base's neighbours
-                return self.n
+            return self.n  # (or a re-check's win is measured again before n moves)
         mids = self._midpoints(base)
         for mid in mids:
             if self._mean(mid) is None:
                 self.n = mid  # refine on both sides of the base, the faster side first
                 return self.n
         if mids and self._settled_once:  # a re-check: only a clear gain moves a settled n
-            mid = min(mids, key=self._mean)
-            if self._mean(mid) < here * (1 - margin):
-                holds = self._holds(mid, base)
-                if holds is None:
-                    return self.n
-                if holds:
-                    base = self._base = mid
+            mid = min((m for m in mids if m not in self._refuted), key=self._mean, default=base)
+            if mid != base and self._mean(mid) < here * (1 - margin):
+                if not self._holds(mid, base):
+                    return self.n  # measured again first; `_end_trial` settles
+                base = self._base = mid
         elif mids:  # the first search: ties go to the larger n (class docstring, 3. and 4.)
             return self._settle_first_search()
         return self._settle(base)
 
-    def _holds(self, k: int, base: int) -> bool | None:
-        """Whether a re-check's move from the settled ``base`` to ``k`` holds up: ``k`` beat
-        ``base`` by more than ``tolerance`` on ``samples`` batches each; both are measured
-        until each has ``2 * samples`` (the running ``n`` first), and the pooled means decide.
-        None after pointing ``n`` at the count still to be sampled. Always True in the first
-        search (its start is a guess; class docstring, 2.) and with ``verify`` off.
+    def _holds(self, k: int, base: int) -> bool:
+        """Whether a move from ``base`` to ``k`` may be taken now: True in the first search
+        (its start is a guess; class docstring, 2.) and with ``verify`` off. A re-check's win
+        (``k`` beat the settled ``base`` by more than ``tolerance`` on ``samples`` batches
+        each) is measured again first: this starts that trial (`_start_trial`) and returns
+        False, and `_end_trial` takes the move if the win holds.
 
         A settled ``n`` is left on one comparison's noise otherwise, and found again only at
         a later re-check that the noise happens to favour: in ``bench.tuner_noise``'s model
         (the midpoint 6 2.8% behind 8), one re-check without this took the runs more than 2%
-        behind the best ``n`` from 3.8% (after the first search) to 14.3%, against 4.4% with
-        it (docs/pipeline-bench.md, "Thirteenth pass")."""
+        behind the best ``n`` from 3.8% (after the first search) to 14.3% (docs/pipeline-bench.md,
+        "Thirteenth pass")."""
         if not (self._settled_once and self.verify):
             return True
-        for c in sorted((k, base), key=lambda c: c != self.n):
-            if len(self._walls.get(c, ())) < 2 * self.samples:
+        self._start_trial(k, base)
+        return False
+
+    def _start_trial(self, k: int, base: int) -> None:
+        """Measure ``k`` and ``base`` again, afresh, in alternating blocks that mirror each
+        other: ``a(m) b(2m) a(2m) b(2m) a(m)`` with ``m = samples // 2`` (at least 1) and
+        ``a`` the running count (``base`` if neither runs), so each has ``4m`` samples (8 by
+        default), taken at about the same mean time. A slow or fast spell of the machine (a
+        drift in its speed) then weighs on both alike, and a drift linear over the trial all
+        but cancels. The first batch after each switch is no sample (class docstring), so the
+        trial takes ``8m + 4`` batches (one more when it starts with a switch).
+
+        Measuring the two in turn instead (the running count to ``2 * samples``, then the
+        other) let a spell decide: in ``bench.tuner_noise --rechecks 1 --drift 0.1`` (a 10%
+        drift of the machine's speed, correlating over 20 batches) 7.1% of runs ended more
+        than 5% behind the best ``n``; alternating, 2.5% (docs/pipeline-bench.md, "Fourteenth
+        pass")."""
+        a, b = (k, base) if self.n == k else (base, k)
+        m = max(self.samples // 2, 1)
+        self._trial = {"k": k, "base": base, "settle": k in self._midpoints(base),
+                       "walls": {k: [], base: []},
+                       "blocks": [(a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)]}
+        self.n = a
+
+    def _trial_step(self) -> int:
+        """Point ``n`` at the trial's current block, or end the trial once every block has
+        its samples."""
+        t = self._trial
+        due = {c: 0 for c in t["walls"]}
+        for c, m in t["blocks"]:
+            due[c] += m
+            if len(t["walls"][c]) < due[c]:
                 self.n = c
-                return None
-        return self._mean(k) < self._mean(base) * (1 - self.tolerance)
+                return self.n
+        return self._end_trial()
+
+    def _end_trial(self) -> int:
+        """Judge the trial on its own samples (the trimmed means; ``k`` must still beat
+        ``base`` by more than ``tolerance``). A win moves the base to ``k`` (and settles
+        there when ``k`` is a midpoint, as a first-hand win would); a loss keeps ``base``,
+        and the re-check goes on without ``k``. Either way the trial's samples replace the
+        two counts' older ones."""
+        t, self._trial = self._trial, None
+        k, base, walls = t["k"], t["base"], t["walls"]
+        self._walls[base] = list(walls[base])
+        self._walls[k] = list(walls[k])
+        if trimmed_mean(walls[k], self.trim) < trimmed_mean(walls[base], self.trim) * (1 - self.tolerance):
+            self._base = self.n = k
+            return self._settle(k) if t["settle"] else self._step()
+        self._refuted.add(k)
+        self._base = self.n = base
+        return self._step()
 
     def _settle(self, n: int) -> int:
         self._base = self.n = n

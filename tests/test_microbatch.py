@@ -437,3 +437,33 @@ def test_best_is_the_base_while_a_neighbour_is_on_trial():
     for wall in (9.0, 9.0, 0.9):
         tuner.observe(wall=wall, compute=1.0)
     assert tuner.best == tuner.n == 4  # moved to the fastest, 4
+
+
+def test_a_recheck_measures_a_win_again_in_alternating_blocks_so_a_spell_does_not_decide():
+    """The machine speeds up through the re-check (its walls fall 1% a batch: a slow spell
+    ending), so each count measured later looks faster, and 6, truly 1% slower than 8, comes
+    out ahead of the 8 measured before it. The trial alternates the two in mirrored blocks
+    (8, 6, 8, 6, 8: the midpoint 11 ran when it began), so the spell weighs on both alike and
+    8 stays. Measuring them in turn (each to eight batches, pooled) moved n to 6."""
+    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(8e6, 1e6)]) == 8  # rule: ceil(8/1)
+    curve = {8: 0.80, 6: 0.808, 16: 0.95, 4: 0.95, 11: 0.95}
+    settles, spell_from, trial = 0, None, []
+    for _ in range(300):
+        t = len(tuner.history)
+        if tuner.settled and spell_from is None and settles == 1:
+            spell_from = t  # the first settle: the spell starts with the re-check
+        speed = 1.0 if spell_from is None else max(1.0 - 0.01 * (t - spell_from - 10), 0.6)
+        n, was = tuner.n, tuner.settled
+        if tuner._trial is not None:
+            trial.append(n)
+        tuner.observe(wall=curve[n] * min(speed, 1.0), compute=1.0)
+        settles += tuner.settled and not was
+        if settles == 2:
+            break
+    assert settles == 2, [h["n"] for h in tuner.history]
+    assert tuner.n == 8
+    blocks = [n for i, n in enumerate(trial) if i == 0 or trial[i - 1] != n]
+    assert len(blocks) == 5 and blocks[0] == blocks[2] == blocks[4] != blocks[1] == blocks[3]
+    # eight samples each, and a skipped batch at each switch (three into 8, from 11 and 6)
+    assert (trial.count(8), trial.count(6)) == (8 + 3, 8 + 2)
