@@ -9,7 +9,7 @@ import pytest
 from bench.pipeline import BenchConfig, run_benchmark
 
 KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
-        "auto_vs_best", "sweep", "bound_terms", "overhead_us_per_op",
+        "auto_vs_best", "auto_vs_best_of_medians", "sweep", "bound_terms", "overhead_us_per_op",
         "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
         "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency",
         "chunks", "unchunked_s", "unchunked_efficiency", "tuner_first_n", "tune_rechecks")
@@ -29,6 +29,13 @@ async def test_pipeline_benchmark_tiny(tmp_path):
         assert math.isfinite(result[key]) and result[key] > 0 or key == "overhead_us_per_op", key
         assert math.isfinite(result[key]), key
     assert set(result["sweep"]) == {"1", "4"}
+    # auto against the best fixed n within each round (paired), and as a ratio of medians
+    best = result["runs"][f"n={result['best_fixed_n']}"]
+    assert result["sweep"][str(result["best_fixed_n"])] == min(result["sweep"].values())
+    assert result["auto_vs_best"] == pytest.approx(statistics.median(
+        f / a for f, a in zip(best, result["runs"]["pipelined_s"])))
+    assert result["auto_vs_best_of_medians"] == pytest.approx(
+        min(result["sweep"].values()) / result["pipelined_s"])
     assert all(math.isfinite(t) and t > 0 for t in result["sweep"].values())
     assert 1 <= result["n_groups"] <= cfg.batch_size
     terms = {k: v for k, v in result["bound_terms"].items() if k != "definition"}
