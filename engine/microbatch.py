@@ -106,6 +106,22 @@ def trimmed_mean(xs: Sequence[float], trim: float = 0.25) -> float:
 
 
 @dataclasses.dataclass
+class _Trial:
+    """A re-check's win of ``k`` over the settled ``base``, being measured again
+    (`GroupTuner._start_trial`): ``blocks`` of (count, samples) in order, and the walls each
+    count has sampled in them. ``settle``: ``k`` is a midpoint, so a win settles there."""
+
+    k: int
+    base: int
+    settle: bool
+    blocks: tuple[tuple[int, int], ...]
+    walls: dict[int, list[float]] = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.walls = {self.k: [], self.base: []}
+
+
+@dataclasses.dataclass
 class GroupTuner:
     """Chooses ``n`` for the next batch from measurements; re-tuned between batches.
 
@@ -211,7 +227,7 @@ class GroupTuner:
         self._base = self.n  # the n whose neighbours are being probed
         self._confirm_to = 0  # samples each of a close call's counts is to reach (0: none)
         self._confirmed = 0  # re-measuring rounds the first search has taken
-        self._trial: dict | None = None  # a re-check's win being measured again (`_holds`)
+        self._trial: _Trial | None = None  # a re-check's win being measured again (`_holds`)
         self._refuted: set[int] = set()  # counts whose win did not hold in this re-check
 
     @property
@@ -261,7 +277,7 @@ class GroupTuner:
         self._skip = max(self._skip - 1, 0)
         if self._trial is not None:
             if sample:
-                self._trial["walls"][self.n].append(wall)
+                self._trial.walls[self.n].append(wall)
             return self._trial_step()
         if sample:
             self._walls.setdefault(self.n, []).append(wall)
@@ -346,19 +362,18 @@ class GroupTuner:
         pass")."""
         a, b = (k, base) if self.n == k else (base, k)
         m = max(self.samples // 2, 1)
-        self._trial = {"k": k, "base": base, "settle": k in self._midpoints(base),
-                       "walls": {k: [], base: []},
-                       "blocks": [(a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)]}
+        self._trial = _Trial(k, base, settle=k in self._midpoints(base),
+                             blocks=((a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)))
         self.n = a
 
     def _trial_step(self) -> int:
         """Point ``n`` at the trial's current block, or end the trial once every block has
         its samples."""
         t = self._trial
-        due = {c: 0 for c in t["walls"]}
-        for c, m in t["blocks"]:
+        due = {c: 0 for c in t.walls}
+        for c, m in t.blocks:
             due[c] += m
-            if len(t["walls"][c]) < due[c]:
+            if len(t.walls[c]) < due[c]:
                 self.n = c
                 return self.n
         return self._end_trial()
@@ -370,12 +385,11 @@ class GroupTuner:
         and the re-check goes on without ``k``. Either way the trial's samples replace the
         two counts' older ones."""
         t, self._trial = self._trial, None
-        k, base, walls = t["k"], t["base"], t["walls"]
-        self._walls[base] = list(walls[base])
-        self._walls[k] = list(walls[k])
-        if trimmed_mean(walls[k], self.trim) < trimmed_mean(walls[base], self.trim) * (1 - self.tolerance):
+        k, base = t.k, t.base
+        self._walls.update(t.walls)
+        if self._mean(k) < self._mean(base) * (1 - self.tolerance):
             self._base = self.n = k
-            return self._settle(k) if t["settle"] else self._step()
+            return self._settle(k) if t.settle else self._step()
         self._refuted.add(k)
         self._base = self.n = base
         return self._step()
