@@ -5,7 +5,8 @@
 Workload: the ``two_party`` topology (party ``A`` holds a bottom MLP over synthetic float32
 features; party ``B`` holds a small top MLP, the labels and the loss). Compute per batch is
 measured on an unshaped link (n = 1, both parties' compute busy time, median over
-``warmup`` batches), then both directions of the ``A <-> B`` link are shaped so that one
+``warmup`` batches: 20, as the machine's speed drifts in spells of about a second; medians of
+5 consecutive batches scattered by 10% around the median of 600, of 20 by about 6%), then both directions of the ``A <-> B`` link are shaped so that one
 direction carries a batch's cut-layer tensor (``batch x cut x 4`` bytes) in that time: link
 time per direction ~= compute time per batch, on whatever machine runs it (``--link-ratio r``
 makes it ``r`` times that). ``link_vs_compute`` reports the ratio the timed rounds had (link
@@ -32,8 +33,10 @@ ends when *both* parties have finished their last batch):
   ``bound_terms``.
 * ``speedup`` = sequential / pipelined; ``efficiency`` = bound / pipelined.
 * ``sweep``: n -> seconds for fixed n (priority policy); ``best_fixed_n`` the fastest of
-  these medians. The timed runs are interleaved round by round (sequential, every fixed n,
-  auto), so load drifting on a shared machine hits every variant alike, and ``auto_vs_best``
+  these medians. The timed runs are interleaved round by round (sequential, then every fixed
+  n in ascending order with the auto run next to the fixed run of the tuner's n,
+  `round_order`), so load drifting on a shared machine hits every variant alike, and
+  ``auto_vs_best``
   = best swept time / auto time is taken within each round and the median reported (paired,
   as ``unchunked_efficiency`` is). ``auto_vs_best_of_medians`` is the ratio of the two
   medians instead, the definition before the fourteenth pass (docs/pipeline-bench.md).
@@ -101,7 +104,7 @@ class BenchConfig:
     chunks: int = 4                   # messages per group in the pipelined runs
     latency: float = 0.001
     link_ratio: float = 1.0           # link time per batch / measured compute per batch
-    warmup: int = 5                   # unshaped n = 1 batches measuring compute before tuning
+    warmup: int = 20                  # unshaped n = 1 batches measuring compute before tuning
     recalibrate: int = 0              # the same, before every timed round (0: calibrate once)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     tune_rechecks: int = 1            # re-checks the tuner goes through before the timed rounds
@@ -232,6 +235,22 @@ def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: flo
     return result.makespan
 
 
+def round_order(ns, n_auto: int, r: int) -> list[int | None]:
+    """The pipelined runs of timed round ``r``: the fixed counts ``ns`` in ascending order, and
+    the auto run (``None``) in its place among them, next to the fixed run of the tuner's count
+    ``n_auto``: after it in even rounds, before it in odd ones (where ``n_auto`` is not swept,
+    between its neighbours).
+
+    ``auto_vs_best`` pairs the auto run with the best fixed count's run of the same round, and
+    the machine's speed drifts in spells of about a second: three-batch runs 0.3 s apart
+    correlate at 0.64, 1.3 s apart at 0 (600 unshaped n = 1 batches, docs/pipeline-bench.md,
+    "Fifteenth pass"). With the auto run last, after the runs at 16 and 32, the pair stood
+    about 1.3 s apart and correlated at 0.29 over 150 rounds. Alternating the side spreads
+    whatever the run before leaves behind over both."""
+    below = [n for n in ns if n < n_auto or (n == n_auto and r % 2 == 0)]
+    return [*below, None, *[n for n in ns if n not in below]]
+
+
 # -- the pipeline measurement ---------------------------------------------------------------------
 async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                            plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
@@ -333,17 +352,19 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 calibration["sequential_compute_s"].append(
                     (tr.busy(A) + tr.busy(B)) / cfg.batches)
                 seq_trace = seq_trace or tr
-                for n in ns:  # traced like the auto run (whose trace gives the bound): same cost
-                    wl.set(policy="priority", trace=Trace())
-                    runs[n].append(await wl.run_fixed(lane, n, idx_list))
-                tr = Trace()
-                wl.set(policy="priority", trace=tr)
-                auto.append(await wl.run_auto_epoch())
-                bounds.append(_bound(tr, bandwidth))
-                pipe_trace = pipe_trace or tr
-                if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches:]):
-                    schedules.append(cfg.batches * _schedule(tr, wl, wl.leader.n_groups,
-                                                             bandwidth, cfg.latency))
+                for n in round_order(ns, wl.leader.n_groups, r):
+                    if n is not None:  # traced like the auto run (whose trace gives the
+                        wl.set(policy="priority", trace=Trace())  # bound): the same cost
+                        runs[n].append(await wl.run_fixed(lane, n, idx_list))
+                        continue
+                    tr = Trace()
+                    wl.set(policy="priority", trace=tr)
+                    auto.append(await wl.run_auto_epoch())
+                    bounds.append(_bound(tr, bandwidth))
+                    pipe_trace = pipe_trace or tr
+                    if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches:]):
+                        schedules.append(cfg.batches * _schedule(tr, wl, wl.leader.n_groups,
+                                                                 bandwidth, cfg.latency))
                 if cfg.chunks > 1:  # what chunking buys, measured in the same round
                     tr = Trace()
                     wl.set(policy="priority", trace=tr, chunks=1)

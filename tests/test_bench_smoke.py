@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from bench.pipeline import BenchConfig, run_benchmark
+from bench.pipeline import BenchConfig, round_order, run_benchmark
 
 KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
         "auto_vs_best", "auto_vs_best_of_medians", "sweep", "bound_terms", "overhead_us_per_op",
@@ -69,6 +69,20 @@ async def test_pipeline_benchmark_tiny(tmp_path):
             result["schedule_s"] / result["pipelined_s"])
         assert result["schedule_efficiency"] == pytest.approx(
             result["bound_s"] / result["schedule_s"])
+
+
+def test_each_round_times_auto_next_to_the_fixed_run_of_its_n_on_alternating_sides():
+    ns = [1, 2, 4, 8, 16, 32]
+    assert round_order(ns, 8, 0) == [1, 2, 4, 8, None, 16, 32]
+    assert round_order(ns, 8, 1) == [1, 2, 4, None, 8, 16, 32]
+    for r in (0, 1):  # a count the sweep lacks: between its neighbours
+        assert round_order(ns, 6, r) == [1, 2, 4, None, 8, 16, 32]
+    assert round_order(ns, 1, 1) == [None, 1, 2, 4, 8, 16, 32]
+    assert round_order(ns, 64, 1) == [*ns, None]
+    for n_auto in (1, 3, 8, 40):
+        for r in range(4):
+            order = round_order(ns, n_auto, r)
+            assert sorted(n for n in order if n is not None) == ns and order.count(None) == 1
 
 
 @pytest.mark.slow
