@@ -115,6 +115,7 @@ class _Trial:
     base: int
     settle: bool
     blocks: tuple[tuple[int, int], ...]
+    tie: bool = False
     walls: dict[int, list[float]] = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,7 +151,12 @@ class GroupTuner:
        the margin 7.0% of runs end more than 10% behind the best n, without it 4.2%).
 
     3. Ties go to the larger ``n`` (``prefer_larger``): the first search settles on the largest
-       count measured in it whose mean is within ``tolerance`` of the fastest. Four
+       count measured in it whose mean is within ``tolerance`` of the fastest, and a re-check
+       that finds no clear gain moves to the largest count above the settled one whose mean is
+       within ``tolerance`` of it, once alternating blocks have measured that tie again
+       (`_level_above`). A spell during one probe of the first search can put a count 30-40%
+       behind that the timed runs find level (``bench.pipeline``, fifteenth pass: 8 behind 4,
+       then level with it at the re-check, which kept 4 for want of a 3% gain). Four
        samples of batches that scatter by about 10% cannot rank two counts 3% apart, and
        near the optimum the larger has the shorter fill and drain (smaller end groups, a
        smaller last part on the gradient link), which is what a batch the link binds waits
@@ -325,16 +331,30 @@ class GroupTuner:
                 if not self._holds(mid, base):
                     return self.n  # measured again first; `_end_trial` settles
                 base = self._base = mid
+            elif self.prefer_larger and (up := self._level_above(base)) is not None:
+                if not self._holds(up, base, tie=True):
+                    return self.n
+                base = self._base = up
         elif mids:  # the first search: ties go to the larger n (class docstring, 3. and 4.)
             return self._settle_first_search()
         return self._settle(base)
 
-    def _holds(self, k: int, base: int) -> bool:
+    def _level_above(self, base: int) -> int | None:
+        """The largest count above ``base`` measured in this re-check (and not refuted) whose
+        mean is within ``tolerance`` of ``base``'s, or None: a re-check's tie, which goes to
+        the larger count as the first search's does (class docstring, 3.)."""
+        here = self._mean(base)
+        level = [k for k in self._walls if k > base and k not in self._refuted
+                 and (m := self._mean(k)) is not None and m <= here * (1 + self.tolerance)]
+        return max(level, default=None)
+
+    def _holds(self, k: int, base: int, *, tie: bool = False) -> bool:
         """Whether a move from ``base`` to ``k`` may be taken now: True in the first search
         (its start is a guess; class docstring, 2.) and with ``verify`` off. A re-check's win
         (``k`` beat the settled ``base`` by more than ``tolerance`` on ``samples`` batches
         each) is measured again first: this starts that trial (`_start_trial`) and returns
-        False, and `_end_trial` takes the move if the win holds.
+        False, and `_end_trial` takes the move if the win holds (``tie``: a larger count
+        level with ``base``, `_level_above`; it must stay level).
 
         A settled ``n`` is left on one comparison's noise otherwise, and found again only at
         a later re-check that the noise happens to favour: in ``bench.tuner_noise``'s model
@@ -343,10 +363,10 @@ class GroupTuner:
         "Thirteenth pass")."""
         if not (self._settled_once and self.verify):
             return True
-        self._start_trial(k, base)
+        self._start_trial(k, base, tie=tie)
         return False
 
-    def _start_trial(self, k: int, base: int) -> None:
+    def _start_trial(self, k: int, base: int, *, tie: bool = False) -> None:
         """Measure ``k`` and ``base`` again, afresh, in alternating blocks that mirror each
         other: ``a(m) b(2m) a(2m) b(2m) a(m)`` with ``m = samples // 2`` (at least 1) and
         ``a`` the running count (``base`` if neither runs), so each has ``4m`` samples (8 by
@@ -362,7 +382,7 @@ class GroupTuner:
         pass")."""
         a, b = (k, base) if self.n == k else (base, k)
         m = max(self.samples // 2, 1)
-        self._trial = _Trial(k, base, settle=k in self._midpoints(base),
+        self._trial = _Trial(k, base, settle=tie or k in self._midpoints(base), tie=tie,
                              blocks=((a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)))
         self.n = a
 
@@ -379,15 +399,17 @@ class GroupTuner:
         return self._end_trial()
 
     def _end_trial(self) -> int:
-        """Judge the trial on its own samples (the trimmed means; ``k`` must still beat
-        ``base`` by more than ``tolerance``). A win moves the base to ``k`` (and settles
-        there when ``k`` is a midpoint, as a first-hand win would); a loss keeps ``base``,
-        and the re-check goes on without ``k``. Either way the trial's samples replace the
-        two counts' older ones."""
+        """Judge the trial on its own samples (the trimmed means): ``k`` must still beat
+        ``base`` by more than ``tolerance``, or for a tie (``tie``: a larger count level with
+        the settled one, `_level_above`) be no more than ``tolerance`` behind it. A win moves
+        the base to ``k`` (and settles there when ``k`` is a midpoint or a tie, as a
+        first-hand win would); a loss keeps ``base``, and the re-check goes on without ``k``.
+        Either way the trial's samples replace the two counts' older ones."""
         t, self._trial = self._trial, None
         k, base = t.k, t.base
         self._walls.update(t.walls)
-        if self._mean(k) < self._mean(base) * (1 - self.tolerance):
+        bar = 1 + self.tolerance if t.tie else 1 - self.tolerance
+        if self._mean(k) < self._mean(base) * bar:
             self._base = self.n = k
             return self._settle(k) if t.settle else self._step()
         self._refuted.add(k)

@@ -376,14 +376,48 @@ def test_the_first_search_takes_any_faster_n_a_settled_one_only_beyond_the_toler
         raise AssertionError([h["n"] for h in tuner.history])
 
     assert settle() == 4  # 1% faster than 2: taken by the first search
-    walls.update({8: 0.975, 2: 1.2})  # 8 now 1.5% faster than 4: within the tolerance
+    walls[2] = 0.975  # 2 now 1.5% faster than 4: within the tolerance
     for _ in range(6):  # the re-check interval passes, then 4's neighbours are probed again
         tuner.observe(wall=walls[4], compute=1.0)
-    assert settle() == 4 and tuner._mean(8) == 0.975  # re-measured, not taken
-    walls[8] = 0.9  # 9% faster: beyond the tolerance
+    assert settle() == 4 and tuner._mean(2) == 0.975  # re-measured, not taken
+    walls[2] = 0.9  # 9% faster: beyond the tolerance
     for _ in range(6):
         tuner.observe(wall=walls[4], compute=1.0)
-    assert settle() == 8
+    assert settle() == 2
+
+
+@pytest.mark.parametrize("eight, settles_on", [(1.0, 8), (0.98, 8), (1.03, 4)])
+def test_a_recheck_gives_a_tie_to_the_larger_count_as_the_first_search_does(eight, settles_on):
+    """A re-check whose probes find a larger count level with the settled one (within the
+    tolerance either way) moves there, once alternating blocks have measured the tie again:
+    the first search's rule (ties to the larger n, shorter fill and drain), which a first
+    search misled by a spell could not apply. A larger count further behind leaves n alone,
+    and so does a smaller one that is level (the margin: noise does not flap n)."""
+    tuner = GroupTuner(batch=64, n=4, samples=1, recheck=6)
+    assert tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)]) == 2  # rule: n = 2
+    walls = {1: 1.1, 2: 1.0, 4: 0.99, 8: 1.2}
+
+    trial: list[int] = []  # the counts run while a trial measures a tie or a win again
+
+    def settle() -> int:
+        for _ in range(60):
+            if tuner._trial is not None:
+                trial.append(tuner.n)
+            tuner.observe(wall=walls.get(tuner.n, 1.3), compute=1.0)
+            if tuner._settled_at is not None:
+                return tuner.n
+        raise AssertionError([h["n"] for h in tuner.history])
+
+    assert settle() == 4  # 8 was 21% behind in the first search
+    walls.update({8: eight, 2: 0.985})  # 8 level (or 4% behind); 2 level, 0.5% ahead
+    for _ in range(6):
+        tuner.observe(wall=walls[4], compute=1.0)
+    assert settle() == settles_on
+    blocks = [n for i, n in enumerate(trial) if i == 0 or trial[i - 1] != n]
+    if settles_on == 8:  # the tie measured again in alternating blocks before the move
+        assert len(blocks) == 5 and set(blocks) == {4, 8}
+    else:
+        assert trial == []
 
 
 def _recheck_of_eight(six_after: list[float]) -> GroupTuner:
