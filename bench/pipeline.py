@@ -6,15 +6,16 @@ Workload: the ``two_party`` topology (party ``A`` holds a bottom MLP over synthe
 features; party ``B`` holds a small top MLP, the labels and the loss). Compute per batch is
 measured on an unshaped link (n = 1, both parties' compute busy time, median over
 ``warmup`` batches: 20, as the machine's speed drifts in spells of about a second; medians of
-5 consecutive batches scattered by 10% around the median of 600, of 20 by about 6%), then both directions of the ``A <-> B`` link are shaped so that one
-direction carries a batch's cut-layer tensor (``batch x cut x 4`` bytes) in that time: link
-time per direction ~= compute time per batch, on whatever machine runs it (``--link-ratio r``
-makes it ``r`` times that). ``link_vs_compute`` reports the ratio the timed rounds had (link
-per batch / the compute per batch of the round's sequential run, median over rounds): this
-machine's speed drifts, so it strays from 1. ``--recalibrate K`` measures the compute again
-before every timed round (``K`` batches) and re-shapes the link from it; off by default
-(docs/pipeline-bench.md, "Twelfth pass": it kept the ratio nearer 1 but left the tuner's
-choice, made under the first link, behind).
+5 consecutive batches scattered by 10% around the median of 600, of 20 by about 6%), then
+both directions of the ``A <-> B`` link are shaped so that one direction carries a batch's
+cut-layer tensor (``batch x cut x 4`` bytes) in that time: link time per direction ~= compute
+time per batch, on whatever machine runs it (``--link-ratio r`` makes it ``r`` times that).
+``link_vs_compute`` reports the ratio the timed rounds had (link per batch / the compute per
+batch of the round's sequential run, median over rounds): this machine's speed drifts, so it
+strays from 1. ``--recalibrate K`` measures the compute again before every timed round (``K``
+batches) and re-shapes the link from it; off by default (docs/pipeline-bench.md, "Twelfth
+pass": it kept the ratio nearer 1 but left the tuner's choice, made under the first link,
+behind).
 
 Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
 ends when *both* parties have finished their last batch):
@@ -245,7 +246,8 @@ def round_order(ns, n_auto: int, r: int) -> list[int | None]:
     the machine's speed drifts in spells of about a second: three-batch runs 0.3 s apart
     correlate at 0.64, 1.3 s apart at 0 (600 unshaped n = 1 batches, docs/pipeline-bench.md,
     "Fifteenth pass"). With the auto run last, after the runs at 16 and 32, the pair stood
-    about 1.3 s apart and correlated at 0.29 over 150 rounds. Alternating the side spreads
+    about 1.3 s apart and correlated at 0.08 over 190 rounds; next to each other, at 0.48
+    over 180. Alternating the side spreads
     whatever the run before leaves behind over both."""
     below = [n for n in ns if n < n_auto or (n == n_auto and r % 2 == 0)]
     return [*below, None, *[n for n in ns if n not in below]]

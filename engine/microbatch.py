@@ -154,7 +154,7 @@ class GroupTuner:
        count measured in it whose mean is within ``tolerance`` of the fastest, and a re-check
        that finds no clear gain moves to the largest count above the settled one whose mean is
        within ``tolerance`` of it, once alternating blocks have measured that tie again
-       (`_level_above`). A spell during one probe of the first search can put a count 30-40%
+       (`_level_above`). A spell during one probe of the first search can put a count about 40%
        behind that the timed runs find level (``bench.pipeline``, fifteenth pass: 8 behind 4,
        then level with it at the re-check, which kept 4 for want of a 3% gain). Four
        samples of batches that scatter by about 10% cannot rank two counts 3% apart, and
