@@ -37,10 +37,10 @@ ends when *both* parties have finished their last batch):
   these medians. The timed runs are interleaved round by round (sequential, then every fixed
   n in ascending order with the auto run next to the fixed run of the tuner's n,
   `round_order`), so load drifting on a shared machine hits every variant alike, and
-  ``auto_vs_best``
-  = best swept time / auto time is taken within each round and the median reported (paired,
-  as ``unchunked_efficiency`` is). ``auto_vs_best_of_medians`` is the ratio of the two
-  medians instead, the definition before the fourteenth pass (docs/pipeline-bench.md).
+  ``auto_vs_best`` = best swept time / auto time is taken within each round and the median
+  reported (paired, as ``unchunked_efficiency`` is). ``auto_vs_best_of_medians`` is the ratio
+  of the two medians instead, the definition before the fourteenth pass
+  (docs/pipeline-bench.md).
 * ``overhead_us_per_op``: the engine's own cost per plan op (F/L/B/U compute ops *and* S/R
   sends/receives, both parties), with a tiny model on an unshaped memory link and many
   micro-batches: median over interleaved pairs of (runtime wall time - baseline) / ops, where
@@ -247,8 +247,7 @@ def round_order(ns, n_auto: int, r: int) -> list[int | None]:
     correlate at 0.64, 1.3 s apart at 0 (600 unshaped n = 1 batches, docs/pipeline-bench.md,
     "Fifteenth pass"). With the auto run last, after the runs at 16 and 32, the pair stood
     about 1.3 s apart and correlated at 0.08 over 190 rounds; next to each other, at 0.48
-    over 180. Alternating the side spreads
-    whatever the run before leaves behind over both."""
+    over 180. Alternating the side spreads whatever the run before leaves behind over both."""
     below = [n for n in ns if n < n_auto or (n == n_auto and r % 2 == 0)]
     return [*below, None, *[n for n in ns if n not in below]]
 
