@@ -37,3 +37,18 @@ def test_role_config_errors_are_clear(tmp_path, capsys):
     bad.write_text('name = "c"\nintervall = 1\n[data_servers]\nds0 = "http://127.0.0.1:1"\n')
     assert main(["elastic", "coordinator", "--config", str(bad)]) == 2
     assert "unknown key(s) ['intervall']" in capsys.readouterr().err
+
+
+def test_a_worker_no_coordinator_welcomes_exits_with_a_clear_error(tmp_path, capsys):
+    """Started after its coordinator finished (or at a wrong address), a worker used to beat
+    into the void forever; it now gives up after ``join_timeout`` and says why."""
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('name = "w9"\ncoordinator = "http://127.0.0.1:1"\nheartbeat = 0.05\n'
+                   'join_timeout = 0.5\n')
+    assert main(["elastic", "worker", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "no WELCOME from coordinator 'coordinator' within 0.5 s" in err
+    assert "raise join_timeout" in err
+    cfg.write_text('name = "w9"\ncoordinator = "http://127.0.0.1:1"\njoin_timeout = 0\n')
+    assert main(["elastic", "worker", "--config", str(cfg)]) == 2
+    assert "join_timeout must be > 0 s" in capsys.readouterr().err

@@ -285,3 +285,26 @@ async def test_worker_reports_an_unacknowledged_result_and_takes_the_next_task()
         assert (done.meta["batch"], done.meta["ok"]) == (2, True)
         await coord.send("w0", P.CTL, Frame(meta={"op": "stop"}))
     assert worker.done == 1 and not worker.killed
+
+
+async def test_a_worker_nobody_welcomes_stops_beating_and_says_so():
+    """A coordinator that never welcomes the worker (finished, or not admitting it) must not
+    keep it beating forever: after ``join_timeout`` it raises `NotWelcomedError`, and none of
+    its tasks is left running."""
+    from parties.elastic.errors import NotWelcomedError
+    from parties.elastic.worker import Worker
+
+    net = MemoryNetwork()
+    coord = net.endpoint("coordinator")
+    worker = Worker(net.endpoint("w0"), coordinator="coordinator", heartbeat=0.02,
+                    join_timeout=0.2)
+    before = asyncio.all_tasks()
+    async with asyncio.timeout(10):
+        run = asyncio.create_task(worker.run())
+        assert (await coord.recv("w0", P.HB)).meta["incarnation"] == worker.incarnation
+        with pytest.raises(NotWelcomedError, match="no WELCOME from coordinator 'coordinator' "
+                                                   "within 0.2 s"):
+            await run
+    assert asyncio.all_tasks() == before
+    with pytest.raises(ValueError, match="join_timeout must be > 0 s or None"):
+        Worker(net.endpoint("w1"), coordinator="coordinator", heartbeat=0.1, join_timeout=0)

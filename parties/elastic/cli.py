@@ -22,7 +22,7 @@ from typing import Any
 
 from transports.errors import TandemError
 
-from .errors import ConfigError
+from .errors import ConfigError, NotWelcomedError
 
 log = logging.getLogger(__name__)
 
@@ -213,15 +213,23 @@ async def _worker(args) -> int:
     _logging(args)
     try:
         cfg = load_config(args.config, {"name": str, "coordinator": str},
-                          {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float})
+                          {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float,
+                           "join_timeout": float})
+        join_timeout = float(cfg.get("join_timeout", 60.0))
+        if not join_timeout > 0:
+            raise ConfigError(f"config {args.config!r}: join_timeout must be > 0 s (how long "
+                              f"the worker waits to be welcomed), got {join_timeout!r}")
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
         worker = Worker(t, coordinator=coord, heartbeat=float(cfg.get("heartbeat", 0.3)),
-                        url=cfg.get("advertise_url", t.url))
+                        url=cfg.get("advertise_url", t.url), join_timeout=join_timeout)
         print(f"{cfg['name']}: worker on {t.url}", flush=True)
-        await worker.run()
+        try:
+            await worker.run()
+        except NotWelcomedError as exc:
+            return _fail(exc)
         print(f"{cfg['name']}: stopped after {worker.done} batches", flush=True)
     return 0
 

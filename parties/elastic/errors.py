@@ -5,7 +5,7 @@ from __future__ import annotations
 from engine.errors import ConfigError, EngineError
 
 __all__ = ["ElasticError", "StaleGenerationError", "LedgerError", "ConfigError",
-           "ProtocolError"]
+           "ProtocolError", "NotWelcomedError"]
 
 
 class ElasticError(EngineError):
@@ -28,3 +28,9 @@ class LedgerError(ElasticError):
 
 class ProtocolError(ElasticError, ValueError):
     """A frame between elastic roles is malformed (missing field, wrong shape or dtype)."""
+
+
+class NotWelcomedError(ElasticError):
+    """A worker heard no ``WELCOME`` from its coordinator within its ``join_timeout``: the
+    coordinator is not running, not reachable at the configured address, has already finished,
+    or does not admit this worker (one on no roster needs the coordinator's secret)."""

@@ -1,7 +1,10 @@
 """The stateless worker: it keeps no parameters between requests.
 
 Life cycle: beat to the coordinator every ``heartbeat`` seconds; on ``WELCOME`` (the data
-servers' directory) listen to every data server for ``TASK``s. For each task: compute the
+servers' directory) listen to every data server for ``TASK``s. A worker that is not welcomed
+within ``join_timeout`` seconds of starting stops its heartbeats and raises `NotWelcomedError`
+(a coordinator that already finished, or one that never admits it, would otherwise keep it
+beating forever); None waits for as long as it takes. For each task: compute the
 batch's loss and gradient with JAX off the event loop, push the gradient (``RESULT``), wait
 for the data server's ``ACK``, report the batch id to the coordinator (``DONE``). One task at a
 time. ``stop`` from the coordinator ends it.
@@ -31,7 +34,7 @@ from transports.base import Frame, Transport
 from transports.errors import TransportClosedError, TransportError
 
 from . import protocol as P
-from .errors import ElasticError, ProtocolError
+from .errors import ElasticError, NotWelcomedError, ProtocolError
 from .spec import ModelSpec
 
 log = logging.getLogger(__name__)
@@ -56,9 +59,13 @@ def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, li
 class Worker:
     def __init__(self, transport: Transport, *, coordinator: str, heartbeat: float,
                  url: str = "", chaos: Callable[[str, int], None] | None = None,
-                 ack_timeout: float | None = None) -> None:
+                 ack_timeout: float | None = None, join_timeout: float | None = 60.0) -> None:
         if not heartbeat > 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {heartbeat!r}")
+        if join_timeout is not None and not join_timeout > 0:
+            raise ValueError(f"join_timeout must be > 0 s or None (wait forever), got "
+                             f"{join_timeout!r}")
+        self.join_timeout = join_timeout
         self.ack_timeout = ack_timeout if ack_timeout is not None else max(1.0, 10 * heartbeat)
         self.t = transport
         self.coordinator = coordinator
@@ -71,25 +78,52 @@ class Worker:
         self._busy = asyncio.Lock()
 
     async def run(self) -> None:
-        """Work until ``stop`` (returns) or a simulated death (returns with ``killed``)."""
+        """Work until ``stop`` (returns) or a simulated death (returns with ``killed``).
+
+        Raises `NotWelcomedError` when no ``WELCOME`` came within ``join_timeout``; nothing of
+        the worker is left running then."""
+        welcomed = True
         try:
             async with asyncio.TaskGroup() as tg:
                 beats = tg.create_task(self._beat())
-                welcome = await self.t.recv(self.coordinator, P.WELCOME)
-                servers = P.field(welcome, "data_servers", dict)
-                loops = [beats]
-                for ds, url in servers.items():
-                    P.learn_peer(self.t, ds, url)
-                    loops.append(tg.create_task(self._serve(ds)))
-                try:
-                    stop = await self.t.recv(self.coordinator, P.CTL)
-                    log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
-                except TransportError as exc:
-                    log.warning("%s: coordinator gone (%s); stopping", self.t.name, exc)
-                for task in loops:
-                    task.cancel()
+                welcome = await self._welcome()
+                if welcome is None:
+                    welcomed = False
+                    beats.cancel()
+                else:
+                    await self._work(tg, beats, welcome)
         except* WorkerKilled:
             self.killed = True
+        if not welcomed:
+            raise NotWelcomedError(
+                f"{self.t.name}: no WELCOME from coordinator {self.coordinator!r} within "
+                f"{self.join_timeout:g} s of starting: it is not running or not reachable at "
+                "the configured address, it has already finished, or it does not admit this "
+                "worker (a worker on no roster needs the coordinator's secret). Start or fix "
+                "the coordinator, or raise join_timeout to wait longer")
+
+    async def _welcome(self) -> Frame | None:
+        """The coordinator's ``WELCOME``, or None after ``join_timeout``."""
+        try:  # recv is cancel-safe: a timed-out wait loses no frame
+            async with asyncio.timeout(self.join_timeout):
+                return await self.t.recv(self.coordinator, P.WELCOME)
+        except TimeoutError:
+            return None
+
+    async def _work(self, tg: asyncio.TaskGroup, beats: asyncio.Task, welcome: Frame) -> None:
+        """Serve every data server in ``welcome`` until the coordinator says stop or is gone."""
+        servers = P.field(welcome, "data_servers", dict)
+        loops = [beats]
+        for ds, url in servers.items():
+            P.learn_peer(self.t, ds, url)
+            loops.append(tg.create_task(self._serve(ds)))
+        try:
+            stop = await self.t.recv(self.coordinator, P.CTL)
+            log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
+        except TransportError as exc:
+            log.warning("%s: coordinator gone (%s); stopping", self.t.name, exc)
+        for task in loops:
+            task.cancel()
 
     async def _beat(self) -> None:
         meta = {"incarnation": self.incarnation, "url": self.url}
