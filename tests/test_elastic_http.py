@@ -2,7 +2,10 @@
 
 Six processes: two data servers, three workers, a coordinator. The coordinator's roster lists
 w0 and w1; w2 is on no list and is started only after the kill: it joins by signing its
-heartbeats with the shared secret (the coordinator admits authenticated unknown senders). The run must finish with every batch of every epoch committed exactly once,
+heartbeats with the shared secret (the coordinator admits authenticated unknown senders).
+Its process is launched at the outset but holds at a gate (its imports done) until the kill:
+on a loaded 2-core machine importing JAX took longer than the rest of the training, and a
+worker that starts after its coordinator finished is never welcomed. The run must finish with every batch of every epoch committed exactly once,
 the killed worker removed, and the surviving workers never restarted (they exit 0 on stop).
 """
 
@@ -22,6 +25,11 @@ from parties.elastic.spec import ModelSpec, make_dataset, save_shard
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 EPOCHS = 5
+GATED = ("import sys\n"
+         "import jax, parties.cli, parties.elastic.cli, parties.elastic.worker, transports.http\n"
+         "print('ready', flush=True)\n"
+         "sys.stdin.readline()\n"
+         "sys.exit(parties.cli.main(sys.argv[1:]))\n")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -80,8 +88,22 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
             [sys.executable, "-m", "parties.cli", "elastic", role, "--config", cfg[name], *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
+    def start_gated(role: str, name: str) -> None:
+        """The CLI in a process that has imported everything it needs and waits for a line
+        on stdin before it runs (`open_gate`)."""
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-c", GATED, "elastic", role, "--config", cfg[name]], env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        ready = procs[name].stdout.readline()
+        assert ready == "ready\n", ready + procs[name].stdout.read()
+
+    def open_gate(name: str) -> None:
+        procs[name].stdin.write("go\n")
+        procs[name].stdin.flush()  # communicate() closes it
+
     summary_path = tmp_path / "summary.json"
     try:
+        start_gated("worker", "w2")
         start("data-server", "ds0")
         start("data-server", "ds1")
         start("worker", "w0")
@@ -100,7 +122,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
                 break
         assert any(" committed " in s for s in seen), "".join(seen)
         os.kill(procs["w0"].pid, signal.SIGKILL)          # kill -9, mid-training
-        start("worker", "w2")                             # a new, unlisted worker joins
+        open_gate("w2")                                   # a new, unlisted worker joins
         out, _ = coord.communicate(timeout=90)
         seen.append(out)
         if os.environ.get("ELASTIC_DEBUG"):
