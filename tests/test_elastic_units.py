@@ -308,3 +308,27 @@ async def test_a_worker_nobody_welcomes_stops_beating_and_says_so():
     assert asyncio.all_tasks() == before
     with pytest.raises(ValueError, match="join_timeout must be > 0 s or None"):
         Worker(net.endpoint("w1"), coordinator="coordinator", heartbeat=0.1, join_timeout=0)
+
+
+async def test_the_coordinator_tells_every_worker_it_heard_from_to_stop(monkeypatch):
+    """At the end the coordinator says ``stop`` to every worker it ever heard from, not only
+    to those its membership holds live: a worker whose heartbeats ran late on a loaded
+    machine would otherwise wait out its transport's ``peer_timeout`` (30 s over HTTP). A
+    worker that is gone costs a bounded wait, not a hang."""
+    from parties.elastic.coordinator import Coordinator, CoordinatorConfig
+
+    net = MemoryNetwork()
+    coord = Coordinator(net.endpoint("coordinator"),
+                        CoordinatorConfig(data_servers=("ds0",), interval=0.1))
+    slow, gone = net.endpoint("slow"), net.endpoint("gone")
+    await gone.aclose()
+
+    async def no_data_servers(op, *args, **kwargs):
+        return {}
+
+    monkeypatch.setattr(coord, "_call_all", no_data_servers)
+    coord._watched.update({"slow", "gone"})   # heard from once; neither is live now
+    assert not coord.membership.alive("slow", coord.clock())
+    async with asyncio.timeout(10):
+        await coord._stop()
+        assert (await slow.recv("coordinator", P.CTL)).meta["op"] == "stop"
