@@ -4,9 +4,10 @@ Six processes: two data servers, three workers, a coordinator. The coordinator's
 w0 and w1; w2 is on no list and is started only after the kill: it joins by signing its
 heartbeats with the shared secret (the coordinator admits authenticated unknown senders).
 Its process is launched at the outset but holds at a gate (its imports done) until the kill:
-on a loaded 2-core machine importing JAX took longer than the rest of the training, and a
-worker that starts after its coordinator finished is never welcomed. The run must finish with every batch of every epoch committed exactly once,
-the killed worker removed, and the surviving workers never restarted (they exit 0 on stop).
+on a loaded 2-core machine importing JAX can take longer than the rest of the training, and a
+worker that starts after its coordinator finished is never welcomed. The run must finish with
+every batch of every epoch committed exactly once, the killed worker removed, and the
+surviving workers never restarted (they exit 0 on stop).
 """
 
 from __future__ import annotations
