@@ -215,16 +215,16 @@ async def _worker(args) -> int:
         cfg = load_config(args.config, {"name": str, "coordinator": str},
                           {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float,
                            "join_timeout": float})
-        join_timeout = float(cfg.get("join_timeout", 60.0))
-        if not join_timeout > 0:
-            raise ConfigError(f"config {args.config!r}: join_timeout must be > 0 s (how long "
-                              f"the worker waits to be welcomed), got {join_timeout!r}")
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
-        worker = Worker(t, coordinator=coord, heartbeat=float(cfg.get("heartbeat", 0.3)),
-                        url=cfg.get("advertise_url", t.url), join_timeout=join_timeout)
+        try:  # the worker checks its own settings; name the file they came from
+            worker = Worker(t, coordinator=coord, heartbeat=float(cfg.get("heartbeat", 0.3)),
+                            url=cfg.get("advertise_url", t.url),
+                            join_timeout=float(cfg.get("join_timeout", 60.0)))
+        except ValueError as exc:
+            return _fail(ConfigError(f"config {args.config!r}: {exc}"))
         print(f"{cfg['name']}: worker on {t.url}", flush=True)
         try:
             await worker.run()
