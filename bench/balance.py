@@ -44,10 +44,10 @@ import statistics
 import sys
 from typing import Any, Callable
 
-from engine.affinity import colocate_python_threads
-from engine.errors import ConfigError
-from engine.lanes import ThreadLane
-from engine.trace import Trace, TraceEvent, plot_gantt
+from tandem.parties.cli.affinity import colocate_python_threads
+from tandem.errors import ConfigError
+from tandem.engine.lanes import ThreadLane
+from tandem.engine.trace import Trace, TraceEvent, plot_gantt
 
 from .pipeline import A, B, BenchConfig, Workload, _bound, _run
 

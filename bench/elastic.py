@@ -1,6 +1,6 @@
 """Elastic-training benchmark: ``python -m bench.elastic --json`` prints ONE JSON line.
 
-Everything runs in one process on the memory transport (`parties.elastic.local`): two data
+Everything runs in one process on the memory transport (`tandem.parties.elastic.local`): two data
 servers, a coordinator, and stateless workers computing real JAX gradients. Times are in
 detection intervals T (``interval_s``); workers beat 3 times per T and are removed after
 1.5 T of silence.
@@ -39,8 +39,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
                                    "intra_op_parallelism_threads=1")
 
-from parties.elastic.local import LocalCluster  # noqa: E402
-from parties.elastic.spec import ModelSpec, make_dataset  # noqa: E402
+from tandem.parties.elastic.local import LocalCluster  # noqa: E402
+from tandem.parties.elastic.spec import ModelSpec, make_dataset  # noqa: E402
 
 SPEC = ModelSpec(sizes=(64, 512, 512, 8), optimizer="adam", lr=0.003, batch_size=128, seed=0)
 KILL_EVERY, JOIN_AFTER = 12, 6   # churn: a kill every 12 T, a fresh worker 6 T after it

@@ -23,9 +23,9 @@ import time
 
 import orjson
 
-from parties.fl import presets
-from parties.fl.data import FederatedData, load_federated_digits
-from parties.fl.federation import make_trainer, run_http_federation, run_memory_federation
+from tandem.parties.fl import presets
+from tandem.parties.fl.data import FederatedData, load_federated_digits
+from tandem.parties.fl.federation import make_trainer, run_http_federation, run_memory_federation
 
 HIDDEN = [128, 64]
 HIDDEN_1M = [1000, 936]

@@ -22,7 +22,7 @@ ends when *both* parties have finished their last batch):
 
 * ``sequential_s``: n = 1 with the FIFO policy on both parties (no pipelining, no priorities).
 * ``pipelined_s``: the priority policy with the automatic group count: ``SplitParty.fit``
-  with ``groups="auto"`` (the `engine.microbatch.GroupTuner` re-tunes between batches) is run
+  with ``groups="auto"`` (the `tandem.engine.microbatch.GroupTuner` re-tunes between batches) is run
   until the tuner settles and has gone through ``--tune-rechecks`` (1) re-checks, its steady
   state (one ``fit`` call, epochs back to back, as a user trains), then timed over the same
   number of batches. ``tuner_first_n`` is the count its first search settled on.
@@ -48,12 +48,12 @@ ends when *both* parties have finished their last batch):
   ``StageHandler.compute``/``receive`` calls (the same jitted kernels) serially in a plain loop
   with no runtime, lanes or transport. ``overhead_us_per_compute_op`` divides by compute ops
   only.
-* ``chunks``: messages per group in the pipelined runs (``--chunks``; `engine.plan`): the loss
+* ``chunks``: messages per group in the pipelined runs (``--chunks``; `tandem.engine.plan`): the loss
   party computes per message, so a group's gradient starts back after its first part.
   ``unchunked_s`` runs the tuner's n with whole groups in the same rounds, and
   ``unchunked_efficiency`` is its bound / time (median of per-round ratios): what chunking buys.
 * ``python_threads_cpu``: the CPU the event loop's thread and the compute lanes are pinned to,
-  as the ``tandem`` commands pin them (`engine.affinity`; ``TANDEM_PYTHON_CPU=off`` runs the
+  as the ``tandem`` commands pin them (`tandem.parties.cli.affinity`; ``TANDEM_PYTHON_CPU=off`` runs the
   whole benchmark unpinned, and then this is null). When pinned, the overhead is measured once
   more with the threads free to move: ``overhead_unpinned_us_per_op``.
 """
@@ -76,17 +76,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from engine.affinity import colocate_python_threads, thread_cpus
-from engine.errors import ConfigError
-from engine.kernels import mlp_stage
-from engine.lanes import ThreadLane
-from engine.microbatch import group_bounds
-from engine.plan import Kind, Op
-from engine.simulator import Link, simulate
-from engine.topology import two_party
-from engine.trace import Trace, plot_gantt
-from parties.split.party import SplitConfig, SplitParty
-from transports.memory import MemoryNetwork
+from tandem.parties.cli.affinity import colocate_python_threads, thread_cpus
+from tandem.errors import ConfigError
+from tandem.engine.kernels import mlp_stage
+from tandem.engine.lanes import ThreadLane
+from tandem.engine.microbatch import group_bounds
+from tandem.engine.plan import Kind, Op
+from tandem.engine.simulator import Link, simulate
+from tandem.engine.topology import two_party
+from tandem.engine.trace import Trace, plot_gantt
+from tandem.parties.split.party import SplitConfig, SplitParty
+from tandem.transports.memory import MemoryNetwork
 
 A, B = "A", "B"  # A: bottom model + features; B: top model + labels (the leader)
 
@@ -210,7 +210,7 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: float) -> float:
     """The makespan of one batch that the engine's own schedule allows with zero engine cost:
-    `engine.simulator.simulate` of both parties' plans at ``n`` (same policy and backpressure),
+    `tandem.engine.simulator.simulate` of both parties' plans at ``n`` (same policy and backpressure),
     each op costing its median measured duration in ``trace`` and each send its measured
     bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the engine's
     cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the gradient
@@ -585,7 +585,7 @@ async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None, trace: str
     """The whole benchmark: the pipeline measurement, then the overhead measurement.
 
     ``pinned`` = (cpu, cpus): the loop's thread was pinned to ``cpu`` as ``tandem`` pins it
-    (`engine.affinity`); the overhead is then measured a second time with the threads free to
+    (`tandem.parties.cli.affinity`); the overhead is then measured a second time with the threads free to
     run on ``cpus`` (``overhead_unpinned_us_per_op``), so one run shows what the pin is worth."""
     t0 = time.perf_counter()
     result = await measure_pipeline(cfg, log, plot, trace)

@@ -6,7 +6,7 @@
 For each size n, this script starts two party processes (``python -m bench.psi --party ...``):
 the leader holds ids ``id0 .. id{n-1}``, the follower ``id{n/2} .. id{3n/2-1}``. Each serves an
 `HttpTransport` (HMAC-authenticated) on 127.0.0.1, learns the other's URL through this parent,
-runs `parties.alignment.align` and prints one JSON line: its wall time for the alignment (from
+runs `tandem.parties.alignment.align` and prints one JSON line: its wall time for the alignment (from
 the start of `align` to its return, pool start-up included), the intersection size and
 commitment, and bytes sent. ``seconds_<n>`` is the slower party's time; ``bytes_<n>`` the encoded
 frame bytes both parties sent (HTTP headers excluded). The run fails unless both parties agree
@@ -34,8 +34,8 @@ def _label(n: int) -> str:
 async def _party(role: str, n: int, secret: bytes, chunk: int) -> dict:
     import numpy as np  # noqa: F401  (imported here so the parent stays light)
 
-    from parties.alignment import align
-    from transports.http import HttpConfig, HttpTransport
+    from tandem.parties.alignment import align
+    from tandem.transports.http import HttpConfig, HttpTransport
 
     me, other = NAMES[role], NAMES["follower" if role == "leader" else "leader"]
     start = 0 if role == "leader" else n // 2
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--secret", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.party:  # child process: one party
-        from parties.cli import run_async
+        from tandem.parties.cli import run_async
         out = run_async(lambda: _party(args.party, args.n, args.secret.encode(), args.chunk))
         print(json.dumps(out), flush=True)
         return 0

@@ -39,9 +39,9 @@ import time
 
 import numpy as np
 
-from transports.base import Frame
-from transports.errors import TransportClosedError
-from transports.http import HttpConfig, HttpTransport
+from tandem.transports.base import Frame
+from tandem.errors import TransportClosedError
+from tandem.transports.http import HttpConfig, HttpTransport
 
 MiB = 1 << 20
 SECRET = b"bench-secret"
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--role", choices=["sender", "receiver"], default="sender",
                    help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    from parties.cli import run_async
+    from tandem.parties.cli import run_async
     if args.role == "receiver":
         return run_async(_receiver)
     if not args.json:

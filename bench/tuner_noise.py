@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from engine.microbatch import GroupTuner
+from tandem.engine.microbatch import GroupTuner
 
 CURVE_MS = {1: 173.0, 2: 138.0, 4: 110.0, 8: 103.0, 16: 130.0, 32: 183.0}
 

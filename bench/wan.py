@@ -374,13 +374,13 @@ class Workload:
         return x, (x @ w > 0).astype(np.float32)
 
     def models(self) -> dict[str, Any]:
-        from engine.kernels import mlp_stage
+        from tandem.engine.kernels import mlp_stage
         return {"bottom": mlp_stage([self.d_in], [self.hidden], self.cut),
                 "top": mlp_stage([self.cut], [self.top_hidden], 1, activate_last=False)}
 
     def party(self, name: str, transport, x=None, y=None):
-        from engine.topology import two_party
-        from parties.split.party import SplitConfig, SplitParty
+        from tandem.engine.topology import two_party
+        from tandem.parties.split.party import SplitConfig, SplitParty
         cfg = SplitConfig(batch_size=self.batch_size, groups="auto", seed=self.seed,
                           learning_rate=1e-3, loss="binary", chunks=self.chunks)
         if name == A:
@@ -394,9 +394,9 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
     """Both parties' compute-lane busy seconds per batch at n = 1 (FIFO), in this process on an
     unshaped memory link (the same measurement as ``bench.pipeline``'s warm-up). The fastest of
     ``rounds`` batches: other load on the machine only ever adds time."""
-    from engine.lanes import ThreadLane
-    from engine.trace import Trace
-    from transports.memory import MemoryNetwork
+    from tandem.engine.lanes import ThreadLane
+    from tandem.engine.trace import Trace
+    from tandem.transports.memory import MemoryNetwork
 
     one = dataclasses.replace(wl, batches=1)
     x, y = one.data()
@@ -463,7 +463,7 @@ async def size_workload(wl: Workload, link_s: float, who: str,
 # the two processes
 # ---------------------------------------------------------------------------------------------
 def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
-    from transports.http import HttpConfig, HttpTransport
+    from tandem.transports.http import HttpConfig, HttpTransport
     secret = os.environ.get(SECRET_ENV)
     if not secret:
         raise SystemExit(f"--role {args.role} is started by `python -m bench.wan` (it passes "
@@ -476,7 +476,7 @@ def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
 def _write_traces(directory: str, seq, auto, n: int) -> None:
     """Both parties' events of the last round: Chrome traces and one Gantt PNG."""
     from pathlib import Path
-    from engine.trace import plot_gantt
+    from tandem.engine.trace import plot_gantt
     out = Path(directory)
     seq.write_chrome(out / "wan_sequential.json")
     auto.write_chrome(out / "wan_pipelined.json")
@@ -494,9 +494,9 @@ def _sent_bytes(trace, party: str, peer: str) -> int:
 
 
 async def follower_main(args: argparse.Namespace) -> int:
-    from engine.trace import Trace
-    from transports.base import Frame
-    from transports.errors import TransportClosedError
+    from tandem.engine.trace import Trace
+    from tandem.transports.base import Frame
+    from tandem.errors import TransportClosedError
 
     sink = await asyncio.start_server(_probe_sink, args.host, 0)
     try:
@@ -543,8 +543,8 @@ class _Leader:
         """Run ``run()`` with ``policy`` on both parties; returns (wall, trace, follower's
         report). The wall ends when both processes are done. With ``events`` the follower's
         trace events are merged into the returned trace (both use CLOCK_MONOTONIC)."""
-        from engine.trace import Trace, TraceEvent
-        from transports.base import Frame
+        from tandem.engine.trace import Trace, TraceEvent
+        from tandem.transports.base import Frame
         await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy,
                                                 "events": events}))
         tr = Trace()
@@ -575,8 +575,8 @@ class _Leader:
 
 
 async def leader_main(args: argparse.Namespace) -> int:
-    from engine.lanes import ThreadLane
-    from transports.base import Frame
+    from tandem.engine.lanes import ThreadLane
+    from tandem.transports.base import Frame
 
     load_start = list(os.getloadavg())
     async with _transport(args, B, {}) as t:
@@ -752,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.trace is not None:
         args.trace = os.path.abspath(args.trace)
     if args.role != "main":
-        from parties.cli import run_async
+        from tandem.parties.cli import run_async
         return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args),
                          colocate_threads=True)  # as `tandem party` runs
     try:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 
-from engine.fl_aggregate import ServerRule
-from parties.fl.client import compress_update
-from parties.fl.data import load_federated_digits
-from parties.fl.federation import make_trainer
-from parties.fl.server import FLConfig
+from tandem.parties.fl.aggregate import ServerRule
+from tandem.parties.fl.client import compress_update
+from tandem.parties.fl.data import load_federated_digits
+from tandem.parties.fl.federation import make_trainer
+from tandem.parties.fl.server import FLConfig
 
 UPLINK = {"kind": "randk", "k": 40}
 

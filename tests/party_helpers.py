@@ -1,7 +1,7 @@
 """Helpers for tests of `tandem party`: tiny two-party jobs as real OS processes on loopback.
 
 `Job` writes the data (npz), the aligned-rows CSVs and both TOML configs into a folder, with
-free ports; `Job.start(role)` launches ``python -m parties.cli party --config ...`` with its
+free ports; `Job.start(role)` launches ``python -m tandem.parties.cli party --config ...`` with its
 stdout/stderr in files; `Proc.finish` waits (bounded) and parses the JSON line. Nothing here
 sleeps for a fixed time: `wait_until` polls a condition with a bounded deadline.
 """
@@ -79,7 +79,7 @@ def write_data(folder: Path, seed: int = 0) -> None:
 
 def write_aligned(path: Path, pairs) -> None:
     """A `tandem align --out` CSV, in the agreed (canonical) id order."""
-    from parties.alignment.ecdh import canonical
+    from tandem.parties.alignment.ecdh import canonical
 
     pairs = sorted(pairs, key=lambda p: canonical(p[1]))
     path.write_text("row,id\n" + "".join(f"{r},{i}\n" for r, i in pairs))
@@ -157,7 +157,7 @@ class Job:
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "parties.cli", "party", "--config",
+                [sys.executable, "-m", "tandem", "party", "--config",
                  str(self.path(role))], cwd=ROOT, stdout=fo, stderr=fe, env=env)
         return Proc(popen, out, err)
 
@@ -175,7 +175,7 @@ class Job:
 
     def exported(self, role: str) -> dict[str, np.ndarray]:
         """The exported tensors of ``role`` by name."""
-        from engine.export import load_stages
+        from tandem.parties.split.export import load_stages
 
         loaded = load_stages(self.folder / "out" / role / f"{role}.safetensors")
         out: dict[str, np.ndarray] = {}

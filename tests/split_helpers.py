@@ -7,10 +7,10 @@ import asyncio
 import numpy as np
 from hypothesis import strategies as st
 
-from engine.kernels import mlp_stage
-from engine.topology import FEATURES, Stage, Topology
-from parties.split import SplitConfig, SplitParty
-from transports.memory import MemoryNetwork
+from tandem.engine.kernels import mlp_stage
+from tandem.engine.topology import FEATURES, Stage, Topology
+from tandem.parties.split import SplitConfig, SplitParty
+from tandem.transports.memory import MemoryNetwork
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""`engine.affinity.colocate_python_threads`: which threads it pins, what it leaves alone (XLA's
+"""`tandem.parties.cli.affinity.colocate_python_threads`: which threads it pins, what it leaves alone (XLA's
 worker pools, a process limited to one CPU, ``TANDEM_PYTHON_CPU=off``), what it refuses, and
 that the pipeline commands of ``tandem`` (only those) call it before their event loop."""
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from engine.affinity import ENV, colocate_python_threads, thread_cpus
-from engine.errors import ConfigError
+from tandem.parties.cli.affinity import ENV, colocate_python_threads, thread_cpus
+from tandem.errors import ConfigError
 
 LINUX = sys.platform.startswith("linux") and hasattr(os, "sched_setaffinity")
 MULTI = LINUX and len(os.sched_getaffinity(0)) >= 2
@@ -20,7 +20,7 @@ needs_two_cpus = pytest.mark.skipif(not MULTI, reason="needs Linux and at least 
 # then reports every thread's CPU list by name.
 _CHILD = r"""
 import json, os, sys, threading
-from engine.affinity import colocate_python_threads
+from tandem.parties.cli.affinity import colocate_python_threads
 cpu = colocate_python_threads(None if len(sys.argv) < 2 else sys.argv[1])
 started = {}
 def lane():
@@ -102,14 +102,14 @@ def test_refuses_a_cpu_it_cannot_use_and_says_which_it_can(value, match):
     (["elastic", "demo"], False),
 ])
 def test_only_pipeline_commands_ask_for_the_pin(argv, pins):
-    from parties.cli import build_parser
+    from tandem.parties.cli import build_parser
     args = build_parser().parse_args(argv)
     assert getattr(args, "colocate_threads", False) is pins
 
 
 def test_cli_pins_before_its_loop_and_reports_a_bad_setting(monkeypatch, capsys):
-    import parties.cli as cli
-    import engine.affinity as affinity
+    import tandem.parties.cli as cli
+    import tandem.parties.cli.affinity as affinity
     calls = []
     monkeypatch.setattr(affinity, "colocate_python_threads", lambda: calls.append("pin"))
 

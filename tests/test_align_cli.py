@@ -6,7 +6,7 @@ import csv
 import json
 import socket
 
-from parties.alignment import cli, ecdh
+from tandem.parties.alignment import cli, ecdh
 
 
 def free_port() -> int:

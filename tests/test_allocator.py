@@ -1,4 +1,4 @@
-"""`transports.allocator.tune_allocator`: what it sets, what it leaves alone, what it refuses."""
+"""`tandem.parties.cli.allocator.tune_allocator`: what it sets, what it leaves alone, what it refuses."""
 
 import platform
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from transports.allocator import tune_allocator
+from tandem.parties.cli.allocator import tune_allocator
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
@@ -17,7 +17,7 @@ def _in_child(env_extra: dict[str, str]) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c",
-                          "from transports.allocator import tune_allocator;"
+                          "from tandem.parties.cli.allocator import tune_allocator;"
                           "print(sorted(tune_allocator().items()))"],
                          env=env, capture_output=True, text=True, check=True, timeout=60)
     return out.stdout.strip()
@@ -43,7 +43,7 @@ def test_refuses_values_glibc_would_refuse(kw):
 
 
 def test_cli_entry_point_tunes_before_its_loop(monkeypatch):
-    import parties.cli as cli
+    import tandem.parties.cli.commands as cli
     calls = []
     monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append(1) or {})
 

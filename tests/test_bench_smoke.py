@@ -90,8 +90,8 @@ async def test_schedule_replays_a_traced_run_in_the_simulator():
     """`_schedule` (``schedule_s``): the traced ops' durations and bytes, replayed by the
     simulator on the benchmark's link, give a makespan no shorter than the link's share."""
     from bench.pipeline import A, B, Workload, _schedule
-    from engine.lanes import ThreadLane
-    from engine.trace import Trace
+    from tandem.engine.lanes import ThreadLane
+    from tandem.engine.trace import Trace
     import asyncio
 
     wl = Workload(batch_size=32, n_batches=1, d_in=8, hidden=(16,), cut=8, top_hidden=(4,),
@@ -184,7 +184,7 @@ def test_balance_splits_each_batch_into_parts_that_add_up():
     """`bench.balance.batch_parts` on a hand-made trace of two batches: each batch starts where
     the previous update on A ended, and its parts sum to its length."""
     from bench.balance import PARTS, batch_parts
-    from engine.trace import Trace, TraceEvent
+    from tandem.engine.trace import Trace, TraceEvent
 
     ms = 1e-3
     tr = Trace()
@@ -229,7 +229,7 @@ async def test_balance_benchmark_tiny(tmp_path):
 
 def test_balance_rejects_a_bad_config():
     from bench.balance import BalanceConfig
-    from engine.errors import ConfigError
+    from tandem.errors import ConfigError
 
     with pytest.raises(ConfigError, match="ratios"):
         BalanceConfig(ratios=(1.0, 0.0))
@@ -239,7 +239,7 @@ def test_balance_rejects_a_bad_config():
 
 def test_pipeline_benchmark_rejects_a_bad_link_ratio():
     from bench.pipeline import BenchConfig
-    from engine.errors import ConfigError
+    from tandem.errors import ConfigError
 
     for bad in (0.0, -1.0, float("nan"), float("inf")):
         with pytest.raises(ConfigError, match="link_ratio"):

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
-from transports import codec
-from transports.base import Frame
-from transports.errors import FrameError, PayloadTooLargeError
+from tandem.transports import codec
+from tandem.transports.base import Frame
+from tandem.errors import FrameError, PayloadTooLargeError
 
 DTYPES = st.sampled_from(["bool", "int8", "uint16", "<i4", ">i4", "int64", "float16", "float32",
                           ">f8", "complex64", "complex128"])

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from parties.split.demo import run_demo
+from tandem.parties.split.demo import run_demo
 
 
 @pytest.mark.slow
@@ -20,7 +20,7 @@ def test_demo_reaches_accuracy_and_writes_trace_and_gantt(tmp_path):
     assert {"compute", "send->leader", "send->follower"} <= lanes
     assert (tmp_path / "gantt.png").stat().st_size > 10_000
     # the timed pipelined batches sent each group's activation in (up to) 2 parts
-    from engine.microbatch import fit_chunks
+    from tandem.engine.microbatch import fit_chunks
 
     n = result["n_groups"]
     sends = [e for e in trace["traceEvents"] if e["ph"] == "X"
@@ -29,7 +29,7 @@ def test_demo_reaches_accuracy_and_writes_trace_and_gantt(tmp_path):
 
 
 def test_cli_parser_lists_demo():
-    from parties.cli import build_parser
+    from tandem.parties.cli import build_parser
 
     args = build_parser().parse_args(["demo", "--epochs", "1", "--groups", "3", "--chunks", "2"])
     assert args.epochs == 1 and args.groups == "3" and args.chunks == 2

@@ -15,9 +15,9 @@ import asyncio
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from parties.elastic.local import LocalCluster
-from parties.elastic.spec import ModelSpec, make_dataset
-from parties.elastic.worker import WorkerKilled
+from tandem.parties.elastic.local import LocalCluster
+from tandem.parties.elastic.spec import ModelSpec, make_dataset
+from tandem.parties.elastic.worker import WorkerKilled
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 SHARDS = make_dataset(2, 128, SPEC, seed=1)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from parties.cli import main
-from parties.elastic.spec import load_shard, load_spec
+from tandem.parties.cli import main
+from tandem.parties.elastic.spec import load_shard, load_spec
 
 
 def test_demo_with_churn_commits_every_batch_once(capsys, tmp_path):

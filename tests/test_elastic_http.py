@@ -22,15 +22,15 @@ import time
 
 import pytest
 
-from parties.elastic.spec import ModelSpec, make_dataset, save_shard
+from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 EPOCHS = 5
 GATED = ("import sys\n"
-         "import jax, parties.cli, parties.elastic.cli, parties.elastic.worker, transports.http\n"
+         "import jax, tandem.parties.cli, tandem.parties.elastic.cli, tandem.parties.elastic.worker, tandem.transports.http\n"
          "print('ready', flush=True)\n"
          "sys.stdin.readline()\n"
-         "sys.exit(parties.cli.main(sys.argv[1:]))\n")
+         "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n")
 
 
 def _free_ports(n: int) -> list[int]:
@@ -86,7 +86,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
 
     def start(role: str, name: str, *extra: str) -> None:
         procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "parties.cli", "elastic", role, "--config", cfg[name], *extra],
+            [sys.executable, "-m", "tandem", "elastic", role, "--config", cfg[name], *extra],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     def start_gated(role: str, name: str) -> None:

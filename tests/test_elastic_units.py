@@ -13,15 +13,15 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from parties.elastic import protocol as P
-from parties.elastic.data_server import DataServer
-from parties.elastic.errors import ConfigError, LedgerError, ProtocolError, StaleGenerationError
-from parties.elastic.ledger import Ledger
-from parties.elastic.membership import Membership
-from parties.elastic.param_server import ParamServer
-from parties.elastic.spec import ModelSpec, load_shard, load_spec, make_dataset, save_shard
-from transports.base import Frame
-from transports.memory import MemoryNetwork
+from tandem.parties.elastic import protocol as P
+from tandem.parties.elastic.data_server import DataServer
+from tandem.parties.elastic.errors import ConfigError, LedgerError, ProtocolError, StaleGenerationError
+from tandem.parties.elastic.ledger import Ledger
+from tandem.parties.elastic.membership import Membership
+from tandem.parties.elastic.param_server import ParamServer
+from tandem.parties.elastic.spec import ModelSpec, load_shard, load_spec, make_dataset, save_shard
+from tandem.transports.base import Frame
+from tandem.transports.memory import MemoryNetwork
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 
@@ -236,7 +236,7 @@ async def test_data_server_refuses_bad_results_and_keeps_serving():
 
 
 def test_kernels_do_not_retrace_for_equal_shapes():
-    from engine import elastic_kernels as K
+    from tandem.parties.elastic import kernels as K
 
     ps = ParamServer(SPEC, n_batches=2)
     x = np.zeros((16, 8), np.float32)
@@ -257,8 +257,8 @@ async def test_worker_reports_an_unacknowledged_result_and_takes_the_next_task()
     listener (`DataServer._forget`), possibly after it took the worker's result: no ACK ever
     comes. The worker stays live, so it must not wait for that ACK forever (once every live
     worker waited so, the demo ran on forever with nobody to give a batch to)."""
-    from engine import elastic_kernels as K
-    from parties.elastic.worker import Worker
+    from tandem.parties.elastic import kernels as K
+    from tandem.parties.elastic.worker import Worker
 
     net = MemoryNetwork()
     coord, ds = net.endpoint("coordinator"), net.endpoint("ds0")
@@ -291,8 +291,8 @@ async def test_a_worker_nobody_welcomes_stops_beating_and_says_so():
     """A coordinator that never welcomes the worker (finished, or not admitting it) must not
     keep it beating forever: after ``join_timeout`` it raises `NotWelcomedError`, and none of
     its tasks is left running."""
-    from parties.elastic.errors import NotWelcomedError
-    from parties.elastic.worker import Worker
+    from tandem.parties.elastic.errors import NotWelcomedError
+    from tandem.parties.elastic.worker import Worker
 
     net = MemoryNetwork()
     coord = net.endpoint("coordinator")
@@ -315,7 +315,7 @@ async def test_the_coordinator_tells_every_worker_it_heard_from_to_stop(monkeypa
     to those its membership holds live: a worker whose heartbeats ran late on a loaded
     machine would otherwise wait out its transport's ``peer_timeout`` (30 s over HTTP). A
     worker that is gone costs a bounded wait, not a hang."""
-    from parties.elastic.coordinator import Coordinator, CoordinatorConfig
+    from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
 
     net = MemoryNetwork()
     coord = Coordinator(net.endpoint("coordinator"),

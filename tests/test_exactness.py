@@ -10,10 +10,10 @@ import optax
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.kernels import binary_logistic
-from engine.microbatch import group_bounds
-from engine.topology import FEATURES, leader_follower, star, two_party, u_shape
-from parties.split import SplitConfig
+from tandem.engine.kernels import binary_logistic
+from tandem.engine.microbatch import group_bounds
+from tandem.engine.topology import FEATURES, leader_follower, star, two_party, u_shape
+from tandem.parties.split import SplitConfig
 from tests.split_helpers import make_job, topologies, train_steps
 
 TOPOLOGIES = {"two_party": two_party(), "leader_follower": leader_follower(),
@@ -122,8 +122,8 @@ def test_cancelling_training_leaves_no_task_and_no_busy_thread():
 
 
 def test_mismatched_widths_are_refused_with_a_clear_error():
-    from engine.errors import ShapeError
-    from engine.kernels import mlp_stage
+    from tandem.errors import ShapeError
+    from tandem.engine.kernels import mlp_stage
 
     topo = two_party()
     parties, *_ = make_job(topo, rows=8)
@@ -147,7 +147,7 @@ def _leaves(group):
 
 
 def test_split_config_rejects_bad_values():
-    from engine.errors import ConfigError
+    from tandem.errors import ConfigError
 
     with pytest.raises(ConfigError, match="groups"):
         SplitConfig(groups=0)
@@ -162,7 +162,7 @@ def test_split_config_rejects_bad_values():
 def test_kernels_skip_gradients_of_raw_features():
     """A stage over raw features gets the same parameter gradients without computing the
     features' gradient: its backward has one matmul fewer and returns None in its place."""
-    from engine.kernels import StageKernels, mlp_stage
+    from tandem.engine.kernels import StageKernels, mlp_stage
 
     model = mlp_stage([6], [5], 4)
     params = model.init(jax.random.PRNGKey(0))
@@ -170,7 +170,7 @@ def test_kernels_skip_gradients_of_raw_features():
     cot = np.ones((3, 4), np.float32)
     full = StageKernels(model, optax.sgd(0.1))
     lean = StageKernels(model, optax.sgd(0.1), differentiable=[False])
-    # each backward donates its accumulator (engine.kernels, "Donation"): a fresh one per call
+    # each backward donates its accumulator (tandem.engine.kernels, "Donation"): a fresh one per call
     g_full, in_full = full.backward(full.forward(params, x)[1], cot, full.zeros(params))
     g_lean, in_lean = lean.backward(lean.forward(params, x)[1], cot, lean.zeros(params))
     assert in_full[0].shape == x.shape and in_lean == (None,)

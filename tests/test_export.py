@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.export import (ExportError, ExportMismatchError, describe, load_stages,
+from tandem.parties.split.export import (ExportError, ExportMismatchError, describe, load_stages,
                            read_description, save_stages)
-from engine.models import mlp_init
+from tandem.engine.models import mlp_init
 
 TOPO = {"stages": {"bottom": {"party": "A"}, "top": {"party": "B", "inputs": ["bottom"]}}}
 
@@ -45,7 +45,7 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert tree_o == tree_l
     assert all(bits_equal(a, b) for a, b in zip(flat_o, flat_l))
     # loaded params run through the model like the originals
-    from engine.models import mlp_apply
+    from tandem.engine.models import mlp_apply
     x = np.ones((2, 5), np.float32)
     assert bits_equal(mlp_apply(original["bottom"], x), mlp_apply(loaded.stages["bottom"], x))
     only = load_stages(path, stages=("bottom",))
@@ -90,7 +90,7 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
     other = tmp_path / "other.safetensors"
     import safetensors.numpy
     safetensors.numpy.save_file({"x": np.zeros(2, np.float32)}, other)
-    with pytest.raises(ExportError, match="not written by engine.export"):
+    with pytest.raises(ExportError, match="not written by tandem.parties.split.export"):
         load_stages(other)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a file")

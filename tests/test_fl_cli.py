@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from parties.cli import main
+from tandem.parties.cli import main
 
 
 def test_fl_demo_prints_a_json_line(capsys):

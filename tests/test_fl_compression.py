@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 from hypothesis.extra.numpy import arrays
 
-from engine import compression as C
-from engine.errors import ConfigError
-from engine.models import mlp_init
+from tandem.parties.fl import compression as C
+from tandem.errors import ConfigError
+from tandem.engine.models import mlp_init
 
 D = 40
 SAMPLES = 4000

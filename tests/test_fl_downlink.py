@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine.errors import ConfigError
-from parties.fl.downlink import ClientModel, DownlinkPlanner, index_dtype
-from parties.fl.protocol import DownlinkError
+from tandem.errors import ConfigError
+from tandem.parties.fl.downlink import ClientModel, DownlinkPlanner, index_dtype
+from tandem.parties.fl.protocol import DownlinkError
 
 D = 24
 CLIENTS = 3
@@ -88,10 +88,10 @@ def test_client_refuses_delta_from_the_future_and_keeps_state():
 
 async def test_client_skips_a_message_it_cannot_apply_and_keeps_serving():
     from fl_helpers import small_setup
-    from parties.fl import protocol as P
-    from parties.fl.client import FLClient
-    from transports.base import Frame
-    from transports.memory import MemoryNetwork
+    from tandem.parties.fl import protocol as P
+    from tandem.parties.fl.client import FLClient
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
 
     data, trainer = small_setup()
     net = MemoryNetwork()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fl_helpers import compressed, small_setup
-from parties.fl.federation import run_http_federation
+from tandem.parties.fl.federation import run_http_federation
 
 
 @pytest.mark.slow

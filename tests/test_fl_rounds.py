@@ -8,15 +8,15 @@ import asyncio
 import numpy as np
 import pytest
 
-from engine.errors import ConfigError
+from tandem.errors import ConfigError
 from fl_helpers import UPLINK, small_setup
 from fl_helpers import compressed as _compressed
-from parties.fl import protocol as P
-from parties.fl.client import FLClient
-from parties.fl.federation import run_memory_federation
-from parties.fl.server import FLConfig
-from transports import codec
-from transports.base import Frame
+from tandem.parties.fl import protocol as P
+from tandem.parties.fl.client import FLClient
+from tandem.parties.fl.federation import run_memory_federation
+from tandem.parties.fl.server import FLConfig
+from tandem.transports import codec
+from tandem.transports.base import Frame
 
 TIMEOUT = 1.2  # s; the late client below misses rounds by design; the others reply in ms
 GENEROUS = 20.0  # s; where every client must make every round, even on a loaded CI machine
@@ -83,7 +83,7 @@ async def test_downlink_is_exact_with_dropouts_and_late_clients(setup):
     cfg = compressed(6, TIMEOUT)
 
     async def run():
-        from parties.fl import server as S
+        from tandem.parties.fl import server as S
         orig = S.FLServer._apply
 
         def apply_and_snapshot(self, *a):
@@ -190,7 +190,7 @@ async def test_a_restarted_client_resyncs_and_rejoins_exactly(setup):
         async def handle(self, frame):
             if self.transport.name == "c2" and frame.meta.get("round") == 3 and \
                     self.state.version > 0:
-                from parties.fl.downlink import ClientModel
+                from tandem.parties.fl.downlink import ClientModel
                 self.state = ClientModel(trainer.init_vec)   # state lost
             return await super().handle(frame)
 
@@ -198,7 +198,7 @@ async def test_a_restarted_client_resyncs_and_rejoins_exactly(setup):
         clients[transport.name] = Restarting(transport, *a, **kw)
         return clients[transport.name]
 
-    from parties.fl import server as S
+    from tandem.parties.fl import server as S
     orig = S.FLServer._apply
 
     def apply_and_snapshot(self, *a):

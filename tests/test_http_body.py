@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from transports import auth, codec
-from transports.base import Frame
-from transports.errors import FrameError
-from transports.http import (_HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport, _FiniteScan,
+from tandem.transports import auth, codec
+from tandem.transports.base import Frame
+from tandem.errors import FrameError
+from tandem.transports.http import (_HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport, _FiniteScan,
                              _PlainBody)
 
 from test_http_bulk import bulk_post
@@ -219,7 +219,7 @@ async def test_disconnect_mid_body_leaves_the_server_serving():
 
 
 async def test_wait_uncancelled_finishes_the_thread_job_and_keeps_the_cancellation():
-    from transports.http import _wait_uncancelled
+    from tandem.transports.http import _wait_uncancelled
 
     release, finished = threading.Event(), threading.Event()
 

@@ -20,11 +20,11 @@ import pytest
 import uvloop
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from transports import auth, codec
-from transports.base import Frame
-from transports.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
+from tandem.transports import auth, codec
+from tandem.transports.base import Frame
+from tandem.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
                                PeerUnavailableError, TransportError)
-from transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
+from tandem.transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
 
 from test_http_security import SECRET, _mutate, live_server, make_cert, routing
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transports.base import Frame
-from transports.errors import PayloadTooLargeError
-from transports.http import HttpConfig, HttpTransport
-from transports.memory import MemoryNetwork
+from tandem.transports.base import Frame
+from tandem.errors import PayloadTooLargeError
+from tandem.transports.http import HttpConfig, HttpTransport
+from tandem.transports.memory import MemoryNetwork
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from transports.base import Frame
-from transports.errors import TransportClosedError
-from transports.http import HttpConfig, HttpTransport
+from tandem.transports.base import Frame
+from tandem.errors import TransportClosedError
+from tandem.transports.http import HttpConfig, HttpTransport
 
 
 def cfg(name, **kw):

@@ -18,11 +18,11 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from transports import auth, codec
-from transports.base import Frame
-from transports.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
+from tandem.transports import auth, codec
+from tandem.transports.base import Frame
+from tandem.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
                                PeerUnavailableError)
-from transports.http import FRAME_PATH, HttpConfig, HttpTransport
+from tandem.transports.http import FRAME_PATH, HttpConfig, HttpTransport
 
 SECRET = b"s3cret"
 
@@ -170,7 +170,7 @@ def test_all_finite_agrees_with_isfinite(dtype):
     """`_all_finite` (a sum, then the exact check) against the reference
     ``np.isfinite(a).all()``: NaN/Inf anywhere, Inf of both signs, and finite values whose sum
     overflows (must still be accepted)."""
-    from transports.http import _all_finite
+    from tandem.transports.http import _all_finite
     dt = np.dtype(dtype)
     big = np.finfo(dt).max
     cases = [np.arange(1000, dtype=dt), np.full(1000, big, dt), np.full(1000, -big, dt)]

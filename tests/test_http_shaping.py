@@ -11,8 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from transports.base import Frame
-from transports.http import HttpConfig, HttpTransport
+from tandem.transports.base import Frame
+from tandem.transports.http import HttpConfig, HttpTransport
 
 
 async def _pair(**shape):

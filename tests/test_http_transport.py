@@ -9,10 +9,10 @@ import aiohttp
 import numpy as np
 import pytest
 
-from transports import auth, codec
-from transports.base import Frame
-from transports.errors import PeerUnavailableError
-from transports.http import FRAME_PATH, HttpConfig, HttpTransport
+from tandem.transports import auth, codec
+from tandem.transports.base import Frame
+from tandem.errors import PeerUnavailableError
+from tandem.transports.http import FRAME_PATH, HttpConfig, HttpTransport
 
 SECRET = b"k"
 

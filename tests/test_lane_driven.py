@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import plan as P
-from engine.lanes import ThreadLane
-from engine.plan import Kind
-from engine.policy import Backpressure
-from engine.runtime import PartyRuntime
-from engine.topology import two_party
-from engine.trace import Trace
+from tandem.engine import plan as P
+from tandem.engine.lanes import ThreadLane
+from tandem.engine.plan import Kind
+from tandem.engine.policy import Backpressure
+from tandem.engine.runtime import PartyRuntime
+from tandem.engine.topology import two_party
+from tandem.engine.trace import Trace
 from tests.split_helpers import topologies
-from transports import MemoryNetwork
+from tandem.transports import MemoryNetwork
 
 
 class CheckingHandler:

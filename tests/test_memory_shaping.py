@@ -5,10 +5,10 @@ import asyncio
 import numpy as np
 import pytest
 
-import transports.memory as memory
-from engine.testing import run_virtual
-from transports import MemoryNetwork, codec
-from transports.base import Frame
+import tandem.transports.memory as memory
+from tandem.engine.testing import run_virtual
+from tandem.transports import MemoryNetwork, codec
+from tandem.transports.base import Frame
 
 
 def shaped_pair(tx: float):

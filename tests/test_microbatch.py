@@ -1,7 +1,7 @@
 """Micro-batching: group bounds, the method's rule, and the automatic group-count tuner.
 
 The tuner is driven by a simulated pipeline whose batch time follows the model in
-`engine.microbatch` (``W(n) = max T + (sum T - max T) / n + n * c0``), with seeded noise that
+`tandem.engine.microbatch` (``W(n) = max T + (sum T - max T) / n + n * c0``), with seeded noise that
 only ever adds time (other load on a machine never makes a batch faster), a compile cost on the
 first batch at each new ``n``, and the follower's drain of the previous batch carried into the
 next one (the leader's batch ends before the follower's last backward).
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from engine.errors import ConfigError
-from engine.microbatch import GroupTuner, group_bounds, rule_groups
+from tandem.errors import ConfigError
+from tandem.engine.microbatch import GroupTuner, group_bounds, rule_groups
 
 
 @given(batch=st.integers(1, 500), data=st.data())
@@ -279,7 +279,7 @@ def test_measuring_again_is_bounded_and_skipped_when_the_larger_count_won():
 
 
 def test_trimmed_mean_cuts_both_ends_alike():
-    from engine.microbatch import trimmed_mean
+    from tandem.engine.microbatch import trimmed_mean
 
     assert trimmed_mean([0.79, 0.79, 1.10, 0.79]) == pytest.approx(0.79)  # a hiccup is cut
     assert trimmed_mean([1.0, 3.0, 1.0, 3.0]) == 2.0  # walls trading time keep their centre
@@ -315,7 +315,7 @@ def test_one_hiccup_among_a_counts_batches_does_not_decide_the_tie():
 
 @given(batch=st.integers(1, 300), n=st.integers(1, 20), chunks=st.integers(1, 9))
 def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
-    from engine.microbatch import chunk_bounds, fit_chunks
+    from tandem.engine.microbatch import chunk_bounds, fit_chunks
 
     n = min(n, batch)
     groups = group_bounds(batch, n)
@@ -333,7 +333,7 @@ def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
 
 
 def test_chunk_bounds_refuse_a_group_smaller_than_its_chunks():
-    from engine.microbatch import chunk_bounds
+    from tandem.engine.microbatch import chunk_bounds
 
     with pytest.raises(ConfigError, match="cannot travel in 4 chunks"):
         chunk_bounds([(0, 3), (3, 10)], 4)
@@ -342,7 +342,7 @@ def test_chunk_bounds_refuse_a_group_smaller_than_its_chunks():
 @given(idx=st.lists(st.integers(0, 19), min_size=1, max_size=30), lo=st.integers(0, 30),
        hi=st.integers(0, 30))
 def test_batch_rows_gather_exactly_the_rows_asked(idx, lo, hi):
-    from engine.data import BatchRows
+    from tandem.engine.data import BatchRows
 
     data = np.arange(20 * 3, dtype=np.float32).reshape(20, 3)
     rows = BatchRows(data, np.array(idx))
@@ -351,7 +351,7 @@ def test_batch_rows_gather_exactly_the_rows_asked(idx, lo, hi):
 
 
 def test_batch_rows_of_consecutive_indices_are_a_view():
-    from engine.data import BatchRows
+    from tandem.engine.data import BatchRows
 
     data = np.zeros((10, 2), np.float32)
     part = BatchRows(data, np.arange(2, 9))[1:4]

@@ -1,6 +1,6 @@
 """`tandem party --config`: leader and follower as two real OS processes over HTTP on loopback.
 
-Every case starts ``python -m parties.cli party`` twice (see `party_helpers.Job`). The
+Every case starts ``python -m tandem.parties.cli party`` twice (see `party_helpers.Job`). The
 reference run (module fixture) is the uninterrupted training every resumed run must match
 bit for bit (same seed, fixed ``groups = 2``).
 """
@@ -43,7 +43,7 @@ def test_full_run_trains_evaluates_exports(reference):
     # each party exported only its own stages, stamped with the same run id
     assert {k.split("/")[1] for k in job.exported("leader")} == {"bottom_leader", "top"}
     assert {k.split("/")[1] for k in job.exported("follower")} == {"bottom_follower"}
-    from engine.export import read_description
+    from tandem.parties.split.export import read_description
 
     descs = [read_description(job.folder / "out" / r / f"{r}.safetensors")
              for r in ("leader", "follower")]
@@ -164,10 +164,10 @@ def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, who):
 def _load_checkpoint(job: Job, role: str, step: int, spec_hash: str) -> None:
     import optax
 
-    from engine.checkpoint import CheckpointStore
-    from engine.kernels import get_loss
-    from engine.stages import StageHandler
-    from parties.split.party_config import load_party_config, models_from_widths
+    from tandem.parties.split.checkpoint import CheckpointStore
+    from tandem.engine.kernels import get_loss
+    from tandem.parties.split.stages import StageHandler
+    from tandem.parties.split.party_config import load_party_config, models_from_widths
     from party_helpers import F_FOLLOWER, F_LEADER
 
     cfg = load_party_config(job.path(role))
@@ -229,8 +229,8 @@ numbers = st.one_of(st.integers(-5, 2**70).map(str), printable)
 def requests(draw):
     """(headers, body, sign): random routing headers, some signed with the real secret so
     they get past authentication to the header, chunk and codec checks."""
-    from transports import codec
-    from transports.base import Frame
+    from tandem.transports import codec
+    from tandem.transports.base import Frame
 
     signed = draw(st.booleans())
     headers = {name: draw(numbers if "Id" in name or "Chunk" in name or "Offset" in name
@@ -256,7 +256,7 @@ def requests(draw):
 
 
 def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
-    from transports import auth
+    from tandem.transports import auth
 
     job = Job(tmp_path, epochs=1)
     follower = job.start("follower")

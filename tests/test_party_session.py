@@ -10,15 +10,15 @@ import os
 import numpy as np
 import pytest
 
-from engine.checkpoint import CheckpointError, CheckpointStore
-from parties.split import negotiate
-from parties.split.party_config import load_party_config
-from parties.split.session import PartyStartError, connect
-from parties.split.standalone import make_party
+from tandem.parties.split.checkpoint import CheckpointError, CheckpointStore
+from tandem.parties.split import negotiate
+from tandem.parties.split.party_config import load_party_config
+from tandem.parties.split.session import PartyStartError, connect
+from tandem.parties.split.standalone import make_party
 from party_helpers import Job
-from transports.base import Frame
-from transports.errors import FrameError
-from transports.memory import MemoryNetwork
+from tandem.transports.base import Frame
+from tandem.errors import FrameError
+from tandem.transports.memory import MemoryNetwork
 
 
 def configs(tmp_path, tweak=None):
@@ -100,7 +100,7 @@ async def test_party_metrics_on_the_transport_endpoint(tmp_path):
     _, cfgs = configs(tmp_path)
     lead, fol = await connect_both(cfgs)
     try:
-        from parties.split.observe import party_metrics
+        from tandem.parties.split.observe import party_metrics
 
         parties = {}
         for s in (lead, fol):
@@ -130,8 +130,8 @@ async def test_party_metrics_on_the_transport_endpoint(tmp_path):
 # -- checkpoint agreement -------------------------------------------------------------------------
 async def test_agreement_takes_newest_common_step_in_the_save_window():
     """The leader saved step 6; the follower died before saving it: both resume from 3."""
-    from engine.spec import build_spec
-    from engine.topology import leader_follower
+    from tandem.parties.split.spec import build_spec
+    from tandem.engine.topology import leader_follower
 
     topo = leader_follower()
     spec = build_spec(topo, features={"leader": 2, "follower": 2}, samples=8,
@@ -165,13 +165,13 @@ def _handler_state(seed=0):
     import jax
     import optax
 
-    from engine.kernels import mlp_stage
-    from engine.stages import StageHandler
-    from engine.topology import leader_follower
+    from tandem.engine.kernels import mlp_stage
+    from tandem.parties.split.stages import StageHandler
+    from tandem.engine.topology import leader_follower
 
     models = {"bottom_leader": mlp_stage([3], [5], 2), "bottom_follower": mlp_stage([2], [5], 2),
               "top": mlp_stage([2, 2], [4], 1, activate_last=False)}
-    from engine.kernels import get_loss
+    from tandem.engine.kernels import get_loss
 
     h = StageHandler(leader_follower(), "leader", models, optax.adam(0.1),
                      loss=get_loss("binary"), key=jax.random.PRNGKey(seed))
@@ -210,7 +210,7 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
 
 # -- stop / grace helpers -------------------------------------------------------------------------
 async def test_with_grace_finishes_aborts_and_raises():
-    from parties.split.standalone import _until, _with_grace
+    from tandem.parties.split.standalone import _until, _with_grace
 
     stop = asyncio.Event()
 

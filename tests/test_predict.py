@@ -1,4 +1,4 @@
-"""Cross-party inference (`parties.split.inference`, `tandem predict`).
+"""Cross-party inference (`tandem.parties.split.inference`, `tandem predict`).
 
 One tiny leader/follower model is trained in process over the memory transport and each party
 exported; predictions from the exports (API over memory, CLI over HTTP) must equal the trained
@@ -22,14 +22,14 @@ import jax
 import numpy as np
 import pytest
 
-import engine.export
-from engine.export import save_stages
-from engine.kernels import mlp_stage
-from engine.topology import leader_follower, two_party
-from parties.split import SplitConfig, SplitParty, inference, predict_cli
-from parties.split.inference import InferenceError
-from parties.split.negotiate import NegotiationError
-from transports.memory import MemoryNetwork
+import tandem.parties.split.export
+from tandem.parties.split.export import save_stages
+from tandem.engine.kernels import mlp_stage
+from tandem.engine.topology import leader_follower, two_party
+from tandem.parties.split import SplitConfig, SplitParty, inference, predict_cli
+from tandem.parties.split.inference import InferenceError
+from tandem.parties.split.negotiate import NegotiationError
+from tandem.transports.memory import MemoryNetwork
 
 F_LEADER, F_FOLLOWER, CUT, NEW = 5, 3, 4, 41
 BATCH, GROUPS = 16, 2
@@ -178,13 +178,13 @@ PARTY = contextvars.ContextVar("party", default="?")
 async def test_each_party_reads_only_its_own_export_and_receives_activations(trained,
                                                                             monkeypatch):
     opened: list[tuple[str, str]] = []
-    real_open = engine.export.safe_open
+    real_open = tandem.parties.split.export.safe_open
 
     def recording_open(path, *a, **kw):
         opened.append((PARTY.get(), os.fspath(path)))
         return real_open(path, *a, **kw)
 
-    monkeypatch.setattr(engine.export, "safe_open", recording_open)
+    monkeypatch.setattr(tandem.parties.split.export, "safe_open", recording_open)
     net = MemoryNetwork()
     received: dict[str, list] = {"leader": [], "follower": []}
     endpoints = {}
@@ -288,7 +288,7 @@ async def test_alignment_commitments_must_agree(trained):
 
 
 async def test_follower_refuses_a_training_proposal(trained):
-    from engine.spec import build_spec
+    from tandem.parties.split.spec import build_spec
 
     fm = await inference.load_model(trained.follower, "follower")
     topo = leader_follower()
@@ -306,8 +306,8 @@ async def test_follower_refuses_a_training_proposal(trained):
 
 
 async def test_training_follower_refuses_a_prediction_spec(trained, tmp_path):
-    from parties.split.party_config import PartyData, load_party_config
-    from parties.split.session import follower_check
+    from tandem.parties.split.party_config import PartyData, load_party_config
+    from tandem.parties.split.session import follower_check
 
     cfg = load_party_config(_configs(trained, tmp_path)["follower"])
     lm = await inference.load_model(trained.leader, "leader")
@@ -394,7 +394,7 @@ def test_cli_two_processes_over_http_match_in_process(trained, tmp_path):
     order, ids = _new_rows(trained, tmp_path)
     out = tmp_path / "pred.csv"
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    base = [sys.executable, "-m", "parties.cli", "predict", "--timeout", "100"]
+    base = [sys.executable, "-m", "tandem", "predict", "--timeout", "100"]
     procs = {
         "follower": subprocess.Popen(
             base + ["--config", cfg["follower"], "--data", str(tmp_path / "new_f.npy"),
@@ -474,7 +474,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     test rows with those exports and configs gives the test metrics the training reported."""
     from party_helpers import Job
 
-    from parties.split.metrics import classification_metrics
+    from tandem.parties.split.metrics import classification_metrics
 
     job = Job(tmp_path / "job", epochs=1)
     results = await asyncio.to_thread(job.run_both)
@@ -499,7 +499,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     m = classification_metrics(logits, y_test, "binary")
     assert m["accuracy"] == pytest.approx(lead["test_accuracy"], abs=1e-9)
     assert m["loss"] == pytest.approx(lead["test_loss"], rel=1e-6)
-    from engine.export import read_description
+    from tandem.parties.split.export import read_description
 
     trained_by = read_description(job.folder / "out" / "leader" / "leader.safetensors")
     summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines()

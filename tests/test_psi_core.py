@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from parties.alignment import ecdh
-from parties.alignment.errors import IdError, ProtocolError
+from tandem.parties.alignment import ecdh
+from tandem.parties.alignment.errors import IdError, ProtocolError
 
 P = 2**255 - 19
 

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from parties.alignment import AlignedIds, AlignmentConfigError, AlignmentMismatchError, ProtocolError, align, ecdh
-from transports import codec
-from transports.base import Frame
-from transports.memory import MemoryNetwork
+from tandem.parties.alignment import AlignedIds, AlignmentConfigError, AlignmentMismatchError, ProtocolError, align, ecdh
+from tandem.transports import codec
+from tandem.transports.base import Frame
+from tandem.transports.memory import MemoryNetwork
 
 
 class Recording:
@@ -218,7 +218,7 @@ async def test_cancellation_mid_exchange_leaves_nothing_running():
 
 
 async def test_align_over_http_loopback():
-    from transports.http import HttpConfig, HttpTransport
+    from tandem.transports.http import HttpConfig, HttpTransport
 
     ids_a = [f"u{i}" for i in range(0, 120)]
     ids_b = list(range(60, 200)) + [f"u{i}" for i in range(100, 130)]

@@ -7,18 +7,18 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from engine import plan as P
-from engine import simulator as S
-from engine.errors import ConfigError, PlanError
-from engine.lanes import VirtualLane
-from engine.plan import Kind, LOCAL_ONLY
-from engine.policy import Backpressure, ReadySet, choose
-from engine.runtime import SEND_DEPTH, PartyRuntime, message
-from engine.testing import Deadlock, run_virtual
-from engine.topology import leader_follower, two_party, u_shape
-from engine.trace import Trace
+from tandem.engine import plan as P
+from tandem.engine import simulator as S
+from tandem.errors import ConfigError, PlanError
+from tandem.engine.lanes import VirtualLane
+from tandem.engine.plan import Kind, LOCAL_ONLY
+from tandem.engine.policy import Backpressure, ReadySet, choose
+from tandem.engine.runtime import SEND_DEPTH, PartyRuntime, message
+from tandem.engine.testing import Deadlock, run_virtual
+from tandem.engine.topology import leader_follower, two_party, u_shape
+from tandem.engine.trace import Trace
 from tests.split_helpers import topologies
-from transports import MemoryNetwork, codec
+from tandem.transports import MemoryNetwork, codec
 
 WIDTH = 8
 

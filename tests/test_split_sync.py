@@ -4,7 +4,7 @@ import asyncio
 
 import numpy as np
 
-from engine.topology import two_party
+from tandem.engine.topology import two_party
 from tests.split_helpers import make_job
 
 
@@ -41,7 +41,7 @@ async def test_cancelled_wait_leaves_no_waiter_and_a_reached_count_returns_at_on
 
 
 async def test_arrays_handed_in_or_out_survive_the_donating_update():
-    """The update donates the engine's parameter buffers (engine.kernels, "Donation"): a
+    """The update donates the engine's parameter buffers (tandem.engine.kernels, "Donation"): a
     snapshot from `SplitParty.params` and the arrays given to `restore` stay readable after
     training steps, and the party trains from the restored values."""
     import jax

@@ -1,8 +1,8 @@
 import pytest
 from hypothesis import given
 
-from engine.errors import TopologyError
-from engine.topology import FEATURES, Stage, Topology, leader_follower, star, two_party, u_shape
+from tandem.errors import TopologyError
+from tandem.engine.topology import FEATURES, Stage, Topology, leader_follower, star, two_party, u_shape
 from tests.split_helpers import topologies
 
 

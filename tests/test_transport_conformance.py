@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from transport_conformance import TransportConformance
-from transports.http import HttpConfig, HttpTransport
-from transports.memory import MemoryNetwork
+from tandem.transports.http import HttpConfig, HttpTransport
+from tandem.transports.memory import MemoryNetwork
 
 CAPACITY = 4
 

@@ -1,4 +1,4 @@
-"""One conformance suite for every `Transport` (the guarantees of `transports.base`).
+"""One conformance suite for every `Transport` (the guarantees of `tandem.transports.base`).
 
 Subclass `TransportConformance` and provide an async ``harness`` fixture yielding an object with:
 
@@ -18,9 +18,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from transports import codec
-from transports.base import Frame, Transport
-from transports.errors import TransportClosedError, UnknownPeerError
+from tandem.transports import codec
+from tandem.transports.base import Frame, Transport
+from tandem.errors import TransportClosedError, UnknownPeerError
 
 SETTLE = 0.15  # seconds given to a send that must stay blocked
 
@@ -75,7 +75,7 @@ class TransportConformance:
 
     async def test_concurrent_sends_on_a_channel_arrive_in_call_order(self, harness):
         """Sends started one after another without awaiting each (the runtime's send window,
-        `engine.runtime.SEND_DEPTH`) arrive in the order they were started, also while they
+        `tandem.engine.runtime.SEND_DEPTH`) arrive in the order they were started, also while they
         wait for a full inbox."""
         a, b = await harness.pair()
         n = 2 * harness.capacity + 3

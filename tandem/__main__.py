@@ -1,0 +1,7 @@
+"""``python -m tandem``: the same as the ``tandem`` command."""
+
+import sys
+
+from tandem.parties.cli import main
+
+sys.exit(main())

@@ -1,0 +1,313 @@
+"""The asyncio runtime: interprets one party's `Plan` for one batch.
+
+Per batch, inside one `asyncio.TaskGroup`:
+
+* one **compute lane** loop picks ready compute ops with `policy.choose` (the same function the
+  simulator uses) and runs them on the party's lane (a worker thread), so sends and receives
+  progress during compute. With a `ThreadLane` (``lane.drives_batches``) that loop itself runs
+  on the lane's thread: after an op it takes the batch's lock, records the op's completion and
+  calls ``choose`` again, so consecutive ops cost no thread hand-off; it sleeps on a condition
+  only when nothing is ready, and arrivals and drained sends (loop thread, same lock) wake it.
+  With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
+  tests run it on a virtual clock);
+* one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
+  the next frame waiting behind the one on the wire (``SEND_DEPTH``);
+* one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
+
+Invariants: the batch's bookkeeping (`_BatchState`: readiness, the ready set, the outbound
+count) is read and written only under ``_BatchState.lock``, never across a kernel call or an
+``await``; an op starts only when all its dependencies completed; the outbound count (frames
+queued or in transmission) never exceeds ``Backpressure.capacity``; every op of the plan runs
+exactly once per batch. Any failure cancels the siblings and surfaces as an exception group;
+on return (normal or not) no task of the batch is left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+from typing import Callable, Mapping, Protocol
+
+import numpy as np
+
+from tandem.transports.base import Frame, Transport
+
+from tandem.errors import EngineError, ShapeError
+from .plan import Kind, Op, Plan
+from .policy import Backpressure, ReadySet, choose, fifo_choose
+from .trace import Trace, TraceEvent
+
+
+class OpHandler(Protocol):
+    """What the runtime calls to execute a plan's ops (e.g. `tandem.parties.split.StageHandler`)."""
+
+    def compute(self, op: Op) -> Mapping[tuple[str, int], np.ndarray]:
+        """Run compute op ``op`` (on the lane thread); return ``{(channel, mb): array}`` for
+        each of its sends (``plan.successors[op]`` of kind ``S``)."""
+        ...
+
+    def receive(self, op: Op, array: np.ndarray) -> None:
+        """Store the array of arrived message ``op`` (on the loop thread); raise `ShapeError`
+        if it is not what the plan expects."""
+        ...
+
+
+@dataclasses.dataclass
+class BatchStats:
+    wall: float = 0.0
+    compute: float = 0.0
+    ops: int = 0
+    sent_bytes: dict[str, int] = dataclasses.field(default_factory=dict)
+    max_outbound: int = 0
+
+
+def message(batch: int, op: Op, array: np.ndarray) -> Frame:
+    """The frame carrying the tensor of send ``op`` of batch ``batch``."""
+    return Frame(meta={"b": batch, "m": op.mb}, arrays=(array,))
+
+
+#: sends a party's runtime keeps in flight per peer (`PartyRuntime._send_lane`)
+SEND_DEPTH = 2
+
+
+class _BatchState:
+    """Mutable bookkeeping of one batch of one plan, guarded by ``lock`` (held for
+    microseconds: never across a kernel or an ``await``). ``cond`` (same lock) wakes a
+    lane-driven compute loop waiting for a ready op; ``wake`` does that for the coroutine one."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.stop = False  # set (under lock) when the batch is cancelled
+        self.waiting = False  # a lane-driven compute loop waits on ``cond``
+        self.clock: Callable[[], float] = time.monotonic  # the trace's clock (set by run)
+        self.plan = plan
+        self.remaining = dict(plan.indegree)  # a copy: the plan is shared by every batch
+        self.ready = ReadySet(plan.key)
+        self.outbound = 0
+        self.max_outbound = 0
+        self.queues: dict[str, asyncio.Queue] = {}
+        self.wake = asyncio.Event()
+        self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
+        for op, k in plan.indegree.items():
+            if k == 0 and op.kind is not Kind.SEND and op.kind is not Kind.RECV:
+                self.ready.add(op)
+
+
+class PartyRuntime:
+    """Runs plans of one party over a transport. Holds no training state (see `OpHandler`).
+
+    Args:
+      transport: the party's transport.
+      lane: a `ThreadLane` or `VirtualLane` (entered by the caller).
+      backpressure: outbound threshold and hard capacity, in frames.
+      policy: ``"priority"`` (the method) or ``"fifo"`` (plan order; the sequential baseline).
+      trace: where to record op and transfer intervals (optional).
+    """
+
+    def __init__(self, transport: Transport, lane, *, backpressure: Backpressure = Backpressure(),
+                 policy: str = "priority", trace: Trace | None = None) -> None:
+        if policy not in ("priority", "fifo"):
+            raise EngineError(f"policy must be 'priority' or 'fifo', got {policy!r}")
+        self.transport = transport
+        self.lane = lane
+        self.bp = backpressure
+        self.policy = policy
+        self.trace = trace
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.Counter[str] = collections.Counter()
+
+    async def run(self, plan: Plan, handler: OpHandler, batch: int) -> BatchStats:
+        """Execute every op of ``plan`` once; returns when all sends have been handed over."""
+        self.bp.check_plan(plan)
+        loop = asyncio.get_running_loop()
+        st = _BatchState(plan)
+        # trace clock: the loop's (virtual in tests) unless the lane's thread drives the batch;
+        # then time.monotonic for every event, which asyncio's loop.time() also reads (uvloop's
+        # reads the same clock, but cached once per loop iteration, in whole milliseconds)
+        st.clock = time.monotonic if getattr(self.lane, "drives_batches", False) else loop.time
+        stats = BatchStats()
+        t0 = st.clock()
+        sends_per_peer = collections.Counter(op.peer for op in plan.sends)
+        recv_channels = collections.Counter((op.peer, op.channel) for op in plan.recvs)
+        for peer in sends_per_peer:
+            st.queues[peer] = asyncio.Queue(maxsize=self.bp.capacity)
+        async with asyncio.TaskGroup() as tg:
+            for peer, count in sends_per_peer.items():
+                tg.create_task(self._send_lane(st, peer, count, batch, stats))
+            for (peer, channel), count in recv_channels.items():
+                tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
+            tg.create_task(self._compute_lane(st, handler, batch, stats))
+        stats.wall = st.clock() - t0
+        stats.ops = len(plan.ops)
+        stats.max_outbound = st.max_outbound
+        return stats
+
+    # -- the three kinds of lanes --------------------------------------------------------------
+    def _pick(self, st: _BatchState, order: Mapping[Op, int] | None) -> Op | None:
+        """The policy's choice (caller holds ``st.lock``); removes it from the ready set."""
+        if order is None:
+            op = choose(st.ready, st.outbound, st.plan, self.bp)
+        else:
+            op = fifo_choose(st.ready, st.outbound, st.plan, self.bp, order)
+        if op is not None:
+            st.ready.remove(op)
+        return op
+
+    def _ran(self, st: _BatchState, op: Op, start: float, end: float,
+             stats: BatchStats) -> None:
+        stats.compute += end - start
+        kind = op.kind._value_
+        self.counters[kind] += 1
+        self.op_seconds[kind] += end - start
+        if self.trace is not None:
+            self.trace.add(TraceEvent(st.plan.party, "compute", str(op), op.mb, start, end))
+
+    async def _compute_lane(self, st: _BatchState, handler: OpHandler, batch: int,
+                            stats: BatchStats) -> None:
+        order = {op: i for i, op in enumerate(st.plan.ops)} if self.policy == "fifo" else None
+        if getattr(self.lane, "drives_batches", False):
+            loop = asyncio.get_running_loop()
+
+            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread
+                loop.call_soon_threadsafe(q.put_nowait, item)
+
+            def stop() -> None:
+                with st.lock:
+                    st.stop = True
+                    st.cond.notify_all()
+
+            await self.lane.run(None, lambda: self._drive(st, handler, stats, order, enqueue),
+                                on_cancel=stop)
+            return
+        loop = asyncio.get_running_loop()
+        while st.compute_left:
+            with st.lock:
+                op = self._pick(st, order)
+            if op is None:
+                st.wake.clear()
+                await st.wake.wait()
+                continue
+            start = st.clock()
+            outputs = await self.lane.run(op, lambda op=op: handler.compute(op))
+            end = st.clock()
+            self._ran(st, op, start, end, stats)
+            with st.lock:
+                st.compute_left -= 1
+                self._complete(st, op, outputs)
+
+    def _drive(self, st: _BatchState, handler: OpHandler, stats: BatchStats,
+               order: Mapping[Op, int] | None, enqueue: Callable) -> None:
+        """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
+        Returns when every compute op ran, or early once ``st.stop`` is set (cancellation)."""
+        clock = st.clock
+        while True:
+            with st.lock:
+                while True:
+                    if st.stop or not st.compute_left:
+                        return
+                    op = self._pick(st, order)
+                    if op is not None:
+                        break
+                    st.waiting = True
+                    st.cond.wait()  # an arrival, a drained send or `stop` notifies
+                    st.waiting = False
+            start = clock()
+            outputs = handler.compute(op)
+            end = clock()
+            self._ran(st, op, start, end, stats)
+            with st.lock:
+                st.compute_left -= 1
+                self._complete(st, op, outputs, enqueue)
+
+    async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
+                         stats: BatchStats) -> None:
+        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
+        ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
+        frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the loop
+        gets round to them. Each send is a task of its own, started in queue order, so a
+        transport that serialises a channel's sends (both do) keeps their order."""
+        queue = st.queues[peer]
+        window = asyncio.Semaphore(SEND_DEPTH)
+        sent = [float("-inf")]  # end of the latest completed send: a trace's wire start
+        async with asyncio.TaskGroup() as tg:
+            for _ in range(count):
+                op, array = await queue.get()
+                await window.acquire()
+                tg.create_task(self._send_one(st, peer, op, array, batch, stats, window, sent))
+
+    async def _send_one(self, st: _BatchState, peer: str, op: Op, array: np.ndarray,
+                        batch: int, stats: BatchStats, window: asyncio.Semaphore,
+                        sent: list[float]) -> None:
+        try:
+            offered = st.clock()
+            await self.transport.send(peer, op.channel, message(batch, op, array))
+        finally:
+            window.release()
+        end = st.clock()
+        nbytes = int(array.nbytes)
+        stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
+        if self.trace is not None:  # on the wire from when the frame before it left
+            self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
+                                      max(offered, min(sent[0], end)), end, nbytes))
+        sent[0] = max(sent[0], end)
+        with st.lock:
+            st.outbound -= 1
+            self._complete(st, op, None)
+            if st.waiting:
+                st.cond.notify()
+        st.wake.set()
+
+    async def _receiver(self, st: _BatchState, handler: OpHandler, peer: str, channel: str,
+                        count: int, batch: int) -> None:
+        for m in range(count):
+            frame = await self.transport.recv(peer, channel)
+            got_b, got_m = frame.meta.get("b"), frame.meta.get("m")
+            if got_b != batch or got_m != m or len(frame.arrays) != 1:
+                raise ShapeError(
+                    f"{st.plan.party!r} expected micro-batch {m} of batch {batch} on {channel!r} "
+                    f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
+                    f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
+                    "and n_groups on both sides?)")
+            op = st.plan.recv_op[(peer, channel, m)]
+            handler.receive(op, frame.arrays[0])
+            with st.lock:
+                self._complete(st, op, None)
+                if st.waiting:
+                    st.cond.notify()
+            st.wake.set()
+
+    # -- bookkeeping -------------------------------------------------------------------------
+    def _complete(self, st: _BatchState, op: Op,
+                  outputs: Mapping[tuple[str, int], np.ndarray] | None,
+                  enqueue: Callable[[asyncio.Queue, tuple], None] | None = None) -> None:
+        """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies
+        are all done become ready; sends go to their peer's outbound queue (through
+        ``enqueue`` when called off the loop thread)."""
+        remaining = st.remaining
+        for s in st.plan.successors[op]:
+            left = remaining[s] - 1
+            remaining[s] = left
+            if left:
+                continue
+            kind = s.kind
+            if kind is Kind.SEND:
+                try:
+                    array = outputs[(s.channel, s.mb)]  # type: ignore[index]
+                except (KeyError, TypeError):
+                    raise EngineError(f"{op} produced no tensor for {s}; the handler must return "
+                                      f"one keyed (channel, micro-batch) for every send of the "
+                                      f"op") from None
+                st.outbound += 1
+                st.max_outbound = max(st.max_outbound, st.outbound)
+                if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose
+                    raise EngineError(f"outbound queue exceeded its capacity {self.bp.capacity}")
+                if enqueue is None:
+                    st.queues[s.peer].put_nowait((s, array))
+                else:
+                    enqueue(st.queues[s.peer], (s, array))
+            elif kind is not Kind.RECV:
+                st.ready.add(s)

@@ -1,0 +1,78 @@
+"""Process allocator settings for the receive path (glibc's malloc).
+
+Receiving a large tensor over a stream socket allocates and frees many short-lived buffers of a
+few hundred KiB: uvloop hands each 256 KiB read to the protocol as a new ``bytes`` object, and
+aiohttp's parser slices the body into more of them. Under glibc's defaults these sizes sit at
+the edge of the heap: freed ones are given back to the kernel (heap trimming, or munmap of
+blocks above the dynamic mmap threshold) and the next read faults fresh zeroed pages in again.
+On the 2-core benchmark machine that page churn, not the copying, was the largest cost of the
+HTTP receiver (``bench.transport``: ~1.2 GB/s with the defaults, ~2.1 GB/s with
+`tune_allocator`'s settings, same run; see docs/transports.md).
+
+`tune_allocator` sets two ``mallopt`` parameters so these buffers are recycled in-process:
+
+* ``M_MMAP_THRESHOLD`` = ``mmap_threshold`` (4 MiB): smaller blocks come from the heap; larger
+  ones (whole tensors) are still mapped and unmapped on their own, so their memory returns to
+  the system when the tensor dies;
+* ``M_TRIM_THRESHOLD`` = ``trim_threshold`` (128 MiB): the heap is shrunk only when that much
+  is free at its top — the process keeps up to that much idle memory in exchange.
+
+It is process-wide, so the library never calls it by itself: the ``tandem`` command line calls
+it before starting its event loop (`tandem.parties.cli.run_async`), and an application embedding the
+engine may call it once at start-up. A parameter the user already set through glibc's
+environment variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) is left alone.
+Elsewhere (musl, macOS, Windows) it does nothing and returns an empty dict.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import platform
+
+__all__ = ["tune_allocator"]
+
+M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+M_MMAP_THRESHOLD = -3
+
+_ENV = {M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_", M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_"}
+
+
+def _mallopt():
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallopt
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return fn
+
+
+def tune_allocator(mmap_threshold: int = 4 << 20,
+                   trim_threshold: int = 128 << 20) -> dict[str, int]:
+    """Set glibc's mmap and trim thresholds (see the module docstring); idempotent.
+
+    Returns the settings applied, by environment-variable name (empty where none could be:
+    not glibc, or every one already set in the environment). Raises ValueError for a
+    threshold glibc would refuse (mmap_threshold above 32 MiB on 64-bit, or negative).
+    """
+    if not 0 <= mmap_threshold <= 32 << 20:
+        raise ValueError(f"mmap_threshold must be in [0, 32 MiB] (glibc's limit on 64-bit), "
+                         f"got {mmap_threshold}")
+    if not 0 <= trim_threshold < 1 << 31:
+        raise ValueError(f"trim_threshold must be in [0, 2 GiB), got {trim_threshold}")
+    mallopt = _mallopt()
+    if mallopt is None:
+        return {}
+    applied = {}
+    for param, value in ((M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold)):
+        name = _ENV[param]
+        if name in os.environ:
+            continue  # the user's explicit setting wins
+        if mallopt(param, value) != 1:
+            raise OSError(f"mallopt({name.rstrip('_')}, {value}) was refused by the C library")
+        applied[name] = value
+    return applied

@@ -1,0 +1,423 @@
+"""The coordinator (static): survival detection, the live-worker list, the batch ledger, and
+training requests to the data servers.
+
+Loop (every ``interval`` T seconds):
+
+1. **Train** for up to T: give every idle live worker the next pending batch by sending its
+   data server a ``train`` request with the worker's name and address.
+2. **Pause**: stop issuing; wait until in-flight batches are reported (at most ``drain``
+   seconds, less if a busy worker stopped beating).
+3. **Detect** (`Membership.detect`). Unchanged: fence every data server at generation g+1,
+   merge the replicas (mean of parameters and float optimizer state), checkpoint, and commit in
+   the ledger exactly the batches the parameter servers hold. Changed: roll every parameter
+   server back to the last checkpoint at generation g+1; every uncommitted batch is issued
+   again. Results stamped g are refused from then on.
+4. When every batch of the epoch is committed, each data server closes the epoch, checking that
+   its parameters reflect each of its batches exactly once.
+
+``events`` records (time, kind, detail) for observers (tests, the benchmark); ``on_phase`` is
+called on every phase change with the phase name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import logging
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from tandem.transports.base import Frame, Transport
+from tandem.errors import TransportError
+
+from . import protocol as P
+from .errors import ConfigError, ElasticError
+from .ledger import Ledger
+from .membership import Membership
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """``interval``: detection period T (s). ``timeout``: heartbeat silence that removes a
+    worker (default 1.5 T). ``drain``: longest pause waiting for in-flight batches (default
+    T / 2). ``call_timeout``: longest wait for a data server's reply."""
+
+    data_servers: tuple[str, ...]
+    data_server_urls: tuple[tuple[str, str], ...] = ()
+    interval: float = 1.0
+    timeout: float | None = None
+    drain: float | None = None
+    epochs: int = 1
+    min_workers: int = 1
+    call_timeout: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not self.data_servers:
+            raise ConfigError("the coordinator needs at least one data server name")
+        if len(set(self.data_servers)) != len(self.data_servers):
+            raise ConfigError(f"data server names repeat: {list(self.data_servers)}")
+        if not self.interval > 0:
+            raise ConfigError(f"detection interval must be > 0 s, got {self.interval!r}")
+        if self.epochs < 1 or self.min_workers < 0:
+            raise ConfigError("epochs must be >= 1 and min_workers >= 0")
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        return self.timeout if self.timeout is not None else 1.5 * self.interval
+
+    @property
+    def drain_time(self) -> float:
+        return self.drain if self.drain is not None else 0.5 * self.interval
+
+
+@dataclasses.dataclass
+class Progress:
+    epoch: int = 0
+    committed: int = 0
+    total: int = 0
+    live: int = 0
+    generation: int = 0
+    checkpoints: int = 0
+    rollbacks: int = 0
+    loss: float | None = None
+
+
+class Coordinator:
+    def __init__(self, transport: Transport, config: CoordinatorConfig, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_phase: Callable[[str], None] | None = None,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.t = transport
+        self.cfg = config
+        self.clock = clock
+        self.on_phase = on_phase or (lambda phase: None)
+        self.on_progress = on_progress or (lambda p: None)
+        self.membership = Membership(config.heartbeat_timeout)
+        self.ledger: Ledger | None = None
+        self.phase = "init"
+        self.progress = Progress()
+        self.events: collections.deque[tuple[float, str, Any]] = collections.deque(maxlen=100_000)
+        self.history: list[dict[str, Any]] = []   # per epoch: committed ids, losses
+        self._urls: dict[str, str] = {}
+        self._busy: dict[str, tuple[int, int]] = {}      # worker -> (batch, generation)
+        self._watched: set[str] = set()
+        self._replies: dict[int, tuple[str, asyncio.Future]] = {}
+        self._req = itertools.count()
+        self._wake = asyncio.Event()
+        self._n_batches: dict[str, int] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._listeners: set[asyncio.Task] = set()
+        self._ckpt_digest: dict[str, str] = {}
+        self._stop_requested = False
+        self.initial_loss: float | None = None
+
+    # -- plumbing --------------------------------------------------------------------------
+    def _set_phase(self, phase: str) -> None:
+        self.phase = phase
+        self.on_phase(phase)
+
+    def _event(self, kind: str, detail: Any = None) -> None:
+        self.events.append((self.clock(), kind, detail))
+
+    async def _call(self, ds: str, op: str, arrays=(), **meta) -> Frame:
+        req = next(self._req)
+        fut = asyncio.get_running_loop().create_future()
+        self._replies[req] = (ds, fut)
+        try:
+            await self.t.send(ds, P.CTL, Frame(meta={"op": op, "req": req, **meta},
+                                               arrays=tuple(arrays)))
+            async with asyncio.timeout(self.cfg.call_timeout):
+                rep = await fut
+        except TimeoutError:
+            raise ElasticError(f"data server {ds!r} did not answer {op!r} within "
+                               f"{self.cfg.call_timeout} s; is it running?") from None
+        finally:
+            self._replies.pop(req, None)
+        if not rep.meta.get("ok"):
+            raise ElasticError(f"data server {ds!r} failed {op!r}: {rep.meta.get('error')}")
+        return rep
+
+    async def _call_all(self, op: str, per_ds: Callable[[str], dict] | None = None,
+                        arrays=(), **meta) -> dict[str, Frame]:
+        async with asyncio.TaskGroup() as tg:
+            tasks = {ds: tg.create_task(self._call(ds, op, arrays, **meta,
+                                                   **(per_ds(ds) if per_ds else {})))
+                     for ds in self.cfg.data_servers}
+        return {ds: task.result() for ds, task in tasks.items()}
+
+    async def _replies_from(self, ds: str) -> None:
+        while True:
+            try:
+                rep = await self.t.recv(ds, P.REPLY)
+            except TransportError as exc:  # the data server is gone: fail its pending calls
+                for who, fut in self._replies.values():
+                    if who == ds and not fut.done():
+                        fut.set_exception(ElasticError(f"data server {ds!r} is gone: {exc}"))
+                return
+            _, fut = self._replies.get(rep.meta.get("req"), (None, None))
+            if fut is not None and not fut.done():
+                fut.set_result(rep)
+
+    async def _discover(self) -> None:
+        """Watch every addressable peer that is not a data server as a possible worker."""
+        skip = set(self.cfg.data_servers) | {self.t.name}
+        while True:
+            for peer in self.t.peers:
+                if peer not in skip and peer not in self._watched:
+                    self._watched.add(peer)
+                    self._listeners.add(self._tg.create_task(self._heartbeats(peer)))
+                    self._listeners.add(self._tg.create_task(self._reports(peer)))
+            await asyncio.sleep(self.cfg.interval / 4)
+
+    async def _heartbeats(self, worker: str) -> None:
+        while True:
+            try:
+                hb = await self.t.recv(worker, P.HB)
+            except TransportError:
+                return
+            inc = str(hb.meta.get("incarnation", ""))
+            url = hb.meta.get("url")
+            if url:
+                self._urls[worker] = str(url)
+            if self.membership.beat(worker, inc, self.clock()):
+                self._busy.pop(worker, None)  # a restarted worker lost what it was doing
+                self._event("beat_new", worker)
+                P.learn_peer(self.t, worker, url)
+                servers = {ds: dict(self.cfg.data_server_urls).get(ds, "")
+                           for ds in self.cfg.data_servers}
+                try:
+                    await self.t.send(worker, P.WELCOME, Frame(meta={"data_servers": servers}))
+                except TransportError as exc:
+                    log.info("cannot welcome %s: %s", worker, exc)
+                self._wake.set()
+
+    async def _reports(self, worker: str) -> None:
+        while True:
+            try:
+                done = await self.t.recv(worker, P.DONE)
+            except TransportError:
+                return
+            batch, gen = done.meta.get("batch"), done.meta.get("gen")
+            if self._busy.get(worker) == (batch, gen):
+                del self._busy[worker]
+            if done.meta.get("ok") and isinstance(batch, int) and isinstance(gen, int):
+                if self.ledger.report(batch, gen, worker):
+                    self._event("done", (worker, batch))
+            self._wake.set()
+
+    async def _wait(self, seconds: float) -> None:
+        self._wake.clear()
+        if seconds > 0:
+            try:
+                async with asyncio.timeout(seconds):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    # -- the protocol ----------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        """Train ``epochs`` epochs; returns a summary. Leaves no task running."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            helpers = [tg.create_task(self._replies_from(ds)) for ds in self.cfg.data_servers]
+            try:
+                await self._hello()
+                helpers.append(tg.create_task(self._discover()))
+                await self._train()
+                await self._stop()
+            finally:
+                for task in helpers:
+                    task.cancel()
+                for task in self._listeners:
+                    task.cancel()
+        return self.summary()
+
+    async def _hello(self) -> None:
+        self._set_phase("hello")
+        for ds, url in self.cfg.data_server_urls:
+            P.learn_peer(self.t, ds, url)
+        reps = await self._call_all(
+            "hello", per_ds=lambda ds: {"index": self.cfg.data_servers.index(ds)})
+        specs = {ds: rep.meta["spec"] for ds, rep in reps.items()}
+        if len(set(specs.values())) != 1:
+            raise ConfigError(f"data servers loaded different model descriptions {specs}; "
+                              "point every data server at the same model URL")
+        self._n_batches = {ds: int(rep.meta["n_batches"]) for ds, rep in reps.items()}
+        self.ledger = Ledger(self._batches())
+        self.progress.total = self.ledger.total
+        self._remember(await self._call_all("checkpoint"))
+        losses = await self._call_all("eval")
+        self.initial_loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
+
+    def _batches(self) -> dict[str, list[int]]:
+        return {ds: [i * P.STRIDE + b for b in range(self._n_batches[ds])]
+                for i, ds in enumerate(self.cfg.data_servers)}
+
+    def _dispatch(self) -> list[tuple[str, dict]]:
+        out = []
+        for worker in sorted(self.membership.live - set(self._busy)):
+            got = self.ledger.assign(worker)
+            if got is None:
+                break
+            ds, batch = got
+            self._busy[worker] = (batch, self.ledger.generation)
+            out.append((ds, {"op": "train", "req": -1, "batch": batch, "worker": worker,
+                             "gen": self.ledger.generation, "url": self._urls.get(worker, "")}))
+        return out
+
+    async def _train(self) -> None:
+        cfg = self.cfg
+        while len(self.membership.live) < max(cfg.min_workers, 1) or not self.membership.live:
+            self._set_phase("waiting")
+            await self._wait(cfg.interval)
+            self.membership.detect(self.clock())
+        self._event("live", sorted(self.membership.live))
+        while True:
+            self._set_phase("train")
+            end = self.clock() + cfg.interval
+            while self.clock() < end and not self.ledger.drained:
+                for ds, meta in self._dispatch():
+                    await self.t.send(ds, P.CTL, Frame(meta=meta))
+                await self._wait(end - self.clock())
+            self._set_phase("pause")
+            end = self.clock() + cfg.drain_time
+            while self.ledger.in_flight and self.clock() < end:
+                busy = set(self.ledger.in_flight.values())
+                quiet = self.membership.silent(self.clock(), cfg.heartbeat_timeout / 2)
+                if busy & quiet:  # a holder went quiet: its batch will be fenced anyway
+                    break
+                await self._wait(min(end - self.clock(), cfg.interval / 10))
+            det = self.membership.detect(self.clock())
+            if det.changed:
+                await self._rollback(det)
+            else:
+                await self._checkpoint()
+            self._report()
+            if self._stop_requested:
+                return
+            if self.ledger.done:
+                if not await self._close_epoch():
+                    return
+
+    def request_stop(self) -> None:
+        """Finish after the next detection (checkpoint or rollback), even mid-epoch."""
+        self._stop_requested = True
+        self._wake.set()
+
+    async def _checkpoint(self) -> None:
+        self._set_phase("checkpoint")
+        gen = self.ledger.generation + 1
+        merge = len(self.cfg.data_servers) > 1
+        fenced = await self._call_all("fence", gen=gen, export=merge)
+        applied = [b for rep in fenced.values() for b in rep.meta["applied"]]
+        merged = ()
+        if merge:
+            merged = await asyncio.to_thread(_mean, [rep.arrays for rep in fenced.values()])
+        reps = await self._call_all("checkpoint", arrays=merged)
+        self._check_replicas(reps)
+        self._remember(reps)
+        committed = self.ledger.checkpoint(applied)
+        self.progress.checkpoints += 1
+        self._event("commit", len(committed))
+
+    async def _rollback(self, det) -> None:
+        self._set_phase("rollback")
+        self._event("removed", sorted(det.left))
+        self._event("joined", sorted(det.joined))
+        for worker in det.left:
+            self._busy.pop(worker, None)
+        gen = self.ledger.generation + 1
+        reps = await self._call_all("rollback", gen=gen, live=sorted(det.live))
+        self._check_replicas(reps)
+        back = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self._event("rollback_digests", back)
+        wrong = [ds for ds, d in back.items() if d != self._ckpt_digest.get(ds)]
+        if wrong:
+            raise ElasticError(f"parameter server(s) {wrong} did not return bit-identical to "
+                               "their last checkpoint after rollback")
+        n = self.ledger.rollback()
+        self.progress.rollbacks += 1
+        self._event("rollback", n)
+        log.info("membership changed (+%s -%s): rolled back, %d batches re-issued",
+                 sorted(det.joined), sorted(det.left), n)
+
+    def _remember(self, reps: dict[str, Frame]) -> None:
+        self._ckpt_digest = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self._event("checkpoint_digests", dict(self._ckpt_digest))
+
+    def _check_replicas(self, reps: dict[str, Frame]) -> None:
+        models = {rep.meta["model"] for rep in reps.values()}
+        if len(models) != 1:
+            raise ElasticError(f"replicas diverged after {self.phase}: "
+                               f"{ {ds: r.meta['model'][:12] for ds, r in reps.items()} }")
+
+    async def _close_epoch(self) -> bool:
+        self._set_phase("epoch")
+        self._remember(await self._call_all("epoch"))
+        losses = await self._call_all("eval")
+        loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
+        self.history.append({"epoch": self.ledger.epoch, "committed": list(self.ledger.committed),
+                             "loss": loss, "generation": self.ledger.generation})
+        self.progress.loss = loss
+        self._event("epoch", loss)
+        if self.ledger.epoch + 1 >= self.cfg.epochs:
+            self._report()
+            return False
+        self.ledger.new_epoch(self._batches())
+        self._report()
+        return True
+
+    def _report(self) -> None:
+        p = self.progress
+        p.epoch, p.committed = self.ledger.epoch, len(self.ledger.committed)
+        p.live, p.generation = len(self.membership.live), self.ledger.generation
+        self.on_progress(p)
+
+    async def _stop(self) -> None:
+        """Tell the data servers, then every worker ever heard from, to stop. Workers the
+        membership holds dead are told too: one that was only slow (its heartbeats late on a
+        loaded machine) would otherwise wait out its transport's ``peer_timeout``. The sends
+        run at once and each is bounded, so a worker that is truly gone delays the end by at
+        most ``max(2 s, 2 T)``."""
+        self._set_phase("stop")
+        await self._call_all("stop")
+        async def stop(worker: str) -> None:
+            try:
+                async with asyncio.timeout(max(2.0, 2 * self.cfg.interval)):
+                    await self.t.send(worker, P.CTL, Frame(meta={"op": "stop"}))
+            except (TransportError, TimeoutError):
+                pass
+
+        async with asyncio.TaskGroup() as tg:
+            for worker in sorted(self._watched):
+                tg.create_task(stop(worker))
+
+    def summary(self) -> dict[str, Any]:
+        return {"epochs": len(self.history), "history": self.history,
+                "initial_loss": self.initial_loss,
+                "checkpoints": self.progress.checkpoints, "rollbacks": self.progress.rollbacks,
+                "reissued": self.ledger.reissued if self.ledger else 0,
+                "refused_reports": self.ledger.refused if self.ledger else 0,
+                "generation": self.ledger.generation if self.ledger else 0}
+
+
+def _mean(replicas: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
+    """Merge replica states: mean of float leaves, max of integer leaves (step counters)."""
+    out = []
+    for leaves in zip(*replicas, strict=True):
+        a0 = leaves[0]
+        if any(a.shape != a0.shape or a.dtype != a0.dtype for a in leaves):
+            raise ElasticError("replicas have different state layouts; all data servers must "
+                               "load the same model description")
+        stack = np.stack(leaves)
+        if a0.dtype.kind == "f":
+            out.append(stack.mean(axis=0, dtype=np.float64).astype(a0.dtype))
+        else:
+            out.append(stack.max(axis=0))
+    return out

@@ -1,0 +1,143 @@
+"""The parameter server hosted by each data server: parameters, optimizer state, the count of
+applications per batch of the current epoch, and the last checkpoint. Synchronous and free of
+asyncio; its JAX step is called by the data server through ``asyncio.to_thread`` under a lock.
+
+Invariants:
+
+* ``generation`` never decreases; `apply` refuses results of any other generation
+  (`StaleGenerationError`), so results of fenced work never reach the parameters.
+* ``counts[i]`` is how many times local batch ``i`` is reflected in the parameters in this
+  epoch; `apply` refuses to raise a count above 1 (a second application is a bug upstream).
+  ``counts`` is checkpointed and rolled back together with the parameters.
+* After `rollback`, the state is bit-identical to the last checkpoint (`digest` equal).
+* The checkpoint owns private copies: nothing applied later can alias it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from . import kernels as K
+
+from .errors import LedgerError, ProtocolError, StaleGenerationError
+from .spec import ModelSpec
+
+
+def _sha(arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _copy(tree):
+    return jax.tree_util.tree_map(lambda a: np.array(a, copy=True), tree)
+
+
+class ParamServer:
+    def __init__(self, spec: ModelSpec, n_batches: int, *, offset: int = 0) -> None:
+        self.spec = spec
+        self.offset = offset
+        self.generation = 0
+        self.epoch = 0
+        self.params = K.init_params(spec.sizes, spec.seed)
+        self.state = K.init_state(spec.optimizer, spec.lr, self.params)
+        self.counts = np.zeros(n_batches, np.int32)
+        self.applied: list[int] = []          # global ids applied since the last checkpoint
+        self._shapes = [tuple(p.shape) for p in self.params]
+        self._ckpt = None
+        self.checkpoint()
+
+    # -- state -----------------------------------------------------------------------------
+    def leaves(self) -> list[np.ndarray]:
+        """Parameters then optimizer-state leaves (the replica state that is merged)."""
+        return list(self.params) + [np.asarray(a) for a in jax.tree_util.tree_leaves(self.state)]
+
+    def load(self, leaves: Sequence[np.ndarray]) -> None:
+        """Replace parameters and optimizer state by ``leaves`` (same layout as `leaves`)."""
+        mine = self.leaves()
+        if len(leaves) != len(mine) or any(
+                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine)):
+            raise ProtocolError("merged state does not match this parameter server's layout "
+                                f"({len(mine)} leaves); all data servers must share one model")
+        n = len(self.params)
+        self.params = [np.array(a, copy=True) for a in leaves[:n]]
+        treedef = jax.tree_util.tree_structure(self.state)
+        self.state = jax.tree_util.tree_unflatten(treedef, [np.array(a, copy=True)
+                                                            for a in leaves[n:]])
+
+    def digest(self) -> str:
+        """SHA-256 over every byte of parameters, optimizer state and counts."""
+        return _sha(self.leaves() + [self.counts])
+
+    def model_digest(self) -> str:
+        """SHA-256 of parameters and optimizer state (equal across consistent replicas)."""
+        return _sha(self.leaves())
+
+    # -- transitions -----------------------------------------------------------------------
+    def apply(self, batch_id: int, generation: int, grads: Sequence[np.ndarray]) -> None:
+        """Apply one batch's gradient with the optimizer."""
+        if generation != self.generation:
+            raise StaleGenerationError(
+                f"result for batch {batch_id} is stamped generation {generation}, the parameter "
+                f"server is at {self.generation}; refused (the batch is re-issued)")
+        i = batch_id - self.offset
+        if not 0 <= i < len(self.counts):
+            raise ProtocolError(f"batch {batch_id} does not belong to this shard (ids "
+                                f"{self.offset}..{self.offset + len(self.counts) - 1})")
+        if self.counts[i]:
+            raise LedgerError(f"batch {batch_id} is already reflected in the parameters of "
+                              f"epoch {self.epoch}; refusing to apply it twice")
+        if len(grads) != len(self._shapes) or any(
+                tuple(g.shape) != s or g.dtype != np.float32 for g, s in zip(grads, self._shapes)):
+            got = [(tuple(g.shape), str(g.dtype)) for g in grads]
+            raise ProtocolError(f"gradient layout {got} does not match the model's float32 "
+                                f"shapes {self._shapes}")
+        if not all(np.isfinite(g).all() for g in grads):
+            raise ProtocolError(f"gradient of batch {batch_id} contains NaN or Inf; refused")
+        self.params, self.state = K.apply_update(self.spec.optimizer, self.spec.lr,
+                                                 self.params, self.state, grads)
+        self.counts[i] += 1
+        self.applied.append(batch_id)
+
+    def fence(self, generation: int) -> list[int]:
+        """Move to ``generation`` (refusing older results from now) and return the ids applied
+        since the last checkpoint."""
+        if generation < self.generation:
+            raise StaleGenerationError(f"cannot fence back to generation {generation} from "
+                                       f"{self.generation}")
+        self.generation = generation
+        return list(self.applied)
+
+    def checkpoint(self) -> str:
+        """Make the current state the rollback point; returns its digest."""
+        self._ckpt = (_copy(self.params), _copy(self.state), self.counts.copy())
+        self.applied = []
+        return self.digest()
+
+    def rollback(self, generation: int) -> str:
+        """Restore the last checkpoint and move to ``generation``; returns the digest."""
+        self.fence(generation)
+        params, state, counts = self._ckpt
+        self.params, self.state, self.counts = _copy(params), _copy(state), counts.copy()
+        self.applied = []
+        return self.digest()
+
+    def new_epoch(self, n_batches: int) -> None:
+        """Close the epoch: every batch must be reflected exactly once (else `LedgerError`)."""
+        if self.applied:
+            raise LedgerError("checkpoint before closing an epoch")
+        if not (self.counts == 1).all():
+            bad = {int(i) + self.offset: int(c) for i, c in enumerate(self.counts) if c != 1}
+            raise LedgerError(f"epoch {self.epoch} closes with batches not applied exactly "
+                              f"once (global id: count): {bad}")
+        self.epoch += 1
+        self.counts = np.zeros(n_batches, np.int32)
+        self.checkpoint()
+
+    def loss(self, x: np.ndarray, y: np.ndarray) -> float:
+        return K.loss(self.params, x, y)

@@ -1,0 +1,48 @@
+"""Channels and small frame helpers shared by the elastic roles.
+
+Who sends what (all through `tandem.transports.base.Transport`)::
+
+    worker      -> coordinator  HB      {incarnation, url}            every heartbeat interval
+    coordinator -> worker       WELCOME {data_servers: {name: url}}   on a new incarnation
+    coordinator -> data server  CTL     {op, req, ...}                hello/train/fence/...
+    data server -> coordinator  REPLY   {req, ok, error?, ...}
+    data server -> worker       TASK    {batch, gen, spec, url} + params..., x, y
+    worker      -> data server  RESULT  {batch, gen, loss} + grads...
+    data server -> worker       ACK     {batch, gen, ok, error?}
+    worker      -> coordinator  DONE    {batch, gen, ds, ok}
+    coordinator -> worker       CTL     {op: "stop"}
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from tandem.transports.base import Frame, Transport
+
+from .errors import ProtocolError
+
+HB, WELCOME, CTL, REPLY = "hb", "welcome", "ctl", "reply"
+TASK, RESULT, ACK, DONE = "task", "result", "ack", "done"
+
+#: batch ids of data server ``index`` are ``index * STRIDE + local index``
+STRIDE = 1 << 20
+
+
+def learn_peer(transport: Transport, name: str, url: str | None) -> None:
+    """Teach ``transport`` where ``name`` lives when it can learn peers (HTTP); no-op for the
+    memory transport, where every party of the network is already addressable."""
+    add = getattr(transport, "add_peer", None)
+    if url and add is not None and name not in transport.peers:
+        add(name, url)
+
+
+def field(frame: Frame, key: str, kind: type | tuple[type, ...]) -> Any:
+    """``frame.meta[key]``, checked for type; `ProtocolError` names what is wrong."""
+    meta: Mapping[str, Any] = frame.meta
+    if key not in meta:
+        raise ProtocolError(f"{frame.channel!r} frame from {frame.sender!r} lacks field {key!r}")
+    value = meta[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise ProtocolError(f"{frame.channel!r} frame from {frame.sender!r}: field {key!r} "
+                            f"must be {kind}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,167 @@
+"""The model description and data shards, loaded through fsspec URLs (local paths,
+``memory://``, ``s3://`` ... whatever fsspec can open). Pure numpy; never unpickles.
+
+Model description (JSON or TOML, chosen by the URL's extension)::
+
+    {"sizes": [16, 32, 4], "optimizer": "adam", "lr": 0.01, "batch_size": 32, "seed": 0}
+
+A shard is an ``.npz`` file with ``x`` (float32, ``[n, sizes[0]]``) and ``y`` (integer class
+labels in ``[0, sizes[-1])``, ``[n]``), loaded with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import tomllib
+from typing import Any, Mapping
+
+import fsspec
+import numpy as np
+
+from .kernels import OPTIMIZERS
+
+from .errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """What every party must agree on; `digest` identifies it on the wire."""
+
+    sizes: tuple[int, ...]
+    optimizer: str = "adam"
+    lr: float = 0.01
+    batch_size: int = 32
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in self.sizes):
+            raise ConfigError(f"model 'sizes' must list >= 2 positive ints (input, hidden..., "
+                              f"classes), got {list(self.sizes)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"model 'optimizer' is {self.optimizer!r}; choose one of "
+                              f"{', '.join(OPTIMIZERS)}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError(f"model 'lr' must be a positive number, got {self.lr!r}")
+        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
+            raise ConfigError(f"model 'batch_size' must be an int >= 1, got {self.batch_size!r}")
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> "ModelSpec":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(raw) - known
+        if unknown:
+            raise ConfigError(f"unknown model field(s) {sorted(unknown)}; accepted: "
+                              f"{sorted(known)}")
+        if "sizes" not in raw:
+            raise ConfigError("model description needs 'sizes', e.g. [16, 32, 4]")
+        args = dict(raw)
+        args["sizes"] = tuple(args["sizes"])
+        if "lr" in args:
+            args["lr"] = float(args["lr"])
+        return cls(**args)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["sizes"] = list(self.sizes)
+        return d
+
+    @property
+    def digest(self) -> str:
+        raw = json.dumps(self.to_dict(), sort_keys=True).encode()
+        return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _read(url: str) -> bytes:
+    try:
+        with fsspec.open(url, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"nothing found at {url!r}; check the path or URL (fsspec URL such "
+                          "as /abs/path, file://..., memory://..., s3://...)") from None
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"cannot open {url!r} with fsspec: {exc}") from None
+
+
+def load_spec(url: str) -> ModelSpec:
+    """Read the model description (``.json`` or ``.toml``) from an fsspec URL."""
+    raw = _read(url)
+    try:
+        data = tomllib.loads(raw.decode()) if url.endswith(".toml") else json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model description at {url!r} is not valid "
+                          f"{'TOML' if url.endswith('.toml') else 'JSON'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"model description at {url!r} must be an object/table")
+    return ModelSpec.from_mapping(data)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Shard:
+    x: np.ndarray  # float32 [n, d]
+    y: np.ndarray  # int32 [n]
+
+    def n_batches(self, batch_size: int) -> int:
+        """Full batches per epoch (the remainder is dropped so every batch has one shape)."""
+        return len(self.y) // batch_size
+
+    def batch(self, spec: ModelSpec, epoch: int, index: int, salt: int) -> tuple[np.ndarray,
+                                                                               np.ndarray]:
+        """Batch ``index`` of ``epoch``: a seeded permutation per (seed, epoch, salt)."""
+        rng = np.random.default_rng([spec.seed, epoch, salt])
+        perm = rng.permutation(len(self.y))
+        idx = np.sort(perm[index * spec.batch_size:(index + 1) * spec.batch_size])
+        return self.x[idx], self.y[idx]
+
+
+def load_shard(url: str, spec: ModelSpec) -> Shard:
+    """Read and validate a shard against ``spec``; errors say what to fix."""
+    raw = _read(url)
+    try:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
+            missing = {"x", "y"} - set(z.files)
+            if missing:
+                raise ConfigError(f"shard {url!r} lacks array(s) {sorted(missing)}; save it "
+                                  "with np.savez(path, x=features, y=labels)")
+            x, y = z["x"], z["y"]
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"shard {url!r} is not a readable .npz without pickles: {exc}") \
+            from None
+    if x.ndim != 2 or x.shape[1] != spec.sizes[0]:
+        raise ConfigError(f"shard {url!r}: x has shape {x.shape}, expected [n, {spec.sizes[0]}]"
+                          " (the model's input size)")
+    if y.shape != (x.shape[0],) or y.dtype.kind not in "iu":
+        raise ConfigError(f"shard {url!r}: y must be integer labels of shape ({x.shape[0]},), "
+                          f"got {y.dtype} {y.shape}")
+    if y.size and (y.min() < 0 or y.max() >= spec.sizes[-1]):
+        raise ConfigError(f"shard {url!r}: labels must lie in [0, {spec.sizes[-1]}) (classes), "
+                          f"got [{y.min()}, {y.max()}]")
+    if not np.isfinite(x).all():
+        raise ConfigError(f"shard {url!r}: x contains NaN or Inf; clean the data first")
+    if len(y) < spec.batch_size:
+        raise ConfigError(f"shard {url!r} has {len(y)} rows, fewer than one batch "
+                          f"({spec.batch_size}); lower batch_size or add data")
+    return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, np.int32))
+
+
+def make_dataset(n_shards: int, rows: int, spec: ModelSpec, *, seed: int = 0
+                 ) -> list[Shard]:
+    """A seeded, learnable classification problem split into ``n_shards`` shards."""
+    rng = np.random.default_rng(seed)
+    d, k = spec.sizes[0], spec.sizes[-1]
+    centers = rng.normal(0, 2.0, (k, d)).astype(np.float32)
+    shards = []
+    for _ in range(n_shards):
+        y = rng.integers(0, k, rows).astype(np.int32)
+        x = (centers[y] + rng.normal(0, 1.0, (rows, d))).astype(np.float32)
+        shards.append(Shard(x=x, y=y))
+    return shards
+
+
+def save_shard(shard: Shard, url: str) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, x=shard.x, y=shard.y)
+    with fsspec.open(url, "wb") as f:
+        f.write(buf.getvalue())

@@ -1,0 +1,85 @@
+"""Server-side update rule of federated averaging with compression (pure, no asyncio).
+
+Given the weighted aggregate ``g_t`` of the clients' (decompressed) updates:
+
+1. momentum (optional): ``m_t = rho * m_{t-1} + g_t``; the step uses ``m_t``;
+2. scale by the server learning rate;
+3. error feedback with top-k (optional): ``acc = step + residual``; apply the top-k entries of
+   ``acc`` and keep the rest as the new residual (``selected + residual == acc`` exactly).
+
+With ``topk=None``, ``rho=0`` and ``lr=1`` this is plain FedAvg (the model moves by the
+weighted mean delta). State is an explicit `ServerState` passed in and out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from .compression import error_feedback
+from tandem.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerRule:
+    """``momentum`` rho in [0, 1); ``topk`` entries applied per round (None = all, no error
+    feedback); ``lr`` server learning rate; ``momentum_stop``: zero the momentum on applied
+    coordinates (FetchSGD's momentum stopping, avoids re-applying old momentum)."""
+
+    momentum: float = 0.0
+    topk: int | None = None
+    lr: float = 1.0
+    momentum_stop: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"server momentum must be in [0, 1), got {self.momentum}")
+        if self.topk is not None and self.topk < 1:
+            raise ConfigError(f"server topk must be >= 1 or None, got {self.topk}")
+        if not self.lr > 0:
+            raise ConfigError(f"server lr must be > 0, got {self.lr}")
+
+
+@dataclasses.dataclass
+class ServerState:
+    momentum: jnp.ndarray
+    residual: jnp.ndarray
+
+    @classmethod
+    def zeros(cls, d: int) -> "ServerState":
+        return cls(jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.float32))
+
+
+def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+    """``sum_i w_i u_i / sum_i w_i`` in float32 (the clients' sample counts as weights)."""
+    if not updates:
+        raise ConfigError("cannot aggregate zero updates")
+    total = float(sum(weights))
+    if not total > 0:
+        raise ConfigError(f"aggregation weights must sum to > 0, got {weights}")
+    out = np.zeros_like(np.asarray(updates[0], np.float32))
+    for u, w in zip(updates, weights):
+        out += np.float32(w / total) * np.asarray(u, np.float32)
+    return out
+
+
+def server_step(rule: ServerRule, state: ServerState, aggregate
+                ) -> tuple[np.ndarray | None, np.ndarray, ServerState]:
+    """One server update. Returns ``(indices, values, new_state)``: the model moves by
+    ``values`` at ``indices`` (``indices is None`` means a dense ``values`` vector)."""
+    g = jnp.asarray(aggregate, jnp.float32)
+    m = state.momentum
+    if rule.momentum:
+        m = rule.momentum * m + g
+        g = m
+    step = g * rule.lr if rule.lr != 1.0 else g
+    if rule.topk is None:
+        return None, np.asarray(step), ServerState(m, state.residual)
+    selected, residual = error_feedback(step, state.residual, min(rule.topk, g.shape[0]))
+    sel = np.asarray(selected)
+    idx = np.flatnonzero(sel)
+    if rule.momentum and rule.momentum_stop:
+        m = m.at[idx].set(0.0)
+    return idx, sel[idx], ServerState(m, residual)

@@ -1,0 +1,113 @@
+"""The federated client party.
+
+Loop: receive a model message from the server, rebuild the server's model exactly
+(`downlink.ClientModel`), and, when the message asks for training, train locally off the event
+loop (``asyncio.to_thread``), compress the delta as the message's ``uplink`` says, and send it
+back with the local sample count and the model version it started from. Stops on a ``stop``
+message or when the transport closes; a message it cannot apply (`protocol.DownlinkError`,
+bad zlib data) is skipped and recorded in ``errors``, and the client keeps serving.
+
+A client that was away keeps its queue: on return it works through the messages in order
+(replies to past rounds are discarded by the server) and so rejoins. A client that restarted
+(and so holds an older model than the server believes, e.g. the initial one) cannot apply the
+delta it is sent; it answers the training request with a ``resync`` message naming the version
+it does hold, and the server re-plans that client's model message from that version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import compression as C
+from .train import LocalTrainer
+from tandem.transports.base import Frame, Transport
+from tandem.errors import TransportClosedError
+
+from . import protocol as P
+from .downlink import ClientModel
+
+
+def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> np.ndarray:
+    """The uplink payload for ``delta`` (float32): dense, rand-k values, or count sketch."""
+    kind = uplink["kind"]
+    if kind == "dense":
+        return np.asarray(delta, np.float32)
+    if kind == "randk":
+        return np.asarray(C.randk_compress(delta, seed, int(uplink["k"])), np.float32)
+    if kind == "sketch":
+        return np.asarray(C.sketch_compress(delta, seed, int(uplink["rows"]),
+                                            int(uplink["cols"])), np.float32)
+    raise P.UpdateError(f"unknown uplink kind {kind!r}; expected one of {P.UPLINK_KINDS}")
+
+
+class FLClient:
+    """One client: ``transport`` to ``server``, local data ``(x, y)``, a `LocalTrainer`.
+
+    ``seed`` seeds the local shuffles (combined with the round's seed).
+    """
+
+    def __init__(self, transport: Transport, server: str, x: np.ndarray, y: np.ndarray,
+                 trainer: LocalTrainer, *, seed: int = 0) -> None:
+        self.transport, self.server = transport, server
+        self.x, self.y = x, y
+        self.trainer = trainer
+        self.seed = seed
+        self.state = ClientModel(trainer.init_vec)
+        self.rounds_trained = 0
+        self.errors: list[str] = []
+
+    async def before_reply(self, rnd: int) -> None:
+        """Hook run after training, before replying (tests use it to be late)."""
+
+    async def run(self) -> None:
+        """Serve rounds until the server says stop or the link closes."""
+        while True:
+            try:
+                frame = await self.transport.recv(self.server, P.MODEL)
+            except TransportClosedError:
+                return
+            if frame.meta.get("kind") == "stop":
+                return
+            try:
+                await self.handle(frame)
+            except (P.DownlinkError, P.UpdateError) as exc:
+                # a message this client cannot use: skip it and keep serving; the reason is
+                # kept for inspection. For a training request, tell the server which version
+                # we hold so it can send a message we can apply (else it times us out).
+                self.errors.append(str(exc))
+                if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
+                    await self._resync(frame.meta.get("round"))
+
+    async def _resync(self, rnd: Any) -> None:
+        if not isinstance(rnd, int):
+            return
+        try:
+            await self.transport.send(self.server, P.UPDATE, Frame(meta={
+                "kind": P.RESYNC, "round": rnd, "version": self.state.version}))
+        except TransportClosedError:
+            return
+
+    async def handle(self, frame: Frame) -> None:
+        meta = frame.meta
+        arrays = P.unpack_arrays(frame, max_bytes=8 * self.state.model.nbytes + 1024)
+        model = self.state.apply(meta, arrays)
+        if not meta.get("train"):
+            return
+        rnd, seed, uplink = int(meta["round"]), int(meta["seed"]), meta["uplink"]
+        local_seed = (self.seed * 1_000_003 + seed) & 0xFFFFFFFF
+        delta = await asyncio.to_thread(self.trainer.train, model, self.x, self.y, local_seed)
+        payload = await asyncio.to_thread(compress_update, delta, uplink, seed)
+        self.rounds_trained += 1
+        await self.before_reply(rnd)
+        arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))
+        out = {"round": rnd, "n": int(self.x.shape[0]), "version": self.state.version,
+               "kind": uplink["kind"]}
+        if info is not None:
+            out["zlib"] = info
+        try:
+            await self.transport.send(self.server, P.UPDATE, Frame(meta=out, arrays=arrays))
+        except TransportClosedError:
+            return

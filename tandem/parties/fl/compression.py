@@ -1,0 +1,196 @@
+"""Compression kernels for federated updates: pure functions, JAX-jitted, no asyncio.
+
+Every kernel works on a flat float vector (see `flatten`/`unflatten` for parameter pytrees)
+and takes its randomness as an explicit integer ``seed``, so a sender and a receiver that agree
+on the seed regenerate the same indices / hashes without sending them.
+
+* **Stratified rand-k** (`randk_indices`, `randk_compress`, `randk_decompress`): the vector is
+  cut into ``k`` contiguous blocks of sizes ``floor(d/k)`` or ``ceil(d/k)``; one index per block
+  is drawn uniformly from the seed. Only the ``k`` values travel. Decompression scales each value
+  by its block size (``d/k`` when ``k`` divides ``d``), which makes the estimate **unbiased**:
+  ``E_seed[randk_decompress(randk_compress(x))] == x``. Drawing per block costs O(k) (a global
+  draw without replacement costs a sort of ``d`` entries) and gives lower variance than uniform
+  rand-k.
+* **Count sketch** (`sketch_compress`, `sketch_estimate`): ``rows x cols`` table; coordinate
+  ``j`` adds ``sign_r(j) * x_j`` to bucket ``h_r(j)`` of every row ``r``. Linear, so the sum of
+  sketches is the sketch of the sum (the server adds client sketches). The row-mean estimate is
+  unbiased over the hash seed; the row-median estimate is robust and recovers heavy hitters.
+* **Top-k** (`topk_mask`) and **error feedback** (`error_feedback`): with ``acc = g + r``, the
+  selected part keeps ``acc`` on the top-k magnitudes and zero elsewhere and the new residual is
+  the rest, so ``selected + residual == g + r`` holds exactly (bit for bit) in floating point.
+
+Invariants: all outputs keep the input dtype; functions of equal shapes compile once.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tandem.errors import ConfigError
+
+
+# -- pytrees <-> flat vectors -----------------------------------------------------------------
+class FlatSpec(NamedTuple):
+    """How to rebuild a pytree from a flat vector: tree structure, shapes, dtypes."""
+
+    treedef: Any
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[Any, ...]
+
+    @property
+    def size(self) -> int:
+        return int(sum(int(np.prod(s, dtype=np.int64)) for s in self.shapes))
+
+
+def flatten(tree) -> tuple[np.ndarray, FlatSpec]:
+    """Concatenate the leaves of ``tree`` into one float32 numpy vector (leaf order of JAX)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [np.asarray(leaf) for leaf in leaves]
+    spec = FlatSpec(treedef, tuple(a.shape for a in arrays), tuple(a.dtype for a in arrays))
+    if not arrays:
+        return np.zeros((0,), np.float32), spec
+    return np.concatenate([a.reshape(-1).astype(np.float32, copy=False) for a in arrays]), spec
+
+
+def unflatten(vec, spec: FlatSpec):
+    """Inverse of `flatten`: split ``vec`` back into leaves of the recorded shapes and dtypes."""
+    vec = np.asarray(vec)
+    if vec.shape != (spec.size,):
+        raise ConfigError(f"flat vector has shape {vec.shape}, the model needs ({spec.size},)")
+    leaves, offset = [], 0
+    for shape, dtype in zip(spec.shapes, spec.dtypes):
+        n = int(np.prod(shape, dtype=np.int64))
+        leaves.append(jnp.asarray(vec[offset: offset + n].reshape(shape), dtype=dtype))
+        offset += n
+    return jax.tree_util.tree_unflatten(spec.treedef, leaves)
+
+
+# -- stratified rand-k ------------------------------------------------------------------------
+def _check_k(d: int, k: int) -> None:
+    if not 1 <= k <= d:
+        raise ConfigError(f"rand-k needs 1 <= k <= d, got k={k} for d={d}; pick k in [1, {d}]")
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _randk_indices(seed, d: int, k: int):
+    starts = (jnp.arange(k, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
+              * d) // k
+    ends = ((jnp.arange(k) + 1) * d) // k
+    sizes = ends - starts
+    u = jax.random.uniform(jax.random.key(seed), (k,))
+    offs = jnp.minimum((u * sizes).astype(starts.dtype), sizes - 1)
+    return (starts + offs).astype(jnp.int32), sizes.astype(jnp.float32)
+
+
+def randk_indices(seed: int, d: int, k: int) -> tuple[jax.Array, jax.Array]:
+    """The ``k`` distinct sorted indices drawn from ``seed`` and each one's scale (block size)."""
+    _check_k(d, k)
+    return _randk_indices(jnp.uint32(seed & 0xFFFFFFFF), d, k)
+
+
+@partial(jax.jit, static_argnums=(2,))
+def _randk_compress(x, seed, k: int):
+    idx, _ = _randk_indices(seed, x.shape[0], k)
+    return x[idx]
+
+
+def randk_compress(x, seed: int, k: int) -> jax.Array:
+    """The ``k`` values of ``x`` at the seed's indices (what travels, with the seed)."""
+    _check_k(int(x.shape[0]), k)
+    return _randk_compress(jnp.asarray(x), jnp.uint32(seed & 0xFFFFFFFF), k)
+
+
+@partial(jax.jit, static_argnums=(2,))
+def _randk_decompress(values, seed, d: int):
+    idx, scale = _randk_indices(seed, d, values.shape[0])
+    return jnp.zeros((d,), values.dtype).at[idx].set(values * scale.astype(values.dtype))
+
+
+def randk_decompress(values, seed: int, d: int) -> jax.Array:
+    """Unbiased dense estimate: ``values`` scaled by their block size, zeros elsewhere."""
+    values = jnp.asarray(values)
+    _check_k(d, int(values.shape[0]))
+    return _randk_decompress(values, jnp.uint32(seed & 0xFFFFFFFF), d)
+
+
+# -- count sketch -----------------------------------------------------------------------------
+@partial(jax.jit, static_argnums=(1, 2, 3))
+def _hashes(seed, d: int, rows: int, cols: int):
+    kb, ks = jax.random.split(jax.random.key(seed))
+    buckets = jax.random.randint(kb, (rows, d), 0, cols, dtype=jnp.int32)
+    signs = jnp.where(jax.random.bernoulli(ks, 0.5, (rows, d)), 1.0, -1.0)
+    return buckets, signs
+
+
+def _check_sketch(rows: int, cols: int) -> None:
+    if rows < 1 or cols < 1:
+        raise ConfigError(f"a count sketch needs rows >= 1 and cols >= 1, got {rows} x {cols}")
+
+
+@partial(jax.jit, static_argnums=(2, 3))
+def _sketch(x, seed, rows: int, cols: int):
+    buckets, signs = _hashes(seed, x.shape[0], rows, cols)
+    vals = signs.astype(x.dtype) * x[None, :]
+    return jax.vmap(lambda b, v: jax.ops.segment_sum(v, b, num_segments=cols))(buckets, vals)
+
+
+def sketch_compress(x, seed: int, rows: int, cols: int) -> jax.Array:
+    """Count sketch of ``x``: a ``(rows, cols)`` table; linear in ``x``."""
+    _check_sketch(rows, cols)
+    return _sketch(jnp.asarray(x), jnp.uint32(seed & 0xFFFFFFFF), rows, cols)
+
+
+@partial(jax.jit, static_argnums=(2, 3))
+def _estimate(table, seed, d: int, median: bool):
+    rows, cols = table.shape
+    buckets, signs = _hashes(seed, d, rows, cols)
+    per_row = jax.vmap(lambda t, b, s: t[b] * s.astype(t.dtype))(table, buckets, signs)
+    return jnp.median(per_row, axis=0) if median else jnp.mean(per_row, axis=0)
+
+
+def sketch_estimate(table, seed: int, d: int, *, median: bool = True) -> jax.Array:
+    """Estimate every coordinate from a sketch: row median (heavy hitters) or row mean
+    (unbiased over the seed)."""
+    table = jnp.asarray(table)
+    if table.ndim != 2:
+        raise ConfigError(f"a count sketch is a 2-d table, got shape {table.shape}")
+    return _estimate(table, jnp.uint32(seed & 0xFFFFFFFF), d, bool(median))
+
+
+# -- top-k and error feedback ------------------------------------------------------------------
+@partial(jax.jit, static_argnums=(1,))
+def _topk_mask(x, k: int):
+    _, idx = jax.lax.top_k(jnp.abs(x), k)
+    return jnp.zeros(x.shape, bool).at[idx].set(True)
+
+
+def topk_mask(x, k: int) -> jax.Array:
+    """Boolean mask of the ``k`` entries of largest magnitude (ties: lower index first)."""
+    _check_k(int(x.shape[0]), k)
+    return _topk_mask(jnp.asarray(x), k)
+
+
+@partial(jax.jit, static_argnums=(2,))
+def _error_feedback(g, residual, k: int):
+    acc = g + residual
+    mask = _topk_mask(acc, k)
+    zero = jnp.zeros_like(acc)
+    return jnp.where(mask, acc, zero), jnp.where(mask, zero, acc)
+
+
+def error_feedback(g, residual, k: int) -> tuple[jax.Array, jax.Array]:
+    """Returns ``(selected, new_residual)`` with ``acc = g + residual`` split by top-k.
+
+    Invariant: ``selected + new_residual == g + residual`` exactly, and the supports of
+    ``selected`` and ``new_residual`` are disjoint (``selected`` has at most ``k`` non-zeros).
+    """
+    g, residual = jnp.asarray(g), jnp.asarray(residual)
+    if g.shape != residual.shape:
+        raise ConfigError(f"update {g.shape} and residual {residual.shape} differ in shape")
+    _check_k(int(g.shape[0]), k)
+    return _error_feedback(g, residual, k)

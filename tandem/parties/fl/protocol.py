@@ -1,0 +1,152 @@
+"""Wire format of federated rounds: channels, frame builders and the server's validation.
+
+Channels (one FIFO each way per client):
+
+* ``fl/model`` server -> client. ``meta.kind`` is ``"full"`` (arrays: the model),
+  ``"delta"`` (arrays: indices, values; the client sets ``model[indices] = values``), or
+  ``"stop"``. ``meta.train`` says whether a reply is expected; ``meta.uplink`` says how to
+  compress it and ``meta.seed`` is the round's shared seed.
+* ``fl/update`` client -> server: ``meta = {round, n, version, kind}`` and one array: the dense
+  delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
+  (``sketch``).
+
+Optional lossless compression (``zlib``) replaces an array by its deflated bytes (uint8) and
+records the original dtype and shape in ``meta.zlib``; inflation is bounded by the expected
+size, so a small frame cannot expand into a huge buffer.
+
+`check_update` validates everything a client controls and raises `UpdateError` naming the
+field and the fix; the server then leaves that client out of the round and keeps serving.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any, Mapping
+
+import numpy as np
+
+from tandem.transports.base import Frame
+from tandem.errors import TandemError
+
+MODEL = "fl/model"
+UPDATE = "fl/update"
+RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
+UPLINK_KINDS = ("dense", "randk", "sketch")
+
+
+class UpdateError(TandemError, ValueError):
+    """A client's update was refused; the message says what was wrong and how to fix it."""
+
+
+class DownlinkError(TandemError, ValueError):
+    """A model message cannot be applied to the state this client holds."""
+
+
+def pack_arrays(arrays: tuple[np.ndarray, ...], lossless: bool) -> tuple[tuple, list | None]:
+    """Arrays as they travel: unchanged, or deflated when ``lossless`` (see module doc)."""
+    if not lossless:
+        return arrays, None
+    packed, info = [], []
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        packed.append(np.frombuffer(zlib.compress(a.tobytes(), 1), np.uint8))
+        info.append([a.dtype.str, list(a.shape)])
+    return tuple(packed), info
+
+
+def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
+    """Inverse of `pack_arrays`; refuses to inflate more than ``max_bytes`` per array."""
+    info = frame.meta.get("zlib")
+    if info is None:
+        return frame.arrays
+    if not isinstance(info, list) or len(info) != len(frame.arrays):
+        raise UpdateError("meta.zlib must list [dtype, shape] for every array")
+    out = []
+    for (dtype, shape), buf in zip(info, frame.arrays):
+        try:
+            dt = np.dtype(dtype)
+            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        except (TypeError, ValueError):
+            raise UpdateError(f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape")
+        if n > max_bytes:
+            raise UpdateError(f"compressed array would inflate to {n} bytes > {max_bytes}")
+        d = zlib.decompressobj()
+        try:
+            raw = d.decompress(np.asarray(buf, np.uint8).tobytes(), n + 1)
+        except zlib.error as exc:
+            raise UpdateError(f"array is not valid zlib data: {exc}") from None
+        if len(raw) != n or d.unconsumed_tail:
+            raise UpdateError(f"inflated array has {len(raw)}+ bytes, its descriptor says {n}")
+        out.append(np.frombuffer(raw, dt).reshape(shape))
+    return tuple(out)
+
+
+def expected_shape(uplink: Mapping[str, Any], d: int) -> tuple[int, ...]:
+    kind = uplink["kind"]
+    if kind == "dense":
+        return (d,)
+    if kind == "randk":
+        return (int(uplink["k"]),)
+    return (int(uplink["rows"]), int(uplink["cols"]))
+
+
+def _int_field(meta: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
+    v = meta.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise UpdateError(f"update meta.{key} must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise UpdateError(f"update meta.{key}={v} is outside [{lo}, {hi}]")
+    return v
+
+
+def check_resync(frame: Frame, *, version: int) -> tuple[int, int]:
+    """Validate a client's ``resync`` message; returns ``(round, version it holds)``."""
+    if frame.arrays:
+        raise UpdateError("a resync message carries no arrays")
+    return (_int_field(frame.meta, "round", 0, 2**62),
+            _int_field(frame.meta, "version", 0, version))
+
+
+def check_update(frame: Frame, *, uplink: Mapping[str, Any], d: int, version: int,
+                 max_bytes: int) -> tuple[int, int, int, np.ndarray]:
+    """Validate a client update; returns ``(round, n, version, payload float32)``.
+
+    Raises `UpdateError` for: frames over ``max_bytes``, missing/ill-typed meta, a kind other
+    than the round's ``uplink``, wrong array count/shape/dtype, NaN or Inf values.
+    """
+    if frame.nbytes > max_bytes:
+        raise UpdateError(
+            f"update of {frame.nbytes} bytes exceeds the limit of {max_bytes} bytes for uplink "
+            f"{dict(uplink)}; compress it as the round's meta.uplink says")
+    meta = frame.meta
+    rnd = _int_field(meta, "round", 0, 2**62)
+    n = _int_field(meta, "n", 1, 2**31)
+    ver = _int_field(meta, "version", 0, version)
+    if meta.get("kind") != uplink["kind"]:
+        raise UpdateError(f"update kind {meta.get('kind')!r} differs from the round's uplink "
+                          f"{uplink['kind']!r}")
+    arrays = unpack_arrays(frame, max_bytes=max_bytes)
+    if len(arrays) != 1:
+        raise UpdateError(f"an update carries exactly one array, got {len(arrays)}")
+    a = arrays[0]
+    shape = expected_shape(uplink, d)
+    if a.dtype != np.float32 or a.shape != shape:
+        raise UpdateError(f"update array must be float32 {shape}, got {a.dtype} {a.shape}")
+    if not np.isfinite(a).all():
+        raise UpdateError("update contains NaN or Inf; check the client's learning rate")
+    return rnd, n, ver, a
+
+
+def check_uplink(uplink: Mapping[str, Any], d: int) -> dict[str, Any]:
+    """Validate an uplink setting; returns a plain dict. Raises `tandem.errors.ConfigError`."""
+    from tandem.errors import ConfigError
+
+    kind = uplink.get("kind")
+    if kind not in UPLINK_KINDS:
+        raise ConfigError(f"uplink kind {kind!r} is not one of {UPLINK_KINDS}")
+    if kind == "randk" and not (isinstance(uplink.get("k"), int) and 1 <= uplink["k"] <= d):
+        raise ConfigError(f"rand-k uplink needs an integer k in [1, {d}], got {uplink.get('k')!r}")
+    if kind == "sketch" and not all(isinstance(uplink.get(f), int) and uplink[f] >= 1
+                                    for f in ("rows", "cols")):
+        raise ConfigError(f"sketch uplink needs integer rows, cols >= 1, got {dict(uplink)}")
+    return dict(uplink)

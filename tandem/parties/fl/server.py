@@ -1,0 +1,260 @@
+"""The federated server party: sampling, per-round deadline, validation, aggregation, downlink.
+
+A round ``r``:
+
+1. sample ``ceil(fraction * N)`` clients with a generator seeded by ``(seed, r)``; draw the
+   round's shared seed (rand-k indices and sketch hashes come from it);
+2. in anchor mode, at an anchor version, broadcast the full model to every client;
+3. for each sampled client (concurrently, in one TaskGroup under ``round_timeout``): send the
+   model message planned by `DownlinkPlanner` for the version that client last confirmed,
+   then wait for its update. A client that answers ``resync`` (it restarted and holds an older
+   version) gets a message re-planned from the version it names, once per round. Late replies
+   to past rounds are dropped; an update that fails
+   `protocol.check_update` is refused (the reason is in the round report) and the round goes
+   on; clients silent at the deadline, or whose link closed, are left out;
+4. aggregate the accepted payloads weighted by sample count, decompress once (rand-k and
+   sketches are linear), apply `tandem.parties.fl.aggregate.server_step` off the event loop, record
+   the changed indices for the downlink.
+
+Byte accounting reads the transport's own counters (``sent_stats``/``received_stats``), so the
+numbers are what the wire carried, headers included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import compression as C
+from tandem.errors import ConfigError
+from .aggregate import ServerRule, ServerState, server_step, weighted_mean
+from .train import LocalTrainer
+from tandem.transports.base import Frame, Transport
+from tandem.errors import TandemError
+
+from . import protocol as P
+from .downlink import DownlinkPlanner
+
+
+@dataclasses.dataclass(frozen=True)
+class FLConfig:
+    """Everything the server decides. See docs/federated.md for each option."""
+
+    rounds: int = 50
+    fraction: float = 0.5
+    round_timeout: float = 30.0
+    seed: int = 0
+    uplink: dict = dataclasses.field(default_factory=lambda: {"kind": "dense"})
+    rule: ServerRule = ServerRule()
+    downlink: str = "full"
+    log_size: int = 16
+    anchor_every: int = 10
+    lossless: bool = False
+    sketch_median: bool = True
+    eval_every: int = 1
+    max_update_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0:
+            raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
+        if not 0 < self.fraction <= 1:
+            raise ConfigError(f"fraction of clients per round must be in (0, 1], got "
+                              f"{self.fraction}")
+        if not self.round_timeout > 0:
+            raise ConfigError(f"round_timeout must be > 0 s, got {self.round_timeout}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0 = only at the end), got "
+                              f"{self.eval_every}")
+
+
+@dataclasses.dataclass
+class RoundReport:
+    round: int
+    sampled: list[str]
+    accepted: list[str]
+    dropped: list[str]
+    rejected: dict[str, str]
+    up_bytes: int
+    down_bytes: int
+    version: int
+    seconds: float
+    accuracy: float | None = None
+
+
+class FLServer:
+    """Runs ``cfg.rounds`` rounds over ``transport`` with the named ``clients``."""
+
+    def __init__(self, transport: Transport, clients: Sequence[str], trainer: LocalTrainer,
+                 cfg: FLConfig, *, test_set: tuple[np.ndarray, np.ndarray] | None = None,
+                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+        if not clients:
+            raise ConfigError("a federation needs at least one client")
+        self.transport, self.clients = transport, list(clients)
+        self.trainer, self.cfg = trainer, cfg
+        self.d = trainer.dim
+        self.uplink = P.check_uplink(cfg.uplink, self.d)
+        self.model = np.array(trainer.init_vec, np.float32, copy=True)
+        self.state = ServerState.zeros(self.d)
+        self.planner = DownlinkPlanner(self.d, cfg.downlink, log_size=cfg.log_size,
+                                       anchor_every=cfg.anchor_every)
+        self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
+        self.resyncs = 0
+        self.test_set, self.on_round = test_set, on_round
+        raw = 4 * math.prod(P.expected_shape(self.uplink, self.d))
+        self.max_update_bytes = cfg.max_update_bytes or raw + raw // 64 + 4096
+        self.reports: list[RoundReport] = []
+
+    # -- accounting ----------------------------------------------------------------------------
+    def bytes_up(self) -> int:
+        return sum(self.transport.received_stats(c).bytes for c in self.clients)
+
+    def bytes_down(self) -> int:
+        return sum(self.transport.sent_stats(c).bytes for c in self.clients)
+
+    # -- rounds --------------------------------------------------------------------------------
+    async def run(self) -> list[RoundReport]:
+        try:
+            for r in range(self.cfg.rounds):
+                await self.round(r)
+        finally:
+            await self.stop_clients()
+        return self.reports
+
+    def sample(self, r: int) -> tuple[list[str], int]:
+        rng = np.random.default_rng([self.cfg.seed, r])
+        m = max(1, math.ceil(self.cfg.fraction * len(self.clients)))
+        picked = rng.choice(len(self.clients), size=m, replace=False)
+        return [self.clients[i] for i in sorted(picked)], int(rng.integers(1, 2**31))
+
+    async def round(self, r: int) -> RoundReport:
+        t0, up0, down0 = time.perf_counter(), self.bytes_up(), self.bytes_down()
+        sampled, seed = self.sample(r)
+        broadcast = self.planner.anchor_due()
+        if broadcast:
+            self.planner.set_anchor()
+        accepted: dict[str, tuple[int, np.ndarray]] = {}
+        rejected: dict[str, str] = {}
+        targets = self.clients if broadcast else sampled
+        try:
+            async with asyncio.timeout(self.cfg.round_timeout):
+                async with asyncio.TaskGroup() as tg:
+                    for c in targets:
+                        tg.create_task(self._serve(c, r, seed, c in sampled, broadcast,
+                                                   accepted, rejected))
+        except TimeoutError:
+            pass
+        if accepted:
+            names = sorted(accepted)
+            await asyncio.to_thread(self._apply, [accepted[c][1] for c in names],
+                                    [accepted[c][0] for c in names], seed)
+        acc = None
+        last = r == self.cfg.rounds - 1
+        if self.test_set is not None and (last or (self.cfg.eval_every
+                                                   and (r + 1) % self.cfg.eval_every == 0)):
+            acc = await asyncio.to_thread(self.trainer.accuracy, self.model, *self.test_set)
+        report = RoundReport(
+            round=r, sampled=sampled, accepted=sorted(accepted),
+            dropped=sorted(set(sampled) - set(accepted) - set(rejected)), rejected=rejected,
+            up_bytes=self.bytes_up() - up0, down_bytes=self.bytes_down() - down0,
+            version=self.planner.version, seconds=time.perf_counter() - t0, accuracy=acc)
+        self.reports.append(report)
+        if self.on_round is not None:
+            self.on_round(report)
+        return report
+
+    async def _send(self, c: str, meta: dict[str, Any], arrays: tuple) -> None:
+        arrays, info = P.pack_arrays(arrays, self.cfg.lossless)
+        if info is not None:
+            meta["zlib"] = info
+        await self.transport.send(c, P.MODEL, Frame(meta=meta, arrays=arrays))
+
+    async def _serve(self, c: str, r: int, seed: int, train: bool, broadcast: bool,
+                     accepted: dict, rejected: dict) -> None:
+        try:
+            if broadcast:
+                await self._send(c, {"kind": "full", "version": self.planner.version,
+                                     "anchor": True, "train": False}, (self.model,))
+                self.known[c] = max(self.known[c], self.planner.version)
+            if not train:
+                return
+            await self._send_round(c, r, seed)
+            resynced = False
+            while True:
+                frame = await self.transport.recv(c, P.UPDATE)
+                if frame.meta.get("kind") == P.RESYNC:
+                    try:
+                        rnd, held = P.check_resync(frame, version=self.planner.version)
+                    except P.UpdateError as exc:
+                        rejected[c] = f"resync from {c!r} refused: {exc}"
+                        return
+                    if rnd < r:
+                        continue  # about a past round's message; this round's is on its way
+                    if rnd > r or resynced:
+                        rejected[c] = f"{c!r} cannot apply its model message even after a " \
+                                      f"resync to version {held} (round {rnd})"
+                        return
+                    # the client restarted or lost state: plan from what it really holds
+                    self.known[c], resynced = held, True
+                    self.resyncs += 1
+                    await self._send_round(c, r, seed)
+                    continue
+                try:
+                    rnd, n, ver, payload = P.check_update(
+                        frame, uplink=self.uplink, d=self.d, version=self.planner.version,
+                        max_bytes=self.max_update_bytes)
+                except P.UpdateError as exc:
+                    rejected[c] = f"update from {c!r} refused: {exc}"
+                    return
+                if rnd < r:
+                    continue  # a late reply to a past round: discard, keep waiting
+                if rnd > r:
+                    rejected[c] = f"update from {c!r} refused: round {rnd} is in the future " \
+                                  f"(current round {r})"
+                    return
+                self.known[c] = max(self.known[c], ver)
+                accepted[c] = (n, payload)
+                return
+        except TandemError:
+            return  # link closed or peer unknown: the client is left out of this round
+
+    async def _send_round(self, c: str, r: int, seed: int) -> None:
+        meta, arrays = self.planner.plan(self.model, self.known[c])
+        meta.update(round=r, seed=seed, train=True, uplink=self.uplink,
+                    lossless=self.cfg.lossless)
+        await self._send(c, meta, arrays)
+
+    def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
+        """Aggregate, run the server rule, move the model, log the changed indices."""
+        mean = weighted_mean(payloads, weights)
+        kind = self.uplink["kind"]
+        if kind == "randk":
+            agg = C.randk_decompress(mean, seed, self.d)
+        elif kind == "sketch":
+            agg = C.sketch_estimate(mean, seed, self.d, median=self.cfg.sketch_median)
+        else:
+            agg = mean
+        idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
+        model = self.model.copy()
+        if idx is None:
+            model += values
+        else:
+            model[idx] += values
+        self.model = model
+        self.planner.record(idx)
+
+    async def stop_clients(self, timeout: float = 1.0) -> None:
+        """Tell every client to stop (best effort: a gone client is skipped)."""
+        async def stop(c: str) -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.transport.send(c, P.MODEL, Frame(meta={"kind": "stop"}))
+            except (TandemError, TimeoutError):
+                pass
+        async with asyncio.TaskGroup() as tg:
+            for c in self.clients:
+                tg.create_task(stop(c))

@@ -1,0 +1,197 @@
+"""Task negotiation and checkpoint agreement over the ``ctl`` channel, before training.
+
+Protocol (every message a `Frame` on channel ``ctl``; the leader's to each follower, the
+replies back; docs/parties.md#negotiation)::
+
+    leader -> follower   {"cmd": "propose", "spec": TaskSpec.to_dict()}
+    follower -> leader   {"cmd": "accept", "checkpoints": [steps saved under this spec]}
+                     or  {"cmd": "refuse", "reasons": ["follower 'B' has 7 feature columns ..."]}
+    -- every follower accepted: both sides set transport.spec_hash and the validator --
+    leader -> follower   {"cmd": "start", "step": s}     # s = max common checkpoint, 0 = fresh
+                     or  {"cmd": "abort", "reasons": [...]}   # another follower refused
+    follower -> leader   {"cmd": "ready"}  or  {"cmd": "error", "reason": "..."}
+
+The proposal and the replies travel before the hash is set (spec hash ``""``); from ``start``
+on, every frame carries the agreed hash, and the HTTP transport answers 409 to any other hash
+and 422 to a tensor the validator (`spec_validator`) refuses.
+
+Agreement rule: each party lists the steps of the checkpoints it holds for this spec hash; the
+leader picks the largest step held by every party (0 if none) and everyone loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from .spec import SpecError, TaskSpec
+from tandem.transports.base import Frame, Transport
+from tandem.errors import FrameError, TandemError
+
+CTL = "ctl"
+
+
+class NegotiationError(TandemError):
+    """The parties could not agree on the task (a follower refused the spec, or a peer broke
+    the protocol); ``reasons`` maps each party to its list of reasons."""
+
+    def __init__(self, message: str, reasons: dict[str, list[str]] | None = None) -> None:
+        super().__init__(message)
+        self.reasons = reasons or {}
+
+
+def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
+    """A transport validator refusing (with `FrameError`) any tensor the spec does not allow.
+
+    * ``act/src->dst`` and ``grad/src->dst``: exactly one ``dtype[rows, width]`` array of the
+      edge, ``1 <= rows <= spec.max_rows``, sent by the edge's source (act) or destination
+      (grad) party;
+    * ``ctl``: no array, or one ``int64`` row-index vector of at most ``max_rows`` rows from
+      the leader (commands); replies from followers carry no arrays;
+    * any other channel is refused.
+    """
+    shapes = spec.channel_shapes()
+    senders = {}
+    for e in spec.edges:
+        senders[f"act/{e['src']}->{e['dst']}"] = e["src_party"]
+        senders[f"grad/{e['src']}->{e['dst']}"] = e["dst_party"]
+    max_rows = spec.max_rows
+
+    def validate(frame: Frame) -> None:
+        ch = frame.channel
+        if ch == CTL:
+            if not frame.arrays:
+                return
+            if frame.sender != leader or len(frame.arrays) != 1:
+                raise FrameError(f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} "
+                                 "arrays; only the leader's commands carry one index array")
+            a = frame.arrays[0]
+            if a.dtype != np.int64 or a.ndim != 1 or not 1 <= a.shape[0] <= max_rows:
+                raise FrameError(f"ctl index array is {a.dtype}{list(a.shape)}; the spec allows "
+                                 f"int64[1..{max_rows}]")
+            return
+        if ch not in shapes:
+            raise FrameError(f"channel {ch!r} is not part of the negotiated task (channels: "
+                             f"{sorted(shapes) + [CTL]})")
+        dtype, width = shapes[ch]
+        if frame.sender and senders.get(ch) and frame.sender != senders[ch]:
+            raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {senders[ch]!r})")
+        if len(frame.arrays) != 1:
+            raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
+        a = frame.arrays[0]
+        if a.dtype.name != dtype or a.ndim != 2 or a.shape[1] != width or \
+                not 1 <= a.shape[0] <= max_rows:
+            raise FrameError(f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
+                             f"{dtype}[rows, {width}] with 1 <= rows <= {max_rows}")
+
+    return validate
+
+
+def install(transport: Transport, spec: TaskSpec, *, leader: str) -> str:
+    """Stamp ``transport`` with the spec hash and validator (where the transport has them,
+    e.g. `tandem.transports.http.HttpTransport`; the memory transport checks neither). Returns the
+    hash."""
+    digest = spec.spec_hash()
+    if hasattr(transport, "spec_hash"):
+        transport.spec_hash = digest
+    if hasattr(transport, "validator"):
+        transport.validator = spec_validator(spec, leader=leader)
+    return digest
+
+
+async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> dict[str, Any]:
+    frame = await transport.recv(peer, CTL)
+    meta = dict(frame.meta)
+    if meta.get("cmd") not in set(expect):
+        raise NegotiationError(f"{peer!r} sent {meta.get('cmd')!r} during negotiation; expected "
+                               f"one of {sorted(set(expect))}. Are both parties running the same "
+                               "Tandem version, and was the other one restarted too?")
+    return meta
+
+
+async def propose(transport: Transport, followers: Sequence[str], spec: TaskSpec, *,
+                  checkpoints: Iterable[int] = ()) -> int:
+    """Leader: propose ``spec`` to every follower; returns the agreed checkpoint step.
+
+    Raises `NegotiationError` listing every refusing follower's reasons (training must not
+    start), or naming a follower that could not load the agreed checkpoint.
+    """
+    body = spec.to_dict()
+    for peer in followers:
+        await transport.send(peer, CTL, Frame(meta={"cmd": "propose", "spec": body}))
+    refused: dict[str, list[str]] = {}
+    steps = set(int(s) for s in checkpoints)
+    for peer in followers:
+        meta = await _recv_cmd(transport, peer, ("accept", "refuse"))
+        if meta["cmd"] == "refuse":
+            refused[peer] = [str(r) for r in meta.get("reasons", [])] or ["(no reason given)"]
+        else:
+            steps &= {int(s) for s in meta.get("checkpoints", [])}
+    if refused:
+        flat = [f"{p}: {r}" for p, rs in refused.items() for r in rs]
+        install(transport, spec, leader=transport.name)  # accepting followers expect the hash
+        for peer in followers:
+            if peer not in refused:
+                await transport.send(peer, CTL, Frame(meta={"cmd": "abort", "reasons": flat}))
+        raise NegotiationError("the task spec was refused, training does not start:\n  "
+                               + "\n  ".join(flat), refused)
+    step = max(steps, default=0)
+    install(transport, spec, leader=transport.name)
+    for peer in followers:
+        await transport.send(peer, CTL, Frame(meta={"cmd": "start", "step": step}))
+    errors = {}
+    for peer in followers:
+        meta = await _recv_cmd(transport, peer, ("ready", "error"))
+        if meta["cmd"] == "error":
+            errors[peer] = [str(meta.get("reason"))]
+    if errors:
+        raise NegotiationError("followers could not start: " + "; ".join(
+            f"{p}: {r[0]}" for p, r in errors.items()), errors)
+    return step
+
+
+async def answer(transport: Transport, leader: str, *,
+                 check: Callable[[TaskSpec], list[str]],
+                 checkpoints: Callable[[str], Iterable[int]] = lambda digest: ()
+                 ) -> tuple[TaskSpec, int]:
+    """Follower: wait for the leader's proposal, check it, reply; returns ``(spec, step)``.
+
+    ``check(spec)`` returns the refusal reasons ([] = accept); ``checkpoints(spec_hash)`` the
+    steps saved for that spec. After this returns, load checkpoint ``step`` (0 = fresh start)
+    and call `ready`. Raises `NegotiationError` when this party refuses or the leader aborts.
+    """
+    meta = await _recv_cmd(transport, leader, ("propose",))
+    try:
+        spec = TaskSpec.from_dict(meta.get("spec"))
+        reasons = list(check(spec))
+    except SpecError as exc:
+        spec, reasons = None, [f"the proposed spec is malformed: {exc}"]
+    if reasons:
+        await transport.send(leader, CTL, Frame(meta={"cmd": "refuse", "reasons": reasons}))
+        raise NegotiationError(f"{transport.name!r} refused the task spec:\n  "
+                               + "\n  ".join(reasons), {transport.name: reasons})
+    digest = spec.spec_hash()
+    saved = sorted(int(s) for s in checkpoints(digest))
+    await transport.send(leader, CTL, Frame(meta={"cmd": "accept", "checkpoints": saved}))
+    install(transport, spec, leader=leader)  # no await since the send: nothing slips in between
+    meta = await _recv_cmd(transport, leader, ("start", "abort"))
+    if meta["cmd"] == "abort":
+        reasons = [str(r) for r in meta.get("reasons", [])]
+        raise NegotiationError("the leader aborted: another party refused the spec:\n  "
+                               + "\n  ".join(reasons), {"leader": reasons})
+    step = int(meta.get("step", 0))
+    if step and step not in saved:
+        await ready(transport, leader, error=f"no checkpoint at step {step}")
+        raise NegotiationError(f"the leader chose checkpoint {step}, which {transport.name!r} "
+                               f"does not hold (it holds {saved})")
+    return spec, step
+
+
+async def ready(transport: Transport, leader: str, *, error: str | None = None) -> None:
+    """Follower: tell the leader it loaded the agreed checkpoint (or why it could not)."""
+    meta = {"cmd": "ready"} if error is None else {"cmd": "error", "reason": error}
+    await transport.send(leader, CTL, Frame(meta=meta))
+
+
+__all__ = ["NegotiationError", "propose", "answer", "ready", "spec_validator", "install"]

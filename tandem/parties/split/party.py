@@ -1,0 +1,474 @@
+"""`SplitParty`: one party of a split-learning (vertical FL) job.
+
+Every party holds feature datasets by name (rows aligned across parties: row ``i`` of every
+party is the same sample) and its own stages. The party owning the loss stage is the *leader*:
+it samples batches (seeded), chooses the number of micro-batches, and drives everyone through a
+``ctl`` channel; the others *follow*: `serve` answers the leader's commands until it says stop.
+
+Leader::
+
+    history = await leader.fit(epochs=10)
+    metrics = await leader.evaluate("test")
+    await leader.stop()
+
+Follower::
+
+    await follower.serve()
+
+Each batch runs `tandem.engine.runtime.PartyRuntime` over the party's plan; the leader re-tunes
+``n`` between batches (`tandem.engine.microbatch.GroupTuner`) unless ``groups`` is fixed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import secrets
+import time
+from typing import Any, Awaitable, Callable, Mapping
+
+import numpy as np
+import optax
+
+from tandem.engine.data import BatchRows, epoch_batches
+from tandem.errors import ConfigError, EngineError
+from tandem.engine.kernels import StageModel, get_loss
+from tandem.engine.lanes import ThreadLane
+from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
+from tandem.engine.plan import Plan, make_plan
+from tandem.engine.policy import Backpressure
+from tandem.engine.runtime import BatchStats, PartyRuntime
+from .stages import StageHandler
+from tandem.engine.topology import Topology
+from tandem.engine.trace import Trace
+from tandem.transports.base import Frame, Transport
+
+from .metrics import classification_metrics
+
+CTL = "ctl"
+
+
+@dataclasses.dataclass
+class SplitConfig:
+    """Training settings every party must agree on (the leader's are authoritative for n).
+
+    ``groups``: an int ``n`` (fixed), or ``"auto"`` (tuned between batches).
+    ``chunks``: messages per group each way (`tandem.engine.plan`): the loss party computes per
+    message, so a group's gradient starts back after its first part instead of after the whole
+    group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
+    worth of messages (a party queues up to ``capacity * chunks`` frames).
+    """
+
+    batch_size: int = 64
+    epochs: int = 10
+    groups: int | str = "auto"
+    chunks: int = 1
+    learning_rate: float = 1e-2
+    optimizer: str = "adam"
+    loss: str = "binary"
+    seed: int = 0
+    threshold: int = 4
+    capacity: int = 8
+    policy: str = "priority"
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
+            raise ConfigError(f"groups must be a positive int or 'auto', got {self.groups!r}")
+        if not (isinstance(self.chunks, int) and self.chunks >= 1):
+            raise ConfigError(f"chunks must be a positive int, got {self.chunks!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        get_loss(self.loss)
+        Backpressure(self.threshold, self.capacity)
+
+    def make_optimizer(self) -> optax.GradientTransformation:
+        return OPTIMIZERS[self.optimizer](self.learning_rate)
+
+    @property
+    def backpressure(self) -> Backpressure:
+        return Backpressure(self.threshold, self.capacity)
+
+
+OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
+    "adam": optax.adam, "sgd": optax.sgd, "adamw": optax.adamw, "momentum": lambda lr: optax.sgd(lr, 0.9),
+}
+
+
+@dataclasses.dataclass
+class EpochResult:
+    epoch: int
+    loss: float
+    seconds: float
+    n_groups: int
+    batches: int
+
+
+class SplitParty:
+    """One party of a split-learning job (see the module docstring).
+
+    Args:
+      name: this party's name (must own at least one stage of ``topology``).
+      topology: the agreed topology.
+      models: a `StageModel` for each stage this party owns (others' entries are used only for
+        widths, to check received tensors).
+      transport: the party's transport.
+      datasets: ``{"train": X, "test": X_test, ...}`` feature matrices (float32, rows aligned
+        across parties). A party whose stages take no raw features may pass none.
+      labels: ``{"train": y, ...}``, the leader only.
+      config: the shared `SplitConfig`.
+      trace: record ops and transfers here.
+      optimizer: overrides ``config.optimizer`` with any optax transformation.
+    """
+
+    def __init__(self, name: str, topology: Topology, models: Mapping[str, StageModel],
+                 transport: Transport, *, datasets: Mapping[str, np.ndarray] | None = None,
+                 labels: Mapping[str, np.ndarray] | None = None, config: SplitConfig | None = None,
+                 trace: Trace | None = None, optimizer: optax.GradientTransformation | None = None,
+                 params: Mapping[str, Any] | None = None, progress: bool = False) -> None:
+        self.name = name
+        self.topology = topology
+        self.config = config or SplitConfig()
+        self.transport = transport
+        self.trace = trace
+        self.progress = progress
+        self.is_leader = topology.label_owner == name
+        if name not in topology.parties:
+            raise ConfigError(f"party {name!r} owns no stage; parties: {list(topology.parties)}")
+        self.datasets = {k: np.asarray(v, np.float32) for k, v in (datasets or {}).items()}
+        self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
+        #: Identifies this training run: drawn by the leader, carried by every ctl command,
+        #: adopted by a follower from the leader's commands; exports record it so inference can
+        #: refuse parts of different runs (`tandem.parties.split.inference`).
+        self.run_id: str | None = secrets.token_hex(8) if self.is_leader else None
+        import jax
+
+        self.handler = StageHandler(
+            topology, name, models, optimizer or self.config.make_optimizer(),
+            loss=get_loss(self.config.loss) if self.is_leader else None,
+            key=jax.random.PRNGKey(self.config.seed), params=params)
+        self.followers = tuple(p for p in topology.parties if p != name)
+        self._plans: dict[tuple[int, str], Plan] = {}
+        self._batch = 0
+        self.tuner = GroupTuner(self.config.batch_size,
+                                self.config.groups if isinstance(self.config.groups, int) else 0)
+        self.history: list[EpochResult] = []
+        self.last_stats: BatchStats | None = None
+        self.n_groups = self.tuner.n
+        self.stop_meta: dict[str, Any] = {}
+        self.in_batch = False
+        #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
+        self.op_counts: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.Counter[str] = collections.Counter()
+        self._batch_waiters: list[asyncio.Future] = []
+
+    # -- shared machinery ---------------------------------------------------------------------
+    def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
+        key = (n, mode, chunks)
+        if key not in self._plans:
+            self._plans[key] = make_plan(self.topology, self.name, n, mode=mode,
+                                         seed=self.config.seed, chunks=chunks)
+        return self._plans[key]
+
+    def chunks_for(self, rows: int, n: int) -> int:
+        """The chunks a batch of ``rows`` rows in ``n`` groups uses: ``config.chunks`` lowered
+        to its smallest group (the leader decides; the command carries it)."""
+        return fit_chunks(rows, max(1, min(n, rows)), self.config.chunks)
+
+    def _rows(self, dataset: str, idx: np.ndarray) -> BatchRows | None:
+        if dataset not in self.datasets:
+            if any("features" in s.inputs for s in self.topology.stages_of(self.name)):
+                raise ConfigError(f"{self.name!r} has no dataset {dataset!r}; pass "
+                                  f"datasets={{{dataset!r}: X}}")
+            return None
+        data = self.datasets[dataset]
+        lo, hi = (int(idx.min()), int(idx.max())) if len(idx) else (0, -1)
+        if lo < 0 or hi >= len(data):
+            bad = lo if lo < 0 else hi
+            raise ConfigError(f"{self.name!r}: row {bad} requested from dataset "
+                              f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned")
+        return BatchRows(data, idx)  # gathered per group, on the compute lane
+
+    async def _run_batch(self, runtime: PartyRuntime, idx: np.ndarray, n: int, mode: str,
+                         dataset: str, chunks: int = 1) -> BatchStats:
+        n = max(1, min(n, len(idx)))
+        train = mode == "train"
+        labels = None
+        if self.is_leader and train:
+            labels = self._require_labels(dataset)[idx]
+        self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n),
+                           train=train, chunks=chunks)
+        runtime.trace, runtime.policy = self.trace, self.config.policy
+        runtime.bp = self.config.backpressure.scaled(chunks)
+        self.in_batch = True
+        try:
+            stats = await runtime.run(self.plan(n, mode, chunks), self.handler, self._batch)
+        finally:
+            self.in_batch = False
+        self._batch += 1
+        self.last_stats = stats
+        self._wake_batch_waiters()
+        return stats
+
+    @property
+    def batches_done(self) -> int:
+        """Batches this party finished (its batch counter ``b``; parties keep it in step)."""
+        return self._batch
+
+    async def wait_batches(self, count: int) -> None:
+        """Return once this party has finished ``count`` batches (``batches_done >= count``).
+
+        For parties in one process, e.g. timing: the leader's `run_batch` returns when *its*
+        ops are done, while a follower may still run its last backward and update;
+        ``await follower.wait_batches(leader.batches_done)`` waits for those too. Event-driven
+        (no polling); cancelling the wait leaves nothing behind.
+        """
+        while self._batch < count:
+            fut = asyncio.get_running_loop().create_future()
+            self._batch_waiters.append(fut)
+            try:
+                await fut
+            finally:
+                if fut in self._batch_waiters:
+                    self._batch_waiters.remove(fut)
+
+    def _wake_batch_waiters(self) -> None:
+        waiters, self._batch_waiters = self._batch_waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _runtime(self, lane) -> PartyRuntime:
+        policy = self.config.policy
+        runtime = PartyRuntime(self.transport, lane, backpressure=self.config.backpressure,
+                               policy=policy, trace=self.trace)
+        runtime.counters, runtime.op_seconds = self.op_counts, self.op_seconds  # shared totals
+        return runtime
+
+    @property
+    def step(self) -> int:
+        """Batches run so far (train and eval; the batch counter ``b`` every party keeps in
+        step). During training with evaluation only at the end it counts training batches,
+        which is what checkpoints record."""
+        return self._batch
+
+    # -- leader -----------------------------------------------------------------------------
+    async def _start_batch(self, idx: np.ndarray, n: int, mode: str, dataset: str,
+                           **meta: Any) -> tuple[int, int]:
+        """Leader: tell every follower to run rows ``idx`` of ``dataset``; returns the group
+        count and chunks the batch uses (``n`` clamped to the rows, `chunks_for`), which the
+        command carries, for the leader's own `_run_batch`."""
+        n = max(1, min(n, len(idx)))
+        c = self.chunks_for(len(idx), n)
+        await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c, "mode": mode,
+                             "data": dataset, **meta}, idx)
+        return n, c
+
+    async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
+        arrays = () if idx is None else (np.asarray(idx, np.int64),)
+        meta = {**meta, "run": self.run_id}
+        for peer in self.followers:
+            await self.transport.send(peer, CTL, Frame(meta=meta, arrays=arrays))
+
+    async def run_batch(self, idx: np.ndarray, *, mode: str = "train", dataset: str = "train",
+                        n: int | None = None, lane=None) -> BatchStats:
+        """Leader: run one batch (rows ``idx`` of ``dataset``) on every party."""
+        self._require_leader("run_batch")
+        n, c = await self._start_batch(idx, self.n_groups if n is None else n, mode, dataset)
+        if lane is None:
+            async with ThreadLane(f"tandem-{self.name}") as lane:
+                return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
+        return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
+
+    async def fit(self, epochs: int | None = None, *, dataset: str = "train",
+                  on_batch: Callable[[int, int, float], None] | None = None,
+                  start_epoch: int | None = None, start_batch: int = 0,
+                  after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
+                  ) -> list[EpochResult]:
+        """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
+
+        Resume hooks: ``start_epoch`` (default: epochs already in ``history``) and
+        ``start_batch`` skip to that data cursor (the batches of an epoch depend only on the
+        seed and the epoch, so the skipped batches are exactly those already trained).
+        ``after_batch(epoch, batches_done_in_epoch)`` is awaited after every batch (e.g. to
+        checkpoint); if it returns true, training stops there (the partial epoch is recorded).
+        """
+        self._require_leader("fit")
+        self._require_labels(dataset)
+        epochs = self.config.epochs if epochs is None else epochs
+        n_rows = len(self.labels[dataset])
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            first = len(self.history) if start_epoch is None else start_epoch
+            stop = False
+            for epoch in range(first, first + epochs):
+                t0 = time.perf_counter()
+                batches = epoch_batches(n_rows, self.config.batch_size, epoch, self.config.seed)
+                skip = start_batch if epoch == first else 0
+                total, rows = 0.0, 0
+                for i, idx in enumerate(batches):
+                    if i < skip:
+                        continue
+                    n, c = await self._start_batch(idx, self.n_groups, "train", dataset,
+                                                   epoch=epoch, i=i)
+                    before = self._link_counters()
+                    stats = await self._run_batch(runtime, idx, n, "train", dataset, c)
+                    total += self.handler.loss_sum * len(idx)
+                    rows += len(idx)
+                    self._retune(stats, before, len(idx))
+                    if on_batch is not None:
+                        on_batch(epoch, i + 1, self.handler.loss_sum)
+                    if after_batch is not None and await after_batch(epoch, i + 1):
+                        stop = True
+                        break
+                self.history.append(EpochResult(epoch, total / max(rows, 1),
+                                                time.perf_counter() - t0, self.n_groups,
+                                                len(batches) - skip))
+                if stop:
+                    break
+        return self.history[-epochs:] if epochs else []
+
+    def _link_counters(self) -> dict[tuple[str, str], tuple[int, float]]:
+        out = {}
+        for p in self.followers:
+            s, r = self.transport.sent_stats(p), self.transport.received_stats(p)
+            out[(p, "out")] = (s.bytes, s.busy_seconds)
+            out[(p, "in")] = (r.bytes, r.busy_seconds)
+        return out
+
+    def _retune(self, stats: BatchStats, before, rows: int) -> None:
+        if self.config.groups != "auto" or rows < self.config.batch_size:
+            return
+        after = self._link_counters()
+        links = []
+        for k, (b1, t1) in after.items():
+            b0, t0 = before[k]
+            if b1 > b0 and t1 > t0:
+                links.append((b1 - b0, (b1 - b0) / (t1 - t0)))
+        self.n_groups = self.tuner.observe(wall=stats.wall, compute=stats.compute, links=links)
+
+    async def evaluate(self, dataset: str = "test", *, batch_size: int | None = None) -> dict:
+        """Leader: forward-only pass over ``dataset`` on every party; returns metrics
+        (``loss``, ``accuracy``, and ``auc`` for binary tasks) and keeps the predictions."""
+        self._require_leader("evaluate")
+        if dataset not in self.labels:
+            raise ConfigError(f"no labels for dataset {dataset!r}; pass labels={{{dataset!r}: y}}")
+        y = self.labels[dataset]
+        bs = batch_size or max(self.config.batch_size, 256)
+        outs = []
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            for start in range(0, len(y), bs):
+                idx = np.arange(start, min(start + bs, len(y)))
+                n, c = await self._start_batch(idx, self.n_groups, "eval", dataset)
+                await self._run_batch(runtime, idx, n, "eval", dataset, c)
+                outs.append(self.handler.predictions())
+        logits = np.concatenate(outs, axis=0)
+        self.predictions = logits
+        return classification_metrics(logits, y, self.config.loss)
+
+    async def predict(self, dataset: str, n_rows: int, *, batch_size: int = 256) -> np.ndarray:
+        """Leader: forward-only over ``n_rows`` rows of ``dataset`` (no labels needed)."""
+        self._require_leader("predict")
+        outs = []
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            for start in range(0, n_rows, batch_size):
+                idx = np.arange(start, min(start + batch_size, n_rows))
+                n, c = await self._start_batch(idx, self.n_groups, "eval", dataset)
+                await self._run_batch(runtime, idx, n, "eval", dataset, c)
+                outs.append(self.handler.predictions())
+        return np.concatenate(outs, axis=0)
+
+    async def stop(self, **meta: Any) -> None:
+        """Leader: tell every follower to return from `serve`; ``meta`` (JSON values, e.g.
+        ``reason``, ``checkpoint``) travels with the command and lands in their `stop_meta`."""
+        self._require_leader("stop")
+        await self._command({**meta, "cmd": "stop"})
+
+    def _require_labels(self, dataset: str) -> np.ndarray:
+        if dataset not in self.labels:
+            raise ConfigError(f"{self.name!r} owns the loss stage and needs labels to train on "
+                              f"{dataset!r}: pass labels={{{dataset!r}: y}}")
+        return self.labels[dataset]
+
+    def _require_leader(self, what: str) -> None:
+        if not self.is_leader:
+            raise ConfigError(f"{what}() is the leader's; {self.name!r} follows "
+                              f"{self.topology.label_owner!r} and should call serve()")
+
+    # -- follower -----------------------------------------------------------------------------
+    async def serve(self, *, on_batch: Callable[[Mapping[str, Any]], Awaitable[None]] | None
+                    = None) -> int:
+        """Follower: run the leader's batches until it says stop; returns batches run.
+
+        ``on_batch(command)`` is awaited after each batch with the leader's command (``mode``,
+        ``b``, and for training ``epoch``/``i``), e.g. to checkpoint. The stop command's fields
+        are kept in ``stop_meta``. (On any party, ``in_batch`` is true while a batch runs.)
+        """
+        if self.is_leader:
+            raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
+        leader = self.topology.label_owner
+        count = 0
+        async with ThreadLane(f"tandem-{self.name}") as lane:
+            runtime = self._runtime(lane)
+            while True:
+                frame = await self.transport.recv(leader, CTL)
+                cmd = frame.meta.get("cmd")
+                self.run_id = frame.meta.get("run", self.run_id)
+                if cmd == "stop":
+                    self.stop_meta = dict(frame.meta)
+                    return count
+                if cmd != "batch" or len(frame.arrays) != 1:
+                    raise EngineError(f"{self.name!r} got an unknown command from {leader!r}: "
+                                      f"{dict(frame.meta)}")
+                if frame.meta.get("b") != self._batch:
+                    raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
+                                      f"started batch {frame.meta.get('b')}; restart both parties")
+                self.n_groups = int(frame.meta["n"])
+                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
+                                      str(frame.meta["mode"]), str(frame.meta["data"]),
+                                      int(frame.meta.get("c", 1)))
+                count += 1
+                if on_batch is not None:
+                    await on_batch(frame.meta)
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """A copy of this party's stage parameters (stage name -> pytree). A copy, because the
+        update kernel takes over the engine's own arrays (`tandem.engine.kernels`, "Donation"): a
+        reference kept across a batch would be deleted by the next update."""
+        from tandem.engine.kernels import owned_copy
+
+        return {s: owned_copy(p) for s, p in self.handler.params.items()}
+
+    def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int
+                ) -> None:
+        """Resume from a checkpoint: this party's stage params and optimizer state, and the
+        batch counter ``b`` the leader and followers keep in step (every party must restore
+        the same checkpoint step, or the followers refuse the leader's next command).
+
+        Leaves are copied to device arrays bit for bit; pytree structure must match this
+        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against templates).
+        """
+        from tandem.engine.kernels import owned_copy
+
+        stages = set(self.handler.stages)
+        lacking = sorted((stages - set(params)) | (stages - set(opt_state)))
+        if lacking:
+            raise ConfigError(f"{self.name!r}: the state to restore lacks the params or "
+                              f"optimizer state of stages {lacking}")
+        if int(batch) < 0:
+            raise ConfigError(f"{self.name!r}: cannot restore to batch {batch}")
+        # copies: the next update donates them, and the caller's must survive
+        self.handler.params.update({s: owned_copy(params[s]) for s in stages})
+        self.handler.opt_state.update({s: owned_copy(opt_state[s]) for s in stages})
+        self._batch = int(batch)
+        self._wake_batch_waiters()
+
+
+__all__ = ["SplitParty", "SplitConfig", "EpochResult"]

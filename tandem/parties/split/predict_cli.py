@@ -1,0 +1,220 @@
+"""``tandem predict``: cross-party inference with each party's own export, over HTTP.
+
+Run one command per party, with the party TOML of its training (transport, peers, security,
+topology; ``[data]``/``[train]`` are not used) and its NEW rows::
+
+    tandem predict --config follower.toml --data new_f.csv
+    tandem predict --config leader.toml   --data new_l.csv --out predictions.csv
+
+Each party loads only its own export (``--export``, default the config's ``export_dir``), checks
+its rows against it (feature count, finite values), connects (`tandem.parties.split.session.connect`)
+and negotiates an inference spec (`tandem.parties.split.inference`): same training id, topology, loss
+and cut widths; same row count and, with ``--aligned``, the same alignment commitment. The
+leader writes the predictions (``.csv``: ``row[,id]`` then ``logit,probability`` for a binary
+loss, ``logit_k...,class`` for softmax, ``output_k...`` otherwise; ``.npy``: the raw outputs)
+and every party prints one JSON summary line. Errors go to stderr with exit code 2 (bad
+input: config, export, rows) or 1 (refused negotiation, unreachable peer, timeout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from tandem.parties.alignment import aligned_file
+from tandem.parties.alignment.errors import AlignmentError
+
+from .inference import InferenceError, check_rows
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict on new aligned rows across parties, each with "
+                       "its own export; the leader writes the predictions",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="this party's TOML (as for `tandem party`)")
+    p.add_argument("--export", help="this party's export: a .safetensors file or its folder "
+                   "(default: export_dir of the config)")
+    p.add_argument("--data", help="new feature rows: .csv with a header row, .npy, or .npz "
+                   "(array 'x'); same columns, in the same order, as in training")
+    p.add_argument("--id-column", help="a CSV column holding ids, not features (dropped)")
+    p.add_argument("--aligned", help="the `tandem align --out` CSV of the new rows: predict "
+                   "those rows in that order; every party must give its file of the same "
+                   "alignment")
+    p.add_argument("--rows", type=int, help="rows to predict, for a party whose stages read no "
+                   "features and that has no --aligned")
+    p.add_argument("--out", help="leader: where to write the predictions (.csv or .npy)")
+    p.add_argument("--batch-size", type=int, default=256, help="leader: rows per batch")
+    p.add_argument("--groups", type=int, default=1, help="leader: micro-batches per batch")
+    p.add_argument("--timeout", type=float, default=3600.0,
+                   help="give up if prediction has not finished after this many seconds")
+    p.set_defaults(func=predict_command, colocate_threads=True)
+
+
+async def predict_command(args: argparse.Namespace) -> int:
+    """Exit codes (as `tandem party`): 0 done; 1 the run failed (spec refused, peer
+    unreachable or lost, timeout); 2 bad input (config, export, rows, options)."""
+    from tandem.errors import TandemError
+
+    from .cli import report_error
+
+    try:
+        async with asyncio.timeout(args.timeout):
+            summary = await run(args)
+    except TimeoutError:
+        print(f"tandem predict: not finished after {args.timeout:g} s; is every party running "
+              "`tandem predict` with matching configs?", file=sys.stderr)
+        return 1
+    except (TandemError, OSError, ExceptionGroup) as exc:
+        return report_error("tandem predict", exc)
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Everything `predict_command` does but printing; returns the summary."""
+    from . import inference
+    from .party_config import PartyData, load_party_config
+    from .session import connected
+
+    cfg = await asyncio.to_thread(load_party_config, args.config)
+    export = args.export or cfg.export_dir
+    if export is None:
+        raise InferenceError(f"{cfg.path} sets no export_dir; pass --export with this party's "
+                             ".safetensors file")
+    model = await inference.load_model(export, cfg.name, topology=cfg.topology())
+    if model.is_leader and not args.out:
+        raise InferenceError("the leader writes the predictions: pass --out predictions.csv "
+                             "(or .npy)")
+    if args.out and not args.out.endswith((".csv", ".npy")):
+        raise InferenceError(f"--out {args.out!r} must end in .csv or .npy")
+    if args.batch_size < 1 or args.groups < 1:
+        raise InferenceError("--batch-size and --groups must be >= 1")
+    x, alignment, ids = await asyncio.to_thread(read_inputs, model, args)
+    x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, args.rows, alignment)
+    data = PartyData(train=x, alignment=alignment)
+    t0 = time.perf_counter()
+    if model.is_leader:
+        spec = inference.inference_spec(model, rows=rows, batch_size=args.batch_size,
+                                        groups=args.groups, alignment=alignment,
+                                        security=cfg.security())
+        async with connected(cfg, data=data, spec=spec) as session:
+            result = await inference.run_leader(session.transport, model, x, session.spec)
+        await asyncio.to_thread(write_predictions, args.out, result.outputs, model.loss, ids)
+        extra: dict[str, Any] = {"out": args.out, "outputs": int(result.outputs.shape[1]),
+                                 "digests": result.digests}
+    else:
+        check = inference.inference_check(model, rows=rows, alignment=alignment,
+                                          security=cfg.security())
+        async with connected(cfg, data=data, check=check) as session:
+            batches = await inference.run_follower(session.transport, model, x, session.spec)
+        extra = {"batches": batches}
+    return {"command": "predict", "party": model.party,
+            "role": "leader" if model.is_leader else "follower", "rows": rows,
+            "training": model.training, "export": model.path, "export_digest": model.digest,
+            "spec_hash": session.spec_hash, **extra,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+# -- files ---------------------------------------------------------------------------------------
+def read_inputs(model, args) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
+    """(rows, alignment ``{"size", "commitment"}`` or None, aligned ids or None)."""
+    x = None if args.data is None else read_rows(args.data, args.id_column)
+    if x is None and model.features is not None:
+        raise InferenceError(f"{model.party!r} needs its new feature rows ({model.features} "
+                             "columns): pass --data new.csv")
+    x = check_rows(model, x, source=f"--data {args.data!r}")
+    if args.aligned is None:
+        return x, None, None
+    rows, ids, alignment = read_aligned(args.aligned)
+    if x is not None:
+        if len(rows) and int(rows.max()) >= len(x):
+            raise InferenceError(f"--aligned {args.aligned!r} refers to row {int(rows.max())} "
+                                 f"but --data {args.data!r} has {len(x)} rows; align the ids of "
+                                 "this data file")
+        x = x[rows]
+    return x, alignment, ids
+
+
+def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
+    """A float matrix from ``.csv`` (header row; ``id_column`` dropped), ``.npy`` or ``.npz``."""
+    if not os.path.isfile(path):
+        raise InferenceError(f"--data {path!r}: no such file")
+    if path.endswith(".npy"):
+        return np.load(path, allow_pickle=False)
+    if path.endswith(".npz"):
+        with np.load(path, allow_pickle=False) as z:
+            if "x" in z.files or len(z.files) == 1:
+                return np.asarray(z["x" if "x" in z.files else z.files[0]])
+            raise InferenceError(f"--data {path!r} holds arrays {sorted(z.files)}; name the "
+                                 "feature rows 'x'")
+    if not path.endswith(".csv"):
+        raise InferenceError(f"--data {path!r} must be a .csv, .npy or .npz file")
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if header is None:
+            raise InferenceError(f"--data {path!r} is empty; expected a header row, then rows")
+        drop = None
+        if id_column is not None:
+            if id_column not in header:
+                raise InferenceError(f"--id-column {id_column!r} is not a column of {path!r} "
+                                     f"(columns: {header})")
+            drop = header.index(id_column)
+        table = []
+        for line, row in enumerate(reader, start=2):
+            if len(row) != len(header):
+                raise InferenceError(f"--data {path!r} line {line} has {len(row)} values; the "
+                                     f"header has {len(header)}")
+            try:
+                table.append([float(v) for i, v in enumerate(row) if i != drop])
+            except ValueError:
+                raise InferenceError(f"--data {path!r} line {line} has a non-numeric value; "
+                                     "feature CSVs hold numbers only (name an id column with "
+                                     "--id-column)") from None
+    return np.asarray(table, np.float64).reshape(len(table), len(header) - (drop is not None))
+
+
+def read_aligned(path: str) -> tuple[np.ndarray, list[str], dict[str, Any]]:
+    """(row indices, ids, ``{"size", "commitment"}``) of a `tandem align --out` CSV."""
+    try:
+        aligned = aligned_file.read_aligned(path)
+    except AlignmentError as exc:
+        raise InferenceError(f"--aligned: {exc}") from None
+    return aligned.rows, aligned.ids, aligned.spec_fields()
+
+
+def write_predictions(path: str, out: np.ndarray, loss: str | None,
+                      ids: list[str] | None = None) -> None:
+    """Write the loss stage's outputs (see the module docstring for the columns)."""
+    out = np.asarray(out, np.float32).reshape(len(out), -1)
+    if path.endswith(".npy"):
+        np.save(path, out, allow_pickle=False)
+        return
+    k = out.shape[1]
+    if loss == "binary" and k == 1:
+        names = ["logit", "probability"]
+        table = np.concatenate([out, 1.0 / (1.0 + np.exp(-out.astype(np.float64)))], axis=1)
+    elif loss == "softmax":
+        names = [f"logit_{j}" for j in range(k)] + ["class"]
+        table = np.concatenate([out, out.argmax(axis=1)[:, None]], axis=1)
+    else:
+        names = [f"output_{j}" for j in range(k)]
+        table = out
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["row"] + (["id"] if ids is not None else []) + names)
+        for i, values in enumerate(table.tolist()):
+            w.writerow([i] + ([ids[i]] if ids is not None else [])
+                       + [_fmt(v, n) for v, n in zip(values, names)])
+
+
+def _fmt(value: float, name: str) -> str:
+    return str(int(value)) if name == "class" else repr(float(np.float32(value)))

@@ -1,0 +1,211 @@
+"""From a party TOML to a negotiated link: the start-up every standalone command shares.
+
+`connect(cfg)` does, in order (docs/parties.md#negotiation):
+
+1. load this party's data (`PartyConfig.load_data`, in a thread) unless given;
+2. start its `tandem.transports.http.HttpTransport` on ``[listen]``;
+3. wait until every peer answers ``GET /healthz`` (bounded by the config's ``wait``);
+4. negotiate the `tandem.parties.split.spec.TaskSpec`: the leader builds it (`leader_spec`) and proposes it,
+   a follower checks it against its own data and model (`follower_check`) and accepts or
+   refuses with readable reasons; the parties also agree on the newest checkpoint they all
+   hold for that spec (``checkpoints``);
+5. call ``prepare(session)`` (build the model on ``session.transport``, load checkpoint
+   ``session.step``; a follower reports a failure there to the leader), after which both
+   transports stamp every frame with the spec hash and refuse frames of another hash (409)
+   or tensors of another dtype/shape (422).
+
+Example (a ``tandem predict`` could start the same way with its own ``spec``/``check``)::
+
+    async with connected(cfg) as session:        # closes the transport on exit
+        session.spec, session.transport, session.step
+
+Contract: never blocks the loop (file I/O in threads), creates no event loop, leaves nothing
+running on failure (the transport is closed before the exception propagates). Errors:
+`PartyStartError` (peer unreachable, nothing from the leader in time),
+`tandem.parties.split.negotiate.NegotiationError` (spec refused; ``reasons`` per party),
+`tandem.errors.AuthenticationError` (the peer answered 401: wrong secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+
+from .spec import TaskSpec, build_spec
+from tandem.errors import TandemError
+
+from . import negotiate
+from .party_config import PartyConfig, PartyConfigError, PartyData
+
+
+class PartyStartError(TandemError):
+    """A standalone party could not start: a peer is unreachable or silent."""
+
+
+@dataclasses.dataclass
+class Session:
+    """A started, negotiated party link.
+
+    Attributes:
+      config: the party's configuration.
+      transport: the started HTTP transport (spec hash and validator installed); the caller
+        owns it (`connected` closes it).
+      data: this party's (aligned) data.
+      spec: the agreed task spec; ``spec_hash`` its hash, stamped on every frame.
+      step: the agreed checkpoint step to resume from (0 = fresh start).
+    """
+
+    config: PartyConfig
+    transport: Any
+    data: PartyData
+    spec: TaskSpec
+    spec_hash: str
+    step: int
+
+
+def leader_spec(cfg: PartyConfig, data: PartyData) -> TaskSpec:
+    """The training task spec the leader proposes: its data schema and ``[schema]``, the
+    configured model's stage widths, ``[train]`` hyper-parameters (+ ``checkpoint.every``),
+    the security settings, the alignment of ``data.aligned`` and the test split's size."""
+    if data.samples is None:
+        raise PartyConfigError(f"{cfg.path}: the leader holds no training rows")
+    features = dict(cfg.schema)
+    if data.features is not None:
+        features[cfg.name] = data.features
+    return build_spec(cfg.topology(), features=features, samples=data.samples,
+                      stage_widths=cfg.stage_widths(features), hyper=cfg.hyper(),
+                      security=cfg.security(), alignment=data.alignment,
+                      test_samples=0 if data.y_test is None else len(data.y_test))
+
+
+def follower_check(cfg: PartyConfig, data: PartyData) -> Callable[[TaskSpec], list[str]]:
+    """``check(spec) -> reasons`` of a follower: `TaskSpec.check_local` against its data,
+    its configured model, topology, security and alignment, plus the test split's size."""
+
+    def check(spec: TaskSpec) -> list[str]:
+        features = {p: int(d["features"]) for p, d in spec.datasets.items()}
+        if data.features is not None:
+            features[cfg.name] = data.features
+        try:
+            widths = cfg.stage_widths(features)
+        except PartyConfigError as exc:
+            return [str(exc)]
+        reasons = spec.check_local(cfg.name, features=data.features, samples=data.samples,
+                                   stages=widths, alignment=data.alignment,
+                                   security=cfg.security(), topology=cfg.topology().to_dict())
+        want = int(spec.hyper.get("test_samples", 0))
+        have = 0 if data.test is None else len(data.test)
+        if want and data.features is not None and have != want:
+            reasons.append(f"the leader evaluates on {want} test rows but {cfg.name!r} holds "
+                           f"{have}; give data.test (or x_test) with the same rows")
+        return reasons
+
+    return check
+
+
+async def wait_for_peers(cfg: PartyConfig, timeout: float) -> None:
+    """Poll every peer's ``GET /healthz`` until all answer 200; `PartyStartError` naming the
+    silent ones after ``timeout`` seconds."""
+    import aiohttp
+
+    _, client_ssl = cfg.ssl_contexts()
+    pending = dict(cfg.peers)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: dict[str, str] = {}
+    connector = aiohttp.TCPConnector(ssl=client_ssl if client_ssl else True)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        while pending:
+            for peer, url in list(pending.items()):
+                try:
+                    async with http.get(url + "/healthz",
+                                        timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                        if resp.status == 200:
+                            del pending[peer]
+                            continue
+                        last[peer] = f"HTTP {resp.status}"
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    last[peer] = f"{type(exc).__name__}: {exc}"
+            if not pending:
+                return
+            if loop.time() >= deadline:
+                raise PartyStartError(
+                    f"{cfg.name!r}: peers not reachable after {timeout:g} s: " + "; ".join(
+                        f"{p} at {u} ({last.get(p, 'no answer')})" for p, u in pending.items())
+                    + ". Start them, or fix [peers] / raise `wait`.")
+            await asyncio.sleep(0.1)
+
+
+async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
+                  spec: TaskSpec | None = None,
+                  check: Callable[[TaskSpec], list[str]] | None = None,
+                  checkpoints: Mapping[int, str] | None = None,
+                  prepare: Callable[[Session], Awaitable[None]] | None = None) -> Session:
+    """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
+
+    Args:
+      data: this party's data (default: `PartyConfig.load_data`, in a thread).
+      spec: leader only, the spec to propose (default `leader_spec`).
+      check: follower only, the acceptance check (default `follower_check`).
+      checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
+        (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed hash count.
+      prepare: awaited with the `Session` once the step is agreed, before training can
+        start (a follower's failure here is sent to the leader as the reason).
+    Reaching the peers, then agreeing, are each bounded by ``cfg.wait`` seconds.
+    """
+    if data is None:
+        data = await asyncio.to_thread(cfg.load_data)
+    held = dict(checkpoints or {})
+    topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
+    transport = cfg.transport()
+    await transport.start()
+    try:
+        leader = topology.label_owner
+        await wait_for_peers(cfg, cfg.wait)
+        try:
+            async with asyncio.timeout(cfg.wait):
+                if cfg.is_leader:
+                    spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
+                    digest = spec.spec_hash()
+                    followers = [p for p in topology.parties if p != cfg.name]
+                    step = await negotiate.propose(
+                        transport, followers, spec,
+                        checkpoints=[s for s, h in held.items() if h == digest])
+                else:
+                    spec, step = await negotiate.answer(
+                        transport, leader, check=check or follower_check(cfg, data),
+                        checkpoints=lambda h: [s for s, d in held.items() if d == h])
+        except TimeoutError:
+            raise PartyStartError(
+                f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
+                " is every party started with a matching config (same secret, ports)?") from None
+        session = Session(cfg, transport, data, spec, spec.spec_hash(), step)
+        if prepare is not None:
+            try:
+                await prepare(session)
+            except Exception as exc:
+                if not cfg.is_leader:
+                    await negotiate.ready(transport, leader, error=f"{type(exc).__name__}: {exc}")
+                raise
+        if not cfg.is_leader:
+            await negotiate.ready(transport, leader)
+        return session
+    except BaseException:
+        await transport.aclose()
+        raise
+
+
+@contextlib.asynccontextmanager
+async def connected(cfg: PartyConfig, **kwargs: Any) -> AsyncIterator[Session]:
+    """`connect`, closing the transport (goodbye to the peers) when the block exits."""
+    session = await connect(cfg, **kwargs)
+    try:
+        yield session
+    finally:
+        await session.transport.aclose()
+
+
+__all__ = ["Session", "PartyStartError", "connect", "connected", "leader_spec",
+           "follower_check", "wait_for_peers"]

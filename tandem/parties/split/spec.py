@@ -1,0 +1,300 @@
+"""`TaskSpec`: what the parties of a split-learning job agree on before training. Pure data.
+
+The leader builds a spec from its configuration (`build_spec`) and proposes it; each follower
+checks it against what it holds (`TaskSpec.check_local`) and accepts or refuses with reasons
+(`tandem.parties.split.negotiate`). Both sides then stamp every frame with `TaskSpec.spec_hash` and
+refuse tensors whose dtype or shape differs from `TaskSpec.channel_shapes`.
+
+Fields (all JSON data, see docs/parties.md#task-spec):
+
+* ``topology``: `tandem.engine.topology.Topology.to_dict`;
+* ``datasets``: party -> ``{"features": int, "dtype": "float32"}`` for every party whose stages
+  read raw features;
+* ``samples``: rows of the (aligned) training set, identical on every party;
+* ``stages``: stage -> ``{"owner", "in_dims", "out_dim", "sizes"}`` (``sizes``: MLP layer sizes
+  or null);
+* ``edges``: one entry per cut edge ``{"src", "dst", "src_party", "dst_party", "width",
+  "dtype"}``: activations on ``act/src->dst`` and gradients on ``grad/src->dst`` are
+  ``dtype[rows, width]`` with ``1 <= rows <= max_rows``;
+* ``hyper``: batch size, eval batch size, groups policy, learning rate, optimizer, loss, epochs,
+  seed, threshold, capacity, policy, checkpoint_every; optionally ``chunks`` (messages per
+  group, recorded when not 1) and ``test_samples`` (rows of the test split every party must
+  hold when the leader evaluates);
+* ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
+  "reject_nonfinite": bool}``;
+* ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
+
+Canonical form: orjson with sorted keys (`TaskSpec.canonical`); `spec_hash` is its SHA-256 hex.
+Equal specs give equal bytes and hashes on every machine; a spec read back with `from_json`
+hashes to the same value.
+
+Contract: no JAX, no asyncio; `check_local` never raises for a mismatch, it returns every reason
+as a readable sentence (an empty list means "accept").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Mapping, Sequence
+
+import orjson
+
+from tandem.errors import ConfigError
+from tandem.engine.topology import FEATURES, Topology
+
+SPEC_FORMAT = "tandem-task-spec"
+SPEC_VERSION = 1
+
+HYPER_KEYS = ("batch_size", "eval_batch_size", "groups", "learning_rate", "optimizer", "loss",
+              "epochs", "seed", "threshold", "capacity", "policy", "checkpoint_every")
+SECURITY_KEYS = ("auth", "tls", "max_frame_bytes", "reject_nonfinite")
+
+
+class SpecError(ConfigError):
+    """A task spec is malformed (missing field, wrong type, foreign format)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """The agreed task of one split-learning job. See the module docstring for the fields."""
+
+    topology: Mapping[str, Any]
+    datasets: Mapping[str, Mapping[str, Any]]
+    samples: int
+    stages: Mapping[str, Mapping[str, Any]]
+    edges: Sequence[Mapping[str, Any]]
+    hyper: Mapping[str, Any]
+    security: Mapping[str, Any]
+    alignment: Mapping[str, Any] | None = None
+
+    # -- canonical form --------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": SPEC_FORMAT, "version": SPEC_VERSION,
+                "topology": _plain(self.topology), "datasets": _plain(self.datasets),
+                "samples": int(self.samples), "stages": _plain(self.stages),
+                "edges": _plain(list(self.edges)), "hyper": _plain(self.hyper),
+                "security": _plain(self.security),
+                "alignment": None if self.alignment is None else _plain(self.alignment)}
+
+    def canonical(self) -> bytes:
+        """orjson bytes with sorted keys: the input of `spec_hash`."""
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS)
+
+    def spec_hash(self) -> str:
+        """SHA-256 hex of `canonical`; stamped on every frame after negotiation."""
+        return hashlib.sha256(self.canonical()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TaskSpec":
+        """Read a spec back (e.g. from a proposal frame); `SpecError` names a bad field."""
+        if not isinstance(data, Mapping):
+            raise SpecError(f"a task spec must be a JSON object, got {type(data).__name__}")
+        if data.get("format") != SPEC_FORMAT or data.get("version") != SPEC_VERSION:
+            raise SpecError(f"not a {SPEC_FORMAT!r} version {SPEC_VERSION} spec (format "
+                            f"{data.get('format')!r}, version {data.get('version')!r}); "
+                            "both parties must run compatible Tandem versions")
+        kinds = {"topology": Mapping, "datasets": Mapping, "samples": int, "stages": Mapping,
+                 "edges": list, "hyper": Mapping, "security": Mapping}
+        for key, kind in kinds.items():
+            if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+                raise SpecError(f"task spec field {key!r} must be {kind.__name__}, got "
+                                f"{data.get(key)!r:.80}")
+        missing = [k for k in HYPER_KEYS if k not in data["hyper"]]
+        missing += [k for k in SECURITY_KEYS if k not in data["security"]]
+        if missing:
+            raise SpecError(f"task spec lacks fields {missing}")
+        align = data.get("alignment")
+        if align is not None and (not isinstance(align, Mapping) or
+                                  set(align) != {"size", "commitment"}):
+            raise SpecError(f"task spec alignment must be null or {{size, commitment}}, got "
+                            f"{align!r:.80}")
+        return cls(topology=data["topology"], datasets=data["datasets"],
+                   samples=data["samples"], stages=data["stages"], edges=data["edges"],
+                   hyper=data["hyper"], security=data["security"], alignment=align)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> "TaskSpec":
+        try:
+            return cls.from_dict(orjson.loads(raw))
+        except orjson.JSONDecodeError as exc:
+            raise SpecError(f"task spec is not valid JSON: {exc}") from None
+
+    # -- derived ---------------------------------------------------------------------------
+    @property
+    def max_rows(self) -> int:
+        """Most rows any batch (train or eval) may carry."""
+        return max(int(self.hyper["batch_size"]), int(self.hyper["eval_batch_size"]))
+
+    def channel_shapes(self) -> dict[str, tuple[str, int]]:
+        """``{channel: (dtype, width)}`` for every activation and gradient channel."""
+        out = {}
+        for e in self.edges:
+            for kind in ("act", "grad"):
+                out[f"{kind}/{e['src']}->{e['dst']}"] = (str(e["dtype"]), int(e["width"]))
+        return out
+
+    # -- checks ----------------------------------------------------------------------------
+    def check_local(self, party: str, *, features: int | None, samples: int | None,
+                    dtype: str = "float32", stages: Mapping[str, Mapping[str, Any]] | None = None,
+                    alignment: Mapping[str, Any] | None = None,
+                    security: Mapping[str, Any] | None = None,
+                    topology: Mapping[str, Any] | None = None) -> list[str]:
+        """Reasons why ``party`` cannot train this spec with what it holds ([] = accept).
+
+        Args:
+          features: columns of the party's feature matrix (None if it holds none).
+          samples: rows of its training set (after alignment); None if it holds no data.
+          stages: its own view of stage widths (``{"in_dims", "out_dim", "sizes"}`` per stage),
+            compared for the stages it owns and every stage feeding or fed by them.
+          alignment: its `AlignedIds.spec_fields`-like ``{"size", "commitment"}``, or None.
+          security: its own security settings; the keys given must equal the spec's.
+          topology: its own topology (`Topology.to_dict`), if it has one configured.
+        """
+        reasons: list[str] = []
+        who = f"{party!r}"
+        try:
+            topo = Topology.from_dict(self.topology)
+        except Exception as exc:  # TopologyError: the proposal itself is broken
+            return [f"the spec's topology is invalid: {exc}"]
+        if party not in topo.parties:
+            return [f"{who} owns no stage of the spec's topology (parties: {list(topo.parties)})"]
+        if topology is not None and _plain(topology) != _plain(self.topology):
+            reasons.append(f"{who}'s configured topology differs from the spec's: local "
+                           f"{_brief(topology)} != spec {_brief(self.topology)}")
+        reads = any(FEATURES in s.inputs for s in topo.stages_of(party))
+        schema = self.datasets.get(party)
+        if reads:
+            if schema is None:
+                reasons.append(f"the spec gives no dataset schema for {who}, whose stages read "
+                               "features")
+            elif features is None:
+                reasons.append(f"{who} holds no feature data but the spec says "
+                               f"{schema.get('features')} feature columns")
+            else:
+                if int(schema.get("features", -1)) != int(features):
+                    reasons.append(f"{who} has {features} feature columns but the spec says "
+                                   f"{schema.get('features')}")
+                if str(schema.get("dtype")) != dtype:
+                    reasons.append(f"{who}'s features are {dtype} but the spec says "
+                                   f"{schema.get('dtype')}")
+        if samples is not None and int(samples) != int(self.samples):
+            reasons.append(f"{who}: sample count {samples} != spec {self.samples}")
+        mine = {s.name for s in topo.stages_of(party)}
+        near = set(mine)
+        for s in topo.stages:
+            if s.name in mine:
+                near.update(i for i in s.inputs if i != FEATURES)
+            if mine & set(s.inputs):
+                near.add(s.name)
+        for name in sorted(near):
+            if name not in self.stages:
+                reasons.append(f"the spec describes no widths for stage {name!r}")
+                continue
+            if stages is None or name not in stages:
+                continue
+            spec_st, local = self.stages[name], stages[name]
+            for key in ("in_dims", "out_dim", "sizes"):
+                if key in local and _plain(local[key]) != _plain(spec_st.get(key)):
+                    reasons.append(f"stage {name!r}: {who} has {key} {_plain(local[key])} but "
+                                   f"the spec says {_plain(spec_st.get(key))}")
+        if self.alignment is not None or alignment is not None:
+            if alignment is None:
+                reasons.append(f"the spec records aligned rows (size {self.alignment['size']}) "
+                               f"but {who} has no alignment; run `tandem align` and set "
+                               "data.aligned")
+            elif self.alignment is None:
+                reasons.append(f"{who} aligned its rows (size {alignment['size']}) but the spec "
+                               "records no alignment")
+            elif (int(alignment["size"]) != int(self.alignment["size"]) or
+                  alignment["commitment"] != self.alignment["commitment"]):
+                reasons.append(
+                    f"aligned rows differ: spec commitment {_short(self.alignment['commitment'])}"
+                    f" (size {self.alignment['size']}) != local "
+                    f"{_short(alignment['commitment'])} (size {alignment['size']})")
+        for key, value in (security or {}).items():
+            if key in self.security and _plain(self.security[key]) != _plain(value):
+                reasons.append(f"security setting {key!r}: {who} uses {value!r} but the spec "
+                               f"says {self.security[key]!r}")
+        return reasons
+
+
+def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
+               stage_widths: Mapping[str, Mapping[str, Any]], hyper: Mapping[str, Any],
+               security: Mapping[str, Any], alignment: Mapping[str, Any] | None = None,
+               dtype: str = "float32", test_samples: int | None = None) -> TaskSpec:
+    """Assemble a spec; cut-edge shapes are derived from the topology and the stage widths.
+
+    Args:
+      features: feature columns of every party whose stages read features.
+      stage_widths: stage -> ``{"in_dims": [...], "out_dim": int, "sizes": [...] | None}``
+        for every stage of ``topology``.
+      test_samples: rows of the test split the leader will evaluate on (recorded as
+        ``hyper["test_samples"]`` only when given, so specs without it hash as before).
+    Raises `SpecError` naming what is missing or inconsistent.
+    """
+    missing = [k for k in HYPER_KEYS if k not in hyper]
+    missing += [f"security.{k}" for k in SECURITY_KEYS if k not in security]
+    if missing:
+        raise SpecError(f"cannot build a task spec without {missing}")
+    stages: dict[str, dict[str, Any]] = {}
+    for s in topology.stages:
+        if s.name not in stage_widths:
+            raise SpecError(f"no widths given for stage {s.name!r}")
+        w = stage_widths[s.name]
+        in_dims = [int(d) for d in w["in_dims"]]
+        if len(in_dims) != len(s.inputs):
+            raise SpecError(f"stage {s.name!r} has {len(s.inputs)} inputs but {len(in_dims)} "
+                            "in_dims")
+        stages[s.name] = {"owner": s.owner, "in_dims": in_dims, "out_dim": int(w["out_dim"]),
+                          "sizes": None if w.get("sizes") is None else
+                          [int(x) for x in w["sizes"]]}
+    for p in topology.feature_parties():
+        if p not in features:
+            raise SpecError(f"no feature count given for party {p!r}, whose stages read "
+                            "features; add it to the schema")
+    for s in topology.stages:
+        for i, inp in enumerate(s.inputs):
+            want = (features[s.owner] if inp == FEATURES else stages[inp]["out_dim"])
+            if stages[s.name]["in_dims"][i] != want:
+                src = f"{s.owner!r}'s features" if inp == FEATURES else f"stage {inp!r}"
+                raise SpecError(f"stage {s.name!r} input {i} ({src}) has width {want} but the "
+                                f"stage declares {stages[s.name]['in_dims'][i]}")
+    edges = [{"src": e.src, "dst": e.dst, "src_party": e.src_party, "dst_party": e.dst_party,
+              "width": stages[e.src]["out_dim"], "dtype": dtype} for e in topology.edges()]
+    return TaskSpec(topology=topology.to_dict(),
+                    datasets={p: {"features": int(features[p]), "dtype": dtype}
+                              for p in topology.feature_parties()},
+                    samples=int(samples), stages=stages, edges=edges,
+                    hyper={**{k: hyper[k] for k in HYPER_KEYS},
+                           **({} if test_samples is None else {"test_samples": int(test_samples)}),
+                           # recorded only when not 1, so specs without chunks hash as before
+                           **({} if int(hyper.get("chunks", 1)) == 1
+                              else {"chunks": int(hyper["chunks"])})},
+                    security={k: security[k] for k in SECURITY_KEYS},
+                    alignment=None if alignment is None else
+                    {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])})
+
+
+def _plain(value: Any) -> Any:
+    """JSON data with tuples as lists and Mappings as dicts (so equal specs compare equal)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _short(commitment: Any) -> str:
+    text = str(commitment)
+    return text[:4] + ".." if len(text) > 6 else text
+
+
+def _brief(topology: Mapping[str, Any]) -> str:
+    try:
+        return ", ".join(f"{s['name']}@{s['owner']}" for s in topology["stages"])
+    except (KeyError, TypeError):
+        return repr(topology)[:80]
+
+
+__all__ = ["TaskSpec", "SpecError", "build_spec", "HYPER_KEYS", "SECURITY_KEYS"]

@@ -1,0 +1,227 @@
+"""`StageHandler`: executes one party's split-learning ops with its stages' jitted kernels.
+
+Party state is explicit: ``params`` and ``opt_state`` map each local stage name to a pytree;
+`StageHandler.begin` binds one batch (this party's feature rows, the labels if it owns the loss
+stage, the group bounds, the chunks per group); `compute` runs ``F``/``L``/``B``/``U`` ops and
+returns the tensors to send, keyed by ``(channel, micro-batch)`` of each send; `receive` checks
+and stores what peers sent.
+
+With ``chunks = c > 1`` (`tandem.engine.plan`) messages are parts of groups: a party computing per
+group sends each output as ``c`` row slices and concatenates the ``c`` parts it receives before
+the op that consumes them; the loss party computes per part.
+
+Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
+gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
+``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import optax
+
+from tandem.engine.data import BatchRows
+from tandem.errors import ConfigError, ShapeError
+from tandem.engine.kernels import StageKernels, StageModel, owned_copy
+from tandem.engine.microbatch import chunk_bounds
+from tandem.engine.plan import Kind, Op, computes_per_message
+from tandem.engine.topology import FEATURES, Topology
+
+
+class StageHandler:
+    """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in ``topology``."""
+
+    def __init__(self, topology: Topology, party: str, models: Mapping[str, StageModel],
+                 optimizer: optax.GradientTransformation, *, loss=None,
+                 key: jax.Array | None = None, params: Mapping[str, Any] | None = None) -> None:
+        self.topology = topology
+        self.party = party
+        self.stages = {s.name: s for s in topology.stages_of(party)}
+        missing = [s for s in self.stages if s not in models]
+        if missing:
+            raise ConfigError(f"party {party!r} needs a StageModel for stages {missing}")
+        self.models = {s: models[s] for s in self.stages}
+        self.out_dims = {s.name: models[s.name].out_dim for s in topology.stages if s.name in models}
+        owns_loss = any(s.loss for s in self.stages.values())
+        if owns_loss and loss is None:
+            raise ConfigError(f"party {party!r} owns the loss stage; pass loss=...")
+        # raw features need no gradient: their kernels skip it (`StageKernels`, differentiable)
+        self.kernels = {s: StageKernels(self.models[s], optimizer,
+                                        loss if self.stages[s].loss else None,
+                                        differentiable=[i != FEATURES
+                                                        for i in self.stages[s].inputs])
+                        for s in self.stages}
+        if params is None:
+            key = jax.random.PRNGKey(0) if key is None else key
+            params = {}
+            for i, s in enumerate(sorted(self.stages)):
+                params[s] = self.models[s].init(jax.random.fold_in(key, _stable_hash(s)))
+        # copied: the update kernel donates the parameters it is given (`tandem.engine.kernels`), and
+        # the caller's arrays (often a template shared with another party or a reference run)
+        # must outlive it
+        self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
+        self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
+        self._check_inputs()
+        self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
+
+    def _check_inputs(self) -> None:
+        for s in self.stages.values():
+            model = self.models[s.name]
+            if len(model.in_dims) != len(s.inputs):
+                raise ConfigError(f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
+                                  f"but its model declares {len(model.in_dims)} in_dims")
+            for i, d in zip(s.inputs, model.in_dims):
+                if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
+                    raise ConfigError(f"stage {s.name!r} expects width {d} from {i!r}, which "
+                                      f"outputs {self.out_dims[i]}")
+
+    # -- per batch ------------------------------------------------------------------------------
+    def begin(self, features: np.ndarray | BatchRows | None, labels: np.ndarray | None,
+              bounds: list[tuple[int, int]], *, train: bool, chunks: int = 1) -> None:
+        """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
+        the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows)."""
+        # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
+        # directly (an eager jax slice per op costs a dispatch of its own)
+        self.features = (features if features is None or isinstance(features, BatchRows)
+                         else np.asarray(features))
+        self.labels = None if labels is None else np.asarray(labels)
+        #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
+        self.msg_bounds = chunk_bounds(bounds, chunks)
+        fine = computes_per_message(self.topology, self.party, chunks)
+        #: row ranges of this party's compute ops; ``per_op`` messages each way per op
+        self.bounds = self.msg_bounds if fine else bounds
+        self.per_op = 1 if fine else chunks
+        self.rows = bounds[-1][1] if bounds else 0
+        self.train = train
+        self.acts: dict[tuple[str, int], jax.Array] = {}
+        self.vjps: dict[tuple[str, int], Any] = {}
+        self.inbox: dict[tuple[str, int], jax.Array] = {}
+        self.cots: dict[tuple[str, int], jax.Array] = {}
+        self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
+        self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
+        self.logits: dict[int, jax.Array] = {}
+
+    @property
+    def loss_sum(self) -> float:
+        """The bound batch's mean loss so far (the scaled micro-batch losses, summed). Reading
+        it waits for the loss stage's kernels: read it once per batch, not per op."""
+        return 0.0 if self._loss is None else float(self._loss)
+
+    def _input(self, stage: str, name: str, m: int) -> jax.Array:
+        if name == FEATURES:
+            lo, hi = self.bounds[m]
+            return self.features[lo:hi]
+        if name in self.stages:
+            return self.acts[(name, m)]
+        return self._gather(f"act/{name}->{stage}", m)
+
+    def _gather(self, channel: str, m: int) -> np.ndarray:
+        """The arrived messages of op ``m`` on ``channel`` (taken out of the inbox), as one
+        array in row order."""
+        if self.per_op == 1:
+            return self.inbox.pop((channel, m))
+        k = m * self.per_op
+        return np.concatenate([self.inbox.pop((channel, j)) for j in range(k, k + self.per_op)])
+
+    def _scatter(self, channel: str, m: int, array, out: dict) -> None:
+        """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``."""
+        if self.per_op == 1:
+            out[(channel, m)] = np.asarray(array)
+            return
+        host, base = np.asarray(array), self.bounds[m][0]
+        for j in range(m * self.per_op, (m + 1) * self.per_op):
+            lo, hi = self.msg_bounds[j]
+            out[(channel, j)] = host[lo - base:hi - base]
+
+    def _acc(self, stage: str):
+        """The stage's gradient accumulator for this batch (zeros before its first backward)."""
+        acc = self.grads.get(stage)
+        return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
+
+    def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
+        for name, g in zip(self.stages[stage].inputs, input_grads):
+            if name == FEATURES:
+                continue
+            if name in self.stages:
+                key = (name, m)
+                self.cots[key] = g if key not in self.cots else self.cots[key] + g
+            else:
+                self._scatter(f"grad/{name}->{stage}", m, g, out)
+
+    def compute(self, op: Op) -> dict[tuple[str, int], np.ndarray]:
+        out: dict[tuple[str, int], np.ndarray] = {}
+        s, m = op.stage, op.mb
+        k = self.kernels[s]
+        if op.kind is Kind.UPDATE:
+            self.params[s], self.opt_state[s] = k.update(self.params[s], self.opt_state[s],
+                                                         self.grads.pop(s))
+            jax.block_until_ready(self.params[s])
+            return out
+        if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
+            xs = [self._input(s, i, m) for i in self.stages[s].inputs]
+        if op.kind is Kind.FORWARD:
+            if self.train:
+                y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
+            else:
+                y = k.predict(self.params[s], *xs)
+            self.acts[(s, m)] = y
+            sends = [c.name for c in self.topology.consumers(s) if c.name not in self.stages]
+            for c in sends:
+                self._scatter(f"act/{s}->{c}", m, y, out)
+            if not sends:
+                jax.block_until_ready(y)
+        elif op.kind is Kind.LOSS:
+            lo, hi = self.bounds[m]
+            if self.train:
+                loss = _ZERO if self._loss is None else self._loss
+                self.grads[s], self._loss, logits, gxs = k.loss_step(
+                    self.params[s], self._acc(s), loss, self.labels[lo:hi],
+                    np.float32(1.0 / self.rows), *xs)
+                self._route_input_grads(s, m, gxs, out)
+            else:
+                logits = k.predict(self.params[s], *xs)
+            self.logits[m] = logits  # fetched once per batch, by `predictions`
+        elif op.kind is Kind.BACKWARD:
+            cot = self.cots.pop((s, m), None)
+            for c in self.topology.consumers(s):
+                if c.name not in self.stages:
+                    g = self._gather(f"grad/{s}->{c.name}", m)
+                    cot = g if cot is None else cot + g
+            self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
+            self._route_input_grads(s, m, input_grads, out)
+            self.acts.pop((s, m), None)
+            if not out:
+                jax.block_until_ready(self.grads[s])
+        else:  # pragma: no cover - the runtime never hands other kinds to compute
+            raise ConfigError(f"StageHandler cannot run {op}")
+        return out
+
+    def receive(self, op: Op, array: np.ndarray) -> None:
+        kind, _, edge = op.channel.partition("/")
+        src, _, dst = edge.partition("->")
+        lo, hi = self.msg_bounds[op.mb]
+        width = self.out_dims.get(src)
+        expected = (hi - lo, width)
+        if array.dtype != np.float32 or array.shape != expected:
+            raise ShapeError(
+                f"{self.party!r} received {array.dtype}{list(array.shape)} on {op.channel!r} "
+                f"micro-batch {op.mb}; expected float32{list(expected)} (rows of the group x "
+                f"output width of {src!r}). Check that both parties use the same model widths.")
+        self.inbox[(op.channel, op.mb)] = array  # host array; the consuming kernel takes it as is
+
+    def predictions(self) -> np.ndarray:
+        """The loss stage's logits of the bound batch, in row order."""
+        return np.concatenate([np.asarray(self.logits[m]) for m in sorted(self.logits)], axis=0)
+
+
+_ZERO = np.float32(0.0)  # the loss accumulator before a batch's first loss step
+
+
+def _stable_hash(name: str) -> int:
+    h = 0
+    for ch in name.encode():
+        h = (h * 131 + ch) % (1 << 31)
+    return h

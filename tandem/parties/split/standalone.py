@@ -1,0 +1,376 @@
+"""`tandem party --config F.toml`: one split-learning party as its own OS process.
+
+`run_party(cfg, stop=event)` = `tandem.parties.split.session.connect` (transport, peers, task spec,
+checkpoint agreement) + train + evaluate + export, and returns the result as a dict (the CLI
+prints it as one JSON line). docs/parties.md describes the whole life cycle; in short:
+
+* **Checkpoints** (``[checkpoint] dir``): after every batch whose step (batches done) is a
+  multiple of the spec's ``checkpoint_every``, each party atomically saves its own params,
+  optimizer state, step and data cursor (`tandem.parties.split.checkpoint.CheckpointStore`); at start-up the
+  parties resume from the newest step they *all* hold for the agreed spec hash, and delete
+  their newer ones. A party that saved step k while its peer died before saving k thus resumes
+  from the previous common step: no batch is lost or applied twice. ``keep`` is at least 2, so
+  that previous step still exists.
+* **Stop** (``stop`` set, by SIGINT/SIGTERM in the CLI): the leader finishes the current batch
+  (within ``grace`` seconds), checkpoints, and sends ``stop`` with the checkpoint step; a
+  follower asks the leader to stop (``{"cmd": "leave"}`` on ``ctl``), serves until the
+  leader's ``stop`` (within ``grace``) and checkpoints the same step. Past ``grace`` the batch
+  is aborted: nothing is saved for it, the transport says goodbye, and the last checkpoint
+  remains the resume point. Result ``status``: ``"done"``, ``"stopped"`` or ``"aborted"``.
+* **Export** (``export_dir``): ``<export_dir>/<name>.safetensors`` with this party's own stages
+  (`tandem.parties.split.export.save_stages`, with model specs, cut widths, run id and loss).
+
+Contract: runs inside the caller's loop, never blocks it (file I/O and model set-up in
+threads), every task inside a TaskGroup; the transport is closed on every exit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import sys
+from typing import Any, Awaitable, Callable, Iterator
+
+from .checkpoint import CheckpointStore
+from tandem.engine.data import epoch_batches
+from .spec import TaskSpec
+from tandem.engine.topology import Topology
+from tandem.errors import TandemError, TransportClosedError
+
+from .inference import export_party
+from .negotiate import CTL
+from .observe import party_metrics
+from .party import SplitParty
+from .party_config import PartyConfig, PartyData, models_from_widths, split_config_from
+from .session import Session, connect
+
+
+@dataclasses.dataclass
+class _State:
+    """What `run_party`'s steps share: the party, its checkpoints and the resume point."""
+
+    party: SplitParty | None = None
+    store: CheckpointStore | None = None
+    saved: int = -1                     # step of the last checkpoint saved or loaded
+    cursor: tuple[int, int] = (0, 0)    # (epoch, batches done in it) at the resume point
+    discarded: list[int] = dataclasses.field(default_factory=list)
+
+
+def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> SplitParty:
+    """The `SplitParty` of ``cfg.name`` for the agreed ``spec`` (models from its stage widths,
+    hyper-parameters from its ``hyper``); blocking (JAX initialisation)."""
+    topo = Topology.from_dict(spec.topology)
+    return SplitParty(cfg.name, topo, models_from_widths(topo, spec.stages), transport,
+                      datasets=data.datasets(), labels=data.labels(),
+                      config=split_config_from(spec.hyper))
+
+
+async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> dict[str, Any]:
+    """Run one standalone party to the end (see the module docstring); returns its result.
+
+    Raises `tandem.errors.TandemError` subclasses with readable messages (refused spec,
+    wrong secret, unreachable peer, bad checkpoint, peer left mid-batch).
+    """
+    stop = stop or asyncio.Event()
+    data = await asyncio.to_thread(cfg.load_data)
+    st = _State()
+    if cfg.checkpoint.dir:
+        st.store = CheckpointStore(cfg.checkpoint.dir, party=cfg.name,
+                                   keep=max(2, cfg.checkpoint.keep))
+    held = await asyncio.to_thread(st.store.index) if st.store else {}
+
+    async def prepare(session: Session) -> None:
+        st.party = party = await asyncio.to_thread(make_party, session.spec, cfg, session.data,
+                                                   session.transport)
+        if st.store is not None:
+            st.discarded = await asyncio.to_thread(st.store.discard_after, session.step)
+        if session.step:
+            r = await asyncio.to_thread(st.store.load, session.step,
+                                        params_like=party.handler.params,
+                                        opt_state_like=party.handler.opt_state,
+                                        spec_hash=session.spec_hash)
+            party.restore(r.params, r.opt_state, r.step)
+            st.saved = r.step
+            st.cursor = (int(r.cursor.get("epoch", 0)), int(r.cursor.get("batch", 0)))
+            if party.is_leader:
+                party.run_id = str(r.extra.get("run_id", party.run_id))
+                party.n_groups = int(r.extra.get("n_groups", party.n_groups))
+        session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
+
+    session = await _until(stop, connect(cfg, data=data, checkpoints=held, prepare=prepare))
+    if session is None:
+        return {"party": cfg.name, "role": cfg.role, "status": "stopped", "step": 0,
+                "checkpoint": None, "detail": "stopped before training started"}
+    try:
+        if cfg.is_leader:
+            result = await _lead(session, st, stop)
+        else:
+            result = await _follow(session, st, stop)
+        result.update(_traffic(session))
+        if st.discarded:  # newer than the agreed step: replaced by the replayed batches
+            result["discarded_checkpoints"] = st.discarded
+        return result
+    finally:
+        await session.transport.aclose()
+
+
+# -- leader --------------------------------------------------------------------------------------
+async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, Any]:
+    cfg, spec, party = session.config, session.spec, st.party
+    hyper = spec.hyper
+    epochs, every = int(hyper["epochs"]), int(hyper["checkpoint_every"])
+    per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
+    epoch0, batch0 = st.cursor
+    if batch0 >= per_epoch:
+        epoch0, batch0 = epoch0 + 1, 0
+    cursor = (epoch0, batch0)
+    left: list[str] = []
+
+    async def save() -> None:
+        await _save(st, session, {"epoch": cursor[0], "batch": cursor[1]},
+                    {"run_id": party.run_id, "n_groups": party.n_groups})
+
+    with _progress(cfg, epochs * per_epoch, party.step, f"{cfg.name} (leader)") as advance:
+        async def after_batch(epoch: int, done: int) -> bool:
+            nonlocal cursor
+            cursor = (epoch, done)
+            advance(party.handler.loss_sum)
+            if st.store is not None and party.step % every == 0:
+                await save()
+            return stop.is_set()
+
+        async def listen(peer: str) -> None:  # a follower asks to stop ("leave")
+            while True:
+                meta = (await session.transport.recv(peer, CTL)).meta
+                if meta.get("cmd") == "leave":
+                    left.append(peer)
+                    stop.set()
+
+        fit = party.fit(max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0,
+                        after_batch=after_batch)
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, fit,
+                                         [listen(p) for p in party.followers])
+    base = {"party": cfg.name, "role": "leader", "spec_hash": session.spec_hash,
+            "alignment": _plain(spec.alignment), "resumed_from": session.step,
+            "n_groups": party.n_groups}
+    if party.history:
+        base["train_loss"] = party.history[-1].loss
+    if not finished:  # aborted mid-batch: the peers see our goodbye
+        return {**base, "status": "aborted", "step": party.step,
+                "checkpoint": st.saved if st.saved >= 0 else None}
+    if stop.is_set():
+        if st.store is not None and st.saved != party.step:
+            await save()
+        reason = f"{left[0]} asked to stop" if left else "signal"
+        await party.stop(reason=reason, checkpoint=st.saved if st.store else None)
+        return {**base, "status": "stopped", "step": party.step, "detail": reason,
+                "checkpoint": st.saved if st.store else None}
+    if int(hyper.get("test_samples", 0)) and "test" in party.labels:
+        metrics = await party.evaluate("test", batch_size=int(hyper["eval_batch_size"]))
+        base.update({f"test_{k}": v for k, v in metrics.items()})
+    await party.stop(reason="done")
+    return {**base, "status": "done", "step": party.step, "epochs": epochs,
+            "checkpoint": st.saved if st.saved >= 0 else None,
+            "export": await _export(session, party)}
+
+
+# -- follower ------------------------------------------------------------------------------------
+async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str, Any]:
+    cfg, spec, party = session.config, session.spec, st.party
+    hyper = spec.hyper
+    every = int(hyper["checkpoint_every"])
+    per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
+    leader = party.topology.label_owner
+
+    with _progress(cfg, int(hyper["epochs"]) * per_epoch, party.step,
+                   f"{cfg.name} (follower)") as advance:
+        async def on_batch(meta) -> None:
+            if meta.get("mode") != "train":
+                return
+            advance(None)
+            if st.store is not None and party.step % every == 0:
+                await _save(st, session, {"epoch": int(meta.get("epoch", 0)),
+                                          "batch": int(meta.get("i", 0)) + 1}, {})
+
+        async def ask_leader_to_stop() -> None:
+            await stop.wait()
+            with contextlib.suppress(TandemError):
+                await session.transport.send(leader, CTL, _leave_frame())
+            await asyncio.Event().wait()  # cancelled when serve returns
+
+        with _peer_left(cfg.name, st):
+            finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
+                                         [ask_leader_to_stop()])
+    base = {"party": cfg.name, "role": "follower", "spec_hash": session.spec_hash,
+            "alignment": _plain(spec.alignment), "resumed_from": session.step,
+            "step": party.step}
+    if not finished:
+        return {**base, "status": "aborted", "checkpoint": st.saved if st.saved >= 0 else None}
+    meta = party.stop_meta
+    if meta.get("reason") != "done":
+        step = meta.get("checkpoint")
+        if st.store is not None and step is not None and st.saved != int(step):
+            if int(step) != party.step:
+                raise TandemError(f"{cfg.name!r}: the leader stopped at step {step} but this "
+                                  f"party is at step {party.step}; restart both parties")
+            await _save(st, session, {}, {})
+        return {**base, "status": "stopped", "detail": str(meta.get("reason")),
+                "checkpoint": st.saved if st.store else None}
+    return {**base, "status": "done", "checkpoint": st.saved if st.saved >= 0 else None,
+            "export": await _export(session, party)}
+
+
+class PeerLeftError(TandemError):
+    """A peer closed its connection in the middle of training (it was stopped or aborted)."""
+
+
+@contextlib.contextmanager
+def _peer_left(name: str, st: _State) -> Iterator[None]:
+    """Turn a peer's goodbye during training into a `PeerLeftError` saying how to resume."""
+    try:
+        yield
+    except Exception as err:
+        exc = _leaf(err, TransportClosedError)
+        if exc is None:
+            raise
+        saved = f"step {st.saved}" if st.saved >= 0 else "none"
+        raise PeerLeftError(
+            f"{name!r} stopped at step {st.party.step}: a peer left during training ({exc}). "
+            f"Last checkpoint: {saved}; restart every party to resume from the newest common "
+            "checkpoint.") from None
+
+
+def _leaf(err: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in ``err`` or its (nested) exception groups."""
+    if isinstance(err, kind):
+        return err
+    if isinstance(err, BaseExceptionGroup):
+        for sub in err.exceptions:
+            if (found := _leaf(sub, kind)) is not None:
+                return found
+    return None
+
+
+def _plain(value: Any) -> Any:
+    return None if value is None else dict(value)
+
+
+def _leave_frame():
+    from tandem.transports.base import Frame
+
+    return Frame(meta={"cmd": "leave"})
+
+
+# -- shared steps --------------------------------------------------------------------------------
+async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
+    """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            work = tg.create_task(coro)
+            waiter = tg.create_task(stop.wait())
+            await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            if not work.done():
+                work.cancel()
+    return None if work.cancelled() else work.result()
+
+
+async def _with_grace(stop: asyncio.Event, grace: float, main: Awaitable[Any],
+                      helpers: list[Awaitable[Any]]) -> bool:
+    """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
+    ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
+    its exception, if any, propagates."""
+
+    async def deadline(task: asyncio.Task) -> None:
+        await stop.wait()
+        await asyncio.sleep(grace)
+        task.cancel()
+
+    with _unwrap():
+        async with asyncio.TaskGroup() as tg:
+            task = tg.create_task(main)
+            others = [tg.create_task(h) for h in helpers]
+            others.append(tg.create_task(deadline(task)))
+            try:
+                await asyncio.wait({task})
+            finally:
+                for t in others:
+                    t.cancel()
+    return not task.cancelled()
+
+
+@contextlib.contextmanager
+def _unwrap() -> Iterator[None]:
+    """Re-raise a task group's lone exception as itself (callers see `NegotiationError`,
+    `TransportClosedError`, ... rather than an ExceptionGroup); several stay grouped."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+
+
+async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None:
+    """Checkpoint the party's current step; a cancellation (grace ran out) waits for the
+    write to finish first, so ``st.saved`` always names the newest file on disk."""
+    party = st.party
+    step = party.step
+    # the party's own arrays, not copies: its next batch (whose update donates them) waits for
+    # this write, since the save is awaited from the batch hook
+    write = asyncio.ensure_future(asyncio.to_thread(
+        st.store.save, step, params=dict(party.handler.params),
+        opt_state=dict(party.handler.opt_state), spec_hash=session.spec_hash, cursor=cursor,
+        extra=extra))
+    try:
+        await asyncio.shield(write)
+    except asyncio.CancelledError:
+        await write
+        st.saved = step
+        raise
+    st.saved = step
+
+
+async def _export(session: Session, party: SplitParty) -> str | None:
+    """Save this party's own stages to ``<export_dir>/<name>.safetensors`` (if configured)."""
+    cfg = session.config
+    if not cfg.export_dir:
+        return None
+    path = os.path.join(cfg.export_dir, f"{cfg.name}.safetensors")
+    await asyncio.to_thread(os.makedirs, cfg.export_dir, exist_ok=True)
+    await export_party(party, path)
+    return path
+
+
+def _traffic(session: Session) -> dict[str, Any]:
+    t = session.transport
+    return {"bytes_sent": {p: t.sent_stats(p).bytes for p in t.peers},
+            "bytes_received": {p: t.received_stats(p).bytes for p in t.peers}}
+
+
+@contextlib.contextmanager
+def _progress(cfg: PartyConfig, total: int, done: int, label: str
+              ) -> Iterator[Callable[[float | None], None]]:
+    """A rich progress bar on stderr (stdout keeps the JSON line); a no-op when
+    ``progress = false``. Yields ``advance(loss)``."""
+    if not cfg.progress:
+        yield lambda loss: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
+                  TimeElapsedColumn(), console=Console(file=sys.stderr)) as bar:
+        task = bar.add_task(label, total=total, completed=done, loss="-")
+
+        def advance(loss: float | None) -> None:
+            bar.update(task, advance=1, **({} if loss is None else {"loss": f"{loss:.4f}"}))
+
+        yield advance
+
+
+__all__ = ["run_party", "make_party", "PeerLeftError"]

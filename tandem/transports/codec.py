@@ -1,0 +1,190 @@
+"""Frame codec: a small orjson header plus raw little-endian array buffers. Never pickle.
+
+Wire layout of one encoded frame::
+
+    b"TDM1" | u32 header_len (little-endian) | header (orjson) | buffer_0 | buffer_1 | ...
+
+The header is padded with spaces so that ``buffer_0`` starts at a multiple of `ALIGN` bytes.
+
+The header holds ``sender, channel, id, spec, meta`` and, per array, ``dtype`` (numpy
+``dtype.str``, little-endian), ``shape`` and ``nbytes``. `decode` validates every field and
+raises `FrameError` naming the first problem, so a server can answer 4xx and keep serving.
+
+The codec is pure (no asyncio, no JAX).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any, Sequence
+
+import numpy as np
+import orjson
+
+from .base import Frame
+from tandem.errors import FrameError, PayloadTooLargeError
+
+MAGIC = b"TDM1"
+_PREFIX = struct.Struct("<4sI")
+PREFIX_SIZE = _PREFIX.size
+MAX_HEADER_BYTES = 1 << 20
+#: The header is padded with JSON whitespace so that the first array starts at a multiple of
+#: this offset: decoded arrays (views of the receive buffer) are then aligned for their dtype,
+#: so numpy reductions over them (the receiver's NaN/Inf check, the application's own
+#: arithmetic) need no buffered copy. Decoders need not know: JSON allows trailing spaces.
+ALIGN = 64
+#: dtypes allowed on the wire (kinds: bool, signed/unsigned int, float, complex).
+_ALLOWED_KINDS = frozenset("biufc")
+
+
+def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.kind not in _ALLOWED_KINDS:
+        raise FrameError(
+            f"dtype {dtype!r} cannot travel: only bool, integer, float and complex arrays are "
+            "supported (convert strings/objects to numeric arrays first)"
+        )
+    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def header_of(frame: Frame) -> dict[str, Any]:
+    """The JSON header describing ``frame`` (without the buffers)."""
+    arrays = []
+    for a in frame.arrays:
+        dt = _wire_dtype(np.asarray(a).dtype)
+        arrays.append({"dtype": dt.str, "shape": list(np.shape(a)), "nbytes": int(a.nbytes)})
+    return {
+        "sender": frame.sender,
+        "channel": frame.channel,
+        "id": frame.msg_id,
+        "spec": frame.spec_hash,
+        "meta": dict(frame.meta),
+        "arrays": arrays,
+    }
+
+
+def encode_parts(frame: Frame) -> list[memoryview | bytes]:
+    """Encode ``frame`` as a list of buffers to write in order (no copy of array data
+    when the arrays are already C-contiguous little-endian)."""
+    try:
+        header = orjson.dumps(header_of(frame), option=orjson.OPT_SERIALIZE_NUMPY)
+    except TypeError as exc:
+        raise FrameError(f"frame meta is not JSON-serialisable: {exc}") from None
+    header = _pad(header)
+    parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
+    for a in frame.arrays:
+        arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
+        if arr.nbytes:
+            parts.append(memoryview(arr).cast("B"))
+    return parts
+
+
+def encode(frame: Frame) -> bytes:
+    """Encode ``frame`` into one bytes object."""
+    return b"".join(encode_parts(frame))
+
+
+def encoded_size(frame: Frame) -> int:
+    """Exact number of bytes `encode(frame)` produces (what a wire would carry)."""
+    header = orjson.dumps(header_of(frame), option=orjson.OPT_SERIALIZE_NUMPY)
+    return PREFIX_SIZE + len(_pad(header)) + frame.nbytes
+
+
+def _pad(header: bytes) -> bytes:
+    """``header`` followed by spaces up to the next `ALIGN` boundary of the frame (never past
+    `MAX_HEADER_BYTES`)."""
+    pad = -(PREFIX_SIZE + len(header)) % ALIGN
+    if not pad or len(header) + pad > MAX_HEADER_BYTES:
+        return header
+    return header + b" " * pad
+
+
+def parse_prefix(prefix: bytes) -> int:
+    """Validate the 8-byte prefix and return the header length."""
+    if len(prefix) < PREFIX_SIZE:
+        raise FrameError(f"frame is truncated: {len(prefix)} bytes, need at least {PREFIX_SIZE}")
+    magic, header_len = _PREFIX.unpack_from(prefix)
+    if magic != MAGIC:
+        raise FrameError(f"not a Tandem frame: magic {magic!r}, expected {MAGIC!r}")
+    if header_len > MAX_HEADER_BYTES:
+        raise FrameError(f"frame header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
+    return header_len
+
+
+def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
+    """Parse and validate a header; returns it with ``arrays`` entries checked."""
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise FrameError(f"frame header is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise FrameError("frame header must be a JSON object")
+    for key, kind in (("sender", str), ("channel", str), ("id", int), ("spec", str),
+                      ("meta", dict), ("arrays", list)):
+        if key not in header:
+            raise FrameError(f"frame header is missing field {key!r}")
+        if not isinstance(header[key], kind) or isinstance(header[key], bool):
+            raise FrameError(
+                f"frame header field {key!r} must be {kind.__name__}, got {type(header[key]).__name__}"
+            )
+    for i, spec in enumerate(header["arrays"]):
+        if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "nbytes"}:
+            raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
+        try:
+            dt = np.dtype(spec["dtype"])
+        except TypeError:
+            raise FrameError(f"array {i}: unknown dtype {spec['dtype']!r}") from None
+        if dt.kind not in _ALLOWED_KINDS or dt.byteorder == ">":
+            raise FrameError(f"array {i}: dtype {spec['dtype']!r} is not allowed on the wire")
+        shape = spec["shape"]
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise FrameError(f"array {i}: shape must be a list of non-negative ints, got {shape!r}")
+        expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if spec["nbytes"] != expected:
+            raise FrameError(
+                f"array {i}: nbytes {spec['nbytes']} does not match dtype {dt.str} and shape "
+                f"{shape} ({expected} bytes)"
+            )
+    return header
+
+
+def payload_size(header: dict[str, Any]) -> int:
+    return sum(int(s["nbytes"]) for s in header["arrays"])
+
+
+def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | bytearray]) -> Frame:
+    """Build a frame from a validated header and one buffer per array (zero-copy views)."""
+    arrays = []
+    for spec, buf in zip(header["arrays"], buffers, strict=True):
+        arr = np.frombuffer(buf, dtype=np.dtype(spec["dtype"]), count=-1 if spec["nbytes"] else 0)
+        arrays.append(arr.reshape(spec["shape"]))
+    return Frame(
+        sender=header["sender"], channel=header["channel"], msg_id=header["id"],
+        spec_hash=header["spec"], meta=header["meta"], arrays=tuple(arrays),
+    )
+
+
+def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None) -> Frame:
+    """Decode one frame produced by `encode`; raises `FrameError` naming what is wrong."""
+    view = memoryview(data)
+    if max_bytes is not None and len(view) > max_bytes:
+        raise PayloadTooLargeError(
+            f"frame of {len(view)} bytes exceeds the maximum of {max_bytes}; raise max_frame_bytes "
+            "on the receiver or send smaller tensors"
+        )
+    header_len = parse_prefix(bytes(view[:PREFIX_SIZE]))
+    end = PREFIX_SIZE + header_len
+    if len(view) < end:
+        raise FrameError(f"frame is truncated inside the header ({len(view)} < {end} bytes)")
+    header = parse_header(view[PREFIX_SIZE:end])
+    total = end + payload_size(header)
+    if len(view) != total:
+        raise FrameError(
+            f"frame body is {len(view)} bytes but its header describes {total} bytes"
+        )
+    buffers, offset = [], end
+    for spec in header["arrays"]:
+        buffers.append(view[offset: offset + spec["nbytes"]])
+        offset += spec["nbytes"]
+    return frame_from(header, buffers)
