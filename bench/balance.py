@@ -42,12 +42,13 @@ import dataclasses
 import json
 import statistics
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from tandem.parties.cli.affinity import colocate_python_threads
-from tandem.errors import ConfigError
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.trace import Trace, TraceEvent, plot_gantt
+from tandem.errors import ConfigError
+from tandem.parties.cli.affinity import colocate_python_threads
 
 from .pipeline import A, B, BenchConfig, Workload, _bound, _run
 
@@ -61,11 +62,11 @@ class BalanceConfig:
 
     batch_size: int = BenchConfig.batch_size
     batches: int = BenchConfig.batches  # batches per timed run
-    repeats: int = 5                    # timed runs per ratio
+    repeats: int = 5  # timed runs per ratio
     n_groups: int = 8
     chunks: int = BenchConfig.chunks
     ratios: tuple[float, ...] = (0.8, 1.0, 1.25)
-    calibration: int = 3                # unshaped pipelined runs measuring A's compute
+    calibration: int = 3  # unshaped pipelined runs measuring A's compute
     d_in: int = BenchConfig.d_in
     hidden: tuple[int, ...] = BenchConfig.hidden
     cut: int = BenchConfig.cut
@@ -77,8 +78,9 @@ class BalanceConfig:
         if min(self.batch_size, self.batches, self.repeats, self.calibration) < 1:
             raise ConfigError("batch_size, batches, repeats and calibration must be >= 1")
         if not 1 <= self.n_groups <= self.batch_size:
-            raise ConfigError(f"n_groups must be in [1, batch_size={self.batch_size}], "
-                              f"got {self.n_groups}")
+            raise ConfigError(
+                f"n_groups must be in [1, batch_size={self.batch_size}], got {self.n_groups}"
+            )
         if not self.ratios or any(not r > 0 for r in self.ratios):
             raise ConfigError(f"ratios must be positive link/compute ratios, got {self.ratios}")
 
@@ -88,8 +90,7 @@ def _log(msg: str) -> None:
 
 
 def _lane(events: list[TraceEvent], party: str, lane: str) -> list[TraceEvent]:
-    return sorted((e for e in events if e.party == party and e.lane == lane),
-                  key=lambda e: e.start)
+    return sorted((e for e in events if e.party == party and e.lane == lane), key=lambda e: e.start)
 
 
 def batch_parts(trace: Trace) -> list[dict[str, float]]:
@@ -106,23 +107,37 @@ def batch_parts(trace: Trace) -> list[dict[str, float]]:
         inside = [e for e in trace.events if e.start >= start and e.end <= end]
         acts, grads = _lane(inside, A, f"send->{B}"), _lane(inside, B, f"send->{A}")
         if not acts or not grads:
-            raise ValueError(f"a batch ending at {end - start:.4f} s sent no activations or "
-                             "no gradients")
+            raise ValueError(
+                f"a batch ending at {end - start:.4f} s sent no activations or no gradients"
+            )
         busy = sum(e.end - e.start for e in grads)
         span = max(e.end for e in grads) - grads[0].start
-        parts = {"fill_ms": acts[0].start - start, "grad_start_ms": grads[0].start - acts[0].start,
-                 "grad_link_ms": busy, "grad_gaps_ms": span - busy,
-                 "drain_ms": end - max(e.end for e in grads), "batch_ms": end - start}
+        parts = {
+            "fill_ms": acts[0].start - start,
+            "grad_start_ms": grads[0].start - acts[0].start,
+            "grad_link_ms": busy,
+            "grad_gaps_ms": span - busy,
+            "drain_ms": end - max(e.end for e in grads),
+            "batch_ms": end - start,
+        }
         out.append({k: v * 1e3 for k, v in parts.items()})
         start = end
     return out
 
 
-async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _log,
-                          plot: str | None = None) -> dict[str, Any]:
-    wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
-                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed,
-                  chunks=cfg.chunks)
+async def measure_balance(
+    cfg: BalanceConfig, *, log: Callable[[str], None] = _log, plot: str | None = None
+) -> dict[str, Any]:
+    wl = Workload(
+        batch_size=cfg.batch_size,
+        n_batches=cfg.batches,
+        d_in=cfg.d_in,
+        hidden=cfg.hidden,
+        cut=cfg.cut,
+        top_hidden=cfg.top_hidden,
+        seed=cfg.seed,
+        chunks=cfg.chunks,
+    )
     n, out = cfg.n_groups, {}
     link_bytes = cfg.batch_size * cfg.cut * 4
 
@@ -139,8 +154,13 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
                 per_batch.append(tr.busy(A) / cfg.batches)
             compute = statistics.median(per_batch)
             log(f"A's compute per batch at n={n}, chunks={cfg.chunks}: {compute * 1e3:.1f} ms")
-            out.update(compute_A_per_batch_s=compute, n_groups=n, chunks=cfg.chunks,
-                       batch_size=cfg.batch_size, ratios={})
+            out.update(
+                compute_A_per_batch_s=compute,
+                n_groups=n,
+                chunks=cfg.chunks,
+                batch_size=cfg.batch_size,
+                ratios={},
+            )
             gantt, drawn = None, min(cfg.ratios, key=lambda r: abs(r - 1))  # the plot's ratio
             for ratio in cfg.ratios:
                 bandwidth = link_bytes / (compute * ratio)
@@ -156,18 +176,22 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
                     parts += batch_parts(tr)
                     if ratio == drawn and gantt is None:
                         gantt = tr
-                row = {"efficiency": statistics.median(effs),
-                       "efficiency_runs": [round(e, 3) for e in effs],
-                       "link_per_batch_ms": link_bytes / bandwidth * 1e3,
-                       **{k: statistics.median(p[k] for p in parts)
-                          for k in ("batch_ms", *PARTS)}}
+                row = {
+                    "efficiency": statistics.median(effs),
+                    "efficiency_runs": [round(e, 3) for e in effs],
+                    "link_per_batch_ms": link_bytes / bandwidth * 1e3,
+                    **{k: statistics.median(p[k] for p in parts) for k in ("batch_ms", *PARTS)},
+                }
                 out["ratios"][f"{ratio:g}"] = row
-                log(f"ratio {ratio:g}: efficiency {row['efficiency']:.3f}, batch "
-                    f"{row['batch_ms']:.1f} ms = " + " + ".join(
-                        f"{k[:-3]} {row[k]:.1f}" for k in PARTS))
+                log(
+                    f"ratio {ratio:g}: efficiency {row['efficiency']:.3f}, batch "
+                    f"{row['batch_ms']:.1f} ms = "
+                    + " + ".join(f"{k[:-3]} {row[k]:.1f}" for k in PARTS)
+                )
             if plot and gantt is not None:
-                plot_gantt([(f"n={n}, chunks={cfg.chunks}, link = {drawn:g} x A's compute", gantt)],
-                           plot)
+                plot_gantt(
+                    [(f"n={n}, chunks={cfg.chunks}, link = {drawn:g} x A's compute", gantt)], plot
+                )
                 out["plot"] = plot
         wl.set(policy="priority", trace=None)
         await wl.leader.stop()
@@ -181,28 +205,42 @@ async def measure_balance(cfg: BalanceConfig, *, log: Callable[[str], None] = _l
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.balance", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
-    ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG of a run at the ratio nearest 1")
+    ap.add_argument(
+        "--plot", metavar="PATH", help="write a Gantt PNG of a run at the ratio nearest 1"
+    )
     ap.add_argument("--n-groups", type=int, default=BalanceConfig.n_groups)
     ap.add_argument("--chunks", type=int, default=BalanceConfig.chunks)
     ap.add_argument("--batch-size", type=int, default=BalanceConfig.batch_size)
     ap.add_argument("--repeats", type=int, default=BalanceConfig.repeats)
-    ap.add_argument("--ratios", default=",".join(f"{r:g}" for r in BalanceConfig.ratios),
-                    help="link time / A's compute time per batch, comma-separated")
+    ap.add_argument(
+        "--ratios",
+        default=",".join(f"{r:g}" for r in BalanceConfig.ratios),
+        help="link time / A's compute time per batch, comma-separated",
+    )
     args = ap.parse_args(argv)
     try:
         ratios = tuple(float(r) for r in args.ratios.split(","))
     except ValueError:
         ap.error(f"--ratios takes comma-separated numbers such as 0.8,1,1.25; got {args.ratios!r}")
-    cfg = BalanceConfig(n_groups=args.n_groups, chunks=args.chunks, batch_size=args.batch_size,
-                        repeats=args.repeats, ratios=ratios)
+    cfg = BalanceConfig(
+        n_groups=args.n_groups,
+        chunks=args.chunks,
+        batch_size=args.batch_size,
+        repeats=args.repeats,
+        ratios=ratios,
+    )
     colocate_python_threads()  # as `tandem` and bench.pipeline do
     result = _run(measure_balance(cfg, plot=args.plot))
     if args.json:
         print(json.dumps(result))
     else:
         for ratio, row in result["ratios"].items():
-            print(f"ratio {ratio}: " + json.dumps({k: round(v, 3) if isinstance(v, float) else v
-                                                   for k, v in row.items()}))
+            print(
+                f"ratio {ratio}: "
+                + json.dumps(
+                    {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
+                )
+            )
     return 0
 
 

@@ -36,14 +36,15 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # one core per computation: workers then scale by running side by side (XLA releases the GIL)
-os.environ.setdefault("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
-                                   "intra_op_parallelism_threads=1")
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+)
 
 from tandem.parties.elastic.local import LocalCluster  # noqa: E402
 from tandem.parties.elastic.spec import ModelSpec, make_dataset  # noqa: E402
 
 SPEC = ModelSpec(sizes=(64, 512, 512, 8), optimizer="adam", lr=0.003, batch_size=128, seed=0)
-KILL_EVERY, JOIN_AFTER = 12, 6   # churn: a kill every 12 T, a fresh worker 6 T after it
+KILL_EVERY, JOIN_AFTER = 12, 6  # churn: a kill every 12 T, a fresh worker 6 T after it
 
 
 def _say(msg: str) -> None:
@@ -55,16 +56,24 @@ def _committed_between(events, t0: float, t1: float) -> int:
 
 
 def _audit(cluster: LocalCluster, summary: dict, totals: dict) -> None:
-    ids = sorted(i * (1 << 20) + b for i, ds in enumerate(cluster.data_servers)
-                 for b in range(ds.n_batches))
+    ids = sorted(
+        i * (1 << 20) + b for i, ds in enumerate(cluster.data_servers) for b in range(ds.n_batches)
+    )
     for epoch in summary["history"]:
         got = epoch["committed"]
         totals["lost"] += len(set(ids) - set(got))
         totals["dup"] += len(got) - len(set(got))
 
 
-async def _run(workers: int, seconds: float, interval: float, rows: int, totals: dict,
-               churn: bool = False, kill_once: bool = False) -> dict:
+async def _run(
+    workers: int,
+    seconds: float,
+    interval: float,
+    rows: int,
+    totals: dict,
+    churn: bool = False,
+    kill_once: bool = False,
+) -> dict:
     shards = make_dataset(2, rows, SPEC, seed=0)
     cluster = LocalCluster(SPEC, shards, interval=interval, epochs=10_000, workers=workers)
     out: dict = {}
@@ -109,7 +118,7 @@ async def _run(workers: int, seconds: float, interval: float, rows: int, totals:
 
 
 def _recovery(run: dict, interval: float) -> tuple[float, float | None, int]:
-    (t_kill, victim), = run["kills"]
+    ((t_kill, victim),) = run["kills"]
     removed = [t for t, kind, who in run["events"] if kind == "removed" and victim in who]
     t_rm = removed[0]
     commits = [t for t, kind, n in run["events"] if kind == "commit" and n and t > t_rm]
@@ -133,14 +142,23 @@ async def main(args) -> dict:
         run = await _run(n, args.seconds, args.interval, args.rows, totals)
         throughput[str(n)] = round(run["rate"], 2)
         _say(f"{n} worker(s): {run['rate']:.1f} batches/s")
-    run = await _run(4, max(args.seconds, 8 * args.interval), args.interval, args.rows, totals,
-                     kill_once=True)
+    run = await _run(
+        4, max(args.seconds, 8 * args.interval), args.interval, args.rows, totals, kill_once=True
+    )
     detect, recover, restarts = _recovery(run, args.interval)
     _say(f"kill -> removal {detect:.2f} T, removal -> next commit {recover} T")
-    churn = await _run(4, max(2 * args.seconds, 4 * KILL_EVERY * args.interval), args.interval,
-                       args.rows, totals, churn=True)
-    _say(f"churn: {churn['rate']:.1f} batches/s with {churn['live']:.2f} live on average, "
-         f"{len(churn['kills'])} kills")
+    churn = await _run(
+        4,
+        max(2 * args.seconds, 4 * KILL_EVERY * args.interval),
+        args.interval,
+        args.rows,
+        totals,
+        churn=True,
+    )
+    _say(
+        f"churn: {churn['rate']:.1f} batches/s with {churn['live']:.2f} live on average, "
+        f"{len(churn['kills'])} kills"
+    )
     # the steady 4-worker rate again, right after churn: the denominator is the mean of the
     # runs just before (throughput["4"]) and just after, so load drift on a shared machine
     # moves both sides of the ratio alike
@@ -148,14 +166,23 @@ async def main(args) -> dict:
     _say(f"4 worker(s) again: {after:.1f} batches/s")
     steady = (throughput["4"] + after) / 2
     eff = churn["rate"] / ((churn["live"] / 4) * steady)
-    return {"bench": "elastic", "interval_s": args.interval, "heartbeat_s": args.interval / 3,
-            "throughput": throughput, "detect_heartbeats": round(detect, 2),
-            "recover_heartbeats": None if recover is None else round(recover, 2),
-            "surviving_worker_restarts": restarts,
-            "steady_4_after_churn": round(after, 2), "churn_throughput": round(churn["rate"], 2),
-            "churn_live_avg": round(churn["live"], 2), "churn_kills": len(churn["kills"]),
-            "churn_efficiency": round(eff, 3), "lost_batches": totals["lost"],
-            "duplicated_batches": totals["dup"], "cpus": os.cpu_count()}
+    return {
+        "bench": "elastic",
+        "interval_s": args.interval,
+        "heartbeat_s": args.interval / 3,
+        "throughput": throughput,
+        "detect_heartbeats": round(detect, 2),
+        "recover_heartbeats": None if recover is None else round(recover, 2),
+        "surviving_worker_restarts": restarts,
+        "steady_4_after_churn": round(after, 2),
+        "churn_throughput": round(churn["rate"], 2),
+        "churn_live_avg": round(churn["live"], 2),
+        "churn_kills": len(churn["kills"]),
+        "churn_efficiency": round(eff, 3),
+        "lost_batches": totals["lost"],
+        "duplicated_batches": totals["dup"],
+        "cpus": os.cpu_count(),
+    }
 
 
 def cli() -> int:

@@ -40,24 +40,26 @@ def accuracy_runs(rounds: int, seed: int) -> dict:
     trainer = make_trainer(data, HIDDEN, lr=0.05, epochs=2, init_seed=seed)
     common = dict(rounds=rounds, fraction=0.5, seed=seed, eval_every=1)
     runs = {}
-    for name, cfg in (("dense", presets.dense(**common)),
-                      ("compressed", presets.compressed(trainer.dim, **common))):
+    for name, cfg in (
+        ("dense", presets.dense(**common)),
+        ("compressed", presets.compressed(trainer.dim, **common)),
+    ):
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         runs[name] = server
-        log(f"{name}: acc {100 * server.reports[-1].accuracy:.2f}% up {server.bytes_up()} B "
-            f"down {server.bytes_down()} B ({time.perf_counter() - t0:.1f} s)")
+        log(
+            f"{name}: acc {100 * server.reports[-1].accuracy:.2f}% up {server.bytes_up()} B "
+            f"down {server.bytes_down()} B ({time.perf_counter() - t0:.1f} s)"
+        )
     return {"params": trainer.dim, "runs": runs}
 
 
 def http_seconds_per_round(mode: str, rounds: int, warmup: int, seed: int) -> float:
     data = load_federated_digits(2, 0.5, seed)
-    data = FederatedData(tuple((x[:32], y[:32]) for x, y in data.clients), data.x_test,
-                         data.y_test)
+    data = FederatedData(tuple((x[:32], y[:32]) for x, y in data.clients), data.x_test, data.y_test)
     trainer = make_trainer(data, HIDDEN_1M, lr=0.01, epochs=1, batch_size=32, init_seed=seed)
     common = dict(rounds=warmup + rounds, fraction=1.0, seed=seed, eval_every=0)
-    cfg = presets.dense(**common) if mode == "dense" else \
-        presets.compressed(trainer.dim, **common)
+    cfg = presets.dense(**common) if mode == "dense" else presets.compressed(trainer.dim, **common)
     server = asyncio.run(run_http_federation(data, trainer, cfg, evaluate=False))
     timed = server.reports[warmup:]
     assert all(len(r.accepted) == 2 for r in timed), "a timed round lost a client"
@@ -68,6 +70,7 @@ def http_seconds_per_round(mode: str, rounds: int, warmup: int, seed: int) -> fl
 
 def plot(path: str, result: dict) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -83,8 +86,7 @@ def plot(path: str, result: dict) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("cumulative bytes on the wire, up + down (MB, log scale)")
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"digits, 20 clients (10 per round), Dirichlet 0.5, "
-                 f"{result['params']} params")
+    ax.set_title(f"digits, 20 clients (10 per round), Dirichlet 0.5, {result['params']} params")
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -105,26 +107,39 @@ def main(argv=None) -> int:
     result = accuracy_runs(args.rounds, args.seed)
     dense, comp = result["runs"]["dense"], result["runs"]["compressed"]
     out = {
-        "bench": "fl", "params": result["params"], "rounds": args.rounds, "clients": 20,
-        "per_round": 10, "alpha": 0.5,
+        "bench": "fl",
+        "params": result["params"],
+        "rounds": args.rounds,
+        "clients": 20,
+        "per_round": 10,
+        "alpha": 0.5,
         "acc_dense": round(100 * dense.reports[-1].accuracy, 2),
         "acc_compressed": round(100 * comp.reports[-1].accuracy, 2),
         "uplink_ratio": round(dense.bytes_up() / comp.bytes_up(), 2),
         "downlink_ratio": round(dense.bytes_down() / comp.bytes_down(), 2),
-        "total_ratio": round((dense.bytes_up() + dense.bytes_down())
-                             / (comp.bytes_up() + comp.bytes_down()), 2),
-        "bytes_up_dense": dense.bytes_up(), "bytes_up_compressed": comp.bytes_up(),
-        "bytes_down_dense": dense.bytes_down(), "bytes_down_compressed": comp.bytes_down(),
+        "total_ratio": round(
+            (dense.bytes_up() + dense.bytes_down()) / (comp.bytes_up() + comp.bytes_down()), 2
+        ),
+        "bytes_up_dense": dense.bytes_up(),
+        "bytes_up_compressed": comp.bytes_up(),
+        "bytes_down_dense": dense.bytes_down(),
+        "bytes_down_compressed": comp.bytes_down(),
     }
     if args.plot:
         plot(args.plot, result)
     if not args.skip_http:
         out["s_per_round_1m_dense"] = round(
-            http_seconds_per_round("dense", args.http_rounds, 3, args.seed), 4)
+            http_seconds_per_round("dense", args.http_rounds, 3, args.seed), 4
+        )
         out["s_per_round_1m_compressed"] = round(
-            http_seconds_per_round("compressed", args.http_rounds, 3, args.seed), 4)
-    print(orjson.dumps(out).decode() if args.json else orjson.dumps(
-        out, option=orjson.OPT_INDENT_2).decode(), flush=True)
+            http_seconds_per_round("compressed", args.http_rounds, 3, args.seed), 4
+        )
+    print(
+        orjson.dumps(out).decode()
+        if args.json
+        else orjson.dumps(out, option=orjson.OPT_INDENT_2).decode(),
+        flush=True,
+    )
     return 0
 
 

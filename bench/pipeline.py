@@ -72,12 +72,11 @@ import statistics
 import sys
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from tandem.parties.cli.affinity import colocate_python_threads, thread_cpus
-from tandem.errors import ConfigError
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import group_bounds
@@ -85,6 +84,8 @@ from tandem.engine.plan import Kind, Op
 from tandem.engine.simulator import Link, simulate
 from tandem.engine.topology import two_party
 from tandem.engine.trace import Trace, plot_gantt
+from tandem.errors import ConfigError
+from tandem.parties.cli.affinity import colocate_python_threads, thread_cpus
 from tandem.parties.split.party import SplitConfig, SplitParty
 from tandem.transports.memory import MemoryNetwork
 
@@ -96,20 +97,20 @@ class BenchConfig:
     """Sizes of the benchmark. The defaults take about 80 s on a 2-core machine."""
 
     batch_size: int = 2048
-    batches: int = 3                  # batches per timed run
-    repeats: int = 9                  # timed rounds (medians reported)
+    batches: int = 3  # batches per timed run
+    repeats: int = 9  # timed rounds (medians reported)
     d_in: int = 512
     hidden: tuple[int, ...] = (1024,)
     cut: int = 512
     top_hidden: tuple[int, ...] = (32,)
-    chunks: int = 4                   # messages per group in the pipelined runs
+    chunks: int = 4  # messages per group in the pipelined runs
     latency: float = 0.001
-    link_ratio: float = 1.0           # link time per batch / measured compute per batch
-    warmup: int = 20                  # unshaped n = 1 batches measuring compute before tuning
-    recalibrate: int = 0              # the same, before every timed round (0: calibrate once)
+    link_ratio: float = 1.0  # link time per batch / measured compute per batch
+    warmup: int = 20  # unshaped n = 1 batches measuring compute before tuning
+    recalibrate: int = 0  # the same, before every timed round (0: calibrate once)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
-    tune_rechecks: int = 1            # re-checks the tuner goes through before the timed rounds
-    tune_epochs: int = 120            # most epochs of `fit` waiting for the tuner to settle
+    tune_rechecks: int = 1  # re-checks the tuner goes through before the timed rounds
+    tune_epochs: int = 120  # most epochs of `fit` waiting for the tuner to settle
     seed: int = 0
     # overhead measurement (tiny model, unshaped link)
     overhead_batch: int = 64
@@ -121,14 +122,20 @@ class BenchConfig:
         if self.batch_size < 1 or self.batches < 1 or self.repeats < 1:
             raise ConfigError("batch_size, batches and repeats must be >= 1")
         if not (self.link_ratio > 0 and math.isfinite(self.link_ratio)):
-            raise ConfigError(f"link_ratio must be a positive number (link time per batch / "
-                              f"compute time per batch), got {self.link_ratio!r}")
+            raise ConfigError(
+                f"link_ratio must be a positive number (link time per batch / "
+                f"compute time per batch), got {self.link_ratio!r}"
+            )
         if self.tune_rechecks < 0:
-            raise ConfigError(f"tune_rechecks counts the tuner's re-checks before the timed "
-                              f"rounds and must be >= 0, got {self.tune_rechecks}")
+            raise ConfigError(
+                f"tune_rechecks counts the tuner's re-checks before the timed "
+                f"rounds and must be >= 0, got {self.tune_rechecks}"
+            )
         if self.warmup < 1 or self.recalibrate < 0:
-            raise ConfigError(f"warmup must be >= 1 and recalibrate >= 0 batches, got "
-                              f"{self.warmup} and {self.recalibrate}")
+            raise ConfigError(
+                f"warmup must be >= 1 and recalibrate >= 0 batches, got "
+                f"{self.warmup} and {self.recalibrate}"
+            )
         if not 1 <= self.overhead_groups <= self.overhead_batch:
             raise ConfigError("overhead_groups must be in [1, overhead_batch]")
 
@@ -141,25 +148,55 @@ def _log(msg: str) -> None:
 class Workload:
     """Two parties on one `MemoryNetwork`, B leading, A serving (see the module docstring)."""
 
-    def __init__(self, *, batch_size: int, n_batches: int, d_in: int, hidden, cut: int,
-                 top_hidden, seed: int, groups="auto", chunks: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        n_batches: int,
+        d_in: int,
+        hidden,
+        cut: int,
+        top_hidden,
+        seed: int,
+        groups="auto",
+        chunks: int = 1,
+    ) -> None:
         rng = np.random.default_rng(seed)
         rows = batch_size * n_batches
         x = rng.standard_normal((rows, d_in), dtype=np.float32)
         w = rng.standard_normal(d_in, dtype=np.float32)
         y = (x @ w > 0).astype(np.float32)
         self.topology = two_party(A, B)
-        self.models = {"bottom": mlp_stage([d_in], list(hidden), cut),
-                       "top": mlp_stage([cut], list(top_hidden), 1, activate_last=False)}
-        self.cfg = SplitConfig(batch_size=batch_size, groups=groups, seed=seed,
-                               learning_rate=1e-3, loss="binary", chunks=chunks)
+        self.models = {
+            "bottom": mlp_stage([d_in], list(hidden), cut),
+            "top": mlp_stage([cut], list(top_hidden), 1, activate_last=False),
+        }
+        self.cfg = SplitConfig(
+            batch_size=batch_size,
+            groups=groups,
+            seed=seed,
+            learning_rate=1e-3,
+            loss="binary",
+            chunks=chunks,
+        )
         self.chunks = chunks
         self.net = MemoryNetwork()
-        self.leader = SplitParty(B, self.topology, self.models, self.net.endpoint(B),
-                                 labels={"train": y}, config=self.cfg)
-        self.follower = SplitParty(A, self.topology, self.models, self.net.endpoint(A),
-                                   datasets={"train": x},
-                                   config=dataclasses.replace(self.cfg))
+        self.leader = SplitParty(
+            B,
+            self.topology,
+            self.models,
+            self.net.endpoint(B),
+            labels={"train": y},
+            config=self.cfg,
+        )
+        self.follower = SplitParty(
+            A,
+            self.topology,
+            self.models,
+            self.net.endpoint(A),
+            datasets={"train": x},
+            config=dataclasses.replace(self.cfg),
+        )
         self.rows = rows
         self.cut = cut
 
@@ -203,7 +240,9 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
     for party in (A, B):
         terms[f"compute[{party}]"] = trace.busy(party, "compute")
     for party, peer in ((A, B), (B, A)):
-        nbytes = sum(e.nbytes for e in trace.events if e.party == party and e.lane == f"send->{peer}")
+        nbytes = sum(
+            e.nbytes for e in trace.events if e.party == party and e.lane == f"send->{peer}"
+        )
         terms[f"link[{party}->{peer}]"] = nbytes / bandwidth
     return max(terms.values()), terms
 
@@ -225,14 +264,22 @@ def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: flo
     chunks = wl.leader.chunks_for(wl.cfg.batch_size, n)
     plans = {p.name: p.plan(n, "train", chunks) for p in wl.parties}
     bp = wl.leader.config.backpressure.scaled(chunks)
-    missing = [f"{p}:{op}" for p, plan in plans.items() for op in plan.compute_ops
-               if (p, str(op)) not in durations]
+    missing = [
+        f"{p}:{op}"
+        for p, plan in plans.items()
+        for op in plan.compute_ops
+        if (p, str(op)) not in durations
+    ]
     if missing:
         raise RuntimeError(f"the trace has no duration for {missing[:3]}: was it run at n={n}?")
     cost = {key: statistics.median(ds) for key, ds in durations.items()}
-    result = simulate(plans, cost=lambda p, op: cost[(p, str(op))],
-                      nbytes=lambda p, op: sizes[(p, str(op))],
-                      links=lambda src, dst: Link(bandwidth, latency), bp=bp)
+    result = simulate(
+        plans,
+        cost=lambda p, op: cost[(p, str(op))],
+        nbytes=lambda p, op: sizes[(p, str(op))],
+        links=lambda src, dst: Link(bandwidth, latency),
+        bp=bp,
+    )
     return result.makespan
 
 
@@ -253,11 +300,22 @@ def round_order(ns, n_auto: int, r: int) -> list[int | None]:
 
 
 # -- the pipeline measurement ---------------------------------------------------------------------
-async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
-                           plot: str | None = None, trace: str | None = None) -> dict[str, Any]:
-    wl = Workload(batch_size=cfg.batch_size, n_batches=cfg.batches, d_in=cfg.d_in,
-                  hidden=cfg.hidden, cut=cfg.cut, top_hidden=cfg.top_hidden, seed=cfg.seed,
-                  chunks=cfg.chunks)
+async def measure_pipeline(
+    cfg: BenchConfig,
+    log: Callable[[str], None] = _log,
+    plot: str | None = None,
+    trace: str | None = None,
+) -> dict[str, Any]:
+    wl = Workload(
+        batch_size=cfg.batch_size,
+        n_batches=cfg.batches,
+        d_in=cfg.d_in,
+        hidden=cfg.hidden,
+        cut=cfg.cut,
+        top_hidden=cfg.top_hidden,
+        seed=cfg.seed,
+        chunks=cfg.chunks,
+    )
     out: dict[str, Any] = {}
 
     async def drive() -> None:
@@ -284,7 +342,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 for i in range(k):
                     tr = Trace()
                     wl.set(policy="fifo", trace=tr)
-                    await wl.run_fixed(lane, 1, idx_list[i % len(idx_list):][:1])
+                    await wl.run_fixed(lane, 1, idx_list[i % len(idx_list) :][:1])
                     per_batch.append(tr.busy(A) + tr.busy(B))
                 compute = statistics.median(per_batch)
                 bandwidth = link_bytes / (compute * cfg.link_ratio)
@@ -292,15 +350,25 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 return compute, bandwidth
 
             compute, bandwidth = await calibrate(cfg.warmup)
-            log(f"compute/batch {compute * 1e3:.1f} ms -> bandwidth {bandwidth / 1e6:.2f} MB/s "
-                f"({link_bytes} B per direction per batch)")
+            log(
+                f"compute/batch {compute * 1e3:.1f} ms -> bandwidth {bandwidth / 1e6:.2f} MB/s "
+                f"({link_bytes} B per direction per batch)"
+            )
             out["workload"] = {
-                "topology": "two_party", "batch_size": cfg.batch_size, "batches": cfg.batches,
-                "repeats": cfg.repeats, "d_in": cfg.d_in, "hidden": list(cfg.hidden),
-                "cut": cfg.cut, "top_hidden": list(cfg.top_hidden), "chunks": cfg.chunks,
-                "compute_per_batch_s": compute, "cut_bytes_per_batch": link_bytes,
+                "topology": "two_party",
+                "batch_size": cfg.batch_size,
+                "batches": cfg.batches,
+                "repeats": cfg.repeats,
+                "d_in": cfg.d_in,
+                "hidden": list(cfg.hidden),
+                "cut": cfg.cut,
+                "top_hidden": list(cfg.top_hidden),
+                "chunks": cfg.chunks,
+                "compute_per_batch_s": compute,
+                "cut_bytes_per_batch": link_bytes,
                 "link_ratio": cfg.link_ratio,
-                "link_per_batch_s": link_bytes / bandwidth}
+                "link_per_batch_s": link_bytes / bandwidth,
+            }
             out["link"] = {"bandwidth_Bps": bandwidth, "latency_s": cfg.latency}
 
             # 3. auto: let the tuner settle (fit re-tunes between full batches). One `fit` call,
@@ -328,9 +396,11 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             await wl.leader.fit(cfg.tune_epochs, after_batch=until_settled)
             await wl.synced()
             settled = tuner.settled
-            log(f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
+            log(
+                f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
                 f"(first search: {first_n}) after {len(tuner.history)} batches: "
-                f"{[h['n'] for h in tuner.history]}")
+                f"{[h['n'] for h in tuner.history]}"
+            )
 
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
             #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live).
@@ -340,8 +410,11 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
             schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
             whole: list[tuple[float, float]] = []  # the tuner's n, groups unchunked: (s, bound)
-            calibration: dict[str, list[float]] = {"compute_s": [], "link_s": [],
-                                                   "sequential_compute_s": []}
+            calibration: dict[str, list[float]] = {
+                "compute_s": [],
+                "link_s": [],
+                "sequential_compute_s": [],
+            }
             for r in range(cfg.repeats):
                 if cfg.recalibrate:
                     compute, bandwidth = await calibrate(cfg.recalibrate)
@@ -350,8 +423,7 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                 tr = Trace()
                 wl.set(policy="fifo", trace=tr)
                 seq.append(await wl.run_fixed(lane, 1, idx_list))
-                calibration["sequential_compute_s"].append(
-                    (tr.busy(A) + tr.busy(B)) / cfg.batches)
+                calibration["sequential_compute_s"].append((tr.busy(A) + tr.busy(B)) / cfg.batches)
                 seq_trace = seq_trace or tr
                 for n in round_order(ns, wl.leader.n_groups, r):
                     if n is not None:  # traced like the auto run (whose trace gives the
@@ -363,18 +435,26 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
                     auto.append(await wl.run_auto_epoch())
                     bounds.append(_bound(tr, bandwidth))
                     pipe_trace = pipe_trace or tr
-                    if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches:]):
-                        schedules.append(cfg.batches * _schedule(tr, wl, wl.leader.n_groups,
-                                                                 bandwidth, cfg.latency))
+                    if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches :]):
+                        schedules.append(
+                            cfg.batches
+                            * _schedule(tr, wl, wl.leader.n_groups, bandwidth, cfg.latency)
+                        )
                 if cfg.chunks > 1:  # what chunking buys, measured in the same round
                     tr = Trace()
                     wl.set(policy="priority", trace=tr, chunks=1)
-                    whole.append((await wl.run_fixed(lane, wl.leader.n_groups, idx_list),
-                                  _bound(tr, bandwidth)[0]))
-                log(f"round {r + 1}/{cfg.repeats}: link {link_bytes / bandwidth * 1e3:.1f} "
+                    whole.append(
+                        (
+                            await wl.run_fixed(lane, wl.leader.n_groups, idx_list),
+                            _bound(tr, bandwidth)[0],
+                        )
+                    )
+                log(
+                    f"round {r + 1}/{cfg.repeats}: link {link_bytes / bandwidth * 1e3:.1f} "
                     f"ms/batch, sequential {seq[-1]:.3f} s, auto "
                     f"(n={wl.leader.n_groups}) {auto[-1]:.3f} s, fixed "
-                    + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns))
+                    + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in ns)
+                )
             sweep = {n: statistics.median(t) for n, t in runs.items()}
         wl.set(policy="priority", trace=None)
         await wl.leader.stop()
@@ -385,42 +465,63 @@ async def measure_pipeline(cfg: BenchConfig, log: Callable[[str], None] = _log,
         best_n = min(sweep, key=sweep.get)
         schedule_s = statistics.median(schedules) if schedules else None
         out.update(
-            sequential_s=seq_s, pipelined_s=pipe_s, bound_s=bound_s,
-            speedup=seq_s / pipe_s, efficiency=bound_s / pipe_s,
+            sequential_s=seq_s,
+            pipelined_s=pipe_s,
+            bound_s=bound_s,
+            speedup=seq_s / pipe_s,
+            efficiency=bound_s / pipe_s,
             schedule_s=schedule_s,
             schedule_efficiency=None if schedule_s is None else bound_s / schedule_s,
             engine_efficiency=None if schedule_s is None else schedule_s / pipe_s,
-            n_groups=wl.leader.n_groups, tuner_settled=settled,
-            tuner_first_n=first_n, tune_rechecks=cfg.tune_rechecks,
+            n_groups=wl.leader.n_groups,
+            tuner_settled=settled,
+            tuner_first_n=first_n,
+            tune_rechecks=cfg.tune_rechecks,
             tuner_path=[[h["n"], round(h["wall"], 4)] for h in tuner.history],
-            bound_terms={"definition": "max over: each party's compute-lane busy seconds; each "
-                                       "link direction's send->PEER tensor bytes / bandwidth; "
-                                       "from the pipelined (auto) run's Trace, median over repeats",
-                         **terms},
-            sweep={str(n): t for n, t in sweep.items()}, best_fixed_n=best_n,
+            bound_terms={
+                "definition": "max over: each party's compute-lane busy seconds; each "
+                "link direction's send->PEER tensor bytes / bandwidth; "
+                "from the pipelined (auto) run's Trace, median over repeats",
+                **terms,
+            },
+            sweep={str(n): t for n, t in sweep.items()},
+            best_fixed_n=best_n,
             auto_vs_best=statistics.median(f / a for f, a in zip(runs[best_n], auto)),
             auto_vs_best_of_medians=sweep[best_n] / pipe_s,
             chunks=cfg.chunks,
             link_vs_compute=statistics.median(
-                link / c for link, c in zip(calibration["link_s"],
-                                            calibration["sequential_compute_s"])),
-            calibration={"definition": "per timed round: compute_s, the median over unshaped "
-                                       "n = 1 batches (`recalibrate` of them before the round, "
-                                       "or with recalibrate = 0 the `warmup` ones) of both "
-                                       "parties' compute per batch, from which link_s (seconds "
-                                       "per batch per direction) is shaped; sequential_compute_s, "
-                                       "the same busy time in that round's sequential run. "
-                                       "link_vs_compute: median of link_s / "
-                                       "sequential_compute_s",
-                         "recalibrate": cfg.recalibrate, **calibration},
+                link / c
+                for link, c in zip(calibration["link_s"], calibration["sequential_compute_s"])
+            ),
+            calibration={
+                "definition": "per timed round: compute_s, the median over unshaped "
+                "n = 1 batches (`recalibrate` of them before the round, "
+                "or with recalibrate = 0 the `warmup` ones) of both "
+                "parties' compute per batch, from which link_s (seconds "
+                "per batch per direction) is shaped; sequential_compute_s, "
+                "the same busy time in that round's sequential run. "
+                "link_vs_compute: median of link_s / "
+                "sequential_compute_s",
+                "recalibrate": cfg.recalibrate,
+                **calibration,
+            },
             unchunked_s=statistics.median(t for t, _ in whole) if whole else None,
             unchunked_efficiency=statistics.median(b / t for t, b in whole) if whole else None,
-            runs={"sequential_s": seq, "pipelined_s": auto,
-                  **{f"n={n}": t for n, t in runs.items()},
-                  **({"unchunked_s": [t for t, _ in whole]} if whole else {})})
+            runs={
+                "sequential_s": seq,
+                "pipelined_s": auto,
+                **{f"n={n}": t for n, t in runs.items()},
+                **({"unchunked_s": [t for t, _ in whole]} if whole else {}),
+            },
+        )
         if plot:
-            plot_gantt([(f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
-                        (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace)], plot)
+            plot_gantt(
+                [
+                    (f"sequential (n=1, fifo), {cfg.batches} batches", seq_trace),
+                    (f"pipelined (auto n={wl.leader.n_groups}, priority)", pipe_trace),
+                ],
+                plot,
+            )
             out["plot"] = plot
         if trace:
             seq_trace.write_chrome(f"{trace}/trace_sequential.json")
@@ -439,8 +540,9 @@ def _serial_order(wl: Workload, n: int) -> list[tuple[SplitParty, Op, list[tuple
     delivery is the peer's receive op fed by one of the op's sends."""
     parties = {p.name: p for p in wl.parties}
     plans = {name: p.plan(n, "train") for name, p in parties.items()}
-    remaining = {(name, op): len(plan.deps.get(op, ())) for name, plan in plans.items()
-                 for op in plan.ops}
+    remaining = {
+        (name, op): len(plan.deps.get(op, ())) for name, plan in plans.items() for op in plan.ops
+    }
     order = []
     done: set[tuple[str, Op]] = set()
 
@@ -517,9 +619,16 @@ def _direct_handoff(wl: Workload, order, idx: np.ndarray, n: int, worker: _Worke
 
 async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) -> dict[str, Any]:
     n, k = cfg.overhead_groups, cfg.overhead_batches
-    wl = Workload(batch_size=cfg.overhead_batch, n_batches=1, d_in=cfg.overhead_width,
-                  hidden=(cfg.overhead_width,), cut=cfg.overhead_width, top_hidden=(),
-                  seed=cfg.seed, groups=n)
+    wl = Workload(
+        batch_size=cfg.overhead_batch,
+        n_batches=1,
+        d_in=cfg.overhead_width,
+        hidden=(cfg.overhead_width,),
+        cut=cfg.overhead_width,
+        top_hidden=(),
+        seed=cfg.seed,
+        groups=n,
+    )
     idx = wl.batch_indices(1)[0]
     out: dict[str, Any] = {}
 
@@ -553,25 +662,35 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
         compute_ops = sum(len(p.plan(n, "train").compute_ops) for p in wl.parties) * k
         extra = statistics.median(w - d for w, d in zip(walls, direct))
         wall, base = statistics.median(walls), statistics.median(direct)
-        out.update(overhead_us_per_op=extra / plan_ops * 1e6,
-                   overhead_us_per_compute_op=extra / compute_ops * 1e6,
-                   overhead_cpu_us_per_op=statistics.median(r - d for r, d in cpu)
-                   / plan_ops * 1e6,
-                   handoff_us_per_compute_op=statistics.median(
-                       h - d for h, d in zip(handoff, direct)) / compute_ops * 1e6,
-                   overhead={"definition": "median over interleaved rounds of (runtime wall - "
-                                           "direct handler loop) / ops; ops = all plan ops "
-                                           "(F/L/B/U + S/R) of both parties; see "
-                                           "docs/pipeline-bench.md",
-                             "runtime_s": wall, "direct_s": base,
-                             "direct_handoff_s": statistics.median(handoff),
-                             "plan_ops": plan_ops, "compute_ops": compute_ops, "n_groups": n,
-                             "batch_size": cfg.overhead_batch, "batches": k,
-                             "loop": type(asyncio.get_running_loop()).__module__,
-                             "loadavg_1m": os.getloadavg()[0]})
-        log(f"overhead: runtime {wall * 1e3:.1f} ms, direct {base * 1e3:.1f} ms, direct with "
+        out.update(
+            overhead_us_per_op=extra / plan_ops * 1e6,
+            overhead_us_per_compute_op=extra / compute_ops * 1e6,
+            overhead_cpu_us_per_op=statistics.median(r - d for r, d in cpu) / plan_ops * 1e6,
+            handoff_us_per_compute_op=statistics.median(h - d for h, d in zip(handoff, direct))
+            / compute_ops
+            * 1e6,
+            overhead={
+                "definition": "median over interleaved rounds of (runtime wall - "
+                "direct handler loop) / ops; ops = all plan ops "
+                "(F/L/B/U + S/R) of both parties; see "
+                "docs/pipeline-bench.md",
+                "runtime_s": wall,
+                "direct_s": base,
+                "direct_handoff_s": statistics.median(handoff),
+                "plan_ops": plan_ops,
+                "compute_ops": compute_ops,
+                "n_groups": n,
+                "batch_size": cfg.overhead_batch,
+                "batches": k,
+                "loop": type(asyncio.get_running_loop()).__module__,
+                "loadavg_1m": os.getloadavg()[0],
+            },
+        )
+        log(
+            f"overhead: runtime {wall * 1e3:.1f} ms, direct {base * 1e3:.1f} ms, direct with "
             f"hand-offs {statistics.median(handoff) * 1e3:.1f} ms, {plan_ops} plan ops -> "
-            f"{out['overhead_us_per_op']:.1f} us/op")
+            f"{out['overhead_us_per_op']:.1f} us/op"
+        )
 
     async with asyncio.TaskGroup() as tg:
         tg.create_task(wl.follower.serve())
@@ -579,9 +698,14 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
     return out
 
 
-async def run_benchmark(cfg: BenchConfig, *, plot: str | None = None, trace: str | None = None,
-                        log: Callable[[str], None] = _log,
-                        pinned: tuple[int, set[int]] | None = None) -> dict[str, Any]:
+async def run_benchmark(
+    cfg: BenchConfig,
+    *,
+    plot: str | None = None,
+    trace: str | None = None,
+    log: Callable[[str], None] = _log,
+    pinned: tuple[int, set[int]] | None = None,
+) -> dict[str, Any]:
     """The whole benchmark: the pipeline measurement, then the overhead measurement.
 
     ``pinned`` = (cpu, cpus): the loop's thread was pinned to ``cpu`` as ``tandem`` pins it
@@ -618,41 +742,84 @@ def _run(coro):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.pipeline", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.pipeline", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
     ap.add_argument("--plot", metavar="PATH", help="write a Gantt PNG: sequential vs pipelined")
-    ap.add_argument("--trace", metavar="DIR", help="write Chrome traces (Perfetto) of the first "
-                    "timed sequential and pipelined runs")
+    ap.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="write Chrome traces (Perfetto) of the first timed sequential and pipelined runs",
+    )
     ap.add_argument("--batches", type=int, default=BenchConfig.batches)
     ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
     ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
     ap.add_argument("--seed", type=int, default=BenchConfig.seed)
-    ap.add_argument("--chunks", type=int, default=BenchConfig.chunks,
-                    help="messages per group in the pipelined runs (1: whole groups)")
-    ap.add_argument("--recalibrate", type=int, default=BenchConfig.recalibrate,
-                    help="unshaped n = 1 batches re-measuring the compute before each timed "
-                         "round, the link re-shaped from them (0, the default: shape it once)")
-    ap.add_argument("--tune-rechecks", type=int, default=BenchConfig.tune_rechecks,
-                    help="re-checks the tuner goes through before the timed rounds (0: time "
-                         "right after its first search)")
-    ap.add_argument("--link-ratio", type=float, default=BenchConfig.link_ratio,
-                    help="link time per batch as a multiple of the measured compute per batch "
-                         "(1: the balance; above 1 the link binds)")
+    ap.add_argument(
+        "--chunks",
+        type=int,
+        default=BenchConfig.chunks,
+        help="messages per group in the pipelined runs (1: whole groups)",
+    )
+    ap.add_argument(
+        "--recalibrate",
+        type=int,
+        default=BenchConfig.recalibrate,
+        help="unshaped n = 1 batches re-measuring the compute before each timed "
+        "round, the link re-shaped from them (0, the default: shape it once)",
+    )
+    ap.add_argument(
+        "--tune-rechecks",
+        type=int,
+        default=BenchConfig.tune_rechecks,
+        help="re-checks the tuner goes through before the timed rounds (0: time "
+        "right after its first search)",
+    )
+    ap.add_argument(
+        "--link-ratio",
+        type=float,
+        default=BenchConfig.link_ratio,
+        help="link time per batch as a multiple of the measured compute per batch "
+        "(1: the balance; above 1 the link binds)",
+    )
     args = ap.parse_args(argv)
-    cfg = BenchConfig(batches=args.batches, repeats=args.repeats, batch_size=args.batch_size,
-                      seed=args.seed, chunks=args.chunks, link_ratio=args.link_ratio,
-                      recalibrate=args.recalibrate, tune_rechecks=args.tune_rechecks)
+    cfg = BenchConfig(
+        batches=args.batches,
+        repeats=args.repeats,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        chunks=args.chunks,
+        link_ratio=args.link_ratio,
+        recalibrate=args.recalibrate,
+        tune_rechecks=args.tune_rechecks,
+    )
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()
-    result = _run(run_benchmark(cfg, plot=args.plot, trace=args.trace,
-                                pinned=None if cpu is None else (cpu, free)))
+    result = _run(
+        run_benchmark(
+            cfg, plot=args.plot, trace=args.trace, pinned=None if cpu is None else (cpu, free)
+        )
+    )
     if args.json:
         print(json.dumps(result))
     else:
-        for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
-                    "n_groups", "chunks", "unchunked_s", "unchunked_efficiency", "auto_vs_best",
-                    "auto_vs_best_of_medians", "overhead_us_per_op", "overhead_unpinned_us_per_op"):
+        for key in (
+            "sequential_s",
+            "pipelined_s",
+            "bound_s",
+            "speedup",
+            "efficiency",
+            "n_groups",
+            "chunks",
+            "unchunked_s",
+            "unchunked_efficiency",
+            "auto_vs_best",
+            "auto_vs_best_of_medians",
+            "overhead_us_per_op",
+            "overhead_unpinned_us_per_op",
+        ):
             print(f"{key:>23}: {result.get(key)}")
     return 0
 

@@ -28,7 +28,9 @@ NAMES = {"leader": "L", "follower": "F"}
 
 
 def _label(n: int) -> str:
-    return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    return (
+        f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{n // 1000}k" if n % 1000 == 0 else str(n)
+    )
 
 
 async def _party(role: str, n: int, secret: bytes, chunk: int) -> dict:
@@ -40,8 +42,15 @@ async def _party(role: str, n: int, secret: bytes, chunk: int) -> dict:
     me, other = NAMES[role], NAMES["follower" if role == "leader" else "leader"]
     start = 0 if role == "leader" else n // 2
     ids = [f"id{i}" for i in range(start, start + n)]
-    cfg = HttpConfig(name=me, host="127.0.0.1", port=0, secret=secret, capacity=64,
-                     retry_timeout=120.0, backpressure_wait=30.0)
+    cfg = HttpConfig(
+        name=me,
+        host="127.0.0.1",
+        port=0,
+        secret=secret,
+        capacity=64,
+        retry_timeout=120.0,
+        backpressure_wait=30.0,
+    )
     async with HttpTransport(cfg) as t:
         print(json.dumps({"url": t.url}), flush=True)
         peer_url = (await asyncio.to_thread(sys.stdin.readline)).strip()
@@ -49,8 +58,13 @@ async def _party(role: str, n: int, secret: bytes, chunk: int) -> dict:
         t0 = time.perf_counter()
         res = await align(t, other, ids, role=role, rng=None, chunk_size=chunk)
         seconds = time.perf_counter() - t0
-        return {"role": role, "seconds": seconds, "size": res.size,
-                "commitment": res.commitment, "bytes_sent": t.sent_stats(other).bytes}
+        return {
+            "role": role,
+            "seconds": seconds,
+            "size": res.size,
+            "commitment": res.commitment,
+            "bytes_sent": t.sent_stats(other).bytes,
+        }
 
 
 def _run_pair(n: int, chunk: int) -> dict:
@@ -58,9 +72,23 @@ def _run_pair(n: int, chunk: int) -> dict:
     procs = {}
     for role in NAMES:
         procs[role] = subprocess.Popen(
-            [sys.executable, "-m", "bench.psi", "--party", role, "--n", str(n), "--secret",
-             secret, "--chunk", str(chunk)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            [
+                sys.executable,
+                "-m",
+                "bench.psi",
+                "--party",
+                role,
+                "--n",
+                str(n),
+                "--secret",
+                secret,
+                "--chunk",
+                str(chunk),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
     try:
         urls = {r: json.loads(p.stdout.readline())["url"] for r, p in procs.items()}
         for role, p in procs.items():
@@ -82,15 +110,23 @@ def _run_pair(n: int, chunk: int) -> dict:
     lead, foll = results["leader"], results["follower"]
     if lead["commitment"] != foll["commitment"] or lead["size"] != n // 2:
         raise SystemExit(f"bench.psi: wrong alignment for n={n}: {results}")
-    return {"seconds": max(lead["seconds"], foll["seconds"]),
-            "bytes": lead["bytes_sent"] + foll["bytes_sent"], "size": lead["size"]}
+    return {
+        "seconds": max(lead["seconds"], foll["seconds"]),
+        "bytes": lead["bytes_sent"] + foll["bytes_sent"],
+        "size": lead["size"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.psi", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON line only")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000],
-                    help="ids per side (default: 100000 1000000)")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[100_000, 1_000_000],
+        help="ids per side (default: 100000 1000000)",
+    )
     ap.add_argument("--chunk", type=int, default=32768, help="points per frame")
     ap.add_argument("--party", choices=list(NAMES), help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
@@ -98,11 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.party:  # child process: one party
         from tandem.parties.cli import run_async
+
         out = run_async(lambda: _party(args.party, args.n, args.secret.encode(), args.chunk))
         print(json.dumps(out), flush=True)
         return 0
-    record: dict = {"bench": "psi", "transport": "http-loopback", "processes": 2,
-                    "cpus": os.cpu_count(), "overlap": 0.5}
+    record: dict = {
+        "bench": "psi",
+        "transport": "http-loopback",
+        "processes": 2,
+        "cpus": os.cpu_count(),
+        "overlap": 0.5,
+    }
     for n in args.sizes:
         if not args.json:
             print(f"aligning {n} ids per side over HTTP ...", flush=True)
@@ -110,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
         record[f"seconds_{_label(n)}"] = round(r["seconds"], 2)
         record[f"bytes_{_label(n)}"] = r["bytes"]
         if not args.json:
-            print(f"  {n} ids/side: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB, "
-                  f"intersection {r['size']}", flush=True)
+            print(
+                f"  {n} ids/side: {r['seconds']:.1f} s, {r['bytes'] / 1e6:.1f} MB, "
+                f"intersection {r['size']}",
+                flush=True,
+            )
     record["load_avg_1m"] = round(os.getloadavg()[0], 2)  # CPU-bound: other load matters
     print(json.dumps(record))
     return 0

@@ -39,8 +39,8 @@ import time
 
 import numpy as np
 
-from tandem.transports.base import Frame
 from tandem.errors import TransportClosedError
+from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport
 
 MiB = 1 << 20
@@ -87,10 +87,13 @@ async def _raw_sink(srv: socket.socket) -> None:
 async def _receiver() -> int:
     raw = _raw_server()
     plain = await HttpTransport(HttpConfig(name="rx", peers={"tx": "http://127.0.0.1:9"})).start()
-    signed = await HttpTransport(HttpConfig(name="rx", secret=SECRET,
-                                            peers={"tx": "http://127.0.0.1:9"})).start()
-    print(json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url,
-                      "signed": signed.url}), flush=True)
+    signed = await HttpTransport(
+        HttpConfig(name="rx", secret=SECRET, peers={"tx": "http://127.0.0.1:9"})
+    ).start()
+    print(
+        json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url, "signed": signed.url}),
+        flush=True,
+    )
 
     async def drain(t: HttpTransport, channel: str) -> None:
         try:
@@ -161,9 +164,13 @@ def _log(msg: str) -> None:
 
 async def _sender(args: argparse.Namespace) -> dict:
     load_start = list(os.getloadavg())
-    proc = subprocess.Popen([sys.executable, "-m", "bench.transport", "--role", "receiver"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.transport", "--role", "receiver"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     raw = None
     try:
         line = await asyncio.to_thread(proc.stdout.readline)
@@ -174,27 +181,32 @@ async def _sender(args: argparse.Namespace) -> dict:
         raw = _RawSender(addr["raw_port"], memoryview(big).cast("B"))
         frame = Frame(arrays=(big,))
         bulk = {"bulk_min_bytes": None} if args.no_bulk else {}
-        async with HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]},
-                                            **bulk)) as plain, \
-                HttpTransport(HttpConfig(name="tx", secret=SECRET, peers={"rx": addr["signed"]},
-                                         **bulk)) as signed:
-            senders = {"raw": raw.send,
-                       "http": lambda: plain.send("rx", "big", frame),
-                       "http_hmac": lambda: signed.send("rx", "big", frame)}
+        async with (
+            HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]}, **bulk)) as plain,
+            HttpTransport(
+                HttpConfig(name="tx", secret=SECRET, peers={"rx": addr["signed"]}, **bulk)
+            ) as signed,
+        ):
+            senders = {
+                "raw": raw.send,
+                "http": lambda: plain.send("rx", "big", frame),
+                "http_hmac": lambda: signed.send("rx", "big", frame),
+            }
             for send in senders.values():  # warm-up: connections, allocations
                 await send()
             for t in (plain, signed):
                 await _small_us(t, 20)
             # rounds interleave the variants, so load drifting on a shared machine hits all
-            runs: dict[str, list[float]] = {k: [] for k in
-                                            (*senders, "small_us", "small_hmac_us")}
+            runs: dict[str, list[float]] = {k: [] for k in (*senders, "small_us", "small_hmac_us")}
             for r in range(args.rounds):
                 for key, send in senders.items():
                     runs[key].append(await _throughput(send, big.nbytes, args.repeats))
                 runs["small_us"].append(await _small_us(plain, args.small))
                 runs["small_hmac_us"].append(await _small_us(signed, args.small))
-                _log(f"round {r + 1}/{args.rounds}: " + ", ".join(
-                    f"{k} {v[-1]:.1f}" for k, v in runs.items()))
+                _log(
+                    f"round {r + 1}/{args.rounds}: "
+                    + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
+                )
             requests = {p: n for (_, p), n in sorted(plain.frame_requests.items())}
     finally:
         if raw is not None:
@@ -208,39 +220,57 @@ async def _sender(args: argparse.Namespace) -> dict:
         proc.stdout.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratios = [h / r for h, r in zip(runs["http"], runs["raw"])]
-    return {"bench": "transport", "tensor_MiB": args.mib, "repeats": args.repeats,
-            "rounds": args.rounds,
-            "raw_MBps": round(med["raw"], 1), "http_MBps": round(med["http"], 1),
-            "ratio_vs_raw": round(statistics.median(ratios), 3),
-            "http_hmac_MBps": round(med["http_hmac"], 1),
-            "small_frame_us": round(med["small_us"], 1),
-            "small_frame_hmac_us": round(med["small_hmac_us"], 1),
-            "http_requests": requests,
-            "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
-            "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-            "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
-                     "loadavg_end": list(os.getloadavg())}}
+    return {
+        "bench": "transport",
+        "tensor_MiB": args.mib,
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "raw_MBps": round(med["raw"], 1),
+        "http_MBps": round(med["http"], 1),
+        "ratio_vs_raw": round(statistics.median(ratios), 3),
+        "http_hmac_MBps": round(med["http_hmac"], 1),
+        "small_frame_us": round(med["small_us"], 1),
+        "small_frame_hmac_us": round(med["small_hmac_us"], 1),
+        "http_requests": requests,
+        "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
+        "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
+        "load": {
+            "cpus": os.cpu_count(),
+            "loadavg_start": load_start,
+            "loadavg_end": list(os.getloadavg()),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.transport", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.transport",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--mib", type=int, default=64, help="tensor size in MiB (default 64)")
     p.add_argument("--repeats", type=int, default=4, help="large frames per variant per round")
     p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (medians reported)")
     p.add_argument("--small", type=int, default=500, help="4 KiB frames for the overhead")
-    p.add_argument("--no-bulk", action="store_true",
-                   help="send every HTTP request as a plain POST (bulk_min_bytes=None)")
-    p.add_argument("--role", choices=["sender", "receiver"], default="sender",
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-bulk",
+        action="store_true",
+        help="send every HTTP request as a plain POST (bulk_min_bytes=None)",
+    )
+    p.add_argument(
+        "--role", choices=["sender", "receiver"], default="sender", help=argparse.SUPPRESS
+    )
     args = p.parse_args(argv)
     from tandem.parties.cli import run_async
+
     if args.role == "receiver":
         return run_async(_receiver)
     if not args.json:
-        print(f"sending {args.repeats} x {args.mib} MiB over a raw socket and HTTP ...",
-              file=sys.stderr)
+        print(
+            f"sending {args.repeats} x {args.mib} MiB over a raw socket and HTTP ...",
+            file=sys.stderr,
+        )
     result = run_async(lambda: _sender(args))
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

@@ -50,15 +50,108 @@ CURVE_MS = {1: 173.0, 2: 138.0, 4: 110.0, 8: 103.0, 16: 130.0, 32: 183.0}
 # batches that `GroupTuner` took as samples (n >= 4) in 56 `bench.pipeline --json` runs of the
 # tenth pass (docs/pipeline-bench.md, "Eleventh pass").
 MEASURED_PERCENTILES = (
-    -0.462, -0.197, -0.157, -0.134, -0.124, -0.115, -0.106, -0.097, -0.090, -0.085, -0.081,
-    -0.077, -0.072, -0.067, -0.063, -0.060, -0.056, -0.054, -0.051, -0.049, -0.047, -0.045,
-    -0.043, -0.039, -0.037, -0.035, -0.033, -0.031, -0.029, -0.027, -0.025, -0.024, -0.022,
-    -0.020, -0.018, -0.017, -0.016, -0.014, -0.013, -0.012, -0.010, -0.009, -0.008, -0.007,
-    -0.006, -0.004, -0.003, -0.002, -0.001, 0.000, 0.000, 0.000, 0.001, 0.002, 0.003, 0.004,
-    0.005, 0.006, 0.007, 0.008, 0.010, 0.011, 0.013, 0.014, 0.016, 0.018, 0.019, 0.021, 0.023,
-    0.025, 0.026, 0.029, 0.030, 0.033, 0.035, 0.037, 0.041, 0.044, 0.047, 0.049, 0.053, 0.059,
-    0.063, 0.067, 0.071, 0.078, 0.082, 0.085, 0.089, 0.096, 0.105, 0.115, 0.128, 0.138, 0.154,
-    0.169, 0.194, 0.223, 0.253, 0.328, 0.597)
+    -0.462,
+    -0.197,
+    -0.157,
+    -0.134,
+    -0.124,
+    -0.115,
+    -0.106,
+    -0.097,
+    -0.090,
+    -0.085,
+    -0.081,
+    -0.077,
+    -0.072,
+    -0.067,
+    -0.063,
+    -0.060,
+    -0.056,
+    -0.054,
+    -0.051,
+    -0.049,
+    -0.047,
+    -0.045,
+    -0.043,
+    -0.039,
+    -0.037,
+    -0.035,
+    -0.033,
+    -0.031,
+    -0.029,
+    -0.027,
+    -0.025,
+    -0.024,
+    -0.022,
+    -0.020,
+    -0.018,
+    -0.017,
+    -0.016,
+    -0.014,
+    -0.013,
+    -0.012,
+    -0.010,
+    -0.009,
+    -0.008,
+    -0.007,
+    -0.006,
+    -0.004,
+    -0.003,
+    -0.002,
+    -0.001,
+    0.000,
+    0.000,
+    0.000,
+    0.001,
+    0.002,
+    0.003,
+    0.004,
+    0.005,
+    0.006,
+    0.007,
+    0.008,
+    0.010,
+    0.011,
+    0.013,
+    0.014,
+    0.016,
+    0.018,
+    0.019,
+    0.021,
+    0.023,
+    0.025,
+    0.026,
+    0.029,
+    0.030,
+    0.033,
+    0.035,
+    0.037,
+    0.041,
+    0.044,
+    0.047,
+    0.049,
+    0.053,
+    0.059,
+    0.063,
+    0.067,
+    0.071,
+    0.078,
+    0.082,
+    0.085,
+    0.089,
+    0.096,
+    0.105,
+    0.115,
+    0.128,
+    0.138,
+    0.154,
+    0.169,
+    0.194,
+    0.223,
+    0.253,
+    0.328,
+    0.597,
+)
 
 
 _LOG_N = [math.log(k) for k in sorted(CURVE_MS)]
@@ -78,11 +171,23 @@ def noise_factor(rng: np.random.Generator, model: str, noise: float) -> float:
     return (1.0 + noise * rng.standard_normal()) * spike
 
 
-def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
-           start: int = 3, limit: int = 400, prefer_larger: bool = True,
-           confirm: int = 2, trim: float = 0.25, model: str = "measured",
-           drift: float = 0.0, drift_batches: float = 20.0,
-           rechecks: int = 0, verify: bool = True) -> tuple[int, int]:
+def settle(
+    seed: int,
+    *,
+    samples: int,
+    first_margin: bool,
+    noise: float,
+    start: int = 3,
+    limit: int = 400,
+    prefer_larger: bool = True,
+    confirm: int = 2,
+    trim: float = 0.25,
+    model: str = "measured",
+    drift: float = 0.0,
+    drift_batches: float = 20.0,
+    rechecks: int = 0,
+    verify: bool = True,
+) -> tuple[int, int]:
     """(settled n, batches observed) of one seeded run: the n it settles on after the first
     search and ``rechecks`` re-checks (`GroupTuner.recheck` batches apart)."""
     rng = np.random.default_rng(seed)
@@ -90,8 +195,15 @@ def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
     # the drift's state, drawn from its stationary law; no draws without drift, so runs
     # without it keep the random stream (and the figures) they had before drift existed
     x = drift * rng.standard_normal() if drift else 0.0
-    tuner = GroupTuner(batch=2048, n=start, samples=samples, prefer_larger=prefer_larger,
-                       confirm=confirm, trim=trim, verify=verify)
+    tuner = GroupTuner(
+        batch=2048,
+        n=start,
+        samples=samples,
+        prefer_larger=prefer_larger,
+        confirm=confirm,
+        trim=trim,
+        verify=verify,
+    )
     tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
     tuner._settled_once = first_margin  # True: the first search already needs the margin
     settles = 0
@@ -99,8 +211,9 @@ def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
         if drift:
             x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
         was = tuner.settled
-        tuner.observe(wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3,
-                      compute=0.0)
+        tuner.observe(
+            wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3, compute=0.0
+        )
         settles += tuner.settled and not was
         if settles > rechecks:
             break
@@ -108,53 +221,111 @@ def settle(seed: int, *, samples: int, first_margin: bool, noise: float,
 
 
 # (samples, first search margin, ties to the larger n, confirm rounds, trim), oldest first
-SETTINGS = ((3, True, False, 0, 0.0), (3, False, False, 0, 0.0), (4, False, False, 0, 0.0),
-            (5, False, False, 0, 0.0), (8, False, False, 0, 0.0), (4, False, True, 0, 0.0),
-            (8, False, True, 0, 0.0), (4, False, True, 2, 0.0), (4, False, True, 2, 0.25))
+SETTINGS = (
+    (3, True, False, 0, 0.0),
+    (3, False, False, 0, 0.0),
+    (4, False, False, 0, 0.0),
+    (5, False, False, 0, 0.0),
+    (8, False, False, 0, 0.0),
+    (4, False, True, 0, 0.0),
+    (8, False, True, 0, 0.0),
+    (4, False, True, 2, 0.0),
+    (4, False, True, 2, 0.25),
+)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.tuner_noise", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.tuner_noise", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--runs", type=int, default=1000)
-    ap.add_argument("--noise-model", choices=("measured", "normal"), default="measured",
-                    help="per-batch noise: drawn from measured walls, or normal with spikes")
-    ap.add_argument("--noise", type=float, default=0.10,
-                    help="relative std of a batch's time (the normal model only)")
-    ap.add_argument("--drift", type=float, default=0.0,
-                    help="std of the machine's slow drift in log speed (0: none)")
-    ap.add_argument("--drift-batches", type=float, default=20.0,
-                    help="correlation time of the drift, in batches")
+    ap.add_argument(
+        "--noise-model",
+        choices=("measured", "normal"),
+        default="measured",
+        help="per-batch noise: drawn from measured walls, or normal with spikes",
+    )
+    ap.add_argument(
+        "--noise",
+        type=float,
+        default=0.10,
+        help="relative std of a batch's time (the normal model only)",
+    )
+    ap.add_argument(
+        "--drift",
+        type=float,
+        default=0.0,
+        help="std of the machine's slow drift in log speed (0: none)",
+    )
+    ap.add_argument(
+        "--drift-batches",
+        type=float,
+        default=20.0,
+        help="correlation time of the drift, in batches",
+    )
     ap.add_argument("--starts", default="3,4,6,8,12", help="the rule's starting n, comma-separated")
-    ap.add_argument("--rechecks", type=int, default=0,
-                    help="report the n each run holds after this many re-checks (0: after "
-                         "the first search)")
-    ap.add_argument("--no-verify", dest="verify", action="store_false",
-                    help="a re-check moves n on one comparison's win, as before the "
-                         "thirteenth pass (GroupTuner.verify = False)")
+    ap.add_argument(
+        "--rechecks",
+        type=int,
+        default=0,
+        help="report the n each run holds after this many re-checks (0: after the first search)",
+    )
+    ap.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="a re-check moves n on one comparison's win, as before the "
+        "thirteenth pass (GroupTuner.verify = False)",
+    )
     args = ap.parse_args(argv)
     starts = [int(x) for x in args.starts.split(",")]
     best = min(curve(n) for n in range(1, 65))
-    out: dict = {"runs": args.runs, "noise_model": args.noise_model,
-                 "noise": args.noise if args.noise_model == "normal" else None,
-                 "drift": args.drift, "drift_batches": args.drift_batches,
-                 "rechecks": args.rechecks, "verify": args.verify,
-                 "starts": starts, "settings": []}
+    out: dict = {
+        "runs": args.runs,
+        "noise_model": args.noise_model,
+        "noise": args.noise if args.noise_model == "normal" else None,
+        "drift": args.drift,
+        "drift_batches": args.drift_batches,
+        "rechecks": args.rechecks,
+        "verify": args.verify,
+        "starts": starts,
+        "settings": [],
+    }
     for samples, first_margin, larger, confirm, trim in SETTINGS:
-        results = [settle(s, samples=samples, first_margin=first_margin, noise=args.noise,
-                          start=start, prefer_larger=larger, confirm=confirm, trim=trim,
-                          model=args.noise_model, drift=args.drift,
-                          drift_batches=args.drift_batches, rechecks=args.rechecks,
-                          verify=args.verify and not first_margin)
-                   for start in starts for s in range(args.runs)]
+        results = [
+            settle(
+                s,
+                samples=samples,
+                first_margin=first_margin,
+                noise=args.noise,
+                start=start,
+                prefer_larger=larger,
+                confirm=confirm,
+                trim=trim,
+                model=args.noise_model,
+                drift=args.drift,
+                drift_batches=args.drift_batches,
+                rechecks=args.rechecks,
+                verify=args.verify and not first_margin,
+            )
+            for start in starts
+            for s in range(args.runs)
+        ]
         ratio = np.array([best / curve(n) for n, _ in results])
-        out["settings"].append({
-            "samples": samples, "first_search_margin": first_margin, "prefer_larger": larger,
-            "confirm": confirm, "trim": trim,
-            "behind_2pct": round(float((ratio < 1 / 1.02).mean()), 4),
-            "behind_5pct": round(float((ratio < 1 / 1.05).mean()), 4),
-            "behind_10pct": round(float((ratio < 1 / 1.10).mean()), 4),
-            "mean_best_over_settled": round(float(ratio.mean()), 4),
-            "batches": round(float(np.mean([b for _, b in results])), 1)})
+        out["settings"].append(
+            {
+                "samples": samples,
+                "first_search_margin": first_margin,
+                "prefer_larger": larger,
+                "confirm": confirm,
+                "trim": trim,
+                "behind_2pct": round(float((ratio < 1 / 1.02).mean()), 4),
+                "behind_5pct": round(float((ratio < 1 / 1.05).mean()), 4),
+                "behind_10pct": round(float((ratio < 1 / 1.10).mean()), 4),
+                "mean_best_over_settled": round(float(ratio.mean()), 4),
+                "batches": round(float(np.mean([b for _, b in results])), 1),
+            }
+        )
     print(json.dumps(out))
     return 0
 

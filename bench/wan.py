@@ -67,7 +67,8 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import numpy as np
 
@@ -94,8 +95,9 @@ class NetnsLink:
     Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
     whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
 
-    def __init__(self, rate_mbit: float, *, latency_ms: float = 5.0,
-                 tag: str | None = None) -> None:
+    def __init__(
+        self, rate_mbit: float, *, latency_ms: float = 5.0, tag: str | None = None
+    ) -> None:
         tag = tag or str(os.getpid())
         self.rate_mbit = rate_mbit
         self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
@@ -105,8 +107,14 @@ class NetnsLink:
         # burst: at least 64 KiB (one GSO segment train), else ~2 ms at line rate
         self.burst = int(max(64 * 1024, rate_Bps * 0.002))
         # latency: the longest a packet may wait in the shaper's queue (its buffer size)
-        self.tbf = ["rate", f"{rate_mbit}mbit", "burst", str(self.burst), "latency",
-                    f"{latency_ms:g}ms"]
+        self.tbf = [
+            "rate",
+            f"{rate_mbit}mbit",
+            "burst",
+            str(self.burst),
+            "latency",
+            f"{latency_ms:g}ms",
+        ]
         self._made: list[str] = []
 
     def _ip(self, *args: str) -> None:
@@ -117,7 +125,7 @@ class NetnsLink:
         except subprocess.CalledProcessError as exc:
             raise LinkSetupError(f"`ip {' '.join(args)}` failed: {exc.stderr.strip()}") from None
 
-    def __enter__(self) -> "NetnsLink":
+    def __enter__(self) -> NetnsLink:
         try:
             for party in (B, A):
                 self._ip("netns", "add", self.ns[party])
@@ -129,8 +137,9 @@ class NetnsLink:
                 self._ip("-n", ns, "addr", "add", f"{self.ip[party]}/30", "dev", dev)
                 self._ip("-n", ns, "link", "set", dev, "up")
                 self._ip("-n", ns, "link", "set", "lo", "up")
-                self._ip("netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
-                         *self.tbf)
+                self._ip(
+                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", *self.tbf
+                )
         except BaseException:
             self.close()
             raise
@@ -154,8 +163,9 @@ class NetnsLink:
         """Delete namespaces left by an earlier run whose process is gone (killed with
         SIGKILL, so its finally blocks never ran); returns their names."""
         try:
-            out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                 timeout=20).stdout
+            out = subprocess.run(
+                ["ip", "netns", "list"], capture_output=True, text=True, timeout=20
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return []
         stale = []
@@ -170,8 +180,12 @@ class NetnsLink:
         self.close()
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": "netns-veth-tbf", "rate_mbit": self.rate_mbit,
-                "tc": "tbf " + " ".join(self.tbf), "namespaces": list(self.ns.values())}
+        return {
+            "kind": "netns-veth-tbf",
+            "rate_mbit": self.rate_mbit,
+            "tc": "tbf " + " ".join(self.tbf),
+            "namespaces": list(self.ns.values()),
+        }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,6 +194,7 @@ class NetnsLink:
 def _die_with_parent() -> None:  # in the child, before exec (kept across exec)
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the parent's finally still terminates its children
@@ -187,16 +202,24 @@ def _die_with_parent() -> None:  # in the child, before exec (kept across exec)
 
 def _child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
     """Start a role process; it gets SIGTERM if this process dies without cleaning up."""
-    return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            env=env, preexec_fn=_die_with_parent)
+    return subprocess.Popen(
+        cmd,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_die_with_parent,
+    )
 
 
 def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
     line = proc.stdout.readline()
     if not line:
         code = proc.wait()
-        raise RuntimeError(f"the {what} process exited (code {code}) before sending its "
-                           "result; its error is above on stderr")
+        raise RuntimeError(
+            f"the {what} process exited (code {code}) before sending its "
+            "result; its error is above on stderr"
+        )
     return json.loads(line)
 
 
@@ -221,13 +244,19 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
                 if args.link == "netns":
                     raise
                 reason = str(exc)
-                _log("main", f"network namespaces unavailable ({reason}); falling back to "
-                             "loopback with in-transport shaping")
+                _log(
+                    "main",
+                    f"network namespaces unavailable ({reason}); falling back to "
+                    "loopback with in-transport shaping",
+                )
         env = {**os.environ, SECRET_ENV: secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
         me = [sys.executable, "-m", "bench.wan"]
-        common = [f"--{k.replace('_', '-')}="
-                  + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
-                  for k, v in vars(args).items() if k in _FORWARDED and v is not None]
+        common = [
+            f"--{k.replace('_', '-')}="
+            + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
+            for k, v in vars(args).items()
+            if k in _FORWARDED and v is not None
+        ]
         if link is not None:
             lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
             fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
@@ -248,11 +277,19 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             code = p.wait(timeout=60)
             if code != 0:
                 raise RuntimeError(f"the {what} process exited with code {code}")
-        result["link"] = {**(link.describe() if link is not None else
-                             {"kind": "loopback-shaped", "rate_mbit": args.rate_mbit,
-                              "shaping": "HttpConfig.shape_bandwidth (sender-side pacing)",
-                              "fallback_reason": reason or "--link loopback"}),
-                          **result.pop("link_measured")}
+        result["link"] = {
+            **(
+                link.describe()
+                if link is not None
+                else {
+                    "kind": "loopback-shaped",
+                    "rate_mbit": args.rate_mbit,
+                    "shaping": "HttpConfig.shape_bandwidth (sender-side pacing)",
+                    "fallback_reason": reason or "--link loopback",
+                }
+            ),
+            **result.pop("link_measured"),
+        }
         result["bench_s"] = time.perf_counter() - t_start
         return result
     finally:
@@ -276,8 +313,21 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # options main forwards to both processes
-_FORWARDED = ("batch_size", "batches", "repeats", "d_in", "hidden", "cut", "top_hidden",
-              "sweep", "tune_epochs", "seed", "probe_mib", "rate_mbit", "trace")
+_FORWARDED = (
+    "batch_size",
+    "batches",
+    "repeats",
+    "d_in",
+    "hidden",
+    "cut",
+    "top_hidden",
+    "sweep",
+    "tune_epochs",
+    "seed",
+    "probe_mib",
+    "rate_mbit",
+    "trace",
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,19 +425,31 @@ class Workload:
 
     def models(self) -> dict[str, Any]:
         from tandem.engine.kernels import mlp_stage
-        return {"bottom": mlp_stage([self.d_in], [self.hidden], self.cut),
-                "top": mlp_stage([self.cut], [self.top_hidden], 1, activate_last=False)}
+
+        return {
+            "bottom": mlp_stage([self.d_in], [self.hidden], self.cut),
+            "top": mlp_stage([self.cut], [self.top_hidden], 1, activate_last=False),
+        }
 
     def party(self, name: str, transport, x=None, y=None):
         from tandem.engine.topology import two_party
         from tandem.parties.split.party import SplitConfig, SplitParty
-        cfg = SplitConfig(batch_size=self.batch_size, groups="auto", seed=self.seed,
-                          learning_rate=1e-3, loss="binary", chunks=self.chunks)
+
+        cfg = SplitConfig(
+            batch_size=self.batch_size,
+            groups="auto",
+            seed=self.seed,
+            learning_rate=1e-3,
+            loss="binary",
+            chunks=self.chunks,
+        )
         if name == A:
-            return SplitParty(A, two_party(A, B), self.models(), transport,
-                              datasets={"train": x}, config=cfg)
-        return SplitParty(B, two_party(A, B), self.models(), transport, labels={"train": y},
-                          config=cfg)
+            return SplitParty(
+                A, two_party(A, B), self.models(), transport, datasets={"train": x}, config=cfg
+            )
+        return SplitParty(
+            B, two_party(A, B), self.models(), transport, labels={"train": y}, config=cfg
+        )
 
 
 async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
@@ -424,8 +486,9 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
     return min(per_batch)
 
 
-async def size_workload(wl: Workload, link_s: float, who: str,
-                        steps: int = 4) -> tuple[Workload, float]:
+async def size_workload(
+    wl: Workload, link_s: float, who: str, steps: int = 4
+) -> tuple[Workload, float]:
     """Choose the hidden width so that compute per batch is within 15 % of ``link_s``.
 
     Compute grows about linearly with the width: each step interpolates between the nearest
@@ -440,8 +503,11 @@ async def size_workload(wl: Workload, link_s: float, who: str,
     hidden = wl.hidden
     for _ in range(steps):
         seen[hidden] = c = await compute_per_batch(dataclasses.replace(wl, hidden=hidden), who)
-        _log(who, f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
-                  f"{link_s * 1e3:.0f} ms (ratio {link_s / c:.2f})")
+        _log(
+            who,
+            f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
+            f"{link_s * 1e3:.0f} ms (ratio {link_s / c:.2f})",
+        )
         if abs(link_s / c - 1) <= 0.15:
             break
         below = [h for h, t in seen.items() if t < link_s]
@@ -464,24 +530,38 @@ async def size_workload(wl: Workload, link_s: float, who: str,
 # ---------------------------------------------------------------------------------------------
 def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
     from tandem.transports.http import HttpConfig, HttpTransport
+
     secret = os.environ.get(SECRET_ENV)
     if not secret:
-        raise SystemExit(f"--role {args.role} is started by `python -m bench.wan` (it passes "
-                         f"the shared secret in ${SECRET_ENV})")
-    return HttpTransport(HttpConfig(name=name, host=args.host, port=0, peers=peers,
-                                    secret=secret.encode(), shape_bandwidth=args.shape_Bps,
-                                    retry_timeout=60.0))
+        raise SystemExit(
+            f"--role {args.role} is started by `python -m bench.wan` (it passes "
+            f"the shared secret in ${SECRET_ENV})"
+        )
+    return HttpTransport(
+        HttpConfig(
+            name=name,
+            host=args.host,
+            port=0,
+            peers=peers,
+            secret=secret.encode(),
+            shape_bandwidth=args.shape_Bps,
+            retry_timeout=60.0,
+        )
+    )
 
 
 def _write_traces(directory: str, seq, auto, n: int) -> None:
     """Both parties' events of the last round: Chrome traces and one Gantt PNG."""
     from pathlib import Path
+
     from tandem.engine.trace import plot_gantt
+
     out = Path(directory)
     seq.write_chrome(out / "wan_sequential.json")
     auto.write_chrome(out / "wan_pipelined.json")
-    plot_gantt([("sequential (n=1, fifo)", seq), (f"pipelined (auto, n={n})", auto)],
-               out / "wan_gantt.png")
+    plot_gantt(
+        [("sequential (n=1, fifo)", seq), (f"pipelined (auto, n={n})", auto)], out / "wan_gantt.png"
+    )
     _log("leader", f"traces written to {out}/wan_{{sequential,pipelined}}.json, wan_gantt.png")
 
 
@@ -495,8 +575,8 @@ def _sent_bytes(trace, party: str, peer: str) -> int:
 
 async def follower_main(args: argparse.Namespace) -> int:
     from tandem.engine.trace import Trace
-    from tandem.transports.base import Frame
     from tandem.errors import TransportClosedError
+    from tandem.transports.base import Frame
 
     sink = await asyncio.start_server(_probe_sink, args.host, 0)
     try:
@@ -520,10 +600,15 @@ async def follower_main(args: argparse.Namespace) -> int:
 
                 async def mark(_cmd) -> None:  # the end of each batch, not of the stop message
                     done.append(time.perf_counter())
+
                 batches = await party.serve(on_batch=mark)
                 end = done[-1] if done else time.perf_counter()
-                rep = {"end": end, "batches": batches, "compute_s": tr.busy(A),
-                       "sent_bytes": _sent_bytes(tr, A, B)}
+                rep = {
+                    "end": end,
+                    "batches": batches,
+                    "compute_s": tr.busy(A),
+                    "sent_bytes": _sent_bytes(tr, A, B),
+                }
                 if msg.meta.get("events"):
                     rep["events"] = [dataclasses.astuple(e) for e in tr.events]
                 await t.send(B, BENCH, Frame(meta=rep))
@@ -538,15 +623,16 @@ class _Leader:
     def __init__(self, t, party, wl: Workload) -> None:
         self.t, self.party, self.wl = t, party, wl
 
-    async def phase(self, policy: str, run: Callable[[], Awaitable[None]], *,
-                    events: bool = False):
+    async def phase(self, policy: str, run: Callable[[], Awaitable[None]], *, events: bool = False):
         """Run ``run()`` with ``policy`` on both parties; returns (wall, trace, follower's
         report). The wall ends when both processes are done. With ``events`` the follower's
         trace events are merged into the returned trace (both use CLOCK_MONOTONIC)."""
         from tandem.engine.trace import Trace, TraceEvent
         from tandem.transports.base import Frame
-        await self.t.send(A, BENCH, Frame(meta={"cmd": "phase", "policy": policy,
-                                                "events": events}))
+
+        await self.t.send(
+            A, BENCH, Frame(meta={"cmd": "phase", "policy": policy, "events": events})
+        )
         tr = Trace()
         self.party.config.policy, self.party.trace = policy, tr
         # the leader's chunks travel in each batch command; the sequential baseline sends whole
@@ -566,11 +652,13 @@ class _Leader:
         async def run() -> None:
             for i in range(k or self.wl.batches):
                 await self.party.run_batch(np.arange(i * bs, (i + 1) * bs), n=n, lane=lane)
+
         return run
 
     def auto(self, epochs: int = 1, after_batch=None):
         async def run() -> None:
             await self.party.fit(epochs, after_batch=after_batch)
+
         return run
 
 
@@ -584,9 +672,16 @@ async def leader_main(args: argparse.Namespace) -> int:
         peer = json.loads(await asyncio.to_thread(sys.stdin.readline))
         t.add_peer(A, peer["url"])
         host = peer["url"].split("//", 1)[1].rsplit(":", 1)[0]
-        wl = Workload(batch_size=args.batch_size, batches=args.batches, d_in=args.d_in,
-                      hidden=args.hidden or 1024, cut=args.cut, top_hidden=args.top_hidden,
-                      seed=args.seed, chunks=args.chunks)
+        wl = Workload(
+            batch_size=args.batch_size,
+            batches=args.batches,
+            d_in=args.d_in,
+            hidden=args.hidden or 1024,
+            cut=args.cut,
+            top_hidden=args.top_hidden,
+            seed=args.seed,
+            chunks=args.chunks,
+        )
         # 1. the link's goodput
         if args.shape_Bps is None:
             up, down = await measure_goodput(host, peer["probe_port"], args.probe_mib * MiB)
@@ -612,11 +707,12 @@ async def leader_main(args: argparse.Namespace) -> int:
             # 4. compile every shape used, then let the tuner settle
             # (the tuner's first batch runs at n = 4 and its rule reads that batch's compute
             # time, so every n it may start from or step to must be compiled first)
-            shapes = sorted({1, *sweep, *(min(2 ** k, wl.batch_size) for k in range(7))})
+            shapes = sorted({1, *sweep, *(min(2**k, wl.batch_size) for k in range(7))})
 
             async def compile_all() -> None:
                 for n in shapes:
                     await lead.fixed(lane, n, 1)()
+
             _log("leader", f"hidden={wl.hidden}; compiling group counts {shapes} ...")
             await lead.phase("priority", compile_all)
             # One `fit` call, epochs back to back as a user trains (bench.pipeline does the
@@ -627,11 +723,15 @@ async def leader_main(args: argparse.Namespace) -> int:
 
             async def until_settled(epoch: int, done: int) -> bool:
                 return tuner.settled
+
             wall = (await lead.phase("priority", lead.auto(args.tune_epochs, until_settled)))[0]
             settled = tuner.settled
             _log("leader", f"tuning: {wall:.3f} s for {len(tuner.history)} batches")
-            _log("leader", f"tuner {'settled' if settled else 'NOT settled'} at "
-                           f"n={party.n_groups}: {[h['n'] for h in tuner.history]}")
+            _log(
+                "leader",
+                f"tuner {'settled' if settled else 'NOT settled'} at "
+                f"n={party.n_groups}: {[h['n'] for h in tuner.history]}",
+            )
             # 5. timed rounds, interleaved
             seq, auto, terms, seq_compute = [], [], [], []
             runs: dict[int, list[float]] = {n: [] for n in sweep}
@@ -647,12 +747,20 @@ async def leader_main(args: argparse.Namespace) -> int:
                 auto.append(wall)
                 if last:
                     _write_traces(args.trace, seq_trace, tr, party.n_groups)
-                terms.append({f"compute[{A}]": rep["compute_s"], f"compute[{B}]": tr.busy(B),
-                              f"link[{A}->{B}]": rep["sent_bytes"] / down,
-                              f"link[{B}->{A}]": _sent_bytes(tr, B, A) / up})
-                _log("leader", f"round {r + 1}/{args.repeats}: sequential {seq[-1]:.3f} s, auto "
-                               f"(n={party.n_groups}) {auto[-1]:.3f} s, fixed " +
-                     ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in sweep))
+                terms.append(
+                    {
+                        f"compute[{A}]": rep["compute_s"],
+                        f"compute[{B}]": tr.busy(B),
+                        f"link[{A}->{B}]": rep["sent_bytes"] / down,
+                        f"link[{B}->{A}]": _sent_bytes(tr, B, A) / up,
+                    }
+                )
+                _log(
+                    "leader",
+                    f"round {r + 1}/{args.repeats}: sequential {seq[-1]:.3f} s, auto "
+                    f"(n={party.n_groups}) {auto[-1]:.3f} s, fixed "
+                    + ", ".join(f"{n}: {runs[n][-1]:.3f}" for n in sweep),
+                )
         await t.send(A, BENCH, Frame(meta={"cmd": "done"}))
 
     seq_s, pipe_s = statistics.median(seq), statistics.median(auto)
@@ -661,28 +769,48 @@ async def leader_main(args: argparse.Namespace) -> int:
     sweep_s = {n: statistics.median(v) for n, v in runs.items()}
     best = min(sweep_s, key=sweep_s.get) if sweep_s else None
     result = {
-        "bench": "wan", "sequential_s": seq_s, "pipelined_s": pipe_s, "bound_s": bound_s,
-        "speedup": seq_s / pipe_s, "efficiency": bound_s / pipe_s, "n_groups": party.n_groups,
-        "tuner_settled": settled, "tuner_path": [h["n"] for h in tuner.history],
-        "bound_terms": {"definition": "max over: each party's compute-lane busy seconds; each "
-                                      "direction's send->PEER tensor bytes / measured goodput; "
-                                      "from the auto runs' traces, median over rounds",
-                        **bound_terms},
-        "sweep": {str(n): s for n, s in sweep_s.items()}, "best_fixed_n": best,
+        "bench": "wan",
+        "sequential_s": seq_s,
+        "pipelined_s": pipe_s,
+        "bound_s": bound_s,
+        "speedup": seq_s / pipe_s,
+        "efficiency": bound_s / pipe_s,
+        "n_groups": party.n_groups,
+        "tuner_settled": settled,
+        "tuner_path": [h["n"] for h in tuner.history],
+        "bound_terms": {
+            "definition": "max over: each party's compute-lane busy seconds; each "
+            "direction's send->PEER tensor bytes / measured goodput; "
+            "from the auto runs' traces, median over rounds",
+            **bound_terms,
+        },
+        "sweep": {str(n): s for n, s in sweep_s.items()},
+        "best_fixed_n": best,
         "auto_vs_best": (sweep_s[best] / pipe_s) if best is not None else None,
         "best_fixed_s": sweep_s[best] if best is not None else None,
-        "workload": {**dataclasses.asdict(wl), "topology": "two_party",
-                     "cut_bytes_per_batch": wl.cut_bytes,
-                     "compute_per_batch_s": statistics.median(seq_compute),
-                     "calibrated_compute_per_batch_s": calib,
-                     "link_per_batch_s": link_s},
-        "runs": {"sequential_s": seq, "pipelined_s": auto,
-                 **{f"n={n}": v for n, v in runs.items()}},
-        "link_measured": {"goodput_MBps": {f"{B}->{A}": up / 1e6, f"{A}->{B}": down / 1e6},
-                          "goodput_source": source},
+        "workload": {
+            **dataclasses.asdict(wl),
+            "topology": "two_party",
+            "cut_bytes_per_batch": wl.cut_bytes,
+            "compute_per_batch_s": statistics.median(seq_compute),
+            "calibrated_compute_per_batch_s": calib,
+            "link_per_batch_s": link_s,
+        },
+        "runs": {
+            "sequential_s": seq,
+            "pipelined_s": auto,
+            **{f"n={n}": v for n, v in runs.items()},
+        },
+        "link_measured": {
+            "goodput_MBps": {f"{B}->{A}": up / 1e6, f"{A}->{B}": down / 1e6},
+            "goodput_source": source,
+        },
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
-        "load": {"cpus": os.cpu_count(), "loadavg_start": load_start,
-                 "loadavg_end": list(os.getloadavg())},
+        "load": {
+            "cpus": os.cpu_count(),
+            "loadavg_start": load_start,
+            "loadavg_end": list(os.getloadavg()),
+        },
     }
     bad = [k for k, v in result.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:
@@ -705,38 +833,68 @@ def _positive_ints(text: str) -> tuple[int, ...]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench.wan", description=__doc__.split("\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line on stdout")
-    p.add_argument("--link", choices=["auto", "netns", "loopback"], default="auto",
-                   help="auto: network namespaces if permitted, else loopback (default)")
+    p.add_argument(
+        "--link",
+        choices=["auto", "netns", "loopback"],
+        default="auto",
+        help="auto: network namespaces if permitted, else loopback (default)",
+    )
     p.add_argument("--rate-mbit", type=float, default=100.0, help="link rate each way (100)")
-    p.add_argument("--tbf-latency-ms", type=float, default=5.0,
-                   help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
-                        "50 shows a bloated FIFO)")
+    p.add_argument(
+        "--tbf-latency-ms",
+        type=float,
+        default=5.0,
+        help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
+        "50 shows a bloated FIFO)",
+    )
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")
     p.add_argument("--d-in", type=int, default=512)
-    p.add_argument("--hidden", type=int, default=None,
-                   help="bottom hidden width (default: sized so compute ~= link time)")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        default=None,
+        help="bottom hidden width (default: sized so compute ~= link time)",
+    )
     p.add_argument("--cut", type=int, default=512, help="cut-layer width (512)")
     p.add_argument("--top-hidden", type=int, default=32)
-    p.add_argument("--sweep", type=_positive_ints, default=(8, 16, 32, 64),
-                   help="fixed group counts timed besides auto (8,16,32,64)")
-    p.add_argument("--tune-epochs", type=int, default=50,
-                   help="most epochs of the one fit call waiting for the auto tuner to settle "
-                        "(50: a search that re-measures a close call takes up to about 100 "
-                        "batches)")
+    p.add_argument(
+        "--sweep",
+        type=_positive_ints,
+        default=(8, 16, 32, 64),
+        help="fixed group counts timed besides auto (8,16,32,64)",
+    )
+    p.add_argument(
+        "--tune-epochs",
+        type=int,
+        default=50,
+        help="most epochs of the one fit call waiting for the auto tuner to settle "
+        "(50: a search that re-measures a close call takes up to about 100 "
+        "batches)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunks", type=int, default=1,
-                   help="messages per group in the pipelined runs (1: whole groups)")
-    p.add_argument("--trace", default=None, metavar="DIR",
-                   help="write both parties' traces of the last round (Chrome JSON + Gantt PNG)")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=1,
+        help="messages per group in the pipelined runs (1: whole groups)",
+    )
+    p.add_argument(
+        "--trace",
+        default=None,
+        metavar="DIR",
+        help="write both parties' traces of the last round (Chrome JSON + Gantt PNG)",
+    )
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
-    p.add_argument("--role", choices=["main", "leader", "follower"], default="main",
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--role", choices=["main", "leader", "follower"], default="main", help=argparse.SUPPRESS
+    )
     p.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
     p.add_argument("--peer-url", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--shape-Bps", dest="shape_Bps", type=float, default=None,
-                   help=argparse.SUPPRESS)
+    p.add_argument(
+        "--shape-Bps", dest="shape_Bps", type=float, default=None, help=argparse.SUPPRESS
+    )
     return p
 
 
@@ -753,8 +911,11 @@ def main(argv: list[str] | None = None) -> int:
         args.trace = os.path.abspath(args.trace)
     if args.role != "main":
         from tandem.parties.cli import run_async
-        return run_async(lambda: (leader_main if args.role == "leader" else follower_main)(args),
-                         colocate_threads=True)  # as `tandem party` runs
+
+        return run_async(
+            lambda: (leader_main if args.role == "leader" else follower_main)(args),
+            colocate_threads=True,
+        )  # as `tandem party` runs
     try:
         result = run_main(args)
     except KeyboardInterrupt:
@@ -763,8 +924,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
-                    "n_groups", "link"):
+        for key in (
+            "sequential_s",
+            "pipelined_s",
+            "bound_s",
+            "speedup",
+            "efficiency",
+            "n_groups",
+            "link",
+        ):
             print(f"{key:>14}: {result[key]}")
     return 0
 

@@ -51,7 +51,34 @@ _EXPORTS = {
     "ConfigError": "tandem.errors",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = [
+    "__version__",
+    "SplitParty",
+    "SplitConfig",
+    "EpochResult",
+    "run_party",
+    "Topology",
+    "two_party",
+    "leader_follower",
+    "u_shape",
+    "star",
+    "StageModel",
+    "mlp_stage",
+    "Transport",
+    "Frame",
+    "MemoryNetwork",
+    "HttpTransport",
+    "HttpConfig",
+    "FLServer",
+    "FLClient",
+    "FLConfig",
+    "Coordinator",
+    "DataServer",
+    "Worker",
+    "LocalCluster",
+    "TandemError",
+    "ConfigError",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,14 @@ def small_setup():
 
 
 def compressed(rounds: int, timeout: float, **kw) -> FLConfig:
-    base = dict(rounds=rounds, fraction=1.0, round_timeout=timeout, uplink=UPLINK,
-                rule=ServerRule(momentum=0.5, topk=60), downlink="version", seed=3)
+    base = dict(
+        rounds=rounds,
+        fraction=1.0,
+        round_timeout=timeout,
+        uplink=UPLINK,
+        rule=ServerRule(momentum=0.5, topk=60),
+        downlink="version",
+        seed=3,
+    )
     base.update(kw)
     return FLConfig(**base)

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,7 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, poll: float =
 
 def toml(table: dict[str, Any]) -> str:
     """A TOML document from a dict of scalars/lists and one level of sub-tables."""
+
     def value(v: Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
@@ -55,9 +57,13 @@ def toml(table: dict[str, Any]) -> str:
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
         return repr(v)
+
     top = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
-    subs = [f"\n[{k}]\n" + "\n".join(f"{sk} = {value(sv)}" for sk, sv in v.items())
-            for k, v in table.items() if isinstance(v, dict)]
+    subs = [
+        f"\n[{k}]\n" + "\n".join(f"{sk} = {value(sv)}" for sk, sv in v.items())
+        for k, v in table.items()
+        if isinstance(v, dict)
+    ]
     return "\n".join(top) + "\n" + "\n".join(subs) + "\n"
 
 
@@ -69,12 +75,16 @@ def write_data(folder: Path, seed: int = 0) -> None:
     xl = rng.normal(size=(n, F_LEADER)).astype("f4")
     xf = rng.normal(size=(n, F_FOLLOWER)).astype("f4")
     y = (xl[:, 0] + xf[:, 0] > 0).astype("f4")
-    np.savez(folder / "leader.npz", x_train=xl[:ROWS], y_train=y[:ROWS], x_test=xl[ROWS:],
-             y_test=y[ROWS:])
+    np.savez(
+        folder / "leader.npz",
+        x_train=xl[:ROWS],
+        y_train=y[:ROWS],
+        x_test=xl[ROWS:],
+        y_test=y[ROWS:],
+    )
     np.savez(folder / "follower.npz", x_train=xf[:ROWS][::-1], x_test=xf[ROWS:])
     write_aligned(folder / "leader_aligned.csv", [(i, f"c{i}") for i in range(ROWS)])
-    write_aligned(folder / "follower_aligned.csv",
-                  [(ROWS - 1 - i, f"c{i}") for i in range(ROWS)])
+    write_aligned(folder / "follower_aligned.csv", [(ROWS - 1 - i, f"c{i}") for i in range(ROWS)])
 
 
 def write_aligned(path: Path, pairs) -> None:
@@ -98,8 +108,9 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
-            raise AssertionError(f"party did not exit within {timeout} s; stderr:\n"
-                                 f"{self.err.read_text()[-3000:]}") from None
+            raise AssertionError(
+                f"party did not exit within {timeout} s; stderr:\n{self.err.read_text()[-3000:]}"
+            ) from None
         lines = [ln for ln in self.out.read_text().splitlines() if ln.startswith("{")]
         return rc, (json.loads(lines[-1]) if lines else None), self.err.read_text()
 
@@ -123,21 +134,36 @@ class Job:
         ports = {"leader": free_port(), "follower": free_port()}
         self.ports = ports
         common = lambda role: {  # noqa: E731
-            "role": role, "name": role, "export_dir": f"out/{role}", "progress": False,
-            "wait": 60.0, "grace": 10.0,
+            "role": role,
+            "name": role,
+            "export_dir": f"out/{role}",
+            "progress": False,
+            "wait": 60.0,
+            "grace": 10.0,
             "listen": {"host": "127.0.0.1", "port": ports[role]},
             "security": {"secret": "s3cret", "retry_timeout": 10.0},
             "model": {"topology": "leader_follower", "cut": 4, "hidden": [8], "out": 1},
             "checkpoint": {"dir": f"ckpt/{role}", "every": every, "keep": 2},
         }
         self.cfg = {
-            "leader": {**common("leader"), "peers": {"follower": self.url("follower")},
-                       "data": {"source": "leader.npz", "aligned": "leader_aligned.csv"},
-                       "schema": {"follower": F_FOLLOWER},
-                       "train": {"batch_size": 16, "epochs": epochs, "groups": 2,
-                                 "learning_rate": 0.01, "seed": 3}},
-            "follower": {**common("follower"), "peers": {"leader": self.url("leader")},
-                         "data": {"source": "follower.npz", "aligned": "follower_aligned.csv"}},
+            "leader": {
+                **common("leader"),
+                "peers": {"follower": self.url("follower")},
+                "data": {"source": "leader.npz", "aligned": "leader_aligned.csv"},
+                "schema": {"follower": F_FOLLOWER},
+                "train": {
+                    "batch_size": 16,
+                    "epochs": epochs,
+                    "groups": 2,
+                    "learning_rate": 0.01,
+                    "seed": 3,
+                },
+            },
+            "follower": {
+                **common("follower"),
+                "peers": {"leader": self.url("leader")},
+                "data": {"source": "follower.npz", "aligned": "follower_aligned.csv"},
+            },
         }
 
     def url(self, role: str) -> str:
@@ -157,8 +183,12 @@ class Job:
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "tandem", "party", "--config",
-                 str(self.path(role))], cwd=ROOT, stdout=fo, stderr=fe, env=env)
+                [sys.executable, "-m", "tandem", "party", "--config", str(self.path(role))],
+                cwd=ROOT,
+                stdout=fo,
+                stderr=fe,
+                env=env,
+            )
         return Proc(popen, out, err)
 
     def run_both(self, tag: str = "", timeout: float = 90.0):
@@ -170,8 +200,11 @@ class Job:
         folder = self.folder / "ckpt" / role
         if not folder.is_dir():
             return []
-        return sorted(int(n[5:14]) for n in os.listdir(folder)
-                      if n.startswith("step-") and n.endswith(".safetensors"))
+        return sorted(
+            int(n[5:14])
+            for n in os.listdir(folder)
+            if n.startswith("step-") and n.endswith(".safetensors")
+        )
 
     def exported(self, role: str) -> dict[str, np.ndarray]:
         """The exported tensors of ``role`` by name."""

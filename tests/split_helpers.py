@@ -47,20 +47,42 @@ def models_for(topo: Topology, width: int = 3, feat: int = 4, out: int = 1):
     return models
 
 
-def make_job(topo: Topology, *, rows: int = 24, seed: int = 0, feat: int = 4,
-             config: SplitConfig | None = None, network: MemoryNetwork | None = None, trace=None):
+def make_job(
+    topo: Topology,
+    *,
+    rows: int = 24,
+    seed: int = 0,
+    feat: int = 4,
+    config: SplitConfig | None = None,
+    network: MemoryNetwork | None = None,
+    trace=None,
+):
     rng = np.random.default_rng(seed)
     net = network or MemoryNetwork()
     models = models_for(topo, feat=feat)
-    cfg = config or SplitConfig(batch_size=rows, groups=1, optimizer="sgd", learning_rate=0.1,
-                                seed=seed, threshold=2, capacity=16)
+    cfg = config or SplitConfig(
+        batch_size=rows,
+        groups=1,
+        optimizer="sgd",
+        learning_rate=0.1,
+        seed=seed,
+        threshold=2,
+        capacity=16,
+    )
     data = {p: rng.normal(size=(rows, feat)).astype(np.float32) for p in topo.parties}
     labels = (rng.random(rows) > 0.5).astype(np.float32)
     parties = {}
     for p in topo.parties:
-        parties[p] = SplitParty(p, topo, models, net.endpoint(p), datasets={"train": data[p]},
-                                labels={"train": labels} if p == topo.label_owner else None,
-                                config=cfg, trace=trace)
+        parties[p] = SplitParty(
+            p,
+            topo,
+            models,
+            net.endpoint(p),
+            datasets={"train": data[p]},
+            labels={"train": labels} if p == topo.label_owner else None,
+            config=cfg,
+            trace=trace,
+        )
     return parties, data, labels, models
 
 

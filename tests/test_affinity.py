@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from tandem.parties.cli.affinity import ENV, colocate_python_threads, thread_cpus
 from tandem.errors import ConfigError
+from tandem.parties.cli.affinity import ENV, colocate_python_threads, thread_cpus
 
 LINUX = sys.platform.startswith("linux") and hasattr(os, "sched_setaffinity")
 MULTI = LINUX and len(os.sched_getaffinity(0)) >= 2
@@ -82,8 +82,10 @@ def test_a_process_allowed_one_cpu_is_left_alone():
 
 
 @pytest.mark.skipif(not LINUX, reason="CPU affinity is Linux's")
-@pytest.mark.parametrize("value, match", [("9999", "names a CPU this process may not use"),
-                                          ("fast", "is not understood")])
+@pytest.mark.parametrize(
+    "value, match",
+    [("9999", "names a CPU this process may not use"), ("fast", "is not understood")],
+)
 def test_refuses_a_cpu_it_cannot_use_and_says_which_it_can(value, match):
     before = thread_cpus()
     with pytest.raises(ConfigError, match=match) as info:
@@ -92,17 +94,35 @@ def test_refuses_a_cpu_it_cannot_use_and_says_which_it_can(value, match):
     assert thread_cpus() == before  # nothing changed
 
 
-@pytest.mark.parametrize("argv, pins", [
-    (["demo"], True),
-    (["party", "--config", "x.toml"], True),
-    (["predict", "--config", "x.toml"], True),
-    (["align", "--name", "a", "--role", "leader", "--peer", "b=http://h:1", "--ids", "i.csv",
-      "--out", "o.csv"], False),  # its ECDH process pool must keep every CPU
-    (["fl", "demo"], False),
-    (["elastic", "demo"], False),
-])
+@pytest.mark.parametrize(
+    "argv, pins",
+    [
+        (["demo"], True),
+        (["party", "--config", "x.toml"], True),
+        (["predict", "--config", "x.toml"], True),
+        (
+            [
+                "align",
+                "--name",
+                "a",
+                "--role",
+                "leader",
+                "--peer",
+                "b=http://h:1",
+                "--ids",
+                "i.csv",
+                "--out",
+                "o.csv",
+            ],
+            False,
+        ),  # its ECDH process pool must keep every CPU
+        (["fl", "demo"], False),
+        (["elastic", "demo"], False),
+    ],
+)
 def test_only_pipeline_commands_ask_for_the_pin(argv, pins):
     from tandem.parties.cli import build_parser
+
     args = build_parser().parse_args(argv)
     assert getattr(args, "colocate_threads", False) is pins
 
@@ -110,6 +130,7 @@ def test_only_pipeline_commands_ask_for_the_pin(argv, pins):
 def test_cli_pins_before_its_loop_and_reports_a_bad_setting(monkeypatch, capsys):
     import tandem.parties.cli as cli
     import tandem.parties.cli.affinity as affinity
+
     calls = []
     monkeypatch.setattr(affinity, "colocate_python_threads", lambda: calls.append("pin"))
 

@@ -38,12 +38,42 @@ async def test_align_command_writes_matching_rows(tmp_path, monkeypatch, capsys)
     write_csv(tmp_path / "a.csv", ["x", "cid"], [[i, f"c{i}"] for i in range(30)])
     write_csv(tmp_path / "b.csv", ["cid"], [[f"c{i}"] for i in range(50, 10, -1)] + [["c12"]])
     pa, pb = free_port(), free_port()
-    args_a = parse(["align", "--name", "A", "--role", "leader", "--port", str(pa),
-                    "--peer", f"B=http://127.0.0.1:{pb}", "--ids", str(tmp_path / "a.csv"),
-                    "--column", "cid", "--out", str(tmp_path / "a_out.csv")])
-    args_b = parse(["align", "--name", "B", "--role", "follower", "--port", str(pb),
-                    "--peer", f"A=http://127.0.0.1:{pa}", "--ids", str(tmp_path / "b.csv"),
-                    "--out", str(tmp_path / "b_out.csv")])
+    args_a = parse(
+        [
+            "align",
+            "--name",
+            "A",
+            "--role",
+            "leader",
+            "--port",
+            str(pa),
+            "--peer",
+            f"B=http://127.0.0.1:{pb}",
+            "--ids",
+            str(tmp_path / "a.csv"),
+            "--column",
+            "cid",
+            "--out",
+            str(tmp_path / "a_out.csv"),
+        ]
+    )
+    args_b = parse(
+        [
+            "align",
+            "--name",
+            "B",
+            "--role",
+            "follower",
+            "--port",
+            str(pb),
+            "--peer",
+            f"A=http://127.0.0.1:{pa}",
+            "--ids",
+            str(tmp_path / "b.csv"),
+            "--out",
+            str(tmp_path / "b_out.csv"),
+        ]
+    )
     async with asyncio.TaskGroup() as tg:
         ra = tg.create_task(args_a.func(args_a))
         rb = tg.create_task(args_b.func(args_b))
@@ -53,19 +83,50 @@ async def test_align_command_writes_matching_rows(tmp_path, monkeypatch, capsys)
     assert summaries[0]["intersection_commitment"] == summaries[1]["intersection_commitment"]
     out_a = read_csv(tmp_path / "a_out.csv")
     out_b = read_csv(tmp_path / "b_out.csv")
-    assert [r[1] for r in out_a] == [r[1] for r in out_b] == sorted(
-        (f"c{i}" for i in range(11, 30)), key=ecdh.canonical)
+    assert (
+        [r[1] for r in out_a]
+        == [r[1] for r in out_b]
+        == sorted((f"c{i}" for i in range(11, 30)), key=ecdh.canonical)
+    )
     assert all(out_a_row[1] == f"c{out_a_row[0]}" for out_a_row in out_a)  # rows of a.csv
 
 
 async def test_align_command_reports_bad_input(tmp_path, capsys):
     write_csv(tmp_path / "a.csv", ["cid"], [["c1"]])
-    args = parse(["align", "--name", "A", "--role", "leader", "--peer", "B=http://127.0.0.1:9",
-                  "--ids", str(tmp_path / "a.csv"), "--column", "nope", "--out", "x.csv"])
+    args = parse(
+        [
+            "align",
+            "--name",
+            "A",
+            "--role",
+            "leader",
+            "--peer",
+            "B=http://127.0.0.1:9",
+            "--ids",
+            str(tmp_path / "a.csv"),
+            "--column",
+            "nope",
+            "--out",
+            "x.csv",
+        ]
+    )
     assert await args.func(args) == 1
     assert "has no column 'nope'" in capsys.readouterr().err
-    args = parse(["align", "--name", "A", "--role", "leader", "--peer", "B",
-                  "--ids", str(tmp_path / "a.csv"), "--out", "x.csv"])
+    args = parse(
+        [
+            "align",
+            "--name",
+            "A",
+            "--role",
+            "leader",
+            "--peer",
+            "B",
+            "--ids",
+            str(tmp_path / "a.csv"),
+            "--out",
+            "x.csv",
+        ]
+    )
     assert await args.func(args) == 2
     assert "--peer must be NAME=URL" in capsys.readouterr().err
 
@@ -73,8 +134,22 @@ async def test_align_command_reports_bad_input(tmp_path, capsys):
 async def test_align_command_times_out_without_peer(tmp_path, capsys):
     write_csv(tmp_path / "a.csv", ["cid"], [["c1"]])
     pb = free_port()  # nobody listens there
-    args = parse(["align", "--name", "A", "--role", "leader", "--peer",
-                  f"B=http://127.0.0.1:{pb}", "--ids", str(tmp_path / "a.csv"), "--out",
-                  str(tmp_path / "o.csv"), "--timeout", "0.3"])
+    args = parse(
+        [
+            "align",
+            "--name",
+            "A",
+            "--role",
+            "leader",
+            "--peer",
+            f"B=http://127.0.0.1:{pb}",
+            "--ids",
+            str(tmp_path / "a.csv"),
+            "--out",
+            str(tmp_path / "o.csv"),
+            "--timeout",
+            "0.3",
+        ]
+    )
     assert await args.func(args) == 1
     assert "no result from B after 0.3 s" in capsys.readouterr().err

@@ -14,19 +14,30 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 def _in_child(env_extra: dict[str, str]) -> str:
     """Call tune_allocator in a fresh interpreter (the setting is process-wide)."""
     import os
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.update(env_extra)
-    out = subprocess.run([sys.executable, "-c",
-                          "from tandem.parties.cli.allocator import tune_allocator;"
-                          "print(sorted(tune_allocator().items()))"],
-                         env=env, capture_output=True, text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from tandem.parties.cli.allocator import tune_allocator;"
+            "print(sorted(tune_allocator().items()))",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     return out.stdout.strip()
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 def test_sets_both_thresholds_on_glibc():
-    assert _in_child({}) == str(sorted({"MALLOC_MMAP_THRESHOLD_": 4 << 20,
-                                        "MALLOC_TRIM_THRESHOLD_": 128 << 20}.items()))
+    assert _in_child({}) == str(
+        sorted({"MALLOC_MMAP_THRESHOLD_": 4 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}.items())
+    )
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
@@ -35,8 +46,15 @@ def test_user_environment_wins():
     assert got == str([("MALLOC_MMAP_THRESHOLD_", 4 << 20)])
 
 
-@pytest.mark.parametrize("kw", [{"mmap_threshold": 64 << 20}, {"mmap_threshold": -1},
-                                {"trim_threshold": -5}, {"trim_threshold": 1 << 31}])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"mmap_threshold": 64 << 20},
+        {"mmap_threshold": -1},
+        {"trim_threshold": -5},
+        {"trim_threshold": 1 << 31},
+    ],
+)
 def test_refuses_values_glibc_would_refuse(kw):
     with pytest.raises(ValueError, match="threshold must be"):
         tune_allocator(**kw)
@@ -44,6 +62,7 @@ def test_refuses_values_glibc_would_refuse(kw):
 
 def test_cli_entry_point_tunes_before_its_loop(monkeypatch):
     import tandem.parties.cli.commands as cli
+
     calls = []
     monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append(1) or {})
 

@@ -26,7 +26,9 @@ def test_bench_fl_tiny(capsys):
     assert out["bytes_up_compressed"] < out["bytes_up_dense"]
     assert out["total_ratio"] == pytest.approx(
         (out["bytes_up_dense"] + out["bytes_down_dense"])
-        / (out["bytes_up_compressed"] + out["bytes_down_compressed"]), rel=1e-2)
+        / (out["bytes_up_compressed"] + out["bytes_down_compressed"]),
+        rel=1e-2,
+    )
 
 
 @pytest.mark.slow

@@ -8,34 +8,78 @@ import pytest
 
 from bench.pipeline import BenchConfig, round_order, run_benchmark
 
-KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups",
-        "auto_vs_best", "auto_vs_best_of_medians", "sweep", "bound_terms", "overhead_us_per_op",
-        "overhead_us_per_compute_op", "overhead_cpu_us_per_op", "handoff_us_per_compute_op",
-        "link", "workload", "loadavg", "schedule_s", "schedule_efficiency", "engine_efficiency",
-        "chunks", "unchunked_s", "unchunked_efficiency", "tuner_first_n", "tune_rechecks")
+KEYS = (
+    "sequential_s",
+    "pipelined_s",
+    "bound_s",
+    "speedup",
+    "efficiency",
+    "n_groups",
+    "auto_vs_best",
+    "auto_vs_best_of_medians",
+    "sweep",
+    "bound_terms",
+    "overhead_us_per_op",
+    "overhead_us_per_compute_op",
+    "overhead_cpu_us_per_op",
+    "handoff_us_per_compute_op",
+    "link",
+    "workload",
+    "loadavg",
+    "schedule_s",
+    "schedule_efficiency",
+    "engine_efficiency",
+    "chunks",
+    "unchunked_s",
+    "unchunked_efficiency",
+    "tuner_first_n",
+    "tune_rechecks",
+)
 
 
 @pytest.mark.slow
 async def test_pipeline_benchmark_tiny(tmp_path):
-    cfg = BenchConfig(batch_size=16, batches=2, repeats=2, d_in=8, hidden=(16,), cut=8,
-                      top_hidden=(4,), warmup=1, recalibrate=1, sweep=(1, 4), tune_epochs=100,
-                      overhead_batch=8, overhead_groups=8, overhead_batches=2)
+    cfg = BenchConfig(
+        batch_size=16,
+        batches=2,
+        repeats=2,
+        d_in=8,
+        hidden=(16,),
+        cut=8,
+        top_hidden=(4,),
+        warmup=1,
+        recalibrate=1,
+        sweep=(1, 4),
+        tune_epochs=100,
+        overhead_batch=8,
+        overhead_groups=8,
+        overhead_batches=2,
+    )
     plot = tmp_path / "gantt.png"
     result = await run_benchmark(cfg, plot=str(plot), log=lambda msg: None)
     for key in KEYS:
         assert key in result, key
-    for key in ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency",
-                "auto_vs_best", "overhead_us_per_op"):
+    for key in (
+        "sequential_s",
+        "pipelined_s",
+        "bound_s",
+        "speedup",
+        "efficiency",
+        "auto_vs_best",
+        "overhead_us_per_op",
+    ):
         assert math.isfinite(result[key]) and result[key] > 0 or key == "overhead_us_per_op", key
         assert math.isfinite(result[key]), key
     assert set(result["sweep"]) == {"1", "4"}
     # auto against the best fixed n within each round (paired), and as a ratio of medians
     best = result["runs"][f"n={result['best_fixed_n']}"]
     assert result["sweep"][str(result["best_fixed_n"])] == min(result["sweep"].values())
-    assert result["auto_vs_best"] == pytest.approx(statistics.median(
-        f / a for f, a in zip(best, result["runs"]["pipelined_s"])))
+    assert result["auto_vs_best"] == pytest.approx(
+        statistics.median(f / a for f, a in zip(best, result["runs"]["pipelined_s"]))
+    )
     assert result["auto_vs_best_of_medians"] == pytest.approx(
-        min(result["sweep"].values()) / result["pipelined_s"])
+        min(result["sweep"].values()) / result["pipelined_s"]
+    )
     assert all(math.isfinite(t) and t > 0 for t in result["sweep"].values())
     assert 1 <= result["n_groups"] <= cfg.batch_size
     terms = {k: v for k, v in result["bound_terms"].items() if k != "definition"}
@@ -59,16 +103,19 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     for key in ("compute_s", "link_s", "sequential_compute_s"):
         assert len(cal[key]) == cfg.repeats and all(v > 0 for v in cal[key]), key
     assert cal["link_s"] == pytest.approx([c * cfg.link_ratio for c in cal["compute_s"]])
-    assert result["link_vs_compute"] == pytest.approx(statistics.median(
-        link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"])))
+    assert result["link_vs_compute"] == pytest.approx(
+        statistics.median(link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"]))
+    )
     # the zero-cost schedule at the tuner's n: never shorter than a link's transfer time
     if result["schedule_s"] is not None:
         links = max(v for k, v in terms.items() if k.startswith("link"))
         assert result["schedule_s"] >= links * (1 - 1e-9)
         assert result["engine_efficiency"] == pytest.approx(
-            result["schedule_s"] / result["pipelined_s"])
+            result["schedule_s"] / result["pipelined_s"]
+        )
         assert result["schedule_efficiency"] == pytest.approx(
-            result["bound_s"] / result["schedule_s"])
+            result["bound_s"] / result["schedule_s"]
+        )
 
 
 def test_each_round_times_auto_next_to_the_fixed_run_of_its_n_on_alternating_sides():
@@ -89,13 +136,13 @@ def test_each_round_times_auto_next_to_the_fixed_run_of_its_n_on_alternating_sid
 async def test_schedule_replays_a_traced_run_in_the_simulator():
     """`_schedule` (``schedule_s``): the traced ops' durations and bytes, replayed by the
     simulator on the benchmark's link, give a makespan no shorter than the link's share."""
+    import asyncio
+
     from bench.pipeline import A, B, Workload, _schedule
     from tandem.engine.lanes import ThreadLane
     from tandem.engine.trace import Trace
-    import asyncio
 
-    wl = Workload(batch_size=32, n_batches=1, d_in=8, hidden=(16,), cut=8, top_hidden=(4,),
-                  seed=0)
+    wl = Workload(batch_size=32, n_batches=1, d_in=8, hidden=(16,), cut=8, top_hidden=(4,), seed=0)
     bandwidth, latency = 32 * 8 * 4 / 0.02, 0.001  # 20 ms per direction per batch
     wl.net.shape(A, B, bandwidth=bandwidth, latency=latency, both=True)
     trace = Trace()
@@ -124,11 +171,20 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["starts"] == [3, 8]
     assert out["noise_model"] == "measured" and out["noise"] is None
-    assert [(s["samples"], s["first_search_margin"], s["prefer_larger"], s["confirm"],
-             s["trim"]) for s in out["settings"]] == \
-        [(3, True, False, 0, 0.0), (3, False, False, 0, 0.0), (4, False, False, 0, 0.0),
-         (5, False, False, 0, 0.0), (8, False, False, 0, 0.0), (4, False, True, 0, 0.0),
-         (8, False, True, 0, 0.0), (4, False, True, 2, 0.0), (4, False, True, 2, 0.25)]
+    assert [
+        (s["samples"], s["first_search_margin"], s["prefer_larger"], s["confirm"], s["trim"])
+        for s in out["settings"]
+    ] == [
+        (3, True, False, 0, 0.0),
+        (3, False, False, 0, 0.0),
+        (4, False, False, 0, 0.0),
+        (5, False, False, 0, 0.0),
+        (8, False, False, 0, 0.0),
+        (4, False, True, 0, 0.0),
+        (8, False, True, 0, 0.0),
+        (4, False, True, 2, 0.0),
+        (4, False, True, 2, 0.25),
+    ]
     assert out["drift"] == 0.0
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= s["behind_2pct"] <= 1
@@ -145,10 +201,12 @@ def test_drift_moves_whole_spells_of_batches_alike():
 
     calm = settle(1, samples=4, first_margin=False, noise=0.0, start=3)
     assert settle(1, samples=4, first_margin=False, noise=0.0, start=3) == calm
-    drifting = [settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2)
-                for s in range(20)]
-    assert drifting == [settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2)
-                        for s in range(20)]
+    drifting = [
+        settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2) for s in range(20)
+    ]
+    assert drifting == [
+        settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2) for s in range(20)
+    ]
     assert len({n for n, _ in drifting}) > 1  # a strong drift sends some runs elsewhere
 
 
@@ -159,8 +217,10 @@ def test_rechecks_keep_a_settled_n_when_their_wins_are_measured_again():
     from bench.tuner_noise import settle
 
     def off_eight(verify: bool) -> int:
-        runs = [settle(s, samples=4, first_margin=False, noise=0.0, start=8, rechecks=2,
-                       verify=verify) for s in range(60)]
+        runs = [
+            settle(s, samples=4, first_margin=False, noise=0.0, start=8, rechecks=2, verify=verify)
+            for s in range(60)
+        ]
         assert all(b > 2 * 50 for _, b in runs)  # both re-checks ran
         return sum(n != 8 for n, _ in runs)
 
@@ -190,16 +250,29 @@ def test_balance_splits_each_batch_into_parts_that_add_up():
     tr = Trace()
     for t0 in (0.0, 12 * ms):  # two identical 12 ms batches
         for party, lane, name, start, end in [
-                ("A", "compute", "F(bottom,0)", 0, 1), ("A", "send->B", "S(act,0)", 1, 3),
-                ("A", "send->B", "S(act,1)", 3, 5), ("B", "compute", "L(top,0)", 4, 4.5),
-                ("B", "send->A", "S(grad,0)", 5, 7), ("B", "send->A", "S(grad,1)", 8, 9),
-                ("A", "compute", "B(bottom,0)", 10, 11), ("A", "compute", "U(bottom)", 11, 12)]:
+            ("A", "compute", "F(bottom,0)", 0, 1),
+            ("A", "send->B", "S(act,0)", 1, 3),
+            ("A", "send->B", "S(act,1)", 3, 5),
+            ("B", "compute", "L(top,0)", 4, 4.5),
+            ("B", "send->A", "S(grad,0)", 5, 7),
+            ("B", "send->A", "S(grad,1)", 8, 9),
+            ("A", "compute", "B(bottom,0)", 10, 11),
+            ("A", "compute", "U(bottom)", 11, 12),
+        ]:
             tr.add(TraceEvent(party, lane, name, 0, t0 + start * ms, t0 + end * ms))
     parts = batch_parts(tr)
     assert len(parts) == 2
     for p in parts:
-        assert p == pytest.approx({"fill_ms": 1, "grad_start_ms": 4, "grad_link_ms": 3,
-                                   "grad_gaps_ms": 1, "drain_ms": 3, "batch_ms": 12})
+        assert p == pytest.approx(
+            {
+                "fill_ms": 1,
+                "grad_start_ms": 4,
+                "grad_link_ms": 3,
+                "grad_gaps_ms": 1,
+                "drain_ms": 3,
+                "batch_ms": 12,
+            }
+        )
         assert sum(p[k] for k in PARTS) == pytest.approx(p["batch_ms"])
     with pytest.raises(ValueError, match="no update on A"):
         batch_parts(Trace())
@@ -211,9 +284,19 @@ async def test_balance_benchmark_tiny(tmp_path):
     the medians of the parts close to the median batch."""
     from bench.balance import PARTS, BalanceConfig, measure_balance
 
-    cfg = BalanceConfig(batch_size=32, batches=2, repeats=2, n_groups=4, chunks=2,
-                        ratios=(1.0, 2.0), calibration=1, d_in=8, hidden=(16,), cut=8,
-                        top_hidden=(4,))
+    cfg = BalanceConfig(
+        batch_size=32,
+        batches=2,
+        repeats=2,
+        n_groups=4,
+        chunks=2,
+        ratios=(1.0, 2.0),
+        calibration=1,
+        d_in=8,
+        hidden=(16,),
+        cut=8,
+        top_hidden=(4,),
+    )
     plot = tmp_path / "balance.png"
     result = await measure_balance(cfg, log=lambda msg: None, plot=str(plot))
     assert set(result["ratios"]) == {"1", "2"}

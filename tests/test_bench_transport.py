@@ -11,13 +11,21 @@ from bench import transport
 
 @pytest.mark.slow
 def test_bench_transport_tiny(capsys):
-    assert transport.main(["--json", "--mib", "1", "--repeats", "2", "--rounds", "2",
-                           "--small", "5"]) == 0
+    assert (
+        transport.main(["--json", "--mib", "1", "--repeats", "2", "--rounds", "2", "--small", "5"])
+        == 0
+    )
     lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert len(lines) == 1
     r = json.loads(lines[0])
-    for key in ("raw_MBps", "http_MBps", "ratio_vs_raw", "http_hmac_MBps", "small_frame_us",
-                "small_frame_hmac_us"):
+    for key in (
+        "raw_MBps",
+        "http_MBps",
+        "ratio_vs_raw",
+        "http_hmac_MBps",
+        "small_frame_us",
+        "small_frame_hmac_us",
+    ):
         assert math.isfinite(r[key]) and r[key] > 0, key
     assert all(len(v) == 2 for v in r["runs"].values())
     assert len(r["load"]["loadavg_start"]) == 3

@@ -22,16 +22,52 @@ import pytest
 from bench.wan import LinkSetupError, NetnsLink
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--batch-size", "64", "--batches", "2", "--repeats", "1", "--d-in", "8", "--hidden",
-        "16", "--cut", "8", "--sweep", "2", "--tune-epochs", "2", "--rate-mbit", "10"]
-KEYS = ("sequential_s", "pipelined_s", "bound_s", "speedup", "efficiency", "n_groups", "link",
-        "bound_terms", "sweep", "workload", "runs", "load")
+TINY = [
+    "--batch-size",
+    "64",
+    "--batches",
+    "2",
+    "--repeats",
+    "1",
+    "--d-in",
+    "8",
+    "--hidden",
+    "16",
+    "--cut",
+    "8",
+    "--sweep",
+    "2",
+    "--tune-epochs",
+    "2",
+    "--rate-mbit",
+    "10",
+]
+KEYS = (
+    "sequential_s",
+    "pipelined_s",
+    "bound_s",
+    "speedup",
+    "efficiency",
+    "n_groups",
+    "link",
+    "bound_terms",
+    "sweep",
+    "workload",
+    "runs",
+    "load",
+)
 
 
 def _bench(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench.wan", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"}, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.wan", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        **kw,
+    )
 
 
 def _namespaces() -> set[str]:
@@ -49,8 +85,9 @@ def _can_make_namespaces() -> bool:
         return False
 
 
-needs_netns = pytest.mark.skipif(not _can_make_namespaces(),
-                                 reason="needs root, iproute2 and permission to make namespaces")
+needs_netns = pytest.mark.skipif(
+    not _can_make_namespaces(), reason="needs root, iproute2 and permission to make namespaces"
+)
 
 
 @pytest.mark.slow
@@ -155,6 +192,7 @@ def test_size_workload_search(monkeypatch):
         async def fake(w, who, rounds=3):
             calls.append(w.hidden)
             return model(w.hidden)
+
         calls: list[int] = []
         monkeypatch.setattr(wan, "compute_per_batch", fake)
         monkeypatch.setattr(wan, "_log", lambda who, msg: None)

@@ -5,26 +5,59 @@ from __future__ import annotations
 import numpy as np
 import orjson
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from tandem.errors import FrameError, PayloadTooLargeError
 from tandem.transports import codec
 from tandem.transports.base import Frame
-from tandem.errors import FrameError, PayloadTooLargeError
 
-DTYPES = st.sampled_from(["bool", "int8", "uint16", "<i4", ">i4", "int64", "float16", "float32",
-                          ">f8", "complex64", "complex128"])
-arrays = DTYPES.flatmap(lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3,
-                                                                             min_side=0, max_side=5)))
-json_leaf = st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(max_size=10) | \
-    st.floats(allow_nan=False, allow_infinity=False)
-meta = st.dictionaries(st.text(max_size=8),
-                       st.recursive(json_leaf, lambda c: st.lists(c, max_size=3) |
-                                    st.dictionaries(st.text(max_size=5), c, max_size=3),
-                                    max_leaves=8), max_size=4)
-frames = st.builds(Frame, sender=st.text(max_size=8), channel=st.text(max_size=8),
-                   msg_id=st.integers(0, 2**62), spec_hash=st.text(max_size=16), meta=meta,
-                   arrays=st.lists(arrays, max_size=4).map(tuple))
+DTYPES = st.sampled_from(
+    [
+        "bool",
+        "int8",
+        "uint16",
+        "<i4",
+        ">i4",
+        "int64",
+        "float16",
+        "float32",
+        ">f8",
+        "complex64",
+        "complex128",
+    ]
+)
+arrays = DTYPES.flatmap(
+    lambda dt: hnp.arrays(
+        np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=5)
+    )
+)
+json_leaf = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**53), 2**53)
+    | st.text(max_size=10)
+    | st.floats(allow_nan=False, allow_infinity=False)
+)
+meta = st.dictionaries(
+    st.text(max_size=8),
+    st.recursive(
+        json_leaf,
+        lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=5), c, max_size=3),
+        max_leaves=8,
+    ),
+    max_size=4,
+)
+frames = st.builds(
+    Frame,
+    sender=st.text(max_size=8),
+    channel=st.text(max_size=8),
+    msg_id=st.integers(0, 2**62),
+    spec_hash=st.text(max_size=16),
+    meta=meta,
+    arrays=st.lists(arrays, max_size=4).map(tuple),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -34,8 +67,12 @@ def test_roundtrip(frame):
     assert len(data) == codec.encoded_size(frame)
     assert b"".join(bytes(p) for p in codec.encode_parts(frame)) == data
     got = codec.decode(data)
-    assert (got.sender, got.channel, got.msg_id, got.spec_hash) == \
-        (frame.sender, frame.channel, frame.msg_id, frame.spec_hash)
+    assert (got.sender, got.channel, got.msg_id, got.spec_hash) == (
+        frame.sender,
+        frame.channel,
+        frame.msg_id,
+        frame.spec_hash,
+    )
     assert got.meta == frame.meta
     assert len(got.arrays) == len(frame.arrays)
     for x, y in zip(frame.arrays, got.arrays):
@@ -53,17 +90,18 @@ def test_first_array_starts_aligned_and_unpadded_frames_still_decode(meta, sende
     x = np.arange(10, dtype=np.float64)
     frame = Frame(sender=sender, meta=meta, arrays=(x,))
     data = codec.encode(frame)
-    header_len = codec.parse_prefix(data[:codec.PREFIX_SIZE])
+    header_len = codec.parse_prefix(data[: codec.PREFIX_SIZE])
     assert (codec.PREFIX_SIZE + header_len) % codec.ALIGN == 0
     buf = np.empty(len(data) + codec.ALIGN, np.uint8)
     start = -buf.ctypes.data % codec.ALIGN
-    buf[start:start + len(data)] = np.frombuffer(data, np.uint8)
-    got = codec.decode(memoryview(buf)[start:start + len(data)])
+    buf[start : start + len(data)] = np.frombuffer(data, np.uint8)
+    got = codec.decode(memoryview(buf)[start : start + len(data)])
     assert got.arrays[0].flags.aligned and got.arrays[0].ctypes.data % codec.ALIGN == 0
     np.testing.assert_array_equal(got.arrays[0], x)
     header = orjson.dumps(codec.header_of(frame))  # as an encoder without padding wrote it
-    unpadded = (codec._PREFIX.pack(codec.MAGIC, len(header)) + header
-                + memoryview(x).cast("B").tobytes())
+    unpadded = (
+        codec._PREFIX.pack(codec.MAGIC, len(header)) + header + memoryview(x).cast("B").tobytes()
+    )
     old = codec.decode(unpadded)
     assert old.meta == got.meta and old.sender == got.sender
     np.testing.assert_array_equal(old.arrays[0], x)
@@ -97,12 +135,23 @@ def test_mutated_frames_raise_frame_error_or_decode(frame, data):
 
 
 @settings(max_examples=120, deadline=None)
-@given(st.dictionaries(st.sampled_from(["sender", "channel", "id", "spec", "meta", "arrays", "x"]),
-                       st.none() | st.integers(-2**63, 2**63 - 1) | st.text(max_size=4) | st.booleans() |
-                       st.lists(st.dictionaries(st.sampled_from(["dtype", "shape", "nbytes"]),
-                                                st.integers(-3, 9) | st.text(max_size=4) |
-                                                st.lists(st.integers(-2, 4), max_size=3)),
-                                max_size=2), max_size=7))
+@given(
+    st.dictionaries(
+        st.sampled_from(["sender", "channel", "id", "spec", "meta", "arrays", "x"]),
+        st.none()
+        | st.integers(-(2**63), 2**63 - 1)
+        | st.text(max_size=4)
+        | st.booleans()
+        | st.lists(
+            st.dictionaries(
+                st.sampled_from(["dtype", "shape", "nbytes"]),
+                st.integers(-3, 9) | st.text(max_size=4) | st.lists(st.integers(-2, 4), max_size=3),
+            ),
+            max_size=2,
+        ),
+        max_size=7,
+    )
+)
 def test_malformed_headers_raise_frame_error(header):
     body = orjson.dumps(header)
     raw = codec._PREFIX.pack(codec.MAGIC, len(body)) + body

@@ -8,8 +8,9 @@ from tandem.parties.split.demo import run_demo
 
 @pytest.mark.slow
 def test_demo_reaches_accuracy_and_writes_trace_and_gantt(tmp_path):
-    result = asyncio.run(run_demo(epochs=8, trace_dir=str(tmp_path), progress=False,
-                                  timing_batches=2, chunks=2))
+    result = asyncio.run(
+        run_demo(epochs=8, trace_dir=str(tmp_path), progress=False, timing_batches=2, chunks=2)
+    )
     assert result["test_accuracy"] >= 0.95
     assert 1 <= result["n_groups"] <= 64
     assert result["sequential_s"] > 0 and result["pipelined_s"] > 0
@@ -23,8 +24,11 @@ def test_demo_reaches_accuracy_and_writes_trace_and_gantt(tmp_path):
     from tandem.engine.microbatch import fit_chunks
 
     n = result["n_groups"]
-    sends = [e for e in trace["traceEvents"] if e["ph"] == "X"
-             and e["name"].startswith("S(act/bottom_follower->top,")]
+    sends = [
+        e
+        for e in trace["traceEvents"]
+        if e["ph"] == "X" and e["name"].startswith("S(act/bottom_follower->top,")
+    ]
     assert len(sends) == 2 * n * fit_chunks(64, n, 2)
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tandem.parties.elastic.local import LocalCluster
 from tandem.parties.elastic.spec import ModelSpec, make_dataset
@@ -26,14 +27,18 @@ INTERVAL = 0.04
 
 triggers = st.one_of(
     st.tuples(st.just("done"), st.integers(0, 40)),
-    st.tuples(st.just("phase"), st.sampled_from(["pause", "checkpoint", "rollback"]),
-              st.integers(1, 5)),
+    st.tuples(
+        st.just("phase"), st.sampled_from(["pause", "checkpoint", "rollback"]), st.integers(1, 5)
+    ),
 )
 actions = st.one_of(
     st.tuples(st.just("kill"), st.integers(0, 5)),
     st.tuples(st.just("join")),
-    st.tuples(st.just("chaos"), st.integers(0, 5),
-              st.sampled_from(["received", "computed", "pushed", "acked"])),
+    st.tuples(
+        st.just("chaos"),
+        st.integers(0, 5),
+        st.sampled_from(["received", "computed", "pushed", "acked"]),
+    ),
 )
 plans = st.lists(st.tuples(triggers, actions), min_size=1, max_size=6)
 
@@ -48,6 +53,7 @@ def run_scenario(plan) -> tuple[dict, LocalCluster]:
             if armed.get(name) == point:
                 armed.pop(name)
                 raise WorkerKilled(f"{name} killed at {point} of batch {batch}")
+
         return chaos
 
     def act(cluster: LocalCluster, action) -> None:
@@ -63,13 +69,18 @@ def run_scenario(plan) -> tuple[dict, LocalCluster]:
     def on_phase(phase: str) -> None:
         phases[phase] = phases.get(phase, 0) + 1
         for i, (trigger, action) in enumerate(plan):
-            if not fired[i] and trigger[0] == "phase" and trigger[1] == phase \
-                    and phases[phase] >= trigger[2]:
+            if (
+                not fired[i]
+                and trigger[0] == "phase"
+                and trigger[1] == phase
+                and phases[phase] >= trigger[2]
+            ):
                 fired[i] = True
                 act(cluster, action)
 
-    cluster = LocalCluster(SPEC, SHARDS, interval=INTERVAL, epochs=EPOCHS, workers=3,
-                           on_phase=on_phase)
+    cluster = LocalCluster(
+        SPEC, SHARDS, interval=INTERVAL, epochs=EPOCHS, workers=3, on_phase=on_phase
+    )
 
     async def script(c: LocalCluster) -> None:
         while True:
@@ -78,7 +89,7 @@ def run_scenario(plan) -> tuple[dict, LocalCluster]:
                 if not fired[i] and trigger[0] == "done" and done >= trigger[1]:
                     fired[i] = True
                     act(c, action)
-            if not c.alive():      # keep the cluster able to finish
+            if not c.alive():  # keep the cluster able to finish
                 act(c, ("join",))
             await asyncio.sleep(0.002)
 
@@ -101,8 +112,11 @@ def run_scenario(plan) -> tuple[dict, LocalCluster]:
 
 
 def check(summary: dict, cluster: LocalCluster) -> None:
-    all_ids = sorted(ds_i * (1 << 20) + b for ds_i, shard in enumerate(SHARDS)
-                     for b in range(shard.n_batches(SPEC.batch_size)))
+    all_ids = sorted(
+        ds_i * (1 << 20) + b
+        for ds_i, shard in enumerate(SHARDS)
+        for b in range(shard.n_batches(SPEC.batch_size))
+    )
     assert summary["epochs"] == EPOCHS
     for epoch in summary["history"]:
         # exactly once, from the ledger's side ...
@@ -127,8 +141,13 @@ def check(summary: dict, cluster: LocalCluster) -> None:
 
 
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(plan=plans)
 def test_churn_exactly_once_and_converges(plan):
     summary, cluster = run_scenario(plan)
@@ -138,9 +157,11 @@ def test_churn_exactly_once_and_converges(plan):
 def test_kill_during_push_and_detection_is_rolled_back():
     """A fixed scenario that surely exercises a rollback: one worker dies right after pushing
     (its batch is applied but never reported), another dies as a detection pauses."""
-    plan = [(("done", 3), ("chaos", 0, "pushed")),
-            (("phase", "pause", 2), ("kill", 1)),
-            (("done", 10), ("join",))]
+    plan = [
+        (("done", 3), ("chaos", 0, "pushed")),
+        (("phase", "pause", 2), ("kill", 1)),
+        (("done", 10), ("join",)),
+    ]
     summary, cluster = run_scenario(plan)
     check(summary, cluster)
     assert summary["rollbacks"] >= 1

@@ -10,8 +10,24 @@ from tandem.parties.elastic.spec import load_shard, load_spec
 
 
 def test_demo_with_churn_commits_every_batch_once(capsys, tmp_path):
-    rc = main(["elastic", "demo", "--quiet", "--epochs", "3", "--rows", "256", "--workers", "3",
-               "--interval", "0.05", "--churn", "--plot", str(tmp_path / "loss.png")])
+    rc = main(
+        [
+            "elastic",
+            "demo",
+            "--quiet",
+            "--epochs",
+            "3",
+            "--rows",
+            "256",
+            "--workers",
+            "3",
+            "--interval",
+            "0.05",
+            "--churn",
+            "--plot",
+            str(tmp_path / "loss.png"),
+        ]
+    )
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert rc == 0
     assert result["exactly_once"] and result["epochs"] == 3
@@ -20,8 +36,9 @@ def test_demo_with_churn_commits_every_batch_once(capsys, tmp_path):
 
 
 def test_prepare_writes_loadable_model_and_shards(tmp_path, capsys):
-    assert main(["elastic", "prepare", "--out", str(tmp_path), "--shards", "2",
-                 "--rows", "64"]) == 0
+    assert (
+        main(["elastic", "prepare", "--out", str(tmp_path), "--shards", "2", "--rows", "64"]) == 0
+    )
     spec = load_spec(str(tmp_path / "model.json"))
     assert load_shard(str(tmp_path / "shard1.npz"), spec).x.shape == (64, spec.sizes[0])
 
@@ -43,8 +60,9 @@ def test_a_worker_no_coordinator_welcomes_exits_with_a_clear_error(tmp_path, cap
     """Started after its coordinator finished (or at a wrong address), a worker used to beat
     into the void forever; it now gives up after ``join_timeout`` and says why."""
     cfg = tmp_path / "w.toml"
-    cfg.write_text('name = "w9"\ncoordinator = "http://127.0.0.1:1"\nheartbeat = 0.05\n'
-                   'join_timeout = 0.5\n')
+    cfg.write_text(
+        'name = "w9"\ncoordinator = "http://127.0.0.1:1"\nheartbeat = 0.05\njoin_timeout = 0.5\n'
+    )
     assert main(["elastic", "worker", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "no WELCOME from coordinator 'coordinator' within 0.5 s" in err

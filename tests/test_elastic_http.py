@@ -26,11 +26,13 @@ from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 EPOCHS = 5
-GATED = ("import sys\n"
-         "import jax, tandem.parties.cli, tandem.parties.elastic.cli, tandem.parties.elastic.worker, tandem.transports.http\n"
-         "print('ready', flush=True)\n"
-         "sys.stdin.readline()\n"
-         "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n")
+GATED = (
+    "import sys\n"
+    "import jax, tandem.parties.cli, tandem.parties.elastic.cli, tandem.parties.elastic.worker, tandem.transports.http\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n"
+)
 
 
 def _free_ports(n: int) -> list[int]:
@@ -67,34 +69,61 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
     secret = "test-secret"
     common = dict(host="127.0.0.1", secret=secret, coordinator=url(pc))
     cfg = {
-        "ds0": _toml(tmp_path / "ds0.toml", name="ds0", port=p0, model=str(tmp_path / "model.json"),
-                     shard=str(tmp_path / "shard0.npz"), **common),
-        "ds1": _toml(tmp_path / "ds1.toml", name="ds1", port=p1,
-                     model=f"file://{tmp_path}/model.json",
-                     shard=f"file://{tmp_path}/shard1.npz", **common),
+        "ds0": _toml(
+            tmp_path / "ds0.toml",
+            name="ds0",
+            port=p0,
+            model=str(tmp_path / "model.json"),
+            shard=str(tmp_path / "shard0.npz"),
+            **common,
+        ),
+        "ds1": _toml(
+            tmp_path / "ds1.toml",
+            name="ds1",
+            port=p1,
+            model=f"file://{tmp_path}/model.json",
+            shard=f"file://{tmp_path}/shard1.npz",
+            **common,
+        ),
         "w0": _toml(tmp_path / "w0.toml", name="w0", port=pw0, heartbeat=0.1, **common),
         "w1": _toml(tmp_path / "w1.toml", name="w1", port=pw1, heartbeat=0.1, **common),
         "w2": _toml(tmp_path / "w2.toml", name="w2", port=pw2, heartbeat=0.1, **common),
     }
     roster = _toml(tmp_path / "roster.toml", w0=url(pw0), w1=url(pw1))
     cfg["coordinator"] = _toml(
-        tmp_path / "coordinator.toml", name="coordinator", port=pc, secret=secret,
-        interval=0.3, epochs=EPOCHS, min_workers=2, roster=roster,
-        data_servers={"ds0": url(p0), "ds1": url(p1)})
+        tmp_path / "coordinator.toml",
+        name="coordinator",
+        port=pc,
+        secret=secret,
+        interval=0.3,
+        epochs=EPOCHS,
+        min_workers=2,
+        roster=roster,
+        data_servers={"ds0": url(p0), "ds1": url(p1)},
+    )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen] = {}
 
     def start(role: str, name: str, *extra: str) -> None:
         procs[name] = subprocess.Popen(
             [sys.executable, "-m", "tandem", "elastic", role, "--config", cfg[name], *extra],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def start_gated(role: str, name: str) -> None:
         """The CLI in a process that has imported everything it needs and waits for a line
         on stdin before it runs (`open_gate`)."""
         procs[name] = subprocess.Popen(
-            [sys.executable, "-c", GATED, "elastic", role, "--config", cfg[name]], env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [sys.executable, "-c", GATED, "elastic", role, "--config", cfg[name]],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         ready = procs[name].stdout.readline()
         assert ready == "ready\n", ready + procs[name].stdout.read()
 
@@ -118,18 +147,21 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
             if not line:
                 break
             seen.append(line)
-            if line.startswith("epoch ") and " committed " in line and \
-                    not line.split(" committed ")[1].startswith("0/"):
+            if (
+                line.startswith("epoch ")
+                and " committed " in line
+                and not line.split(" committed ")[1].startswith("0/")
+            ):
                 break
         assert any(" committed " in s for s in seen), "".join(seen)
-        os.kill(procs["w0"].pid, signal.SIGKILL)          # kill -9, mid-training
-        open_gate("w2")                                   # a new, unlisted worker joins
+        os.kill(procs["w0"].pid, signal.SIGKILL)  # kill -9, mid-training
+        open_gate("w2")  # a new, unlisted worker joins
         out, _ = coord.communicate(timeout=90)
         seen.append(out)
         if os.environ.get("ELASTIC_DEBUG"):
             print("".join(seen), time.monotonic() - deadline + 60)
         assert coord.returncode == 0, "".join(seen)
-        for name in ("w1", "w2", "ds0", "ds1"):           # survivors were never restarted
+        for name in ("w1", "w2", "ds0", "ds1"):  # survivors were never restarted
             rest, _ = procs[name].communicate(timeout=30)
             assert procs[name].returncode == 0, f"{name}: {rest}"
         assert procs["w0"].wait(timeout=5) == -signal.SIGKILL
@@ -141,11 +173,12 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
             p.stdout.close()
 
     summary = json.loads(summary_path.read_text())
-    all_ids = sorted(i * (1 << 20) + b for i, s in enumerate(shards)
-                     for b in range(s.n_batches(SPEC.batch_size)))
+    all_ids = sorted(
+        i * (1 << 20) + b for i, s in enumerate(shards) for b in range(s.n_batches(SPEC.batch_size))
+    )
     assert summary["epochs"] == EPOCHS
     for epoch in summary["history"]:
-        assert sorted(epoch["committed"]) == all_ids       # exactly once, whatever happened
+        assert sorted(epoch["committed"]) == all_ids  # exactly once, whatever happened
     removed = [w for _, kind, detail in summary["events"] if kind == "removed" for w in detail]
     assert "w0" in removed
     joined = [w for _, kind, detail in summary["events"] if kind == "joined" for w in detail]

@@ -10,12 +10,18 @@ import json
 import fsspec
 import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import settings
+from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tandem.parties.elastic import protocol as P
 from tandem.parties.elastic.data_server import DataServer
-from tandem.parties.elastic.errors import ConfigError, LedgerError, ProtocolError, StaleGenerationError
+from tandem.parties.elastic.errors import (
+    ConfigError,
+    LedgerError,
+    ProtocolError,
+    StaleGenerationError,
+)
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership
 from tandem.parties.elastic.param_server import ParamServer
@@ -30,7 +36,7 @@ SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, see
 def test_membership_join_is_used_from_next_detection_and_silence_removes():
     m = Membership(timeout=1.5)
     m.beat("a", "1", now=0.0)
-    assert m.live == frozenset()                    # not live until a detection
+    assert m.live == frozenset()  # not live until a detection
     d = m.detect(now=0.5)
     assert d.live == {"a"} and d.joined == {"a"} and d.changed
     m.beat("b", "1", now=0.9)
@@ -39,7 +45,7 @@ def test_membership_join_is_used_from_next_detection_and_silence_removes():
     # a stops beating at 1.0; heartbeat interval 1/3 of T=1, timeout 1.5 T
     for t in (1.3, 1.6, 2.0, 2.4):
         m.beat("b", "1", now=t)
-    assert not m.detect(now=2.4).changed            # 1.4 s of silence: still tolerated
+    assert not m.detect(now=2.4).changed  # 1.4 s of silence: still tolerated
     assert "a" in m.suspects(now=2.6)
     d = m.detect(now=2.6)
     assert d.left == {"a"} and d.live == {"b"}
@@ -49,7 +55,7 @@ def test_membership_new_incarnation_counts_as_a_change():
     m = Membership(timeout=1.0)
     m.beat("a", "x", 0.0)
     m.detect(0.1)
-    assert m.beat("a", "y", 0.2) is True             # restarted: lost what it was doing
+    assert m.beat("a", "y", 0.2) is True  # restarted: lost what it was doing
     assert m.suspects(0.2) == {"a"}
     d = m.detect(0.3)
     assert d.changed and d.left == {"a"} and d.joined == {"a"} and d.live == {"a"}
@@ -62,7 +68,7 @@ def test_membership_detection_bound_is_within_three_intervals():
         m = Membership(timeout=1.5)
         beats = [k / 3 for k in range(100) if k / 3 <= killed_at]
         removed_at = None
-        for detection in range(1, 20):                  # detections every T = 1
+        for detection in range(1, 20):  # detections every T = 1
             for t in [b for b in beats if detection - 1 < b <= detection]:
                 m.beat("a", "1", t)
             if m.detect(float(detection)).left:
@@ -76,9 +82,9 @@ def test_ledger_interleaves_and_refuses_old_generations():
     led = Ledger({"ds0": [0, 1], "ds1": [10, 11]})
     assert [led.assign("w")[1] for _ in range(2)] == [0, 10]
     assert led.report(0, generation=0, worker="w")
-    assert not led.report(10, generation=7, worker="w")       # wrong generation: refused
+    assert not led.report(10, generation=7, worker="w")  # wrong generation: refused
     assert led.checkpoint(applied=[0]) == [0]
-    assert led.generation == 1 and led.pending == [10, 1, 11]   # epoch order kept
+    assert led.generation == 1 and led.pending == [10, 1, 11]  # epoch order kept
     with pytest.raises(LedgerError, match="committed twice"):
         led.checkpoint(applied=[0])
     with pytest.raises(LedgerError, match="not fully committed"):
@@ -93,7 +99,7 @@ class LedgerMachine(RuleBasedStateMachine):
         super().__init__()
         self.ids = list(range(6))
         self.led = Ledger({"a": self.ids[:3], "b": self.ids[3:]})
-        self.pushed: set[int] = set()          # applied on the parameter server
+        self.pushed: set[int] = set()  # applied on the parameter server
         self.committed_model: list[int] = []
 
     @rule(w=st.sampled_from(["w0", "w1", "w2"]))
@@ -130,8 +136,9 @@ class LedgerMachine(RuleBasedStateMachine):
 
 
 TestLedgerMachine = LedgerMachine.TestCase
-TestLedgerMachine.settings = settings(max_examples=40, stateful_step_count=25, deadline=None,
-                                      derandomize=True, database=None)
+TestLedgerMachine.settings = settings(
+    max_examples=40, stateful_step_count=25, deadline=None, derandomize=True, database=None
+)
 
 
 # -- parameter server ------------------------------------------------------------------------
@@ -150,9 +157,9 @@ def test_param_server_fences_and_rolls_back_bit_identically():
         ps.apply(101, 0, _grads(ps))
     ps.apply(101, 1, _grads(ps))
     assert ps.digest() != ckpt
-    assert ps.rollback(2) == ckpt                      # params, optimizer state and counts
-    ps.apply(100, 2, _grads(ps, 0.2))                  # applying after rollback does not
-    assert ps.rollback(3) == ckpt                      # corrupt the checkpoint (no aliasing)
+    assert ps.rollback(2) == ckpt  # params, optimizer state and counts
+    ps.apply(100, 2, _grads(ps, 0.2))  # applying after rollback does not
+    assert ps.rollback(3) == ckpt  # corrupt the checkpoint (no aliasing)
 
 
 def test_param_server_refuses_bad_gradients_with_a_reason():
@@ -177,9 +184,12 @@ def test_spec_and_shard_load_from_memory_and_local_urls(tmp_path):
         json.dump(SPEC.to_dict(), f)
     save_shard(shard, "memory://elastic/shard0.npz")
     save_shard(shard, str(tmp_path / "shard0.npz"))
-    (tmp_path / "model.toml").write_text('sizes = [8, 16, 3]\noptimizer = "adam"\nlr = 0.02\n'
-                                         'batch_size = 16\nseed = 0\n')
-    assert load_spec("memory://elastic/model.json") == SPEC == load_spec(str(tmp_path / "model.toml"))
+    (tmp_path / "model.toml").write_text(
+        'sizes = [8, 16, 3]\noptimizer = "adam"\nlr = 0.02\nbatch_size = 16\nseed = 0\n'
+    )
+    assert (
+        load_spec("memory://elastic/model.json") == SPEC == load_spec(str(tmp_path / "model.toml"))
+    )
     for url in ("memory://elastic/shard0.npz", f"file://{tmp_path}/shard0.npz"):
         got = load_shard(url, SPEC)
         np.testing.assert_array_equal(got.x, shard.x)
@@ -208,8 +218,12 @@ def test_spec_and_shard_errors_say_what_to_fix(tmp_path):
 async def test_data_server_refuses_bad_results_and_keeps_serving():
     net = MemoryNetwork()
     coord, rogue, worker = (net.endpoint(n) for n in ("coordinator", "rogue", "w0"))
-    ds = DataServer(net.endpoint("ds0"), coordinator="coordinator", spec=SPEC,
-                    shard=make_dataset(1, 64, SPEC)[0])
+    ds = DataServer(
+        net.endpoint("ds0"),
+        coordinator="coordinator",
+        spec=SPEC,
+        shard=make_dataset(1, 64, SPEC)[0],
+    )
 
     async def call(op, **meta):
         await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
@@ -221,12 +235,14 @@ async def test_data_server_refuses_bad_results_and_keeps_serving():
         assert "unknown operation" in (await call("explode")).meta["error"]
         # a result nobody asked for, from a peer the server never heard of
         await rogue.send("ds0", P.RESULT, Frame(meta={"batch": 0, "gen": 0}))
-        await coord.send("ds0", P.CTL, Frame(meta={"op": "train", "batch": 1, "gen": 0,
-                                                   "worker": "w0"}))
+        await coord.send(
+            "ds0", P.CTL, Frame(meta={"op": "train", "batch": 1, "gen": 0, "worker": "w0"})
+        )
         task = await worker.recv("ds0", P.TASK)
         assert task.meta["batch"] == 1 and len(task.arrays) == 6
-        await worker.send("ds0", P.RESULT, Frame(meta={"batch": 1, "gen": 0},
-                                                 arrays=(np.zeros(3, np.float32),)))
+        await worker.send(
+            "ds0", P.RESULT, Frame(meta={"batch": 1, "gen": 0}, arrays=(np.zeros(3, np.float32),))
+        )
         ack = await worker.recv("ds0", P.ACK)
         assert not ack.meta["ok"] and "does not match" in ack.meta["error"]
         assert (await call("fence", gen=1)).meta["applied"] == []
@@ -244,7 +260,7 @@ def test_kernels_do_not_retrace_for_equal_shapes():
     _, g = K.loss_and_grad(ps.params, x, y)
     K.apply_update(SPEC.optimizer, SPEC.lr, ps.params, ps.state, g)
     grad_traces, step_traces = K._grad()._cache_size(), K._update("adam", 0.02)._cache_size()
-    for batch in (0, 1):                      # new values, same shapes: no new trace
+    for batch in (0, 1):  # new values, same shapes: no new trace
         _, g = K.loss_and_grad(ps.params, x + batch + 1, y)
         ps.apply(batch, 0, g)
     assert K._grad()._cache_size() == grad_traces
@@ -263,8 +279,7 @@ async def test_worker_reports_an_unacknowledged_result_and_takes_the_next_task()
     net = MemoryNetwork()
     coord, ds = net.endpoint("coordinator"), net.endpoint("ds0")
     worker = Worker(net.endpoint("w0"), coordinator="coordinator", heartbeat=0.05)
-    arrays = (*K.init_params(SPEC.sizes, 0), np.zeros((16, 8), np.float32),
-              np.zeros(16, np.int32))
+    arrays = (*K.init_params(SPEC.sizes, 0), np.zeros((16, 8), np.float32), np.zeros(16, np.int32))
 
     def task(batch: int) -> Frame:
         return Frame(meta={"batch": batch, "gen": 0, "spec": SPEC.to_dict()}, arrays=arrays)
@@ -274,7 +289,7 @@ async def test_worker_reports_an_unacknowledged_result_and_takes_the_next_task()
         await coord.recv("w0", P.HB)
         await coord.send("w0", P.WELCOME, Frame(meta={"data_servers": {"ds0": ""}}))
         await ds.send("w0", P.TASK, task(1))
-        assert (await ds.recv("w0", P.RESULT)).meta["batch"] == 1   # never acknowledged
+        assert (await ds.recv("w0", P.RESULT)).meta["batch"] == 1  # never acknowledged
         done = await coord.recv("w0", P.DONE)
         assert (done.meta["batch"], done.meta["ok"]) == (1, False)
         await ds.send("w0", P.TASK, task(2))
@@ -296,14 +311,14 @@ async def test_a_worker_nobody_welcomes_stops_beating_and_says_so():
 
     net = MemoryNetwork()
     coord = net.endpoint("coordinator")
-    worker = Worker(net.endpoint("w0"), coordinator="coordinator", heartbeat=0.02,
-                    join_timeout=0.2)
+    worker = Worker(net.endpoint("w0"), coordinator="coordinator", heartbeat=0.02, join_timeout=0.2)
     before = asyncio.all_tasks()
     async with asyncio.timeout(10):
         run = asyncio.create_task(worker.run())
         assert (await coord.recv("w0", P.HB)).meta["incarnation"] == worker.incarnation
-        with pytest.raises(NotWelcomedError, match="no WELCOME from coordinator 'coordinator' "
-                                                   "within 0.2 s"):
+        with pytest.raises(
+            NotWelcomedError, match="no WELCOME from coordinator 'coordinator' within 0.2 s"
+        ):
             await run
     assert asyncio.all_tasks() == before
     with pytest.raises(ValueError, match="join_timeout must be > 0 s or None"):
@@ -318,8 +333,9 @@ async def test_the_coordinator_tells_every_worker_it_heard_from_to_stop(monkeypa
     from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
 
     net = MemoryNetwork()
-    coord = Coordinator(net.endpoint("coordinator"),
-                        CoordinatorConfig(data_servers=("ds0",), interval=0.1))
+    coord = Coordinator(
+        net.endpoint("coordinator"), CoordinatorConfig(data_servers=("ds0",), interval=0.1)
+    )
     slow, gone = net.endpoint("slow"), net.endpoint("gone")
     await gone.aclose()
 
@@ -327,7 +343,7 @@ async def test_the_coordinator_tells_every_worker_it_heard_from_to_stop(monkeypa
         return {}
 
     monkeypatch.setattr(coord, "_call_all", no_data_servers)
-    coord._watched.update({"slow", "gone"})   # heard from once; neither is live now
+    coord._watched.update({"slow", "gone"})  # heard from once; neither is live now
     assert not coord.membership.alive("slow", coord.clock())
     async with asyncio.timeout(10):
         await coord._stop()

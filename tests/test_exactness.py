@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.engine.kernels import binary_logistic
 from tandem.engine.microbatch import group_bounds
@@ -16,8 +17,12 @@ from tandem.engine.topology import FEATURES, leader_follower, star, two_party, u
 from tandem.parties.split import SplitConfig
 from tests.split_helpers import make_job, topologies, train_steps
 
-TOPOLOGIES = {"two_party": two_party(), "leader_follower": leader_follower(),
-              "u_shape": u_shape(), "star3": star(3, leader_bottom=True)}
+TOPOLOGIES = {
+    "two_party": two_party(),
+    "leader_follower": leader_follower(),
+    "u_shape": u_shape(),
+    "star3": star(3, leader_bottom=True),
+}
 ROWS, STEPS = 24, 3
 
 
@@ -42,8 +47,16 @@ def reference(topo, models, params, data, labels, batches, lr):
 
 
 def run_job(topo, n_of, seed=0, chunks=1):
-    cfg = SplitConfig(batch_size=ROWS, groups=1, optimizer="sgd", learning_rate=0.1, seed=seed,
-                      threshold=2, capacity=16, chunks=chunks)
+    cfg = SplitConfig(
+        batch_size=ROWS,
+        groups=1,
+        optimizer="sgd",
+        learning_rate=0.1,
+        seed=seed,
+        threshold=2,
+        capacity=16,
+        chunks=chunks,
+    )
     parties, data, labels, models = make_job(topo, rows=ROWS, seed=seed, config=cfg)
     init = {s: p for party in parties.values() for s, p in party.params.items()}
     rng = np.random.default_rng(seed)
@@ -67,8 +80,10 @@ def test_any_group_count_matches_n1_and_plain_jax(name):
     ref = reference(topo, models, init, data, labels, batches, lr=0.1)
     assert_trees_close(final_n, final_n1)
     assert_trees_close(final_n, ref)
-    assert not all(np.allclose(np.asarray(a), np.asarray(b)) for a, b in zip(
-        jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n)))  # it did train
+    assert not all(
+        np.allclose(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n))
+    )  # it did train
 
 
 @pytest.mark.parametrize("name", sorted(TOPOLOGIES))
@@ -78,15 +93,15 @@ def test_chunked_messages_match_plain_jax(name):
     topo = TOPOLOGIES[name]
     rng = np.random.default_rng(11)
     ns, chunks = rng.integers(1, 5, size=STEPS), int(rng.integers(2, 4))
-    init, final, data, labels, models, batches = run_job(topo, lambda i: int(ns[i]),
-                                                         chunks=chunks)
+    init, final, data, labels, models, batches = run_job(topo, lambda i: int(ns[i]), chunks=chunks)
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
 
 
 @pytest.mark.slow
 @settings(max_examples=4, deadline=None)
-@given(topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS),
-       chunks=st.integers(1, 4))
+@given(
+    topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS), chunks=st.integers(1, 4)
+)
 def test_generated_topologies_match_plain_jax(topo, n, chunks):
     init, final, data, labels, models, batches = run_job(topo, lambda i: n, chunks=chunks)
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
@@ -122,8 +137,8 @@ def test_cancelling_training_leaves_no_task_and_no_busy_thread():
 
 
 def test_mismatched_widths_are_refused_with_a_clear_error():
-    from tandem.errors import ShapeError
     from tandem.engine.kernels import mlp_stage
+    from tandem.errors import ShapeError
 
     topo = two_party()
     parties, *_ = make_job(topo, rows=8)

@@ -9,9 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tandem.parties.split.export import (ExportError, ExportMismatchError, describe, load_stages,
-                           read_description, save_stages)
 from tandem.engine.models import mlp_init
+from tandem.parties.split.export import (
+    ExportError,
+    ExportMismatchError,
+    describe,
+    load_stages,
+    read_description,
+    save_stages,
+)
 
 TOPO = {"stages": {"bottom": {"party": "A"}, "top": {"party": "B", "inputs": ["bottom"]}}}
 
@@ -20,9 +26,13 @@ def stages():
     k1, k2 = jax.random.split(jax.random.PRNGKey(0))
     return {
         "bottom": mlp_init(k1, [5, 7, 3]),
-        "extra": {"emb": (np.arange(6, dtype=np.int32).reshape(2, 3),
-                          np.array([1.5, -0.0, np.inf], ml_dtypes.bfloat16)),
-                  "scale": np.float64(0.1) * np.ones((2,), np.float64)},
+        "extra": {
+            "emb": (
+                np.arange(6, dtype=np.int32).reshape(2, 3),
+                np.array([1.5, -0.0, np.inf], ml_dtypes.bfloat16),
+            ),
+            "scale": np.float64(0.1) * np.ones((2,), np.float64),
+        },
     }
 
 
@@ -46,6 +56,7 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert all(bits_equal(a, b) for a, b in zip(flat_o, flat_l))
     # loaded params run through the model like the originals
     from tandem.engine.models import mlp_apply
+
     x = np.ones((2, 5), np.float32)
     assert bits_equal(mlp_apply(original["bottom"], x), mlp_apply(loaded.stages["bottom"], x))
     only = load_stages(path, stages=("bottom",))
@@ -57,20 +68,23 @@ def test_file_is_plain_safetensors_with_json_description(tmp_path):
     save_stages(path, stages(), topology=TOPO, party="A")
     raw = path.read_bytes()
     header_len = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + header_len])
+    header = json.loads(raw[8 : 8 + header_len])
     desc = json.loads(header["__metadata__"]["tandem"])
     assert desc["format"] == "tandem-stages" and desc["party"] == "A"
     assert header["bottom/0/w"]["dtype"] == "F32" and header["bottom/0/w"]["shape"] == [5, 7]
     assert b"pickle" not in raw and not raw.startswith(b"\x80")
 
 
-@pytest.mark.parametrize("expect,message", [
-    ({"party": "B"}, "description.party does not match"),
-    ({"topology": {"stages": {}}}, "topology in"),
-    ({"stages": {"bottom": {"sizes": [5, 8, 3]}}}, r"description.stages.bottom.sizes"),
-    ({"stages": {"bottom": {"dtype": "bfloat16"}}}, r"description.stages.bottom.dtype"),
-    ({"stages": {"top": {"sizes": [3, 1]}}}, r"description.stages.top is expected"),
-])
+@pytest.mark.parametrize(
+    "expect,message",
+    [
+        ({"party": "B"}, "description.party does not match"),
+        ({"topology": {"stages": {}}}, "topology in"),
+        ({"stages": {"bottom": {"sizes": [5, 8, 3]}}}, r"description.stages.bottom.sizes"),
+        ({"stages": {"bottom": {"dtype": "bfloat16"}}}, r"description.stages.bottom.dtype"),
+        ({"stages": {"top": {"sizes": [3, 1]}}}, r"description.stages.top is expected"),
+    ],
+)
 def test_mismatching_description_is_refused(tmp_path, expect, message):
     path = tmp_path / "A.safetensors"
     save_stages(path, stages(), topology=TOPO, party="A")
@@ -89,6 +103,7 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
         load_stages(bad)
     other = tmp_path / "other.safetensors"
     import safetensors.numpy
+
     safetensors.numpy.save_file({"x": np.zeros(2, np.float32)}, other)
     with pytest.raises(ExportError, match="not written by tandem.parties.split.export"):
         load_stages(other)
@@ -116,16 +131,23 @@ def test_bad_inputs_are_refused(tmp_path):
 
 
 @settings(max_examples=15, deadline=None)
-@given(sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4),
-       dtype=st.sampled_from(["float32", "float16", "float64", "bfloat16"]),
-       seed=st.integers(0, 2**32 - 1))
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4),
+    dtype=st.sampled_from(["float32", "float16", "float64", "bfloat16"]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_round_trip_random_mlps(tmp_path_factory, sizes, dtype, seed):
     rng = np.random.default_rng(seed)
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-    params = [{"w": rng.standard_normal((a, b)).astype(dt), "b": rng.standard_normal(b).astype(dt)}
-              for a, b in zip(sizes[:-1], sizes[1:])]
+    params = [
+        {"w": rng.standard_normal((a, b)).astype(dt), "b": rng.standard_normal(b).astype(dt)}
+        for a, b in zip(sizes[:-1], sizes[1:])
+    ]
     path = tmp_path_factory.mktemp("rt") / "p.safetensors"
     save_stages(path, {"s": params}, topology={"k": sizes}, party="P")
     loaded = load_stages(path, expect={"stages": {"s": {"sizes": sizes, "dtype": dtype}}})
-    assert all(bits_equal(params[i][k], loaded.stages["s"][i][k])
-               for i in range(len(params)) for k in ("w", "b"))
+    assert all(
+        bits_equal(params[i][k], loaded.stages["s"][i][k])
+        for i in range(len(params))
+        for k in ("w", "b")
+    )

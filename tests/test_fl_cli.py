@@ -8,8 +8,26 @@ from tandem.parties.cli import main
 
 
 def test_fl_demo_prints_a_json_line(capsys):
-    rc = main(["fl", "demo", "--clients", "4", "--rounds", "2", "--hidden", "16", "--epochs",
-               "1", "--quiet", "--lossless", "--downlink", "anchor", "--anchor-every", "1"])
+    rc = main(
+        [
+            "fl",
+            "demo",
+            "--clients",
+            "4",
+            "--rounds",
+            "2",
+            "--hidden",
+            "16",
+            "--epochs",
+            "1",
+            "--quiet",
+            "--lossless",
+            "--downlink",
+            "anchor",
+            "--anchor-every",
+            "1",
+        ]
+    )
     assert rc == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = orjson.loads(out[-1])

@@ -8,12 +8,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from tandem.parties.fl import compression as C
-from tandem.errors import ConfigError
 from tandem.engine.models import mlp_init
+from tandem.errors import ConfigError
+from tandem.parties.fl import compression as C
 
 D = 40
 SAMPLES = 4000
@@ -29,6 +30,7 @@ def _randk_samples(x, k: int, scaled: bool):
             idx, scale = C._randk_indices(seed, D, k)
             out = out / jnp.zeros(D).at[idx].set(scale).clip(1.0)
         return out
+
     return jax.vmap(one)(jnp.arange(SAMPLES, dtype=jnp.uint32))
 
 
@@ -36,6 +38,7 @@ def _randk_samples(x, k: int, scaled: bool):
 def _sketch_samples(x, rows: int, cols: int):
     def one(seed):
         return C._estimate(C._sketch(x, seed, rows, cols), seed, D, False)
+
     return jax.vmap(one)(jnp.arange(SAMPLES, dtype=jnp.uint32))
 
 
@@ -84,8 +87,9 @@ def test_count_sketch_mean_estimate_is_unbiased(x, shape):
 def test_count_sketch_is_linear(a, b, seed):
     sa, sb = C.sketch_compress(a, seed, 3, 8), C.sketch_compress(b, seed, 3, 8)
     sab = C.sketch_compress(a.astype(np.float64) + b, seed, 3, 8)
-    np.testing.assert_allclose(np.asarray(sa) + np.asarray(sb), np.asarray(sab),
-                               rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(
+        np.asarray(sa) + np.asarray(sb), np.asarray(sab), rtol=1e-5, atol=1e-3
+    )
 
 
 def test_count_sketch_recovers_heavy_hitters():

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.errors import ConfigError
 from tandem.parties.fl.downlink import ClientModel, DownlinkPlanner, index_dtype
@@ -15,8 +16,8 @@ CLIENTS = 3
 
 step = st.tuples(
     st.one_of(st.none(), st.lists(st.integers(0, D - 1), min_size=1, max_size=4, unique=True)),
-    st.lists(st.booleans(), min_size=CLIENTS, max_size=CLIENTS),   # who takes part
-    st.lists(st.booleans(), min_size=CLIENTS, max_size=CLIENTS),   # whose reply is accepted
+    st.lists(st.booleans(), min_size=CLIENTS, max_size=CLIENTS),  # who takes part
+    st.lists(st.booleans(), min_size=CLIENTS, max_size=CLIENTS),  # whose reply is accepted
     st.integers(0, 2**31),
 )
 
@@ -26,9 +27,12 @@ def _bits(a: np.ndarray) -> bytes:
 
 
 @settings(max_examples=120, deadline=None, derandomize=True)
-@given(mode=st.sampled_from(["full", "initial", "version", "anchor"]),
-       log_size=st.integers(1, 4), anchor_every=st.integers(1, 4),
-       history=st.lists(step, max_size=14))
+@given(
+    mode=st.sampled_from(["full", "initial", "version", "anchor"]),
+    log_size=st.integers(1, 4),
+    anchor_every=st.integers(1, 4),
+    history=st.lists(step, max_size=14),
+)
 def test_clients_rebuild_server_model_exactly(mode, log_size, anchor_every, history):
     init = np.random.default_rng(0).normal(size=D).astype(np.float32)
     model = init.copy()
@@ -69,16 +73,18 @@ def test_sparse_deltas_are_smaller_than_the_model_and_far_behind_gets_full():
     meta, (idx, vals) = planner.plan(model, 2)
     assert meta == {"kind": "delta", "version": 3, "base": 2}
     assert idx.dtype == np.uint16 and list(idx) == [2, 12]
-    assert planner.plan(model, 1)[0]["kind"] == "delta"       # log still covers 2..3
-    assert planner.plan(model, 0)[0]["kind"] == "full"        # evicted from the log
+    assert planner.plan(model, 1)[0]["kind"] == "delta"  # log still covers 2..3
+    assert planner.plan(model, 0)[0]["kind"] == "full"  # evicted from the log
     assert index_dtype(70_000) == np.uint32
 
 
 def test_client_refuses_delta_from_the_future_and_keeps_state():
     c = ClientModel(np.zeros(4, np.float32))
     with pytest.raises(DownlinkError, match="must send the full model"):
-        c.apply({"kind": "delta", "version": 5, "base": 3},
-                (np.array([1], np.uint16), np.array([1.0], np.float32)))
+        c.apply(
+            {"kind": "delta", "version": 5, "base": 3},
+            (np.array([1], np.uint16), np.array([1.0], np.float32)),
+        )
     assert c.version == 0 and not c.model.any()
     with pytest.raises(DownlinkError, match="unknown model message kind"):
         c.apply({"kind": "weird", "version": 1}, ())
@@ -97,8 +103,10 @@ async def test_client_skips_a_message_it_cannot_apply_and_keeps_serving():
     net = MemoryNetwork()
     server, ct = net.endpoint("server"), net.endpoint("c0")
     client = FLClient(ct, "server", *data.clients[0], trainer)
-    bad = Frame(meta={"kind": "delta", "version": 9, "base": 5, "train": True},
-                arrays=(np.array([1], np.uint16), np.array([1.0], np.float32)))
+    bad = Frame(
+        meta={"kind": "delta", "version": 9, "base": 5, "train": True},
+        arrays=(np.array([1], np.uint16), np.array([1.0], np.float32)),
+    )
     await server.send("c0", P.MODEL, bad)
     await server.send("c0", P.MODEL, Frame(meta={"kind": "stop"}))
     await client.run()

@@ -8,9 +8,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from tandem.errors import ConfigError
 from fl_helpers import UPLINK, small_setup
 from fl_helpers import compressed as _compressed
+from tandem.errors import ConfigError
 from tandem.parties.fl import protocol as P
 from tandem.parties.fl.client import FLClient
 from tandem.parties.fl.federation import run_memory_federation
@@ -53,8 +53,9 @@ async def test_byte_accounting_matches_encoded_frames_and_training_helps(setup):
         clients.append(Recording(*a, **kw))
         return clients[-1]
 
-    server = await run_memory_federation(data, trainer, compressed(4, lossless=True),
-                                         client_cls=make)
+    server = await run_memory_federation(
+        data, trainer, compressed(4, lossless=True), client_cls=make
+    )
     reps = server.reports
     assert [r.accepted for r in reps] == [["c0", "c1", "c2", "c3"]] * 4
     assert sum(r.up_bytes for r in reps) == server.bytes_up()
@@ -74,7 +75,7 @@ async def test_downlink_is_exact_with_dropouts_and_late_clients(setup):
     class Flaky(FLClient):
         async def before_reply(self, rnd):
             if self.transport.name == "c1" and rnd in (1, 2):
-                await asyncio.sleep(TIMEOUT * 2)   # late: misses rounds 1 and 2
+                await asyncio.sleep(TIMEOUT * 2)  # late: misses rounds 1 and 2
 
     def make(transport, *a, **kw):
         clients[transport.name] = Flaky(transport, *a, **kw)
@@ -84,11 +85,13 @@ async def test_downlink_is_exact_with_dropouts_and_late_clients(setup):
 
     async def run():
         from tandem.parties.fl import server as S
+
         orig = S.FLServer._apply
 
         def apply_and_snapshot(self, *a):
             orig(self, *a)
             snapshots[self.planner.version] = self.model.tobytes()
+
         S.FLServer._apply = apply_and_snapshot
         try:
             return await run_memory_federation(data, trainer, cfg, client_cls=make)
@@ -99,9 +102,9 @@ async def test_downlink_is_exact_with_dropouts_and_late_clients(setup):
     reps = server.reports
     assert "c1" in reps[1].dropped and "c1" not in reps[1].accepted
     assert "c1" in reps[2].dropped
-    assert any("c1" in r.accepted for r in reps[3:])          # it came back and rejoined
-    assert all(len(r.accepted) >= 3 for r in reps)            # every round completed
-    for name, c in clients.items():                           # bit-for-bit reconstruction
+    assert any("c1" in r.accepted for r in reps[3:])  # it came back and rejoined
+    assert all(len(r.accepted) >= 3 for r in reps)  # every round completed
+    for name, c in clients.items():  # bit-for-bit reconstruction
         assert c.state.model.tobytes() == snapshots[c.state.version], name
     assert clients["c0"].state.version == server.planner.version - 1  # got the last round
 
@@ -116,12 +119,18 @@ class Malicious(FLClient):
         self.state.apply(meta, frame.arrays)
         k = UPLINK["k"]
         bad = {
-            "c0": ({"round": 0, "n": 5, "version": 0, "kind": "randk"},
-                   np.full(k, np.nan, np.float32)),
-            "c1": ({"round": 0, "n": 5, "version": 0, "kind": "randk"},
-                   np.zeros(10 * trainer_dim(self), np.float32)),          # oversized
-            "c2": ({"round": 0, "n": "many", "version": 0, "kind": "randk"},
-                   np.zeros(k, np.float32)),
+            "c0": (
+                {"round": 0, "n": 5, "version": 0, "kind": "randk"},
+                np.full(k, np.nan, np.float32),
+            ),
+            "c1": (
+                {"round": 0, "n": 5, "version": 0, "kind": "randk"},
+                np.zeros(10 * trainer_dim(self), np.float32),
+            ),  # oversized
+            "c2": (
+                {"round": 0, "n": "many", "version": 0, "kind": "randk"},
+                np.zeros(k, np.float32),
+            ),
         }[self.transport.name]
         await self.transport.send(self.server, P.UPDATE, Frame(meta=bad[0], arrays=(bad[1],)))
 
@@ -188,10 +197,14 @@ async def test_a_restarted_client_resyncs_and_rejoins_exactly(setup):
 
     class Restarting(FLClient):
         async def handle(self, frame):
-            if self.transport.name == "c2" and frame.meta.get("round") == 3 and \
-                    self.state.version > 0:
+            if (
+                self.transport.name == "c2"
+                and frame.meta.get("round") == 3
+                and self.state.version > 0
+            ):
                 from tandem.parties.fl.downlink import ClientModel
-                self.state = ClientModel(trainer.init_vec)   # state lost
+
+                self.state = ClientModel(trainer.init_vec)  # state lost
             return await super().handle(frame)
 
     def make(transport, *a, **kw):
@@ -199,11 +212,13 @@ async def test_a_restarted_client_resyncs_and_rejoins_exactly(setup):
         return clients[transport.name]
 
     from tandem.parties.fl import server as S
+
     orig = S.FLServer._apply
 
     def apply_and_snapshot(self, *a):
         orig(self, *a)
         snapshots[self.planner.version] = self.model.tobytes()
+
     S.FLServer._apply = apply_and_snapshot
     try:
         server = await run_memory_federation(data, trainer, compressed(6), client_cls=make)

@@ -11,16 +11,22 @@ import threading
 import aiohttp
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from tandem.transports import auth, codec
-from tandem.transports.base import Frame
 from tandem.errors import FrameError
-from tandem.transports.http import (_HASH_STEP, FRAME_PATH, HttpConfig, HttpTransport, _FiniteScan,
-                             _PlainBody)
-
+from tandem.transports import codec
+from tandem.transports.base import Frame
+from tandem.transports.http import (
+    _HASH_STEP,
+    FRAME_PATH,
+    HttpConfig,
+    HttpTransport,
+    _FiniteScan,
+    _PlainBody,
+)
 from test_http_bulk import bulk_post
-from test_http_security import cfg, pair, signed
+from test_http_security import pair, signed
 
 MiB = 1 << 20
 
@@ -39,7 +45,7 @@ class _Content:
         if self.stall_after is not None and self.pos >= self.stall_after:
             self.stalled.set()
             await asyncio.Event().wait()
-        data = self.body[self.pos:self.pos + self.step]
+        data = self.body[self.pos : self.pos + self.step]
         self.pos += len(data)
         self.on_read(self.pos)
         return data, False
@@ -71,8 +77,7 @@ async def test_read_into_copies_and_hashes_every_byte_in_order():
     for step in (1000, 256 << 10, 3 * MiB):
         buf = memoryview(bytearray(len(body)))
         hasher = hashlib.sha256()
-        await t._read_into(_PlainBody(_Content(body, step), len(body)), buf, 0, len(body),
-                               hasher)
+        await t._read_into(_PlainBody(_Content(body, step), len(body)), buf, 0, len(body), hasher)
         assert bytes(buf) == body
         assert hasher.hexdigest() == hashlib.sha256(body).hexdigest()
 
@@ -87,7 +92,8 @@ async def test_cancelled_mid_body_leaves_no_hashing_thread_running():
     hasher = _GatedHasher()
     content = _Content(body, 256 << 10, stall_after=_HASH_STEP + 2 * MiB)
     task = asyncio.ensure_future(
-        t._read_into(_PlainBody(content, len(body)), buf, 0, len(body), hasher))
+        t._read_into(_PlainBody(content, len(body)), buf, 0, len(body), hasher)
+    )
     try:
         await asyncio.to_thread(hasher.entered.wait)  # an update runs, blocked in the hasher
         await content.stalled.wait()
@@ -136,15 +142,25 @@ async def test_corrupted_middle_chunk_is_refused_401_then_resent():
         chunks = [body[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
 
         def headers(i, chunk):
-            return signed(0, chunk, **{"X-Tandem-Chunk": str(i), "X-Tandem-Chunks": "3",
-                                       "X-Tandem-Offset": str(bounds[i]),
-                                       "X-Tandem-Total": str(len(body))})
+            return signed(
+                0,
+                chunk,
+                **{
+                    "X-Tandem-Chunk": str(i),
+                    "X-Tandem-Chunks": "3",
+                    "X-Tandem-Offset": str(bounds[i]),
+                    "X-Tandem-Total": str(len(body)),
+                },
+            )
 
         async with aiohttp.ClientSession() as s:
+
             async def post(i, data):
-                async with s.post(b.url + FRAME_PATH, data=io.BytesIO(data),
-                                  headers=headers(i, chunks[i])) as r:
+                async with s.post(
+                    b.url + FRAME_PATH, data=io.BytesIO(data), headers=headers(i, chunks[i])
+                ) as r:
                     return r.status, await r.text()
+
             assert await post(0, chunks[0]) == (200, "chunk")
             bad = bytearray(chunks[1])
             bad[len(bad) // 2 + 1] ^= 0x40
@@ -169,11 +185,13 @@ async def test_bad_digest_wins_over_nonfinite_content():
         bad = bytearray(body)
         bad[len(bad) // 3] ^= 1
         async with aiohttp.ClientSession() as s:
-            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(bytes(bad)),
-                              headers=signed(0, body)) as r:
+            async with s.post(
+                b.url + FRAME_PATH, data=io.BytesIO(bytes(bad)), headers=signed(0, body)
+            ) as r:
                 assert r.status == 401
-            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body),
-                              headers=signed(0, body)) as r:
+            async with s.post(
+                b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)
+            ) as r:
                 assert r.status == 422
         assert b.refused == {"unauthenticated": 1, "nonfinite": 1}
     finally:
@@ -191,23 +209,29 @@ async def test_disconnect_mid_body_leaves_the_server_serving():
         sent_half = asyncio.Event()
 
         async def half():
-            yield body[:len(body) // 2]
+            yield body[: len(body) // 2]
             sent_half.set()
             await asyncio.Event().wait()
 
         async with aiohttp.ClientSession() as s:
             # Content-Length as a real sender gives it (the receiver refuses a body without
             # one, 411, before reading any of it; a generator alone is sent chunked)
-            post = asyncio.ensure_future(s.post(
-                b.url + FRAME_PATH, data=half(),
-                headers={**signed(0, body), "Content-Length": str(len(body))}))
+            post = asyncio.ensure_future(
+                s.post(
+                    b.url + FRAME_PATH,
+                    data=half(),
+                    headers={**signed(0, body), "Content-Length": str(len(body))},
+                )
+            )
             halfway = asyncio.ensure_future(sent_half.wait())
             await asyncio.wait({post, halfway}, return_when=asyncio.FIRST_COMPLETED)
             if post.done():  # answered before half the body was read: not the case under test
                 halfway.cancel()
                 async with post.result() as r:
-                    pytest.fail(f"the receiver answered {r.status} {await r.text()!r} before "
-                                "half the body arrived")
+                    pytest.fail(
+                        f"the receiver answered {r.status} {await r.text()!r} before "
+                        "half the body arrived"
+                    )
             post.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await post
@@ -230,17 +254,16 @@ async def test_wait_uncancelled_finishes_the_thread_job_and_keeps_the_cancellati
     fut = asyncio.get_running_loop().run_in_executor(None, job)
     waiter = asyncio.ensure_future(_wait_uncancelled(fut))
     await asyncio.sleep(0.01)
-    waiter.cancel()          # arrives while the thread is still busy
+    waiter.cancel()  # arrives while the thread is still busy
     await asyncio.sleep(0.01)
     assert not waiter.done()  # it keeps waiting for the uninterruptible job
     release.set()
     with pytest.raises(asyncio.CancelledError):
-        await waiter          # ...and then the cancellation is not lost
+        await waiter  # ...and then the cancellation is not lost
     assert finished.is_set()
 
 
 # -- the NaN/Inf scan run while the body arrives (_FiniteScan) ----------------------------------
-
 
 
 @settings(max_examples=200, deadline=None)
@@ -261,7 +284,8 @@ def test_finite_scan_agrees_with_isfinite_whatever_the_pieces_and_rewinds(data):
             a = a.copy()
             if a.dtype.kind in "fc" and a.size and data.draw(st.booleans()):
                 a[data.draw(st.integers(0, a.size - 1))] = data.draw(
-                    st.sampled_from([np.nan, np.inf, -np.inf]))
+                    st.sampled_from([np.nan, np.inf, -np.inf])
+                )
             out.append(a)
         return codec.encode(Frame(sender="a", channel="c", arrays=tuple(out)))
 
@@ -271,8 +295,7 @@ def test_finite_scan_agrees_with_isfinite_whatever_the_pieces_and_rewinds(data):
     scan = _FiniteScan(buf)
     pos = 0
     # events drawn as fractions of the frame (few draws, any piece boundary)
-    for rewind, frac in data.draw(st.lists(st.tuples(st.booleans(), st.floats(0, 1)),
-                                           max_size=10)):
+    for rewind, frac in data.draw(st.lists(st.tuples(st.booleans(), st.floats(0, 1)), max_size=10)):
         if rewind and pos:  # an attempt fails after writing other bytes: rewind, resend
             to = int(frac * pos)
             scan.rewind(to)
@@ -328,9 +351,16 @@ async def test_a_resent_chunk_is_judged_on_its_new_bytes(path):
 
         async def post(s, msg_id, i, data, signed_bytes=None):
             """Chunk ``i`` carrying ``data``, signed over ``signed_bytes`` (default: data)."""
-            h = signed(msg_id, data if signed_bytes is None else signed_bytes, **{
-                "X-Tandem-Chunk": str(i), "X-Tandem-Chunks": "3",
-                "X-Tandem-Offset": str(bounds[i]), "X-Tandem-Total": str(bounds[3])})
+            h = signed(
+                msg_id,
+                data if signed_bytes is None else signed_bytes,
+                **{
+                    "X-Tandem-Chunk": str(i),
+                    "X-Tandem-Chunks": "3",
+                    "X-Tandem-Offset": str(bounds[i]),
+                    "X-Tandem-Total": str(bounds[3]),
+                },
+            )
             if path == "plain":
                 async with s.post(b.url + FRAME_PATH, data=io.BytesIO(data), headers=h) as r:
                     return r.status, await r.text()

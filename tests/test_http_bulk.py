@@ -18,14 +18,19 @@ import numpy as np
 import orjson
 import pytest
 import uvloop
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tandem.errors import (
+    AuthenticationError,
+    FrameError,
+    PayloadTooLargeError,
+    PeerUnavailableError,
+    TransportError,
+)
 from tandem.transports import auth, codec
 from tandem.transports.base import Frame
-from tandem.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
-                               PeerUnavailableError, TransportError)
 from tandem.transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
-
 from test_http_security import SECRET, _mutate, live_server, make_cert, routing
 
 MiB = 1 << 20
@@ -63,9 +68,14 @@ def bulk(t: HttpTransport, direction: str) -> int:
 async def no_connections_left(t: HttpTransport) -> None:
     """aiohttp forgets every connection taken over by the bulk path once it closes (the bulk
     sink passes connection_lost on); only plain keep-alive connections may remain."""
+
     def taken_over():
-        return [h for h in t._runner.server.connections
-                if h.transport is None or h.transport.get_protocol() is not h]
+        return [
+            h
+            for h in t._runner.server.connections
+            if h.transport is None or h.transport.get_protocol() is not h
+        ]
+
     for _ in range(200):
         if not taken_over():
             return
@@ -75,25 +85,34 @@ async def no_connections_left(t: HttpTransport) -> None:
 
 # -- a hand-made bulk client: what a buggy or hostile peer can send -----------------------------
 
-def bulk_headers(msg_id: int, body: bytes, *, digest_of: bytes | None = None, secret=SECRET,
-                 **over) -> dict[str, str]:
+
+def bulk_headers(
+    msg_id: int, body: bytes, *, digest_of: bytes | None = None, secret=SECRET, **over
+) -> dict[str, str]:
     h = routing(msg_id, body, **over)
-    h = auth.sign(secret, "POST", FRAME_PATH, h,
-                  auth.body_digest([body if digest_of is None else digest_of]))
+    h = auth.sign(
+        secret, "POST", FRAME_PATH, h, auth.body_digest([body if digest_of is None else digest_of])
+    )
     h.setdefault(H_LENGTH, str(len(body)))
     return h
 
 
-async def bulk_post(url: str, headers: dict[str, str], body: bytes, *,
-                    close_after: int | None = None) -> tuple[str, int, str]:
+async def bulk_post(
+    url: str, headers: dict[str, str], body: bytes, *, close_after: int | None = None
+) -> tuple[str, int, str]:
     """``("http", status, text)`` when refused before the upgrade, ``("line", status, text)``
     for the reply after the body; ``close_after``: drop the connection after that many body
     bytes (``("closed", 0, "")``)."""
     host, port = url.split("//")[1].split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
-        head = [f"POST {FRAME_PATH} HTTP/1.1", f"Host: {host}:{port}", "Content-Length: 0",
-                "Connection: Upgrade", f"Upgrade: {BULK_PROTOCOL}"]
+        head = [
+            f"POST {FRAME_PATH} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Content-Length: 0",
+            "Connection: Upgrade",
+            f"Upgrade: {BULK_PROTOCOL}",
+        ]
         head += [f"{k}: {v}" for k, v in headers.items() if k != "Content-Length"]
         if "Content-Length" in headers:
             head[2] = f"Content-Length: {headers['Content-Length']}"
@@ -119,17 +138,18 @@ async def bulk_post(url: str, headers: dict[str, str], body: bytes, *,
 
 
 def encoded(x: np.ndarray, msg_id: int = 0, channel: str = "c", spec: str = "") -> bytes:
-    return codec.encode(Frame(arrays=(x,)).replace(sender="a", channel=channel, msg_id=msg_id,
-                                                   spec_hash=spec))
+    return codec.encode(
+        Frame(arrays=(x,)).replace(sender="a", channel=channel, msg_id=msg_id, spec_hash=spec)
+    )
 
 
 # -- end to end, both loops --------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("secret", [SECRET, None], ids=["hmac", "plain"])
 def test_large_frames_travel_bulk_and_small_ones_plain(run, secret):
     async def scenario():
-        a, b = await pair({"secret": secret, "chunk_bytes": 2 * MiB + 5},
-                          {"secret": secret})
+        a, b = await pair({"secret": secret, "chunk_bytes": 2 * MiB + 5}, {"secret": secret})
         try:
             xs = [tensor(5 * MiB + 4 * i, seed=i) for i in range(3)]
             for x in xs:
@@ -141,19 +161,32 @@ def test_large_frames_travel_bulk_and_small_ones_plain(run, secret):
             await b.recv("a", "small")
             assert a.frame_requests == {("sent", "bulk"): 9, ("sent", "plain"): 1}
             sent, got = a.sent_stats("b"), b.received_stats("a")
-            assert sent.bytes == got.bytes == sum(
-                codec.encoded_size(Frame(arrays=(x,)).replace(sender="a", channel="c", msg_id=i))
-                for i, x in enumerate(xs)) + codec.encoded_size(
-                Frame(arrays=(np.zeros(16, np.float32),)).replace(
-                    sender="a", channel="small", msg_id=0))
+            assert (
+                sent.bytes
+                == got.bytes
+                == sum(
+                    codec.encoded_size(
+                        Frame(arrays=(x,)).replace(sender="a", channel="c", msg_id=i)
+                    )
+                    for i, x in enumerate(xs)
+                )
+                + codec.encoded_size(
+                    Frame(arrays=(np.zeros(16, np.float32),)).replace(
+                        sender="a", channel="small", msg_id=0
+                    )
+                )
+            )
             assert sent.frames == got.frames == 4 and got.busy_seconds > 0
-            assert ('tandem_frame_requests_total{party="b",direction="received",path="bulk"} 9'
-                    in b.metrics_text())
+            assert (
+                'tandem_frame_requests_total{party="b",direction="received",path="bulk"} 9'
+                in b.metrics_text()
+            )
             assert b.refused == {}
             await no_connections_left(b)
         finally:
             await a.aclose()
             await b.aclose()
+
     run(scenario())
 
 
@@ -170,8 +203,14 @@ def test_tls_and_mutual_tls_on_the_bulk_path(run, tmp_path):
         client_ctx.load_cert_chain(cli_cert, cli_key)
         b = await HttpTransport(cfg("b", ssl_server=server_ctx)).start()
         a = await HttpTransport(cfg("a", ssl_client=client_ctx, peers={"b": b.url})).start()
-        no_cert = await HttpTransport(cfg("a", ssl_client=ssl.create_default_context(
-            cafile=srv_cert), peers={"b": b.url}, retry_timeout=0.3)).start()
+        no_cert = await HttpTransport(
+            cfg(
+                "a",
+                ssl_client=ssl.create_default_context(cafile=srv_cert),
+                peers={"b": b.url},
+                retry_timeout=0.3,
+            )
+        ).start()
         try:
             b.add_peer("a", a.url)
             x = tensor(3 * MiB)
@@ -185,6 +224,7 @@ def test_tls_and_mutual_tls_on_the_bulk_path(run, tmp_path):
         finally:
             for t in (a, no_cert, b):
                 await t.aclose()
+
     run(scenario())
 
 
@@ -212,7 +252,7 @@ class _CuttingProxy:
                 while data := await r.read(1 << 16):
                     if limit is not None and moved + len(data) > limit:
                         self.cut += 1
-                        w.write(data[:limit - moved])
+                        w.write(data[: limit - moved])
                         cw.transport.abort()
                         sw.transport.abort()
                         return
@@ -253,6 +293,7 @@ def test_connection_dropped_mid_body_is_retried_and_delivered_once(run):
             await a.aclose()
             await b.aclose()
             await proxy.close()
+
     run(scenario())
 
 
@@ -279,6 +320,7 @@ def test_cancelled_bulk_send_leaves_nothing_running(run):
         finally:
             await a.aclose()
             await b.aclose()
+
     run(scenario())
 
 
@@ -299,25 +341,30 @@ def test_full_inbox_pushes_bulk_senders_back(run):
         finally:
             await a.aclose()
             await b.aclose()
+
     run(scenario())
 
 
 # -- refusals: the same statuses as the plain path, in the same order --------------------------
+
 
 async def test_refusals_before_the_upgrade_are_plain_http():
     a, b = await pair(b_kw={"max_frame_bytes": 4 * MiB, "spec_hash": "s1"})
     try:
         body = encoded(tensor(MiB), spec="s1")
         # wrong secret: 401 and nothing else, never a 101
-        assert await bulk_post(b.url, bulk_headers(0, body, secret=b"nope", **{
-            "X-Tandem-Spec": "s1"}), body) == ("http", 401, "unauthorized")
+        assert await bulk_post(
+            b.url, bulk_headers(0, body, secret=b"nope", **{"X-Tandem-Spec": "s1"}), body
+        ) == ("http", 401, "unauthorized")
         # spec mismatch: 409 naming both hashes
         kind, status, text = await bulk_post(b.url, bulk_headers(0, body), body)
         assert (kind, status) == ("http", 409) and "s1" in text
         # too large: 413 before a byte of the body is accepted
         kind, status, text = await bulk_post(
-            b.url, bulk_headers(0, body, **{"X-Tandem-Total": str(5 * MiB),
-                                            "X-Tandem-Spec": "s1"}), body)
+            b.url,
+            bulk_headers(0, body, **{"X-Tandem-Total": str(5 * MiB), "X-Tandem-Spec": "s1"}),
+            body,
+        )
         assert (kind, status) == ("http", 413) and "max_frame_bytes" in text
         # a body in the upgrade request itself, or no declared length: 400
         h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
@@ -331,11 +378,18 @@ async def test_refusals_before_the_upgrade_are_plain_http():
         # accepted once, then a retry of the same message is a duplicate (no second 101)
         h = {"X-Tandem-Spec": "s1"}
         assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == ("line", 200, "ok")
-        assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == \
-            ("http", 200, "duplicate")
+        assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == (
+            "http",
+            200,
+            "duplicate",
+        )
         assert bulk(b, "received") == 1
-        assert b.refused == {"unauthenticated": 1, "spec_mismatch": 1, "too_large": 1,
-                             "malformed": 2}
+        assert b.refused == {
+            "unauthenticated": 1,
+            "spec_mismatch": 1,
+            "too_large": 1,
+            "malformed": 2,
+        }
         await no_connections_left(b)
     finally:
         await a.aclose()
@@ -351,8 +405,11 @@ async def test_refusals_after_the_body_come_as_the_reply_line_in_order():
         nan_body = encoded(x)
         altered = bytearray(nan_body)
         altered[len(altered) // 2] ^= 1
-        assert await bulk_post(b.url, bulk_headers(0, nan_body), bytes(altered)) == \
-            ("line", 401, "unauthorized")
+        assert await bulk_post(b.url, bulk_headers(0, nan_body), bytes(altered)) == (
+            "line",
+            401,
+            "unauthorized",
+        )
         kind, status, text = await bulk_post(b.url, bulk_headers(0, nan_body), nan_body)
         assert (kind, status) == ("line", 422) and "NaN or Inf" in text
         garbage = bytes(range(256)) * 4096
@@ -410,8 +467,11 @@ async def test_client_gone_mid_body_leaves_the_server_serving(cut):
     a, b = await pair()
     try:
         body = encoded(tensor(MiB))
-        assert await bulk_post(b.url, bulk_headers(0, body), body, close_after=cut) == \
-            ("closed", 0, "")
+        assert await bulk_post(b.url, bulk_headers(0, body), body, close_after=cut) == (
+            "closed",
+            0,
+            "",
+        )
         await no_connections_left(b)
         assert b.received_stats("a").frames == 0 and bulk(b, "received") == 1
         assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
@@ -430,8 +490,13 @@ async def test_client_that_sends_before_the_101_cannot_wedge_the_server():
         body = encoded(tensor(MiB))
         host, port = b.url.split("//")[1].split(":")
         reader, writer = await asyncio.open_connection(host, int(port))
-        head = [f"POST {FRAME_PATH} HTTP/1.1", f"Host: {host}:{port}", "Content-Length: 0",
-                "Connection: Upgrade", f"Upgrade: {BULK_PROTOCOL}"]
+        head = [
+            f"POST {FRAME_PATH} HTTP/1.1",
+            f"Host: {host}:{port}",
+            "Content-Length: 0",
+            "Connection: Upgrade",
+            f"Upgrade: {BULK_PROTOCOL}",
+        ]
         head += [f"{k}: {v}" for k, v in bulk_headers(0, body).items()]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         try:
@@ -449,13 +514,15 @@ async def test_client_that_sends_before_the_101_cannot_wedge_the_server():
 
 @pytest.fixture(scope="module")
 def live():
-    for runner, server in live_server(cfg("srv", peers={"a": "http://127.0.0.1:9"},
-                                          capacity=10_000)):
+    for runner, server in live_server(
+        cfg("srv", peers={"a": "http://127.0.0.1:9"}, capacity=10_000)
+    ):
         yield runner, server, {"id": 0}
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data(), honest_digest=st.booleans())
 def test_fuzzed_bulk_bodies_get_4xx_and_server_keeps_serving(live, data, honest_digest):
     """Mutated bodies on the bulk path: signed over the mutated bytes (authentic but malformed:
@@ -463,8 +530,9 @@ def test_fuzzed_bulk_bodies_get_4xx_and_server_keeps_serving(live, data, honest_
     runner, server, state = live
     state["id"] += 1
     n = data.draw(st.integers(0, 40_000))
-    frame = Frame(sender="a", channel="c", msg_id=state["id"],
-                  arrays=(np.arange(n, dtype=np.float32),))
+    frame = Frame(
+        sender="a", channel="c", msg_id=state["id"], arrays=(np.arange(n, dtype=np.float32),)
+    )
     original = codec.encode(frame)
     body = _mutate(original, data)
     if not body:
@@ -486,8 +554,11 @@ def test_server_still_delivers_bulk_after_fuzzing(live):
     state["id"] += 1
     x = tensor(MiB)
     body = encoded(x, state["id"], channel="after")
-    assert runner.run(bulk_post(server.url, bulk_headers(
-        state["id"], body, **{"X-Tandem-Channel": "after"}), body)) == ("line", 200, "ok")
+    assert runner.run(
+        bulk_post(
+            server.url, bulk_headers(state["id"], body, **{"X-Tandem-Channel": "after"}), body
+        )
+    ) == ("line", 200, "ok")
     np.testing.assert_array_equal(runner.run(server.recv("a", "after")).arrays[0], x)
     assert bulk(server, "received") >= 1
 
@@ -518,6 +589,7 @@ async def test_a_receiver_that_ignores_the_upgrade_is_reported_not_trusted():
 
 
 # -- shaping and configuration ----------------------------------------------------------------
+
 
 async def test_link_shaping_paces_bulk_bodies():
     a, b = await pair({"shape_bandwidth": 40e6, "shape_latency": 0.05})

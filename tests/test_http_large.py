@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tandem.transports.base import Frame
 from tandem.errors import PayloadTooLargeError
+from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport
 from tandem.transports.memory import MemoryNetwork
 
@@ -31,7 +31,7 @@ def _make(pattern: np.ndarray) -> np.ndarray:
     a = np.empty(SIZE, np.uint8)
     for start in range(0, SIZE, _PERIOD):
         n = min(_PERIOD, SIZE - start)
-        a[start:start + n] = pattern[:n]
+        a[start : start + n] = pattern[:n]
     return a
 
 
@@ -41,9 +41,9 @@ def _check(got: np.ndarray, pattern: np.ndarray) -> None:
         end = min(start + _BLOCK, SIZE)
         pos = start % _PERIOD
         first = min(end - start, _PERIOD - pos)  # the block may wrap around the period once
-        ok = np.array_equal(got[start:start + first], pattern[pos:pos + first])
+        ok = np.array_equal(got[start : start + first], pattern[pos : pos + first])
         if first < end - start:
-            ok = ok and np.array_equal(got[start + first:end], pattern[:end - start - first])
+            ok = ok and np.array_equal(got[start + first : end], pattern[: end - start - first])
         assert ok, f"bytes [{start}, {end}) differ from what was sent"
 
 
@@ -51,9 +51,12 @@ async def test_http_frame_above_2_gib_arrives_intact():
     pattern = _pattern()
     big = _make(pattern)
     limit = SIZE + (1 << 20)  # the default max_frame_bytes (2 GiB) would refuse it with 413
-    async with HttpTransport(HttpConfig(name="rx", max_frame_bytes=limit,
-                                        peers={"tx": "http://127.0.0.1:9"})) as rx, \
-            HttpTransport(HttpConfig(name="tx", peers={"rx": "http://127.0.0.1:9"})) as tx:
+    async with (
+        HttpTransport(
+            HttpConfig(name="rx", max_frame_bytes=limit, peers={"tx": "http://127.0.0.1:9"})
+        ) as rx,
+        HttpTransport(HttpConfig(name="tx", peers={"rx": "http://127.0.0.1:9"})) as tx,
+    ):
         rx.add_peer("tx", tx.url)
         tx.add_peer("rx", rx.url)
         async with HttpTransport(HttpConfig(name="rx", peers={"tx": tx.url})) as strict:

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tandem.transports.base import Frame
 from tandem.errors import TransportClosedError
+from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport
 
 
@@ -77,8 +77,7 @@ async def test_a_restarted_peer_ends_the_wait_and_its_new_frames_flow():
 
 
 async def test_a_peer_never_heard_from_is_waited_for():
-    async with HttpTransport(cfg("a", peer_timeout=0.3,
-                                 peers={"b": "http://127.0.0.1:9"})) as a:
+    async with HttpTransport(cfg("a", peer_timeout=0.3, peers={"b": "http://127.0.0.1:9"})) as a:
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(a.recv("b", "c"), 1.5)
 

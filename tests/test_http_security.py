@@ -16,12 +16,17 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from tandem.errors import (
+    AuthenticationError,
+    FrameError,
+    PayloadTooLargeError,
+    PeerUnavailableError,
+)
 from tandem.transports import auth, codec
 from tandem.transports.base import Frame
-from tandem.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
-                               PeerUnavailableError)
 from tandem.transports.http import FRAME_PATH, HttpConfig, HttpTransport
 
 SECRET = b"s3cret"
@@ -44,16 +49,25 @@ def good(i=0) -> Frame:
 
 
 def routing(msg_id: int, body: bytes, **over) -> dict[str, str]:
-    h = {"X-Tandem-Sender": "a", "X-Tandem-Incarnation": "raw", "X-Tandem-Channel": "c",
-         "X-Tandem-Msg-Id": str(msg_id), "X-Tandem-Chunk": "0", "X-Tandem-Chunks": "1",
-         "X-Tandem-Offset": "0", "X-Tandem-Total": str(len(body)), "X-Tandem-Spec": ""}
+    h = {
+        "X-Tandem-Sender": "a",
+        "X-Tandem-Incarnation": "raw",
+        "X-Tandem-Channel": "c",
+        "X-Tandem-Msg-Id": str(msg_id),
+        "X-Tandem-Chunk": "0",
+        "X-Tandem-Chunks": "1",
+        "X-Tandem-Offset": "0",
+        "X-Tandem-Total": str(len(body)),
+        "X-Tandem-Spec": "",
+    }
     h.update(over)
     return h
 
 
 def signed(msg_id: int, body: bytes, secret=SECRET, **over) -> dict[str, str]:
-    return auth.sign(secret, "POST", FRAME_PATH, routing(msg_id, body, **over),
-                     auth.body_digest([body]))
+    return auth.sign(
+        secret, "POST", FRAME_PATH, routing(msg_id, body, **over), auth.body_digest([body])
+    )
 
 
 async def test_wrong_secret_is_refused_with_401_and_server_keeps_serving():
@@ -64,8 +78,9 @@ async def test_wrong_secret_is_refused_with_401_and_server_keeps_serving():
         assert b.refused == {"unauthenticated": 1}
         async with aiohttp.ClientSession() as s:  # 401 says nothing else
             body = codec.encode(good().replace(sender="a", channel="c"))
-            async with s.post(b.url + FRAME_PATH, data=body,
-                              headers=signed(0, body, secret=b"nope")) as r:
+            async with s.post(
+                b.url + FRAME_PATH, data=body, headers=signed(0, body, secret=b"nope")
+            ) as r:
                 assert (r.status, await r.text()) == (401, "unauthorized")
         b.add_peer("a2", a.url)
         c = await HttpTransport(cfg("a2", peers={"b": b.url})).start()
@@ -90,15 +105,27 @@ async def test_replayed_and_stale_requests_are_refused():
     a, b = await pair(b_kw={"clock": lambda: now[0], "auth_window": 30.0})
     try:
         body = codec.encode(good().replace(sender="a", channel="c", msg_id=0))
-        headers = auth.sign(SECRET, "POST", FRAME_PATH, routing(0, body), auth.body_digest([body]),
-                            clock=lambda: now[0])
+        headers = auth.sign(
+            SECRET,
+            "POST",
+            FRAME_PATH,
+            routing(0, body),
+            auth.body_digest([body]),
+            clock=lambda: now[0],
+        )
         async with aiohttp.ClientSession() as s:
             async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
                 assert r.status == 200
             async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
                 assert r.status == 401  # the same request again: replay
-            stale = auth.sign(SECRET, "POST", FRAME_PATH, routing(1, body),
-                              auth.body_digest([body]), clock=lambda: now[0] - 31)
+            stale = auth.sign(
+                SECRET,
+                "POST",
+                FRAME_PATH,
+                routing(1, body),
+                auth.body_digest([body]),
+                clock=lambda: now[0] - 31,
+            )
             async with s.post(b.url + FRAME_PATH, data=body, headers=stale) as r:
                 assert r.status == 401
             tampered = signed(2, body)
@@ -115,8 +142,10 @@ async def test_replayed_and_stale_requests_are_refused():
 def test_verifier_bounded_nonce_memory_never_forgets_into_a_replay():
     now = [100.0]
     v = auth.Verifier(b"k", window=50, max_nonces=3, clock=lambda: now[0])
-    reqs = [auth.sign(b"k", "POST", "/p", {}, auth.EMPTY_SHA, clock=lambda: now[0] + i * 1e-3)
-            for i in range(5)]
+    reqs = [
+        auth.sign(b"k", "POST", "/p", {}, auth.EMPTY_SHA, clock=lambda: now[0] + i * 1e-3)
+        for i in range(5)
+    ]
     for h in reqs:
         v.verify("POST", "/p", h)
     assert len(v) == 3
@@ -136,11 +165,13 @@ async def test_body_digest_covers_every_byte_of_a_large_body():
             for pos in (0, len(body) // 2 + 3, len(body) - 1):
                 bad = bytearray(body)
                 bad[pos] ^= 1
-                async with s.post(b.url + FRAME_PATH, data=io.BytesIO(bad),
-                                  headers=signed(0, body)) as r:
+                async with s.post(
+                    b.url + FRAME_PATH, data=io.BytesIO(bad), headers=signed(0, body)
+                ) as r:
                     assert (r.status, await r.text()) == (401, "unauthorized"), pos
-            async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body),
-                              headers=signed(0, body)) as r:
+            async with s.post(
+                b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)
+            ) as r:
                 assert r.status == 200
         assert b.refused == {"unauthenticated": 3}
         assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
@@ -171,6 +202,7 @@ def test_all_finite_agrees_with_isfinite(dtype):
     ``np.isfinite(a).all()``: NaN/Inf anywhere, Inf of both signs, and finite values whose sum
     overflows (must still be accepted)."""
     from tandem.transports.http import _all_finite
+
     dt = np.dtype(dtype)
     big = np.finfo(dt).max
     cases = [np.arange(1000, dtype=dt), np.full(1000, big, dt), np.full(1000, -big, dt)]
@@ -245,21 +277,31 @@ def make_cert(tmp_path, name: str, ca=None):
     """A self-signed certificate for 127.0.0.1 (or one signed by ``ca``)."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(subject)
-               .issuer_name(subject).public_key(key.public_key())
-               .serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=1))
-               .add_extension(x509.SubjectAlternativeName(
-                   [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True))
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+    )
     cert = builder.sign(key, hashes.SHA256())
     cert_path, key_path = tmp_path / f"{name}.pem", tmp_path / f"{name}.key"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     return str(cert_path), str(key_path)
 
 
@@ -274,8 +316,9 @@ async def test_tls_and_mutual_tls(tmp_path):
     client_ctx.load_cert_chain(cli_cert, cli_key)
     b = await HttpTransport(cfg("b", ssl_server=server_ctx)).start()
     a = await HttpTransport(cfg("a", ssl_client=client_ctx, peers={"b": b.url})).start()
-    no_cert = await HttpTransport(cfg("a", ssl_client=ssl.create_default_context(cafile=srv_cert),
-                                      peers={"b": b.url})).start()
+    no_cert = await HttpTransport(
+        cfg("a", ssl_client=ssl.create_default_context(cafile=srv_cert), peers={"b": b.url})
+    ).start()
     try:
         assert b.url.startswith("https://")
         b.add_peer("a", a.url)
@@ -311,6 +354,7 @@ async def test_healthz_and_metrics_need_no_auth():
 
 # -- fuzzing a live server: hypothesis drives synchronous examples on one persistent loop ----
 
+
 def live_server(config: HttpConfig):
     """Generator for a module fixture: ``(runner, server)``, an `HttpTransport` serving on its
     own loop (`asyncio.Runner`) so that synchronous hypothesis examples can drive it; closed
@@ -326,8 +370,9 @@ def live_server(config: HttpConfig):
 
 @pytest.fixture(scope="module")
 def live():
-    for runner, server in live_server(cfg("srv", peers={"a": "http://127.0.0.1:9"},
-                                          capacity=10_000)):
+    for runner, server in live_server(
+        cfg("srv", peers={"a": "http://127.0.0.1:9"}, capacity=10_000)
+    ):
         session = runner.run(_session())
         yield runner, server, session, {"id": 0}
         runner.run(session.close())
@@ -358,14 +403,20 @@ def _mutate(raw: bytes, data) -> bytes:
     return bytes(raw)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=st.data())
 def test_fuzzed_bodies_get_4xx_and_server_keeps_serving(live, data):
     runner, server, session, state = live
     state["id"] += 1
-    frame = Frame(sender="a", channel="c", msg_id=state["id"],
-                  meta={"k": data.draw(st.text(max_size=5))},
-                  arrays=(np.arange(data.draw(st.integers(0, 8)), dtype=np.float32),))
+    frame = Frame(
+        sender="a",
+        channel="c",
+        msg_id=state["id"],
+        meta={"k": data.draw(st.text(max_size=5))},
+        arrays=(np.arange(data.draw(st.integers(0, 8)), dtype=np.float32),),
+    )
     body = _mutate(codec.encode(frame), data)
     status, text = runner.run(_post(session, server.url, body, signed(state["id"], body)))
     if status == 200:  # a mutation that left a valid frame is accepted; drain it
@@ -374,14 +425,16 @@ def test_fuzzed_bodies_get_4xx_and_server_keeps_serving(live, data):
         assert 400 <= status < 500 and text, (status, text)
 
 
-header_names = st.sampled_from(list(auth.SIGNED_HEADERS) + [auth.TIMESTAMP, auth.NONCE,
-                                                             auth.BODY_SHA, auth.SIGNATURE])
+header_names = st.sampled_from(
+    list(auth.SIGNED_HEADERS) + [auth.TIMESTAMP, auth.NONCE, auth.BODY_SHA, auth.SIGNATURE]
+)
 header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=24)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(overrides=st.dictionaries(header_names, header_values, max_size=5),
-       resign=st.booleans())
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(overrides=st.dictionaries(header_names, header_values, max_size=5), resign=st.booleans())
 def test_fuzzed_headers_get_4xx_and_server_keeps_serving(live, overrides, resign):
     runner, server, session, state = live
     state["id"] += 1
@@ -408,8 +461,10 @@ def test_server_still_delivers_after_fuzzing(live):
     # A fresh incarnation: the header fuzzing may have announced a restarted "a" (another
     # incarnation), after which the server rightly refuses the old one with 410.
     fresh = {"X-Tandem-Channel": "after", "X-Tandem-Incarnation": secrets.token_hex(8)}
-    assert runner.run(_post(session, server.url, body, signed(state["id"], body, **fresh))) == \
-        (200, "ok")
+    assert runner.run(_post(session, server.url, body, signed(state["id"], body, **fresh))) == (
+        200,
+        "ok",
+    )
     assert runner.run(server.recv("a", "after")).meta == {"i": 9}
 
 
@@ -418,17 +473,29 @@ def test_old_incarnation_is_refused_410_after_a_restart(live):
     for inc, expect in (("first", 200), ("second", 200), ("first", 410)):
         state["id"] += 1
         body = codec.encode(good().replace(sender="a", channel="restart", msg_id=state["id"]))
-        status, _ = runner.run(_post(session, server.url, body, signed(
-            state["id"], body, **{"X-Tandem-Channel": "restart", "X-Tandem-Incarnation": inc})))
+        status, _ = runner.run(
+            _post(
+                session,
+                server.url,
+                body,
+                signed(
+                    state["id"],
+                    body,
+                    **{"X-Tandem-Channel": "restart", "X-Tandem-Incarnation": inc},
+                ),
+            )
+        )
         assert status == expect, (inc, status)
         if status == 200:
             runner.run(server.recv("a", "restart"))
 
 
 async def test_admit_unknown_accepts_signed_senders_and_learns_their_url():
-    async with HttpTransport(cfg("coord", admit_unknown=True)) as coord, \
-            HttpTransport(cfg("w9", peers={})) as w, \
-            HttpTransport(cfg("intruder", secret=b"wrong")) as bad:
+    async with (
+        HttpTransport(cfg("coord", admit_unknown=True)) as coord,
+        HttpTransport(cfg("w9", peers={})) as w,
+        HttpTransport(cfg("intruder", secret=b"wrong")) as bad,
+    ):
         w.add_peer("coord", coord.url)
         bad.add_peer("coord", coord.url)
         await w.send("coord", "hb", good(1))

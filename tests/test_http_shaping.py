@@ -17,8 +17,9 @@ from tandem.transports.http import HttpConfig, HttpTransport
 
 async def _pair(**shape):
     rx = await HttpTransport(HttpConfig(name="rx", peers={"tx": "http://127.0.0.1:9"})).start()
-    tx = await HttpTransport(HttpConfig(name="tx", peers={"rx": rx.url}, write_piece_bytes=1 << 16,
-                                        **shape)).start()
+    tx = await HttpTransport(
+        HttpConfig(name="tx", peers={"rx": rx.url}, write_piece_bytes=1 << 16, **shape)
+    ).start()
     rx.add_peer("tx", tx.url)
     return tx, rx
 
@@ -28,8 +29,7 @@ async def test_bandwidth_is_shared_by_all_channels_to_a_peer():
     try:
         payload = np.arange(100_000, dtype=np.float32)  # 400 kB per frame, 0.1 s at 4 MB/s
         t0 = time.perf_counter()
-        await asyncio.gather(*(tx.send("rx", f"c{i}", Frame(arrays=(payload,)))
-                               for i in range(3)))
+        await asyncio.gather(*(tx.send("rx", f"c{i}", Frame(arrays=(payload,))) for i in range(3)))
         elapsed = time.perf_counter() - t0
         assert elapsed >= 0.9 * 3 * payload.nbytes / 4e6  # one wire, not one per channel
         for i in range(3):

@@ -9,9 +9,9 @@ import aiohttp
 import numpy as np
 import pytest
 
+from tandem.errors import PeerUnavailableError
 from tandem.transports import auth, codec
 from tandem.transports.base import Frame
-from tandem.errors import PeerUnavailableError
 from tandem.transports.http import FRAME_PATH, HttpConfig, HttpTransport
 
 SECRET = b"k"
@@ -22,11 +22,17 @@ def cfg(name, **kw):
 
 
 async def test_tiny_chunks_reassemble_exactly():
-    async with HttpTransport(cfg("a", chunk_bytes=7)) as a, \
-            HttpTransport(cfg("b", peers={"a": "http://127.0.0.1:9"})) as b:
+    async with (
+        HttpTransport(cfg("a", chunk_bytes=7)) as a,
+        HttpTransport(cfg("b", peers={"a": "http://127.0.0.1:9"})) as b,
+    ):
         b.add_peer("a", a.url)
         a.add_peer("b", b.url)
-        arrays = (np.arange(50, dtype=np.float64), np.array([], np.int8), np.arange(3, dtype=np.uint8))
+        arrays = (
+            np.arange(50, dtype=np.float64),
+            np.array([], np.int8),
+            np.arange(3, dtype=np.uint8),
+        )
         await a.send("b", "c", Frame(meta={"x": 1}, arrays=arrays))
         got = await b.recv("a", "c")
         for x, y in zip(arrays, got.arrays):
@@ -61,16 +67,26 @@ async def test_unreachable_peer_raises_after_retry_timeout():
 
 
 def _headers(body: bytes, msg_id: int, chunk=0, chunks=1, offset=0, total=None):
-    h = {"X-Tandem-Sender": "a", "X-Tandem-Incarnation": "i1", "X-Tandem-Channel": "c",
-         "X-Tandem-Msg-Id": str(msg_id), "X-Tandem-Chunk": str(chunk),
-         "X-Tandem-Chunks": str(chunks), "X-Tandem-Offset": str(offset),
-         "X-Tandem-Total": str(len(body) if total is None else total), "X-Tandem-Spec": ""}
+    h = {
+        "X-Tandem-Sender": "a",
+        "X-Tandem-Incarnation": "i1",
+        "X-Tandem-Channel": "c",
+        "X-Tandem-Msg-Id": str(msg_id),
+        "X-Tandem-Chunk": str(chunk),
+        "X-Tandem-Chunks": str(chunks),
+        "X-Tandem-Offset": str(offset),
+        "X-Tandem-Total": str(len(body) if total is None else total),
+        "X-Tandem-Spec": "",
+    }
     return auth.sign(SECRET, "POST", FRAME_PATH, h, auth.body_digest([body]))
 
 
 async def test_receiver_deduplicates_retries_and_refuses_out_of_order_chunks():
-    async with HttpTransport(cfg("b", peers={"a": "http://127.0.0.1:9"})) as b, \
-            aiohttp.ClientSession() as s:
+    async with (
+        HttpTransport(cfg("b", peers={"a": "http://127.0.0.1:9"})) as b,
+        aiohttp.ClientSession() as s,
+    ):
+
         async def post(body, **kw):
             async with s.post(b.url + FRAME_PATH, data=body, headers=_headers(body, **kw)) as r:
                 return r.status, await r.text()
@@ -80,11 +96,14 @@ async def test_receiver_deduplicates_retries_and_refuses_out_of_order_chunks():
         assert await post(f0, msg_id=0) == (200, "duplicate")  # a retry: acknowledged only
         f1 = codec.encode(Frame(sender="a", channel="c", msg_id=1, meta={"i": 1}))
         half = len(f1) // 2
-        status, text = await post(f1[half:], msg_id=1, chunk=1, chunks=2, offset=half,
-                                  total=len(f1))
+        status, text = await post(
+            f1[half:], msg_id=1, chunk=1, chunks=2, offset=half, total=len(f1)
+        )
         assert status == 409 and '"expect_chunk":0' in text
         assert await post(f1[:half], msg_id=1, chunk=0, chunks=2, total=len(f1)) == (200, "chunk")
-        assert await post(f1[half:], msg_id=1, chunk=1, chunks=2, offset=half,
-                          total=len(f1)) == (200, "ok")
+        assert await post(f1[half:], msg_id=1, chunk=1, chunks=2, offset=half, total=len(f1)) == (
+            200,
+            "ok",
+        )
         assert [(await b.recv("a", "c")).meta["i"] for _ in range(2)] == [0, 1]
         assert b.refused == {"out_of_order": 1}

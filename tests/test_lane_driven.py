@@ -8,7 +8,8 @@ import threading
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.engine import plan as P
 from tandem.engine.lanes import ThreadLane
@@ -17,8 +18,8 @@ from tandem.engine.policy import Backpressure
 from tandem.engine.runtime import PartyRuntime
 from tandem.engine.topology import two_party
 from tandem.engine.trace import Trace
-from tests.split_helpers import topologies
 from tandem.transports import MemoryNetwork
+from tests.split_helpers import topologies
 
 
 class CheckingHandler:
@@ -35,22 +36,33 @@ class CheckingHandler:
             if d.kind is not Kind.RECV and d not in done:
                 self.errors.append(f"{op} started before its dependency {d}")
         self.ran.append(op)
-        return {(s.channel, s.mb): np.zeros((2,), np.float32)
-                for s in self.plan.successors[op] if s.kind is Kind.SEND}
+        return {
+            (s.channel, s.mb): np.zeros((2,), np.float32)
+            for s in self.plan.successors[op]
+            if s.kind is Kind.SEND
+        }
 
     def receive(self, op, array):
         assert array.shape == (2,)
 
 
 backpressures = st.integers(1, 4).flatmap(
-    lambda cap: st.builds(Backpressure, st.integers(1, cap), st.just(cap)))
+    lambda cap: st.builds(Backpressure, st.integers(1, cap), st.just(cap))
+)
 
 
 @settings(max_examples=25, deadline=None)
-@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
-       policy=st.sampled_from(["priority", "fifo"]), chunks=st.sampled_from([1, 1, 2, 3]))
-def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(topo, n, bp, seed, policy,
-                                                                     chunks):
+@given(
+    topo=topologies(),
+    n=st.integers(1, 6),
+    bp=backpressures,
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["priority", "fifo"]),
+    chunks=st.sampled_from([1, 1, 2, 3]),
+)
+def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(
+    topo, n, bp, seed, policy, chunks
+):
     bp = bp.scaled(chunks)
     plans = P.make_plans(topo, n, seed=seed, chunks=chunks)
     if any(pl.max_fanout > bp.capacity for pl in plans.values()):
@@ -65,9 +77,11 @@ def test_lane_driven_runs_every_op_once_after_its_deps_within_capacity(topo, n, 
             async with asyncio.timeout(20), asyncio.TaskGroup() as tg:  # a hang fails here
                 for p, pl in plans.items():
                     handlers[p] = CheckingHandler(pl)
-                    stats[p] = tg.create_task(PartyRuntime(
-                        endpoints[p], lanes[p], backpressure=bp, policy=policy,
-                        trace=Trace()).run(pl, handlers[p], 0))
+                    stats[p] = tg.create_task(
+                        PartyRuntime(
+                            endpoints[p], lanes[p], backpressure=bp, policy=policy, trace=Trace()
+                        ).run(pl, handlers[p], 0)
+                    )
         return handlers, {p: t.result() for p, t in stats.items()}
 
     handlers, stats = asyncio.run(main())
@@ -87,8 +101,11 @@ def test_cancelling_a_lane_driven_batch_that_waits_for_a_message_leaves_nothing_
         before = set(asyncio.all_tasks())
         async with ThreadLane("tandem-cancel") as lane:
             # only B runs: its first op needs A's activation, which never comes
-            task = asyncio.create_task(PartyRuntime(net.endpoint("B"), lane).run(
-                plans["B"], CheckingHandler(plans["B"]), 0))
+            task = asyncio.create_task(
+                PartyRuntime(net.endpoint("B"), lane).run(
+                    plans["B"], CheckingHandler(plans["B"]), 0
+                )
+            )
             net.endpoint("A")
             await asyncio.sleep(0.05)
             task.cancel()

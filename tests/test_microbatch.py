@@ -9,10 +9,11 @@ next one (the leader's batch ends before the follower's last backward).
 
 import numpy as np
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from tandem.errors import ConfigError
 from tandem.engine.microbatch import GroupTuner, group_bounds, rule_groups
+from tandem.errors import ConfigError
 
 
 @given(batch=st.integers(1, 500), data=st.data())
@@ -45,16 +46,26 @@ def test_group_bounds_refuses_impossible_counts(batch, n):
 
 def test_rule_is_bytes_over_bandwidth_over_compute_clamped():
     assert rule_groups(8e6, 1e6, 2.0, 64) == 4
-    assert rule_groups(8e6, 1e6, 0.001, 64) == 64     # clamped to the batch
+    assert rule_groups(8e6, 1e6, 0.001, 64) == 64  # clamped to the batch
     assert rule_groups(1.0, 1e9, 2.0, 64) == 1
-    assert rule_groups(8e6, None, 2.0, 64) == 1        # nothing measured: nothing to hide
+    assert rule_groups(8e6, None, 2.0, 64) == 1  # nothing measured: nothing to hide
 
 
 class Pipeline:
     """Batch wall times as the leader measures them, for a given per-group cost ``c0``."""
 
-    def __init__(self, seed: int, *, compute=1.0, link=1.0, c0=0.004, noise=0.05,
-                 compile_s=0.3, drain=0.5, shift=0.3):
+    def __init__(
+        self,
+        seed: int,
+        *,
+        compute=1.0,
+        link=1.0,
+        c0=0.004,
+        noise=0.05,
+        compile_s=0.3,
+        drain=0.5,
+        shift=0.3,
+    ):
         self.rng = np.random.default_rng(seed)
         self.compute, self.link, self.c0 = compute, link, c0
         self.noise, self.compile_s, self.drain, self.shift = noise, compile_s, drain, shift
@@ -74,7 +85,7 @@ class Pipeline:
         wall = self.ideal(n) - tail + self.leftover
         self.leftover = tail
         if n not in self.seen:  # the follower's backward compiles after the leader's first
-            self.seen.add(n)     # batch at n ended, so half the compile lands in the second
+            self.seen.add(n)  # batch at n ended, so half the compile lands in the second
             wall += self.compile_s / 2
             self.leftover += self.compile_s / 2
         return wall * (1 + self.noise * self.rng.exponential())
@@ -83,8 +94,7 @@ class Pipeline:
 def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
     for _ in range(batches):
         n = tuner.n
-        tuner.observe(wall=pipe.batch(n), compute=pipe.compute,
-                      links=[(pipe.link * 1e6, 1e6)])
+        tuner.observe(wall=pipe.batch(n), compute=pipe.compute, links=[(pipe.link * 1e6, 1e6)])
         if tuner._settled_at is not None:
             return tuner.n
     raise AssertionError(f"tuner did not settle: {[h['n'] for h in tuner.history]}")
@@ -98,7 +108,7 @@ def test_tuner_settles_near_the_best_power_of_two(c0):
     for seed in range(100):
         pipe = Pipeline(seed, c0=c0)
         n = settle(GroupTuner(batch=1024), pipe)
-        best = min((2 ** k for k in range(11)), key=pipe.ideal)
+        best = min((2**k for k in range(11)), key=pipe.ideal)
         ratios.append(pipe.ideal(n) / pipe.ideal(best))
     ratios = np.array(ratios)
     assert (ratios <= 1.10).mean() >= 0.95 and ratios.max() <= 1.20, np.sort(ratios)[-10:]
@@ -178,9 +188,19 @@ def _settle_on(tuner: GroupTuner, walls: dict[int, float]) -> int:
     return _settle_on_sequence(tuner, {n: [w] for n, w in walls.items()})
 
 
-@pytest.mark.parametrize("wall4, wall8, settles_on",
-                         [(0.90, 0.70, 8), (0.90, 0.79, 8), (0.90, 0.81, 8), (0.90, 0.83, 6),
-                          (0.70, 0.79, 4), (0.75, 0.70, 8), (0.79, 0.90, 6), (0.81, 0.815, 8)])
+@pytest.mark.parametrize(
+    "wall4, wall8, settles_on",
+    [
+        (0.90, 0.70, 8),
+        (0.90, 0.79, 8),
+        (0.90, 0.81, 8),
+        (0.90, 0.83, 6),
+        (0.70, 0.79, 4),
+        (0.75, 0.70, 8),
+        (0.79, 0.90, 6),
+        (0.81, 0.815, 8),
+    ],
+)
 def test_refines_on_both_sides_of_the_base(wall4, wall8, settles_on):
     """The doubling search from a rule start of 3 sees 3, 6, 12: once 6 is the base, both
     midpoints (4 and 8) are tried once, and the search settles on the largest of 4, 6 and 8
@@ -249,8 +269,7 @@ def test_a_larger_count_that_won_the_tie_by_luck_is_measured_again():
     """12 (the base 6's 2n) has four lucky batches (0.81, within 3% of 8 at 0.79) and is slow
     after them (0.90): measured again, it drops out of the tie and the search settles on 8.
     Without the re-measuring the tie goes to 12."""
-    walls = {1: [1.5], 3: [1.0], 6: [0.8], 4: [0.83], 24: [1.0], 8: [0.79],
-             12: [0.81] * 6 + [0.9]}
+    walls = {1: [1.5], 3: [1.0], 6: [0.8], 4: [0.83], 24: [1.0], 8: [0.79], 12: [0.81] * 6 + [0.9]}
     tuner = GroupTuner(batch=2048, n=4, samples=4)
     tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])  # rule: n = 3
     assert _settle_on_sequence(tuner, walls) == 8
@@ -298,6 +317,7 @@ def test_one_hiccup_among_a_counts_batches_does_not_decide_the_tie():
     """8 is as fast as 6 but one of its four samples is a machine hiccup (1.10 against 0.79).
     The plain mean puts 8 8.4% behind 6, so without re-measuring the search keeps 6; the
     interquartile mean cuts the hiccup, and 8 wins the tie without a second round."""
+
     def walls():
         w = _unlucky_eight()
         w[8] = [0.84, 0.84, 0.79, 1.10, 0.79]  # two compile batches, then the samples
@@ -326,7 +346,7 @@ def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
     assert parts[0][0] == 0 and parts[-1][1] == batch
     assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in row order
     for k, (lo, hi) in enumerate(groups):  # group k is exactly its c parts
-        mine = parts[k * c:(k + 1) * c]
+        mine = parts[k * c : (k + 1) * c]
         assert mine[0][0] == lo and mine[-1][1] == hi
         sizes = [b - a for a, b in mine]
         assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
@@ -339,8 +359,11 @@ def test_chunk_bounds_refuse_a_group_smaller_than_its_chunks():
         chunk_bounds([(0, 3), (3, 10)], 4)
 
 
-@given(idx=st.lists(st.integers(0, 19), min_size=1, max_size=30), lo=st.integers(0, 30),
-       hi=st.integers(0, 30))
+@given(
+    idx=st.lists(st.integers(0, 19), min_size=1, max_size=30),
+    lo=st.integers(0, 30),
+    hi=st.integers(0, 30),
+)
 def test_batch_rows_gather_exactly_the_rows_asked(idx, lo, hi):
     from tandem.engine.data import BatchRows
 
@@ -427,8 +450,13 @@ def _recheck_of_eight(six_after: list[float]) -> GroupTuner:
     ``six_after``. Each n's batches take the next wall of its list; the last one repeats."""
     tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
     assert tuner.observe(wall=1.0, compute=1.0, links=[(8e6, 1e6)]) == 8  # rule: ceil(8/1)
-    walls = {8: [0.80], 16: [0.95], 4: [0.95], 11: [0.95],
-             6: [0.90] * 6 + [0.76] * 5 + six_after}  # first search; re-check; then after
+    walls = {
+        8: [0.80],
+        16: [0.95],
+        4: [0.95],
+        11: [0.95],
+        6: [0.90] * 6 + [0.76] * 5 + six_after,
+    }  # first search; re-check; then after
     runs: dict[int, int] = {}
     settles = 0
     for _ in range(200):

@@ -45,8 +45,10 @@ def test_full_run_trains_evaluates_exports(reference):
     assert {k.split("/")[1] for k in job.exported("follower")} == {"bottom_follower"}
     from tandem.parties.split.export import read_description
 
-    descs = [read_description(job.folder / "out" / r / f"{r}.safetensors")
-             for r in ("leader", "follower")]
+    descs = [
+        read_description(job.folder / "out" / r / f"{r}.safetensors")
+        for r in ("leader", "follower")
+    ]
     assert descs[0]["training"] == descs[1]["training"]
     # checkpoints every 2 batches, the newest 2 kept, same steps on both sides
     assert job.checkpoints("leader") == job.checkpoints("follower") == [TOTAL - 2, TOTAL]
@@ -69,8 +71,9 @@ def test_chunked_messages_over_http_train_the_same_model(tmp_path, reference):
         have, want = job.exported(role), ref.exported(role)
         assert have.keys() == want.keys()
         for name in want:
-            np.testing.assert_allclose(have[name], want[name], rtol=1e-4, atol=1e-6,
-                                       err_msg=f"{role} {name}")
+            np.testing.assert_allclose(
+                have[name], want[name], rtol=1e-4, atol=1e-6, err_msg=f"{role} {name}"
+            )
 
 
 def test_alignment_is_part_of_the_agreed_spec(reference):
@@ -109,8 +112,11 @@ def test_kill9_mid_epoch_then_restart_matches_uninterrupted_run(tmp_path, refere
         job.cfg[role]["security"]["peer_timeout"] = 2.0
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
-    wait_until(lambda: max(job.checkpoints("follower"), default=0) >= 6, 90,
-               "the follower's checkpoint at step 6")
+    wait_until(
+        lambda: max(job.checkpoints("follower"), default=0) >= 6,
+        90,
+        "the follower's checkpoint at step 6",
+    )
     procs[first].kill9()
     # the survivor gets no goodbye (kill -9); it finds the peer gone (peer_timeout, or its
     # sends' retry_timeout) and stops by itself, saying how to resume
@@ -142,8 +148,9 @@ def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, who):
     job = Job(tmp_path)
     _slow_link(job)
     procs = {r: job.start(r) for r in ("follower", "leader")}
-    wait_until(lambda: max(job.checkpoints("leader"), default=0) >= 2, 90,
-               "the leader's first checkpoint")
+    wait_until(
+        lambda: max(job.checkpoints("leader"), default=0) >= 2, 90, "the leader's first checkpoint"
+    )
     procs[who].signal(signal.SIGTERM)
     results = {r: p.finish() for r, p in procs.items()}
     for role in ("leader", "follower"):
@@ -164,21 +171,24 @@ def test_sigterm_stops_cleanly_with_a_usable_checkpoint(tmp_path, who):
 def _load_checkpoint(job: Job, role: str, step: int, spec_hash: str) -> None:
     import optax
 
-    from tandem.parties.split.checkpoint import CheckpointStore
-    from tandem.engine.kernels import get_loss
-    from tandem.parties.split.stages import StageHandler
-    from tandem.parties.split.party_config import load_party_config, models_from_widths
     from party_helpers import F_FOLLOWER, F_LEADER
+    from tandem.engine.kernels import get_loss
+    from tandem.parties.split.checkpoint import CheckpointStore
+    from tandem.parties.split.party_config import load_party_config, models_from_widths
+    from tandem.parties.split.stages import StageHandler
 
     cfg = load_party_config(job.path(role))
     topo = cfg.topology()
-    models = models_from_widths(topo, cfg.stage_widths({"leader": F_LEADER,
-                                                        "follower": F_FOLLOWER}))
-    handler = StageHandler(topo, role, models, optax.adam(0.01),
-                           loss=get_loss("binary") if role == "leader" else None)
+    models = models_from_widths(
+        topo, cfg.stage_widths({"leader": F_LEADER, "follower": F_FOLLOWER})
+    )
+    handler = StageHandler(
+        topo, role, models, optax.adam(0.01), loss=get_loss("binary") if role == "leader" else None
+    )
     store = CheckpointStore(job.folder / "ckpt" / role, party=role)
-    restored = store.load(step, params_like=handler.params, opt_state_like=handler.opt_state,
-                          spec_hash=spec_hash)
+    restored = store.load(
+        step, params_like=handler.params, opt_state_like=handler.opt_state, spec_hash=spec_hash
+    )
     assert restored.step == step
     if role == "leader":  # data cursor: the epoch and the batches done in it
         assert restored.cursor == {"epoch": (step - 1) // 4, "batch": (step - 1) % 4 + 1}
@@ -204,8 +214,10 @@ def test_spec_and_alignment_mismatch_refused_at_negotiation(tmp_path):
     from party_helpers import ROWS, write_aligned
 
     # the follower aligned on other ids: same size, different commitment
-    write_aligned(tmp_path / "other_aligned.csv",
-                  [(ROWS - 1 - i, f"c{i}" if i else "zz") for i in range(ROWS)])
+    write_aligned(
+        tmp_path / "other_aligned.csv",
+        [(ROWS - 1 - i, f"c{i}" if i else "zz") for i in range(ROWS)],
+    )
     job.cfg["follower"]["data"]["aligned"] = "other_aligned.csv"
     results = job.run_both()
     for role in ("leader", "follower"):
@@ -218,10 +230,20 @@ def test_spec_and_alignment_mismatch_refused_at_negotiation(tmp_path):
 
 
 # -- malformed requests against a live party ----------------------------------------------------
-HEADER_NAMES = ["X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id",
-                "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total",
-                "X-Tandem-Spec", "X-Tandem-Reply-To", "X-Tandem-Signature"]
-printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7e), max_size=40)
+HEADER_NAMES = [
+    "X-Tandem-Sender",
+    "X-Tandem-Incarnation",
+    "X-Tandem-Channel",
+    "X-Tandem-Msg-Id",
+    "X-Tandem-Chunk",
+    "X-Tandem-Chunks",
+    "X-Tandem-Offset",
+    "X-Tandem-Total",
+    "X-Tandem-Spec",
+    "X-Tandem-Reply-To",
+    "X-Tandem-Signature",
+]
+printable = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=40)
 numbers = st.one_of(st.integers(-5, 2**70).map(str), printable)
 
 
@@ -233,23 +255,36 @@ def requests(draw):
     from tandem.transports.base import Frame
 
     signed = draw(st.booleans())
-    headers = {name: draw(numbers if "Id" in name or "Chunk" in name or "Offset" in name
-                          or "Total" in name else printable)
-               for name in draw(st.lists(st.sampled_from(HEADER_NAMES), unique=True))}
+    headers = {
+        name: draw(
+            numbers
+            if "Id" in name or "Chunk" in name or "Offset" in name or "Total" in name
+            else printable
+        )
+        for name in draw(st.lists(st.sampled_from(HEADER_NAMES), unique=True))
+    }
     if signed:  # a known sender and a single chunk: valid routing, bad content
-        headers.update({"X-Tandem-Sender": "leader", "X-Tandem-Chunk": "0",
-                        "X-Tandem-Chunks": "1", "X-Tandem-Offset": "0",
-                        "X-Tandem-Msg-Id": str(draw(st.integers(0, 3))),
-                        "X-Tandem-Incarnation": draw(st.text("0123456789abcdef", min_size=1,
-                                                             max_size=16))})
+        headers.update(
+            {
+                "X-Tandem-Sender": "leader",
+                "X-Tandem-Chunk": "0",
+                "X-Tandem-Chunks": "1",
+                "X-Tandem-Offset": "0",
+                "X-Tandem-Msg-Id": str(draw(st.integers(0, 3))),
+                "X-Tandem-Incarnation": draw(st.text("0123456789abcdef", min_size=1, max_size=16)),
+            }
+        )
         headers.setdefault("X-Tandem-Channel", draw(st.sampled_from(["ctl", "fuzz"])))
     kind = draw(st.sampled_from(["random", "truncated", "foreign"]))
     arrays = (np.zeros((2, 3), np.float32),)
-    good = codec.encode(Frame(sender="mallory", channel="ctl", meta={"cmd": "propose"},
-                              arrays=arrays))
-    body = {"random": draw(st.binary(max_size=300)),
-            "truncated": good[:draw(st.integers(0, len(good) - 1))],
-            "foreign": good}[kind]  # a well-formed frame whose header disagrees
+    good = codec.encode(
+        Frame(sender="mallory", channel="ctl", meta={"cmd": "propose"}, arrays=arrays)
+    )
+    body = {
+        "random": draw(st.binary(max_size=300)),
+        "truncated": good[: draw(st.integers(0, len(good) - 1))],
+        "foreign": good,
+    }[kind]  # a well-formed frame whose header disagrees
     if signed:
         headers["X-Tandem-Total"] = str(len(body))
     return headers, body, signed
@@ -260,21 +295,26 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
 
     job = Job(tmp_path, epochs=1)
     follower = job.start("follower")
-    wait_until(lambda: healthy(job.url("follower")) or follower.popen.poll() is not None, 60,
-               "the follower's /healthz")
+    wait_until(
+        lambda: healthy(job.url("follower")) or follower.popen.poll() is not None,
+        60,
+        "the follower's /healthz",
+    )
     assert follower.popen.poll() is None, follower.err.read_text()[-2000:]
     port = job.ports["follower"]
     statuses = []
 
-    @settings(max_examples=60, deadline=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(requests())
     def fuzz(req):
         headers, body, signed = req
         headers = dict(headers)
         if signed:
-            auth.sign(b"s3cret", "POST", "/tandem/v1/frame", headers,
-                      hashlib.sha256(body).hexdigest())
+            auth.sign(
+                b"s3cret", "POST", "/tandem/v1/frame", headers, hashlib.sha256(body).hexdigest()
+            )
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:
             conn.request("POST", "/tandem/v1/frame", body=body, headers=headers)
@@ -306,8 +346,9 @@ def test_grace_exceeded_aborts_the_batch_cleanly(tmp_path):
     for role in ("leader", "follower"):
         job.cfg[role]["grace"] = 0.0
     procs = {r: job.start(r) for r in ("follower", "leader")}
-    wait_until(lambda: max(job.checkpoints("leader"), default=0) >= 2, 90,
-               "the leader's first checkpoint")
+    wait_until(
+        lambda: max(job.checkpoints("leader"), default=0) >= 2, 90, "the leader's first checkpoint"
+    )
     procs["leader"].signal(signal.SIGTERM)
     (rc_l, lead, err_l), (rc_f, fol, err_f) = (procs[r].finish() for r in ("leader", "follower"))
     assert rc_l == 0, err_l[-2000:]

@@ -5,19 +5,18 @@ agreement, and `CheckpointStore` (atomic save, exact round trip, index/discard, 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import numpy as np
 import pytest
 
-from tandem.parties.split.checkpoint import CheckpointError, CheckpointStore
+from party_helpers import Job
+from tandem.errors import FrameError
 from tandem.parties.split import negotiate
+from tandem.parties.split.checkpoint import CheckpointError, CheckpointStore
 from tandem.parties.split.party_config import load_party_config
 from tandem.parties.split.session import PartyStartError, connect
 from tandem.parties.split.standalone import make_party
-from party_helpers import Job
 from tandem.transports.base import Frame
-from tandem.errors import FrameError
 from tandem.transports.memory import MemoryNetwork
 
 
@@ -50,11 +49,17 @@ async def test_connect_installs_spec_and_refuses_foreign_frames(tmp_path):
         ok = np.ones((5, 4), np.float32)
         await fol.transport.send("leader", ch, Frame(arrays=(ok,)))
         assert (await lead.transport.recv("follower", ch)).arrays[0].shape == (5, 4)
-        for bad, says in ((ok.astype(np.float64), "float64[5, 4]"),
-                          (np.ones((5, 3), np.float32), "float32[5, 3]"),
-                          (np.ones((300, 4), np.float32), "float32[300, 4]")):
-            with pytest.raises(FrameError, match=r"\(422\).*" + says.replace("[", r"\[")
-                               + r".*the spec says float32\[rows, 4\]"):
+        for bad, says in (
+            (ok.astype(np.float64), "float64[5, 4]"),
+            (np.ones((5, 3), np.float32), "float32[5, 3]"),
+            (np.ones((300, 4), np.float32), "float32[300, 4]"),
+        ):
+            with pytest.raises(
+                FrameError,
+                match=r"\(422\).*"
+                + says.replace("[", r"\[")
+                + r".*the spec says float32\[rows, 4\]",
+            ):
                 await fol.transport.send("leader", ch, Frame(arrays=(bad,)))
         with pytest.raises(FrameError, match="not part of the negotiated task"):
             await fol.transport.send("leader", "act/elsewhere", Frame(arrays=(ok,)))
@@ -71,17 +76,21 @@ async def test_refusal_lists_every_reason_on_both_sides(tmp_path):
     with np.load(tmp_path / "follower.npz") as z:  # the follower lacks the test split
         np.savez(tmp_path / "follower.npz", x_train=z["x_train"])
     async with asyncio.TaskGroup() as tg:
+
         async def side(role):
             try:
                 await connect(cfgs[role])
             except negotiate.NegotiationError as exc:
                 return exc
+
         lt, ft = tg.create_task(side("leader")), tg.create_task(side("follower"))
     lead_err, fol_err = lt.result(), ft.result()
     for err in (lead_err, fol_err):
         assert isinstance(err, negotiate.NegotiationError)
-        assert "stage 'bottom_follower': 'follower' has sizes [3, 9, 4] but the spec says " \
-               "[3, 8, 4]" in str(err)
+        assert (
+            "stage 'bottom_follower': 'follower' has sizes [3, 9, 4] but the spec says "
+            "[3, 8, 4]" in str(err)
+        )
         assert "the leader evaluates on 24 test rows but 'follower' holds 0" in str(err)
     assert lead_err.reasons.keys() == {"follower"}
 
@@ -91,8 +100,11 @@ async def test_unreachable_peer_is_named(tmp_path):
     import dataclasses
 
     cfg = dataclasses.replace(cfgs["leader"], wait=0.3)
-    with pytest.raises(PartyStartError, match=r"peers not reachable after 0.3 s: follower at "
-                       r"http://127.0.0.1:\d+"):
+    with pytest.raises(
+        PartyStartError,
+        match=r"peers not reachable after 0.3 s: follower at "
+        r"http://127.0.0.1:\d+",
+    ):
         await connect(cfg)
 
 
@@ -130,26 +142,47 @@ async def test_party_metrics_on_the_transport_endpoint(tmp_path):
 # -- checkpoint agreement -------------------------------------------------------------------------
 async def test_agreement_takes_newest_common_step_in_the_save_window():
     """The leader saved step 6; the follower died before saving it: both resume from 3."""
-    from tandem.parties.split.spec import build_spec
     from tandem.engine.topology import leader_follower
+    from tandem.parties.split.spec import build_spec
 
     topo = leader_follower()
-    spec = build_spec(topo, features={"leader": 2, "follower": 2}, samples=8,
-                      stage_widths={"bottom_leader": {"in_dims": [2], "out_dim": 2},
-                                    "bottom_follower": {"in_dims": [2], "out_dim": 2},
-                                    "top": {"in_dims": [2, 2], "out_dim": 1}},
-                      hyper={"batch_size": 4, "eval_batch_size": 4, "groups": 1,
-                          "learning_rate": 0.1, "optimizer": "sgd", "loss": "binary",
-                          "epochs": 1, "seed": 0, "threshold": 1, "capacity": 2,
-                          "policy": "priority", "checkpoint_every": 3},
-                      security={"auth": "none", "tls": False, "max_frame_bytes": 1 << 20,
-                                "reject_nonfinite": True})
+    spec = build_spec(
+        topo,
+        features={"leader": 2, "follower": 2},
+        samples=8,
+        stage_widths={
+            "bottom_leader": {"in_dims": [2], "out_dim": 2},
+            "bottom_follower": {"in_dims": [2], "out_dim": 2},
+            "top": {"in_dims": [2, 2], "out_dim": 1},
+        },
+        hyper={
+            "batch_size": 4,
+            "eval_batch_size": 4,
+            "groups": 1,
+            "learning_rate": 0.1,
+            "optimizer": "sgd",
+            "loss": "binary",
+            "epochs": 1,
+            "seed": 0,
+            "threshold": 1,
+            "capacity": 2,
+            "policy": "priority",
+            "checkpoint_every": 3,
+        },
+        security={
+            "auth": "none",
+            "tls": False,
+            "max_frame_bytes": 1 << 20,
+            "reject_nonfinite": True,
+        },
+    )
     net = MemoryNetwork()
     lt, ft = net.endpoint("leader"), net.endpoint("follower")
 
     async def follower():
-        got, step = await negotiate.answer(ft, "leader", check=lambda s: [],
-                                           checkpoints=lambda h: [3] if h == got_hash else [])
+        got, step = await negotiate.answer(
+            ft, "leader", check=lambda s: [], checkpoints=lambda h: [3] if h == got_hash else []
+        )
         await negotiate.ready(ft, "leader")
         return step
 
@@ -166,15 +199,24 @@ def _handler_state(seed=0):
     import optax
 
     from tandem.engine.kernels import mlp_stage
-    from tandem.parties.split.stages import StageHandler
     from tandem.engine.topology import leader_follower
+    from tandem.parties.split.stages import StageHandler
 
-    models = {"bottom_leader": mlp_stage([3], [5], 2), "bottom_follower": mlp_stage([2], [5], 2),
-              "top": mlp_stage([2, 2], [4], 1, activate_last=False)}
+    models = {
+        "bottom_leader": mlp_stage([3], [5], 2),
+        "bottom_follower": mlp_stage([2], [5], 2),
+        "top": mlp_stage([2, 2], [4], 1, activate_last=False),
+    }
     from tandem.engine.kernels import get_loss
 
-    h = StageHandler(leader_follower(), "leader", models, optax.adam(0.1),
-                     loss=get_loss("binary"), key=jax.random.PRNGKey(seed))
+    h = StageHandler(
+        leader_follower(),
+        "leader",
+        models,
+        optax.adam(0.1),
+        loss=get_loss("binary"),
+        key=jax.random.PRNGKey(seed),
+    )
     return h.params, h.opt_state
 
 
@@ -184,22 +226,30 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
     params, opt = _handler_state()
     store = CheckpointStore(tmp_path / "ck", party="leader", keep=2)
     for step in (2, 4, 6):
-        store.save(step, params=params, opt_state=opt, spec_hash="h1",
-                   cursor={"epoch": 1, "batch": step}, extra={"run_id": "r"})
+        store.save(
+            step,
+            params=params,
+            opt_state=opt,
+            spec_hash="h1",
+            cursor={"epoch": 1, "batch": step},
+            extra={"run_id": "r"},
+        )
     (tmp_path / "ck" / ".step-8.junk.tmp").write_bytes(b"half a file")
     assert store.all_steps() == [4, 6]  # keep=2; the stray tmp file is no checkpoint
     assert store.index() == {4: "h1", 6: "h1"} and store.steps("other") == []
     fresh_p, fresh_o = _handler_state(seed=1)
     r = store.load(6, params_like=fresh_p, opt_state_like=fresh_o, spec_hash="h1")
     assert r.cursor == {"epoch": 1, "batch": 6} and r.extra == {"run_id": "r"}
-    for a, b in zip(jax.tree_util.tree_leaves((params, opt)),
-                    jax.tree_util.tree_leaves((r.params, r.opt_state))):
+    for a, b in zip(
+        jax.tree_util.tree_leaves((params, opt)), jax.tree_util.tree_leaves((r.params, r.opt_state))
+    ):
         assert np.asarray(a).dtype == b.dtype and np.array_equal(np.asarray(a), b)
     with pytest.raises(CheckpointError, match="saved for task spec"):
         store.load(6, params_like=fresh_p, opt_state_like=fresh_o, spec_hash="h2")
     with pytest.raises(CheckpointError, match="belongs to party 'leader'"):
         CheckpointStore(tmp_path / "ck", party="follower").load(
-            6, params_like=fresh_p, opt_state_like=fresh_o)
+            6, params_like=fresh_p, opt_state_like=fresh_o
+        )
     wrong = {**fresh_p, "top": fresh_p["bottom_leader"]}
     with pytest.raises(CheckpointError, match="top"):
         store.load(6, params_like=wrong, opt_state_like=fresh_o)

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import tandem.parties.split.export
-from tandem.parties.split.export import save_stages
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower, two_party
 from tandem.parties.split import SplitConfig, SplitParty, inference, predict_cli
+from tandem.parties.split.export import save_stages
 from tandem.parties.split.inference import InferenceError
 from tandem.parties.split.negotiate import NegotiationError
 from tandem.transports.memory import MemoryNetwork
@@ -37,7 +37,7 @@ BATCH, GROUPS = 16, 2
 
 @dataclasses.dataclass
 class Trained:
-    leader: str          # export files
+    leader: str  # export files
     follower: str
     x_leader: np.ndarray  # new rows
     x_follower: np.ndarray
@@ -47,9 +47,11 @@ class Trained:
 
 
 def _models():
-    return {"bottom_leader": mlp_stage([F_LEADER], [8], CUT),
-            "bottom_follower": mlp_stage([F_FOLLOWER], [8], CUT),
-            "top": mlp_stage([CUT, CUT], [8], 1, activate_last=False)}
+    return {
+        "bottom_leader": mlp_stage([F_LEADER], [8], CUT),
+        "bottom_follower": mlp_stage([F_FOLLOWER], [8], CUT),
+        "top": mlp_stage([CUT, CUT], [8], 1, activate_last=False),
+    }
 
 
 async def _train(root: str, seed: int, epochs: int) -> Trained:
@@ -59,10 +61,23 @@ async def _train(root: str, seed: int, epochs: int) -> Trained:
     new_l, new_f = rng.normal(size=(NEW, F_LEADER)), rng.normal(size=(NEW, F_FOLLOWER))
     topo, net = leader_follower(), MemoryNetwork()
     cfg = SplitConfig(batch_size=BATCH, groups=GROUPS, learning_rate=0.05, seed=seed)
-    leader = SplitParty("leader", topo, _models(), net.endpoint("leader"),
-                        datasets={"train": xl, "new": new_l}, labels={"train": y}, config=cfg)
-    follower = SplitParty("follower", topo, _models(), net.endpoint("follower"),
-                          datasets={"train": xf, "new": new_f}, config=cfg)
+    leader = SplitParty(
+        "leader",
+        topo,
+        _models(),
+        net.endpoint("leader"),
+        datasets={"train": xl, "new": new_l},
+        labels={"train": y},
+        config=cfg,
+    )
+    follower = SplitParty(
+        "follower",
+        topo,
+        _models(),
+        net.endpoint("follower"),
+        datasets={"train": xf, "new": new_f},
+        config=cfg,
+    )
     async with asyncio.TaskGroup() as tg:
         tg.create_task(follower.serve())
         await leader.fit(epochs)
@@ -75,8 +90,15 @@ async def _train(root: str, seed: int, epochs: int) -> Trained:
         paths[party.name] = os.path.join(folder, f"{party.name}.safetensors")
         await inference.export_party(party, paths[party.name])
     np.savez(os.path.join(root, "train.npz"), x_train=xl, y_train=y)
-    return Trained(paths["leader"], paths["follower"], new_l.astype(np.float32),
-                   new_f.astype(np.float32), reference, leader.run_id, root)
+    return Trained(
+        paths["leader"],
+        paths["follower"],
+        new_l.astype(np.float32),
+        new_f.astype(np.float32),
+        reference,
+        leader.run_id,
+        root,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +128,15 @@ async def _pair(leader_coro, follower_coro):
         lt = tg.create_task(_outcome(leader_coro))
         ft = tg.create_task(_outcome(follower_coro))
         for me, other in ((lt, ft), (ft, lt)):
-            me.add_done_callback(lambda t, o=other: o.cancel() if not t.cancelled() and
-                                 isinstance(t.result(), Exception) and
-                                 not isinstance(t.result(), NegotiationError) else None)
+            me.add_done_callback(
+                lambda t, o=other: (
+                    o.cancel()
+                    if not t.cancelled()
+                    and isinstance(t.result(), Exception)
+                    and not isinstance(t.result(), NegotiationError)
+                    else None
+                )
+            )
     return lt.result(), ft.result()
 
 
@@ -119,10 +147,16 @@ async def _predict_pair(lm, fm, xl, xf, *, alignment=None, follower_alignment=_S
     """`inference.predict` and `inference.serve` over a fresh memory network."""
     net = MemoryNetwork()
     return await _pair(
-        inference.predict(net.endpoint("leader"), lm, xl, batch_size=BATCH, groups=GROUPS,
-                          alignment=alignment),
-        inference.serve(net.endpoint("follower"), fm, xf, alignment=alignment
-                        if follower_alignment is _SAME else follower_alignment))
+        inference.predict(
+            net.endpoint("leader"), lm, xl, batch_size=BATCH, groups=GROUPS, alignment=alignment
+        ),
+        inference.serve(
+            net.endpoint("follower"),
+            fm,
+            xf,
+            alignment=alignment if follower_alignment is _SAME else follower_alignment,
+        ),
+    )
 
 
 # -- matches in-process ----------------------------------------------------------------------
@@ -136,8 +170,9 @@ async def test_api_over_memory_matches_in_process(trained):
     assert res.digests == {"leader": lm.digest, "follower": fm.digest}
     np.testing.assert_allclose(res.outputs, trained.reference, rtol=1e-6, atol=1e-6)
     # the trained model differs from a fresh one: a wrong parameter load could not match
-    fresh = dataclasses.replace(lm, params={
-        s: lm.models[s].init(jax.random.PRNGKey(7)) for s in lm.params})
+    fresh = dataclasses.replace(
+        lm, params={s: lm.models[s].init(jax.random.PRNGKey(7)) for s in lm.params}
+    )
     out2, _ = await _predict_pair(fresh, fm, trained.x_leader, trained.x_follower)
     assert np.abs(out2.outputs - trained.reference).max() > 1e-3
 
@@ -146,14 +181,20 @@ async def test_two_party_topology_leader_without_features(tmp_path):
     """The label owner reads no features (bottom on A, top on B): it gives the row count."""
     topo, net = two_party(), MemoryNetwork()
     rng = np.random.default_rng(3)
-    x, y, new = rng.normal(size=(32, 3)), (rng.random(32) > .5).astype(np.float32), \
-        rng.normal(size=(9, 3))
-    models = {"bottom": mlp_stage([3], [6], CUT), "top": mlp_stage([CUT], [6], 1,
-                                                                   activate_last=False)}
+    x, y, new = (
+        rng.normal(size=(32, 3)),
+        (rng.random(32) > 0.5).astype(np.float32),
+        rng.normal(size=(9, 3)),
+    )
+    models = {
+        "bottom": mlp_stage([3], [6], CUT),
+        "top": mlp_stage([CUT], [6], 1, activate_last=False),
+    }
     cfg = SplitConfig(batch_size=8, groups=1, learning_rate=0.05)
     b = SplitParty("B", topo, models, net.endpoint("B"), labels={"train": y}, config=cfg)
-    a = SplitParty("A", topo, models, net.endpoint("A"), datasets={"train": x, "new": new},
-                   config=cfg)
+    a = SplitParty(
+        "A", topo, models, net.endpoint("A"), datasets={"train": x, "new": new}, config=cfg
+    )
     async with asyncio.TaskGroup() as tg:
         tg.create_task(a.serve())
         await b.fit(1)
@@ -162,11 +203,12 @@ async def test_two_party_topology_leader_without_features(tmp_path):
     for p in (a, b):
         await inference.export_party(p, tmp_path / f"{p.name}.safetensors")
     bm = await inference.load_model(tmp_path / "B.safetensors", "B")
-    am = await inference.load_model(tmp_path, "A")   # a folder holding A.safetensors
+    am = await inference.load_model(tmp_path, "A")  # a folder holding A.safetensors
     net2 = MemoryNetwork()
     out, served = await _pair(
         inference.predict(net2.endpoint("B"), bm, rows=9, batch_size=4),
-        inference.serve(net2.endpoint("A"), am, new))
+        inference.serve(net2.endpoint("A"), am, new),
+    )
     assert served == 3
     np.testing.assert_allclose(out.outputs, ref, rtol=1e-6, atol=1e-6)
 
@@ -175,8 +217,7 @@ async def test_two_party_topology_leader_without_features(tmp_path):
 PARTY = contextvars.ContextVar("party", default="?")
 
 
-async def test_each_party_reads_only_its_own_export_and_receives_activations(trained,
-                                                                            monkeypatch):
+async def test_each_party_reads_only_its_own_export_and_receives_activations(trained, monkeypatch):
     opened: list[tuple[str, str]] = []
     real_open = tandem.parties.split.export.safe_open
 
@@ -205,12 +246,15 @@ async def test_each_party_reads_only_its_own_export_and_receives_activations(tra
         model = await inference.load_model(path, name)
         assert set(model.params) == {s.name for s in model.topology.stages_of(name)}
         if name == "leader":
-            return await inference.predict(endpoints[name], model, x, batch_size=BATCH,
-                                           groups=GROUPS)
+            return await inference.predict(
+                endpoints[name], model, x, batch_size=BATCH, groups=GROUPS
+            )
         return await inference.serve(endpoints[name], model, x)
 
-    out, _ = await _pair(party("leader", trained.leader, trained.x_leader),
-                         party("follower", trained.follower, trained.x_follower))
+    out, _ = await _pair(
+        party("leader", trained.leader, trained.x_leader),
+        party("follower", trained.follower, trained.x_follower),
+    )
     np.testing.assert_allclose(out.outputs, trained.reference, rtol=1e-6, atol=1e-6)
     assert {p for p, _ in opened} == {"leader", "follower"}
     for who, path in opened:
@@ -275,15 +319,16 @@ async def test_alignment_commitments_must_agree(trained):
     fm = await inference.load_model(trained.follower, "follower")
     a = {"size": NEW, "commitment": "ab" * 32}
     b = {"size": NEW, "commitment": "cd" * 32}
-    out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                      alignment=a, follower_alignment=b)
+    out, served = await _predict_pair(
+        lm, fm, trained.x_leader, trained.x_follower, alignment=a, follower_alignment=b
+    )
     for side in (out, served):
         _refused(side, "aligned differently")
-    out, served = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                      alignment=a, follower_alignment=None)
+    out, served = await _predict_pair(
+        lm, fm, trained.x_leader, trained.x_follower, alignment=a, follower_alignment=None
+    )
     _refused(served, "only the leader gave an aligned-ids file")
-    out, _ = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower,
-                                 alignment=a)
+    out, _ = await _predict_pair(lm, fm, trained.x_leader, trained.x_follower, alignment=a)
     np.testing.assert_allclose(out.outputs, trained.reference, rtol=1e-6, atol=1e-6)
 
 
@@ -292,15 +337,33 @@ async def test_follower_refuses_a_training_proposal(trained):
 
     fm = await inference.load_model(trained.follower, "follower")
     topo = leader_follower()
-    hyper = {"batch_size": 8, "eval_batch_size": 8, "groups": 1, "learning_rate": 0.1,
-             "optimizer": "sgd", "loss": "binary", "epochs": 1, "seed": 0, "threshold": 4,
-             "capacity": 8, "policy": "priority", "checkpoint_every": 10}
-    widths = {"bottom_leader": {"in_dims": [F_LEADER], "out_dim": CUT, "sizes": None},
-              "bottom_follower": {"in_dims": [F_FOLLOWER], "out_dim": CUT, "sizes": None},
-              "top": {"in_dims": [CUT, CUT], "out_dim": 1, "sizes": None}}
-    spec = build_spec(topo, features={"leader": F_LEADER, "follower": F_FOLLOWER}, samples=NEW,
-                      stage_widths=widths, hyper=hyper,
-                      security=inference.NO_SECURITY)
+    hyper = {
+        "batch_size": 8,
+        "eval_batch_size": 8,
+        "groups": 1,
+        "learning_rate": 0.1,
+        "optimizer": "sgd",
+        "loss": "binary",
+        "epochs": 1,
+        "seed": 0,
+        "threshold": 4,
+        "capacity": 8,
+        "policy": "priority",
+        "checkpoint_every": 10,
+    }
+    widths = {
+        "bottom_leader": {"in_dims": [F_LEADER], "out_dim": CUT, "sizes": None},
+        "bottom_follower": {"in_dims": [F_FOLLOWER], "out_dim": CUT, "sizes": None},
+        "top": {"in_dims": [CUT, CUT], "out_dim": 1, "sizes": None},
+    }
+    spec = build_spec(
+        topo,
+        features={"leader": F_LEADER, "follower": F_FOLLOWER},
+        samples=NEW,
+        stage_widths=widths,
+        hyper=hyper,
+        security=inference.NO_SECURITY,
+    )
     reasons = inference.inference_check(fm, rows=NEW)(spec)
     assert len(reasons) == 1 and "proposes training" in reasons[0]
 
@@ -320,8 +383,7 @@ async def test_training_follower_refuses_a_prediction_spec(trained, tmp_path):
 async def test_bad_inputs_name_the_problem_and_the_fix(trained, tmp_path):
     with pytest.raises(InferenceError, match="no export at .*nowhere"):
         await inference.load_model(tmp_path / "nowhere.safetensors", "leader")
-    with pytest.raises(InferenceError, match="holds the stages of party 'leader', not "
-                       "'follower'"):
+    with pytest.raises(InferenceError, match="holds the stages of party 'leader', not 'follower'"):
         await inference.load_model(trained.leader, "follower")
     with pytest.raises(InferenceError, match="topology"):
         await inference.load_model(trained.leader, "leader", topology=two_party("leader", "x"))
@@ -354,14 +416,17 @@ def _configs(trained: Trained, folder) -> dict[str, str]:
     common = f'secret = "s3"\n[model]\ntopology = "leader_follower"\ncut = {CUT}\n'
     files = {}
     for name, port, peer, peer_port, extra in (
-            ("leader", pl, "follower", pf, f"[schema]\nfollower = {F_FOLLOWER}\n"),
-            ("follower", pf, "leader", pl, "")):
+        ("leader", pl, "follower", pf, f"[schema]\nfollower = {F_FOLLOWER}\n"),
+        ("follower", pf, "leader", pl, ""),
+    ):
         path = os.path.join(folder, f"{name}.toml")
         with open(path, "w") as f:
-            f.write(f'role = "{name}"\nname = "{name}"\nwait = 60\n'
-                    f'export_dir = "{os.path.dirname(getattr(trained, name))}"\n'
-                    f'[listen]\nport = {port}\n[peers]\n{peer} = "http://127.0.0.1:{peer_port}"\n'
-                    f'[data]\nsource = "{train}"\n{extra}[security]\n{common}')
+            f.write(
+                f'role = "{name}"\nname = "{name}"\nwait = 60\n'
+                f'export_dir = "{os.path.dirname(getattr(trained, name))}"\n'
+                f'[listen]\nport = {port}\n[peers]\n{peer} = "http://127.0.0.1:{peer_port}"\n'
+                f'[data]\nsource = "{train}"\n{extra}[security]\n{common}'
+            )
         files[name] = path
     return files
 
@@ -378,7 +443,7 @@ def _new_rows(trained: Trained, folder):
         for i in perm_l:
             w.writerow([ids[i]] + [repr(float(v)) for v in trained.x_leader[i]])
     np.save(os.path.join(folder, "new_f.npy"), trained.x_follower[perm_f])
-    order = sorted(range(NEW), key=lambda i: ids[i])[::-1][:NEW - 5]  # 36 shared ids
+    order = sorted(range(NEW), key=lambda i: ids[i])[::-1][: NEW - 5]  # 36 shared ids
     for name, perm in (("l", perm_l), ("f", perm_f)):
         where = {int(i): r for r, i in enumerate(perm)}
         with open(os.path.join(folder, f"aligned_{name}.csv"), "w", newline="") as f:
@@ -397,14 +462,44 @@ def test_cli_two_processes_over_http_match_in_process(trained, tmp_path):
     base = [sys.executable, "-m", "tandem", "predict", "--timeout", "100"]
     procs = {
         "follower": subprocess.Popen(
-            base + ["--config", cfg["follower"], "--data", str(tmp_path / "new_f.npy"),
-                    "--aligned", str(tmp_path / "aligned_f.csv")],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+            base
+            + [
+                "--config",
+                cfg["follower"],
+                "--data",
+                str(tmp_path / "new_f.npy"),
+                "--aligned",
+                str(tmp_path / "aligned_f.csv"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        ),
         "leader": subprocess.Popen(
-            base + ["--config", cfg["leader"], "--data", str(tmp_path / "new_l.csv"),
-                    "--id-column", "cid", "--aligned", str(tmp_path / "aligned_l.csv"),
-                    "--out", str(out), "--batch-size", str(BATCH), "--groups", str(GROUPS)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)}
+            base
+            + [
+                "--config",
+                cfg["leader"],
+                "--data",
+                str(tmp_path / "new_l.csv"),
+                "--id-column",
+                "cid",
+                "--aligned",
+                str(tmp_path / "aligned_l.csv"),
+                "--out",
+                str(out),
+                "--batch-size",
+                str(BATCH),
+                "--groups",
+                str(GROUPS),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        ),
+    }
     results = {}
     try:
         for name, p in procs.items():
@@ -438,10 +533,32 @@ def _parse(argv):
 
 async def test_cli_over_http_refuses_another_training(trained, other_run, tmp_path, capsys):
     cfg = _configs(trained, tmp_path)
-    lead = _parse(["predict", "--config", cfg["leader"], "--data", str(tmp_path / "l.npy"),
-                   "--out", str(tmp_path / "p.npy"), "--timeout", "60"])
-    follow = _parse(["predict", "--config", cfg["follower"], "--export", other_run.follower,
-                     "--data", str(tmp_path / "f.npy"), "--timeout", "60"])
+    lead = _parse(
+        [
+            "predict",
+            "--config",
+            cfg["leader"],
+            "--data",
+            str(tmp_path / "l.npy"),
+            "--out",
+            str(tmp_path / "p.npy"),
+            "--timeout",
+            "60",
+        ]
+    )
+    follow = _parse(
+        [
+            "predict",
+            "--config",
+            cfg["follower"],
+            "--export",
+            other_run.follower,
+            "--data",
+            str(tmp_path / "f.npy"),
+            "--timeout",
+            "60",
+        ]
+    )
     np.save(tmp_path / "l.npy", trained.x_leader)
     np.save(tmp_path / "f.npy", trained.x_follower)
     async with asyncio.TaskGroup() as tg:
@@ -462,8 +579,17 @@ async def test_cli_bad_input_exits_with_a_readable_error(trained, tmp_path, caps
     args = _parse(["predict", "--config", cfg["leader"], "--data", str(tmp_path / "wide.npy")])
     assert await args.func(args) == 2
     assert "pass --out" in capsys.readouterr().err
-    args = _parse(["predict", "--config", cfg["follower"], "--export", trained.leader,
-                   "--data", str(tmp_path / "wide.npy")])
+    args = _parse(
+        [
+            "predict",
+            "--config",
+            cfg["follower"],
+            "--export",
+            trained.leader,
+            "--data",
+            str(tmp_path / "wide.npy"),
+        ]
+    )
     assert await args.func(args) == 2
     assert "holds the stages of party 'leader', not 'follower'" in capsys.readouterr().err
 
@@ -473,7 +599,6 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     """End to end: `tandem party` trains (two processes) and exports; `tandem predict` on the
     test rows with those exports and configs gives the test metrics the training reported."""
     from party_helpers import Job
-
     from tandem.parties.split.metrics import classification_metrics
 
     job = Job(tmp_path / "job", epochs=1)
@@ -486,11 +611,32 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     with np.load(job.folder / "follower.npz") as z:
         np.save(tmp_path / "f.npy", z["x_test"])
     out = tmp_path / "p.npy"
-    lead_args = _parse(["predict", "--config", str(job.path("leader")), "--data",
-                        str(tmp_path / "l.npy"), "--out", str(out), "--groups", "2",
-                        "--timeout", "60"])
-    fol_args = _parse(["predict", "--config", str(job.path("follower")), "--data",
-                       str(tmp_path / "f.npy"), "--timeout", "60"])
+    lead_args = _parse(
+        [
+            "predict",
+            "--config",
+            str(job.path("leader")),
+            "--data",
+            str(tmp_path / "l.npy"),
+            "--out",
+            str(out),
+            "--groups",
+            "2",
+            "--timeout",
+            "60",
+        ]
+    )
+    fol_args = _parse(
+        [
+            "predict",
+            "--config",
+            str(job.path("follower")),
+            "--data",
+            str(tmp_path / "f.npy"),
+            "--timeout",
+            "60",
+        ]
+    )
     async with asyncio.TaskGroup() as tg:
         rl = tg.create_task(lead_args.func(lead_args))
         rf = tg.create_task(fol_args.func(fol_args))
@@ -502,7 +648,6 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     from tandem.parties.split.export import read_description
 
     trained_by = read_description(job.folder / "out" / "leader" / "leader.safetensors")
-    summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines()
-                 if x.startswith("{")]
+    summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(summaries) == 2
     assert {s["training"] for s in summaries} == {trained_by["training"]}

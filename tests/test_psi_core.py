@@ -58,12 +58,16 @@ def test_blinding_commutes_and_distinguishes():
     hb = ecdh.hash_and_blind(b, keys)
     assert ha != hb and len(ha) == 96
     for blob in (ha, hb):  # blinded values stay on the curve
-        assert all(on_curve(blob[i:i + 32]) for i in range(0, 96, 32))
+        assert all(on_curve(blob[i : i + 32]) for i in range(0, 96, 32))
     assert ecdh.blind_points(b, ha) == ecdh.blind_points(a, hb)
-    assert ecdh.blind_points(b, ha, keep=16) == ecdh.blind_points(a, hb)[:16] + \
-        ecdh.blind_points(a, hb)[32:48] + ecdh.blind_points(a, hb)[64:80]
+    assert (
+        ecdh.blind_points(b, ha, keep=16)
+        == ecdh.blind_points(a, hb)[:16]
+        + ecdh.blind_points(a, hb)[32:48]
+        + ecdh.blind_points(a, hb)[64:80]
+    )
     dbl = ecdh.blind_points(b, ha)
-    assert len({dbl[i:i + 32] for i in range(0, 96, 32)}) == 3
+    assert len({dbl[i : i + 32] for i in range(0, 96, 32)}) == 3
 
 
 def twist_point() -> bytes:
@@ -74,12 +78,15 @@ def twist_point() -> bytes:
     raise RuntimeError("no twist point found")
 
 
-@pytest.mark.parametrize("bad", [
-    (P + 1).to_bytes(32, "little"),          # non-canonical
-    (0).to_bytes(32, "little"),              # small order
-    (1).to_bytes(32, "little"),              # small order
-    twist_point(),                            # on the twist, not the curve
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        (P + 1).to_bytes(32, "little"),  # non-canonical
+        (0).to_bytes(32, "little"),  # small order
+        (1).to_bytes(32, "little"),  # small order
+        twist_point(),  # on the twist, not the curve
+    ],
+)
 def test_blind_points_rejects_invalid_points(bad):
     good = ecdh.hash_and_blind(bytes(32), [b"x"])
     with pytest.raises(ProtocolError, match="point 1 of the chunk"):

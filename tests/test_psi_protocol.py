@@ -9,7 +9,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tandem.parties.alignment import AlignedIds, AlignmentConfigError, AlignmentMismatchError, ProtocolError, align, ecdh
+from tandem.parties.alignment import (
+    AlignedIds,
+    AlignmentConfigError,
+    AlignmentMismatchError,
+    ProtocolError,
+    align,
+    ecdh,
+)
 from tandem.transports import codec
 from tandem.transports.base import Frame
 from tandem.transports.memory import MemoryNetwork
@@ -47,10 +54,12 @@ async def run_pair(ids_a, ids_b, *, seed=0, capacity=4, **kw):
     net = MemoryNetwork(capacity=capacity)
     a, b = Recording(net.endpoint("a")), Recording(net.endpoint("b"))
     async with asyncio.TaskGroup() as tg:
-        ta = tg.create_task(align(a, "b", ids_a, role="leader",
-                                  rng=np.random.default_rng(seed), **kw))
-        tb = tg.create_task(align(b, "a", ids_b, role="follower",
-                                  rng=np.random.default_rng(seed + 1), **kw))
+        ta = tg.create_task(
+            align(a, "b", ids_a, role="leader", rng=np.random.default_rng(seed), **kw)
+        )
+        tb = tg.create_task(
+            align(b, "a", ids_b, role="follower", rng=np.random.default_rng(seed + 1), **kw)
+        )
     return ta.result(), tb.result(), a, b
 
 
@@ -86,11 +95,16 @@ def test_align_matches_plain_intersection(ids_a, ids_b, chunk):
     assert ra.duplicates == len(ids_a) - ra.local_count
 
 
-@pytest.mark.parametrize("ids_a,ids_b", [
-    ([], []), ([], ["x", 1]), ([1, 2, 3], []),          # empty
-    (["a", "b"], ["c", "d"]),                            # disjoint
-    ([7, 7, "7", 8], ["7", "7", 9]),                     # duplicates, int == its decimal str
-])
+@pytest.mark.parametrize(
+    "ids_a,ids_b",
+    [
+        ([], []),
+        ([], ["x", 1]),
+        ([1, 2, 3], []),  # empty
+        (["a", "b"], ["c", "d"]),  # disjoint
+        ([7, 7, "7", 8], ["7", "7", 9]),  # duplicates, int == its decimal str
+    ],
+)
 async def test_align_edge_cases(ids_a, ids_b):
     ra, rb, _, _ = await run_pair(ids_a, ids_b, chunk_size=2)
     want = expected(ids_a, ids_b)
@@ -125,13 +139,26 @@ async def test_frames_reveal_no_non_intersecting_id():
         assert receiver.received and len(wire) > 1000
         for x in others:
             key = ecdh.canonical(x)
-            for needle in (key, hashlib.sha256(key).digest(), hashlib.sha256(key).hexdigest().encode(),
-                           ecdh.hash_to_u(key), ecdh.hash_to_u(key)[:16]):
+            for needle in (
+                key,
+                hashlib.sha256(key).digest(),
+                hashlib.sha256(key).hexdigest().encode(),
+                ecdh.hash_to_u(key),
+                ecdh.hash_to_u(key)[:16],
+            ):
                 assert needle not in wire, (x, needle)
         # the only header fields are protocol bookkeeping
         for f in receiver.received:
-            assert set(f.meta) <= {"scheme", "version", "role", "count", "width", "offset",
-                                   "size", "commitment"}
+            assert set(f.meta) <= {
+                "scheme",
+                "version",
+                "role",
+                "count",
+                "width",
+                "offset",
+                "size",
+                "commitment",
+            }
 
 
 async def test_process_pool_path_agrees_with_thread_path():
@@ -166,8 +193,19 @@ async def fake_peer_then(frames_after_hello, *, count=3):
     """A peer that says hello properly then sends ``frames_after_hello`` on psi/blinded."""
     net = MemoryNetwork()
     a, b = net.endpoint("a"), net.endpoint("b")
-    await b.send("a", "psi/hello", Frame(meta={
-        "scheme": ecdh.SCHEME, "version": 1, "role": "follower", "count": count, "width": 16}))
+    await b.send(
+        "a",
+        "psi/hello",
+        Frame(
+            meta={
+                "scheme": ecdh.SCHEME,
+                "version": 1,
+                "role": "follower",
+                "count": count,
+                "width": 16,
+            }
+        ),
+    )
     for f in frames_after_hello:
         await b.send("a", "psi/blinded", f)
     with pytest.raises(ExceptionGroup) as info:
@@ -178,12 +216,15 @@ async def fake_peer_then(frames_after_hello, *, count=3):
     return info
 
 
-@pytest.mark.parametrize("frame,message", [
-    (Frame(meta={"offset": 0}, arrays=(np.zeros((2, 32), np.float32),)), "expected uint8"),
-    (Frame(meta={"offset": 5}, arrays=(np.ones((2, 32), np.uint8),)), "expected 0"),
-    (Frame(meta={"offset": 0}, arrays=(np.ones((9, 32), np.uint8),)), "more than the 3"),
-    (Frame(meta={"offset": 0}, arrays=(np.zeros((2, 32), np.uint8),)), "not a valid blinded"),
-])
+@pytest.mark.parametrize(
+    "frame,message",
+    [
+        (Frame(meta={"offset": 0}, arrays=(np.zeros((2, 32), np.float32),)), "expected uint8"),
+        (Frame(meta={"offset": 5}, arrays=(np.ones((2, 32), np.uint8),)), "expected 0"),
+        (Frame(meta={"offset": 0}, arrays=(np.ones((9, 32), np.uint8),)), "more than the 3"),
+        (Frame(meta={"offset": 0}, arrays=(np.zeros((2, 32), np.uint8),)), "not a valid blinded"),
+    ],
+)
 async def test_malformed_peer_frames_raise_protocol_error(frame, message):
     info = await fake_peer_then([frame])
     assert info.group_contains(ProtocolError, match=message)
@@ -200,11 +241,17 @@ async def test_wrong_scheme_is_refused():
 async def test_cancellation_mid_exchange_leaves_nothing_running():
     net = MemoryNetwork()
     a, b = net.endpoint("a"), net.endpoint("b")
-    await b.send("a", "psi/hello", Frame(meta={
-        "scheme": ecdh.SCHEME, "version": 1, "role": "follower", "count": 0, "width": 16}))
+    await b.send(
+        "a",
+        "psi/hello",
+        Frame(
+            meta={"scheme": ecdh.SCHEME, "version": 1, "role": "follower", "count": 0, "width": 16}
+        ),
+    )
     before = asyncio.all_tasks()
-    task = asyncio.create_task(align(a, "b", list(range(50)), role="leader", rng=None,
-                                     chunk_size=10))
+    task = asyncio.create_task(
+        align(a, "b", list(range(50)), role="leader", rng=None, chunk_size=10)
+    )
     for _ in range(200):  # wait (without timing assumptions) until our blinded points went out
         if a.sent_stats("b").frames >= 6:
             break
@@ -222,8 +269,10 @@ async def test_align_over_http_loopback():
 
     ids_a = [f"u{i}" for i in range(0, 120)]
     ids_b = list(range(60, 200)) + [f"u{i}" for i in range(100, 130)]
-    async with HttpTransport(HttpConfig(name="A", secret=b"s3cret")) as a, \
-            HttpTransport(HttpConfig(name="B", secret=b"s3cret")) as b:
+    async with (
+        HttpTransport(HttpConfig(name="A", secret=b"s3cret")) as a,
+        HttpTransport(HttpConfig(name="B", secret=b"s3cret")) as b,
+    ):
         a.add_peer("B", b.url)
         b.add_peer("A", a.url)
         async with asyncio.TaskGroup() as tg:
@@ -239,7 +288,18 @@ async def test_align_over_http_loopback():
 async def test_oversized_peer_announcement_is_refused():
     net = MemoryNetwork()
     a, b = net.endpoint("a"), net.endpoint("b")
-    await b.send("a", "psi/hello", Frame(meta={
-        "scheme": ecdh.SCHEME, "version": 1, "role": "follower", "count": 10**9, "width": 16}))
+    await b.send(
+        "a",
+        "psi/hello",
+        Frame(
+            meta={
+                "scheme": ecdh.SCHEME,
+                "version": 1,
+                "role": "follower",
+                "count": 10**9,
+                "width": 16,
+            }
+        ),
+    )
     with pytest.raises(ProtocolError, match="max_peer_ids"):
         await align(a, "b", [1], role="leader", rng=None, max_peer_ids=1000)

@@ -5,20 +5,21 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tandem.engine import plan as P
 from tandem.engine import simulator as S
-from tandem.errors import ConfigError, PlanError
 from tandem.engine.lanes import VirtualLane
-from tandem.engine.plan import Kind, LOCAL_ONLY
+from tandem.engine.plan import LOCAL_ONLY, Kind
 from tandem.engine.policy import Backpressure, ReadySet, choose
 from tandem.engine.runtime import SEND_DEPTH, PartyRuntime, message
 from tandem.engine.testing import Deadlock, run_virtual
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.engine.trace import Trace
-from tests.split_helpers import topologies
+from tandem.errors import ConfigError, PlanError
 from tandem.transports import MemoryNetwork, codec
+from tests.split_helpers import topologies
 
 WIDTH = 8
 
@@ -31,8 +32,11 @@ class FakeHandler:
 
     def compute(self, op):
         self.ran.append(op)
-        return {(s.channel, s.mb): np.zeros((WIDTH,), np.float32)
-                for s in self.plan.successors[op] if s.kind is Kind.SEND}
+        return {
+            (s.channel, s.mb): np.zeros((WIDTH,), np.float32)
+            for s in self.plan.successors[op]
+            if s.kind is Kind.SEND
+        }
 
     def receive(self, op, array):
         assert array.shape == (WIDTH,)
@@ -42,8 +46,12 @@ def scenario(topo, n, bp, seed, chunks=1):
     rng = random.Random(seed)
     plans = P.make_plans(topo, n, seed=seed, chunks=chunks)
     costs = {(p, op): rng.uniform(1e-3, 1e-2) for p, pl in plans.items() for op in pl.compute_ops}
-    links = {(a, b): S.Link(rng.uniform(2e4, 2e5), rng.uniform(0, 3e-3))
-             for a in topo.parties for b in topo.parties if a != b}
+    links = {
+        (a, b): S.Link(rng.uniform(2e4, 2e5), rng.uniform(0, 3e-3))
+        for a in topo.parties
+        for b in topo.parties
+        if a != b
+    }
     return plans, costs, links
 
 
@@ -60,19 +68,30 @@ async def run_runtime(plans, costs, links, bp, policy="priority"):
     async with asyncio.TaskGroup() as tg:
         for p, pl in plans.items():
             handlers[p] = FakeHandler(pl)
-            rt = PartyRuntime(net.endpoint(p), VirtualLane(lambda op, p=p: costs[(p, op)]),
-                              backpressure=bp, trace=trace, policy=policy)
+            rt = PartyRuntime(
+                net.endpoint(p),
+                VirtualLane(lambda op, p=p: costs[(p, op)]),
+                backpressure=bp,
+                trace=trace,
+                policy=policy,
+            )
             stats[p] = tg.create_task(rt.run(pl, handlers[p], 0))
     return trace, handlers, {p: t.result() for p, t in stats.items()}
 
 
 backpressures = st.integers(1, 4).flatmap(
-    lambda cap: st.builds(Backpressure, st.integers(1, cap), st.just(cap)))
+    lambda cap: st.builds(Backpressure, st.integers(1, cap), st.just(cap))
+)
 
 
 @settings(max_examples=40, deadline=None)
-@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
-       chunks=st.sampled_from([1, 1, 2, 3]))
+@given(
+    topo=topologies(),
+    n=st.integers(1, 6),
+    bp=backpressures,
+    seed=st.integers(0, 10**6),
+    chunks=st.sampled_from([1, 1, 2, 3]),
+)
 def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, seed, chunks):
     bp = bp.scaled(chunks)  # as `SplitParty` runs a chunked batch
     plans, costs, links = scenario(topo, n, bp, seed, chunks)
@@ -83,11 +102,13 @@ def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, se
     trace, handlers, stats = run_virtual(run_runtime(plans, costs, links, bp))
     for p, pl in plans.items():
         ran = handlers[p].ran
-        assert sorted(map(str, ran)) == sorted(map(str, pl.compute_ops))          # every compute op exactly once
-        assert stats[p].max_outbound <= bp.capacity           # hard capacity never exceeded
+        assert sorted(map(str, ran)) == sorted(
+            map(str, pl.compute_ops)
+        )  # every compute op exactly once
+        assert stats[p].max_outbound <= bp.capacity  # hard capacity never exceeded
         end = {e.name: e.end for e in trace.events if e.party == p}
         start = {e.name: e.start for e in trace.events if e.party == p}
-        for op in pl.ops:                                     # dependencies respected
+        for op in pl.ops:  # dependencies respected
             if op.kind in (Kind.RECV,):
                 continue
             for d in pl.deps.get(op, ()):
@@ -96,15 +117,27 @@ def test_runtime_runs_every_op_once_respecting_deps_and_capacity(topo, n, bp, se
 
 
 @settings(max_examples=40, deadline=None)
-@given(topo=topologies(), n=st.integers(1, 6), bp=backpressures, seed=st.integers(0, 10**6),
-       policy=st.sampled_from(["priority", "fifo"]), chunks=st.sampled_from([1, 1, 2, 3]))
+@given(
+    topo=topologies(),
+    n=st.integers(1, 6),
+    bp=backpressures,
+    seed=st.integers(0, 10**6),
+    policy=st.sampled_from(["priority", "fifo"]),
+    chunks=st.sampled_from([1, 1, 2, 3]),
+)
 def test_runtime_op_order_matches_the_simulation(topo, n, bp, seed, policy, chunks):
     bp = bp.scaled(chunks)
     plans, costs, links = scenario(topo, n, bp, seed, chunks)
     if any(pl.max_fanout > bp.capacity for pl in plans.values()):
         return
-    sim = S.simulate(plans, cost=lambda p, op: costs[(p, op)], nbytes=frame_bytes, links=links,
-                     bp=bp, policy=policy)
+    sim = S.simulate(
+        plans,
+        cost=lambda p, op: costs[(p, op)],
+        nbytes=frame_bytes,
+        links=links,
+        bp=bp,
+        policy=policy,
+    )
     trace, _, _ = run_virtual(run_runtime(plans, costs, links, bp, policy))
     for p in plans:
         assert trace.order(p) == sim.order(p)
@@ -127,8 +160,11 @@ def test_choose_matches_a_brute_force_reference(topo, n, chunks, data):
     got = choose(ready, outbound, plan, bp)
     # reference: the rules of docs/design.md, written directly
     local = [op for op in ready_ops if plan.distance[op] == LOCAL_ONLY]
-    prod = [op for op in ready_ops if plan.distance[op] != LOCAL_ONLY
-            and outbound + plan.fanout[op] <= cap]
+    prod = [
+        op
+        for op in ready_ops
+        if plan.distance[op] != LOCAL_ONLY and outbound + plan.fanout[op] <= cap
+    ]
     best_prod = min(prod, key=plan.key.__getitem__, default=None)
     all_prod = [op for op in ready_ops if plan.distance[op] != LOCAL_ONLY]
     if all_prod and min(all_prod, key=plan.key.__getitem__) not in prod:
@@ -144,9 +180,9 @@ def test_priorities_follow_the_methods_rules():
     plans = P.make_plans(leader_follower(), 2)
     lead, fol = plans["leader"], plans["follower"]
     f = lambda pl, s: next(op for op in pl.ops if str(op) == s)  # noqa: E731
-    assert fol.distance[f(fol, "F(bottom_follower,0)")] == 0      # result is sent
-    assert lead.distance[f(lead, "L(top,0)")] == 0                # gradient is sent
-    assert lead.distance[f(lead, "F(bottom_leader,0)")] == 1      # feeds the op that sends
+    assert fol.distance[f(fol, "F(bottom_follower,0)")] == 0  # result is sent
+    assert lead.distance[f(lead, "L(top,0)")] == 0  # gradient is sent
+    assert lead.distance[f(lead, "F(bottom_leader,0)")] == 1  # feeds the op that sends
     assert lead.distance[f(lead, "B(bottom_leader,0)")] == LOCAL_ONLY
     assert lead.key[f(lead, "L(top,0)")] < lead.key[f(lead, "F(bottom_leader,1)")]
     print(lead.format())
@@ -162,7 +198,9 @@ def test_plans_are_checked_and_messages_match(topo, n, chunks):
         fine = chunks > 1 and pl.party == topo.label_owner
         assert pl.fine == fine and pl.compute_groups == n * (chunks if fine else 1)
         stages = len(topo.stages_of(pl.party))
-        assert sum(op.kind in (Kind.FORWARD, Kind.LOSS) for op in pl.ops) == stages * pl.compute_groups
+        assert (
+            sum(op.kind in (Kind.FORWARD, Kind.LOSS) for op in pl.ops) == stages * pl.compute_groups
+        )
         for op in pl.ops:  # every message belongs to one compute group of each side
             if op.kind in (Kind.SEND, Kind.RECV):
                 assert 0 <= op.mb < n * chunks
@@ -173,11 +211,13 @@ def test_a_chunked_plan_splits_the_follower_messages_and_fines_the_loss_party():
     a, b = plans["A"], plans["B"]
     fwd = P.Op(Kind.FORWARD, 1, stage="bottom")
     assert [str(s) for s in a.successors[fwd] if s.kind is Kind.SEND] == [
-        f"S(act/bottom->top,{k})" for k in (3, 4, 5)]
+        f"S(act/bottom->top,{k})" for k in (3, 4, 5)
+    ]
     assert a.fanout[fwd] == 3
     bwd = P.Op(Kind.BACKWARD, 1, stage="bottom")
     assert sorted(str(d) for d in a.deps[bwd] if d.kind is Kind.RECV) == [
-        f"R(grad/bottom->top,{k})" for k in (3, 4, 5)]
+        f"R(grad/bottom->top,{k})" for k in (3, 4, 5)
+    ]
     assert [op.mb for op in b.compute_ops if op.kind is Kind.LOSS] == list(range(6))
     assert "chunks=3" in a.format() and "S(act/bottom->top,5)" in a.format()
     with pytest.raises(ConfigError, match="chunks"):
@@ -214,9 +254,16 @@ def test_virtual_loop_reports_a_deadlock_instead_of_hanging():
 def test_u_shape_pipelines_faster_than_sequential_in_simulation():
     plans1, plans8 = P.make_plans(u_shape(), 1), P.make_plans(u_shape(), 8)
     link = S.Link(1e6, 1e-3)
+
     def run(plans, n, policy):
-        return S.simulate(plans, cost=lambda p, op: 0.01 / n, nbytes=lambda p, op: 2e4 / n,
-                          links=lambda a, b: link, policy=policy).makespan
+        return S.simulate(
+            plans,
+            cost=lambda p, op: 0.01 / n,
+            nbytes=lambda p, op: 2e4 / n,
+            links=lambda a, b: link,
+            policy=policy,
+        ).makespan
+
     assert run(plans8, 8, "priority") < 0.7 * run(plans1, 1, "fifo")
 
 
@@ -229,8 +276,12 @@ def test_the_gradient_link_trails_the_activation_link_by_one_group(n):
     model; `bench.pipeline` reports it as ``schedule_s``)."""
     plans = P.make_plans(two_party(), n)
     T = 1.0  # seconds per direction per batch; groups of equal bytes
-    makespan = S.simulate(plans, cost=lambda p, op: 0.0, nbytes=lambda p, op: 1000 // n,
-                          links=lambda a, b: S.Link(1000 / T, 0.0)).makespan
+    makespan = S.simulate(
+        plans,
+        cost=lambda p, op: 0.0,
+        nbytes=lambda p, op: 1000 // n,
+        links=lambda a, b: S.Link(1000 / T, 0.0),
+    ).makespan
     assert makespan == pytest.approx(T * (1 + 1 / n))
 
 
@@ -240,9 +291,13 @@ def test_chunks_shorten_the_gradient_links_lag_to_one_part(n, chunks):
     party answering per part, the gradient link trails by one part, ``T / (n * chunks)``."""
     plans = P.make_plans(two_party(), n, chunks=chunks)
     T, parts = 1.0, n * chunks
-    makespan = S.simulate(plans, cost=lambda p, op: 0.0, nbytes=lambda p, op: 1000 / parts,
-                          links=lambda a, b: S.Link(1000 / T, 0.0),
-                          bp=Backpressure().scaled(chunks)).makespan
+    makespan = S.simulate(
+        plans,
+        cost=lambda p, op: 0.0,
+        nbytes=lambda p, op: 1000 / parts,
+        links=lambda a, b: S.Link(1000 / T, 0.0),
+        bp=Backpressure().scaled(chunks),
+    ).makespan
     assert makespan == pytest.approx(T * (1 + 1 / parts))
 
 

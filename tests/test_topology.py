@@ -1,8 +1,16 @@
 import pytest
 from hypothesis import given
 
+from tandem.engine.topology import (
+    FEATURES,
+    Stage,
+    Topology,
+    leader_follower,
+    star,
+    two_party,
+    u_shape,
+)
 from tandem.errors import TopologyError
-from tandem.engine.topology import FEATURES, Stage, Topology, leader_follower, star, two_party, u_shape
 from tests.split_helpers import topologies
 
 
@@ -16,19 +24,36 @@ def test_builtin_topologies_have_expected_edges():
         assert len(topo.parties) == k + 1
 
 
-@pytest.mark.parametrize("stages, message", [
-    ((Stage("a", "A", ("b",)), Stage("b", "B", ("a",)), Stage("l", "B", ("a",), loss=True)),
-     "cycle"),
-    ((Stage("a", "", (FEATURES,)), Stage("l", "B", ("a",), loss=True)), "no owner"),
-    ((Stage("a", "A", ("nope",)), Stage("l", "B", ("a",), loss=True)), "'nope'"),
-    ((Stage("a", "A", (FEATURES,)), Stage("l", "B", ("a",))), "exactly one loss stage"),
-    ((Stage("a", "A", (FEATURES,)), Stage("l", "B", ("a",), loss=True),
-      Stage("m", "B", ("a",), loss=True)), "exactly one loss stage"),
-    ((Stage("a", "A", (FEATURES,)), Stage("x", "A", (FEATURES,)),
-      Stage("l", "B", ("a",), loss=True)), "feeds nothing"),
-    ((Stage("a", "A", (FEATURES,)), Stage("a", "B", ("a",), loss=True)), "used twice"),
-    ((), "no stages"),
-])
+@pytest.mark.parametrize(
+    "stages, message",
+    [
+        (
+            (Stage("a", "A", ("b",)), Stage("b", "B", ("a",)), Stage("l", "B", ("a",), loss=True)),
+            "cycle",
+        ),
+        ((Stage("a", "", (FEATURES,)), Stage("l", "B", ("a",), loss=True)), "no owner"),
+        ((Stage("a", "A", ("nope",)), Stage("l", "B", ("a",), loss=True)), "'nope'"),
+        ((Stage("a", "A", (FEATURES,)), Stage("l", "B", ("a",))), "exactly one loss stage"),
+        (
+            (
+                Stage("a", "A", (FEATURES,)),
+                Stage("l", "B", ("a",), loss=True),
+                Stage("m", "B", ("a",), loss=True),
+            ),
+            "exactly one loss stage",
+        ),
+        (
+            (
+                Stage("a", "A", (FEATURES,)),
+                Stage("x", "A", (FEATURES,)),
+                Stage("l", "B", ("a",), loss=True),
+            ),
+            "feeds nothing",
+        ),
+        ((Stage("a", "A", (FEATURES,)), Stage("a", "B", ("a",), loss=True)), "used twice"),
+        ((), "no stages"),
+    ],
+)
 def test_bad_topologies_are_rejected_with_a_message_naming_the_problem(stages, message):
     with pytest.raises(TopologyError, match=message):
         Topology(stages)

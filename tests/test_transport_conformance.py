@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from transport_conformance import TransportConformance
 from tandem.transports.http import HttpConfig, HttpTransport
 from tandem.transports.memory import MemoryNetwork
+from transport_conformance import TransportConformance
 
 CAPACITY = 4
 
@@ -48,10 +48,19 @@ class HttpHarness:
         self.path = path
 
     def _config(self, name: str, port: int = 0, peers=None) -> HttpConfig:
-        return HttpConfig(name=name, port=port, peers=peers or {}, secret=b"conformance",
-                          capacity=CAPACITY, chunk_bytes=256 << 10, retry_timeout=0.5,
-                          backpressure_wait=0.2, backoff_base=0.005, backoff_max=0.05,
-                          bulk_min_bytes=1 if self.path == "bulk" else 1 << 20)
+        return HttpConfig(
+            name=name,
+            port=port,
+            peers=peers or {},
+            secret=b"conformance",
+            capacity=CAPACITY,
+            chunk_bytes=256 << 10,
+            retry_timeout=0.5,
+            backpressure_wait=0.2,
+            backoff_base=0.005,
+            backoff_max=0.05,
+            bulk_min_bytes=1 if self.path == "bulk" else 1 << 20,
+        )
 
     async def pair(self):
         a = await HttpTransport(self._config("a")).start()
@@ -65,7 +74,8 @@ class HttpHarness:
         other = "a" if name == "b" else "b"
         port = int(self.urls[name].rsplit(":", 1)[1])
         t = await HttpTransport(
-            self._config(name, port=port, peers={other: self.urls[other]})).start()
+            self._config(name, port=port, peers={other: self.urls[other]})
+        ).start()
         self.made.append(t)
         return t
 
@@ -74,8 +84,10 @@ class HttpHarness:
             await t.aclose()
         other = "plain" if self.path == "bulk" else "bulk"
         for t in self.made:  # a silent fall-back to the other path would show here
-            assert not any(n for (_, p), n in t.frame_requests.items() if p == other), \
-                (t.name, t.frame_requests)
+            assert not any(n for (_, p), n in t.frame_requests.items() if p == other), (
+                t.name,
+                t.frame_requests,
+            )
 
 
 class TestMemoryTransport(TransportConformance):
@@ -102,5 +114,6 @@ class TestHttpBulkTransport(TransportConformance):
         h = HttpHarness("bulk")
         yield h
         await h.close()
-        assert sum(t.frame_requests.get(("received", "bulk"), 0) for t in h.made) > 0 or \
-            not any(t.frame_requests for t in h.made)
+        assert sum(t.frame_requests.get(("received", "bulk"), 0) for t in h.made) > 0 or not any(
+            t.frame_requests for t in h.made
+        )

@@ -18,9 +18,9 @@ import asyncio
 import numpy as np
 import pytest
 
+from tandem.errors import TransportClosedError, UnknownPeerError
 from tandem.transports import codec
 from tandem.transports.base import Frame, Transport
-from tandem.errors import TransportClosedError, UnknownPeerError
 
 SETTLE = 0.15  # seconds given to a send that must stay blocked
 
@@ -87,9 +87,14 @@ class TransportConformance:
 
     async def test_dtypes_shapes_meta_roundtrip(self, harness):
         a, b = await harness.pair()
-        arrays = (np.arange(12, dtype=np.float32).reshape(3, 4), np.array([], dtype=np.int8),
-                  np.array(True), np.arange(6, dtype=">i4"), np.ones((2, 0, 3), np.complex64),
-                  np.arange(10, dtype=np.float64)[::2])
+        arrays = (
+            np.arange(12, dtype=np.float32).reshape(3, 4),
+            np.array([], dtype=np.int8),
+            np.array(True),
+            np.arange(6, dtype=">i4"),
+            np.ones((2, 0, 3), np.complex64),
+            np.arange(10, dtype=np.float64)[::2],
+        )
         sent = Frame(meta={"nested": {"x": [1, 2.5, "s"]}, "none": None}, arrays=arrays)
         await a.send("b", "mixed", sent)
         got = await b.recv("a", "mixed")
@@ -111,8 +116,9 @@ class TransportConformance:
         assert not blocked.done()
         assert index(await b.recv("a", "x")) == 0
         await blocked
-        assert [index(await b.recv("a", "x")) for _ in range(harness.capacity)] == \
-            list(range(1, harness.capacity)) + [99]
+        assert [index(await b.recv("a", "x")) for _ in range(harness.capacity)] == list(
+            range(1, harness.capacity)
+        ) + [99]
 
     async def test_full_duplex(self, harness):
         a, b = await harness.pair()

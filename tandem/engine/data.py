@@ -7,17 +7,25 @@ import numpy as np
 from tandem.errors import ConfigError
 
 
-def epoch_batches(n_rows: int, batch_size: int, epoch: int, seed: int, *,
-                  shuffle: bool = True, drop_last: bool = False) -> list[np.ndarray]:
+def epoch_batches(
+    n_rows: int,
+    batch_size: int,
+    epoch: int,
+    seed: int,
+    *,
+    shuffle: bool = True,
+    drop_last: bool = False,
+) -> list[np.ndarray]:
     """Row indices of each batch of ``epoch``: a permutation seeded by ``(seed, epoch)``."""
     if n_rows < 1:
         raise ConfigError("the training set is empty")
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    order = (np.random.default_rng([seed, epoch]).permutation(n_rows) if shuffle
-             else np.arange(n_rows))
+    order = (
+        np.random.default_rng([seed, epoch]).permutation(n_rows) if shuffle else np.arange(n_rows)
+    )
     stops = range(batch_size, n_rows + (0 if drop_last else batch_size), batch_size)
-    return [order[i - batch_size:min(i, n_rows)] for i in stops if i - batch_size < n_rows]
+    return [order[i - batch_size : min(i, n_rows)] for i in stops if i - batch_size < n_rows]
 
 
 class BatchRows:
@@ -42,5 +50,5 @@ class BatchRows:
             raise TypeError("BatchRows takes a slice of the batch's rows")
         part = self.idx[rows]
         if len(part) and part[-1] - part[0] == len(part) - 1 and np.all(np.diff(part) == 1):
-            return self.data[int(part[0]):int(part[-1]) + 1]
+            return self.data[int(part[0]) : int(part[-1]) + 1]
         return self.data[part]

@@ -40,13 +40,15 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from tandem.errors import ConfigError
+
 from .models import mlp_apply, mlp_init
 
 
@@ -66,8 +68,9 @@ class StageModel:
     spec: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
 
-def mlp_stage(in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *,
-              activate_last: bool = True) -> StageModel:
+def mlp_stage(
+    in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *, activate_last: bool = True
+) -> StageModel:
     """An MLP over the concatenation of its inputs (a bottom has one input; a top several)."""
     in_dims = tuple(int(d) for d in in_dims)
     sizes = [sum(in_dims), *hidden, out_dim]
@@ -79,8 +82,13 @@ def mlp_stage(in_dims: Sequence[int], hidden: Sequence[int], out_dim: int, *,
         x = xs[0] if len(xs) == 1 else jnp.concatenate(xs, axis=-1)
         return mlp_apply(params, x, activate_last=activate_last)
 
-    spec = {"kind": "mlp", "in_dims": list(in_dims), "hidden": [int(h) for h in hidden],
-            "out_dim": int(out_dim), "activate_last": bool(activate_last)}
+    spec = {
+        "kind": "mlp",
+        "in_dims": list(in_dims),
+        "hidden": [int(h) for h in hidden],
+        "out_dim": int(out_dim),
+        "activate_last": bool(activate_last),
+    }
     return StageModel(init, apply, in_dims, int(out_dim), spec)
 
 
@@ -95,7 +103,9 @@ def model_from_spec(spec: Mapping[str, Any]) -> StageModel:
     """
     if not isinstance(spec, Mapping) or spec.get("kind") not in MODEL_KINDS:
         kind = spec.get("kind") if isinstance(spec, Mapping) else spec
-        raise ConfigError(f"model kind {kind!r} is unknown; this Tandem builds {sorted(MODEL_KINDS)}")
+        raise ConfigError(
+            f"model kind {kind!r} is unknown; this Tandem builds {sorted(MODEL_KINDS)}"
+        )
     fields = {k: v for k, v in spec.items() if k != "kind"}
     try:
         return MODEL_KINDS[spec["kind"]](**fields)
@@ -105,7 +115,9 @@ def model_from_spec(spec: Mapping[str, Any]) -> StageModel:
 
 # -- losses: per-sample loss from (logits, labels) ------------------------------------------------
 def binary_logistic(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return optax.sigmoid_binary_cross_entropy(logits.reshape(labels.shape), labels.astype(logits.dtype))
+    return optax.sigmoid_binary_cross_entropy(
+        logits.reshape(labels.shape), labels.astype(logits.dtype)
+    )
 
 
 def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
@@ -113,8 +125,14 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
 
 
 def mean_squared(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    return 0.5 * jnp.sum((logits.reshape(labels.shape[0], -1) - labels.reshape(labels.shape[0], -1)
-                          .astype(logits.dtype)) ** 2, axis=-1)
+    return 0.5 * jnp.sum(
+        (
+            logits.reshape(labels.shape[0], -1)
+            - labels.reshape(labels.shape[0], -1).astype(logits.dtype)
+        )
+        ** 2,
+        axis=-1,
+    )
 
 
 LOSSES = {"binary": binary_logistic, "softmax": softmax_cross_entropy, "mse": mean_squared}
@@ -130,9 +148,14 @@ def get_loss(name: str) -> Callable:
 class StageKernels:
     """The jitted kernels of one stage (see module docstring)."""
 
-    def __init__(self, model: StageModel, optimizer: optax.GradientTransformation,
-                 loss: Callable | None = None, *,
-                 differentiable: Sequence[bool] | None = None) -> None:
+    def __init__(
+        self,
+        model: StageModel,
+        optimizer: optax.GradientTransformation,
+        loss: Callable | None = None,
+        *,
+        differentiable: Sequence[bool] | None = None,
+    ) -> None:
         self.model = model
         self.traces: collections.Counter[str] = collections.Counter()
         apply = model.apply
@@ -148,6 +171,7 @@ class StageKernels:
             def f(params, *dxs):
                 it = iter(dxs)
                 return apply(params, *(next(it) if d else x for d, x in zip(diff, xs)))
+
             return f, tuple(x for d, x in zip(diff, xs) if d)
 
         def spread(grads):
@@ -187,6 +211,7 @@ class StageKernels:
         self.update = jax.jit(update, donate_argnums=(0, 1))  # params, opt_state
         self.init_opt = optimizer.init
         if loss is not None:
+
             def loss_step(params, acc, loss_acc, labels, scale, *xs):
                 self.traces["loss_step"] += 1
 
@@ -198,7 +223,8 @@ class StageKernels:
 
                 argnums = tuple(range(len(dxs) + 1))
                 (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(
-                    params, *dxs)
+                    params, *dxs
+                )
                 return _add(acc, grads[0]), loss_acc + value, logits, spread(grads[1:])
 
             self.loss_step = jax.jit(loss_step, donate_argnums=(1,))  # acc

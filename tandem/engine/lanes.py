@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from .plan import Op
 
@@ -62,10 +63,14 @@ class ThreadLane:
         self._queue: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
 
-    async def __aenter__(self) -> "ThreadLane":
+    async def __aenter__(self) -> ThreadLane:
         self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._work, args=(self._queue,
-                                        asyncio.get_running_loop()), name=self._name, daemon=True)
+        self._thread = threading.Thread(
+            target=self._work,
+            args=(self._queue, asyncio.get_running_loop()),
+            name=self._name,
+            daemon=True,
+        )
         self._thread.start()
         return self
 
@@ -90,8 +95,9 @@ class ThreadLane:
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
 
-    async def run(self, op: Op | None, fn: Callable[[], T], *,
-                  on_cancel: Callable[[], None] | None = None) -> T:
+    async def run(
+        self, op: Op | None, fn: Callable[[], T], *, on_cancel: Callable[[], None] | None = None
+    ) -> T:
         """Run ``fn`` on the lane's thread; return its result or raise its exception.
 
         If the caller is cancelled, ``on_cancel`` (if given) is called on the loop thread, e.g.
@@ -123,7 +129,7 @@ class VirtualLane:
     def __init__(self, cost: Callable[[Op], float]) -> None:
         self._cost = cost
 
-    async def __aenter__(self) -> "VirtualLane":
+    async def __aenter__(self) -> VirtualLane:
         return self
 
     async def __aexit__(self, *exc) -> None:

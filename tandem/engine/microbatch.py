@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from tandem.errors import ConfigError
 
@@ -64,8 +64,10 @@ def chunk_bounds(bounds: Sequence[tuple[int, int]], chunks: int) -> list[tuple[i
     out: list[tuple[int, int]] = []
     for lo, hi in bounds:
         if hi - lo < chunks:
-            raise ConfigError(f"a group of {hi - lo} rows cannot travel in {chunks} chunks; "
-                              f"use at most {hi - lo} chunks (fit_chunks) or fewer groups")
+            raise ConfigError(
+                f"a group of {hi - lo} rows cannot travel in {chunks} chunks; "
+                f"use at most {hi - lo} chunks (fit_chunks) or fewer groups"
+            )
         out += _even(lo, hi, chunks)
     return out
 
@@ -80,8 +82,9 @@ def clamp_groups(n: float, batch: int) -> int:
     return int(min(max(1, math.ceil(n)), batch))
 
 
-def rule_groups(bytes_to_send: float, bandwidth: float | None, compute_time: float,
-                batch: int) -> int:
+def rule_groups(
+    bytes_to_send: float, bandwidth: float | None, compute_time: float, batch: int
+) -> int:
     """The method's rule ``ceil(bytes_to_send / bandwidth / compute_time)``, clamped to
     ``[1, batch]``; an unmeasured or infinite bandwidth gives 1 (nothing to hide)."""
     if not bandwidth or bandwidth <= 0 or compute_time <= 0:
@@ -101,7 +104,7 @@ def trimmed_mean(xs: Sequence[float], trim: float = 0.25) -> float:
     if not 0 <= trim < 0.5:
         raise ValueError(f"trim is the share cut at each end and must be in [0, 0.5), got {trim!r}")
     cut = int(trim * len(xs))
-    kept = sorted(xs)[cut:len(xs) - cut]
+    kept = sorted(xs)[cut : len(xs) - cut]
     return sum(kept) / len(kept)
 
 
@@ -220,8 +223,10 @@ class GroupTuner:
 
     def __post_init__(self) -> None:
         if not 0 <= self.trim < 0.5:
-            raise ConfigError(f"GroupTuner.trim is the share of samples cut at each end before "
-                              f"averaging and must be in [0, 0.5), got {self.trim!r}")
+            raise ConfigError(
+                f"GroupTuner.trim is the share of samples cut at each end before "
+                f"averaging and must be in [0, 0.5), got {self.trim!r}"
+            )
         if self.n <= 0:
             self.n = min(4, self.batch)
         self._walls: dict[int, list[float]] = {}
@@ -255,8 +260,9 @@ class GroupTuner:
         w = self._walls.get(n, [])
         return trimmed_mean(w, self.trim) if len(w) >= self.samples else None
 
-    def observe(self, *, wall: float, compute: float,
-                links: Sequence[tuple[float, float | None]] = ()) -> int:
+    def observe(
+        self, *, wall: float, compute: float, links: Sequence[tuple[float, float | None]] = ()
+    ) -> int:
         self.history.append({"n": self.n, "wall": wall, "compute": compute})
         measured = [(b, bw) for b, bw in links if bw]
         if not self._started:
@@ -290,7 +296,7 @@ class GroupTuner:
         if self._settled_at is not None:
             if len(self.history) - self._settled_at < self.recheck:
                 return self.n
-            self._settled_at, self._walls = None, {self.n: self._walls[self.n][-self.samples:]}
+            self._settled_at, self._walls = None, {self.n: self._walls[self.n][-self.samples :]}
             self._base = self.n
             self._refuted = set()
         return self._step()
@@ -308,14 +314,16 @@ class GroupTuner:
                 return self.n
         here = self._mean(base)
         up, far = min(base * 2, self.batch), min(base * 4, self.batch)
-        if (far != up and self._mean(far) is None
-                and self._mean(up) < here * (1 + self.tolerance)):
+        if far != up and self._mean(far) is None and self._mean(up) < here * (1 + self.tolerance):
             self.n = far  # 2n about level with n: a plateau may hide a slope further up
             return self.n
         # the first search takes any faster n; once settled, only one faster by `tolerance`
         margin = self.tolerance if self._settled_once else 0.0
-        best = min((m, k) for k in ({base, up, far, base // 2} & set(self._walls)) - self._refuted
-                   if (m := self._mean(k)) is not None)[1]
+        best = min(
+            (m, k)
+            for k in ({base, up, far, base // 2} & set(self._walls)) - self._refuted
+            if (m := self._mean(k)) is not None
+        )[1]
         if best != base and self._mean(best) < here * (1 - margin):
             if self._holds(best, base):
                 self._base = self.n = best  # move, then probe the new base's neighbours
@@ -344,8 +352,14 @@ class GroupTuner:
         mean is within ``tolerance`` of ``base``'s, or None: a re-check's tie, which goes to
         the larger count as the first search's does (class docstring, 3.)."""
         here = self._mean(base)
-        level = [k for k in self._walls if k > base and k not in self._refuted
-                 and (m := self._mean(k)) is not None and m <= here * (1 + self.tolerance)]
+        level = [
+            k
+            for k in self._walls
+            if k > base
+            and k not in self._refuted
+            and (m := self._mean(k)) is not None
+            and m <= here * (1 + self.tolerance)
+        ]
         return max(level, default=None)
 
     def _holds(self, k: int, base: int, *, tie: bool = False) -> bool:
@@ -382,8 +396,13 @@ class GroupTuner:
         pass")."""
         a, b = (k, base) if self.n == k else (base, k)
         m = max(self.samples // 2, 1)
-        self._trial = _Trial(k, base, settle=tie or k in self._midpoints(base), tie=tie,
-                             blocks=((a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)))
+        self._trial = _Trial(
+            k,
+            base,
+            settle=tie or k in self._midpoints(base),
+            tie=tie,
+            blocks=((a, m), (b, 2 * m), (a, 2 * m), (b, 2 * m), (a, m)),
+        )
         self.n = a
 
     def _trial_step(self) -> int:
@@ -460,8 +479,10 @@ class GroupTuner:
         of 3 the search sees 3, 6 and 12, and when 3 beat 12 the midpoint towards it (4) was
         the only one tried while 8, the sweep's fastest in 10 of 12 ``bench.pipeline`` runs,
         was never measured (docs/pipeline-bench.md, "Fifth pass")."""
-        near = sorted((m, k) for k in (min(base * 2, self.batch), max(base // 2, 1))
-                      if k != base and (m := self._mean(k)) is not None)
+        near = sorted(
+            (m, k)
+            for k in (min(base * 2, self.batch), max(base // 2, 1))
+            if k != base and (m := self._mean(k)) is not None
+        )
         mids = [round(math.sqrt(base * k)) for _, k in near]
-        return [m for i, m in enumerate(mids)
-                if m not in (base, near[i][1]) and m not in mids[:i]]
+        return [m for i, m in enumerate(mids) if m not in (base, near[i][1]) and m not in mids[:i]]

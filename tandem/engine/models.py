@@ -6,7 +6,7 @@ Used by split stages, federated clients and elastic workers alike.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -32,9 +32,10 @@ from __future__ import annotations
 import dataclasses
 import enum
 import random
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tandem.errors import ConfigError, PlanError
+
 from .topology import FEATURES, Topology
 
 LOCAL_ONLY = 1 << 30  # distance used for ops that feed no send: they rank last
@@ -67,8 +68,9 @@ class Op:
     _hash: int = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_hash", hash((self.kind.value, self.mb, self.stage,
-                                                self.channel, self.peer)))
+        object.__setattr__(
+            self, "_hash", hash((self.kind.value, self.mb, self.stage, self.channel, self.peer))
+        )
 
     def __hash__(self) -> int:
         return self._hash
@@ -109,14 +111,26 @@ class Plan:
         order = list(range(len(self.ops)))
         random.Random(self.seed).shuffle(order)
         tie = {op: order[i] for i, op in enumerate(self.ops)}
-        object.__setattr__(self, "key", {
-            op: (self.distance[op], op.mb, tie[op]) for op in self.ops if op.is_compute})
-        object.__setattr__(self, "fanout", {
-            op: sum(1 for s in self.successors[op] if s.kind is Kind.SEND)
-            for op in self.ops if op.is_compute})
+        object.__setattr__(
+            self,
+            "key",
+            {op: (self.distance[op], op.mb, tie[op]) for op in self.ops if op.is_compute},
+        )
+        object.__setattr__(
+            self,
+            "fanout",
+            {
+                op: sum(1 for s in self.successors[op] if s.kind is Kind.SEND)
+                for op in self.ops
+                if op.is_compute
+            },
+        )
         object.__setattr__(self, "indegree", {op: len(self.deps.get(op, ())) for op in self.ops})
-        object.__setattr__(self, "recv_op", {(op.peer, op.channel, op.mb): op
-                                             for op in self.ops if op.kind is Kind.RECV})
+        object.__setattr__(
+            self,
+            "recv_op",
+            {(op.peer, op.channel, op.mb): op for op in self.ops if op.kind is Kind.RECV},
+        )
 
     # populated in __post_init__ (declared for readers and type checkers)
     successors: Mapping[Op, tuple[Op, ...]] = dataclasses.field(init=False, repr=False)
@@ -237,8 +251,15 @@ def computes_per_message(topology: Topology, party: str, chunks: int) -> bool:
     return chunks > 1 and party == topology.label_owner
 
 
-def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "train",
-              seed: int = 0, chunks: int = 1) -> Plan:
+def make_plan(
+    topology: Topology,
+    party: str,
+    n_groups: int,
+    *,
+    mode: str = "train",
+    seed: int = 0,
+    chunks: int = 1,
+) -> Plan:
     """Derive ``party``'s plan for one batch of ``n_groups`` micro-batches.
 
     ``mode`` is ``"train"`` (forward, backward, sends both ways, update) or ``"eval"``
@@ -252,8 +273,9 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
     if not isinstance(chunks, int) or chunks < 1:
         raise ConfigError(f"chunks must be a positive int, got {chunks!r}")
     if party not in topology.parties:
-        raise ConfigError(f"party {party!r} owns no stage of this topology; parties: "
-                          f"{list(topology.parties)}")
+        raise ConfigError(
+            f"party {party!r} owns no stage of this topology; parties: {list(topology.parties)}"
+        )
     by = topology.by_name
     mine = topology.stages_of(party)
     train = mode == "train"
@@ -269,8 +291,10 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
         return op
 
     def recvs(m: int, channel: str, peer: str) -> list[Op]:
-        return [add(Op(Kind.RECV, k, channel=channel, peer=peer), ())
-                for k in range(m * per_op, (m + 1) * per_op)]
+        return [
+            add(Op(Kind.RECV, k, channel=channel, peer=peer), ())
+            for k in range(m * per_op, (m + 1) * per_op)
+        ]
 
     def sends(m: int, channel: str, peer: str, src: Op) -> None:
         for k in range(m * per_op, (m + 1) * per_op):
@@ -312,17 +336,22 @@ def make_plan(topology: Topology, party: str, n_groups: int, *, mode: str = "tra
                     sends(m, f"grad/{i}->{s.name}", by[i].owner, bwd[(s.name, m)])
     if train:
         for s in mine:
-            add(Op(Kind.UPDATE, groups, stage=s.name),
-                tuple(bwd[(s.name, m)] for m in range(groups)))
+            add(
+                Op(Kind.UPDATE, groups, stage=s.name),
+                tuple(bwd[(s.name, m)] for m in range(groups)),
+            )
     plan = Plan(party, n_groups, mode, tuple(ops), deps, seed, chunks, fine)
     plan.check()
     return plan
 
 
-def make_plans(topology: Topology, n_groups: int, *, mode: str = "train",
-               seed: int = 0, chunks: int = 1) -> dict[str, Plan]:
-    plans = {p: make_plan(topology, p, n_groups, mode=mode, seed=seed, chunks=chunks)
-             for p in topology.parties}
+def make_plans(
+    topology: Topology, n_groups: int, *, mode: str = "train", seed: int = 0, chunks: int = 1
+) -> dict[str, Plan]:
+    plans = {
+        p: make_plan(topology, p, n_groups, mode=mode, seed=seed, chunks=chunks)
+        for p in topology.parties
+    }
     check_plans(plans)
     return plans
 

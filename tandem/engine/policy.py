@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from typing import Mapping
+from collections.abc import Mapping
 
 from tandem.errors import ConfigError
+
 from .plan import LOCAL_ONLY, Op, Plan
 
 
@@ -38,13 +39,15 @@ class Backpressure:
         if not 1 <= self.threshold <= self.capacity:
             raise ConfigError(
                 f"backpressure needs 1 <= threshold <= capacity, got threshold={self.threshold}, "
-                f"capacity={self.capacity}")
+                f"capacity={self.capacity}"
+            )
 
-    def scaled(self, factor: int) -> "Backpressure":
+    def scaled(self, factor: int) -> Backpressure:
         """Threshold and capacity times ``factor``: what a party runs with when each group's
         output travels as ``factor`` chunks (`tandem.engine.plan`), so the same bytes stay in flight."""
-        return self if factor == 1 else Backpressure(self.threshold * factor,
-                                                     self.capacity * factor)
+        return (
+            self if factor == 1 else Backpressure(self.threshold * factor, self.capacity * factor)
+        )
 
     def check_plan(self, plan: Plan) -> None:
         if plan.max_fanout > self.capacity:
@@ -52,7 +55,8 @@ class Backpressure:
             raise ConfigError(
                 f"outbound capacity {self.capacity} is smaller than the {plan.max_fanout} sends "
                 f"that {op} on {plan.party!r} produces at once; raise capacity to at least "
-                f"{plan.max_fanout}")
+                f"{plan.max_fanout}"
+            )
 
 
 class ReadySet:
@@ -107,9 +111,11 @@ def choose(ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op |
     return producer if producer is not None else local
 
 
-def fifo_choose(ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure,
-                order: Mapping[Op, int]) -> Op | None:
+def fifo_choose(
+    ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure, order: Mapping[Op, int]
+) -> Op | None:
     """Baseline without priorities: the ready op earliest in plan order (capacity still holds)."""
-    cands = [op for op in ready
-             if outbound + plan.fanout[op] <= bp.capacity or plan.fanout[op] == 0]
+    cands = [
+        op for op in ready if outbound + plan.fanout[op] <= bp.capacity or plan.fanout[op] == 0
+    ]
     return min(cands, key=order.__getitem__) if cands else None

@@ -29,13 +29,14 @@ import collections
 import dataclasses
 import threading
 import time
-from typing import Callable, Mapping, Protocol
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import numpy as np
 
+from tandem.errors import EngineError, ShapeError
 from tandem.transports.base import Frame, Transport
 
-from tandem.errors import EngineError, ShapeError
 from .plan import Kind, Op, Plan
 from .policy import Backpressure, ReadySet, choose, fifo_choose
 from .trace import Trace, TraceEvent
@@ -108,8 +109,15 @@ class PartyRuntime:
       trace: where to record op and transfer intervals (optional).
     """
 
-    def __init__(self, transport: Transport, lane, *, backpressure: Backpressure = Backpressure(),
-                 policy: str = "priority", trace: Trace | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        lane,
+        *,
+        backpressure: Backpressure = Backpressure(),
+        policy: str = "priority",
+        trace: Trace | None = None,
+    ) -> None:
         if policy not in ("priority", "fifo"):
             raise EngineError(f"policy must be 'priority' or 'fifo', got {policy!r}")
         self.transport = transport
@@ -157,8 +165,7 @@ class PartyRuntime:
             st.ready.remove(op)
         return op
 
-    def _ran(self, st: _BatchState, op: Op, start: float, end: float,
-             stats: BatchStats) -> None:
+    def _ran(self, st: _BatchState, op: Op, start: float, end: float, stats: BatchStats) -> None:
         stats.compute += end - start
         kind = op.kind._value_
         self.counters[kind] += 1
@@ -166,8 +173,9 @@ class PartyRuntime:
         if self.trace is not None:
             self.trace.add(TraceEvent(st.plan.party, "compute", str(op), op.mb, start, end))
 
-    async def _compute_lane(self, st: _BatchState, handler: OpHandler, batch: int,
-                            stats: BatchStats) -> None:
+    async def _compute_lane(
+        self, st: _BatchState, handler: OpHandler, batch: int, stats: BatchStats
+    ) -> None:
         order = {op: i for i, op in enumerate(st.plan.ops)} if self.policy == "fifo" else None
         if getattr(self.lane, "drives_batches", False):
             loop = asyncio.get_running_loop()
@@ -180,8 +188,9 @@ class PartyRuntime:
                     st.stop = True
                     st.cond.notify_all()
 
-            await self.lane.run(None, lambda: self._drive(st, handler, stats, order, enqueue),
-                                on_cancel=stop)
+            await self.lane.run(
+                None, lambda: self._drive(st, handler, stats, order, enqueue), on_cancel=stop
+            )
             return
         loop = asyncio.get_running_loop()
         while st.compute_left:
@@ -199,8 +208,14 @@ class PartyRuntime:
                 st.compute_left -= 1
                 self._complete(st, op, outputs)
 
-    def _drive(self, st: _BatchState, handler: OpHandler, stats: BatchStats,
-               order: Mapping[Op, int] | None, enqueue: Callable) -> None:
+    def _drive(
+        self,
+        st: _BatchState,
+        handler: OpHandler,
+        stats: BatchStats,
+        order: Mapping[Op, int] | None,
+        enqueue: Callable,
+    ) -> None:
         """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
         Returns when every compute op ran, or early once ``st.stop`` is set (cancellation)."""
         clock = st.clock
@@ -223,8 +238,9 @@ class PartyRuntime:
                 st.compute_left -= 1
                 self._complete(st, op, outputs, enqueue)
 
-    async def _send_lane(self, st: _BatchState, peer: str, count: int, batch: int,
-                         stats: BatchStats) -> None:
+    async def _send_lane(
+        self, st: _BatchState, peer: str, count: int, batch: int, stats: BatchStats
+    ) -> None:
         """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
         ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
         frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the loop
@@ -239,9 +255,17 @@ class PartyRuntime:
                 await window.acquire()
                 tg.create_task(self._send_one(st, peer, op, array, batch, stats, window, sent))
 
-    async def _send_one(self, st: _BatchState, peer: str, op: Op, array: np.ndarray,
-                        batch: int, stats: BatchStats, window: asyncio.Semaphore,
-                        sent: list[float]) -> None:
+    async def _send_one(
+        self,
+        st: _BatchState,
+        peer: str,
+        op: Op,
+        array: np.ndarray,
+        batch: int,
+        stats: BatchStats,
+        window: asyncio.Semaphore,
+        sent: list[float],
+    ) -> None:
         try:
             offered = st.clock()
             await self.transport.send(peer, op.channel, message(batch, op, array))
@@ -251,8 +275,17 @@ class PartyRuntime:
         nbytes = int(array.nbytes)
         stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
         if self.trace is not None:  # on the wire from when the frame before it left
-            self.trace.add(TraceEvent(st.plan.party, f"send->{peer}", str(op), op.mb,
-                                      max(offered, min(sent[0], end)), end, nbytes))
+            self.trace.add(
+                TraceEvent(
+                    st.plan.party,
+                    f"send->{peer}",
+                    str(op),
+                    op.mb,
+                    max(offered, min(sent[0], end)),
+                    end,
+                    nbytes,
+                )
+            )
         sent[0] = max(sent[0], end)
         with st.lock:
             st.outbound -= 1
@@ -261,8 +294,9 @@ class PartyRuntime:
                 st.cond.notify()
         st.wake.set()
 
-    async def _receiver(self, st: _BatchState, handler: OpHandler, peer: str, channel: str,
-                        count: int, batch: int) -> None:
+    async def _receiver(
+        self, st: _BatchState, handler: OpHandler, peer: str, channel: str, count: int, batch: int
+    ) -> None:
         for m in range(count):
             frame = await self.transport.recv(peer, channel)
             got_b, got_m = frame.meta.get("b"), frame.meta.get("m")
@@ -271,7 +305,8 @@ class PartyRuntime:
                     f"{st.plan.party!r} expected micro-batch {m} of batch {batch} on {channel!r} "
                     f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
                     f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
-                    "and n_groups on both sides?)")
+                    "and n_groups on both sides?)"
+                )
             op = st.plan.recv_op[(peer, channel, m)]
             handler.receive(op, frame.arrays[0])
             with st.lock:
@@ -281,9 +316,13 @@ class PartyRuntime:
             st.wake.set()
 
     # -- bookkeeping -------------------------------------------------------------------------
-    def _complete(self, st: _BatchState, op: Op,
-                  outputs: Mapping[tuple[str, int], np.ndarray] | None,
-                  enqueue: Callable[[asyncio.Queue, tuple], None] | None = None) -> None:
+    def _complete(
+        self,
+        st: _BatchState,
+        op: Op,
+        outputs: Mapping[tuple[str, int], np.ndarray] | None,
+        enqueue: Callable[[asyncio.Queue, tuple], None] | None = None,
+    ) -> None:
         """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies
         are all done become ready; sends go to their peer's outbound queue (through
         ``enqueue`` when called off the loop thread)."""
@@ -298,9 +337,11 @@ class PartyRuntime:
                 try:
                     array = outputs[(s.channel, s.mb)]  # type: ignore[index]
                 except (KeyError, TypeError):
-                    raise EngineError(f"{op} produced no tensor for {s}; the handler must return "
-                                      f"one keyed (channel, micro-batch) for every send of the "
-                                      f"op") from None
+                    raise EngineError(
+                        f"{op} produced no tensor for {s}; the handler must return "
+                        f"one keyed (channel, micro-batch) for every send of the "
+                        f"op"
+                    ) from None
                 st.outbound += 1
                 st.max_outbound = max(st.max_outbound, st.outbound)
                 if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose

@@ -16,9 +16,10 @@ import collections
 import dataclasses
 import heapq
 import itertools
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from tandem.errors import PlanError
+
 from .plan import Kind, Op, Plan
 from .policy import Backpressure, ReadySet, choose, fifo_choose
 from .trace import Trace, TraceEvent
@@ -39,10 +40,15 @@ class SimResult:
         return self.trace.order(party)
 
 
-def simulate(plans: Mapping[str, Plan], *, cost: Callable[[str, Op], float],
-             nbytes: Callable[[str, Op], int],
-             links: Callable[[str, str], Link] | Mapping[tuple[str, str], Link] | None = None,
-             bp: Backpressure = Backpressure(), policy: str = "priority") -> SimResult:
+def simulate(
+    plans: Mapping[str, Plan],
+    *,
+    cost: Callable[[str, Op], float],
+    nbytes: Callable[[str, Op], int],
+    links: Callable[[str, str], Link] | Mapping[tuple[str, str], Link] | None = None,
+    bp: Backpressure = Backpressure(),
+    policy: str = "priority",
+) -> SimResult:
     """Simulate one batch of every party's plan. ``cost(party, op)`` gives compute seconds,
     ``nbytes(party, send_op)`` the bytes a send puts on the wire."""
     if callable(links):
@@ -127,8 +133,12 @@ def simulate(plans: Mapping[str, Plan], *, cost: Callable[[str, Op], float],
             link_busy[(src, dst)] = False
             outbound[src] -= 1
             done[src] += 1
-            push(now + link_of(src, dst).latency, "arrive", dst,
-                 Op(Kind.RECV, op.mb, channel=op.channel, peer=src))
+            push(
+                now + link_of(src, dst).latency,
+                "arrive",
+                dst,
+                Op(Kind.RECV, op.mb, channel=op.channel, peer=src),
+            )
             start_link(src, dst, now)
             dispatch(src, now)
         else:  # arrive
@@ -140,6 +150,8 @@ def simulate(plans: Mapping[str, Plan], *, cost: Callable[[str, Op], float],
     for p, pl in plans.items():
         if done[p] != len(pl.ops):
             stuck = [str(op) for op in pl.ops if remaining[p][op] > 0][:6]
-            raise PlanError(f"simulation deadlocked: {p!r} finished {done[p]}/{len(pl.ops)} ops; "
-                            f"waiting: {stuck}")
+            raise PlanError(
+                f"simulation deadlocked: {p!r} finished {done[p]}/{len(pl.ops)} ops; "
+                f"waiting: {stuck}"
+            )
     return SimResult(now, trace)

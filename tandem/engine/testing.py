@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from typing import Awaitable, TypeVar
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from tandem.errors import EngineError
 

@@ -16,7 +16,7 @@ stage graph is acyclic; exactly one loss stage, consumed by nobody; every other 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from tandem.errors import TopologyError
 
@@ -88,8 +88,11 @@ class Topology:
         return tuple(s for s in self.topological_order() if s.owner == party)
 
     def feature_parties(self) -> tuple[str, ...]:
-        return tuple(p for p in self.parties
-                     if any(FEATURES in s.inputs for s in self.stages if s.owner == p))
+        return tuple(
+            p
+            for p in self.parties
+            if any(FEATURES in s.inputs for s in self.stages if s.owner == p)
+        )
 
     def consumers(self, name: str) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if name in s.inputs)
@@ -109,16 +112,26 @@ class Topology:
 
     # -- serialisation (JSON-able, no pickle) ------------------------------------------------
     def to_dict(self) -> dict:
-        return {"stages": [{"name": s.name, "owner": s.owner, "inputs": list(s.inputs),
-                            "loss": s.loss} for s in self.stages]}
+        return {
+            "stages": [
+                {"name": s.name, "owner": s.owner, "inputs": list(s.inputs), "loss": s.loss}
+                for s in self.stages
+            ]
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Topology":
+    def from_dict(cls, data: Mapping) -> Topology:
         try:
-            return cls(tuple(Stage(d["name"], d["owner"], tuple(d["inputs"]), bool(d.get("loss", False)))
-                             for d in data["stages"]))
+            return cls(
+                tuple(
+                    Stage(d["name"], d["owner"], tuple(d["inputs"]), bool(d.get("loss", False)))
+                    for d in data["stages"]
+                )
+            )
         except (KeyError, TypeError) as exc:
-            raise TopologyError(f"topology description is malformed: missing or wrong field {exc}") from None
+            raise TopologyError(
+                f"topology description is malformed: missing or wrong field {exc}"
+            ) from None
 
     def describe(self) -> str:
         lines = []
@@ -138,9 +151,11 @@ def _toposort(stages: Sequence[Stage]) -> tuple[Stage, ...]:
         if st == 2:
             return
         if st == 1:
-            cycle = path[path.index(name):] + [name]
-            raise TopologyError(f"topology has a cycle: {' -> '.join(cycle)}; a stage may not "
-                                "(indirectly) consume its own output")
+            cycle = path[path.index(name) :] + [name]
+            raise TopologyError(
+                f"topology has a cycle: {' -> '.join(cycle)}; a stage may not "
+                "(indirectly) consume its own output"
+            )
         state[name] = 1
         for i in by[name].inputs:
             if i != FEATURES:
@@ -166,30 +181,40 @@ def _validate(stages: Sequence[Stage]) -> None:
             raise TopologyError(f"stage name {s.name!r} is used twice; stage names must be unique")
         names.add(s.name)
         if not s.owner:
-            raise TopologyError(f"stage {s.name!r} has no owner; set Stage(owner=...) to a party name")
+            raise TopologyError(
+                f"stage {s.name!r} has no owner; set Stage(owner=...) to a party name"
+            )
         if not s.inputs:
-            raise TopologyError(f"stage {s.name!r} has no inputs; give it {FEATURES!r} or another stage")
+            raise TopologyError(
+                f"stage {s.name!r} has no inputs; give it {FEATURES!r} or another stage"
+            )
     for s in stages:
         for i in s.inputs:
             if i != FEATURES and i not in names:
                 raise TopologyError(
                     f"stage {s.name!r} consumes {i!r}, which is not a stage of this topology "
-                    f"(stages: {sorted(names)}; use {FEATURES!r} for the owner's raw features)")
+                    f"(stages: {sorted(names)}; use {FEATURES!r} for the owner's raw features)"
+                )
         if len(set(s.inputs)) != len(s.inputs):
             raise TopologyError(f"stage {s.name!r} lists an input twice: {list(s.inputs)}")
     losses = [s.name for s in stages if s.loss]
     if len(losses) != 1:
         raise TopologyError(
             f"topology must have exactly one loss stage, found {len(losses)}"
-            + (f": {losses}" if losses else "; mark the stage that meets the labels with loss=True"))
+            + (f": {losses}" if losses else "; mark the stage that meets the labels with loss=True")
+        )
     _toposort(stages)
     consumed = {i for s in stages for i in s.inputs}
     for s in stages:
         if s.loss and s.name in consumed:
-            raise TopologyError(f"loss stage {s.name!r} is consumed by another stage; the loss "
-                                "stage must be the last stage")
+            raise TopologyError(
+                f"loss stage {s.name!r} is consumed by another stage; the loss "
+                "stage must be the last stage"
+            )
         if not s.loss and s.name not in consumed:
-            raise TopologyError(f"stage {s.name!r} feeds nothing; connect it to a consumer or remove it")
+            raise TopologyError(
+                f"stage {s.name!r} feeds nothing; connect it to a consumer or remove it"
+            )
 
 
 # -- built-in topologies ------------------------------------------------------------------------
@@ -200,18 +225,24 @@ def two_party(a: str = "A", b: str = "B") -> Topology:
 
 def leader_follower(leader: str = "leader", follower: str = "follower") -> Topology:
     """(b) Leader holds a bottom, the top and the labels; follower holds a bottom."""
-    return Topology((
-        Stage("bottom_leader", leader, (FEATURES,)),
-        Stage("bottom_follower", follower, (FEATURES,)),
-        Stage("top", leader, ("bottom_leader", "bottom_follower"), loss=True),
-    ))
+    return Topology(
+        (
+            Stage("bottom_leader", leader, (FEATURES,)),
+            Stage("bottom_follower", follower, (FEATURES,)),
+            Stage("top", leader, ("bottom_leader", "bottom_follower"), loss=True),
+        )
+    )
 
 
 def u_shape(a: str = "A", b: str = "B") -> Topology:
     """(c) U-shape: ``a1`` on ``a`` -> ``b1`` on ``b`` -> ``a2`` on ``a`` with the labels."""
-    return Topology((
-        Stage("a1", a, (FEATURES,)), Stage("b1", b, ("a1",)), Stage("a2", a, ("b1",), loss=True),
-    ))
+    return Topology(
+        (
+            Stage("a1", a, (FEATURES,)),
+            Stage("b1", b, ("a1",)),
+            Stage("a2", a, ("b1",), loss=True),
+        )
+    )
 
 
 def star(k: int, leader: str = "leader", *, leader_bottom: bool = False) -> Topology:
@@ -225,8 +256,12 @@ def star(k: int, leader: str = "leader", *, leader_bottom: bool = False) -> Topo
     return Topology(tuple(stages))
 
 
-BUILTIN = {"two_party": two_party, "leader_follower": leader_follower, "u_shape": u_shape,
-           "star": star}
+BUILTIN = {
+    "two_party": two_party,
+    "leader_follower": leader_follower,
+    "u_shape": u_shape,
+    "star": star,
+}
 
 
 def from_stages(stages: Iterable[Stage]) -> Topology:

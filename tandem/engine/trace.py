@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -46,8 +46,10 @@ class Trace:
         return sum(e.end - e.start for e in self.events if e.party == party and e.lane == lane)
 
     def order(self, party: str, lane: str = "compute") -> list[str]:
-        evs = sorted((e for e in self.events if e.party == party and e.lane == lane),
-                     key=lambda e: (e.start, e.end))
+        evs = sorted(
+            (e for e in self.events if e.party == party and e.lane == lane),
+            key=lambda e: (e.start, e.end),
+        )
         return [e.name for e in evs]
 
     def to_chrome(self) -> dict:
@@ -61,12 +63,21 @@ class Trace:
         for p in parties:
             out.append({"ph": "M", "name": "process_name", "pid": pid[p], "args": {"name": p}})
         for (p, lane), t in tid.items():
-            out.append({"ph": "M", "name": "thread_name", "pid": pid[p], "tid": t,
-                        "args": {"name": lane}})
+            out.append(
+                {"ph": "M", "name": "thread_name", "pid": pid[p], "tid": t, "args": {"name": lane}}
+            )
         for e in self.events:
-            out.append({"ph": "X", "name": e.name, "pid": pid[e.party], "tid": tid[(e.party, e.lane)],
-                        "ts": (e.start - t0) * 1e6, "dur": max(e.end - e.start, 0.0) * 1e6,
-                        "args": {"mb": e.mb, "bytes": e.nbytes}})
+            out.append(
+                {
+                    "ph": "X",
+                    "name": e.name,
+                    "pid": pid[e.party],
+                    "tid": tid[(e.party, e.lane)],
+                    "ts": (e.start - t0) * 1e6,
+                    "dur": max(e.end - e.start, 0.0) * 1e6,
+                    "args": {"mb": e.mb, "bytes": e.nbytes},
+                }
+            )
         return {"traceEvents": out, "displayTimeUnit": "ms"}
 
     def write_chrome(self, path: str | Path) -> Path:
@@ -78,8 +89,9 @@ class Trace:
 
 def _color(name: str) -> str:
     kind = name[:1]
-    return {"F": "#4C72B0", "L": "#8172B2", "B": "#DD8452", "U": "#55A868",
-            "S": "#937860"}.get(kind, "#999999")
+    return {"F": "#4C72B0", "L": "#8172B2", "B": "#DD8452", "U": "#55A868", "S": "#937860"}.get(
+        kind, "#999999"
+    )
 
 
 def plot_gantt(traces: Sequence[tuple[str, Trace]], path: str | Path) -> Path:
@@ -95,31 +107,61 @@ def plot_gantt(traces: Sequence[tuple[str, Trace]], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     spans = [t.span for _, t in traces]
     xmax = max(spans, default=1.0) or 1.0
-    fig, axes = plt.subplots(len(traces), 1, figsize=(12, 1.2 + 1.1 * max(
-        len({(e.party, e.lane) for e in t.events}) for _, t in traces) * len(traces) / 1.5),
-        squeeze=False)
+    fig, axes = plt.subplots(
+        len(traces),
+        1,
+        figsize=(
+            12,
+            1.2
+            + 1.1
+            * max(len({(e.party, e.lane) for e in t.events}) for _, t in traces)
+            * len(traces)
+            / 1.5,
+        ),
+        squeeze=False,
+    )
     for ax, (title, trace) in zip(axes[:, 0], traces):
         t0 = min((e.start for e in trace.events), default=0.0)
-        rows = sorted({(e.party, e.lane) for e in trace.events},
-                      key=lambda pl: (pl[0], pl[1] != "compute", pl[1]))
+        rows = sorted(
+            {(e.party, e.lane) for e in trace.events},
+            key=lambda pl: (pl[0], pl[1] != "compute", pl[1]),
+        )
         for y, (party, lane) in enumerate(rows):
             evs = [e for e in trace.events if e.party == party and e.lane == lane]
-            ax.broken_barh([(e.start - t0, max(e.end - e.start, xmax * 1e-4)) for e in evs],
-                           (y - 0.4, 0.8), facecolors=[_color(e.name) for e in evs],
-                           edgecolor="white", linewidth=0.3)
+            ax.broken_barh(
+                [(e.start - t0, max(e.end - e.start, xmax * 1e-4)) for e in evs],
+                (y - 0.4, 0.8),
+                facecolors=[_color(e.name) for e in evs],
+                edgecolor="white",
+                linewidth=0.3,
+            )
             if len(evs) <= 80:
                 for e in evs:
                     if e.end - e.start > xmax * 0.012 and e.mb >= 0:
-                        ax.text((e.start + e.end) / 2 - t0, y, str(e.mb), ha="center",
-                                va="center", fontsize=6, color="white")
+                        ax.text(
+                            (e.start + e.end) / 2 - t0,
+                            y,
+                            str(e.mb),
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="white",
+                        )
         ax.set_yticks(range(len(rows)), [f"{p}: {lane}" for p, lane in rows], fontsize=8)
         ax.set_xlim(0, xmax * 1.02)
         ax.set_title(f"{title} -- {trace.span:.3f} s", fontsize=10, loc="left")
         ax.invert_yaxis()
     axes[-1, 0].set_xlabel("seconds")
-    handles = [Patch(color=_color(k), label=lbl) for k, lbl in
-               [("F", "forward"), ("L", "loss fwd+bwd"), ("B", "backward"), ("U", "update"),
-                ("S", "transfer")]]
+    handles = [
+        Patch(color=_color(k), label=lbl)
+        for k, lbl in [
+            ("F", "forward"),
+            ("L", "loss fwd+bwd"),
+            ("B", "backward"),
+            ("U", "update"),
+            ("S", "transfer"),
+        ]
+    ]
     fig.legend(handles=handles, loc="upper right", ncol=5, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=120)

@@ -1,12 +1,28 @@
 """Transports: how parties exchange frames. Knows nothing of training."""
 
+from tandem.errors import (
+    FrameError,
+    PayloadTooLargeError,
+    TandemError,
+    TransportClosedError,
+    TransportError,
+    UnknownPeerError,
+)
+
 from .base import Frame, LinkStats, Transport
-from tandem.errors import (FrameError, PayloadTooLargeError, TandemError, TransportClosedError,
-                     TransportError, UnknownPeerError)
 from .memory import LinkShape, MemoryNetwork, MemoryTransport
 
 __all__ = [
-    "Frame", "LinkStats", "Transport", "LinkShape", "MemoryNetwork", "MemoryTransport",
-    "TandemError", "TransportError", "FrameError", "PayloadTooLargeError",
-    "TransportClosedError", "UnknownPeerError",
+    "Frame",
+    "LinkStats",
+    "Transport",
+    "LinkShape",
+    "MemoryNetwork",
+    "MemoryTransport",
+    "TandemError",
+    "TransportError",
+    "FrameError",
+    "PayloadTooLargeError",
+    "TransportClosedError",
+    "UnknownPeerError",
 ]

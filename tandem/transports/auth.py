@@ -22,18 +22,29 @@ import hashlib
 import hmac
 import secrets
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from tandem.errors import AuthenticationError
 
 #: Routing headers covered by the signature, in canonical order (missing ones sign as "").
 SIGNED_HEADERS = (
-    "X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id",
-    "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total", "X-Tandem-Spec",
+    "X-Tandem-Sender",
+    "X-Tandem-Incarnation",
+    "X-Tandem-Channel",
+    "X-Tandem-Msg-Id",
+    "X-Tandem-Chunk",
+    "X-Tandem-Chunks",
+    "X-Tandem-Offset",
+    "X-Tandem-Total",
+    "X-Tandem-Spec",
     "X-Tandem-Reply-To",
 )
 TIMESTAMP, NONCE, BODY_SHA, SIGNATURE = (
-    "X-Tandem-Timestamp", "X-Tandem-Nonce", "X-Tandem-Body-SHA256", "X-Tandem-Signature")
+    "X-Tandem-Timestamp",
+    "X-Tandem-Nonce",
+    "X-Tandem-Body-SHA256",
+    "X-Tandem-Signature",
+)
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
@@ -46,34 +57,56 @@ def body_digest(parts) -> str:
 
 
 def _canonical(method: str, path: str, headers: Mapping[str, str]) -> bytes:
-    fields = [method.upper(), path, *(headers.get(k, "") for k in SIGNED_HEADERS),
-              headers.get(TIMESTAMP, ""), headers.get(NONCE, ""), headers.get(BODY_SHA, "")]
+    fields = [
+        method.upper(),
+        path,
+        *(headers.get(k, "") for k in SIGNED_HEADERS),
+        headers.get(TIMESTAMP, ""),
+        headers.get(NONCE, ""),
+        headers.get(BODY_SHA, ""),
+    ]
     for f in fields:
         if "\n" in f:
             raise AuthenticationError("header values must not contain newlines")
     return "\n".join(fields).encode()
 
 
-def sign(secret: bytes, method: str, path: str, headers: dict[str, str], body_sha: str, *,
-         clock: Callable[[], float] = time.time) -> dict[str, str]:
+def sign(
+    secret: bytes,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body_sha: str,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> dict[str, str]:
     """Add timestamp, nonce, body digest and signature to ``headers`` (in place) and return it."""
     headers[TIMESTAMP] = f"{clock():.6f}"
     headers[NONCE] = secrets.token_hex(16)
     headers[BODY_SHA] = body_sha
-    headers[SIGNATURE] = hmac.new(secret, _canonical(method, path, headers),
-                                  hashlib.sha256).hexdigest()
+    headers[SIGNATURE] = hmac.new(
+        secret, _canonical(method, path, headers), hashlib.sha256
+    ).hexdigest()
     return headers
 
 
 class Verifier:
     """Checks signed requests. Raises `AuthenticationError` with the (server-side) reason."""
 
-    def __init__(self, secret: bytes, *, window: float = 60.0, max_nonces: int = 65536,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        *,
+        window: float = 60.0,
+        max_nonces: int = 65536,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not secret:
             raise ValueError("secret must be non-empty bytes")
         if window <= 0 or max_nonces < 1:
-            raise ValueError(f"window must be > 0 s and max_nonces >= 1, got {window}, {max_nonces}")
+            raise ValueError(
+                f"window must be > 0 s and max_nonces >= 1, got {window}, {max_nonces}"
+            )
         self._secret = secret
         self._window = window
         self._max = max_nonces
@@ -90,14 +123,16 @@ class Verifier:
             ts = float(headers[TIMESTAMP])
         except ValueError:
             raise AuthenticationError("timestamp is not a number") from None
-        expected = hmac.new(self._secret, _canonical(method, path, headers),
-                            hashlib.sha256).hexdigest()
+        expected = hmac.new(
+            self._secret, _canonical(method, path, headers), hashlib.sha256
+        ).hexdigest()
         if not hmac.compare_digest(expected, headers[SIGNATURE]):
             raise AuthenticationError("bad signature (different secret, or altered request)")
         now = self._clock()
         if not abs(now - ts) <= self._window:
             raise AuthenticationError(
-                f"timestamp {ts:.3f} is outside +-{self._window}s of local time {now:.3f}")
+                f"timestamp {ts:.3f} is outside +-{self._window}s of local time {now:.3f}"
+            )
         self._expire(now)
         nonce = headers[NONCE]
         if nonce in self._seen or ts <= self.floor:

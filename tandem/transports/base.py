@@ -19,7 +19,8 @@ A transport connects one local party to named peers. Messages are `Frame`s, addr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class Frame:
         """Bytes of array payload (the header is counted by the codec)."""
         return sum(int(a.nbytes) for a in self.arrays)
 
-    def replace(self, **changes: Any) -> "Frame":
+    def replace(self, **changes: Any) -> Frame:
         return dataclasses.replace(self, **changes)
 
 

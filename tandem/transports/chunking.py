@@ -8,7 +8,7 @@ messages above 2 GiB work.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 Buffer = bytes | memoryview
 
@@ -48,7 +48,7 @@ def pieces(views: Sequence[memoryview], piece_bytes: int) -> Iterator[memoryview
     """Yield slices of ``views`` of at most ``piece_bytes`` (bounded socket writes)."""
     for mv in views:
         for start in range(0, len(mv), piece_bytes):
-            yield mv[start:start + piece_bytes]
+            yield mv[start : start + piece_bytes]
 
 
 def total_size(views: Sequence[memoryview]) -> int:

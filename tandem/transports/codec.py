@@ -16,13 +16,15 @@ The codec is pure (no asyncio, no JAX).
 from __future__ import annotations
 
 import struct
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import orjson
 
-from .base import Frame
 from tandem.errors import FrameError, PayloadTooLargeError
+
+from .base import Frame
 
 MAGIC = b"TDM1"
 _PREFIX = struct.Struct("<4sI")
@@ -118,8 +120,14 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
         raise FrameError(f"frame header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FrameError("frame header must be a JSON object")
-    for key, kind in (("sender", str), ("channel", str), ("id", int), ("spec", str),
-                      ("meta", dict), ("arrays", list)):
+    for key, kind in (
+        ("sender", str),
+        ("channel", str),
+        ("id", int),
+        ("spec", str),
+        ("meta", dict),
+        ("arrays", list),
+    ):
         if key not in header:
             raise FrameError(f"frame header is missing field {key!r}")
         if not isinstance(header[key], kind) or isinstance(header[key], bool):
@@ -160,8 +168,12 @@ def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | by
         arr = np.frombuffer(buf, dtype=np.dtype(spec["dtype"]), count=-1 if spec["nbytes"] else 0)
         arrays.append(arr.reshape(spec["shape"]))
     return Frame(
-        sender=header["sender"], channel=header["channel"], msg_id=header["id"],
-        spec_hash=header["spec"], meta=header["meta"], arrays=tuple(arrays),
+        sender=header["sender"],
+        channel=header["channel"],
+        msg_id=header["id"],
+        spec_hash=header["spec"],
+        meta=header["meta"],
+        arrays=tuple(arrays),
     )
 
 
@@ -180,11 +192,9 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
     header = parse_header(view[PREFIX_SIZE:end])
     total = end + payload_size(header)
     if len(view) != total:
-        raise FrameError(
-            f"frame body is {len(view)} bytes but its header describes {total} bytes"
-        )
+        raise FrameError(f"frame body is {len(view)} bytes but its header describes {total} bytes")
     buffers, offset = [], end
     for spec in header["arrays"]:
-        buffers.append(view[offset: offset + spec["nbytes"]])
+        buffers.append(view[offset : offset + spec["nbytes"]])
         offset += spec["nbytes"]
     return frame_from(header, buffers)

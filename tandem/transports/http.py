@@ -43,18 +43,26 @@ import secrets
 import ssl
 import time
 import urllib.parse
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 import numpy as np
 import orjson
 from aiohttp import web
 
+from tandem.errors import (
+    AuthenticationError,
+    FrameError,
+    PayloadTooLargeError,
+    PeerUnavailableError,
+    TransportClosedError,
+    TransportError,
+    UnknownPeerError,
+)
+
 from . import auth, chunking, codec, metrics
 from .base import Frame, LinkStats
-from tandem.errors import (AuthenticationError, FrameError, PayloadTooLargeError,
-                     PeerUnavailableError, TransportClosedError, TransportError,
-                     UnknownPeerError)
 from .inbound import Inbox, Partial, StreamState
 
 log = logging.getLogger(__name__)
@@ -62,9 +70,18 @@ log = logging.getLogger(__name__)
 FRAME_PATH = "/tandem/v1/frame"
 BYE_PATH = "/tandem/v1/bye"
 H_SENDER, H_INC, H_CHANNEL, H_ID = (
-    "X-Tandem-Sender", "X-Tandem-Incarnation", "X-Tandem-Channel", "X-Tandem-Msg-Id")
+    "X-Tandem-Sender",
+    "X-Tandem-Incarnation",
+    "X-Tandem-Channel",
+    "X-Tandem-Msg-Id",
+)
 H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL, H_SPEC = (
-    "X-Tandem-Chunk", "X-Tandem-Chunks", "X-Tandem-Offset", "X-Tandem-Total", "X-Tandem-Spec")
+    "X-Tandem-Chunk",
+    "X-Tandem-Chunks",
+    "X-Tandem-Offset",
+    "X-Tandem-Total",
+    "X-Tandem-Spec",
+)
 H_REPLY = "X-Tandem-Reply-To"  # the sender's own base URL (lets `admit_unknown` learn it)
 H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
 H_LENGTH = "X-Tandem-Length"  # body length of a bulk request (its own Content-Length is 0)
@@ -168,29 +185,41 @@ class HttpConfig:
         if self.chunk_bytes < 1:
             problems.append(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
         if self.bulk_min_bytes is not None and not (
-                isinstance(self.bulk_min_bytes, int) and self.bulk_min_bytes >= 1):
-            problems.append(f"bulk_min_bytes must be an int >= 1 or None, got "
-                            f"{self.bulk_min_bytes!r}")
+            isinstance(self.bulk_min_bytes, int) and self.bulk_min_bytes >= 1
+        ):
+            problems.append(
+                f"bulk_min_bytes must be an int >= 1 or None, got {self.bulk_min_bytes!r}"
+            )
         if self.max_frame_bytes < 1:
             problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
         if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
             problems.append("secret must be non-empty bytes or None")
         if self.admit_unknown and not self.secret:
-            problems.append("admit_unknown needs a secret: only senders proving they hold it "
-                            "may join; set secret or list every peer in peers")
+            problems.append(
+                "admit_unknown needs a secret: only senders proving they hold it "
+                "may join; set secret or list every peer in peers"
+            )
         if self.advertise_url is not None and not str(self.advertise_url).startswith(
-                ("http://", "https://")):
-            problems.append(f"advertise_url must start with http:// or https://, got "
-                            f"{self.advertise_url!r}")
+            ("http://", "https://")
+        ):
+            problems.append(
+                f"advertise_url must start with http:// or https://, got {self.advertise_url!r}"
+            )
         if self.max_peers < 1:
             problems.append(f"max_peers must be >= 1, got {self.max_peers}")
         if self.shape_bandwidth is not None and not self.shape_bandwidth > 0:
-            problems.append(f"shape_bandwidth must be > 0 bytes/s or None, got "
-                            f"{self.shape_bandwidth!r}")
+            problems.append(
+                f"shape_bandwidth must be > 0 bytes/s or None, got {self.shape_bandwidth!r}"
+            )
         if not self.shape_latency >= 0:
             problems.append(f"shape_latency must be >= 0 s, got {self.shape_latency!r}")
-        for f in ("retry_timeout", "backoff_base", "backoff_max", "backpressure_wait",
-                  "auth_window"):
+        for f in (
+            "retry_timeout",
+            "backoff_base",
+            "backoff_max",
+            "backpressure_wait",
+            "auth_window",
+        ):
             if not getattr(self, f) > 0:
                 problems.append(f"{f} must be > 0 s, got {getattr(self, f)!r}")
         if self.peer_timeout is not None and not self.peer_timeout > 0:
@@ -231,9 +260,16 @@ class HttpTransport:
             self.add_peer(peer, url)
         self._incarnation = secrets.token_hex(8)  # identity, deliberately not seeded
         self._rng = random.Random(config.seed)
-        self._verifier = (auth.Verifier(config.secret, window=config.auth_window,
-                                        max_nonces=config.max_nonces, clock=config.clock)
-                          if config.secret else None)
+        self._verifier = (
+            auth.Verifier(
+                config.secret,
+                window=config.auth_window,
+                max_nonces=config.max_nonces,
+                clock=config.clock,
+            )
+            if config.secret
+            else None
+        )
         self._out: dict[tuple[str, str], _OutStream] = {}
         self._inboxes: dict[tuple[str, str], Inbox] = {}
         self._streams: dict[tuple[str, str], StreamState] = {}
@@ -255,7 +291,7 @@ class HttpTransport:
         self._port: int | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
-    async def start(self) -> "HttpTransport":
+    async def start(self) -> HttpTransport:
         """Start serving and open the client session. Must run inside an event loop."""
         if self._runner is not None:
             return self
@@ -268,8 +304,13 @@ class HttpTransport:
         app.router.add_post(BYE_PATH, self._handle_bye)
         app.router.add_get("/healthz", self._handle_health)
         app.router.add_get("/metrics", self._handle_metrics)
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                               read_bufsize=cfg.read_bufsize, shutdown_timeout=1.0)
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            access_log=None,
+            read_bufsize=cfg.read_bufsize,
+            shutdown_timeout=1.0,
+        )
         await runner.setup()
         try:
             site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=cfg.ssl_server)
@@ -283,10 +324,13 @@ class HttpTransport:
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
-            read_bufsize=1 << 16, auto_decompress=False, skip_auto_headers=("User-Agent",))
+            read_bufsize=1 << 16,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
         return self
 
-    async def __aenter__(self) -> "HttpTransport":
+    async def __aenter__(self) -> HttpTransport:
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
@@ -334,7 +378,9 @@ class HttpTransport:
     def add_peer(self, name: str, url: str) -> None:
         """Address ``name`` at ``url`` (``http(s)://host:port``); replaces an older URL."""
         if not isinstance(name, str) or not name or "\n" in name or name == self._cfg.name:
-            raise ValueError(f"peer name must be a non-empty string other than our own, got {name!r}")
+            raise ValueError(
+                f"peer name must be a non-empty string other than our own, got {name!r}"
+            )
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise ValueError(f"peer {name!r}: url must start with http:// or https://, got {url!r}")
         self._peers[name] = url.rstrip("/")
@@ -358,7 +404,8 @@ class HttpTransport:
         if url is None:
             raise UnknownPeerError(
                 f"{self.name!r} has no peer {peer!r}; known peers: {sorted(self._peers)} "
-                "(add it with add_peer(name, url))")
+                "(add it with add_peer(name, url))"
+            )
         return url
 
     async def send(self, peer: str, channel: str, frame: Frame) -> None:
@@ -371,14 +418,25 @@ class HttpTransport:
             self._check(peer)
             msg_id = out.next_id
             out.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
-            frame = frame.replace(sender=self.name, channel=channel, msg_id=msg_id,
-                                  spec_hash=self.spec_hash or frame.spec_hash)
+            frame = frame.replace(
+                sender=self.name,
+                channel=channel,
+                msg_id=msg_id,
+                spec_hash=self.spec_hash or frame.spec_hash,
+            )
             parts = codec.encode_parts(frame)
             chunks = chunking.split(parts, self._cfg.chunk_bytes)
             total = sum(chunking.total_size(v) for _, v in chunks)
-            routing = {H_SENDER: self.name, H_INC: self._incarnation, H_CHANNEL: channel,
-                       H_ID: str(msg_id), H_CHUNKS: str(len(chunks)), H_TOTAL: str(total),
-                       H_SPEC: frame.spec_hash, H_REPLY: self._cfg.advertise_url or self.url}
+            routing = {
+                H_SENDER: self.name,
+                H_INC: self._incarnation,
+                H_CHANNEL: channel,
+                H_ID: str(msg_id),
+                H_CHUNKS: str(len(chunks)),
+                H_TOTAL: str(total),
+                H_SPEC: frame.spec_hash,
+                H_REPLY: self._cfg.advertise_url or self.url,
+            }
             digests: dict[int, str] = {}
             i = 0
             while i < len(chunks):
@@ -409,14 +467,22 @@ class HttpTransport:
                 raise TransportClosedError(f"transport of {self.name!r} is closed")
             why = self._lost.get(peer)
             raise TransportClosedError(
-                f"{why}; no frame pending on {channel!r}" if why else
-                f"peer {peer!r} closed its transport with no frame pending on {channel!r}")
+                f"{why}; no frame pending on {channel!r}"
+                if why
+                else f"peer {peer!r} closed its transport with no frame pending on {channel!r}"
+            )
         return frame
 
     # -- sending -----------------------------------------------------------------------------
-    async def _post_chunk(self, peer: str, url: str, routing: dict[str, str],
-                          chunks: list[tuple[int, list[memoryview]]], i: int,
-                          digests: dict[int, str]) -> int:
+    async def _post_chunk(
+        self,
+        peer: str,
+        url: str,
+        routing: dict[str, str],
+        chunks: list[tuple[int, list[memoryview]]],
+        i: int,
+        digests: dict[int, str],
+    ) -> int:
         """Post chunk ``i`` until acknowledged; returns the index of the next chunk to send.
 
         Chunks of at least ``bulk_min_bytes`` take the bulk path (`_post_bulk`); its answers
@@ -443,8 +509,11 @@ class HttpTransport:
                 headers["Content-Type"] = "application/octet-stream"
             if cfg.secret:
                 if i not in digests:
-                    digests[i] = (auth.body_digest(views) if size < _INLINE_BYTES else
-                                  await asyncio.to_thread(auth.body_digest, views))
+                    digests[i] = (
+                        auth.body_digest(views)
+                        if size < _INLINE_BYTES
+                        else await asyncio.to_thread(auth.body_digest, views)
+                    )
                 auth.sign(cfg.secret, "POST", FRAME_PATH, headers, digests[i], clock=cfg.clock)
             t0 = loop.time()
             self._requests[("sent", path)] = self._requests.get(("sent", path), 0) + 1
@@ -452,15 +521,17 @@ class HttpTransport:
                 if bulk:
                     status, text, waited = await self._post_bulk(peer, url, headers, views)
                 else:
-                    async with self._session.post(url + FRAME_PATH, headers=headers,
-                                                  data=self._body(peer, views)) as resp:
+                    async with self._session.post(
+                        url + FRAME_PATH, headers=headers, data=self._body(peer, views)
+                    ) as resp:
                         status, text = resp.status, await resp.text()
                         waited = float(resp.headers.get(H_WAIT, "0") or 0)
             except (aiohttp.ClientError, OSError, TimeoutError, RuntimeError, EOFError) as exc:
                 # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
                 if self._closed:
                     raise TransportClosedError(
-                        f"transport of {self.name!r} closed during send") from None
+                        f"transport of {self.name!r} closed during send"
+                    ) from None
                 if isinstance(exc, RuntimeError) and "closed" not in str(exc).lower():
                     raise
                 now = loop.time()
@@ -468,7 +539,8 @@ class HttpTransport:
                 if now >= deadline:
                     raise PeerUnavailableError(
                         f"peer {peer!r} at {url} unreachable for {cfg.retry_timeout}s "
-                        f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)") from None
+                        f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)"
+                    ) from None
                 attempt = await self._backoff(peer, attempt)
                 continue
             if status == 200:
@@ -491,8 +563,9 @@ class HttpTransport:
                 return err.index  # the receiver lost the message's start: resend in order
             raise err if not isinstance(err, _ResendFrom) else FrameError(str(err))
 
-    async def _post_bulk(self, peer: str, url: str, headers: dict[str, str],
-                         views: list[memoryview]) -> tuple[int, str, float]:
+    async def _post_bulk(
+        self, peer: str, url: str, headers: dict[str, str], views: list[memoryview]
+    ) -> tuple[int, str, float]:
         """One bulk request: ``(status, text, seconds waited for an inbox slot)``.
 
         On a new connection (TLS with the client context for https peers): the request head
@@ -511,12 +584,16 @@ class HttpTransport:
             if self._bulk_ssl is None:
                 self._bulk_ssl = self._cfg.ssl_client or ssl.create_default_context()
             ctx = self._bulk_ssl
-        head = _request_head("POST", FRAME_PATH, u.netloc, {
-            **headers, "Connection": "Upgrade", "Upgrade": BULK_PROTOCOL})
+        head = _request_head(
+            "POST",
+            FRAME_PATH,
+            u.netloc,
+            {**headers, "Connection": "Upgrade", "Upgrade": BULK_PROTOCOL},
+        )
         async with asyncio.timeout(10.0):  # as the session's sock_connect
             reader, writer = await asyncio.open_connection(
-                host, port, ssl=ctx, server_hostname=host if ctx else None,
-                limit=_BULK_HEAD_LIMIT)
+                host, port, ssl=ctx, server_hostname=host if ctx else None, limit=_BULK_HEAD_LIMIT
+            )
         done = False
         try:
             writer.write(head)
@@ -527,12 +604,15 @@ class HttpTransport:
                     # accepted without reading a body: a receiver that ignores the upgrade
                     raise TransportError(
                         f"peer {peer!r} does not support the bulk path ({BULK_PROTOCOL}): "
-                        "update it, or set bulk_min_bytes=None on this sender")
+                        "update it, or set bulk_min_bytes=None on this sender"
+                    )
                 done = True
                 return status, text, _float(rh.get(H_WAIT.lower(), "0"))
             if rh.get("upgrade", "").strip().lower() != BULK_PROTOCOL:
-                raise TransportError(f"peer {peer!r} answered 101 without upgrading to "
-                                     f"{BULK_PROTOCOL} ({rh.get('upgrade')!r})")
+                raise TransportError(
+                    f"peer {peer!r} answered 101 without upgrading to "
+                    f"{BULK_PROTOCOL} ({rh.get('upgrade')!r})"
+                )
             async for piece in self._body(peer, views):
                 writer.write(piece)
                 await writer.drain()
@@ -551,9 +631,11 @@ class HttpTransport:
         piece = self._cfg.write_piece_bytes
         bandwidth, latency = self._cfg.shape_bandwidth, self._cfg.shape_latency
         if bandwidth is None and not latency:
+
             async def gen():
                 for p in chunking.pieces(views, piece):
                     yield p
+
             return gen()
 
         async def shaped():
@@ -566,12 +648,13 @@ class HttpTransport:
                     self._wire_free[peer] = end = start + len(p) / bandwidth
                     await asyncio.sleep(end - loop.time())
                 yield p
+
         return shaped()
 
     async def _backoff(self, peer: str, attempt: int) -> int:
         self._retries[peer] = self._retries.get(peer, 0) + 1
         cfg = self._cfg
-        delay = min(cfg.backoff_max, cfg.backoff_base * (2 ** attempt))
+        delay = min(cfg.backoff_max, cfg.backoff_base * (2**attempt))
         delay *= 0.5 + 0.5 * self._rng.random()
         try:
             await asyncio.wait_for(self._closed_event.wait(), delay)
@@ -591,7 +674,8 @@ class HttpTransport:
         if status == 401:
             return AuthenticationError(
                 f"{where}: check that both parties share the same secret, that {peer!r} lists "
-                f"{self.name!r} among its peers, and that clocks agree within the replay window")
+                f"{self.name!r} among its peers, and that clocks agree within the replay window"
+            )
         if status == 413:
             return PayloadTooLargeError(f"{where}: {text}")
         if status in (400, 409, 410, 411, 422):
@@ -601,11 +685,13 @@ class HttpTransport:
     async def _say_bye(self, url: str) -> None:
         headers = {H_SENDER: self.name, H_INC: self._incarnation, "Content-Length": "0"}
         if self._cfg.secret:
-            auth.sign(self._cfg.secret, "POST", BYE_PATH, headers, auth.EMPTY_SHA,
-                      clock=self._cfg.clock)
+            auth.sign(
+                self._cfg.secret, "POST", BYE_PATH, headers, auth.EMPTY_SHA, clock=self._cfg.clock
+            )
         try:
-            async with self._session.post(url + BYE_PATH, headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=0.5)) as resp:
+            async with self._session.post(
+                url + BYE_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=0.5)
+            ) as resp:
                 await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError):
             pass  # best effort: a peer that is gone needs no goodbye
@@ -618,14 +704,17 @@ class HttpTransport:
             box.closed = self._closed
         return box
 
-    def _refusal(self, r: _Refuse) -> "_Reply":
+    def _refusal(self, r: _Refuse) -> _Reply:
         self._refused[r.reason] = self._refused.get(r.reason, 0) + 1
         if r.status == 401:
             log.info("%s: refused request (401): %s", self.name, r.text)
             return _Reply(401, "unauthorized")
         if r.extra:
-            return _Reply(r.status, orjson.dumps({"error": r.text, **r.extra}).decode(),
-                          content_type="application/json")
+            return _Reply(
+                r.status,
+                orjson.dumps({"error": r.text, **r.extra}).decode(),
+                content_type="application/json",
+            )
         return _Reply(r.status, r.text)
 
     def _refuse(self, r: _Refuse) -> web.Response:
@@ -652,8 +741,11 @@ class HttpTransport:
             raise _Refuse(401, "unauthenticated", f"unknown {sender!r}: {exc}") from None
         url = request.headers.get(H_REPLY, "")
         if len(self._peers) >= self._cfg.max_peers:
-            raise _Refuse(503, "too_many_peers",
-                          f"{self.name!r} already has max_peers={self._cfg.max_peers} peers")
+            raise _Refuse(
+                503,
+                "too_many_peers",
+                f"{self.name!r} already has max_peers={self._cfg.max_peers} peers",
+            )
         try:
             self.add_peer(sender, url)
         except ValueError as exc:
@@ -666,8 +758,9 @@ class HttpTransport:
         (``Upgrade: tandem-frame/1``, body raw after the 101). Both run `_receive`; only where
         the body comes from (`_PlainBody`, `_BulkBody`) and how the reply travels differ."""
         bulk = request.headers.get("Upgrade", "").strip().lower() == BULK_PROTOCOL
-        body: _PlainBody | _BulkBody = (_BulkBody(request) if bulk else
-                                        _PlainBody(request.content, request.content_length))
+        body: _PlainBody | _BulkBody = (
+            _BulkBody(request) if bulk else _PlainBody(request.content, request.content_length)
+        )
         try:
             reply = await self._receive(request, body)
         except _Refuse as r:
@@ -683,7 +776,7 @@ class HttpTransport:
             body.release()
         return body.respond(reply)
 
-    async def _receive(self, request: web.Request, body: "_PlainBody | _BulkBody") -> "_Reply":
+    async def _receive(self, request: web.Request, body: _PlainBody | _BulkBody) -> _Reply:
         if self._closed:
             raise _Refuse(503, "closing", "receiver is closing")
         sender = self._authenticate(request, FRAME_PATH)
@@ -695,18 +788,29 @@ class HttpTransport:
         if not inc:
             raise _Refuse(400, "malformed", f"missing header {H_INC}")
         msg_id, chunk, chunks, offset, total = (
-            _int_header(h, k) for k in (H_ID, H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL))
+            _int_header(h, k) for k in (H_ID, H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL)
+        )
         length = body.length()
         if total > self._cfg.max_frame_bytes:
-            raise _Refuse(413, "too_large",
-                          f"frame of {total} bytes exceeds max_frame_bytes="
-                          f"{self._cfg.max_frame_bytes} of {self.name!r}; raise it on the "
-                          "receiver or send smaller tensors")
-        if not (chunks >= 1 and 0 <= chunk < chunks and offset + length <= total
-                and (chunks > 1 or length == total)):
-            raise _Refuse(400, "malformed",
-                          f"inconsistent chunk headers: chunk {chunk} of {chunks}, offset "
-                          f"{offset} + length {length} > total {total}")
+            raise _Refuse(
+                413,
+                "too_large",
+                f"frame of {total} bytes exceeds max_frame_bytes="
+                f"{self._cfg.max_frame_bytes} of {self.name!r}; raise it on the "
+                "receiver or send smaller tensors",
+            )
+        if not (
+            chunks >= 1
+            and 0 <= chunk < chunks
+            and offset + length <= total
+            and (chunks > 1 or length == total)
+        ):
+            raise _Refuse(
+                400,
+                "malformed",
+                f"inconsistent chunk headers: chunk {chunk} of {chunks}, offset "
+                f"{offset} + length {length} > total {total}",
+            )
         spec = h.get(H_SPEC, "")
         if self.spec_hash and spec != self.spec_hash:
             raise _Refuse(409, "spec_mismatch", _spec_text(spec, self.spec_hash))
@@ -736,21 +840,33 @@ class HttpTransport:
                 t0 = time.monotonic()
                 if not await box.reserve(self._cfg.backpressure_wait):
                     reason = "closing" if box.closed else "busy"
-                    raise _Refuse(503, reason, f"receiver {reason}: inbox of {channel!r} is full"
-                                  if reason == "busy" else "receiver is closing")
+                    raise _Refuse(
+                        503,
+                        reason,
+                        f"receiver {reason}: inbox of {channel!r} is full"
+                        if reason == "busy"
+                        else "receiver is closing",
+                    )
                 waited = time.monotonic() - t0
                 part = state.partial = Partial(msg_id, chunks, total)
                 if self._cfg.reject_nonfinite and total >= _INLINE_BYTES:
                     part.scan = _FiniteScan(part.buffer)
             elif part is None or part.msg_id != msg_id or chunk != part.next_chunk:
                 expect = part.next_chunk if part is not None and part.msg_id == msg_id else 0
-                raise _Refuse(409, "out_of_order",
-                              f"chunk {chunk} of message {msg_id} is out of order; expected "
-                              f"chunk {expect}", expect_chunk=expect)
+                raise _Refuse(
+                    409,
+                    "out_of_order",
+                    f"chunk {chunk} of message {msg_id} is out of order; expected chunk {expect}",
+                    expect_chunk=expect,
+                )
             if part.chunks != chunks or part.total != total or offset != part.filled:
                 await self._drop_partial(sender, channel, state)
-                raise _Refuse(400, "malformed", "chunk headers disagree with the message's "
-                              f"first chunk (chunks {chunks}, total {total}, offset {offset})")
+                raise _Refuse(
+                    400,
+                    "malformed",
+                    "chunk headers disagree with the message's "
+                    f"first chunk (chunks {chunks}, total {total}, offset {offset})",
+                )
             t_read = time.monotonic()
             hasher = hashlib.sha256() if self._verifier is not None else None
             if part.scan is not None:
@@ -770,8 +886,7 @@ class HttpTransport:
                 return _Reply(200, "chunk", waited)
             state.partial = None
             try:
-                frame = await self._check_frame(sender, channel, msg_id, part.buffer,
-                                                part.scan)
+                frame = await self._check_frame(sender, channel, msg_id, part.buffer, part.scan)
             except BaseException:
                 await box.unreserve()
                 raise
@@ -785,9 +900,15 @@ class HttpTransport:
             state.partial = None
             await self._inbox(sender, channel).unreserve()
 
-    async def _read_into(self, body: "_PlainBody | _BulkBody", buf: memoryview, offset: int,
-                         length: int, hasher: Any = None,
-                         scan: "_FiniteScan | None" = None) -> None:
+    async def _read_into(
+        self,
+        body: _PlainBody | _BulkBody,
+        buf: memoryview,
+        offset: int,
+        length: int,
+        hasher: Any = None,
+        scan: _FiniteScan | None = None,
+    ) -> None:
         """Read exactly ``length`` body bytes into ``buf[offset:]``; with ``hasher``, also feed
         it every byte read, in order (the caller compares the digest afterwards); with
         ``scan``, NaN/Inf-scan the bytes as they come in (on the loop: see `_FiniteScan`).
@@ -810,8 +931,11 @@ class HttpTransport:
                 if scan is not None and pos - scanned >= _SCAN_STEP:
                     scan.advance(pos)  # (the bulk sink scans as it receives: nothing left)
                     scanned = pos
-                if (hasher is not None and pos - hashed >= _HASH_STEP
-                        and (pending is None or pending.done())):
+                if (
+                    hasher is not None
+                    and pos - hashed >= _HASH_STEP
+                    and (pending is None or pending.done())
+                ):
                     if pending is not None:
                         pending.result()
                     pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
@@ -830,8 +954,14 @@ class HttpTransport:
             if pending is not None and not pending.done():
                 await _wait_uncancelled(pending)
 
-    async def _check_frame(self, sender: str, channel: str, msg_id: int,
-                           buffer: memoryview, scan: "_FiniteScan | None" = None) -> Frame:
+    async def _check_frame(
+        self,
+        sender: str,
+        channel: str,
+        msg_id: int,
+        buffer: memoryview,
+        scan: _FiniteScan | None = None,
+    ) -> Frame:
         try:
             frame = codec.decode(buffer, max_bytes=self._cfg.max_frame_bytes)
         except PayloadTooLargeError as exc:
@@ -839,10 +969,13 @@ class HttpTransport:
         except FrameError as exc:
             raise _Refuse(400, "malformed", f"malformed frame: {exc}") from None
         if (frame.sender, frame.channel, frame.msg_id) != (sender, channel, msg_id):
-            raise _Refuse(400, "malformed",
-                          f"frame header (sender {frame.sender!r}, channel {frame.channel!r}, id "
-                          f"{frame.msg_id}) disagrees with the request headers ({sender!r}, "
-                          f"{channel!r}, {msg_id})")
+            raise _Refuse(
+                400,
+                "malformed",
+                f"frame header (sender {frame.sender!r}, channel {frame.channel!r}, id "
+                f"{frame.msg_id}) disagrees with the request headers ({sender!r}, "
+                f"{channel!r}, {msg_id})",
+            )
         if self.spec_hash and frame.spec_hash != self.spec_hash:
             raise _Refuse(409, "spec_mismatch", _spec_text(frame.spec_hash, self.spec_hash))
         if self._cfg.reject_nonfinite or self.validator is not None:
@@ -863,10 +996,13 @@ class HttpTransport:
                 if a.dtype.kind in "fc" and a.size:
                     finite = known.get(i) if known else None
                     if not (_all_finite(a) if finite is None else finite):
-                        raise _Refuse(422, "nonfinite",
-                                      f"array {i} of frame {frame.msg_id} on {frame.channel!r} "
-                                      "contains NaN or Inf (reject_nonfinite=True on the "
-                                      "receiver)")
+                        raise _Refuse(
+                            422,
+                            "nonfinite",
+                            f"array {i} of frame {frame.msg_id} on {frame.channel!r} "
+                            "contains NaN or Inf (reject_nonfinite=True on the "
+                            "receiver)",
+                        )
         if self.validator is not None:
             try:
                 self.validator(frame)
@@ -882,22 +1018,30 @@ class HttpTransport:
         return web.Response(text="bye")
 
     async def _handle_health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "party": self.name,
-                                  "incarnation": self._incarnation})
+        return web.json_response(
+            {"status": "ok", "party": self.name, "incarnation": self._incarnation}
+        )
 
     async def _check_alive(self, peer: str, probe_timeout: float) -> None:
         """One liveness probe of ``peer`` (see ``HttpConfig.peer_timeout``); closes its inboxes
         (an implicit goodbye of the incarnation we know) when it is gone."""
         retired = self._retired.get(peer, ())
-        known = next((st.incarnation for (s, _), st in self._streams.items()
-                      if s == peer and st.incarnation and st.incarnation not in retired), None)
+        known = next(
+            (
+                st.incarnation
+                for (s, _), st in self._streams.items()
+                if s == peer and st.incarnation and st.incarnation not in retired
+            ),
+            None,
+        )
         if known is None or self._closed:
             return  # never heard from: not lost, perhaps not started yet
         loop = asyncio.get_running_loop()
         gone = None
         try:
-            async with self._session.get(self._peers[peer] + "/healthz", timeout=aiohttp.
-                                         ClientTimeout(total=probe_timeout)) as resp:
+            async with self._session.get(
+                self._peers[peer] + "/healthz", timeout=aiohttp.ClientTimeout(total=probe_timeout)
+            ) as resp:
                 info = await resp.json(content_type=None)
             self._down_since.pop(peer, None)
             inc = info.get("incarnation") if isinstance(info, dict) else None
@@ -906,10 +1050,12 @@ class HttpTransport:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             since = self._down_since.setdefault(peer, loop.time())
             if loop.time() - since >= self._cfg.peer_timeout:
-                gone = (f"peer {peer!r} has not answered for {loop.time() - since:.0f} s "
-                        f"(peer_timeout={self._cfg.peer_timeout:g}; last: "
-                        f"{type(exc).__name__}): it stopped without saying goodbye (killed, "
-                        "or its machine or network failed)")
+                gone = (
+                    f"peer {peer!r} has not answered for {loop.time() - since:.0f} s "
+                    f"(peer_timeout={self._cfg.peer_timeout:g}; last: "
+                    f"{type(exc).__name__}): it stopped without saying goodbye (killed, "
+                    "or its machine or network failed)"
+                )
         if gone is not None:
             log.warning("%s: %s", self.name, gone)
             self._lost[peer] = gone
@@ -928,8 +1074,12 @@ class HttpTransport:
                 await box.set_closed(True)
 
     async def _handle_metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.metrics_text(), content_type="text/plain",
-                            charset="utf-8", headers={"X-Content-Type-Options": "nosniff"})
+        return web.Response(
+            text=self.metrics_text(),
+            content_type="text/plain",
+            charset="utf-8",
+            headers={"X-Content-Type-Options": "nosniff"},
+        )
 
     def metrics_text(self) -> str:
         """The ``GET /metrics`` document (Prometheus text format)."""
@@ -937,30 +1087,53 @@ class HttpTransport:
         lines: list[str] = []
         for direction, table in (("sent", self._sent), ("received", self._received)):
             lines += metrics.family(
-                f"tandem_{direction}_bytes_total", "counter", f"Frame bytes {direction} per peer",
-                [({"party": me, "peer": p}, s.bytes) for p, s in table.items()])
+                f"tandem_{direction}_bytes_total",
+                "counter",
+                f"Frame bytes {direction} per peer",
+                [({"party": me, "peer": p}, s.bytes) for p, s in table.items()],
+            )
             lines += metrics.family(
-                f"tandem_{direction}_frames_total", "counter", f"Frames {direction} per peer",
-                [({"party": me, "peer": p}, s.frames) for p, s in table.items()])
+                f"tandem_{direction}_frames_total",
+                "counter",
+                f"Frames {direction} per peer",
+                [({"party": me, "peer": p}, s.frames) for p, s in table.items()],
+            )
             lines += metrics.family(
-                f"tandem_{direction}_busy_seconds_total", "counter",
+                f"tandem_{direction}_busy_seconds_total",
+                "counter",
                 f"Seconds spent transferring frames {direction} per peer",
-                [({"party": me, "peer": p}, s.busy_seconds) for p, s in table.items()])
+                [({"party": me, "peer": p}, s.busy_seconds) for p, s in table.items()],
+            )
         lines += metrics.family(
-            "tandem_inbound_queue_depth", "gauge", "Frames waiting for recv per (peer, channel)",
-            [({"party": me, "peer": p, "channel": c}, len(b.items))
-             for (p, c), b in self._inboxes.items()])
+            "tandem_inbound_queue_depth",
+            "gauge",
+            "Frames waiting for recv per (peer, channel)",
+            [
+                ({"party": me, "peer": p, "channel": c}, len(b.items))
+                for (p, c), b in self._inboxes.items()
+            ],
+        )
         lines += metrics.family(
-            "tandem_send_retries_total", "counter", "Send retries per peer",
-            [({"party": me, "peer": p}, n) for p, n in self._retries.items()])
+            "tandem_send_retries_total",
+            "counter",
+            "Send retries per peer",
+            [({"party": me, "peer": p}, n) for p, n in self._retries.items()],
+        )
         lines += metrics.family(
-            "tandem_frame_requests_total", "counter",
+            "tandem_frame_requests_total",
+            "counter",
             "Frame requests whose body was sent or received, by path (plain POST or bulk)",
-            [({"party": me, "direction": d, "path": p}, n)
-             for (d, p), n in sorted(self._requests.items())])
+            [
+                ({"party": me, "direction": d, "path": p}, n)
+                for (d, p), n in sorted(self._requests.items())
+            ],
+        )
         lines += metrics.family(
-            "tandem_refused_requests_total", "counter", "Refused inbound requests by reason",
-            [({"party": me, "reason": r}, n) for r, n in sorted(self._refused.items())])
+            "tandem_refused_requests_total",
+            "counter",
+            "Refused inbound requests by reason",
+            [({"party": me, "reason": r}, n) for r, n in sorted(self._refused.items())],
+        )
         text = "\n".join(lines) + "\n"
         for source in self._metrics_sources:
             try:
@@ -989,19 +1162,29 @@ class _Reply:
 
     __slots__ = ("status", "text", "waited", "content_type")
 
-    def __init__(self, status: int, text: str, waited: float | None = None,
-                 content_type: str = "text/plain") -> None:
+    def __init__(
+        self, status: int, text: str, waited: float | None = None, content_type: str = "text/plain"
+    ) -> None:
         self.status, self.text, self.waited, self.content_type = (
-            status, text, waited, content_type)
+            status,
+            text,
+            waited,
+            content_type,
+        )
 
     def response(self) -> web.Response:
         headers = {H_WAIT: f"{self.waited:.6f}"} if self.waited is not None else None
-        return web.Response(status=self.status, text=self.text,
-                            content_type=self.content_type, headers=headers)
+        return web.Response(
+            status=self.status, text=self.text, content_type=self.content_type, headers=headers
+        )
 
     def line(self) -> bytes:
-        return orjson.dumps({"status": self.status, "text": self.text,
-                             "wait": round(self.waited or 0.0, 6)}) + b"\n"
+        return (
+            orjson.dumps(
+                {"status": self.status, "text": self.text, "wait": round(self.waited or 0.0, 6)}
+            )
+            + b"\n"
+        )
 
 
 class _PlainBody:
@@ -1015,8 +1198,9 @@ class _PlainBody:
             raise _Refuse(411, "malformed", "Content-Length is required")
         return self.content_length
 
-    async def begin(self, buf: memoryview, offset: int, length: int,
-                    scan: "_FiniteScan | None") -> str:
+    async def begin(
+        self, buf: memoryview, offset: int, length: int, scan: _FiniteScan | None
+    ) -> str:
         return "plain"
 
     async def fill(self, view: memoryview, pos: int, end: int, step: int) -> int:
@@ -1029,7 +1213,7 @@ class _PlainBody:
         n = len(data)
         if pos + n > end:
             raise _Refuse(400, "malformed", "body longer than Content-Length")
-        view[pos:pos + n] = data
+        view[pos : pos + n] = data
         return pos + n
 
     def release(self) -> None:
@@ -1057,20 +1241,26 @@ class _BulkBody:
 
     def length(self) -> int:
         if self.request.content_length:
-            raise _Refuse(400, "malformed", "a bulk (Upgrade) request carries no HTTP body; "
-                          f"its length goes in {H_LENGTH}")
+            raise _Refuse(
+                400,
+                "malformed",
+                f"a bulk (Upgrade) request carries no HTTP body; its length goes in {H_LENGTH}",
+            )
         return _int_header(self.request.headers, H_LENGTH)
 
-    async def begin(self, buf: memoryview, offset: int, length: int,
-                    scan: "_FiniteScan | None") -> str:
+    async def begin(
+        self, buf: memoryview, offset: int, length: int, scan: _FiniteScan | None
+    ) -> str:
         request = self.request
         transport = request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client left before the upgrade")
-        sink = _BulkSink(memoryview(buf)[offset:offset + length], request.protocol, transport,
-                         scan, offset)
-        resp = web.StreamResponse(status=101, headers={"Connection": "Upgrade",
-                                                       "Upgrade": BULK_PROTOCOL})
+        sink = _BulkSink(
+            memoryview(buf)[offset : offset + length], request.protocol, transport, scan, offset
+        )
+        resp = web.StreamResponse(
+            status=101, headers={"Connection": "Upgrade", "Upgrade": BULK_PROTOCOL}
+        )
         resp.force_close()
         transport.set_protocol(sink)
         self.sink = sink
@@ -1118,9 +1308,14 @@ class _BulkSink(asyncio.BufferedProtocol):
     are NaN/Inf-scanned as they land, while still in cache (``base``: the view's offset in
     the message)."""
 
-    def __init__(self, view: memoryview, owner: asyncio.BaseProtocol,
-                 transport: asyncio.Transport, scan: "_FiniteScan | None" = None,
-                 base: int = 0) -> None:
+    def __init__(
+        self,
+        view: memoryview,
+        owner: asyncio.BaseProtocol,
+        transport: asyncio.Transport,
+        scan: _FiniteScan | None = None,
+        base: int = 0,
+    ) -> None:
         self.view, self.owner, self.transport = view, owner, transport
         self.scan, self.base, self.scanned = scan, base, 0
         self.pos = 0
@@ -1131,7 +1326,7 @@ class _BulkSink(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         if self.pos < len(self.view):
-            return self.view[self.pos:]
+            return self.view[self.pos :]
         if self._spare is None:  # only a misbehaving client sends more than it declared
             self._spare = bytearray(1 << 12)
         return self._spare
@@ -1141,8 +1336,9 @@ class _BulkSink(asyncio.BufferedProtocol):
             self.pos += nbytes
             if self.pos == len(self.view):
                 self.transport.pause_reading()
-            if self.scan is not None and (self.pos - self.scanned >= _SCAN_STEP
-                                          or self.pos == len(self.view)):
+            if self.scan is not None and (
+                self.pos - self.scanned >= _SCAN_STEP or self.pos == len(self.view)
+            ):
                 self.scan.advance(self.base + self.pos)
                 self.scanned = self.pos
         elif self.error is None:
@@ -1151,14 +1347,20 @@ class _BulkSink(asyncio.BufferedProtocol):
         self._wake()
 
     def eof_received(self) -> bool:
-        self._fail(ConnectionResetError(
-            f"the client closed after {self.pos} of {len(self.view)} body bytes"))
+        self._fail(
+            ConnectionResetError(
+                f"the client closed after {self.pos} of {len(self.view)} body bytes"
+            )
+        )
         return False
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._fail(ConnectionResetError(
-            f"connection lost after {self.pos} of {len(self.view)} body bytes"
-            + (f" ({exc})" if exc else "")))
+        self._fail(
+            ConnectionResetError(
+                f"connection lost after {self.pos} of {len(self.view)} body bytes"
+                + (f" ({exc})" if exc else "")
+            )
+        )
         self.owner.connection_lost(exc)
 
     def _fail(self, exc: BaseException) -> None:
@@ -1197,7 +1399,9 @@ def _int_header(h: Mapping[str, str], key: str) -> int:
     if raw is None:
         raise _Refuse(400, "malformed", f"missing header {key}")
     if not raw.isascii() or not raw.isdigit() or len(raw) > 20:
-        raise _Refuse(400, "malformed", f"header {key} must be a non-negative integer, got {raw[:40]!r}")
+        raise _Refuse(
+            400, "malformed", f"header {key} must be a non-negative integer, got {raw[:40]!r}"
+        )
     return int(raw)
 
 
@@ -1251,7 +1455,7 @@ class _FiniteScan:
                     continue
                 hi = s.cut(min(s.end, upto))
                 if hi > s.checked:
-                    if not _all_finite(np.frombuffer(self.buf[s.checked:hi], s.dtype)):
+                    if not _all_finite(np.frombuffer(self.buf[s.checked : hi], s.dtype)):
                         s.bad = s.checked
                     s.checked = hi
         except Exception:  # never fail a request here: _validate checks what is not known
@@ -1263,10 +1467,10 @@ class _FiniteScan:
         if upto < codec.PREFIX_SIZE:
             return False
         try:
-            end = codec.PREFIX_SIZE + codec.parse_prefix(bytes(buf[:codec.PREFIX_SIZE]))
+            end = codec.PREFIX_SIZE + codec.parse_prefix(bytes(buf[: codec.PREFIX_SIZE]))
             if upto < end:
                 return False
-            header = codec.parse_header(buf[codec.PREFIX_SIZE:end])
+            header = codec.parse_header(buf[codec.PREFIX_SIZE : end])
         except FrameError:
             self.off = True
             return False
@@ -1392,8 +1596,7 @@ def _parse_bulk_reply(line: bytes) -> tuple[int, str, float]:
         status, text, wait = reply["status"], reply["text"], reply.get("wait", 0.0)
     except (orjson.JSONDecodeError, TypeError, KeyError):
         raise TransportError(f"malformed bulk reply {line[:80]!r}") from None
-    if not (isinstance(status, int) and isinstance(text, str)
-            and isinstance(wait, (int, float))):
+    if not (isinstance(status, int) and isinstance(text, str) and isinstance(wait, (int, float))):
         raise TransportError(f"malformed bulk reply {line[:80]!r}")
     return status, text, float(wait)
 
@@ -1406,5 +1609,7 @@ def _float(raw: str) -> float:
 
 
 def _spec_text(got: str, mine: str) -> str:
-    return (f"frame spec hash {got!r} differs from this party's {mine!r}; both parties must "
-            "negotiate the same task spec")
+    return (
+        f"frame spec hash {got!r} differs from this party's {mine!r}; both parties must "
+        "negotiate the same task spec"
+    )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any, Deque
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +34,7 @@ class Inbox:
     __slots__ = ("items", "reserved", "capacity", "closed", "cond")
 
     def __init__(self, capacity: int) -> None:
-        self.items: Deque[Frame] = collections.deque()
+        self.items: collections.deque[Frame] = collections.deque()
         self.reserved = 0
         self.capacity = capacity
         self.closed = False  # the sender said goodbye, or the local transport closed

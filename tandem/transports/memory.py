@@ -21,13 +21,13 @@ import asyncio
 import collections
 import dataclasses
 import itertools
-from typing import Deque
 
 import numpy as np
 
+from tandem.errors import TransportClosedError, UnknownPeerError
+
 from . import codec
 from .base import Frame, LinkStats
-from tandem.errors import TransportClosedError, UnknownPeerError
 
 
 @dataclasses.dataclass(slots=True)
@@ -87,7 +87,7 @@ class _Inbox:
     __slots__ = ("items", "free", "freed", "arrived", "closed")
 
     def __init__(self, capacity: int) -> None:
-        self.items: Deque[tuple[float, Frame]] = collections.deque()
+        self.items: collections.deque[tuple[float, Frame]] = collections.deque()
         self.free = capacity
         self.freed = asyncio.Event()
         self.arrived = asyncio.Event()
@@ -116,8 +116,9 @@ class MemoryNetwork:
       default: shape for links not configured with `shape`.
     """
 
-    def __init__(self, *, capacity: int = 64, copy: bool = True,
-                 default: LinkShape | None = None) -> None:
+    def __init__(
+        self, *, capacity: int = 64, copy: bool = True, default: LinkShape | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1 frame, got {capacity}")
         self.capacity = capacity
@@ -127,14 +128,21 @@ class MemoryNetwork:
         self._directions: dict[tuple[str, str], _Direction] = {}
         self._inboxes: dict[tuple[str, str, str], _Inbox] = {}
 
-    def shape(self, src: str, dst: str, *, bandwidth: float | None = None,
-              latency: float = 0.0, both: bool = False) -> None:
+    def shape(
+        self,
+        src: str,
+        dst: str,
+        *,
+        bandwidth: float | None = None,
+        latency: float = 0.0,
+        both: bool = False,
+    ) -> None:
         """Shape the direction ``src -> dst`` (and ``dst -> src`` too when ``both``)."""
         pairs = [(src, dst), (dst, src)] if both else [(src, dst)]
         for pair in pairs:
             self._direction(*pair).shape = LinkShape(bandwidth, latency)
 
-    def endpoint(self, name: str) -> "MemoryTransport":
+    def endpoint(self, name: str) -> MemoryTransport:
         """The transport of party ``name`` (created on first call, and again after it closed)."""
         if not name or not isinstance(name, str):
             raise ValueError(f"party name must be a non-empty string, got {name!r}")
@@ -149,8 +157,7 @@ class MemoryNetwork:
     def _direction(self, src: str, dst: str) -> _Direction:
         d = self._directions.get((src, dst))
         if d is None:
-            d = self._directions[(src, dst)] = _Direction(
-                dataclasses.replace(self._default))
+            d = self._directions[(src, dst)] = _Direction(dataclasses.replace(self._default))
         return d
 
     def _inbox(self, src: str, dst: str, channel: str) -> _Inbox:
@@ -211,11 +218,20 @@ class MemoryTransport:
 
     async def send(self, peer: str, channel: str, frame: Frame) -> None:
         self._check_peer(peer)
-        arrays = tuple(np.array(a, copy=True) for a in frame.arrays) if self._net.copy \
+        arrays = (
+            tuple(np.array(a, copy=True) for a in frame.arrays)
+            if self._net.copy
             else tuple(np.asarray(a) for a in frame.arrays)
+        )
         # the constructor, not dataclasses.replace: this is on every message's path
-        frame = Frame(sender=self._name, channel=channel, msg_id=next(self._ids[(peer, channel)]),
-                      spec_hash=frame.spec_hash, meta=frame.meta, arrays=arrays)
+        frame = Frame(
+            sender=self._name,
+            channel=channel,
+            msg_id=next(self._ids[(peer, channel)]),
+            spec_hash=frame.spec_hash,
+            meta=frame.meta,
+            arrays=arrays,
+        )
         size = codec.encoded_size(frame)
         box = self._net._inbox(self._name, peer, channel)
         direction = self._net._direction(self._name, peer)

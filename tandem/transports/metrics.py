@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 def _escape(value: str) -> str:
@@ -15,8 +15,9 @@ def _labels(labels: Mapping[str, str]) -> str:
     return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items()) + "}"
 
 
-def family(name: str, kind: str, help_text: str,
-           samples: Iterable[tuple[Mapping[str, str], float]]) -> list[str]:
+def family(
+    name: str, kind: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], float]]
+) -> list[str]:
     """Lines of one metric family: HELP, TYPE, then one line per (labels, value)."""
     lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value in samples:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,21 +50,25 @@ def read_aligned(path: str | os.PathLike) -> AlignedRows:
     """Read an aligned-rows file; raises `AlignmentError` naming the file and the problem
     (missing, wrong header, malformed line, negative row)."""
     if not os.path.isfile(path):
-        raise AlignmentError(f"{os.fspath(path)!r}: no such file (write it with `tandem align "
-                             "--out`)")
+        raise AlignmentError(
+            f"{os.fspath(path)!r}: no such file (write it with `tandem align --out`)"
+        )
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header != HEADER:
-            raise AlignmentError(f"{os.fspath(path)!r} must be the `tandem align --out` CSV "
-                                 f"(header row,id), got header {header}")
+            raise AlignmentError(
+                f"{os.fspath(path)!r} must be the `tandem align --out` CSV "
+                f"(header row,id), got header {header}"
+            )
         pairs = list(reader)
     try:
         rows = np.asarray([int(r[0]) for r in pairs], np.int64)
         ids = [r[1] for r in pairs]
     except (ValueError, IndexError):
-        raise AlignmentError(f"{os.fspath(path)!r} has a malformed line (expected row,id "
-                             "with an integer row)") from None
+        raise AlignmentError(
+            f"{os.fspath(path)!r} has a malformed line (expected row,id with an integer row)"
+        ) from None
     if len(rows) and rows.min() < 0:
         raise AlignmentError(f"{os.fspath(path)!r} has a negative row index")
     return AlignedRows(rows, ids)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import numbers
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import gmpy2
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -48,11 +48,15 @@ _PZ = gmpy2.mpz(_P)
 _A = gmpy2.mpz(486662)
 _MASK255 = (1 << 255) - 1
 #: u-coordinates of the points of small order (RFC 7748 section 5 and libsodium's list).
-_SMALL_ORDER = frozenset({
-    0, 1, _P - 1,
-    325606250916557431795983626356110631294008115727848805560023387167927233504,
-    39382357235489614581723060781553021112529911719440698176882885853963445705823,
-})
+_SMALL_ORDER = frozenset(
+    {
+        0,
+        1,
+        _P - 1,
+        325606250916557431795983626356110631294008115727848805560023387167927233504,
+        39382357235489614581723060781553021112529911719440698176882885853963445705823,
+    }
+)
 
 
 def canonical(value: object, *, index: int | None = None) -> bytes:
@@ -141,7 +145,7 @@ def blind_points(secret: bytes, points: bytes, keep: int = POINT_BYTES) -> bytes
     out = []
     view = memoryview(points)
     for i in range(len(points) // POINT_BYTES):
-        raw = bytes(view[i * POINT_BYTES:(i + 1) * POINT_BYTES])
+        raw = bytes(view[i * POINT_BYTES : (i + 1) * POINT_BYTES])
         u = int.from_bytes(raw, "little")
         if u >= _P or u in _SMALL_ORDER or not _on_curve(u):
             raise ProtocolError(
@@ -157,9 +161,12 @@ def match(own_doubles: bytes, peer_doubles: bytes, width: int) -> list[int]:
     """Positions ``j`` of ``own_doubles`` (``width``-byte records) found in ``peer_doubles``."""
     if len(own_doubles) % width or len(peer_doubles) % width:
         raise ProtocolError(f"doubly blinded blobs must be multiples of {width} bytes")
-    peer = {peer_doubles[i:i + width] for i in range(0, len(peer_doubles), width)}
-    return [j for j in range(len(own_doubles) // width)
-            if own_doubles[j * width:(j + 1) * width] in peer]
+    peer = {peer_doubles[i : i + width] for i in range(0, len(peer_doubles), width)}
+    return [
+        j
+        for j in range(len(own_doubles) // width)
+        if own_doubles[j * width : (j + 1) * width] in peer
+    ]
 
 
 def commitment(keys: Iterable[bytes]) -> str:

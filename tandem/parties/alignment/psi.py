@@ -34,7 +34,8 @@ import functools
 import multiprocessing
 import os
 import secrets
-from typing import Any, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,10 +88,20 @@ class AlignedIds:
             )
 
 
-async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: str,
-                rng: np.random.Generator | None, chunk_size: int = 32768, width: int = 16,
-                workers: int | None = None, window: int = 2,
-                parallel_threshold: int = 65536, max_peer_ids: int = 50_000_000) -> AlignedIds:
+async def align(
+    transport: Transport,
+    peer: str,
+    ids: Sequence[Any],
+    *,
+    role: str,
+    rng: np.random.Generator | None,
+    chunk_size: int = 32768,
+    width: int = 16,
+    workers: int | None = None,
+    window: int = 2,
+    parallel_threshold: int = 65536,
+    max_peer_ids: int = 50_000_000,
+) -> AlignedIds:
     """Privately intersect ``ids`` with ``peer``'s ids; both sides learn only the intersection.
 
     Args:
@@ -117,7 +128,8 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
     if chunk_size < 1 or not 1 <= width <= ecdh.POINT_BYTES or window < 1:
         raise AlignmentConfigError(
             f"need chunk_size >= 1, 1 <= width <= 32, window >= 1; got chunk_size={chunk_size}, "
-            f"width={width}, window={window}")
+            f"width={width}, window={window}"
+        )
     keys, rows, duplicates = await asyncio.to_thread(ecdh.canonicalise, ids)
     if rng is None:
         secret = secrets.token_bytes(32)
@@ -126,15 +138,26 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
         secret = rng.bytes(32)
         perm = rng.permutation(len(keys))
 
-    await transport.send(peer, CH_HELLO, Frame(meta={
-        "scheme": ecdh.SCHEME, "version": VERSION, "role": role, "count": len(keys),
-        "width": width}))
+    await transport.send(
+        peer,
+        CH_HELLO,
+        Frame(
+            meta={
+                "scheme": ecdh.SCHEME,
+                "version": VERSION,
+                "role": role,
+                "count": len(keys),
+                "width": width,
+            }
+        ),
+    )
     hello = await transport.recv(peer, CH_HELLO)
     peer_count = _check_hello(hello.meta, role, width)
     if peer_count > max_peer_ids:
         raise ProtocolError(
             f"peer announced {peer_count} ids, more than max_peer_ids={max_peer_ids}; raise "
-            "max_peer_ids if that many is expected")
+            "max_peer_ids if that many is expected"
+        )
 
     n_workers = _pool_size(workers, max(len(keys), peer_count), parallel_threshold)
     pool = _make_pool(n_workers)
@@ -148,30 +171,41 @@ async def align(transport: Transport, peer: str, ids: Sequence[Any], *, role: st
     try:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_send_own(transport, peer, keys, perm, chunk_size, window, run))
-            tg.create_task(_serve_peer(transport, peer, peer_count, width, window, run,
-                                       peer_doubles))
+            tg.create_task(
+                _serve_peer(transport, peer, peer_count, width, window, run, peer_doubles)
+            )
             tg.create_task(_recv_doubles(transport, peer, len(keys), width, own_doubles))
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(pool.shutdown, wait=True)
 
     chosen, commit = await asyncio.to_thread(
-        _intersection, bytes(own_doubles), bytes(peer_doubles), width, perm, keys)
+        _intersection, bytes(own_doubles), bytes(peer_doubles), width, perm, keys
+    )
     await transport.send(peer, CH_DONE, Frame(meta={"size": len(chosen), "commitment": commit}))
     done = (await transport.recv(peer, CH_DONE)).meta
     if done.get("size") != len(chosen) or done.get("commitment") != commit:
         raise AlignmentMismatchError(
             f"{peer!r} found an intersection of {done.get('size')} ids (commitment "
             f"{done.get('commitment')}) but this party found {len(chosen)} ({commit}); the "
-            "parties ran different id sets concurrently or one side is faulty: re-run both")
+            "parties ran different id sets concurrently or one side is faulty: re-run both"
+        )
     aligned_rows = np.asarray(rows, dtype=np.int64)[np.asarray(chosen, dtype=np.int64)]
     local_ids = await asyncio.to_thread(lambda: tuple(ids[int(r)] for r in aligned_rows))
-    return AlignedIds(ids=local_ids, rows=aligned_rows, size=len(chosen), commitment=commit,
-                      local_count=len(keys), peer_count=peer_count, duplicates=duplicates)
+    return AlignedIds(
+        ids=local_ids,
+        rows=aligned_rows,
+        size=len(chosen),
+        commitment=commit,
+        local_count=len(keys),
+        peer_count=peer_count,
+        duplicates=duplicates,
+    )
 
 
-def _intersection(own_doubles: bytes, peer_doubles: bytes, width: int, perm: np.ndarray,
-                  keys: list[bytes]) -> tuple[list[int], str]:
+def _intersection(
+    own_doubles: bytes, peer_doubles: bytes, width: int, perm: np.ndarray, keys: list[bytes]
+) -> tuple[list[int], str]:
     """Indices into ``keys`` of the common ids, in the agreed (canonical) order, and the
     commitment to them. Runs off the loop (sorting a large intersection takes a while)."""
     hits = ecdh.match(own_doubles, peer_doubles, width)
@@ -183,15 +217,18 @@ def _check_hello(meta: Mapping[str, Any], role: str, width: int) -> int:
     if meta.get("scheme") != ecdh.SCHEME or meta.get("version") != VERSION:
         raise ProtocolError(
             f"peer runs PSI scheme {meta.get('scheme')!r} version {meta.get('version')!r}; this "
-            f"party runs {ecdh.SCHEME!r} version {VERSION}: upgrade the older side")
+            f"party runs {ecdh.SCHEME!r} version {VERSION}: upgrade the older side"
+        )
     if meta.get("role") == role or meta.get("role") not in ROLES:
         raise ProtocolError(
             f"both parties (or an unknown one) claim role {meta.get('role')!r}; start one as "
-            "'leader' and the other as 'follower'")
+            "'leader' and the other as 'follower'"
+        )
     if meta.get("width") != width:
         raise ProtocolError(
             f"peer keeps {meta.get('width')!r} bytes of each doubly blinded value, this party "
-            f"{width}: pass the same width on both sides")
+            f"{width}: pass the same width on both sides"
+        )
     count = meta.get("count")
     if not isinstance(count, int) or isinstance(count, bool) or count < 0:
         raise ProtocolError(f"peer announced an invalid id count {count!r}")
@@ -210,11 +247,15 @@ def _make_pool(n_workers: int) -> concurrent.futures.Executor:
     if n_workers <= 1:
         return concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tandem-psi")
     return concurrent.futures.ProcessPoolExecutor(
-        n_workers, mp_context=multiprocessing.get_context("spawn"))
+        n_workers, mp_context=multiprocessing.get_context("spawn")
+    )
 
 
-async def _pipeline(feed: Callable[[Callable[[asyncio.Future], Awaitable[None]]], Awaitable[None]],
-                    sink: Callable[[bytes], Awaitable[None]], window: int) -> None:
+async def _pipeline(
+    feed: Callable[[Callable[[asyncio.Future], Awaitable[None]]], Awaitable[None]],
+    sink: Callable[[bytes], Awaitable[None]],
+    window: int,
+) -> None:
     """Run ``feed(put)``, which submits curve work and ``put``s its futures in order, while
     results are awaited in that order and passed to ``sink``.
 
@@ -258,14 +299,21 @@ def _discard(fut: asyncio.Future | None) -> None:
         fut.cancel()
 
 
-async def _send_own(transport: Transport, peer: str, keys: list[bytes], perm: np.ndarray,
-                    chunk_size: int, window: int, run) -> None:
+async def _send_own(
+    transport: Transport,
+    peer: str,
+    keys: list[bytes],
+    perm: np.ndarray,
+    chunk_size: int,
+    window: int,
+    run,
+) -> None:
     """Hash, blind and send our ids in shuffled order."""
     offset = 0
 
     async def feed(put) -> None:
         for start in range(0, len(keys), chunk_size):
-            chunk = [keys[int(i)] for i in perm[start:start + chunk_size]]
+            chunk = [keys[int(i)] for i in perm[start : start + chunk_size]]
             await put(run(ecdh.hash_and_blind, chunk))
 
     async def sink(blob: bytes) -> None:
@@ -275,16 +323,24 @@ async def _send_own(transport: Transport, peer: str, keys: list[bytes], perm: np
     await _pipeline(feed, sink, window)
 
 
-async def _serve_peer(transport: Transport, peer: str, count: int, width: int, window: int,
-                      run, peer_doubles: bytearray) -> None:
+async def _serve_peer(
+    transport: Transport,
+    peer: str,
+    count: int,
+    width: int,
+    window: int,
+    run,
+    peer_doubles: bytearray,
+) -> None:
     """Blind the peer's points with our scalar, keep them and return them in order."""
     sent = 0
 
     async def feed(put) -> None:
         received = 0
         while received < count:
-            points = _points_of(await transport.recv(peer, CH_BLINDED), ecdh.POINT_BYTES,
-                                received, count)
+            points = _points_of(
+                await transport.recv(peer, CH_BLINDED), ecdh.POINT_BYTES, received, count
+            )
             received += len(points) // ecdh.POINT_BYTES
             await put(run(ecdh.blind_points, points, width))
 
@@ -296,8 +352,9 @@ async def _serve_peer(transport: Transport, peer: str, count: int, width: int, w
     await _pipeline(feed, sink, window)
 
 
-async def _recv_doubles(transport: Transport, peer: str, count: int, width: int,
-                        out: bytearray) -> None:
+async def _recv_doubles(
+    transport: Transport, peer: str, count: int, width: int, out: bytearray
+) -> None:
     received = 0
     while received < count:
         blob = _points_of(await transport.recv(peer, CH_DOUBLE), width, received, count)
@@ -305,8 +362,9 @@ async def _recv_doubles(transport: Transport, peer: str, count: int, width: int,
         received += len(blob) // width
 
 
-async def _send_points(transport: Transport, peer: str, channel: str, blob: bytes, width: int,
-                       offset: int) -> int:
+async def _send_points(
+    transport: Transport, peer: str, channel: str, blob: bytes, width: int, offset: int
+) -> int:
     n = len(blob) // width
     arr = np.frombuffer(blob, dtype=np.uint8).reshape(n, width)
     await transport.send(peer, channel, Frame(meta={"offset": offset}, arrays=(arr,)))
@@ -322,12 +380,15 @@ def _points_of(frame: Frame, width: int, offset: int, count: int) -> bytes:
     if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape[1] != width or arr.shape[0] == 0:
         raise ProtocolError(
             f"{ch} frame holds a {arr.dtype} array of shape {arr.shape}; expected uint8 [k, "
-            f"{width}] with k >= 1")
+            f"{width}] with k >= 1"
+        )
     if frame.meta.get("offset") != offset:
         raise ProtocolError(
             f"{ch} frame starts at record {frame.meta.get('offset')!r}, expected {offset} "
-            "(chunks lost or reordered)")
+            "(chunks lost or reordered)"
+        )
     if offset + arr.shape[0] > count:
         raise ProtocolError(
-            f"{ch} frames carry more than the {count} records announced in the hello")
+            f"{ch} frames carry more than the {count} records announced in the hello"
+        )
     return arr.tobytes()

@@ -34,7 +34,7 @@ process may use only one CPU, nothing changes.
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from tandem.errors import ConfigError
 
@@ -72,8 +72,9 @@ def _init_jax() -> None:
     jnp.zeros(1).block_until_ready()
 
 
-def colocate_python_threads(cpu: int | str | None = None, *,
-                            environ: Mapping[str, str] = os.environ) -> int | None:
+def colocate_python_threads(
+    cpu: int | str | None = None, *, environ: Mapping[str, str] = os.environ
+) -> int | None:
     """Pin the calling thread (and the threads it starts later) to one CPU.
 
     Args:
@@ -99,11 +100,15 @@ def colocate_python_threads(cpu: int | str | None = None, *,
         try:
             target = int(choice)
         except ValueError:
-            raise ConfigError(f"{ENV}={choice!r} is not understood: use 'auto', 'off' or a CPU "
-                              f"number from {sorted(allowed)}") from None
+            raise ConfigError(
+                f"{ENV}={choice!r} is not understood: use 'auto', 'off' or a CPU "
+                f"number from {sorted(allowed)}"
+            ) from None
         if target not in allowed:
-            raise ConfigError(f"{ENV}={target} names a CPU this process may not use; allowed: "
-                              f"{sorted(allowed)} (or 'auto', 'off')")
+            raise ConfigError(
+                f"{ENV}={target} names a CPU this process may not use; allowed: "
+                f"{sorted(allowed)} (or 'auto', 'off')"
+            )
     if len(allowed) < 2:
         return None
     _init_jax()

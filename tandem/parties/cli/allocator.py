@@ -51,8 +51,9 @@ def _mallopt():
     return fn
 
 
-def tune_allocator(mmap_threshold: int = 4 << 20,
-                   trim_threshold: int = 128 << 20) -> dict[str, int]:
+def tune_allocator(
+    mmap_threshold: int = 4 << 20, trim_threshold: int = 128 << 20
+) -> dict[str, int]:
     """Set glibc's mmap and trim thresholds (see the module docstring); idempotent.
 
     Returns the settings applied, by environment-variable name (empty where none could be:
@@ -60,8 +61,9 @@ def tune_allocator(mmap_threshold: int = 4 << 20,
     threshold glibc would refuse (mmap_threshold above 32 MiB on 64-bit, or negative).
     """
     if not 0 <= mmap_threshold <= 32 << 20:
-        raise ValueError(f"mmap_threshold must be in [0, 32 MiB] (glibc's limit on 64-bit), "
-                         f"got {mmap_threshold}")
+        raise ValueError(
+            f"mmap_threshold must be in [0, 32 MiB] (glibc's limit on 64-bit), got {mmap_threshold}"
+        )
     if not 0 <= trim_threshold < 1 << 31:
         raise ValueError(f"trim_threshold must be in [0, 2 GiB), got {trim_threshold}")
     mallopt = _mallopt()

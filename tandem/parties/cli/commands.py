@@ -10,10 +10,11 @@ import argparse
 import asyncio
 import importlib
 import sys
-from typing import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from tandem import __version__
 from tandem.errors import ConfigError
+
 from .allocator import tune_allocator
 
 #: Modules providing ``register(subparsers)``; each adds its own sub-commands.
@@ -61,8 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return run_async(lambda: args.func(args),
-                         colocate_threads=getattr(args, "colocate_threads", False))
+        return run_async(
+            lambda: args.func(args), colocate_threads=getattr(args, "colocate_threads", False)
+        )
     except KeyboardInterrupt:
         return 130
     except ConfigError as exc:  # a process-wide setting refused before the command started

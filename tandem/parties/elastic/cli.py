@@ -12,7 +12,6 @@ Config files are TOML (read through fsspec, so any fsspec URL works). See
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -30,9 +29,11 @@ log = logging.getLogger(__name__)
 def register(sub) -> None:
     p = sub.add_parser("elastic", help="elastic training: coordinator, data servers, workers")
     roles = p.add_subparsers(dest="role", metavar="ROLE", required=True)
-    for role, fn, text in (("coordinator", _coordinator, "survival detection + batch ledger"),
-                           ("data-server", _data_server, "one shard + a parameter server"),
-                           ("worker", _worker, "a stateless worker")):
+    for role, fn, text in (
+        ("coordinator", _coordinator, "survival detection + batch ledger"),
+        ("data-server", _data_server, "one shard + a parameter server"),
+        ("worker", _worker, "a stateless worker"),
+    ):
         r = roles.add_parser(role, help=text)
         r.add_argument("--config", required=True, help="TOML file (path or fsspec URL)")
         r.add_argument("-v", "--verbose", action="store_true")
@@ -45,8 +46,9 @@ def register(sub) -> None:
     d.add_argument("--epochs", type=int, default=5)
     d.add_argument("--rows", type=int, default=512, help="rows per shard")
     d.add_argument("--interval", type=float, default=0.1, help="detection interval T (s)")
-    d.add_argument("--churn", action="store_true",
-                   help="kill a worker and add a new one during training")
+    d.add_argument(
+        "--churn", action="store_true", help="kill a worker and add a new one during training"
+    )
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--plot", metavar="PNG", help="save the loss per epoch and the detections")
     d.set_defaults(func=_demo)
@@ -58,8 +60,7 @@ def register(sub) -> None:
 
 
 # -- config ----------------------------------------------------------------------------------
-def load_config(url: str, required: dict[str, type], optional: dict[str, type]
-                ) -> dict[str, Any]:
+def load_config(url: str, required: dict[str, type], optional: dict[str, type]) -> dict[str, Any]:
     """Read a TOML config and check its keys and types; errors name the key and the fix."""
     from .spec import _read
 
@@ -69,18 +70,18 @@ def load_config(url: str, required: dict[str, type], optional: dict[str, type]
         raise ConfigError(f"config {url!r} is not valid TOML: {exc}") from None
     unknown = set(cfg) - set(required) - set(optional)
     if unknown:
-        raise ConfigError(f"config {url!r}: unknown key(s) {sorted(unknown)}; accepted: "
-                          f"{sorted(set(required) | set(optional))}")
+        raise ConfigError(
+            f"config {url!r}: unknown key(s) {sorted(unknown)}; accepted: "
+            f"{sorted(set(required) | set(optional))}"
+        )
     for key, kind in {**required, **optional}.items():
         if key not in cfg:
             if key in required:
-                raise ConfigError(f"config {url!r} lacks required key {key!r} "
-                                  f"({kind.__name__})")
+                raise ConfigError(f"config {url!r} lacks required key {key!r} ({kind.__name__})")
             continue
         ok = isinstance(cfg[key], kind) or (kind is float and isinstance(cfg[key], int))
         if not ok or (kind in (int, float) and isinstance(cfg[key], bool)):
-            raise ConfigError(f"config {url!r}: {key!r} must be {kind.__name__}, got "
-                              f"{cfg[key]!r}")
+            raise ConfigError(f"config {url!r}: {key!r} must be {kind.__name__}, got {cfg[key]!r}")
     return cfg
 
 
@@ -91,16 +92,24 @@ def _http(cfg: dict[str, Any], peers: dict[str, str], *, admit_unknown: bool = F
     from tandem.transports.http import HttpConfig, HttpTransport
 
     secret = cfg.get("secret")
-    return HttpTransport(HttpConfig(name=cfg["name"], host=cfg.get("host", "127.0.0.1"),
-                                    port=cfg.get("port", 0), peers=peers,
-                                    secret=secret.encode() if secret else None,
-                                    advertise_url=cfg.get("advertise_url"),
-                                    admit_unknown=admit_unknown))
+    return HttpTransport(
+        HttpConfig(
+            name=cfg["name"],
+            host=cfg.get("host", "127.0.0.1"),
+            port=cfg.get("port", 0),
+            peers=peers,
+            secret=secret.encode() if secret else None,
+            advertise_url=cfg.get("advertise_url"),
+            admit_unknown=admit_unknown,
+        )
+    )
 
 
 def _logging(args) -> None:
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
 
 
 def _fail(exc: Exception) -> int:
@@ -115,21 +124,37 @@ async def _coordinator(args) -> int:
 
     _logging(args)
     try:
-        cfg = load_config(args.config, {"name": str, "data_servers": dict},
-                          {**_TRANSPORT_KEYS, "interval": float, "timeout": float,
-                           "drain": float, "epochs": int, "min_workers": int, "workers": dict,
-                           "roster": str, "admit_workers": bool})
+        cfg = load_config(
+            args.config,
+            {"name": str, "data_servers": dict},
+            {
+                **_TRANSPORT_KEYS,
+                "interval": float,
+                "timeout": float,
+                "drain": float,
+                "epochs": int,
+                "min_workers": int,
+                "workers": dict,
+                "roster": str,
+                "admit_workers": bool,
+            },
+        )
         admit = cfg.get("admit_workers", "secret" in cfg)
         if admit and "secret" not in cfg:
-            raise ConfigError(f"config {args.config!r}: admit_workers = true needs a secret "
-                              "(workers prove they may join by signing with it); set secret "
-                              "or list the workers in [workers] / roster")
+            raise ConfigError(
+                f"config {args.config!r}: admit_workers = true needs a secret "
+                "(workers prove they may join by signing with it); set secret "
+                "or list the workers in [workers] / roster"
+            )
         ccfg = CoordinatorConfig(
             data_servers=tuple(cfg["data_servers"]),
             data_server_urls=tuple(cfg["data_servers"].items()),
-            interval=float(cfg.get("interval", 1.0)), timeout=cfg.get("timeout"),
-            drain=cfg.get("drain"), epochs=cfg.get("epochs", 1),
-            min_workers=cfg.get("min_workers", 1))
+            interval=float(cfg.get("interval", 1.0)),
+            timeout=cfg.get("timeout"),
+            drain=cfg.get("drain"),
+            epochs=cfg.get("epochs", 1),
+            min_workers=cfg.get("min_workers", 1),
+        )
     except TandemError as exc:
         return _fail(exc)
 
@@ -149,8 +174,11 @@ async def _coordinator(args) -> int:
         if key != last.get("k"):
             last["k"] = key
             loss = f" loss {p.loss:.4f}" if p.loss is not None else ""
-            print(f"epoch {p.epoch} committed {p.committed}/{p.total} live {p.live} "
-                  f"gen {p.generation} rollbacks {p.rollbacks}{loss}", flush=True)
+            print(
+                f"epoch {p.epoch} committed {p.committed}/{p.total} live {p.live} "
+                f"gen {p.generation} rollbacks {p.rollbacks}{loss}",
+                flush=True,
+            )
 
     async with _http(cfg, {**cfg["data_servers"], **roster()}, admit_unknown=admit) as t:
         coord = Coordinator(t, ccfg, on_progress=progress)
@@ -174,13 +202,18 @@ async def _coordinator(args) -> int:
             failed.extend(group.exceptions)
         if failed:
             return _fail(failed[0])
-    summary["events"] = [(t_, kind, detail) for t_, kind, detail in coord.events
-                         if kind in ("removed", "joined", "rollback", "epoch")]
+    summary["events"] = [
+        (t_, kind, detail)
+        for t_, kind, detail in coord.events
+        if kind in ("removed", "joined", "rollback", "epoch")
+    ]
     if args.summary:
         with open(args.summary, "w") as f:
             json.dump(summary, f)
-    print(f"done: {summary['epochs']} epochs, {summary['rollbacks']} rollbacks, "
-          f"loss {summary['initial_loss']:.4f} -> {summary['history'][-1]['loss']:.4f}")
+    print(
+        f"done: {summary['epochs']} epochs, {summary['rollbacks']} rollbacks, "
+        f"loss {summary['initial_loss']:.4f} -> {summary['history'][-1]['loss']:.4f}"
+    )
     return 0
 
 
@@ -190,19 +223,24 @@ async def _data_server(args) -> int:
 
     _logging(args)
     try:
-        cfg = load_config(args.config, {"name": str, "coordinator": str, "model": str,
-                                        "shard": str},
-                          {**_TRANSPORT_KEYS, "coordinator_name": str})
+        cfg = load_config(
+            args.config,
+            {"name": str, "coordinator": str, "model": str, "shard": str},
+            {**_TRANSPORT_KEYS, "coordinator_name": str},
+        )
         spec = load_spec(cfg["model"])
         shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
-        ds = DataServer(t, coordinator=coord, spec=spec, shard=shard,
-                        url=cfg.get("advertise_url", t.url))
-        print(f"{cfg['name']}: serving {len(shard.y)} rows "
-              f"({ds.n_batches} batches) on {t.url}", flush=True)
+        ds = DataServer(
+            t, coordinator=coord, spec=spec, shard=shard, url=cfg.get("advertise_url", t.url)
+        )
+        print(
+            f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
+            flush=True,
+        )
         await ds.run()
     return 0
 
@@ -212,17 +250,23 @@ async def _worker(args) -> int:
 
     _logging(args)
     try:
-        cfg = load_config(args.config, {"name": str, "coordinator": str},
-                          {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float,
-                           "join_timeout": float})
+        cfg = load_config(
+            args.config,
+            {"name": str, "coordinator": str},
+            {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float, "join_timeout": float},
+        )
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
         try:  # the worker checks its own settings; name the file they came from
-            worker = Worker(t, coordinator=coord, heartbeat=float(cfg.get("heartbeat", 0.3)),
-                            url=cfg.get("advertise_url", t.url),
-                            join_timeout=float(cfg.get("join_timeout", 60.0)))
+            worker = Worker(
+                t,
+                coordinator=coord,
+                heartbeat=float(cfg.get("heartbeat", 0.3)),
+                url=cfg.get("advertise_url", t.url),
+                join_timeout=float(cfg.get("join_timeout", 60.0)),
+            )
         except ValueError as exc:
             return _fail(ConfigError(f"config {args.config!r}: {exc}"))
         print(f"{cfg['name']}: worker on {t.url}", flush=True)
@@ -265,20 +309,34 @@ async def _demo(args) -> int:
         bar = None
     else:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-        bar = Progress(TextColumn("{task.description}"), BarColumn(),
-                       TextColumn("{task.completed}/{task.total} batches"), TimeElapsedColumn())
+
+        bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} batches"),
+            TimeElapsedColumn(),
+        )
         job = bar.add_task("elastic", total=total)
 
     def progress(p) -> None:
         if bar is not None:
             per = total // args.epochs
             loss = f" loss {p.loss:.3f}" if p.loss is not None else ""
-            bar.update(job, completed=min(total, p.epoch * per + p.committed),
-                       description=f"epoch {p.epoch} live {p.live} gen {p.generation} "
-                                   f"rollbacks {p.rollbacks}{loss}")
+            bar.update(
+                job,
+                completed=min(total, p.epoch * per + p.committed),
+                description=f"epoch {p.epoch} live {p.live} gen {p.generation} "
+                f"rollbacks {p.rollbacks}{loss}",
+            )
 
-    cluster = LocalCluster(spec, shards, interval=args.interval, epochs=args.epochs,
-                           workers=args.workers, on_progress=progress)
+    cluster = LocalCluster(
+        spec,
+        shards,
+        interval=args.interval,
+        epochs=args.epochs,
+        workers=args.workers,
+        on_progress=progress,
+    )
 
     async def churn(c: LocalCluster) -> None:
         if not args.churn:
@@ -296,12 +354,19 @@ async def _demo(args) -> int:
     finally:
         if bar is not None:
             bar.stop()
-    result = {"epochs": summary["epochs"], "rollbacks": summary["rollbacks"],
-              "checkpoints": summary["checkpoints"], "reissued": summary["reissued"],
-              "killed": cluster.killed, "initial_loss": round(summary["initial_loss"], 4),
-              "final_loss": round(summary["history"][-1]["loss"], 4),
-              "exactly_once": all(len(set(h["committed"])) == len(h["committed"]) ==
-                                  total // args.epochs for h in summary["history"])}
+    result = {
+        "epochs": summary["epochs"],
+        "rollbacks": summary["rollbacks"],
+        "checkpoints": summary["checkpoints"],
+        "reissued": summary["reissued"],
+        "killed": cluster.killed,
+        "initial_loss": round(summary["initial_loss"], 4),
+        "final_loss": round(summary["history"][-1]["loss"], 4),
+        "exactly_once": all(
+            len(set(h["committed"])) == len(h["committed"]) == total // args.epochs
+            for h in summary["history"]
+        ),
+    }
     if args.plot:
         await asyncio.to_thread(_plot, args.plot, summary, list(cluster.coordinator.events))
         result["plot"] = args.plot
@@ -319,8 +384,12 @@ def _plot(path: str, summary: dict, events: list) -> None:
     t0 = events[0][0] if events else 0.0
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ep = [(t - t0, loss) for t, kind, loss in events if kind == "epoch"]
-    ax.plot([0.0] + [t for t, _ in ep], [summary["initial_loss"]] + [v for _, v in ep],
-            marker="o", label="loss (mean over shards)")
+    ax.plot(
+        [0.0] + [t for t, _ in ep],
+        [summary["initial_loss"]] + [v for _, v in ep],
+        marker="o",
+        label="loss (mean over shards)",
+    )
     for i, (t, kind, _) in enumerate(e for e in events if e[1] == "rollback"):
         ax.axvline(t - t0, color="red", alpha=0.4, label="rollback" if i == 0 else None)
     ax.set_yscale("log")

@@ -27,12 +27,13 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from tandem.transports.base import Frame, Transport
 from tandem.errors import TransportError
+from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
 from .errors import ConfigError, ElasticError
@@ -89,10 +90,15 @@ class Progress:
 
 
 class Coordinator:
-    def __init__(self, transport: Transport, config: CoordinatorConfig, *,
-                 clock: Callable[[], float] = time.monotonic,
-                 on_phase: Callable[[str], None] | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        config: CoordinatorConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        on_phase: Callable[[str], None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
         self.t = transport
         self.cfg = config
         self.clock = clock
@@ -103,9 +109,9 @@ class Coordinator:
         self.phase = "init"
         self.progress = Progress()
         self.events: collections.deque[tuple[float, str, Any]] = collections.deque(maxlen=100_000)
-        self.history: list[dict[str, Any]] = []   # per epoch: committed ids, losses
+        self.history: list[dict[str, Any]] = []  # per epoch: committed ids, losses
         self._urls: dict[str, str] = {}
-        self._busy: dict[str, tuple[int, int]] = {}      # worker -> (batch, generation)
+        self._busy: dict[str, tuple[int, int]] = {}  # worker -> (batch, generation)
         self._watched: set[str] = set()
         self._replies: dict[int, tuple[str, asyncio.Future]] = {}
         self._req = itertools.count()
@@ -130,25 +136,32 @@ class Coordinator:
         fut = asyncio.get_running_loop().create_future()
         self._replies[req] = (ds, fut)
         try:
-            await self.t.send(ds, P.CTL, Frame(meta={"op": op, "req": req, **meta},
-                                               arrays=tuple(arrays)))
+            await self.t.send(
+                ds, P.CTL, Frame(meta={"op": op, "req": req, **meta}, arrays=tuple(arrays))
+            )
             async with asyncio.timeout(self.cfg.call_timeout):
                 rep = await fut
         except TimeoutError:
-            raise ElasticError(f"data server {ds!r} did not answer {op!r} within "
-                               f"{self.cfg.call_timeout} s; is it running?") from None
+            raise ElasticError(
+                f"data server {ds!r} did not answer {op!r} within "
+                f"{self.cfg.call_timeout} s; is it running?"
+            ) from None
         finally:
             self._replies.pop(req, None)
         if not rep.meta.get("ok"):
             raise ElasticError(f"data server {ds!r} failed {op!r}: {rep.meta.get('error')}")
         return rep
 
-    async def _call_all(self, op: str, per_ds: Callable[[str], dict] | None = None,
-                        arrays=(), **meta) -> dict[str, Frame]:
+    async def _call_all(
+        self, op: str, per_ds: Callable[[str], dict] | None = None, arrays=(), **meta
+    ) -> dict[str, Frame]:
         async with asyncio.TaskGroup() as tg:
-            tasks = {ds: tg.create_task(self._call(ds, op, arrays, **meta,
-                                                   **(per_ds(ds) if per_ds else {})))
-                     for ds in self.cfg.data_servers}
+            tasks = {
+                ds: tg.create_task(
+                    self._call(ds, op, arrays, **meta, **(per_ds(ds) if per_ds else {}))
+                )
+                for ds in self.cfg.data_servers
+            }
         return {ds: task.result() for ds, task in tasks.items()}
 
     async def _replies_from(self, ds: str) -> None:
@@ -189,8 +202,9 @@ class Coordinator:
                 self._busy.pop(worker, None)  # a restarted worker lost what it was doing
                 self._event("beat_new", worker)
                 P.learn_peer(self.t, worker, url)
-                servers = {ds: dict(self.cfg.data_server_urls).get(ds, "")
-                           for ds in self.cfg.data_servers}
+                servers = {
+                    ds: dict(self.cfg.data_server_urls).get(ds, "") for ds in self.cfg.data_servers
+                }
                 try:
                     await self.t.send(worker, P.WELCOME, Frame(meta={"data_servers": servers}))
                 except TransportError as exc:
@@ -243,11 +257,14 @@ class Coordinator:
         for ds, url in self.cfg.data_server_urls:
             P.learn_peer(self.t, ds, url)
         reps = await self._call_all(
-            "hello", per_ds=lambda ds: {"index": self.cfg.data_servers.index(ds)})
+            "hello", per_ds=lambda ds: {"index": self.cfg.data_servers.index(ds)}
+        )
         specs = {ds: rep.meta["spec"] for ds, rep in reps.items()}
         if len(set(specs.values())) != 1:
-            raise ConfigError(f"data servers loaded different model descriptions {specs}; "
-                              "point every data server at the same model URL")
+            raise ConfigError(
+                f"data servers loaded different model descriptions {specs}; "
+                "point every data server at the same model URL"
+            )
         self._n_batches = {ds: int(rep.meta["n_batches"]) for ds, rep in reps.items()}
         self.ledger = Ledger(self._batches())
         self.progress.total = self.ledger.total
@@ -256,8 +273,10 @@ class Coordinator:
         self.initial_loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
 
     def _batches(self) -> dict[str, list[int]]:
-        return {ds: [i * P.STRIDE + b for b in range(self._n_batches[ds])]
-                for i, ds in enumerate(self.cfg.data_servers)}
+        return {
+            ds: [i * P.STRIDE + b for b in range(self._n_batches[ds])]
+            for i, ds in enumerate(self.cfg.data_servers)
+        }
 
     def _dispatch(self) -> list[tuple[str, dict]]:
         out = []
@@ -267,8 +286,19 @@ class Coordinator:
                 break
             ds, batch = got
             self._busy[worker] = (batch, self.ledger.generation)
-            out.append((ds, {"op": "train", "req": -1, "batch": batch, "worker": worker,
-                             "gen": self.ledger.generation, "url": self._urls.get(worker, "")}))
+            out.append(
+                (
+                    ds,
+                    {
+                        "op": "train",
+                        "req": -1,
+                        "batch": batch,
+                        "worker": worker,
+                        "gen": self.ledger.generation,
+                        "url": self._urls.get(worker, ""),
+                    },
+                )
+            )
         return out
 
     async def _train(self) -> None:
@@ -339,13 +369,19 @@ class Coordinator:
         self._event("rollback_digests", back)
         wrong = [ds for ds, d in back.items() if d != self._ckpt_digest.get(ds)]
         if wrong:
-            raise ElasticError(f"parameter server(s) {wrong} did not return bit-identical to "
-                               "their last checkpoint after rollback")
+            raise ElasticError(
+                f"parameter server(s) {wrong} did not return bit-identical to "
+                "their last checkpoint after rollback"
+            )
         n = self.ledger.rollback()
         self.progress.rollbacks += 1
         self._event("rollback", n)
-        log.info("membership changed (+%s -%s): rolled back, %d batches re-issued",
-                 sorted(det.joined), sorted(det.left), n)
+        log.info(
+            "membership changed (+%s -%s): rolled back, %d batches re-issued",
+            sorted(det.joined),
+            sorted(det.left),
+            n,
+        )
 
     def _remember(self, reps: dict[str, Frame]) -> None:
         self._ckpt_digest = {ds: rep.meta["digest"] for ds, rep in reps.items()}
@@ -354,16 +390,24 @@ class Coordinator:
     def _check_replicas(self, reps: dict[str, Frame]) -> None:
         models = {rep.meta["model"] for rep in reps.values()}
         if len(models) != 1:
-            raise ElasticError(f"replicas diverged after {self.phase}: "
-                               f"{ {ds: r.meta['model'][:12] for ds, r in reps.items()} }")
+            raise ElasticError(
+                f"replicas diverged after {self.phase}: "
+                f"{ {ds: r.meta['model'][:12] for ds, r in reps.items()} }"
+            )
 
     async def _close_epoch(self) -> bool:
         self._set_phase("epoch")
         self._remember(await self._call_all("epoch"))
         losses = await self._call_all("eval")
         loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
-        self.history.append({"epoch": self.ledger.epoch, "committed": list(self.ledger.committed),
-                             "loss": loss, "generation": self.ledger.generation})
+        self.history.append(
+            {
+                "epoch": self.ledger.epoch,
+                "committed": list(self.ledger.committed),
+                "loss": loss,
+                "generation": self.ledger.generation,
+            }
+        )
         self.progress.loss = loss
         self._event("epoch", loss)
         if self.ledger.epoch + 1 >= self.cfg.epochs:
@@ -387,6 +431,7 @@ class Coordinator:
         most ``max(2 s, 2 T)``."""
         self._set_phase("stop")
         await self._call_all("stop")
+
         async def stop(worker: str) -> None:
             try:
                 async with asyncio.timeout(max(2.0, 2 * self.cfg.interval)):
@@ -399,12 +444,16 @@ class Coordinator:
                 tg.create_task(stop(worker))
 
     def summary(self) -> dict[str, Any]:
-        return {"epochs": len(self.history), "history": self.history,
-                "initial_loss": self.initial_loss,
-                "checkpoints": self.progress.checkpoints, "rollbacks": self.progress.rollbacks,
-                "reissued": self.ledger.reissued if self.ledger else 0,
-                "refused_reports": self.ledger.refused if self.ledger else 0,
-                "generation": self.ledger.generation if self.ledger else 0}
+        return {
+            "epochs": len(self.history),
+            "history": self.history,
+            "initial_loss": self.initial_loss,
+            "checkpoints": self.progress.checkpoints,
+            "rollbacks": self.progress.rollbacks,
+            "reissued": self.ledger.reissued if self.ledger else 0,
+            "refused_reports": self.ledger.refused if self.ledger else 0,
+            "generation": self.ledger.generation if self.ledger else 0,
+        }
 
 
 def _mean(replicas: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
@@ -413,8 +462,10 @@ def _mean(replicas: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
     for leaves in zip(*replicas, strict=True):
         a0 = leaves[0]
         if any(a.shape != a0.shape or a.dtype != a0.dtype for a in leaves):
-            raise ElasticError("replicas have different state layouts; all data servers must "
-                               "load the same model description")
+            raise ElasticError(
+                "replicas have different state layouts; all data servers must "
+                "load the same model description"
+            )
         stack = np.stack(leaves)
         if a0.dtype.kind == "f":
             out.append(stack.mean(axis=0, dtype=np.float64).astype(a0.dtype))

@@ -16,8 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from tandem.transports.base import Frame, Transport
 from tandem.errors import TransportError
+from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
 from .errors import ElasticError, ProtocolError
@@ -28,8 +28,15 @@ log = logging.getLogger(__name__)
 
 
 class DataServer:
-    def __init__(self, transport: Transport, *, coordinator: str, spec: ModelSpec,
-                 shard: Shard, url: str = "") -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        coordinator: str,
+        spec: ModelSpec,
+        shard: Shard,
+        url: str = "",
+    ) -> None:
         self.t = transport
         self.coordinator = coordinator
         self.spec = spec
@@ -39,7 +46,7 @@ class DataServer:
         self.index: int | None = None
         self.ps: ParamServer | None = None
         self._lock = asyncio.Lock()
-        self._assigned: dict[int, tuple[str, int]] = {}   # batch -> (worker, generation)
+        self._assigned: dict[int, tuple[str, int]] = {}  # batch -> (worker, generation)
         self._listening: dict[str, asyncio.Task] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -72,17 +79,22 @@ class DataServer:
                 reply, arrays = {"ok": False, "error": str(exc)}, ()
             if reply is None:
                 continue
-            await self.t.send(self.coordinator, P.REPLY,
-                              Frame(meta={"req": req.meta.get("req", -1), "ok": True, **reply},
-                                    arrays=tuple(arrays)))
+            await self.t.send(
+                self.coordinator,
+                P.REPLY,
+                Frame(
+                    meta={"req": req.meta.get("req", -1), "ok": True, **reply}, arrays=tuple(arrays)
+                ),
+            )
             if op == "stop":
                 return
 
     async def _handle(self, op, req: Frame):
         if op == "hello":
             self.index = P.field(req, "index", int)
-            self.ps = await asyncio.to_thread(ParamServer, self.spec, self.n_batches,
-                                              offset=self.index * P.STRIDE)
+            self.ps = await asyncio.to_thread(
+                ParamServer, self.spec, self.n_batches, offset=self.index * P.STRIDE
+            )
             return {"n_batches": self.n_batches, "spec": self.spec.digest}, ()
         if self.ps is None:
             raise ProtocolError(f"operation {op!r} before 'hello'")
@@ -109,15 +121,20 @@ class DataServer:
                 return {"digest": digest, "model": self._model_digest()}, ()
             if op == "epoch":
                 await asyncio.to_thread(self.ps.new_epoch, self.n_batches)
-                return {"epoch": self.ps.epoch, "digest": self.ps.digest(),
-                        "model": self._model_digest()}, ()
+                return {
+                    "epoch": self.ps.epoch,
+                    "digest": self.ps.digest(),
+                    "model": self._model_digest(),
+                }, ()
             if op == "eval":
                 loss = await asyncio.to_thread(self.ps.loss, self.shard.x, self.shard.y)
                 return {"loss": loss}, ()
             if op == "stop":
                 return {}, ()
-        raise ProtocolError(f"unknown operation {op!r}; expected hello, train, fence, "
-                            "checkpoint, rollback, epoch, eval or stop")
+        raise ProtocolError(
+            f"unknown operation {op!r}; expected hello, train, fence, "
+            "checkpoint, rollback, epoch, eval or stop"
+        )
 
     def _model_digest(self) -> str:
         return self.ps.model_digest()
@@ -132,8 +149,12 @@ class DataServer:
         gen = P.field(req, "gen", int)
         worker = P.field(req, "worker", str)
         if gen != self.ps.generation:
-            log.info("%s: train request of generation %d ignored (at %d)", self.t.name, gen,
-                     self.ps.generation)
+            log.info(
+                "%s: train request of generation %d ignored (at %d)",
+                self.t.name,
+                gen,
+                self.ps.generation,
+            )
             return
         P.learn_peer(self.t, worker, req.meta.get("url"))
         self._assigned[batch] = (worker, gen)
@@ -144,8 +165,10 @@ class DataServer:
     async def _send_task(self, worker: str, batch: int, gen: int) -> None:
         x, y = self.shard.batch(self.spec, self.ps.epoch, batch - self.ps.offset, self.index)
         params = list(self.ps.params)  # the list is replaced, never mutated: a snapshot
-        frame = Frame(meta={"batch": batch, "gen": gen, "spec": self.spec.to_dict(),
-                            "url": self.url}, arrays=(*params, x, y))
+        frame = Frame(
+            meta={"batch": batch, "gen": gen, "spec": self.spec.to_dict(), "url": self.url},
+            arrays=(*params, x, y),
+        )
         try:
             await self.t.send(worker, P.TASK, frame)
         except TransportError as exc:  # the worker died; the coordinator will notice
@@ -170,13 +193,21 @@ class DataServer:
             async with self._lock:
                 if self._assigned.get(batch) != (worker, gen):
                     self.refused += 1
-                    return {"batch": batch, "gen": gen, "ok": False,
-                            "error": f"batch {batch} of generation {gen} is not assigned to "
-                                     f"{worker} now (fenced or re-issued); result refused"}
+                    return {
+                        "batch": batch,
+                        "gen": gen,
+                        "ok": False,
+                        "error": f"batch {batch} of generation {gen} is not assigned to "
+                        f"{worker} now (fenced or re-issued); result refused",
+                    }
                 await asyncio.to_thread(self.ps.apply, batch, gen, list(res.arrays))
                 del self._assigned[batch]
             return {"batch": batch, "gen": gen, "ok": True}
         except ElasticError as exc:
             self.refused += 1
-            return {"batch": res.meta.get("batch", -1), "gen": res.meta.get("gen", -1),
-                    "ok": False, "error": str(exc)}
+            return {
+                "batch": res.meta.get("batch", -1),
+                "gen": res.meta.get("gen", -1),
+                "ok": False,
+                "error": str(exc),
+            }

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from tandem.errors import ConfigError, EngineError
 
-__all__ = ["ElasticError", "StaleGenerationError", "LedgerError", "ConfigError",
-           "ProtocolError", "NotWelcomedError"]
+__all__ = [
+    "ElasticError",
+    "StaleGenerationError",
+    "LedgerError",
+    "ConfigError",
+    "ProtocolError",
+    "NotWelcomedError",
+]
 
 
 class ElasticError(EngineError):

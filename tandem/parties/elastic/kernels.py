@@ -8,15 +8,15 @@ jitted functions are cached per model shape / optimizer so repeated calls do not
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tandem.errors import ConfigError
 from tandem.engine.models import mlp_apply, mlp_init
+from tandem.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "momentum", "adam")
 
@@ -53,8 +53,9 @@ def _eval() -> callable:
     return jax.jit(_loss)
 
 
-def loss_and_grad(params: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray
-                  ) -> tuple[float, list[np.ndarray]]:
+def loss_and_grad(
+    params: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray
+) -> tuple[float, list[np.ndarray]]:
     """Mean softmax cross-entropy of the batch and its gradient (host arrays)."""
     loss, grads = _grad()(list(params), x, y)
     return float(loss), [np.asarray(g) for g in grads]

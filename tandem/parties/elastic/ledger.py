@@ -19,7 +19,7 @@ ever committed twice in an epoch (`LedgerError` otherwise); the generation never
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from .errors import LedgerError
 
@@ -27,12 +27,13 @@ from .errors import LedgerError
 class Ledger:
     """Batches of one epoch. ``batches`` maps data server -> its batch ids in issue order."""
 
-    def __init__(self, batches: Mapping[str, Sequence[int]], *, generation: int = 0,
-                 epoch: int = 0) -> None:
+    def __init__(
+        self, batches: Mapping[str, Sequence[int]], *, generation: int = 0, epoch: int = 0
+    ) -> None:
         self.generation = generation
         self.epoch = epoch
-        self.reissued = 0        # batches put back to pending after being assigned
-        self.refused = 0         # reports refused (older generation or unknown batch)
+        self.reissued = 0  # batches put back to pending after being assigned
+        self.refused = 0  # reports refused (older generation or unknown batch)
         self._reset(batches)
 
     def _reset(self, batches: Mapping[str, Sequence[int]]) -> None:
@@ -41,8 +42,10 @@ class Ledger:
         for ds, ids in batches.items():
             for b in ids:
                 if b in self.owner:
-                    raise LedgerError(f"batch id {b} is listed by both {self.owner[b]!r} and "
-                                      f"{ds!r}; batch ids must be unique across data servers")
+                    raise LedgerError(
+                        f"batch id {b} is listed by both {self.owner[b]!r} and "
+                        f"{ds!r}; batch ids must be unique across data servers"
+                    )
                 self.owner[b] = ds
         # interleave data servers so every replica keeps making progress
         ordered: list[int] = []
@@ -53,7 +56,7 @@ class Ledger:
                     ordered.append(q.pop(0))
         self._order = {b: i for i, b in enumerate(ordered)}
         self.pending: list[int] = ordered
-        self.in_flight: dict[int, str] = {}   # batch -> worker
+        self.in_flight: dict[int, str] = {}  # batch -> worker
         self.completed: set[int] = set()
         self.committed: list[int] = []
         self._committed_set: set[int] = set()
@@ -77,10 +80,15 @@ class Ledger:
         """Raise `LedgerError` if the invariants do not hold."""
         sets = [set(self.pending), set(self.in_flight), self.completed, self._committed_set]
         union = set().union(*sets)
-        if sum(map(len, sets)) != len(union) or union != set(self.owner) or \
-                len(self.committed) != len(self._committed_set):
-            raise LedgerError("ledger invariant broken: pending/in_flight/completed/committed "
-                              "must partition the epoch's batch ids")
+        if (
+            sum(map(len, sets)) != len(union)
+            or union != set(self.owner)
+            or len(self.committed) != len(self._committed_set)
+        ):
+            raise LedgerError(
+                "ledger invariant broken: pending/in_flight/completed/committed "
+                "must partition the epoch's batch ids"
+            )
 
     # -- transitions -----------------------------------------------------------------------
     def assign(self, worker: str) -> tuple[str, int] | None:
@@ -110,8 +118,9 @@ class Ledger:
         applied = list(applied)
         for b in applied:
             if b not in self.owner:
-                raise LedgerError(f"parameter servers report batch {b}, which is not in epoch "
-                                  f"{self.epoch}")
+                raise LedgerError(
+                    f"parameter servers report batch {b}, which is not in epoch {self.epoch}"
+                )
             if b in self._committed_set:
                 raise LedgerError(f"batch {b} would be committed twice in epoch {self.epoch}")
         if len(set(applied)) != len(applied):
@@ -133,8 +142,10 @@ class Ledger:
     def new_epoch(self, batches: Mapping[str, Sequence[int]]) -> None:
         """Start the next epoch (only once this one is `done`)."""
         if not self.done:
-            raise LedgerError(f"epoch {self.epoch} is not fully committed "
-                              f"({len(self._committed_set)}/{self.total} batches)")
+            raise LedgerError(
+                f"epoch {self.epoch} is not fully committed "
+                f"({len(self._committed_set)}/{self.total} batches)"
+            )
         self.epoch += 1
         self._reset(batches)
 

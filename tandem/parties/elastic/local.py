@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from tandem.transports.memory import MemoryNetwork
 
@@ -21,23 +21,41 @@ from .worker import Worker
 
 
 class LocalCluster:
-    def __init__(self, spec: ModelSpec, shards: list[Shard], *, interval: float,
-                 timeout: float | None = None, drain: float | None = None, epochs: int = 1,
-                 workers: int = 2, min_workers: int = 1,
-                 heartbeat: float | None = None,
-                 on_phase: Callable[[str], None] | None = None,
-                 on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        shards: list[Shard],
+        *,
+        interval: float,
+        timeout: float | None = None,
+        drain: float | None = None,
+        epochs: int = 1,
+        workers: int = 2,
+        min_workers: int = 1,
+        heartbeat: float | None = None,
+        on_phase: Callable[[str], None] | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
         self.net = MemoryNetwork(capacity=16)
         self.spec = spec
         self.ds_names = tuple(f"ds{i}" for i in range(len(shards)))
         self.data_servers = [
-            DataServer(self.net.endpoint(name), coordinator="coordinator", spec=spec,
-                       shard=shard) for name, shard in zip(self.ds_names, shards)]
+            DataServer(self.net.endpoint(name), coordinator="coordinator", spec=spec, shard=shard)
+            for name, shard in zip(self.ds_names, shards)
+        ]
         self.coordinator = Coordinator(
             self.net.endpoint("coordinator"),
-            CoordinatorConfig(data_servers=self.ds_names, interval=interval, timeout=timeout,
-                              drain=drain, epochs=epochs, min_workers=min_workers),
-            on_phase=on_phase, on_progress=on_progress)
+            CoordinatorConfig(
+                data_servers=self.ds_names,
+                interval=interval,
+                timeout=timeout,
+                drain=drain,
+                epochs=epochs,
+                min_workers=min_workers,
+            ),
+            on_phase=on_phase,
+            on_progress=on_progress,
+        )
         self.heartbeat = heartbeat or interval / 3
         self.initial = workers
         self.workers: dict[str, Worker] = {}
@@ -49,8 +67,12 @@ class LocalCluster:
     def spawn(self, chaos: Callable[[str, int], None] | None = None) -> str:
         """Start a new worker (joins at the next detection); returns its name."""
         name = f"w{next(self._ids)}"
-        worker = Worker(self.net.endpoint(name), coordinator="coordinator",
-                        heartbeat=self.heartbeat, chaos=chaos)
+        worker = Worker(
+            self.net.endpoint(name),
+            coordinator="coordinator",
+            heartbeat=self.heartbeat,
+            chaos=chaos,
+        )
         self.workers[name] = worker
         self._tasks[name] = self._tg.create_task(self._life(name, worker))
         return name
@@ -73,8 +95,7 @@ class LocalCluster:
     def alive(self) -> list[str]:
         return [n for n, t in self._tasks.items() if not t.done()]
 
-    async def run(self, script: Callable[["LocalCluster"], Awaitable[None]] | None = None
-                  ) -> dict:
+    async def run(self, script: Callable[[LocalCluster], Awaitable[None]] | None = None) -> dict:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             servers = [tg.create_task(ds.run()) for ds in self.data_servers]

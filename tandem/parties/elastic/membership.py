@@ -68,14 +68,18 @@ class Membership:
 
     def suspects(self, now: float) -> frozenset[str]:
         """Live workers that would be removed if a detection ran at ``now``."""
-        return frozenset(w for w, inc in self._live.items()
-                         if not self.alive(w, now) or self._incarnation.get(w) != inc)
+        return frozenset(
+            w
+            for w, inc in self._live.items()
+            if not self.alive(w, now) or self._incarnation.get(w) != inc
+        )
 
     def silent(self, now: float, seconds: float) -> frozenset[str]:
         """Live workers with no beat in the last ``seconds`` (a cheaper, earlier suspicion
         than `suspects`, used only to stop waiting for their in-flight batches)."""
-        return frozenset(w for w in self._live
-                         if w not in self._last or now - self._last[w] > seconds)
+        return frozenset(
+            w for w in self._live if w not in self._last or now - self._last[w] > seconds
+        )
 
     def detect(self, now: float) -> Detection:
         """Run one survival detection at time ``now`` and update ``live``."""

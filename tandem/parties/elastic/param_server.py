@@ -16,13 +16,12 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
 
 from . import kernels as K
-
 from .errors import LedgerError, ProtocolError, StaleGenerationError
 from .spec import ModelSpec
 
@@ -47,7 +46,7 @@ class ParamServer:
         self.params = K.init_params(spec.sizes, spec.seed)
         self.state = K.init_state(spec.optimizer, spec.lr, self.params)
         self.counts = np.zeros(n_batches, np.int32)
-        self.applied: list[int] = []          # global ids applied since the last checkpoint
+        self.applied: list[int] = []  # global ids applied since the last checkpoint
         self._shapes = [tuple(p.shape) for p in self.params]
         self._ckpt = None
         self.checkpoint()
@@ -61,14 +60,18 @@ class ParamServer:
         """Replace parameters and optimizer state by ``leaves`` (same layout as `leaves`)."""
         mine = self.leaves()
         if len(leaves) != len(mine) or any(
-                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine)):
-            raise ProtocolError("merged state does not match this parameter server's layout "
-                                f"({len(mine)} leaves); all data servers must share one model")
+            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine)
+        ):
+            raise ProtocolError(
+                "merged state does not match this parameter server's layout "
+                f"({len(mine)} leaves); all data servers must share one model"
+            )
         n = len(self.params)
         self.params = [np.array(a, copy=True) for a in leaves[:n]]
         treedef = jax.tree_util.tree_structure(self.state)
-        self.state = jax.tree_util.tree_unflatten(treedef, [np.array(a, copy=True)
-                                                            for a in leaves[n:]])
+        self.state = jax.tree_util.tree_unflatten(
+            treedef, [np.array(a, copy=True) for a in leaves[n:]]
+        )
 
     def digest(self) -> str:
         """SHA-256 over every byte of parameters, optimizer state and counts."""
@@ -84,23 +87,31 @@ class ParamServer:
         if generation != self.generation:
             raise StaleGenerationError(
                 f"result for batch {batch_id} is stamped generation {generation}, the parameter "
-                f"server is at {self.generation}; refused (the batch is re-issued)")
+                f"server is at {self.generation}; refused (the batch is re-issued)"
+            )
         i = batch_id - self.offset
         if not 0 <= i < len(self.counts):
-            raise ProtocolError(f"batch {batch_id} does not belong to this shard (ids "
-                                f"{self.offset}..{self.offset + len(self.counts) - 1})")
+            raise ProtocolError(
+                f"batch {batch_id} does not belong to this shard (ids "
+                f"{self.offset}..{self.offset + len(self.counts) - 1})"
+            )
         if self.counts[i]:
-            raise LedgerError(f"batch {batch_id} is already reflected in the parameters of "
-                              f"epoch {self.epoch}; refusing to apply it twice")
+            raise LedgerError(
+                f"batch {batch_id} is already reflected in the parameters of "
+                f"epoch {self.epoch}; refusing to apply it twice"
+            )
         if len(grads) != len(self._shapes) or any(
-                tuple(g.shape) != s or g.dtype != np.float32 for g, s in zip(grads, self._shapes)):
+            tuple(g.shape) != s or g.dtype != np.float32 for g, s in zip(grads, self._shapes)
+        ):
             got = [(tuple(g.shape), str(g.dtype)) for g in grads]
-            raise ProtocolError(f"gradient layout {got} does not match the model's float32 "
-                                f"shapes {self._shapes}")
+            raise ProtocolError(
+                f"gradient layout {got} does not match the model's float32 shapes {self._shapes}"
+            )
         if not all(np.isfinite(g).all() for g in grads):
             raise ProtocolError(f"gradient of batch {batch_id} contains NaN or Inf; refused")
-        self.params, self.state = K.apply_update(self.spec.optimizer, self.spec.lr,
-                                                 self.params, self.state, grads)
+        self.params, self.state = K.apply_update(
+            self.spec.optimizer, self.spec.lr, self.params, self.state, grads
+        )
         self.counts[i] += 1
         self.applied.append(batch_id)
 
@@ -108,8 +119,9 @@ class ParamServer:
         """Move to ``generation`` (refusing older results from now) and return the ids applied
         since the last checkpoint."""
         if generation < self.generation:
-            raise StaleGenerationError(f"cannot fence back to generation {generation} from "
-                                       f"{self.generation}")
+            raise StaleGenerationError(
+                f"cannot fence back to generation {generation} from {self.generation}"
+            )
         self.generation = generation
         return list(self.applied)
 
@@ -133,8 +145,10 @@ class ParamServer:
             raise LedgerError("checkpoint before closing an epoch")
         if not (self.counts == 1).all():
             bad = {int(i) + self.offset: int(c) for i, c in enumerate(self.counts) if c != 1}
-            raise LedgerError(f"epoch {self.epoch} closes with batches not applied exactly "
-                              f"once (global id: count): {bad}")
+            raise LedgerError(
+                f"epoch {self.epoch} closes with batches not applied exactly "
+                f"once (global id: count): {bad}"
+            )
         self.epoch += 1
         self.counts = np.zeros(n_batches, np.int32)
         self.checkpoint()

@@ -15,7 +15,8 @@ Who sends what (all through `tandem.transports.base.Transport`)::
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from tandem.transports.base import Frame, Transport
 
@@ -43,6 +44,8 @@ def field(frame: Frame, key: str, kind: type | tuple[type, ...]) -> Any:
         raise ProtocolError(f"{frame.channel!r} frame from {frame.sender!r} lacks field {key!r}")
     value = meta[key]
     if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise ProtocolError(f"{frame.channel!r} frame from {frame.sender!r}: field {key!r} "
-                            f"must be {kind}, got {type(value).__name__}")
+        raise ProtocolError(
+            f"{frame.channel!r} frame from {frame.sender!r}: field {key!r} "
+            f"must be {kind}, got {type(value).__name__}"
+        )
     return value

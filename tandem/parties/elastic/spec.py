@@ -16,14 +16,14 @@ import hashlib
 import io
 import json
 import tomllib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import fsspec
 import numpy as np
 
-from .kernels import OPTIMIZERS
-
 from .errors import ConfigError
+from .kernels import OPTIMIZERS
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -38,23 +38,27 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         if len(self.sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in self.sizes):
-            raise ConfigError(f"model 'sizes' must list >= 2 positive ints (input, hidden..., "
-                              f"classes), got {list(self.sizes)}")
+            raise ConfigError(
+                f"model 'sizes' must list >= 2 positive ints (input, hidden..., "
+                f"classes), got {list(self.sizes)}"
+            )
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"model 'optimizer' is {self.optimizer!r}; choose one of "
-                              f"{', '.join(OPTIMIZERS)}")
+            raise ConfigError(
+                f"model 'optimizer' is {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}"
+            )
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError(f"model 'lr' must be a positive number, got {self.lr!r}")
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ConfigError(f"model 'batch_size' must be an int >= 1, got {self.batch_size!r}")
 
     @classmethod
-    def from_mapping(cls, raw: Mapping[str, Any]) -> "ModelSpec":
+    def from_mapping(cls, raw: Mapping[str, Any]) -> ModelSpec:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(raw) - known
         if unknown:
-            raise ConfigError(f"unknown model field(s) {sorted(unknown)}; accepted: "
-                              f"{sorted(known)}")
+            raise ConfigError(
+                f"unknown model field(s) {sorted(unknown)}; accepted: {sorted(known)}"
+            )
         if "sizes" not in raw:
             raise ConfigError("model description needs 'sizes', e.g. [16, 32, 4]")
         args = dict(raw)
@@ -79,8 +83,10 @@ def _read(url: str) -> bytes:
         with fsspec.open(url, "rb") as f:
             return f.read()
     except FileNotFoundError:
-        raise ConfigError(f"nothing found at {url!r}; check the path or URL (fsspec URL such "
-                          "as /abs/path, file://..., memory://..., s3://...)") from None
+        raise ConfigError(
+            f"nothing found at {url!r}; check the path or URL (fsspec URL such "
+            "as /abs/path, file://..., memory://..., s3://...)"
+        ) from None
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"cannot open {url!r} with fsspec: {exc}") from None
 
@@ -91,8 +97,10 @@ def load_spec(url: str) -> ModelSpec:
     try:
         data = tomllib.loads(raw.decode()) if url.endswith(".toml") else json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"model description at {url!r} is not valid "
-                          f"{'TOML' if url.endswith('.toml') else 'JSON'}: {exc}") from None
+        raise ConfigError(
+            f"model description at {url!r} is not valid "
+            f"{'TOML' if url.endswith('.toml') else 'JSON'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"model description at {url!r} must be an object/table")
     return ModelSpec.from_mapping(data)
@@ -107,12 +115,13 @@ class Shard:
         """Full batches per epoch (the remainder is dropped so every batch has one shape)."""
         return len(self.y) // batch_size
 
-    def batch(self, spec: ModelSpec, epoch: int, index: int, salt: int) -> tuple[np.ndarray,
-                                                                               np.ndarray]:
+    def batch(
+        self, spec: ModelSpec, epoch: int, index: int, salt: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Batch ``index`` of ``epoch``: a seeded permutation per (seed, epoch, salt)."""
         rng = np.random.default_rng([spec.seed, epoch, salt])
         perm = rng.permutation(len(self.y))
-        idx = np.sort(perm[index * spec.batch_size:(index + 1) * spec.batch_size])
+        idx = np.sort(perm[index * spec.batch_size : (index + 1) * spec.batch_size])
         return self.x[idx], self.y[idx]
 
 
@@ -123,31 +132,39 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             missing = {"x", "y"} - set(z.files)
             if missing:
-                raise ConfigError(f"shard {url!r} lacks array(s) {sorted(missing)}; save it "
-                                  "with np.savez(path, x=features, y=labels)")
+                raise ConfigError(
+                    f"shard {url!r} lacks array(s) {sorted(missing)}; save it "
+                    "with np.savez(path, x=features, y=labels)"
+                )
             x, y = z["x"], z["y"]
     except (ValueError, OSError) as exc:
-        raise ConfigError(f"shard {url!r} is not a readable .npz without pickles: {exc}") \
-            from None
+        raise ConfigError(f"shard {url!r} is not a readable .npz without pickles: {exc}") from None
     if x.ndim != 2 or x.shape[1] != spec.sizes[0]:
-        raise ConfigError(f"shard {url!r}: x has shape {x.shape}, expected [n, {spec.sizes[0]}]"
-                          " (the model's input size)")
+        raise ConfigError(
+            f"shard {url!r}: x has shape {x.shape}, expected [n, {spec.sizes[0]}]"
+            " (the model's input size)"
+        )
     if y.shape != (x.shape[0],) or y.dtype.kind not in "iu":
-        raise ConfigError(f"shard {url!r}: y must be integer labels of shape ({x.shape[0]},), "
-                          f"got {y.dtype} {y.shape}")
+        raise ConfigError(
+            f"shard {url!r}: y must be integer labels of shape ({x.shape[0]},), "
+            f"got {y.dtype} {y.shape}"
+        )
     if y.size and (y.min() < 0 or y.max() >= spec.sizes[-1]):
-        raise ConfigError(f"shard {url!r}: labels must lie in [0, {spec.sizes[-1]}) (classes), "
-                          f"got [{y.min()}, {y.max()}]")
+        raise ConfigError(
+            f"shard {url!r}: labels must lie in [0, {spec.sizes[-1]}) (classes), "
+            f"got [{y.min()}, {y.max()}]"
+        )
     if not np.isfinite(x).all():
         raise ConfigError(f"shard {url!r}: x contains NaN or Inf; clean the data first")
     if len(y) < spec.batch_size:
-        raise ConfigError(f"shard {url!r} has {len(y)} rows, fewer than one batch "
-                          f"({spec.batch_size}); lower batch_size or add data")
+        raise ConfigError(
+            f"shard {url!r} has {len(y)} rows, fewer than one batch "
+            f"({spec.batch_size}); lower batch_size or add data"
+        )
     return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, np.int32))
 
 
-def make_dataset(n_shards: int, rows: int, spec: ModelSpec, *, seed: int = 0
-                 ) -> list[Shard]:
+def make_dataset(n_shards: int, rows: int, spec: ModelSpec, *, seed: int = 0) -> list[Shard]:
     """A seeded, learnable classification problem split into ``n_shards`` shards."""
     rng = np.random.default_rng(seed)
     d, k = spec.sizes[0], spec.sizes[-1]

@@ -25,14 +25,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from . import kernels as K
-from tandem.transports.base import Frame, Transport
 from tandem.errors import TransportClosedError, TransportError
+from tandem.transports.base import Frame, Transport
 
+from . import kernels as K
 from . import protocol as P
 from .errors import ElasticError, NotWelcomedError, ProtocolError
 from .spec import ModelSpec
@@ -50,21 +50,34 @@ def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, li
         raise ProtocolError(f"task carries {len(arrays)} arrays, expected {n} parameters + x + y")
     params, x, y = list(arrays[:n]), arrays[n], arrays[n + 1]
     shapes = K.param_shapes(spec.sizes)
-    if [tuple(p.shape) for p in params] != shapes or x.ndim != 2 or x.shape[1] != spec.sizes[0] \
-            or y.shape != (x.shape[0],):
+    if (
+        [tuple(p.shape) for p in params] != shapes
+        or x.ndim != 2
+        or x.shape[1] != spec.sizes[0]
+        or y.shape != (x.shape[0],)
+    ):
         raise ProtocolError(f"task arrays do not match model sizes {list(spec.sizes)}")
     return K.loss_and_grad(params, x.astype(np.float32), y.astype(np.int32))
 
 
 class Worker:
-    def __init__(self, transport: Transport, *, coordinator: str, heartbeat: float,
-                 url: str = "", chaos: Callable[[str, int], None] | None = None,
-                 ack_timeout: float | None = None, join_timeout: float | None = 60.0) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        coordinator: str,
+        heartbeat: float,
+        url: str = "",
+        chaos: Callable[[str, int], None] | None = None,
+        ack_timeout: float | None = None,
+        join_timeout: float | None = 60.0,
+    ) -> None:
         if not heartbeat > 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {heartbeat!r}")
         if join_timeout is not None and not join_timeout > 0:
-            raise ValueError(f"join_timeout must be > 0 s or None (wait forever), got "
-                             f"{join_timeout!r}")
+            raise ValueError(
+                f"join_timeout must be > 0 s or None (wait forever), got {join_timeout!r}"
+            )
         self.join_timeout = join_timeout
         self.ack_timeout = ack_timeout if ack_timeout is not None else max(1.0, 10 * heartbeat)
         self.t = transport
@@ -100,7 +113,8 @@ class Worker:
                 f"{self.join_timeout:g} s of starting: it is not running or not reachable at "
                 "the configured address, it has already finished, or it does not admit this "
                 "worker (a worker on no roster needs the coordinator's secret). Start or fix "
-                "the coordinator, or raise join_timeout to wait longer")
+                "the coordinator, or raise join_timeout to wait longer"
+            )
 
     async def _welcome(self) -> Frame | None:
         """The coordinator's ``WELCOME``, or None after ``join_timeout``."""
@@ -158,28 +172,40 @@ class Worker:
             return
         self.chaos("computed", batch)
         if not np.isfinite(loss):
-            log.warning("%s: batch %d gave a non-finite loss; reporting failure", self.t.name,
-                        batch)
+            log.warning(
+                "%s: batch %d gave a non-finite loss; reporting failure", self.t.name, batch
+            )
             grads = []
         P.learn_peer(self.t, ds, task.meta.get("url"))
-        await self.t.send(ds, P.RESULT, Frame(meta={"batch": batch, "gen": gen, "loss": loss},
-                                              arrays=tuple(grads)))
+        await self.t.send(
+            ds,
+            P.RESULT,
+            Frame(meta={"batch": batch, "gen": gen, "loss": loss}, arrays=tuple(grads)),
+        )
         self.chaos("pushed", batch)
         ack = await self._ack(ds, batch, gen)
         if ack is None:
-            log.info("%s: no ack from %s for batch %d within %.3g s; reporting it not done",
-                     self.t.name, ds, batch, self.ack_timeout)
+            log.info(
+                "%s: no ack from %s for batch %d within %.3g s; reporting it not done",
+                self.t.name,
+                ds,
+                batch,
+                self.ack_timeout,
+            )
             ok = False
         else:
             self.chaos("acked", batch)
             ok = bool(ack.meta.get("ok"))
             if not ok:
-                log.info("%s: batch %d refused by %s: %s", self.t.name, batch, ds,
-                         ack.meta.get("error"))
+                log.info(
+                    "%s: batch %d refused by %s: %s", self.t.name, batch, ds, ack.meta.get("error")
+                )
         self.done += ok
-        await self.t.send(self.coordinator, P.DONE,
-                          Frame(meta={"batch": batch, "gen": gen, "ds": ds, "ok": ok,
-                                      "loss": loss}))
+        await self.t.send(
+            self.coordinator,
+            P.DONE,
+            Frame(meta={"batch": batch, "gen": gen, "ds": ds, "ok": ok, "loss": loss}),
+        )
 
     async def _ack(self, ds: str, batch: int, gen: int) -> Frame | None:
         """The ``ACK`` of this result (late ones of earlier results are skipped), or None after

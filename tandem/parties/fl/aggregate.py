@@ -18,8 +18,9 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from .compression import error_feedback
 from tandem.errors import ConfigError
+
+from .compression import error_feedback
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +49,7 @@ class ServerState:
     residual: jnp.ndarray
 
     @classmethod
-    def zeros(cls, d: int) -> "ServerState":
+    def zeros(cls, d: int) -> ServerState:
         return cls(jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.float32))
 
 
@@ -65,8 +66,9 @@ def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray
     return out
 
 
-def server_step(rule: ServerRule, state: ServerState, aggregate
-                ) -> tuple[np.ndarray | None, np.ndarray, ServerState]:
+def server_step(
+    rule: ServerRule, state: ServerState, aggregate
+) -> tuple[np.ndarray | None, np.ndarray, ServerState]:
     """One server update. Returns ``(indices, values, new_state)``: the model moves by
     ``values`` at ``indices`` (``indices is None`` means a dense ``values`` vector)."""
     g = jnp.asarray(aggregate, jnp.float32)

@@ -17,17 +17,18 @@ it does hold, and the server re-plans that client's model message from that vers
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from . import compression as C
-from .train import LocalTrainer
-from tandem.transports.base import Frame, Transport
 from tandem.errors import TransportClosedError
+from tandem.transports.base import Frame, Transport
 
+from . import compression as C
 from . import protocol as P
 from .downlink import ClientModel
+from .train import LocalTrainer
 
 
 def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> np.ndarray:
@@ -38,8 +39,9 @@ def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> 
     if kind == "randk":
         return np.asarray(C.randk_compress(delta, seed, int(uplink["k"])), np.float32)
     if kind == "sketch":
-        return np.asarray(C.sketch_compress(delta, seed, int(uplink["rows"]),
-                                            int(uplink["cols"])), np.float32)
+        return np.asarray(
+            C.sketch_compress(delta, seed, int(uplink["rows"]), int(uplink["cols"])), np.float32
+        )
     raise P.UpdateError(f"unknown uplink kind {kind!r}; expected one of {P.UPLINK_KINDS}")
 
 
@@ -49,8 +51,16 @@ class FLClient:
     ``seed`` seeds the local shuffles (combined with the round's seed).
     """
 
-    def __init__(self, transport: Transport, server: str, x: np.ndarray, y: np.ndarray,
-                 trainer: LocalTrainer, *, seed: int = 0) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        server: str,
+        x: np.ndarray,
+        y: np.ndarray,
+        trainer: LocalTrainer,
+        *,
+        seed: int = 0,
+    ) -> None:
         self.transport, self.server = transport, server
         self.x, self.y = x, y
         self.trainer = trainer
@@ -85,8 +95,11 @@ class FLClient:
         if not isinstance(rnd, int):
             return
         try:
-            await self.transport.send(self.server, P.UPDATE, Frame(meta={
-                "kind": P.RESYNC, "round": rnd, "version": self.state.version}))
+            await self.transport.send(
+                self.server,
+                P.UPDATE,
+                Frame(meta={"kind": P.RESYNC, "round": rnd, "version": self.state.version}),
+            )
         except TransportClosedError:
             return
 
@@ -103,8 +116,12 @@ class FLClient:
         self.rounds_trained += 1
         await self.before_reply(rnd)
         arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))
-        out = {"round": rnd, "n": int(self.x.shape[0]), "version": self.state.version,
-               "kind": uplink["kind"]}
+        out = {
+            "round": rnd,
+            "n": int(self.x.shape[0]),
+            "version": self.state.version,
+            "kind": uplink["kind"],
+        }
         if info is not None:
             out["zlib"] = info
         try:

@@ -65,7 +65,7 @@ def unflatten(vec, spec: FlatSpec):
     leaves, offset = [], 0
     for shape, dtype in zip(spec.shapes, spec.dtypes):
         n = int(np.prod(shape, dtype=np.int64))
-        leaves.append(jnp.asarray(vec[offset: offset + n].reshape(shape), dtype=dtype))
+        leaves.append(jnp.asarray(vec[offset : offset + n].reshape(shape), dtype=dtype))
         offset += n
     return jax.tree_util.tree_unflatten(spec.treedef, leaves)
 
@@ -78,8 +78,7 @@ def _check_k(d: int, k: int) -> None:
 
 @partial(jax.jit, static_argnums=(1, 2))
 def _randk_indices(seed, d: int, k: int):
-    starts = (jnp.arange(k, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32)
-              * d) // k
+    starts = (jnp.arange(k, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) * d) // k
     ends = ((jnp.arange(k) + 1) * d) // k
     sizes = ends - starts
     u = jax.random.uniform(jax.random.key(seed), (k,))

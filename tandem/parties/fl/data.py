@@ -27,8 +27,15 @@ class FederatedData:
         return int(self.x_test.shape[1])
 
 
-def dirichlet_split(labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator,
-                    *, min_size: int = 2, max_tries: int = 200) -> list[np.ndarray]:
+def dirichlet_split(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    *,
+    min_size: int = 2,
+    max_tries: int = 200,
+) -> list[np.ndarray]:
     """Indices per client; retries until every client has at least ``min_size`` samples."""
     if num_clients < 1:
         raise ConfigError(f"num_clients must be >= 1, got {num_clients}")
@@ -37,7 +44,8 @@ def dirichlet_split(labels: np.ndarray, num_clients: int, alpha: float, rng: np.
     if num_clients * min_size > labels.size:
         raise ConfigError(
             f"{labels.size} samples cannot give {num_clients} clients {min_size} samples each; "
-            "use fewer clients")
+            "use fewer clients"
+        )
     for _ in range(max_tries):
         parts: list[list[int]] = [[] for _ in range(num_clients)]
         for c in np.unique(labels):
@@ -50,11 +58,13 @@ def dirichlet_split(labels: np.ndarray, num_clients: int, alpha: float, rng: np.
             return [np.sort(np.asarray(p, np.int64)) for p in parts]
     raise ConfigError(
         f"could not give each of {num_clients} clients {min_size} samples with alpha={alpha} "
-        f"in {max_tries} draws; raise alpha or use fewer clients")
+        f"in {max_tries} draws; raise alpha or use fewer clients"
+    )
 
 
-def load_federated_digits(num_clients: int, alpha: float, seed: int, *,
-                          test_fraction: float = 0.2) -> FederatedData:
+def load_federated_digits(
+    num_clients: int, alpha: float, seed: int, *, test_fraction: float = 0.2
+) -> FederatedData:
     """Digits (1797 8x8 images, scaled to [0, 1]) split into a test set and client shards."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
@@ -65,7 +75,8 @@ def load_federated_digits(num_clients: int, alpha: float, seed: int, *,
     x = (x / 16.0).astype(np.float32)
     y = y.astype(np.int32)
     x_tr, x_te, y_tr, y_te = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y)
+        x, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
     rng = np.random.default_rng(seed)
     shards = dirichlet_split(y_tr, num_clients, alpha, rng)
     return FederatedData(tuple((x_tr[s], y_tr[s]) for s in shards), x_te, y_te)

@@ -25,7 +25,8 @@ In every mode a delta that would be larger than the full model is replaced by th
 from __future__ import annotations
 
 import collections
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -48,18 +49,21 @@ class DownlinkPlanner:
     superset of the coordinates where ``model_b`` and the current model differ.
     """
 
-    def __init__(self, d: int, mode: str = "version", *, log_size: int = 16,
-                 anchor_every: int = 10) -> None:
+    def __init__(
+        self, d: int, mode: str = "version", *, log_size: int = 16, anchor_every: int = 10
+    ) -> None:
         if mode not in MODES:
             raise ConfigError(f"downlink mode {mode!r} is not one of {MODES}")
         if log_size < 1 or anchor_every < 1:
-            raise ConfigError(f"log_size and anchor_every must be >= 1, got {log_size}, "
-                              f"{anchor_every}")
+            raise ConfigError(
+                f"log_size and anchor_every must be >= 1, got {log_size}, {anchor_every}"
+            )
         self.d, self.mode = d, mode
         self.log_size, self.anchor_every = log_size, anchor_every
         self.version = 0
         self._log: collections.deque[tuple[int, np.ndarray | None]] = collections.deque(
-            maxlen=log_size)
+            maxlen=log_size
+        )
         self._since_init = np.zeros(d, bool)
         self._since_anchor = np.zeros(d, bool)
         self.anchor_version = 0
@@ -78,8 +82,11 @@ class DownlinkPlanner:
 
     def anchor_due(self) -> bool:
         """True when the current version starts a new anchor period (broadcast it now)."""
-        return self.mode == "anchor" and self.version % self.anchor_every == 0 \
+        return (
+            self.mode == "anchor"
+            and self.version % self.anchor_every == 0
             and self.version != self.anchor_version
+        )
 
     def set_anchor(self) -> None:
         self.anchor_version = self.version
@@ -120,8 +127,10 @@ class DownlinkPlanner:
         idx = self.changed_since(base)
         if idx is None or idx.size * (self._idx_dtype.itemsize + 4) >= model.nbytes:
             return full
-        return ({"kind": "delta", "version": self.version, "base": base},
-                (idx.astype(self._idx_dtype), model[idx]))
+        return (
+            {"kind": "delta", "version": self.version, "base": base},
+            (idx.astype(self._idx_dtype), model[idx]),
+        )
 
 
 class ClientModel:
@@ -138,24 +147,29 @@ class ClientModel:
     def apply(self, meta: Mapping[str, Any], arrays: tuple[np.ndarray, ...]) -> np.ndarray:
         kind, version = meta.get("kind"), meta.get("version")
         if not isinstance(version, int) or version < self.version:
-            raise DownlinkError(f"model version {version!r} is older than the held version "
-                                f"{self.version}")
+            raise DownlinkError(
+                f"model version {version!r} is older than the held version {self.version}"
+            )
         if kind == "full":
             (model,) = arrays
             if model.shape != self.model.shape or model.dtype != np.float32:
-                raise DownlinkError(f"full model must be float32 {self.model.shape}, got "
-                                    f"{model.dtype} {model.shape}")
+                raise DownlinkError(
+                    f"full model must be float32 {self.model.shape}, got "
+                    f"{model.dtype} {model.shape}"
+                )
             self.model = np.array(model, copy=True)
         elif kind == "delta":
             base = meta.get("base")
             if not isinstance(base, int) or base > self.version:
                 raise DownlinkError(
                     f"delta against version {base!r} cannot apply to held version "
-                    f"{self.version}; the server must send the full model")
+                    f"{self.version}; the server must send the full model"
+                )
             idx, values = arrays
             if idx.shape != values.shape or (idx.size and int(idx.max()) >= self.model.size):
-                raise DownlinkError("delta indices and values differ in shape or index past "
-                                    "the model's end")
+                raise DownlinkError(
+                    "delta indices and values differ in shape or index past the model's end"
+                )
             self.model = self.model.copy()
             self.model[idx.astype(np.int64)] = values
         else:

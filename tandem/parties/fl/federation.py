@@ -9,42 +9,57 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import optax
 
-from .train import LocalTrainer
 from tandem.transports.memory import MemoryNetwork
 
 from .client import FLClient
 from .data import FederatedData
 from .server import FLConfig, FLServer, RoundReport
+from .train import LocalTrainer
 
 
 def client_names(n: int) -> list[str]:
     return [f"c{i}" for i in range(n)]
 
 
-def make_trainer(data: FederatedData, hidden: Sequence[int], *, lr: float = 0.05,
-                 epochs: int = 2, batch_size: int = 16, init_seed: int = 0) -> LocalTrainer:
+def make_trainer(
+    data: FederatedData,
+    hidden: Sequence[int],
+    *,
+    lr: float = 0.05,
+    epochs: int = 2,
+    batch_size: int = 16,
+    init_seed: int = 0,
+) -> LocalTrainer:
     sizes = [data.num_features, *hidden, data.num_classes]
-    return LocalTrainer(sizes, optax.sgd(lr), epochs=epochs, batch_size=batch_size,
-                        init_seed=init_seed)
+    return LocalTrainer(
+        sizes, optax.sgd(lr), epochs=epochs, batch_size=batch_size, init_seed=init_seed
+    )
 
 
 async def run_memory_federation(
-        data: FederatedData, trainer: LocalTrainer, cfg: FLConfig, *,
-        on_round: Callable[[RoundReport], None] | None = None,
-        client_cls: Callable[..., FLClient] = FLClient,
-        network: MemoryNetwork | None = None) -> FLServer:
+    data: FederatedData,
+    trainer: LocalTrainer,
+    cfg: FLConfig,
+    *,
+    on_round: Callable[[RoundReport], None] | None = None,
+    client_cls: Callable[..., FLClient] = FLClient,
+    network: MemoryNetwork | None = None,
+) -> FLServer:
     """Train with one server and ``len(data.clients)`` clients; returns the finished server."""
     net = network or MemoryNetwork()
     names = client_names(len(data.clients))
     server_t = net.endpoint("server")
-    clients = [client_cls(net.endpoint(n), "server", x, y, trainer, seed=i)
-               for i, (n, (x, y)) in enumerate(zip(names, data.clients))]
-    server = FLServer(server_t, names, trainer, cfg, test_set=(data.x_test, data.y_test),
-                      on_round=on_round)
+    clients = [
+        client_cls(net.endpoint(n), "server", x, y, trainer, seed=i)
+        for i, (n, (x, y)) in enumerate(zip(names, data.clients))
+    ]
+    server = FLServer(
+        server_t, names, trainer, cfg, test_set=(data.x_test, data.y_test), on_round=on_round
+    )
     async with asyncio.TaskGroup() as tg:
         for c in clients:
             tg.create_task(c.run())
@@ -53,9 +68,14 @@ async def run_memory_federation(
 
 
 async def run_http_federation(
-        data: FederatedData, trainer: LocalTrainer, cfg: FLConfig, *,
-        on_round: Callable[[RoundReport], None] | None = None,
-        evaluate: bool = True, secret: bytes | None = None) -> FLServer:
+    data: FederatedData,
+    trainer: LocalTrainer,
+    cfg: FLConfig,
+    *,
+    on_round: Callable[[RoundReport], None] | None = None,
+    evaluate: bool = True,
+    secret: bytes | None = None,
+) -> FLServer:
     """Same as `run_memory_federation`, but every party has its own `HttpTransport` on
     127.0.0.1 (one process, real sockets). Frames over the update limit are refused by the
     server's transport itself (413), so the client's send fails and it is left out."""
@@ -63,17 +83,29 @@ async def run_http_federation(
 
     names = client_names(len(data.clients))
     async with contextlib.AsyncExitStack() as stack:
-        server_t = await stack.enter_async_context(HttpTransport(HttpConfig(
-            name="server", secret=secret)))
-        client_ts = [await stack.enter_async_context(HttpTransport(HttpConfig(
-            name=n, secret=secret, peers={"server": server_t.url}))) for n in names]
+        server_t = await stack.enter_async_context(
+            HttpTransport(HttpConfig(name="server", secret=secret))
+        )
+        client_ts = [
+            await stack.enter_async_context(
+                HttpTransport(HttpConfig(name=n, secret=secret, peers={"server": server_t.url}))
+            )
+            for n in names
+        ]
         for n, t in zip(names, client_ts):
             server_t.add_peer(n, t.url)
-        clients = [FLClient(t, "server", x, y, trainer, seed=i)
-                   for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients))]
-        server = FLServer(server_t, names, trainer, cfg,
-                          test_set=(data.x_test, data.y_test) if evaluate else None,
-                          on_round=on_round)
+        clients = [
+            FLClient(t, "server", x, y, trainer, seed=i)
+            for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients))
+        ]
+        server = FLServer(
+            server_t,
+            names,
+            trainer,
+            cfg,
+            test_set=(data.x_test, data.y_test) if evaluate else None,
+            on_round=on_round,
+        )
         async with asyncio.TaskGroup() as tg:
             for c in clients:
                 tg.create_task(c.run())

@@ -8,7 +8,6 @@ coordinates at server learning rate 0.1, version-delta downlink.
 from __future__ import annotations
 
 from .aggregate import ServerRule
-
 from .server import FLConfig
 
 
@@ -17,14 +16,22 @@ def dense(**kw) -> FLConfig:
     return FLConfig(**kw)
 
 
-def compressed(d: int, *, uplink_ratio: int = 60, topk_ratio: int = 50, momentum: float = 0.9,
-               server_lr: float = 0.1, downlink: str = "version", sketch: bool = False,
-               **kw) -> FLConfig:
+def compressed(
+    d: int,
+    *,
+    uplink_ratio: int = 60,
+    topk_ratio: int = 50,
+    momentum: float = 0.9,
+    server_lr: float = 0.1,
+    downlink: str = "version",
+    sketch: bool = False,
+    **kw,
+) -> FLConfig:
     """Compressed both ways (see module doc); ``sketch`` uses a 1-row count sketch of the
     same size instead of rand-k."""
     size = max(1, d // uplink_ratio)
-    uplink = {"kind": "sketch", "rows": 1, "cols": size} if sketch else \
-        {"kind": "randk", "k": size}
-    rule = ServerRule(momentum=momentum, topk=max(1, d // topk_ratio), lr=server_lr,
-                      momentum_stop=sketch)
+    uplink = {"kind": "sketch", "rows": 1, "cols": size} if sketch else {"kind": "randk", "k": size}
+    rule = ServerRule(
+        momentum=momentum, topk=max(1, d // topk_ratio), lr=server_lr, momentum_stop=sketch
+    )
     return FLConfig(uplink=uplink, rule=rule, downlink=downlink, **kw)

@@ -21,12 +21,13 @@ field and the fix; the server then leaves that client out of the round and keeps
 from __future__ import annotations
 
 import zlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from tandem.transports.base import Frame
 from tandem.errors import TandemError
+from tandem.transports.base import Frame
 
 MODEL = "fl/model"
 UPDATE = "fl/update"
@@ -103,12 +104,15 @@ def check_resync(frame: Frame, *, version: int) -> tuple[int, int]:
     """Validate a client's ``resync`` message; returns ``(round, version it holds)``."""
     if frame.arrays:
         raise UpdateError("a resync message carries no arrays")
-    return (_int_field(frame.meta, "round", 0, 2**62),
-            _int_field(frame.meta, "version", 0, version))
+    return (
+        _int_field(frame.meta, "round", 0, 2**62),
+        _int_field(frame.meta, "version", 0, version),
+    )
 
 
-def check_update(frame: Frame, *, uplink: Mapping[str, Any], d: int, version: int,
-                 max_bytes: int) -> tuple[int, int, int, np.ndarray]:
+def check_update(
+    frame: Frame, *, uplink: Mapping[str, Any], d: int, version: int, max_bytes: int
+) -> tuple[int, int, int, np.ndarray]:
     """Validate a client update; returns ``(round, n, version, payload float32)``.
 
     Raises `UpdateError` for: frames over ``max_bytes``, missing/ill-typed meta, a kind other
@@ -117,14 +121,16 @@ def check_update(frame: Frame, *, uplink: Mapping[str, Any], d: int, version: in
     if frame.nbytes > max_bytes:
         raise UpdateError(
             f"update of {frame.nbytes} bytes exceeds the limit of {max_bytes} bytes for uplink "
-            f"{dict(uplink)}; compress it as the round's meta.uplink says")
+            f"{dict(uplink)}; compress it as the round's meta.uplink says"
+        )
     meta = frame.meta
     rnd = _int_field(meta, "round", 0, 2**62)
     n = _int_field(meta, "n", 1, 2**31)
     ver = _int_field(meta, "version", 0, version)
     if meta.get("kind") != uplink["kind"]:
-        raise UpdateError(f"update kind {meta.get('kind')!r} differs from the round's uplink "
-                          f"{uplink['kind']!r}")
+        raise UpdateError(
+            f"update kind {meta.get('kind')!r} differs from the round's uplink {uplink['kind']!r}"
+        )
     arrays = unpack_arrays(frame, max_bytes=max_bytes)
     if len(arrays) != 1:
         raise UpdateError(f"an update carries exactly one array, got {len(arrays)}")
@@ -146,7 +152,8 @@ def check_uplink(uplink: Mapping[str, Any], d: int) -> dict[str, Any]:
         raise ConfigError(f"uplink kind {kind!r} is not one of {UPLINK_KINDS}")
     if kind == "randk" and not (isinstance(uplink.get("k"), int) and 1 <= uplink["k"] <= d):
         raise ConfigError(f"rand-k uplink needs an integer k in [1, {d}], got {uplink.get('k')!r}")
-    if kind == "sketch" and not all(isinstance(uplink.get(f), int) and uplink[f] >= 1
-                                    for f in ("rows", "cols")):
+    if kind == "sketch" and not all(
+        isinstance(uplink.get(f), int) and uplink[f] >= 1 for f in ("rows", "cols")
+    ):
         raise ConfigError(f"sketch uplink needs integer rows, cols >= 1, got {dict(uplink)}")
     return dict(uplink)

@@ -26,19 +26,19 @@ import asyncio
 import dataclasses
 import math
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from . import compression as C
-from tandem.errors import ConfigError
-from .aggregate import ServerRule, ServerState, server_step, weighted_mean
-from .train import LocalTrainer
+from tandem.errors import ConfigError, TandemError
 from tandem.transports.base import Frame, Transport
-from tandem.errors import TandemError
 
+from . import compression as C
 from . import protocol as P
+from .aggregate import ServerRule, ServerState, server_step, weighted_mean
 from .downlink import DownlinkPlanner
+from .train import LocalTrainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +63,15 @@ class FLConfig:
         if self.rounds < 0:
             raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
         if not 0 < self.fraction <= 1:
-            raise ConfigError(f"fraction of clients per round must be in (0, 1], got "
-                              f"{self.fraction}")
+            raise ConfigError(
+                f"fraction of clients per round must be in (0, 1], got {self.fraction}"
+            )
         if not self.round_timeout > 0:
             raise ConfigError(f"round_timeout must be > 0 s, got {self.round_timeout}")
         if self.eval_every < 0:
-            raise ConfigError(f"eval_every must be >= 0 (0 = only at the end), got "
-                              f"{self.eval_every}")
+            raise ConfigError(
+                f"eval_every must be >= 0 (0 = only at the end), got {self.eval_every}"
+            )
 
 
 @dataclasses.dataclass
@@ -89,9 +91,16 @@ class RoundReport:
 class FLServer:
     """Runs ``cfg.rounds`` rounds over ``transport`` with the named ``clients``."""
 
-    def __init__(self, transport: Transport, clients: Sequence[str], trainer: LocalTrainer,
-                 cfg: FLConfig, *, test_set: tuple[np.ndarray, np.ndarray] | None = None,
-                 on_round: Callable[[RoundReport], None] | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        clients: Sequence[str],
+        trainer: LocalTrainer,
+        cfg: FLConfig,
+        *,
+        test_set: tuple[np.ndarray, np.ndarray] | None = None,
+        on_round: Callable[[RoundReport], None] | None = None,
+    ) -> None:
         if not clients:
             raise ConfigError("a federation needs at least one client")
         self.transport, self.clients = transport, list(clients)
@@ -100,8 +109,9 @@ class FLServer:
         self.uplink = P.check_uplink(cfg.uplink, self.d)
         self.model = np.array(trainer.init_vec, np.float32, copy=True)
         self.state = ServerState.zeros(self.d)
-        self.planner = DownlinkPlanner(self.d, cfg.downlink, log_size=cfg.log_size,
-                                       anchor_every=cfg.anchor_every)
+        self.planner = DownlinkPlanner(
+            self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
+        )
         self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
         self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
@@ -144,24 +154,34 @@ class FLServer:
             async with asyncio.timeout(self.cfg.round_timeout):
                 async with asyncio.TaskGroup() as tg:
                     for c in targets:
-                        tg.create_task(self._serve(c, r, seed, c in sampled, broadcast,
-                                                   accepted, rejected))
+                        tg.create_task(
+                            self._serve(c, r, seed, c in sampled, broadcast, accepted, rejected)
+                        )
         except TimeoutError:
             pass
         if accepted:
             names = sorted(accepted)
-            await asyncio.to_thread(self._apply, [accepted[c][1] for c in names],
-                                    [accepted[c][0] for c in names], seed)
+            await asyncio.to_thread(
+                self._apply, [accepted[c][1] for c in names], [accepted[c][0] for c in names], seed
+            )
         acc = None
         last = r == self.cfg.rounds - 1
-        if self.test_set is not None and (last or (self.cfg.eval_every
-                                                   and (r + 1) % self.cfg.eval_every == 0)):
+        if self.test_set is not None and (
+            last or (self.cfg.eval_every and (r + 1) % self.cfg.eval_every == 0)
+        ):
             acc = await asyncio.to_thread(self.trainer.accuracy, self.model, *self.test_set)
         report = RoundReport(
-            round=r, sampled=sampled, accepted=sorted(accepted),
-            dropped=sorted(set(sampled) - set(accepted) - set(rejected)), rejected=rejected,
-            up_bytes=self.bytes_up() - up0, down_bytes=self.bytes_down() - down0,
-            version=self.planner.version, seconds=time.perf_counter() - t0, accuracy=acc)
+            round=r,
+            sampled=sampled,
+            accepted=sorted(accepted),
+            dropped=sorted(set(sampled) - set(accepted) - set(rejected)),
+            rejected=rejected,
+            up_bytes=self.bytes_up() - up0,
+            down_bytes=self.bytes_down() - down0,
+            version=self.planner.version,
+            seconds=time.perf_counter() - t0,
+            accuracy=acc,
+        )
         self.reports.append(report)
         if self.on_round is not None:
             self.on_round(report)
@@ -173,12 +193,28 @@ class FLServer:
             meta["zlib"] = info
         await self.transport.send(c, P.MODEL, Frame(meta=meta, arrays=arrays))
 
-    async def _serve(self, c: str, r: int, seed: int, train: bool, broadcast: bool,
-                     accepted: dict, rejected: dict) -> None:
+    async def _serve(
+        self,
+        c: str,
+        r: int,
+        seed: int,
+        train: bool,
+        broadcast: bool,
+        accepted: dict,
+        rejected: dict,
+    ) -> None:
         try:
             if broadcast:
-                await self._send(c, {"kind": "full", "version": self.planner.version,
-                                     "anchor": True, "train": False}, (self.model,))
+                await self._send(
+                    c,
+                    {
+                        "kind": "full",
+                        "version": self.planner.version,
+                        "anchor": True,
+                        "train": False,
+                    },
+                    (self.model,),
+                )
                 self.known[c] = max(self.known[c], self.planner.version)
             if not train:
                 return
@@ -195,8 +231,10 @@ class FLServer:
                     if rnd < r:
                         continue  # about a past round's message; this round's is on its way
                     if rnd > r or resynced:
-                        rejected[c] = f"{c!r} cannot apply its model message even after a " \
-                                      f"resync to version {held} (round {rnd})"
+                        rejected[c] = (
+                            f"{c!r} cannot apply its model message even after a "
+                            f"resync to version {held} (round {rnd})"
+                        )
                         return
                     # the client restarted or lost state: plan from what it really holds
                     self.known[c], resynced = held, True
@@ -205,16 +243,22 @@ class FLServer:
                     continue
                 try:
                     rnd, n, ver, payload = P.check_update(
-                        frame, uplink=self.uplink, d=self.d, version=self.planner.version,
-                        max_bytes=self.max_update_bytes)
+                        frame,
+                        uplink=self.uplink,
+                        d=self.d,
+                        version=self.planner.version,
+                        max_bytes=self.max_update_bytes,
+                    )
                 except P.UpdateError as exc:
                     rejected[c] = f"update from {c!r} refused: {exc}"
                     return
                 if rnd < r:
                     continue  # a late reply to a past round: discard, keep waiting
                 if rnd > r:
-                    rejected[c] = f"update from {c!r} refused: round {rnd} is in the future " \
-                                  f"(current round {r})"
+                    rejected[c] = (
+                        f"update from {c!r} refused: round {rnd} is in the future "
+                        f"(current round {r})"
+                    )
                     return
                 self.known[c] = max(self.known[c], ver)
                 accepted[c] = (n, payload)
@@ -224,8 +268,7 @@ class FLServer:
 
     async def _send_round(self, c: str, r: int, seed: int) -> None:
         meta, arrays = self.planner.plan(self.model, self.known[c])
-        meta.update(round=r, seed=seed, train=True, uplink=self.uplink,
-                    lossless=self.cfg.lossless)
+        meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
         await self._send(c, meta, arrays)
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
@@ -249,12 +292,14 @@ class FLServer:
 
     async def stop_clients(self, timeout: float = 1.0) -> None:
         """Tell every client to stop (best effort: a gone client is skipped)."""
+
         async def stop(c: str) -> None:
             try:
                 async with asyncio.timeout(timeout):
                     await self.transport.send(c, P.MODEL, Frame(meta={"kind": "stop"}))
             except (TandemError, TimeoutError):
                 pass
+
         async with asyncio.TaskGroup() as tg:
             for c in self.clients:
                 tg.create_task(stop(c))

@@ -11,16 +11,17 @@ batch of an epoch is padded and masked, so datasets of any size reuse the same c
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .compression import FlatSpec, flatten, unflatten
-from tandem.errors import ConfigError, ShapeError
 from tandem.engine.models import mlp_apply, mlp_init
+from tandem.errors import ConfigError, ShapeError
+
+from .compression import FlatSpec, flatten, unflatten
 
 
 def _loss(params, x, y, mask):
@@ -36,8 +37,15 @@ class LocalTrainer:
     ``(params, data, seed)`` gives the same delta.
     """
 
-    def __init__(self, sizes: Sequence[int], optimizer: optax.GradientTransformation, *,
-                 epochs: int = 1, batch_size: int = 16, init_seed: int = 0) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        optimizer: optax.GradientTransformation,
+        *,
+        epochs: int = 1,
+        batch_size: int = 16,
+        init_seed: int = 0,
+    ) -> None:
         if epochs < 1 or batch_size < 1:
             raise ConfigError(f"epochs and batch_size must be >= 1, got {epochs}, {batch_size}")
         self.sizes = tuple(int(s) for s in sizes)
@@ -55,8 +63,7 @@ class LocalTrainer:
             return optax.apply_updates(params, updates), opt_state
 
         self._step = jax.jit(step)
-        self._accuracy = jax.jit(
-            lambda p, x, y: jnp.mean(jnp.argmax(mlp_apply(p, x), -1) == y))
+        self._accuracy = jax.jit(lambda p, x, y: jnp.mean(jnp.argmax(mlp_apply(p, x), -1) == y))
 
     @property
     def dim(self) -> int:
@@ -66,7 +73,8 @@ class LocalTrainer:
         if x.ndim != 2 or x.shape[1] != self.sizes[0] or y.shape != (x.shape[0],):
             raise ShapeError(
                 f"local data must be x: (n, {self.sizes[0]}) and y: (n,), got {x.shape} and "
-                f"{y.shape}")
+                f"{y.shape}"
+            )
 
     def train(self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
         """Train from flat parameters ``vec``; returns ``new - vec`` (float32, flat)."""
@@ -78,7 +86,7 @@ class LocalTrainer:
         for _ in range(self.epochs):
             order = rng.permutation(n)
             for start in range(0, n, b):
-                sel = order[start: start + b]
+                sel = order[start : start + b]
                 mask = np.zeros(b, np.float32)
                 mask[: sel.size] = 1.0
                 pad = np.resize(sel, b)  # repeats indices; masked out of the loss

@@ -29,7 +29,8 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import safetensors.numpy
@@ -83,8 +84,7 @@ class CheckpointStore:
         """Steps of every complete checkpoint file in the folder, ascending."""
         if not os.path.isdir(self.directory):
             return []
-        return sorted(int(m.group(1)) for n in os.listdir(self.directory)
-                      if (m := _NAME.match(n)))
+        return sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := _NAME.match(n)))
 
     def steps(self, spec_hash: str | None = None) -> list[int]:
         """Steps of the readable checkpoints of this party (for ``spec_hash`` if given)."""
@@ -94,8 +94,9 @@ class CheckpointStore:
                 meta = self.read_meta(step)
             except CheckpointError:
                 continue
-            if meta.get("party") == self.party and (spec_hash is None or
-                                                     meta.get("spec_hash") == spec_hash):
+            if meta.get("party") == self.party and (
+                spec_hash is None or meta.get("spec_hash") == spec_hash
+            ):
                 out.append(step)
         return out
 
@@ -144,9 +145,16 @@ class CheckpointStore:
         return desc
 
     # -- writing ---------------------------------------------------------------------------
-    def save(self, step: int, *, params: Mapping[str, Any], opt_state: Mapping[str, Any],
-             spec_hash: str, cursor: Mapping[str, int], extra: Mapping[str, Any] | None = None
-             ) -> str:
+    def save(
+        self,
+        step: int,
+        *,
+        params: Mapping[str, Any],
+        opt_state: Mapping[str, Any],
+        spec_hash: str,
+        cursor: Mapping[str, int],
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
         """Atomically write checkpoint ``step``; returns its path. See the module docstring."""
         import jax
 
@@ -163,19 +171,27 @@ class CheckpointStore:
                     if not arr.flags.c_contiguous:
                         arr = arr.copy(order="C")
                     if arr.dtype.kind not in "biuf":
-                        raise CheckpointError(f"{key} leaf {stage}/{i} has dtype {arr.dtype}; "
-                                              "only numeric arrays can be checkpointed")
-                    tensors[f"{prefix}/{stage}/{i}"] = arr.astype(arr.dtype.newbyteorder("<"),
-                                                                  copy=False)
-        desc = {"format": FORMAT, "version": VERSION, "party": self.party,
-                "spec_hash": spec_hash, "step": int(step),
-                "cursor": {k: int(v) for k, v in cursor.items()},
-                "extra": dict(extra or {}), "structure": structure}
+                        raise CheckpointError(
+                            f"{key} leaf {stage}/{i} has dtype {arr.dtype}; "
+                            "only numeric arrays can be checkpointed"
+                        )
+                    tensors[f"{prefix}/{stage}/{i}"] = arr.astype(
+                        arr.dtype.newbyteorder("<"), copy=False
+                    )
+        desc = {
+            "format": FORMAT,
+            "version": VERSION,
+            "party": self.party,
+            "spec_hash": spec_hash,
+            "step": int(step),
+            "cursor": {k: int(v) for k, v in cursor.items()},
+            "extra": dict(extra or {}),
+            "structure": structure,
+        }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
         os.makedirs(self.directory, exist_ok=True)
         final = self.path(step)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".step-{int(step)}.",
-                                   suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".step-{int(step)}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
@@ -192,7 +208,7 @@ class CheckpointStore:
 
     def _prune(self) -> None:
         steps = self.all_steps()
-        for step in steps[:-self.keep]:
+        for step in steps[: -self.keep]:
             try:
                 os.unlink(self.path(step))
             except FileNotFoundError:
@@ -205,8 +221,14 @@ class CheckpointStore:
                     pass
 
     # -- reading ---------------------------------------------------------------------------
-    def load(self, step: int, *, params_like: Mapping[str, Any],
-             opt_state_like: Mapping[str, Any], spec_hash: str | None = None) -> Restored:
+    def load(
+        self,
+        step: int,
+        *,
+        params_like: Mapping[str, Any],
+        opt_state_like: Mapping[str, Any],
+        spec_hash: str | None = None,
+    ) -> Restored:
         """Read checkpoint ``step`` into pytrees shaped like the templates.
 
         Raises `CheckpointError` naming the leaf when the file's leaves (count, dtype, shape)
@@ -217,27 +239,36 @@ class CheckpointStore:
         desc = self.read_meta(step)
         path = self.path(step)
         if desc.get("party") != self.party:
-            raise CheckpointError(f"{path!r} belongs to party {desc.get('party')!r}, not "
-                                  f"{self.party!r}; point checkpoint.dir at this party's folder")
+            raise CheckpointError(
+                f"{path!r} belongs to party {desc.get('party')!r}, not "
+                f"{self.party!r}; point checkpoint.dir at this party's folder"
+            )
         if spec_hash is not None and desc.get("spec_hash") != spec_hash:
-            raise CheckpointError(f"{path!r} was saved for task spec {desc.get('spec_hash')!r:.16}"
-                                  f" but the agreed spec is {spec_hash!r:.16}")
+            raise CheckpointError(
+                f"{path!r} was saved for task spec {desc.get('spec_hash')!r:.16}"
+                f" but the agreed spec is {spec_hash!r:.16}"
+            )
         out: dict[str, dict[str, Any]] = {"params": {}, "opt_state": {}}
         with safe_open(path, framework="np") as f:
             names = set(f.keys())
-            for prefix, key, templates in (("p", "params", params_like),
-                                           ("o", "opt_state", opt_state_like)):
+            for prefix, key, templates in (
+                ("p", "params", params_like),
+                ("o", "opt_state", opt_state_like),
+            ):
                 stored = desc["structure"][key]
                 if set(stored) != set(templates):
-                    raise CheckpointError(f"{path!r} holds {key} of stages {sorted(stored)} but "
-                                          f"this party has {sorted(templates)}")
+                    raise CheckpointError(
+                        f"{path!r} holds {key} of stages {sorted(stored)} but "
+                        f"this party has {sorted(templates)}"
+                    )
                 for stage, template in templates.items():
                     leaves, treedef = jax.tree_util.tree_flatten(template)
                     if str(treedef) != stored[stage]:
                         raise CheckpointError(
                             f"{path!r}: {key} of stage {stage!r} has another structure than this "
                             f"party's model/optimizer (saved {stored[stage][:120]}, now "
-                            f"{str(treedef)[:120]})")
+                            f"{str(treedef)[:120]})"
+                        )
                     filled = []
                     for i, leaf in enumerate(leaves):
                         name = f"{prefix}/{stage}/{i}"
@@ -250,12 +281,18 @@ class CheckpointStore:
                                 f"{path!r}: {name} is {arr.dtype}{list(arr.shape)} but this "
                                 f"party's model needs {want.dtype}{list(want.shape)}; the file "
                                 "does not fit this model: delete it (every party's file of "
-                                "that step) or point checkpoint.dir elsewhere")
+                                "that step) or point checkpoint.dir elsewhere"
+                            )
                         filled.append(arr)
                     out[key][stage] = jax.tree_util.tree_unflatten(treedef, filled)
-        return Restored(step=int(desc["step"]), params=out["params"],
-                        opt_state=out["opt_state"], cursor=dict(desc.get("cursor", {})),
-                        extra=dict(desc.get("extra", {})), spec_hash=str(desc.get("spec_hash")))
+        return Restored(
+            step=int(desc["step"]),
+            params=out["params"],
+            opt_state=out["opt_state"],
+            cursor=dict(desc.get("cursor", {})),
+            extra=dict(desc.get("extra", {})),
+            spec_hash=str(desc.get("spec_hash")),
+        )
 
 
 def _fsync_dir(directory: str) -> None:

@@ -13,13 +13,20 @@ def register(sub) -> None:
     from . import predict_cli
     from .demo import demo_command
 
-    p = sub.add_parser("demo", help="train leader + follower in one process on the "
-                       "breast-cancer data split by columns; prints one JSON line")
+    p = sub.add_parser(
+        "demo",
+        help="train leader + follower in one process on the "
+        "breast-cancer data split by columns; prints one JSON line",
+    )
     p.add_argument("--epochs", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--groups", default="auto", help="micro-batches per batch: an int or 'auto'")
-    p.add_argument("--chunks", type=int, default=1,
-                   help="messages per micro-batch each way; the loss party computes per message")
+    p.add_argument(
+        "--chunks",
+        type=int,
+        default=1,
+        help="messages per micro-batch each way; the loss party computes per message",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bandwidth", type=float, default=1e6, help="shaped link, bytes/s each way")
     p.add_argument("--latency", type=float, default=0.002, help="shaped link latency, seconds")
@@ -27,10 +34,17 @@ def register(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=demo_command, colocate_threads=True)
 
-    p = sub.add_parser("party", help="run one split-learning party (leader or follower) over "
-                       "HTTP from a TOML config; prints one JSON line (docs/parties.md)")
-    p.add_argument("--config", required=True, metavar="F.toml",
-                   help="the party's configuration (see examples/split/leader.toml)")
+    p = sub.add_parser(
+        "party",
+        help="run one split-learning party (leader or follower) over "
+        "HTTP from a TOML config; prints one JSON line (docs/parties.md)",
+    )
+    p.add_argument(
+        "--config",
+        required=True,
+        metavar="F.toml",
+        help="the party's configuration (see examples/split/leader.toml)",
+    )
     p.set_defaults(func=party_command, colocate_threads=True)
     predict_cli.register(sub)
 
@@ -38,8 +52,7 @@ def register(sub) -> None:
 async def party_command(args) -> int:
     """Exit codes: 0 done or stopped cleanly (SIGINT/SIGTERM, see the JSON ``status``),
     1 the run failed (refused spec, wrong secret, unreachable or lost peer), 2 bad config."""
-    from tandem.errors import ConfigError
-    from tandem.errors import TandemError
+    from tandem.errors import ConfigError, TandemError
 
     from .party_config import load_party_config
     from .standalone import run_party
@@ -76,8 +89,7 @@ def report_error(prefix: str, exc: BaseException) -> int:
     """Print a command's failure as ``prefix: message`` on stderr and return its exit code:
     2 for a configuration error (the user must fix an input), 1 for any other Tandem or OS
     error. Anything else (a bug) is re-raised, as are exception groups holding one."""
-    from tandem.errors import ConfigError
-    from tandem.errors import TandemError
+    from tandem.errors import ConfigError, TandemError
 
     err = _first(exc)
     if not isinstance(err, (TandemError, OSError)):

@@ -38,8 +38,9 @@ def load_breast_cancer_split(seed: int = 0, test_fraction: float = 0.25) -> Demo
     from sklearn.model_selection import train_test_split
 
     X, y = load_breast_cancer(return_X_y=True)
-    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=test_fraction, random_state=seed,
-                                          stratify=y)
+    Xtr, Xte, ytr, yte = train_test_split(
+        X, y, test_size=test_fraction, random_state=seed, stratify=y
+    )
     mu, sd = Xtr.mean(0), Xtr.std(0) + 1e-8
     Xtr, Xte = ((Xtr - mu) / sd).astype(np.float32), ((Xte - mu) / sd).astype(np.float32)
     half = X.shape[1] // 2
@@ -58,43 +59,84 @@ def demo_models(d_leader: int, d_follower: int, cut: int, hidden: int):
     }
 
 
-async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed: int = 0,
-                   bandwidth: float = 1e6, latency: float = 0.002, cut: int = 128,
-                   hidden: int = 64, trace_dir: str | None = None, progress: bool = True,
-                   timing_batches: int = 4, chunks: int = 1) -> dict:
+async def run_demo(
+    *,
+    epochs: int = 8,
+    batch_size: int = 64,
+    groups="auto",
+    seed: int = 0,
+    bandwidth: float = 1e6,
+    latency: float = 0.002,
+    cut: int = 128,
+    hidden: int = 64,
+    trace_dir: str | None = None,
+    progress: bool = True,
+    timing_batches: int = 4,
+    chunks: int = 1,
+) -> dict:
     data = load_breast_cancer_split(seed)
     topo = leader_follower()
-    cfg = SplitConfig(batch_size=batch_size, epochs=epochs, groups=groups, seed=seed,
-                      learning_rate=3e-3, loss="binary", chunks=chunks)
-    models = demo_models(data.leader["train"].shape[1], data.follower["train"].shape[1],
-                         cut, hidden)
+    cfg = SplitConfig(
+        batch_size=batch_size,
+        epochs=epochs,
+        groups=groups,
+        seed=seed,
+        learning_rate=3e-3,
+        loss="binary",
+        chunks=chunks,
+    )
+    models = demo_models(
+        data.leader["train"].shape[1], data.follower["train"].shape[1], cut, hidden
+    )
     net = MemoryNetwork()
     net.shape("leader", "follower", bandwidth=bandwidth, latency=latency, both=True)
-    leader = SplitParty("leader", topo, models, net.endpoint("leader"), datasets=data.leader,
-                        labels=data.labels, config=cfg)
-    follower = SplitParty("follower", topo, models, net.endpoint("follower"),
-                          datasets=data.follower, config=cfg)
+    leader = SplitParty(
+        "leader",
+        topo,
+        models,
+        net.endpoint("leader"),
+        datasets=data.leader,
+        labels=data.labels,
+        config=cfg,
+    )
+    follower = SplitParty(
+        "follower", topo, models, net.endpoint("follower"), datasets=data.follower, config=cfg
+    )
     result: dict = {}
 
     async def drive() -> None:
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         n_batches = len(epoch_batches(len(data.labels["train"]), batch_size, 0, seed))
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                      TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
-                      TimeElapsedColumn(), disable=not progress, transient=False) as bar:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
+            TimeElapsedColumn(),
+            disable=not progress,
+            transient=False,
+        ) as bar:
             for epoch in range(epochs):
                 task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
-                hist = await leader.fit(1, on_batch=lambda e, i, loss, task=task: bar.update(
-                    task, completed=i, loss=f"{loss:.4f}"))
+                hist = await leader.fit(
+                    1,
+                    on_batch=lambda e, i, loss, task=task: bar.update(
+                        task, completed=i, loss=f"{loss:.4f}"
+                    ),
+                )
                 bar.update(task, loss=f"{hist[-1].loss:.4f}  n={leader.n_groups}")
         metrics = await leader.evaluate("test")
         # the tuner may still be trying a neighbour after a short run: time its best n so far
         tuned = leader.tuner.best if groups == "auto" else leader.n_groups
-        result.update(test_accuracy=metrics["accuracy"], test_auc=metrics["auc"],
-                      test_loss=metrics["loss"], train_loss=leader.history[-1].loss,
-                      n_groups=tuned, tuner_settled=leader.tuner.settled,
-                      epochs=epochs)
+        result.update(
+            test_accuracy=metrics["accuracy"],
+            test_auc=metrics["auc"],
+            test_loss=metrics["loss"],
+            train_loss=leader.history[-1].loss,
+            n_groups=tuned,
+            tuner_settled=leader.tuner.settled,
+            epochs=epochs,
+        )
         # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);
         # each timing starts with both parties idle and ends when BOTH finished the last batch
         # (the leader's run_batch returns before the follower's last backward and update)
@@ -118,8 +160,11 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
             traces[label] = (f"{label} (n={n}, {policy})", tr)
         for party in (leader, follower):
             party.trace, party.config.policy = None, "priority"
-        result.update(sequential_s=timings["sequential"], pipelined_s=timings["pipelined"],
-                      speedup=timings["sequential"] / timings["pipelined"])
+        result.update(
+            sequential_s=timings["sequential"],
+            pipelined_s=timings["pipelined"],
+            speedup=timings["sequential"] / timings["pipelined"],
+        )
         if trace_dir:
             out = Path(trace_dir)
             traces["pipelined"][1].write_chrome(out / "trace_pipelined.json")
@@ -136,9 +181,16 @@ async def run_demo(*, epochs: int = 8, batch_size: int = 64, groups="auto", seed
 
 
 async def demo_command(args) -> int:
-    result = await run_demo(epochs=args.epochs, batch_size=args.batch_size,
-                            groups=args.groups if args.groups == "auto" else int(args.groups),
-                            seed=args.seed, bandwidth=args.bandwidth, latency=args.latency,
-                            trace_dir=args.trace, progress=not args.quiet, chunks=args.chunks)
+    result = await run_demo(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        groups=args.groups if args.groups == "auto" else int(args.groups),
+        seed=args.seed,
+        bandwidth=args.bandwidth,
+        latency=args.latency,
+        trace_dir=args.trace,
+        progress=not args.quiet,
+        chunks=args.chunks,
+    )
     print(json.dumps(result))
     return 0 if result["test_accuracy"] >= 0.9 else 1

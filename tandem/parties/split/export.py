@@ -45,7 +45,8 @@ import hashlib
 import json
 import os
 import tempfile
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import safetensors.numpy
@@ -77,18 +78,25 @@ class LoadedStages:
     description: dict[str, Any]
 
 
-def describe(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str,
-             **optional: Any) -> dict:
+def describe(
+    stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str, **optional: Any
+) -> dict:
     """The description `save_stages` writes for these stages (without the digest)."""
     _, desc = _flatten_all(stages, topology=topology, party=party, **optional)
     return desc
 
 
-def save_stages(path: str | os.PathLike, stages: Mapping[str, Any], *,
-                topology: Mapping[str, Any], party: str,
-                models: Mapping[str, Mapping[str, Any]] | None = None,
-                widths: Mapping[str, int] | None = None, training: str | None = None,
-                loss: str | None = None) -> dict[str, Any]:
+def save_stages(
+    path: str | os.PathLike,
+    stages: Mapping[str, Any],
+    *,
+    topology: Mapping[str, Any],
+    party: str,
+    models: Mapping[str, Mapping[str, Any]] | None = None,
+    widths: Mapping[str, int] | None = None,
+    training: str | None = None,
+    loss: str | None = None,
+) -> dict[str, Any]:
     """Write ``stages`` (name -> params pytree of arrays) and their description to ``path``.
 
     ``models`` (stage -> model spec), ``widths``, ``training`` and ``loss`` are the optional
@@ -97,8 +105,15 @@ def save_stages(path: str | os.PathLike, stages: Mapping[str, Any], *,
     The file is written to a temporary name and renamed, so a crash never leaves a partial
     file under ``path``. Returns the description written (including the digest).
     """
-    tensors, desc = _flatten_all(stages, topology=topology, party=party, models=models,
-                                 widths=widths, training=training, loss=loss)
+    tensors, desc = _flatten_all(
+        stages,
+        topology=topology,
+        party=party,
+        models=models,
+        widths=widths,
+        training=training,
+        loss=loss,
+    )
     desc["digest"] = _digest(tensors, desc)
     stored = {name: _storable(arr) for name, arr in tensors.items()}
     blob = safetensors.numpy.save(stored, metadata={_META_KEY: json.dumps(desc, sort_keys=True)})
@@ -127,7 +142,8 @@ def read_description(path: str | os.PathLike) -> dict[str, Any]:
     if _META_KEY not in meta:
         raise ExportError(
             f"{os.fspath(path)!r} has no {_META_KEY!r} description: it was not written by "
-            "tandem.parties.split.export.save_stages")
+            "tandem.parties.split.export.save_stages"
+        )
     try:
         desc = json.loads(meta[_META_KEY])
     except json.JSONDecodeError as exc:
@@ -137,12 +153,17 @@ def read_description(path: str | os.PathLike) -> dict[str, Any]:
     if desc.get("version") != VERSION:
         raise ExportError(
             f"{os.fspath(path)!r} has format version {desc.get('version')!r}; this Tandem reads "
-            f"version {VERSION}: re-export it with a matching Tandem")
+            f"version {VERSION}: re-export it with a matching Tandem"
+        )
     return desc
 
 
-def load_stages(path: str | os.PathLike, *, expect: Mapping[str, Any] | None = None,
-                stages: tuple[str, ...] | None = None) -> LoadedStages:
+def load_stages(
+    path: str | os.PathLike,
+    *,
+    expect: Mapping[str, Any] | None = None,
+    stages: tuple[str, ...] | None = None,
+) -> LoadedStages:
     """Load the stages saved in ``path``, bit-exactly, after checking the file.
 
     Args:
@@ -162,13 +183,15 @@ def load_stages(path: str | os.PathLike, *, expect: Mapping[str, Any] | None = N
             raise ExportMismatchError(
                 f"the topology in {os.fspath(path)!r} differs from the expected one: expected "
                 f"{expect['topology']!r}, the file has {desc['topology']!r}; load the file "
-                "exported for this topology, or re-export it")
+                "exported for this topology, or re-export it"
+            )
         _compare(expect, desc, "description")
     names = tuple(desc["stages"]) if stages is None else stages
     for name in names:
         if name not in desc["stages"]:
             raise ExportMismatchError(
-                f"stage {name!r} is not in {os.fspath(path)!r}; it holds {sorted(desc['stages'])}")
+                f"stage {name!r} is not in {os.fspath(path)!r}; it holds {sorted(desc['stages'])}"
+            )
     tensors: dict[str, np.ndarray] = {}
     with safe_open(os.fspath(path), framework="np") as f:
         stored_names = set(f.keys())
@@ -180,23 +203,33 @@ def load_stages(path: str | os.PathLike, *, expect: Mapping[str, Any] | None = N
     if _digest(tensors, desc) != desc.get("digest"):
         raise ExportError(
             f"digest of the tensors in {os.fspath(path)!r} does not match its description: "
-            "the file is corrupt or was edited; re-export it")
+            "the file is corrupt or was edited; re-export it"
+        )
     out = {name: _unflatten(desc["stages"][name]["structure"], tensors) for name in names}
     return LoadedStages(stages=out, description=desc)
 
 
 # -- internals -------------------------------------------------------------------------------
 
-def _flatten_all(stages: Mapping[str, Any], *, topology: Mapping[str, Any], party: str,
-                 models: Mapping[str, Mapping[str, Any]] | None = None,
-                 widths: Mapping[str, int] | None = None, training: str | None = None,
-                 loss: str | None = None):
+
+def _flatten_all(
+    stages: Mapping[str, Any],
+    *,
+    topology: Mapping[str, Any],
+    party: str,
+    models: Mapping[str, Mapping[str, Any]] | None = None,
+    widths: Mapping[str, int] | None = None,
+    training: str | None = None,
+    loss: str | None = None,
+):
     if not isinstance(party, str) or not party:
         raise ExportError(f"party must be a non-empty string, got {party!r}")
     try:
         topo = json.loads(json.dumps(topology, sort_keys=True))
     except (TypeError, ValueError) as exc:
-        raise ExportError(f"topology must be JSON data (dicts, lists, str, numbers): {exc}") from None
+        raise ExportError(
+            f"topology must be JSON data (dicts, lists, str, numbers): {exc}"
+        ) from None
     tensors: dict[str, np.ndarray] = {}
     described = {}
     for name, params in stages.items():
@@ -211,24 +244,36 @@ def _flatten_all(stages: Mapping[str, Any], *, topology: Mapping[str, Any], part
             "sizes": _mlp_sizes(params),
             "dtype": dtypes.pop() if len(dtypes) == 1 else "mixed",
             "structure": structure,
-            "tensors": {t: {"dtype": a.dtype.name, "shape": list(a.shape)}
-                        for t, a in leaves.items()},
+            "tensors": {
+                t: {"dtype": a.dtype.name, "shape": list(a.shape)} for t, a in leaves.items()
+            },
         }
         tensors.update(leaves)
     for name, spec in (models or {}).items():
         if name not in described:
-            raise ExportError(f"models has a spec for stage {name!r}, which is not among the "
-                              f"stages being saved {sorted(described)}")
+            raise ExportError(
+                f"models has a spec for stage {name!r}, which is not among the "
+                f"stages being saved {sorted(described)}"
+            )
         try:
             described[name]["model"] = json.loads(json.dumps(spec, sort_keys=True))
         except (TypeError, ValueError) as exc:
             raise ExportError(f"model spec of stage {name!r} must be JSON data: {exc}") from None
-    desc = {"format": FORMAT, "version": VERSION, "party": party, "topology": topo,
-            "stages": described}
+    desc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "party": party,
+        "topology": topo,
+        "stages": described,
+    }
     if widths is not None:
         if not isinstance(widths, Mapping) or not all(
-                isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool)
-                and v >= 1 for k, v in widths.items()):
+            isinstance(k, str)
+            and isinstance(v, (int, np.integer))
+            and not isinstance(v, bool)
+            and v >= 1
+            for k, v in widths.items()
+        ):
             raise ExportError(f"widths must map stage names to positive ints, got {widths!r}")
         desc["widths"] = {k: int(v) for k, v in sorted(widths.items())}
     if training is not None:
@@ -247,8 +292,9 @@ def _flatten(node: Any, prefix: str, out: dict[str, np.ndarray]) -> Any:
         result = {}
         for k, v in node.items():
             if not isinstance(k, str) or not k or "/" in k:
-                raise ExportError(f"pytree key {k!r} under {prefix!r} must be a non-empty str "
-                                  "without '/'")
+                raise ExportError(
+                    f"pytree key {k!r} under {prefix!r} must be a non-empty str without '/'"
+                )
             result[k] = _flatten(v, f"{prefix}/{k}", out)
         return result
     if isinstance(node, list):
@@ -257,7 +303,9 @@ def _flatten(node: Any, prefix: str, out: dict[str, np.ndarray]) -> Any:
         return {"tuple": [_flatten(v, f"{prefix}/{i}", out) for i, v in enumerate(node)]}
     arr = np.asarray(node)
     if arr.dtype.kind not in "biufc" and arr.dtype.name != "bfloat16":
-        raise ExportError(f"leaf {prefix!r} has dtype {arr.dtype}; only numeric arrays can be saved")
+        raise ExportError(
+            f"leaf {prefix!r} has dtype {arr.dtype}; only numeric arrays can be saved"
+        )
     out[prefix] = np.ascontiguousarray(arr)
     return prefix
 
@@ -267,8 +315,11 @@ def _unflatten(structure: Any, tensors: Mapping[str, np.ndarray]) -> Any:
         return tensors[structure]
     if isinstance(structure, list):
         return [_unflatten(s, tensors) for s in structure]
-    if isinstance(structure, dict) and set(structure) == {"tuple"} and \
-            isinstance(structure["tuple"], list):
+    if (
+        isinstance(structure, dict)
+        and set(structure) == {"tuple"}
+        and isinstance(structure["tuple"], list)
+    ):
         return tuple(_unflatten(s, tensors) for s in structure["tuple"])
     if isinstance(structure, dict):
         return {k: _unflatten(v, tensors) for k, v in structure.items()}
@@ -292,25 +343,34 @@ def _mlp_sizes(params: Any) -> list[int] | None:
 
 
 def _storable(arr: np.ndarray) -> np.ndarray:
-    return arr.view(np.uint16) if arr.dtype.name == "bfloat16" else arr.astype(
-        arr.dtype.newbyteorder("<"), copy=False)
+    return (
+        arr.view(np.uint16)
+        if arr.dtype.name == "bfloat16"
+        else arr.astype(arr.dtype.newbyteorder("<"), copy=False)
+    )
 
 
 def _restore(arr: np.ndarray, spec: Mapping[str, Any], name: str) -> np.ndarray:
     if spec["dtype"] == "bfloat16":
         import ml_dtypes  # shipped with JAX
+
         arr = arr.view(ml_dtypes.bfloat16)
     if arr.dtype.name != spec["dtype"] or list(arr.shape) != list(spec["shape"]):
         raise ExportError(
             f"tensor {name!r} is stored as {arr.dtype.name} {list(arr.shape)} but described as "
-            f"{spec['dtype']} {spec['shape']}: the file is corrupt; re-export it")
+            f"{spec['dtype']} {spec['shape']}: the file is corrupt; re-export it"
+        )
     return arr
 
 
 def _digest(tensors: Mapping[str, np.ndarray], desc: Mapping[str, Any]) -> str:
     h = hashlib.sha256(FORMAT.encode())
-    h.update(json.dumps({k: desc[k] for k in ("party", "topology", "stages", *OPTIONAL_FIELDS)
-                         if k in desc}, sort_keys=True).encode())
+    h.update(
+        json.dumps(
+            {k: desc[k] for k in ("party", "topology", "stages", *OPTIONAL_FIELDS) if k in desc},
+            sort_keys=True,
+        ).encode()
+    )
     for name in sorted(tensors):
         arr = tensors[name]
         h.update(f"{name}|{arr.dtype.name}|{list(arr.shape)}|".encode())
@@ -328,4 +388,5 @@ def _compare(expected: Any, actual: Any, where: str) -> None:
     if expected != actual:
         raise ExportMismatchError(
             f"{where} does not match: expected {expected!r}, the file has {actual!r}; load the "
-            "file exported for this party and topology, or re-export it")
+            "file exported for this party and topology, or re-export it"
+        )

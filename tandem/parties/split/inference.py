@@ -34,20 +34,21 @@ import asyncio
 import dataclasses
 import json
 import os
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
-from tandem.errors import ConfigError
-from .export import ExportError, load_stages, save_stages
 from tandem.engine.kernels import StageModel, model_from_spec
-from .spec import TaskSpec
 from tandem.engine.topology import FEATURES, Topology
+from tandem.errors import ConfigError
 from tandem.transports.base import Frame, Transport
 
 from . import negotiate
+from .export import ExportError, load_stages, save_stages
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
+from .spec import TaskSpec
 
 DATASET = "predict"
 #: Security fields recorded when the caller gives none (in-process transports enforce none).
@@ -100,22 +101,35 @@ async def export_party(party: SplitParty, path: str | os.PathLike) -> dict[str, 
     on the loss stage's owner, the loss. Raises `InferenceError` before training has run.
     """
     if party.run_id is None:
-        raise InferenceError(f"{party.name!r} has no training id yet (a follower adopts the "
-                             "leader's from its commands): export after training")
+        raise InferenceError(
+            f"{party.name!r} has no training id yet (a follower adopts the "
+            "leader's from its commands): export after training"
+        )
     missing = [s.name for s in party.topology.stages if s.name not in party.handler.out_dims]
     if missing:
-        raise InferenceError(f"{party.name!r} does not know the widths of stages {missing}; "
-                             "build it with a StageModel for every stage of the topology")
+        raise InferenceError(
+            f"{party.name!r} does not know the widths of stages {missing}; "
+            "build it with a StageModel for every stage of the topology"
+        )
     specs = {s: m.spec for s, m in party.handler.models.items()}
     if any(v is None for v in specs.values()):
-        raise InferenceError(f"stages {[s for s, v in specs.items() if v is None]} of "
-                             f"{party.name!r} have no model spec (build them with "
-                             "tandem.engine.kernels.mlp_stage), so an export could not rebuild them")
+        raise InferenceError(
+            f"stages {[s for s, v in specs.items() if v is None]} of "
+            f"{party.name!r} have no model spec (build them with "
+            "tandem.engine.kernels.mlp_stage), so an export could not rebuild them"
+        )
     params = party.params  # a copy, taken now: an update running meanwhile donates the originals
     return await asyncio.to_thread(
-        _save, path, params, topology=party.topology.to_dict(), party=party.name,
-        models=specs, widths=dict(party.handler.out_dims), training=party.run_id,
-        loss=party.config.loss if party.is_leader else None)
+        _save,
+        path,
+        params,
+        topology=party.topology.to_dict(),
+        party=party.name,
+        models=specs,
+        widths=dict(party.handler.out_dims),
+        training=party.run_id,
+        loss=party.config.loss if party.is_leader else None,
+    )
 
 
 def _save(path, params, **fields) -> dict[str, Any]:
@@ -125,14 +139,16 @@ def _save(path, params, **fields) -> dict[str, Any]:
     return save_stages(path, host, **fields)
 
 
-async def load_model(path: str | os.PathLike, party: str | None = None, *,
-                     topology: Topology | None = None) -> PartyModel:
+async def load_model(
+    path: str | os.PathLike, party: str | None = None, *, topology: Topology | None = None
+) -> PartyModel:
     """`load_model_sync` in a worker thread."""
     return await asyncio.to_thread(load_model_sync, path, party, topology=topology)
 
 
-def load_model_sync(path: str | os.PathLike, party: str | None = None, *,
-                    topology: Topology | None = None) -> PartyModel:
+def load_model_sync(
+    path: str | os.PathLike, party: str | None = None, *, topology: Topology | None = None
+) -> PartyModel:
     """Read ``party``'s export at ``path`` (a file, or a folder holding ``<party>.safetensors``
     or a single ``.safetensors`` file) and rebuild its stages.
 
@@ -149,7 +165,8 @@ def load_model_sync(path: str | os.PathLike, party: str | None = None, *,
     if party is not None and owner != party:
         raise InferenceError(
             f"{file!r} holds the stages of party {owner!r}, not {party!r}: each party predicts "
-            f"with its own export; give {party!r} the file its training wrote")
+            f"with its own export; give {party!r} the file its training wrote"
+        )
     try:
         topo = Topology.from_dict(desc["topology"])
     except Exception as exc:  # TopologyError or malformed JSON data
@@ -157,17 +174,22 @@ def load_model_sync(path: str | os.PathLike, party: str | None = None, *,
     if topology is not None and topology.to_dict() != topo.to_dict():
         raise InferenceError(
             f"{file!r} was trained with topology {_brief(topo)} but this party is configured "
-            f"with {_brief(topology)}; fix [model] topology or pass the matching export")
+            f"with {_brief(topology)}; fix [model] topology or pass the matching export"
+        )
     lacking = [k for k in ("widths", "training") if k not in desc]
     own = [s.name for s in topo.stages_of(owner)]
     lacking += [f"stages.{s}.model" for s in own if "model" not in desc["stages"].get(s, {})]
     if lacking:
-        raise InferenceError(f"{file!r} lacks {lacking}, which inference needs; re-export it "
-                             "with tandem.parties.split.inference.export_party (or `tandem party`)")
+        raise InferenceError(
+            f"{file!r} lacks {lacking}, which inference needs; re-export it "
+            "with tandem.parties.split.inference.export_party (or `tandem party`)"
+        )
     widths = {str(k): int(v) for k, v in desc["widths"].items()}
     if set(widths) != {s.name for s in topo.stages}:
-        raise InferenceError(f"{file!r}: widths name {sorted(widths)} but the topology's stages "
-                             f"are {[s.name for s in topo.stages]}; re-export it")
+        raise InferenceError(
+            f"{file!r}: widths name {sorted(widths)} but the topology's stages "
+            f"are {[s.name for s in topo.stages]}; re-export it"
+        )
     models: dict[str, StageModel] = {}
     for s in topo.stages:
         if s.name in own:
@@ -175,9 +197,17 @@ def load_model_sync(path: str | os.PathLike, party: str | None = None, *,
         else:
             models[s.name] = _width_only(s.name, widths[s.name])
     _check_params(file, {s: models[s] for s in own}, loaded.stages)
-    return PartyModel(party=owner, topology=topo, params=dict(loaded.stages), models=models,
-                      widths=widths, training=str(desc["training"]), loss=desc.get("loss"),
-                      digest=str(desc["digest"]), path=file)
+    return PartyModel(
+        party=owner,
+        topology=topo,
+        params=dict(loaded.stages),
+        models=models,
+        widths=widths,
+        training=str(desc["training"]),
+        loss=desc.get("loss"),
+        digest=str(desc["digest"]),
+        path=file,
+    )
 
 
 def resolve_export(path: str | os.PathLike, party: str | None) -> str:
@@ -190,142 +220,214 @@ def resolve_export(path: str | os.PathLike, party: str | None) -> str:
         found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
         if len(found) == 1:
             return os.path.join(path, found[0])
-        raise InferenceError(f"export folder {path!r} holds {len(found)} .safetensors files "
-                             f"{found}; pass the file of this party"
-                             + (f" (or name it {party}.safetensors)" if party else ""))
+        raise InferenceError(
+            f"export folder {path!r} holds {len(found)} .safetensors files "
+            f"{found}; pass the file of this party"
+            + (f" (or name it {party}.safetensors)" if party else "")
+        )
     if not os.path.isfile(path):
-        raise InferenceError(f"no export at {path!r}; pass the .safetensors file (or the "
-                             "export_dir folder) this party's training wrote")
+        raise InferenceError(
+            f"no export at {path!r}; pass the .safetensors file (or the "
+            "export_dir folder) this party's training wrote"
+        )
     return path
 
 
 def _width_only(stage: str, width: int) -> StageModel:
     def unavailable(*_: Any) -> Any:
-        raise InferenceError(f"stage {stage!r} belongs to another party; it has no parameters "
-                             "here")
+        raise InferenceError(f"stage {stage!r} belongs to another party; it has no parameters here")
 
     return StageModel(unavailable, unavailable, (), int(width))
 
 
-def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[str, Any]
-                  ) -> None:
+def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[str, Any]) -> None:
     import jax
 
     for name, model in models.items():
         want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
         ok = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(params[name])
-        ok = ok and all(tuple(a.shape) == tuple(np.shape(b)) for a, b in zip(
-            jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(params[name])))
+        ok = ok and all(
+            tuple(a.shape) == tuple(np.shape(b))
+            for a, b in zip(
+                jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(params[name])
+            )
+        )
         if not ok:
-            raise InferenceError(f"{file!r}: the parameters of stage {name!r} do not fit its "
-                                 "recorded model spec; the file is inconsistent, re-export it")
+            raise InferenceError(
+                f"{file!r}: the parameters of stage {name!r} do not fit its "
+                "recorded model spec; the file is inconsistent, re-export it"
+            )
 
 
 # -- rows ----------------------------------------------------------------------------------------
-def check_rows(model: PartyModel, x: np.ndarray | None, *, source: str = "x"
-               ) -> np.ndarray | None:
+def check_rows(model: PartyModel, x: np.ndarray | None, *, source: str = "x") -> np.ndarray | None:
     """``x`` as float32 after checking it fits ``model`` (2-D, the exported feature count, all
     finite); `InferenceError` naming ``source`` and the fix otherwise."""
     want = model.features
     if want is None:
         if x is not None:
-            raise InferenceError(f"{model.party!r}'s stages read no features, but {source} was "
-                                 "given; leave it out")
+            raise InferenceError(
+                f"{model.party!r}'s stages read no features, but {source} was given; leave it out"
+            )
         return None
     if x is None:
-        raise InferenceError(f"{model.party!r} needs its feature rows ({want} columns) to "
-                             "predict; pass them")
+        raise InferenceError(
+            f"{model.party!r} needs its feature rows ({want} columns) to predict; pass them"
+        )
     x = np.asarray(x)
     if x.ndim != 2:
-        raise InferenceError(f"{source}: expected a 2-D array of rows x {want} features, got "
-                             f"shape {list(x.shape)}")
+        raise InferenceError(
+            f"{source}: expected a 2-D array of rows x {want} features, got shape {list(x.shape)}"
+        )
     if x.shape[1] != want:
-        raise InferenceError(f"{source} has {x.shape[1]} feature columns but {model.party!r}'s "
-                             f"model was trained on {want} (export {model.path}); give the same "
-                             "columns, in the same order, as in training")
+        raise InferenceError(
+            f"{source} has {x.shape[1]} feature columns but {model.party!r}'s "
+            f"model was trained on {want} (export {model.path}); give the same "
+            "columns, in the same order, as in training"
+        )
     if x.dtype.kind not in "biuf":
         raise InferenceError(f"{source}: features must be numbers, got dtype {x.dtype}")
     x = x.astype(np.float32)
     bad = np.argwhere(~np.isfinite(x))
     if len(bad):
         r, c = (int(v) for v in bad[0])
-        raise InferenceError(f"{source} has {len(bad)} non-finite values (NaN or Inf), the first "
-                             f"at row {r}, column {c}; impute or drop those rows on every party")
+        raise InferenceError(
+            f"{source} has {len(bad)} non-finite values (NaN or Inf), the first "
+            f"at row {r}, column {c}; impute or drop those rows on every party"
+        )
     return x
 
 
 # -- negotiation ---------------------------------------------------------------------------------
-def inference_spec(model: PartyModel, *, rows: int, batch_size: int = 256, groups: int = 1,
-                   alignment: Mapping[str, Any] | None = None,
-                   security: Mapping[str, Any] | None = None,
-                   config: SplitConfig | None = None) -> TaskSpec:
+def inference_spec(
+    model: PartyModel,
+    *,
+    rows: int,
+    batch_size: int = 256,
+    groups: int = 1,
+    alignment: Mapping[str, Any] | None = None,
+    security: Mapping[str, Any] | None = None,
+    config: SplitConfig | None = None,
+) -> TaskSpec:
     """The leader's proposal: predict ``rows`` rows with the model of ``model.training``."""
     cfg = config or SplitConfig()
     topo = model.topology
-    datasets = {} if model.features is None else {
-        model.party: {"features": model.features, "dtype": "float32"}}
+    datasets = (
+        {}
+        if model.features is None
+        else {model.party: {"features": model.features, "dtype": "float32"}}
+    )
     stages = {s.name: {"owner": s.owner, "out_dim": model.widths[s.name]} for s in topo.stages}
-    edges = [{"src": e.src, "dst": e.dst, "src_party": e.src_party, "dst_party": e.dst_party,
-              "width": model.widths[e.src], "dtype": "float32"} for e in topo.edges()]
-    hyper = {"task": "predict", "training": model.training, "loss": model.loss,
-             "batch_size": int(batch_size), "eval_batch_size": int(batch_size),
-             "groups": int(groups), "learning_rate": None, "optimizer": None, "epochs": 0,
-             "checkpoint_every": 0, "seed": cfg.seed, "threshold": cfg.threshold,
-             "capacity": cfg.capacity, "policy": cfg.policy}
-    return TaskSpec(topology=topo.to_dict(), datasets=datasets, samples=int(rows),
-                    stages=stages, edges=edges, hyper=hyper,
-                    security=dict(security or NO_SECURITY),
-                    alignment=None if alignment is None else
-                    {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])})
+    edges = [
+        {
+            "src": e.src,
+            "dst": e.dst,
+            "src_party": e.src_party,
+            "dst_party": e.dst_party,
+            "width": model.widths[e.src],
+            "dtype": "float32",
+        }
+        for e in topo.edges()
+    ]
+    hyper = {
+        "task": "predict",
+        "training": model.training,
+        "loss": model.loss,
+        "batch_size": int(batch_size),
+        "eval_batch_size": int(batch_size),
+        "groups": int(groups),
+        "learning_rate": None,
+        "optimizer": None,
+        "epochs": 0,
+        "checkpoint_every": 0,
+        "seed": cfg.seed,
+        "threshold": cfg.threshold,
+        "capacity": cfg.capacity,
+        "policy": cfg.policy,
+    }
+    return TaskSpec(
+        topology=topo.to_dict(),
+        datasets=datasets,
+        samples=int(rows),
+        stages=stages,
+        edges=edges,
+        hyper=hyper,
+        security=dict(security or NO_SECURITY),
+        alignment=None
+        if alignment is None
+        else {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])},
+    )
 
 
-def inference_check(model: PartyModel, *, rows: int,
-                    alignment: Mapping[str, Any] | None = None,
-                    security: Mapping[str, Any] | None = None
-                    ) -> Callable[[TaskSpec], list[str]]:
+def inference_check(
+    model: PartyModel,
+    *,
+    rows: int,
+    alignment: Mapping[str, Any] | None = None,
+    security: Mapping[str, Any] | None = None,
+) -> Callable[[TaskSpec], list[str]]:
     """A follower's ``check(spec) -> reasons`` ([] = accept) against its own export and rows."""
     me, mine = repr(model.party), f"the export of {model.party!r}"
 
     def check(spec: TaskSpec) -> list[str]:
         hyper = spec.hyper
         if hyper.get("task") != "predict":
-            return [f"the leader proposes training, but {me} runs `tandem predict`; run the "
-                    "same command on every party"]
+            return [
+                f"the leader proposes training, but {me} runs `tandem predict`; run the "
+                "same command on every party"
+            ]
         reasons = []
         if _plain(spec.topology) != _plain(model.topology.to_dict()):
-            reasons.append(f"the leader's model has topology {_brief(spec.topology)} but {mine} "
-                           f"has {_brief(model.topology)}")
+            reasons.append(
+                f"the leader's model has topology {_brief(spec.topology)} but {mine} "
+                f"has {_brief(model.topology)}"
+            )
         if hyper.get("training") != model.training:
             reasons.append(
                 f"the exports come from different trainings: the leader's has training id "
                 f"{hyper.get('training')!r}, {mine} ({model.path}) has {model.training!r}; give "
-                "every party its export of the same training run")
+                "every party its export of the same training run"
+            )
         if model.loss is not None and hyper.get("loss") != model.loss:
-            reasons.append(f"the leader's model was trained with loss {hyper.get('loss')!r} "
-                           f"but {mine} with {model.loss!r}")
+            reasons.append(
+                f"the leader's model was trained with loss {hyper.get('loss')!r} "
+                f"but {mine} with {model.loss!r}"
+            )
         for name, st in spec.stages.items():
             if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
-                reasons.append(f"stage {name!r} outputs {st.get('out_dim')} columns in the "
-                               f"leader's export but {model.widths[name]} in {mine}")
+                reasons.append(
+                    f"stage {name!r} outputs {st.get('out_dim')} columns in the "
+                    f"leader's export but {model.widths[name]} in {mine}"
+                )
         if int(spec.samples) != int(rows):
-            reasons.append(f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
-                           "give every party the same (aligned) rows")
+            reasons.append(
+                f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
+                "give every party the same (aligned) rows"
+            )
         theirs = spec.alignment
         if (theirs is None) != (alignment is None):
             who = "the leader" if theirs is not None else me
-            reasons.append(f"only {who} gave an aligned-ids file; give every party its "
-                           "`tandem align --out` file of the same alignment, or none")
-        elif theirs is not None and (str(theirs["commitment"]) != str(alignment["commitment"])
-                                     or int(theirs["size"]) != int(alignment["size"])):
-            reasons.append(f"the rows are aligned differently: the leader's commitment "
-                           f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
-                           f"that of {me}, {str(alignment['commitment'])[:12]} "
-                           f"(size {alignment['size']}); "
-                           "align the new rows again and give every party its output")
+            reasons.append(
+                f"only {who} gave an aligned-ids file; give every party its "
+                "`tandem align --out` file of the same alignment, or none"
+            )
+        elif theirs is not None and (
+            str(theirs["commitment"]) != str(alignment["commitment"])
+            or int(theirs["size"]) != int(alignment["size"])
+        ):
+            reasons.append(
+                f"the rows are aligned differently: the leader's commitment "
+                f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
+                f"that of {me}, {str(alignment['commitment'])[:12]} "
+                f"(size {alignment['size']}); "
+                "align the new rows again and give every party its output"
+            )
         for key, value in (security or {}).items():
             if spec.security.get(key) != value:
-                reasons.append(f"security setting {key!r}: {me} uses {value!r} but the leader "
-                               f"{spec.security.get(key)!r}")
+                reasons.append(
+                    f"security setting {key!r}: {me} uses {value!r} but the leader "
+                    f"{spec.security.get(key)!r}"
+                )
         return reasons
 
     return check
@@ -342,53 +444,77 @@ class Predictions:
     digests: dict[str, str]
 
 
-def make_party(transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
-               ) -> SplitParty:
+def make_party(
+    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+) -> SplitParty:
     """A forward-only `SplitParty` of ``model`` over ``x`` with the spec's runtime settings."""
     h = spec.hyper
-    cfg = SplitConfig(batch_size=int(h["batch_size"]), groups=int(h["groups"]),
-                      loss=str(h.get("loss") or "binary"), seed=int(h["seed"]),
-                      threshold=int(h["threshold"]), capacity=int(h["capacity"]),
-                      policy=str(h["policy"]))
-    party = SplitParty(model.party, model.topology, model.models, transport,
-                       datasets=None if x is None else {DATASET: x}, config=cfg,
-                       params=model.params)
+    cfg = SplitConfig(
+        batch_size=int(h["batch_size"]),
+        groups=int(h["groups"]),
+        loss=str(h.get("loss") or "binary"),
+        seed=int(h["seed"]),
+        threshold=int(h["threshold"]),
+        capacity=int(h["capacity"]),
+        policy=str(h["policy"]),
+    )
+    party = SplitParty(
+        model.party,
+        model.topology,
+        model.models,
+        transport,
+        datasets=None if x is None else {DATASET: x},
+        config=cfg,
+        params=model.params,
+    )
     party.run_id = model.training  # the commands carry the training id
     return party
 
 
-async def run_leader(transport: Transport, model: PartyModel, x: np.ndarray | None,
-                     spec: TaskSpec) -> Predictions:
+async def run_leader(
+    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+) -> Predictions:
     """Leader, after negotiation: check every follower's model description (`confirm`),
     forward ``spec.samples`` rows, tell the followers to stop."""
     followers = [p for p in model.topology.parties if p != model.party]
     digests = await confirm(transport, model, followers)
     party = await asyncio.to_thread(make_party, transport, model, x, spec)
-    out = await party.predict(DATASET, int(spec.samples),
-                              batch_size=int(spec.hyper["batch_size"]))
+    out = await party.predict(DATASET, int(spec.samples), batch_size=int(spec.hyper["batch_size"]))
     await party.stop(reason="done")
     return Predictions(out, model.training, {model.party: model.digest, **digests})
 
 
-async def run_follower(transport: Transport, model: PartyModel, x: np.ndarray | None,
-                       spec: TaskSpec) -> int:
+async def run_follower(
+    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+) -> int:
     """Follower, after negotiation: describe its model to the leader, then answer its
     batches; returns batches served. `NegotiationError` if the leader refuses the model."""
     leader = model.topology.label_owner
-    await transport.send(leader, negotiate.CTL, Frame(meta={
-        "cmd": "model", "training": model.training, "digest": model.digest,
-        "widths": model.widths, "topology": model.topology.to_dict()}))
+    await transport.send(
+        leader,
+        negotiate.CTL,
+        Frame(
+            meta={
+                "cmd": "model",
+                "training": model.training,
+                "digest": model.digest,
+                "widths": model.widths,
+                "topology": model.topology.to_dict(),
+            }
+        ),
+    )
     party = await asyncio.to_thread(make_party, transport, model, x, spec)
     served = await party.serve()
     if party.stop_meta.get("reason") == "refused":
         reasons = [str(r) for r in party.stop_meta.get("reasons", [])]
-        raise NegotiationError(f"the leader refused the model of {model.party!r}:\n  "
-                               + "\n  ".join(reasons), {leader: reasons})
+        raise NegotiationError(
+            f"the leader refused the model of {model.party!r}:\n  " + "\n  ".join(reasons),
+            {leader: reasons},
+        )
     return served
 
 
-async def confirm(transport: Transport, model: PartyModel, followers: list[str]
-                  ) -> dict[str, str]:
+async def confirm(transport: Transport, model: PartyModel, followers: list[str]) -> dict[str, str]:
     """Leader: receive each follower's model description (training id, export digest, widths,
     topology) and check it against its own export, as the followers checked the leader's;
     returns their export digests. On a mismatch every follower is stopped with the reasons and
@@ -398,34 +524,51 @@ async def confirm(transport: Transport, model: PartyModel, followers: list[str]
         meta = dict((await transport.recv(peer, negotiate.CTL)).meta)
         reasons = []
         if meta.get("cmd") != "model":
-            reasons.append(f"{peer!r} sent {meta.get('cmd')!r} instead of its model "
-                           "description; is it running `tandem predict` of this version?")
+            reasons.append(
+                f"{peer!r} sent {meta.get('cmd')!r} instead of its model "
+                "description; is it running `tandem predict` of this version?"
+            )
         else:
             if meta.get("training") != model.training:
-                reasons.append(f"the export of {peer!r} is of training {meta.get('training')!r}, "
-                               f"the leader's of {model.training!r}")
+                reasons.append(
+                    f"the export of {peer!r} is of training {meta.get('training')!r}, "
+                    f"the leader's of {model.training!r}"
+                )
             if _plain(meta.get("topology")) != _plain(model.topology.to_dict()):
                 reasons.append(f"the export of {peer!r} has another topology")
             if meta.get("widths") != model.widths:
-                reasons.append(f"the stage widths of {peer!r}, {meta.get('widths')}, differ "
-                               f"from the leader's {model.widths}")
+                reasons.append(
+                    f"the stage widths of {peer!r}, {meta.get('widths')}, differ "
+                    f"from the leader's {model.widths}"
+                )
             digests[peer] = str(meta.get("digest"))
         if reasons:
             refused[peer] = reasons
     if refused:
         flat = [r for rs in refused.values() for r in rs]
         for peer in followers:
-            await transport.send(peer, negotiate.CTL, Frame(meta={
-                "cmd": "stop", "reason": "refused", "reasons": flat}))
-        raise NegotiationError("the leader refused the followers' models:\n  "
-                               + "\n  ".join(flat), refused)
+            await transport.send(
+                peer,
+                negotiate.CTL,
+                Frame(meta={"cmd": "stop", "reason": "refused", "reasons": flat}),
+            )
+        raise NegotiationError(
+            "the leader refused the followers' models:\n  " + "\n  ".join(flat), refused
+        )
     return digests
 
 
-async def predict(transport: Transport, model: PartyModel, x: np.ndarray | None = None, *,
-                  rows: int | None = None, alignment: Mapping[str, Any] | None = None,
-                  batch_size: int = 256, groups: int = 1,
-                  security: Mapping[str, Any] | None = None) -> Predictions:
+async def predict(
+    transport: Transport,
+    model: PartyModel,
+    x: np.ndarray | None = None,
+    *,
+    rows: int | None = None,
+    alignment: Mapping[str, Any] | None = None,
+    batch_size: int = 256,
+    groups: int = 1,
+    security: Mapping[str, Any] | None = None,
+) -> Predictions:
     """Leader: negotiate with every follower, then predict; returns the `Predictions`.
 
     ``x``: this party's new feature rows (None if its stages read none; then give ``rows``).
@@ -435,30 +578,44 @@ async def predict(transport: Transport, model: PartyModel, x: np.ndarray | None 
     if not model.is_leader:
         raise InferenceError(f"{model.party!r} does not own the loss stage; call serve() there")
     x, n = await asyncio.to_thread(prepare_rows, model, x, rows, alignment)
-    spec = inference_spec(model, rows=n, batch_size=batch_size, groups=groups,
-                          alignment=alignment, security=security)
+    spec = inference_spec(
+        model, rows=n, batch_size=batch_size, groups=groups, alignment=alignment, security=security
+    )
     followers = [p for p in model.topology.parties if p != model.party]
     await negotiate.propose(transport, followers, spec)
     return await run_leader(transport, model, x, spec)
 
 
-async def serve(transport: Transport, model: PartyModel, x: np.ndarray | None = None, *,
-                rows: int | None = None, alignment: Mapping[str, Any] | None = None,
-                security: Mapping[str, Any] | None = None) -> int:
+async def serve(
+    transport: Transport,
+    model: PartyModel,
+    x: np.ndarray | None = None,
+    *,
+    rows: int | None = None,
+    alignment: Mapping[str, Any] | None = None,
+    security: Mapping[str, Any] | None = None,
+) -> int:
     """Follower: check the leader's proposal against this export and rows, then answer its
     batches; returns batches served. Raises `NegotiationError` when it refuses."""
     if model.is_leader:
         raise InferenceError(f"{model.party!r} owns the loss stage; call predict() there")
     x, n = await asyncio.to_thread(prepare_rows, model, x, rows, alignment)
     leader = model.topology.label_owner
-    spec, _ = await negotiate.answer(transport, leader, check=inference_check(
-        model, rows=n, alignment=alignment, security=security))
+    spec, _ = await negotiate.answer(
+        transport,
+        leader,
+        check=inference_check(model, rows=n, alignment=alignment, security=security),
+    )
     await negotiate.ready(transport, leader)
     return await run_follower(transport, model, x, spec)
 
 
-def prepare_rows(model: PartyModel, x: np.ndarray | None, rows: int | None = None,
-                 alignment: Mapping[str, Any] | None = None) -> tuple[np.ndarray | None, int]:
+def prepare_rows(
+    model: PartyModel,
+    x: np.ndarray | None,
+    rows: int | None = None,
+    alignment: Mapping[str, Any] | None = None,
+) -> tuple[np.ndarray | None, int]:
     """(checked ``x``, row count): the count of ``x``, else ``rows``, else the alignment's
     size; `InferenceError` when they disagree or none is given."""
     x = check_rows(model, x)
@@ -466,13 +623,17 @@ def prepare_rows(model: PartyModel, x: np.ndarray | None, rows: int | None = Non
     if n is None and alignment is not None:
         n = int(alignment["size"])
     if n is None:
-        raise InferenceError(f"{model.party!r} holds no feature rows; give rows= (or an "
-                             "alignment) so the parties can check they predict the same rows")
+        raise InferenceError(
+            f"{model.party!r} holds no feature rows; give rows= (or an "
+            "alignment) so the parties can check they predict the same rows"
+        )
     if rows is not None and int(rows) != n:
         raise InferenceError(f"rows={rows} but the feature rows number {n}")
     if alignment is not None and int(alignment["size"]) != n:
-        raise InferenceError(f"{model.party!r} has {n} rows but its alignment has "
-                             f"{alignment['size']} ids; select the rows with the aligned-ids file")
+        raise InferenceError(
+            f"{model.party!r} has {n} rows but its alignment has "
+            f"{alignment['size']} ids; select the rows with the aligned-ids file"
+        )
     if n < 1:
         raise InferenceError("there are no rows to predict")
     return x, int(n)
@@ -490,7 +651,23 @@ def _brief(topology: Topology | Mapping[str, Any]) -> str:
         return repr(topology)[:80]
 
 
-__all__ = ["PartyModel", "InferenceError", "export_party", "load_model", "load_model_sync",
-           "resolve_export", "check_rows", "prepare_rows", "inference_spec", "inference_check",
-           "make_party", "run_leader", "run_follower", "confirm", "predict", "serve",
-           "Predictions", "DATASET"]
+__all__ = [
+    "PartyModel",
+    "InferenceError",
+    "export_party",
+    "load_model",
+    "load_model_sync",
+    "resolve_export",
+    "check_rows",
+    "prepare_rows",
+    "inference_spec",
+    "inference_check",
+    "make_party",
+    "run_leader",
+    "run_follower",
+    "confirm",
+    "predict",
+    "serve",
+    "Predictions",
+    "DATASET",
+]

@@ -29,12 +29,25 @@ def classification_metrics(logits: np.ndarray, labels: np.ndarray, loss: str) ->
         p = _sigmoid(z)
         eps = 1e-12
         bce = -np.mean(labels * np.log(p + eps) + (1 - labels) * np.log(1 - p + eps))
-        return {"loss": float(bce), "accuracy": float(np.mean((z > 0) == (labels > 0.5))),
-                "auc": auc(z, labels)}
+        return {
+            "loss": float(bce),
+            "accuracy": float(np.mean((z > 0) == (labels > 0.5))),
+            "auc": auc(z, labels),
+        }
     if loss == "softmax":
         z = logits - logits.max(axis=1, keepdims=True)
         logp = z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-        return {"loss": float(-np.mean(logp[np.arange(len(labels)), labels.astype(int)])),
-                "accuracy": float(np.mean(logits.argmax(axis=1) == labels))}
-    return {"loss": float(0.5 * np.mean(np.sum((logits.reshape(len(labels), -1)
-                                                 - labels.reshape(len(labels), -1)) ** 2, axis=1)))}
+        return {
+            "loss": float(-np.mean(logp[np.arange(len(labels)), labels.astype(int)])),
+            "accuracy": float(np.mean(logits.argmax(axis=1) == labels)),
+        }
+    return {
+        "loss": float(
+            0.5
+            * np.mean(
+                np.sum(
+                    (logits.reshape(len(labels), -1) - labels.reshape(len(labels), -1)) ** 2, axis=1
+                )
+            )
+        )
+    }

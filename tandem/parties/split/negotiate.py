@@ -21,13 +21,15 @@ leader picks the largest step held by every party (0 if none) and everyone loads
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
-from .spec import SpecError, TaskSpec
-from tandem.transports.base import Frame, Transport
 from tandem.errors import FrameError, TandemError
+from tandem.transports.base import Frame, Transport
+
+from .spec import SpecError, TaskSpec
 
 CTL = "ctl"
 
@@ -64,26 +66,38 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
             if not frame.arrays:
                 return
             if frame.sender != leader or len(frame.arrays) != 1:
-                raise FrameError(f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} "
-                                 "arrays; only the leader's commands carry one index array")
+                raise FrameError(
+                    f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} "
+                    "arrays; only the leader's commands carry one index array"
+                )
             a = frame.arrays[0]
             if a.dtype != np.int64 or a.ndim != 1 or not 1 <= a.shape[0] <= max_rows:
-                raise FrameError(f"ctl index array is {a.dtype}{list(a.shape)}; the spec allows "
-                                 f"int64[1..{max_rows}]")
+                raise FrameError(
+                    f"ctl index array is {a.dtype}{list(a.shape)}; the spec allows "
+                    f"int64[1..{max_rows}]"
+                )
             return
         if ch not in shapes:
-            raise FrameError(f"channel {ch!r} is not part of the negotiated task (channels: "
-                             f"{sorted(shapes) + [CTL]})")
+            raise FrameError(
+                f"channel {ch!r} is not part of the negotiated task (channels: "
+                f"{sorted(shapes) + [CTL]})"
+            )
         dtype, width = shapes[ch]
         if frame.sender and senders.get(ch) and frame.sender != senders[ch]:
             raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {senders[ch]!r})")
         if len(frame.arrays) != 1:
             raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
         a = frame.arrays[0]
-        if a.dtype.name != dtype or a.ndim != 2 or a.shape[1] != width or \
-                not 1 <= a.shape[0] <= max_rows:
-            raise FrameError(f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
-                             f"{dtype}[rows, {width}] with 1 <= rows <= {max_rows}")
+        if (
+            a.dtype.name != dtype
+            or a.ndim != 2
+            or a.shape[1] != width
+            or not 1 <= a.shape[0] <= max_rows
+        ):
+            raise FrameError(
+                f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
+                f"{dtype}[rows, {width}] with 1 <= rows <= {max_rows}"
+            )
 
     return validate
 
@@ -104,14 +118,21 @@ async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> d
     frame = await transport.recv(peer, CTL)
     meta = dict(frame.meta)
     if meta.get("cmd") not in set(expect):
-        raise NegotiationError(f"{peer!r} sent {meta.get('cmd')!r} during negotiation; expected "
-                               f"one of {sorted(set(expect))}. Are both parties running the same "
-                               "Tandem version, and was the other one restarted too?")
+        raise NegotiationError(
+            f"{peer!r} sent {meta.get('cmd')!r} during negotiation; expected "
+            f"one of {sorted(set(expect))}. Are both parties running the same "
+            "Tandem version, and was the other one restarted too?"
+        )
     return meta
 
 
-async def propose(transport: Transport, followers: Sequence[str], spec: TaskSpec, *,
-                  checkpoints: Iterable[int] = ()) -> int:
+async def propose(
+    transport: Transport,
+    followers: Sequence[str],
+    spec: TaskSpec,
+    *,
+    checkpoints: Iterable[int] = (),
+) -> int:
     """Leader: propose ``spec`` to every follower; returns the agreed checkpoint step.
 
     Raises `NegotiationError` listing every refusing follower's reasons (training must not
@@ -134,8 +155,9 @@ async def propose(transport: Transport, followers: Sequence[str], spec: TaskSpec
         for peer in followers:
             if peer not in refused:
                 await transport.send(peer, CTL, Frame(meta={"cmd": "abort", "reasons": flat}))
-        raise NegotiationError("the task spec was refused, training does not start:\n  "
-                               + "\n  ".join(flat), refused)
+        raise NegotiationError(
+            "the task spec was refused, training does not start:\n  " + "\n  ".join(flat), refused
+        )
     step = max(steps, default=0)
     install(transport, spec, leader=transport.name)
     for peer in followers:
@@ -146,15 +168,20 @@ async def propose(transport: Transport, followers: Sequence[str], spec: TaskSpec
         if meta["cmd"] == "error":
             errors[peer] = [str(meta.get("reason"))]
     if errors:
-        raise NegotiationError("followers could not start: " + "; ".join(
-            f"{p}: {r[0]}" for p, r in errors.items()), errors)
+        raise NegotiationError(
+            "followers could not start: " + "; ".join(f"{p}: {r[0]}" for p, r in errors.items()),
+            errors,
+        )
     return step
 
 
-async def answer(transport: Transport, leader: str, *,
-                 check: Callable[[TaskSpec], list[str]],
-                 checkpoints: Callable[[str], Iterable[int]] = lambda digest: ()
-                 ) -> tuple[TaskSpec, int]:
+async def answer(
+    transport: Transport,
+    leader: str,
+    *,
+    check: Callable[[TaskSpec], list[str]],
+    checkpoints: Callable[[str], Iterable[int]] = lambda digest: (),
+) -> tuple[TaskSpec, int]:
     """Follower: wait for the leader's proposal, check it, reply; returns ``(spec, step)``.
 
     ``check(spec)`` returns the refusal reasons ([] = accept); ``checkpoints(spec_hash)`` the
@@ -169,8 +196,10 @@ async def answer(transport: Transport, leader: str, *,
         spec, reasons = None, [f"the proposed spec is malformed: {exc}"]
     if reasons:
         await transport.send(leader, CTL, Frame(meta={"cmd": "refuse", "reasons": reasons}))
-        raise NegotiationError(f"{transport.name!r} refused the task spec:\n  "
-                               + "\n  ".join(reasons), {transport.name: reasons})
+        raise NegotiationError(
+            f"{transport.name!r} refused the task spec:\n  " + "\n  ".join(reasons),
+            {transport.name: reasons},
+        )
     digest = spec.spec_hash()
     saved = sorted(int(s) for s in checkpoints(digest))
     await transport.send(leader, CTL, Frame(meta={"cmd": "accept", "checkpoints": saved}))
@@ -178,13 +207,17 @@ async def answer(transport: Transport, leader: str, *,
     meta = await _recv_cmd(transport, leader, ("start", "abort"))
     if meta["cmd"] == "abort":
         reasons = [str(r) for r in meta.get("reasons", [])]
-        raise NegotiationError("the leader aborted: another party refused the spec:\n  "
-                               + "\n  ".join(reasons), {"leader": reasons})
+        raise NegotiationError(
+            "the leader aborted: another party refused the spec:\n  " + "\n  ".join(reasons),
+            {"leader": reasons},
+        )
     step = int(meta.get("step", 0))
     if step and step not in saved:
         await ready(transport, leader, error=f"no checkpoint at step {step}")
-        raise NegotiationError(f"the leader chose checkpoint {step}, which {transport.name!r} "
-                               f"does not hold (it holds {saved})")
+        raise NegotiationError(
+            f"the leader chose checkpoint {step}, which {transport.name!r} "
+            f"does not hold (it holds {saved})"
+        )
     return spec, step
 
 

@@ -19,7 +19,7 @@ Pure reads of the party's attributes (no I/O, safe on the loop).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tandem.engine.plan import Kind
 from tandem.transports.metrics import family
@@ -27,8 +27,9 @@ from tandem.transports.metrics import family
 from .party import SplitParty
 
 
-def party_metrics(party: SplitParty, checkpoint_step: Callable[[], int] = lambda: -1
-                  ) -> Callable[[], str]:
+def party_metrics(
+    party: SplitParty, checkpoint_step: Callable[[], int] = lambda: -1
+) -> Callable[[], str]:
     """A metrics source for ``party`` (see the module docstring)."""
 
     def source() -> str:
@@ -36,24 +37,41 @@ def party_metrics(party: SplitParty, checkpoint_step: Callable[[], int] = lambda
         stats = party.last_stats
         lines: list[str] = []
         for name, kind, text, value in (
-                ("tandem_party_step", "gauge", "Batches run (train and eval)", party.step),
-                ("tandem_party_n_groups", "gauge", "Micro-batches per batch", party.n_groups),
-                ("tandem_party_in_batch", "gauge", "1 while a batch runs",
-                 int(party.in_batch)),
-                ("tandem_party_outbound_queue_max", "gauge",
-                 "Outbound queue high-water mark in the last batch (frames)",
-                 0 if stats is None else stats.max_outbound),
-                ("tandem_party_outbound_queue_capacity", "gauge",
-                 "Outbound queue hard capacity (frames)", party.config.capacity),
-                ("tandem_party_checkpoint_step", "gauge", "Step of the last checkpoint saved",
-                 checkpoint_step())):
+            ("tandem_party_step", "gauge", "Batches run (train and eval)", party.step),
+            ("tandem_party_n_groups", "gauge", "Micro-batches per batch", party.n_groups),
+            ("tandem_party_in_batch", "gauge", "1 while a batch runs", int(party.in_batch)),
+            (
+                "tandem_party_outbound_queue_max",
+                "gauge",
+                "Outbound queue high-water mark in the last batch (frames)",
+                0 if stats is None else stats.max_outbound,
+            ),
+            (
+                "tandem_party_outbound_queue_capacity",
+                "gauge",
+                "Outbound queue hard capacity (frames)",
+                party.config.capacity,
+            ),
+            (
+                "tandem_party_checkpoint_step",
+                "gauge",
+                "Step of the last checkpoint saved",
+                checkpoint_step(),
+            ),
+        ):
             lines += family(name, kind, text, [(me, value)])
-        lines += family("tandem_party_ops_total", "counter", "Ops run by kind",
-                        [({**me, "kind": _kind(k)}, n) for k, n in sorted(party.op_counts.items())])
-        lines += family("tandem_party_op_seconds_total", "counter",
-                        "Compute-lane seconds by op kind",
-                        [({**me, "kind": _kind(k)}, t)
-                         for k, t in sorted(party.op_seconds.items())])
+        lines += family(
+            "tandem_party_ops_total",
+            "counter",
+            "Ops run by kind",
+            [({**me, "kind": _kind(k)}, n) for k, n in sorted(party.op_counts.items())],
+        )
+        lines += family(
+            "tandem_party_op_seconds_total",
+            "counter",
+            "Compute-lane seconds by op kind",
+            [({**me, "kind": _kind(k)}, t) for k, t in sorted(party.op_seconds.items())],
+        )
         return "\n".join(lines) + "\n"
 
     return source

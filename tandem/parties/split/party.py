@@ -26,25 +26,26 @@ import collections
 import dataclasses
 import secrets
 import time
-from typing import Any, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import optax
 
 from tandem.engine.data import BatchRows, epoch_batches
-from tandem.errors import ConfigError, EngineError
 from tandem.engine.kernels import StageModel, get_loss
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
 from tandem.engine.plan import Plan, make_plan
 from tandem.engine.policy import Backpressure
 from tandem.engine.runtime import BatchStats, PartyRuntime
-from .stages import StageHandler
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
+from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
 from .metrics import classification_metrics
+from .stages import StageHandler
 
 CTL = "ctl"
 
@@ -80,7 +81,9 @@ class SplitConfig:
         if not (isinstance(self.chunks, int) and self.chunks >= 1):
             raise ConfigError(f"chunks must be a positive int, got {self.chunks!r}")
         if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+            raise ConfigError(
+                f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}"
+            )
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         get_loss(self.loss)
@@ -95,7 +98,10 @@ class SplitConfig:
 
 
 OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
-    "adam": optax.adam, "sgd": optax.sgd, "adamw": optax.adamw, "momentum": lambda lr: optax.sgd(lr, 0.9),
+    "adam": optax.adam,
+    "sgd": optax.sgd,
+    "adamw": optax.adamw,
+    "momentum": lambda lr: optax.sgd(lr, 0.9),
 }
 
 
@@ -125,11 +131,21 @@ class SplitParty:
       optimizer: overrides ``config.optimizer`` with any optax transformation.
     """
 
-    def __init__(self, name: str, topology: Topology, models: Mapping[str, StageModel],
-                 transport: Transport, *, datasets: Mapping[str, np.ndarray] | None = None,
-                 labels: Mapping[str, np.ndarray] | None = None, config: SplitConfig | None = None,
-                 trace: Trace | None = None, optimizer: optax.GradientTransformation | None = None,
-                 params: Mapping[str, Any] | None = None, progress: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        topology: Topology,
+        models: Mapping[str, StageModel],
+        transport: Transport,
+        *,
+        datasets: Mapping[str, np.ndarray] | None = None,
+        labels: Mapping[str, np.ndarray] | None = None,
+        config: SplitConfig | None = None,
+        trace: Trace | None = None,
+        optimizer: optax.GradientTransformation | None = None,
+        params: Mapping[str, Any] | None = None,
+        progress: bool = False,
+    ) -> None:
         self.name = name
         self.topology = topology
         self.config = config or SplitConfig()
@@ -148,14 +164,20 @@ class SplitParty:
         import jax
 
         self.handler = StageHandler(
-            topology, name, models, optimizer or self.config.make_optimizer(),
+            topology,
+            name,
+            models,
+            optimizer or self.config.make_optimizer(),
             loss=get_loss(self.config.loss) if self.is_leader else None,
-            key=jax.random.PRNGKey(self.config.seed), params=params)
+            key=jax.random.PRNGKey(self.config.seed),
+            params=params,
+        )
         self.followers = tuple(p for p in topology.parties if p != name)
         self._plans: dict[tuple[int, str], Plan] = {}
         self._batch = 0
-        self.tuner = GroupTuner(self.config.batch_size,
-                                self.config.groups if isinstance(self.config.groups, int) else 0)
+        self.tuner = GroupTuner(
+            self.config.batch_size, self.config.groups if isinstance(self.config.groups, int) else 0
+        )
         self.history: list[EpochResult] = []
         self.last_stats: BatchStats | None = None
         self.n_groups = self.tuner.n
@@ -170,8 +192,9 @@ class SplitParty:
     def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
         key = (n, mode, chunks)
         if key not in self._plans:
-            self._plans[key] = make_plan(self.topology, self.name, n, mode=mode,
-                                         seed=self.config.seed, chunks=chunks)
+            self._plans[key] = make_plan(
+                self.topology, self.name, n, mode=mode, seed=self.config.seed, chunks=chunks
+            )
         return self._plans[key]
 
     def chunks_for(self, rows: int, n: int) -> int:
@@ -182,26 +205,37 @@ class SplitParty:
     def _rows(self, dataset: str, idx: np.ndarray) -> BatchRows | None:
         if dataset not in self.datasets:
             if any("features" in s.inputs for s in self.topology.stages_of(self.name)):
-                raise ConfigError(f"{self.name!r} has no dataset {dataset!r}; pass "
-                                  f"datasets={{{dataset!r}: X}}")
+                raise ConfigError(
+                    f"{self.name!r} has no dataset {dataset!r}; pass datasets={{{dataset!r}: X}}"
+                )
             return None
         data = self.datasets[dataset]
         lo, hi = (int(idx.min()), int(idx.max())) if len(idx) else (0, -1)
         if lo < 0 or hi >= len(data):
             bad = lo if lo < 0 else hi
-            raise ConfigError(f"{self.name!r}: row {bad} requested from dataset "
-                              f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned")
+            raise ConfigError(
+                f"{self.name!r}: row {bad} requested from dataset "
+                f"{dataset!r} of {len(data)} rows; the parties' datasets are not aligned"
+            )
         return BatchRows(data, idx)  # gathered per group, on the compute lane
 
-    async def _run_batch(self, runtime: PartyRuntime, idx: np.ndarray, n: int, mode: str,
-                         dataset: str, chunks: int = 1) -> BatchStats:
+    async def _run_batch(
+        self,
+        runtime: PartyRuntime,
+        idx: np.ndarray,
+        n: int,
+        mode: str,
+        dataset: str,
+        chunks: int = 1,
+    ) -> BatchStats:
         n = max(1, min(n, len(idx)))
         train = mode == "train"
         labels = None
         if self.is_leader and train:
             labels = self._require_labels(dataset)[idx]
-        self.handler.begin(self._rows(dataset, idx), labels, group_bounds(len(idx), n),
-                           train=train, chunks=chunks)
+        self.handler.begin(
+            self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train, chunks=chunks
+        )
         runtime.trace, runtime.policy = self.trace, self.config.policy
         runtime.bp = self.config.backpressure.scaled(chunks)
         self.in_batch = True
@@ -244,8 +278,13 @@ class SplitParty:
 
     def _runtime(self, lane) -> PartyRuntime:
         policy = self.config.policy
-        runtime = PartyRuntime(self.transport, lane, backpressure=self.config.backpressure,
-                               policy=policy, trace=self.trace)
+        runtime = PartyRuntime(
+            self.transport,
+            lane,
+            backpressure=self.config.backpressure,
+            policy=policy,
+            trace=self.trace,
+        )
         runtime.counters, runtime.op_seconds = self.op_counts, self.op_seconds  # shared totals
         return runtime
 
@@ -257,15 +296,26 @@ class SplitParty:
         return self._batch
 
     # -- leader -----------------------------------------------------------------------------
-    async def _start_batch(self, idx: np.ndarray, n: int, mode: str, dataset: str,
-                           **meta: Any) -> tuple[int, int]:
+    async def _start_batch(
+        self, idx: np.ndarray, n: int, mode: str, dataset: str, **meta: Any
+    ) -> tuple[int, int]:
         """Leader: tell every follower to run rows ``idx`` of ``dataset``; returns the group
         count and chunks the batch uses (``n`` clamped to the rows, `chunks_for`), which the
         command carries, for the leader's own `_run_batch`."""
         n = max(1, min(n, len(idx)))
         c = self.chunks_for(len(idx), n)
-        await self._command({"cmd": "batch", "b": self._batch, "n": n, "c": c, "mode": mode,
-                             "data": dataset, **meta}, idx)
+        await self._command(
+            {
+                "cmd": "batch",
+                "b": self._batch,
+                "n": n,
+                "c": c,
+                "mode": mode,
+                "data": dataset,
+                **meta,
+            },
+            idx,
+        )
         return n, c
 
     async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
@@ -274,8 +324,15 @@ class SplitParty:
         for peer in self.followers:
             await self.transport.send(peer, CTL, Frame(meta=meta, arrays=arrays))
 
-    async def run_batch(self, idx: np.ndarray, *, mode: str = "train", dataset: str = "train",
-                        n: int | None = None, lane=None) -> BatchStats:
+    async def run_batch(
+        self,
+        idx: np.ndarray,
+        *,
+        mode: str = "train",
+        dataset: str = "train",
+        n: int | None = None,
+        lane=None,
+    ) -> BatchStats:
         """Leader: run one batch (rows ``idx`` of ``dataset``) on every party."""
         self._require_leader("run_batch")
         n, c = await self._start_batch(idx, self.n_groups if n is None else n, mode, dataset)
@@ -284,11 +341,16 @@ class SplitParty:
                 return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
         return await self._run_batch(self._runtime(lane), idx, n, mode, dataset, c)
 
-    async def fit(self, epochs: int | None = None, *, dataset: str = "train",
-                  on_batch: Callable[[int, int, float], None] | None = None,
-                  start_epoch: int | None = None, start_batch: int = 0,
-                  after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
-                  ) -> list[EpochResult]:
+    async def fit(
+        self,
+        epochs: int | None = None,
+        *,
+        dataset: str = "train",
+        on_batch: Callable[[int, int, float], None] | None = None,
+        start_epoch: int | None = None,
+        start_batch: int = 0,
+        after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
+    ) -> list[EpochResult]:
         """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
 
         Resume hooks: ``start_epoch`` (default: epochs already in ``history``) and
@@ -313,8 +375,9 @@ class SplitParty:
                 for i, idx in enumerate(batches):
                     if i < skip:
                         continue
-                    n, c = await self._start_batch(idx, self.n_groups, "train", dataset,
-                                                   epoch=epoch, i=i)
+                    n, c = await self._start_batch(
+                        idx, self.n_groups, "train", dataset, epoch=epoch, i=i
+                    )
                     before = self._link_counters()
                     stats = await self._run_batch(runtime, idx, n, "train", dataset, c)
                     total += self.handler.loss_sum * len(idx)
@@ -325,9 +388,15 @@ class SplitParty:
                     if after_batch is not None and await after_batch(epoch, i + 1):
                         stop = True
                         break
-                self.history.append(EpochResult(epoch, total / max(rows, 1),
-                                                time.perf_counter() - t0, self.n_groups,
-                                                len(batches) - skip))
+                self.history.append(
+                    EpochResult(
+                        epoch,
+                        total / max(rows, 1),
+                        time.perf_counter() - t0,
+                        self.n_groups,
+                        len(batches) - skip,
+                    )
+                )
                 if stop:
                     break
         return self.history[-epochs:] if epochs else []
@@ -392,18 +461,23 @@ class SplitParty:
 
     def _require_labels(self, dataset: str) -> np.ndarray:
         if dataset not in self.labels:
-            raise ConfigError(f"{self.name!r} owns the loss stage and needs labels to train on "
-                              f"{dataset!r}: pass labels={{{dataset!r}: y}}")
+            raise ConfigError(
+                f"{self.name!r} owns the loss stage and needs labels to train on "
+                f"{dataset!r}: pass labels={{{dataset!r}: y}}"
+            )
         return self.labels[dataset]
 
     def _require_leader(self, what: str) -> None:
         if not self.is_leader:
-            raise ConfigError(f"{what}() is the leader's; {self.name!r} follows "
-                              f"{self.topology.label_owner!r} and should call serve()")
+            raise ConfigError(
+                f"{what}() is the leader's; {self.name!r} follows "
+                f"{self.topology.label_owner!r} and should call serve()"
+            )
 
     # -- follower -----------------------------------------------------------------------------
-    async def serve(self, *, on_batch: Callable[[Mapping[str, Any]], Awaitable[None]] | None
-                    = None) -> int:
+    async def serve(
+        self, *, on_batch: Callable[[Mapping[str, Any]], Awaitable[None]] | None = None
+    ) -> int:
         """Follower: run the leader's batches until it says stop; returns batches run.
 
         ``on_batch(command)`` is awaited after each batch with the leader's command (``mode``,
@@ -411,7 +485,9 @@ class SplitParty:
         are kept in ``stop_meta``. (On any party, ``in_batch`` is true while a batch runs.)
         """
         if self.is_leader:
-            raise ConfigError(f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()")
+            raise ConfigError(
+                f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()"
+            )
         leader = self.topology.label_owner
         count = 0
         async with ThreadLane(f"tandem-{self.name}") as lane:
@@ -424,15 +500,23 @@ class SplitParty:
                     self.stop_meta = dict(frame.meta)
                     return count
                 if cmd != "batch" or len(frame.arrays) != 1:
-                    raise EngineError(f"{self.name!r} got an unknown command from {leader!r}: "
-                                      f"{dict(frame.meta)}")
+                    raise EngineError(
+                        f"{self.name!r} got an unknown command from {leader!r}: {dict(frame.meta)}"
+                    )
                 if frame.meta.get("b") != self._batch:
-                    raise EngineError(f"{self.name!r} is at batch {self._batch} but the leader "
-                                      f"started batch {frame.meta.get('b')}; restart both parties")
+                    raise EngineError(
+                        f"{self.name!r} is at batch {self._batch} but the leader "
+                        f"started batch {frame.meta.get('b')}; restart both parties"
+                    )
                 self.n_groups = int(frame.meta["n"])
-                await self._run_batch(runtime, np.asarray(frame.arrays[0]), self.n_groups,
-                                      str(frame.meta["mode"]), str(frame.meta["data"]),
-                                      int(frame.meta.get("c", 1)))
+                await self._run_batch(
+                    runtime,
+                    np.asarray(frame.arrays[0]),
+                    self.n_groups,
+                    str(frame.meta["mode"]),
+                    str(frame.meta["data"]),
+                    int(frame.meta.get("c", 1)),
+                )
                 count += 1
                 if on_batch is not None:
                     await on_batch(frame.meta)
@@ -446,8 +530,7 @@ class SplitParty:
 
         return {s: owned_copy(p) for s, p in self.handler.params.items()}
 
-    def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int
-                ) -> None:
+    def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int) -> None:
         """Resume from a checkpoint: this party's stage params and optimizer state, and the
         batch counter ``b`` the leader and followers keep in step (every party must restore
         the same checkpoint step, or the followers refuse the leader's next command).
@@ -460,8 +543,10 @@ class SplitParty:
         stages = set(self.handler.stages)
         lacking = sorted((stages - set(params)) | (stages - set(opt_state)))
         if lacking:
-            raise ConfigError(f"{self.name!r}: the state to restore lacks the params or "
-                              f"optimizer state of stages {lacking}")
+            raise ConfigError(
+                f"{self.name!r}: the state to restore lacks the params or "
+                f"optimizer state of stages {lacking}"
+            )
         if int(batch) < 0:
             raise ConfigError(f"{self.name!r}: cannot restore to batch {batch}")
         # copies: the next update donates them, and the caller's must survive

@@ -36,13 +36,14 @@ import dataclasses
 import os
 import ssl
 import tomllib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
-from tandem.errors import ConfigError
 from tandem.engine.kernels import StageModel, mlp_stage
 from tandem.engine.topology import BUILTIN, FEATURES, Topology
+from tandem.errors import ConfigError
 
 
 class PartyConfigError(ConfigError):
@@ -50,24 +51,58 @@ class PartyConfigError(ConfigError):
 
 
 TRAIN_KEYS: dict[str, tuple[type, ...]] = {
-    "batch_size": (int,), "eval_batch_size": (int,), "epochs": (int,), "groups": (int, str),
-    "learning_rate": (float, int), "optimizer": (str,), "loss": (str,), "seed": (int,),
-    "threshold": (int,), "capacity": (int,), "policy": (str,), "chunks": (int,),
+    "batch_size": (int,),
+    "eval_batch_size": (int,),
+    "epochs": (int,),
+    "groups": (int, str),
+    "learning_rate": (float, int),
+    "optimizer": (str,),
+    "loss": (str,),
+    "seed": (int,),
+    "threshold": (int,),
+    "capacity": (int,),
+    "policy": (str,),
+    "chunks": (int,),
 }
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "": {"role": (str,), "name": (str,), "export_dir": (str,), "progress": (bool,),
-         "wait": (float, int), "grace": (float, int)},
+    "": {
+        "role": (str,),
+        "name": (str,),
+        "export_dir": (str,),
+        "progress": (bool,),
+        "wait": (float, int),
+        "grace": (float, int),
+    },
     "link": {"bandwidth": (float, int), "latency": (float, int)},
     "listen": {"host": (str,), "port": (int,)},
     "peers": {},  # free-form: name -> URL
-    "security": {"secret": (str,), "secret_env": (str,), "secret_file": (str,),
-                 "tls_cert": (str,), "tls_key": (str,), "tls_ca": (str,),
-                 "max_frame_bytes": (int,), "reject_nonfinite": (bool,),
-                 "retry_timeout": (float, int), "peer_timeout": (float, int)},
-    "data": {"source": (str,), "part": (str,), "seed": (int,), "label_column": (str,),
-             "test": (str,), "aligned": (str,)},
-    "model": {"topology": (str,), "topology_args": (list,), "cut": (int,), "hidden": (list,),
-              "out": (int,)},
+    "security": {
+        "secret": (str,),
+        "secret_env": (str,),
+        "secret_file": (str,),
+        "tls_cert": (str,),
+        "tls_key": (str,),
+        "tls_ca": (str,),
+        "max_frame_bytes": (int,),
+        "reject_nonfinite": (bool,),
+        "retry_timeout": (float, int),
+        "peer_timeout": (float, int),
+    },
+    "data": {
+        "source": (str,),
+        "part": (str,),
+        "seed": (int,),
+        "label_column": (str,),
+        "test": (str,),
+        "aligned": (str,),
+    },
+    "model": {
+        "topology": (str,),
+        "topology_args": (list,),
+        "cut": (int,),
+        "hidden": (list,),
+        "out": (int,),
+    },
     "schema": {},  # free-form: party -> feature count
     "train": TRAIN_KEYS,
     "checkpoint": {"dir": (str,), "every": (int,), "keep": (int,)},
@@ -77,7 +112,7 @@ REQUIRED = {"": ("role", "name"), "data": ("source",)}
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str                    # "breast_cancer" or an absolute .npz/.csv path
+    source: str  # "breast_cancer" or an absolute .npz/.csv path
     part: str | None = None
     seed: int = 0
     label_column: str | None = None
@@ -125,8 +160,7 @@ class PartyData:
         return {k: v for k, v in (("train", self.train), ("test", self.test)) if v is not None}
 
     def labels(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in (("train", self.y_train), ("test", self.y_test))
-                if v is not None}
+        return {k: v for k, v in (("train", self.y_train), ("test", self.y_test)) if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +209,12 @@ class PartyConfig:
     def security(self) -> dict[str, Any]:
         """The security settings recorded in the task spec."""
         auth = "hmac" if self.secret else ("mtls" if self.tls_ca and self.tls_cert else "none")
-        return {"auth": auth, "tls": bool(self.tls_cert), "max_frame_bytes": self.max_frame_bytes,
-                "reject_nonfinite": self.reject_nonfinite}
+        return {
+            "auth": auth,
+            "tls": bool(self.tls_cert),
+            "max_frame_bytes": self.max_frame_bytes,
+            "reject_nonfinite": self.reject_nonfinite,
+        }
 
     def ssl_contexts(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
         """(server, client) contexts: TLS when ``tls_cert`` is set; mutual when ``tls_ca`` is."""
@@ -196,13 +234,23 @@ class PartyConfig:
         from tandem.transports.http import HttpConfig, HttpTransport
 
         server, client = self.ssl_contexts()
-        return HttpTransport(HttpConfig(
-            name=self.name, host=self.host, port=self.port, peers=dict(self.peers),
-            secret=self.secret, ssl_server=server, ssl_client=client,
-            max_frame_bytes=self.max_frame_bytes, reject_nonfinite=self.reject_nonfinite,
-            retry_timeout=self.retry_timeout, peer_timeout=self.peer_timeout,
-            shape_bandwidth=self.link_bandwidth,
-            shape_latency=self.link_latency))
+        return HttpTransport(
+            HttpConfig(
+                name=self.name,
+                host=self.host,
+                port=self.port,
+                peers=dict(self.peers),
+                secret=self.secret,
+                ssl_server=server,
+                ssl_client=client,
+                max_frame_bytes=self.max_frame_bytes,
+                reject_nonfinite=self.reject_nonfinite,
+                retry_timeout=self.retry_timeout,
+                peer_timeout=self.peer_timeout,
+                shape_bandwidth=self.link_bandwidth,
+                shape_latency=self.link_latency,
+            )
+        )
 
     def split_config(self):
         """The leader's `SplitConfig` from [train] (defaults for keys not given)."""
@@ -218,11 +266,23 @@ class PartyConfig:
     def hyper(self) -> dict[str, Any]:
         """The task spec's ``hyper`` table: [train] with defaults, plus checkpoint.every."""
         sc = self.split_config()
-        out = {k: getattr(sc, k) for k in ("batch_size", "groups", "learning_rate", "optimizer",
-                                           "loss", "epochs", "seed", "threshold", "capacity",
-                                           "policy", "chunks")}
-        out["eval_batch_size"] = int(self.train.get("eval_batch_size",
-                                                    max(sc.batch_size, 256)))
+        out = {
+            k: getattr(sc, k)
+            for k in (
+                "batch_size",
+                "groups",
+                "learning_rate",
+                "optimizer",
+                "loss",
+                "epochs",
+                "seed",
+                "threshold",
+                "capacity",
+                "policy",
+                "chunks",
+            )
+        }
+        out["eval_batch_size"] = int(self.train.get("eval_batch_size", max(sc.batch_size, 256)))
         out["checkpoint_every"] = self.checkpoint.every
         return out
 
@@ -243,26 +303,32 @@ class PartyConfig:
                     if s.owner not in features:
                         raise PartyConfigError(
                             f"{self.path}: the feature count of {s.owner!r} is unknown; add "
-                            f"`{s.owner} = <columns>` under [schema]")
+                            f"`{s.owner} = <columns>` under [schema]"
+                        )
                     in_dims.append(int(features[s.owner]))
                 else:
                     in_dims.append(m.cut)
             width = m.out if s.loss else m.cut
-            out[s.name] = {"in_dims": in_dims, "out_dim": width,
-                           "sizes": [sum(in_dims), *m.hidden, width]}
+            out[s.name] = {
+                "in_dims": in_dims,
+                "out_dim": width,
+                "sizes": [sum(in_dims), *m.hidden, width],
+            }
         return out
 
 
-def models_from_widths(topology: Topology, widths: Mapping[str, Mapping[str, Any]]
-                       ) -> dict[str, StageModel]:
+def models_from_widths(
+    topology: Topology, widths: Mapping[str, Mapping[str, Any]]
+) -> dict[str, StageModel]:
     """MLP `StageModel`s for every stage from ``{"in_dims", "out_dim", "sizes"}`` (a spec's
     ``stages`` or `PartyConfig.stage_widths`); the loss stage's last layer is linear."""
     models = {}
     for s in topology.stages:
         w = widths[s.name]
         sizes = w.get("sizes") or [sum(w["in_dims"]), w["out_dim"]]
-        models[s.name] = mlp_stage(w["in_dims"], list(sizes[1:-1]), w["out_dim"],
-                                   activate_last=not s.loss)
+        models[s.name] = mlp_stage(
+            w["in_dims"], list(sizes[1:-1]), w["out_dim"], activate_last=not s.loss
+        )
     return models
 
 
@@ -274,8 +340,10 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
     except FileNotFoundError:
-        raise PartyConfigError(f"config file {path!r} not found; pass --config with the path "
-                               "of a party TOML (see examples/split/leader.toml)") from None
+        raise PartyConfigError(
+            f"config file {path!r} not found; pass --config with the path "
+            "of a party TOML (see examples/split/leader.toml)"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise PartyConfigError(f"{path}: not valid TOML: {exc}") from None
     base = os.path.dirname(os.path.abspath(path))
@@ -288,29 +356,37 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     peers = {}
     for peer, url in raw.get("peers", {}).items():
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise PartyConfigError(f"{path}: peers.{peer} must be a URL like "
-                                   f"'http://127.0.0.1:8712', got {url!r}")
+            raise PartyConfigError(
+                f"{path}: peers.{peer} must be a URL like 'http://127.0.0.1:8712', got {url!r}"
+            )
         peers[peer] = url.rstrip("/")
     if not peers:
-        raise PartyConfigError(f"{path}: [peers] is empty; add `name = \"http://host:port\"` for "
-                               "every other party")
+        raise PartyConfigError(
+            f'{path}: [peers] is empty; add `name = "http://host:port"` for every other party'
+        )
     d = raw["data"]
     source = d["source"]
     if source != "breast_cancer":
         source = _file(base, source, "data.source", path)
     if source == "breast_cancer" and d.get("part") not in ("leader", "follower"):
-        raise PartyConfigError(f"{path}: data.part must be 'leader' or 'follower' with the "
-                               f"built-in breast_cancer source, got {d.get('part')!r}")
-    data = DataConfig(source=source, part=d.get("part"), seed=d.get("seed", 0),
-                      label_column=d.get("label_column"),
-                      test=_file(base, d["test"], "data.test", path) if "test" in d else None,
-                      aligned=_file(base, d["aligned"], "data.aligned", path)
-                      if "aligned" in d else None)
+        raise PartyConfigError(
+            f"{path}: data.part must be 'leader' or 'follower' with the "
+            f"built-in breast_cancer source, got {d.get('part')!r}"
+        )
+    data = DataConfig(
+        source=source,
+        part=d.get("part"),
+        seed=d.get("seed", 0),
+        label_column=d.get("label_column"),
+        test=_file(base, d["test"], "data.test", path) if "test" in d else None,
+        aligned=_file(base, d["aligned"], "data.aligned", path) if "aligned" in d else None,
+    )
     m = raw.get("model", {})
     hidden = m.get("hidden", [32])
     if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
-        raise PartyConfigError(f"{path}: model.hidden must be a list of positive ints, got "
-                               f"{hidden!r}")
+        raise PartyConfigError(
+            f"{path}: model.hidden must be a list of positive ints, got {hidden!r}"
+        )
     args = m.get("topology_args", [])
     if not all(isinstance(a, str) and a for a in args):
         raise PartyConfigError(f"{path}: model.topology_args must be a list of party names")
@@ -320,67 +396,97 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     for key in ("cut", "out"):
         if key in m and m[key] < 1:
             raise PartyConfigError(f"{path}: model.{key} must be >= 1, got {m[key]}")
-    model = ModelConfig(topology=topo_name, topology_args=tuple(args), cut=m.get("cut", 16),
-                        hidden=tuple(hidden), out=m.get("out", 1))
+    model = ModelConfig(
+        topology=topo_name,
+        topology_args=tuple(args),
+        cut=m.get("cut", 16),
+        hidden=tuple(hidden),
+        out=m.get("out", 1),
+    )
     schema = raw.get("schema", {})
     for k, v in schema.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise PartyConfigError(f"{path}: schema.{k} must be a positive feature count, got "
-                                   f"{v!r}")
+            raise PartyConfigError(
+                f"{path}: schema.{k} must be a positive feature count, got {v!r}"
+            )
     train = dict(raw.get("train", {}))
     if role == "follower" and (train or schema):
         raise PartyConfigError(
             f"{path}: [train] and [schema] are the leader's (it proposes them in the task "
-            "spec); remove them from the follower's config")
+            "spec); remove them from the follower's config"
+        )
     ck = raw.get("checkpoint", {})
     for key in ("every", "keep"):
         if key in ck and ck[key] < 1:
             raise PartyConfigError(f"{path}: checkpoint.{key} must be >= 1, got {ck[key]}")
-    checkpoint = CheckpointConfig(dir=os.path.join(base, ck["dir"]) if "dir" in ck else None,
-                                  every=ck.get("every", 10), keep=ck.get("keep", 3))
+    checkpoint = CheckpointConfig(
+        dir=os.path.join(base, ck["dir"]) if "dir" in ck else None,
+        every=ck.get("every", 10),
+        keep=ck.get("keep", 3),
+    )
     secret = _secret(sec, path, base)
     link = raw.get("link", {})
     for key, value in [*link.items(), ("wait", top.get("wait", 1)), ("grace", top.get("grace", 1))]:
         if value < 0 or (key in ("bandwidth", "wait") and value == 0):
             raise PartyConfigError(f"{path}: {key} must be > 0, got {value}")
-    tls = {k: _file(base, sec[k], f"security.{k}", path) if k in sec else None
-           for k in ("tls_cert", "tls_key", "tls_ca")}
+    tls = {
+        k: _file(base, sec[k], f"security.{k}", path) if k in sec else None
+        for k in ("tls_cert", "tls_key", "tls_ca")
+    }
     if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
-        raise PartyConfigError(f"{path}: security.tls_cert and security.tls_key go together; "
-                               "set both or neither")
+        raise PartyConfigError(
+            f"{path}: security.tls_cert and security.tls_key go together; set both or neither"
+        )
     cfg = PartyConfig(
-        path=path, role=role, name=top["name"], host=listen.get("host", "127.0.0.1"),
-        port=listen.get("port", 0), peers=peers, secret=secret, **tls,
+        path=path,
+        role=role,
+        name=top["name"],
+        host=listen.get("host", "127.0.0.1"),
+        port=listen.get("port", 0),
+        peers=peers,
+        secret=secret,
+        **tls,
         max_frame_bytes=sec.get("max_frame_bytes", 1 << 31),
         reject_nonfinite=sec.get("reject_nonfinite", True),
         retry_timeout=float(sec.get("retry_timeout", 30.0)),
-        peer_timeout=float(sec.get("peer_timeout", 30.0)), data=data, model=model,
-        schema=dict(schema), train=train, checkpoint=checkpoint,
+        peer_timeout=float(sec.get("peer_timeout", 30.0)),
+        data=data,
+        model=model,
+        schema=dict(schema),
+        train=train,
+        checkpoint=checkpoint,
         export_dir=os.path.join(base, top["export_dir"]) if "export_dir" in top else None,
-        progress=top.get("progress", True), wait=float(top.get("wait", 120.0)),
+        progress=top.get("progress", True),
+        wait=float(top.get("wait", 120.0)),
         grace=float(top.get("grace", 10.0)),
         link_bandwidth=float(link["bandwidth"]) if "bandwidth" in link else None,
-        link_latency=float(link.get("latency", 0.0)))
+        link_latency=float(link.get("latency", 0.0)),
+    )
     topo = cfg.topology()
     if cfg.name not in topo.parties:
-        raise PartyConfigError(f"{path}: name {cfg.name!r} owns no stage of topology "
-                               f"{model.topology!r} (parties: {list(topo.parties)}); fix `name` "
-                               "or model.topology_args")
+        raise PartyConfigError(
+            f"{path}: name {cfg.name!r} owns no stage of topology "
+            f"{model.topology!r} (parties: {list(topo.parties)}); fix `name` "
+            "or model.topology_args"
+        )
     is_owner = topo.label_owner == cfg.name
     if is_owner != cfg.is_leader:
         raise PartyConfigError(
             f"{path}: role is {role!r} but {cfg.name!r} "
             f"{'owns' if is_owner else 'does not own'} the loss stage; the leader is "
-            f"{topo.label_owner!r}")
+            f"{topo.label_owner!r}"
+        )
     missing = [p for p in topo.parties if p != cfg.name and p not in peers]
     if missing:
-        raise PartyConfigError(f"{path}: [peers] lacks {missing}; add `name = \"http://host:port\"`")
+        raise PartyConfigError(f'{path}: [peers] lacks {missing}; add `name = "http://host:port"`')
     if cfg.is_leader:
         cfg.split_config()  # checks the [train] values now
         absent = [p for p in topo.feature_parties() if p != cfg.name and p not in schema]
         if absent:
-            raise PartyConfigError(f"{path}: [schema] lacks the feature count of {absent}; add "
-                                   f"`{absent[0]} = <columns>`")
+            raise PartyConfigError(
+                f"{path}: [schema] lacks the feature count of {absent}; add "
+                f"`{absent[0]} = <columns>`"
+            )
     return cfg
 
 
@@ -400,8 +506,10 @@ def _check_keys(raw: Mapping[str, Any], path: str) -> None:
                 continue
             for sub, v in value.items():
                 if sub not in allowed:
-                    raise PartyConfigError(f"{path}: unknown key {key}.{sub}; accepted keys in "
-                                           f"[{key}]: {sorted(allowed)}")
+                    raise PartyConfigError(
+                        f"{path}: unknown key {key}.{sub}; accepted keys in "
+                        f"[{key}]: {sorted(allowed)}"
+                    )
                 _check_type(f"{key}.{sub}", v, allowed[sub], path)
         elif key in SCHEMA[""]:
             _check_type(key, value, SCHEMA[""][key], path)
@@ -410,7 +518,8 @@ def _check_keys(raw: Mapping[str, Any], path: str) -> None:
         else:
             raise PartyConfigError(
                 f"{path}: unknown key {key!r}; accepted top-level keys: {sorted(SCHEMA[''])}, "
-                f"tables: {sorted(k for k in SCHEMA if k)}")
+                f"tables: {sorted(k for k in SCHEMA if k)}"
+            )
     for section, keys in REQUIRED.items():
         table = raw if section == "" else raw.get(section, {})
         for k in keys:
@@ -425,15 +534,18 @@ def _check_type(name: str, value: Any, kinds: tuple[type, ...], path: str) -> No
     else:
         ok = isinstance(value, kinds)
     if not ok:
-        raise PartyConfigError(f"{path}: {name} must be "
-                               f"{' or '.join(k.__name__ for k in kinds)}, got {value!r}")
+        raise PartyConfigError(
+            f"{path}: {name} must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}"
+        )
 
 
 def _file(base: str, value: str, key: str, path: str) -> str:
     full = value if os.path.isabs(value) else os.path.join(base, value)
     if not os.path.exists(full):
-        raise PartyConfigError(f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
-                               "(relative paths start at the config file's folder)")
+        raise PartyConfigError(
+            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
+            "(relative paths start at the config file's folder)"
+        )
     return full
 
 
@@ -448,8 +560,10 @@ def _secret(sec: Mapping[str, Any], path: str, base: str) -> bytes | None:
     elif "secret_env" in sec:
         value = os.environ.get(sec["secret_env"])
         if value is None:
-            raise PartyConfigError(f"{path}: security.secret_env names ${sec['secret_env']}, "
-                                   "which is not set; export it or use secret_file")
+            raise PartyConfigError(
+                f"{path}: security.secret_env names ${sec['secret_env']}, "
+                "which is not set; export it or use secret_file"
+            )
     else:
         with open(_file(base, sec["secret_file"], "security.secret_file", path), "rb") as f:
             value = f.read().strip().decode()
@@ -465,8 +579,10 @@ def _topology(model: ModelConfig, path: str) -> Topology:
         try:
             return BUILTIN[model.topology](*model.topology_args)
         except TypeError as exc:
-            raise PartyConfigError(f"{path}: model.topology_args {list(model.topology_args)} do "
-                                   f"not fit the built-in {model.topology!r}: {exc}") from None
+            raise PartyConfigError(
+                f"{path}: model.topology_args {list(model.topology_args)} do "
+                f"not fit the built-in {model.topology!r}: {exc}"
+            ) from None
     import json
 
     try:
@@ -485,20 +601,31 @@ def _load_data(cfg: PartyConfig) -> PartyData:
 
         split = load_breast_cancer_split(d.seed)
         part = getattr(split, d.part)
-        data = PartyData(part["train"], part["test"],
-                         split.labels["train"] if owner else None,
-                         split.labels["test"] if owner else None)
+        data = PartyData(
+            part["train"],
+            part["test"],
+            split.labels["train"] if owner else None,
+            split.labels["test"] if owner else None,
+        )
     elif d.source.endswith(".npz"):
         with np.load(d.source, allow_pickle=False) as z:
             if "x_train" not in z:
-                raise PartyConfigError(f"{cfg.path}: data.source {d.source!r} has no array "
-                                       f"'x_train' (it holds {sorted(z.files)})")
+                raise PartyConfigError(
+                    f"{cfg.path}: data.source {d.source!r} has no array "
+                    f"'x_train' (it holds {sorted(z.files)})"
+                )
             if owner and "y_train" not in z:
-                raise PartyConfigError(f"{cfg.path}: {cfg.name!r} owns the loss stage but "
-                                       f"{d.source!r} has no 'y_train' labels")
+                raise PartyConfigError(
+                    f"{cfg.path}: {cfg.name!r} owns the loss stage but "
+                    f"{d.source!r} has no 'y_train' labels"
+                )
             get = lambda k: np.asarray(z[k]) if k in z else None  # noqa: E731
-            data = PartyData(get("x_train"), get("x_test"), get("y_train") if owner else None,
-                             get("y_test") if owner else None)
+            data = PartyData(
+                get("x_train"),
+                get("x_test"),
+                get("y_train") if owner else None,
+                get("y_test") if owner else None,
+            )
     elif d.source.endswith(".csv"):
         x, y = _read_csv(d.source, d.label_column if owner else None, cfg.path)
         xt = yt = None
@@ -506,13 +633,16 @@ def _load_data(cfg: PartyConfig) -> PartyData:
             xt, yt = _read_csv(d.test, d.label_column if owner else None, cfg.path)
         data = PartyData(x, xt, y, yt)
     else:
-        raise PartyConfigError(f"{cfg.path}: data.source {d.source!r} must be 'breast_cancer', "
-                               "a .npz or a .csv file")
+        raise PartyConfigError(
+            f"{cfg.path}: data.source {d.source!r} must be 'breast_cancer', a .npz or a .csv file"
+        )
     data = dataclasses.replace(
-        data, train=None if data.train is None else np.asarray(data.train, np.float32),
+        data,
+        train=None if data.train is None else np.asarray(data.train, np.float32),
         test=None if data.test is None else np.asarray(data.test, np.float32),
         y_train=None if data.y_train is None else np.asarray(data.y_train, np.float32),
-        y_test=None if data.y_test is None else np.asarray(data.y_test, np.float32))
+        y_test=None if data.y_test is None else np.asarray(data.y_test, np.float32),
+    )
     if d.aligned:
         data = _align(data, d.aligned, cfg.path)
     return data
@@ -528,14 +658,17 @@ def _read_csv(path: str, label: str | None, cfg_path: str):
             raise PartyConfigError(f"{cfg_path}: {path!r} is empty; expected a header row")
         rows = list(reader)
     if label is not None and label not in header:
-        raise PartyConfigError(f"{cfg_path}: data.label_column {label!r} is not a column of "
-                               f"{path!r} (columns: {header})")
+        raise PartyConfigError(
+            f"{cfg_path}: data.label_column {label!r} is not a column of "
+            f"{path!r} (columns: {header})"
+        )
     li = header.index(label) if label is not None else None
     try:
         table = np.asarray(rows, dtype=np.float64)
     except ValueError as exc:
-        raise PartyConfigError(f"{cfg_path}: {path!r} has a non-numeric value ({exc}); feature "
-                               "CSVs hold numbers only") from None
+        raise PartyConfigError(
+            f"{cfg_path}: {path!r} has a non-numeric value ({exc}); feature CSVs hold numbers only"
+        ) from None
     if table.ndim != 2 or table.shape[1] != len(header):
         raise PartyConfigError(f"{cfg_path}: {path!r} rows do not all have {len(header)} columns")
     if li is None:
@@ -554,13 +687,24 @@ def _align(data: PartyData, aligned: str, cfg_path: str) -> PartyData:
     rows = file.rows
     n = data.samples or 0
     if len(rows) and (rows.min() < 0 or rows.max() >= n):
-        raise PartyConfigError(f"{cfg_path}: data.aligned {aligned!r} refers to row "
-                               f"{int(rows.max())} but the training data has {n} rows")
+        raise PartyConfigError(
+            f"{cfg_path}: data.aligned {aligned!r} refers to row "
+            f"{int(rows.max())} but the training data has {n} rows"
+        )
     take = lambda a: None if a is None else a[rows]  # noqa: E731
     return dataclasses.replace(
-        data, train=take(data.train), y_train=take(data.y_train),
-        alignment=file.spec_fields())
+        data, train=take(data.train), y_train=take(data.y_train), alignment=file.spec_fields()
+    )
 
 
-__all__ = ["PartyConfig", "PartyConfigError", "PartyData", "DataConfig", "ModelConfig",
-           "CheckpointConfig", "load_party_config", "models_from_widths", "split_config_from"]
+__all__ = [
+    "PartyConfig",
+    "PartyConfigError",
+    "PartyData",
+    "DataConfig",
+    "ModelConfig",
+    "CheckpointConfig",
+    "load_party_config",
+    "models_from_widths",
+    "split_config_from",
+]

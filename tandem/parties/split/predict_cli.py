@@ -36,25 +36,44 @@ from .inference import InferenceError, check_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="predict on new aligned rows across parties, each with "
-                       "its own export; the leader writes the predictions",
-                       description=__doc__.split("\n\n")[0])
+    p = sub.add_parser(
+        "predict",
+        help="predict on new aligned rows across parties, each with "
+        "its own export; the leader writes the predictions",
+        description=__doc__.split("\n\n")[0],
+    )
     p.add_argument("--config", required=True, help="this party's TOML (as for `tandem party`)")
-    p.add_argument("--export", help="this party's export: a .safetensors file or its folder "
-                   "(default: export_dir of the config)")
-    p.add_argument("--data", help="new feature rows: .csv with a header row, .npy, or .npz "
-                   "(array 'x'); same columns, in the same order, as in training")
+    p.add_argument(
+        "--export",
+        help="this party's export: a .safetensors file or its folder "
+        "(default: export_dir of the config)",
+    )
+    p.add_argument(
+        "--data",
+        help="new feature rows: .csv with a header row, .npy, or .npz "
+        "(array 'x'); same columns, in the same order, as in training",
+    )
     p.add_argument("--id-column", help="a CSV column holding ids, not features (dropped)")
-    p.add_argument("--aligned", help="the `tandem align --out` CSV of the new rows: predict "
-                   "those rows in that order; every party must give its file of the same "
-                   "alignment")
-    p.add_argument("--rows", type=int, help="rows to predict, for a party whose stages read no "
-                   "features and that has no --aligned")
+    p.add_argument(
+        "--aligned",
+        help="the `tandem align --out` CSV of the new rows: predict "
+        "those rows in that order; every party must give its file of the same "
+        "alignment",
+    )
+    p.add_argument(
+        "--rows",
+        type=int,
+        help="rows to predict, for a party whose stages read no features and that has no --aligned",
+    )
     p.add_argument("--out", help="leader: where to write the predictions (.csv or .npy)")
     p.add_argument("--batch-size", type=int, default=256, help="leader: rows per batch")
     p.add_argument("--groups", type=int, default=1, help="leader: micro-batches per batch")
-    p.add_argument("--timeout", type=float, default=3600.0,
-                   help="give up if prediction has not finished after this many seconds")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        help="give up if prediction has not finished after this many seconds",
+    )
     p.set_defaults(func=predict_command, colocate_threads=True)
 
 
@@ -69,8 +88,11 @@ async def predict_command(args: argparse.Namespace) -> int:
         async with asyncio.timeout(args.timeout):
             summary = await run(args)
     except TimeoutError:
-        print(f"tandem predict: not finished after {args.timeout:g} s; is every party running "
-              "`tandem predict` with matching configs?", file=sys.stderr)
+        print(
+            f"tandem predict: not finished after {args.timeout:g} s; is every party running "
+            "`tandem predict` with matching configs?",
+            file=sys.stderr,
+        )
         return 1
     except (TandemError, OSError, ExceptionGroup) as exc:
         return report_error("tandem predict", exc)
@@ -87,12 +109,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = await asyncio.to_thread(load_party_config, args.config)
     export = args.export or cfg.export_dir
     if export is None:
-        raise InferenceError(f"{cfg.path} sets no export_dir; pass --export with this party's "
-                             ".safetensors file")
+        raise InferenceError(
+            f"{cfg.path} sets no export_dir; pass --export with this party's .safetensors file"
+        )
     model = await inference.load_model(export, cfg.name, topology=cfg.topology())
     if model.is_leader and not args.out:
-        raise InferenceError("the leader writes the predictions: pass --out predictions.csv "
-                             "(or .npy)")
+        raise InferenceError(
+            "the leader writes the predictions: pass --out predictions.csv (or .npy)"
+        )
     if args.out and not args.out.endswith((".csv", ".npy")):
         raise InferenceError(f"--out {args.out!r} must end in .csv or .npy")
     if args.batch_size < 1 or args.groups < 1:
@@ -102,25 +126,41 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
     if model.is_leader:
-        spec = inference.inference_spec(model, rows=rows, batch_size=args.batch_size,
-                                        groups=args.groups, alignment=alignment,
-                                        security=cfg.security())
+        spec = inference.inference_spec(
+            model,
+            rows=rows,
+            batch_size=args.batch_size,
+            groups=args.groups,
+            alignment=alignment,
+            security=cfg.security(),
+        )
         async with connected(cfg, data=data, spec=spec) as session:
             result = await inference.run_leader(session.transport, model, x, session.spec)
         await asyncio.to_thread(write_predictions, args.out, result.outputs, model.loss, ids)
-        extra: dict[str, Any] = {"out": args.out, "outputs": int(result.outputs.shape[1]),
-                                 "digests": result.digests}
+        extra: dict[str, Any] = {
+            "out": args.out,
+            "outputs": int(result.outputs.shape[1]),
+            "digests": result.digests,
+        }
     else:
-        check = inference.inference_check(model, rows=rows, alignment=alignment,
-                                          security=cfg.security())
+        check = inference.inference_check(
+            model, rows=rows, alignment=alignment, security=cfg.security()
+        )
         async with connected(cfg, data=data, check=check) as session:
             batches = await inference.run_follower(session.transport, model, x, session.spec)
         extra = {"batches": batches}
-    return {"command": "predict", "party": model.party,
-            "role": "leader" if model.is_leader else "follower", "rows": rows,
-            "training": model.training, "export": model.path, "export_digest": model.digest,
-            "spec_hash": session.spec_hash, **extra,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "command": "predict",
+        "party": model.party,
+        "role": "leader" if model.is_leader else "follower",
+        "rows": rows,
+        "training": model.training,
+        "export": model.path,
+        "export_digest": model.digest,
+        "spec_hash": session.spec_hash,
+        **extra,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -128,17 +168,21 @@ def read_inputs(model, args) -> tuple[np.ndarray | None, dict | None, list[str] 
     """(rows, alignment ``{"size", "commitment"}`` or None, aligned ids or None)."""
     x = None if args.data is None else read_rows(args.data, args.id_column)
     if x is None and model.features is not None:
-        raise InferenceError(f"{model.party!r} needs its new feature rows ({model.features} "
-                             "columns): pass --data new.csv")
+        raise InferenceError(
+            f"{model.party!r} needs its new feature rows ({model.features} "
+            "columns): pass --data new.csv"
+        )
     x = check_rows(model, x, source=f"--data {args.data!r}")
     if args.aligned is None:
         return x, None, None
     rows, ids, alignment = read_aligned(args.aligned)
     if x is not None:
         if len(rows) and int(rows.max()) >= len(x):
-            raise InferenceError(f"--aligned {args.aligned!r} refers to row {int(rows.max())} "
-                                 f"but --data {args.data!r} has {len(x)} rows; align the ids of "
-                                 "this data file")
+            raise InferenceError(
+                f"--aligned {args.aligned!r} refers to row {int(rows.max())} "
+                f"but --data {args.data!r} has {len(x)} rows; align the ids of "
+                "this data file"
+            )
         x = x[rows]
     return x, alignment, ids
 
@@ -153,8 +197,9 @@ def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
         with np.load(path, allow_pickle=False) as z:
             if "x" in z.files or len(z.files) == 1:
                 return np.asarray(z["x" if "x" in z.files else z.files[0]])
-            raise InferenceError(f"--data {path!r} holds arrays {sorted(z.files)}; name the "
-                                 "feature rows 'x'")
+            raise InferenceError(
+                f"--data {path!r} holds arrays {sorted(z.files)}; name the feature rows 'x'"
+            )
     if not path.endswith(".csv"):
         raise InferenceError(f"--data {path!r} must be a .csv, .npy or .npz file")
     with open(path, newline="", encoding="utf-8") as f:
@@ -165,20 +210,25 @@ def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
         drop = None
         if id_column is not None:
             if id_column not in header:
-                raise InferenceError(f"--id-column {id_column!r} is not a column of {path!r} "
-                                     f"(columns: {header})")
+                raise InferenceError(
+                    f"--id-column {id_column!r} is not a column of {path!r} (columns: {header})"
+                )
             drop = header.index(id_column)
         table = []
         for line, row in enumerate(reader, start=2):
             if len(row) != len(header):
-                raise InferenceError(f"--data {path!r} line {line} has {len(row)} values; the "
-                                     f"header has {len(header)}")
+                raise InferenceError(
+                    f"--data {path!r} line {line} has {len(row)} values; the "
+                    f"header has {len(header)}"
+                )
             try:
                 table.append([float(v) for i, v in enumerate(row) if i != drop])
             except ValueError:
-                raise InferenceError(f"--data {path!r} line {line} has a non-numeric value; "
-                                     "feature CSVs hold numbers only (name an id column with "
-                                     "--id-column)") from None
+                raise InferenceError(
+                    f"--data {path!r} line {line} has a non-numeric value; "
+                    "feature CSVs hold numbers only (name an id column with "
+                    "--id-column)"
+                ) from None
     return np.asarray(table, np.float64).reshape(len(table), len(header) - (drop is not None))
 
 
@@ -191,8 +241,9 @@ def read_aligned(path: str) -> tuple[np.ndarray, list[str], dict[str, Any]]:
     return aligned.rows, aligned.ids, aligned.spec_fields()
 
 
-def write_predictions(path: str, out: np.ndarray, loss: str | None,
-                      ids: list[str] | None = None) -> None:
+def write_predictions(
+    path: str, out: np.ndarray, loss: str | None, ids: list[str] | None = None
+) -> None:
     """Write the loss stage's outputs (see the module docstring for the columns)."""
     out = np.asarray(out, np.float32).reshape(len(out), -1)
     if path.endswith(".npy"):
@@ -212,8 +263,11 @@ def write_predictions(path: str, out: np.ndarray, loss: str | None,
         w = csv.writer(f)
         w.writerow(["row"] + (["id"] if ids is not None else []) + names)
         for i, values in enumerate(table.tolist()):
-            w.writerow([i] + ([ids[i]] if ids is not None else [])
-                       + [_fmt(v, n) for v, n in zip(values, names)])
+            w.writerow(
+                [i]
+                + ([ids[i]] if ids is not None else [])
+                + [_fmt(v, n) for v, n in zip(values, names)]
+            )
 
 
 def _fmt(value: float, name: str) -> str:

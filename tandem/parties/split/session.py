@@ -31,13 +31,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from typing import Any, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
 
-from .spec import TaskSpec, build_spec
 from tandem.errors import TandemError
 
 from . import negotiate
 from .party_config import PartyConfig, PartyConfigError, PartyData
+from .spec import TaskSpec, build_spec
 
 
 class PartyStartError(TandemError):
@@ -74,10 +75,16 @@ def leader_spec(cfg: PartyConfig, data: PartyData) -> TaskSpec:
     features = dict(cfg.schema)
     if data.features is not None:
         features[cfg.name] = data.features
-    return build_spec(cfg.topology(), features=features, samples=data.samples,
-                      stage_widths=cfg.stage_widths(features), hyper=cfg.hyper(),
-                      security=cfg.security(), alignment=data.alignment,
-                      test_samples=0 if data.y_test is None else len(data.y_test))
+    return build_spec(
+        cfg.topology(),
+        features=features,
+        samples=data.samples,
+        stage_widths=cfg.stage_widths(features),
+        hyper=cfg.hyper(),
+        security=cfg.security(),
+        alignment=data.alignment,
+        test_samples=0 if data.y_test is None else len(data.y_test),
+    )
 
 
 def follower_check(cfg: PartyConfig, data: PartyData) -> Callable[[TaskSpec], list[str]]:
@@ -92,14 +99,22 @@ def follower_check(cfg: PartyConfig, data: PartyData) -> Callable[[TaskSpec], li
             widths = cfg.stage_widths(features)
         except PartyConfigError as exc:
             return [str(exc)]
-        reasons = spec.check_local(cfg.name, features=data.features, samples=data.samples,
-                                   stages=widths, alignment=data.alignment,
-                                   security=cfg.security(), topology=cfg.topology().to_dict())
+        reasons = spec.check_local(
+            cfg.name,
+            features=data.features,
+            samples=data.samples,
+            stages=widths,
+            alignment=data.alignment,
+            security=cfg.security(),
+            topology=cfg.topology().to_dict(),
+        )
         want = int(spec.hyper.get("test_samples", 0))
         have = 0 if data.test is None else len(data.test)
         if want and data.features is not None and have != want:
-            reasons.append(f"the leader evaluates on {want} test rows but {cfg.name!r} holds "
-                           f"{have}; give data.test (or x_test) with the same rows")
+            reasons.append(
+                f"the leader evaluates on {want} test rows but {cfg.name!r} holds "
+                f"{have}; give data.test (or x_test) with the same rows"
+            )
         return reasons
 
     return check
@@ -120,8 +135,9 @@ async def wait_for_peers(cfg: PartyConfig, timeout: float) -> None:
         while pending:
             for peer, url in list(pending.items()):
                 try:
-                    async with http.get(url + "/healthz",
-                                        timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+                    async with http.get(
+                        url + "/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
+                    ) as resp:
                         if resp.status == 200:
                             del pending[peer]
                             continue
@@ -132,17 +148,24 @@ async def wait_for_peers(cfg: PartyConfig, timeout: float) -> None:
                 return
             if loop.time() >= deadline:
                 raise PartyStartError(
-                    f"{cfg.name!r}: peers not reachable after {timeout:g} s: " + "; ".join(
-                        f"{p} at {u} ({last.get(p, 'no answer')})" for p, u in pending.items())
-                    + ". Start them, or fix [peers] / raise `wait`.")
+                    f"{cfg.name!r}: peers not reachable after {timeout:g} s: "
+                    + "; ".join(
+                        f"{p} at {u} ({last.get(p, 'no answer')})" for p, u in pending.items()
+                    )
+                    + ". Start them, or fix [peers] / raise `wait`."
+                )
             await asyncio.sleep(0.1)
 
 
-async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
-                  spec: TaskSpec | None = None,
-                  check: Callable[[TaskSpec], list[str]] | None = None,
-                  checkpoints: Mapping[int, str] | None = None,
-                  prepare: Callable[[Session], Awaitable[None]] | None = None) -> Session:
+async def connect(
+    cfg: PartyConfig,
+    *,
+    data: PartyData | None = None,
+    spec: TaskSpec | None = None,
+    check: Callable[[TaskSpec], list[str]] | None = None,
+    checkpoints: Mapping[int, str] | None = None,
+    prepare: Callable[[Session], Awaitable[None]] | None = None,
+) -> Session:
     """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
 
     Args:
@@ -171,16 +194,23 @@ async def connect(cfg: PartyConfig, *, data: PartyData | None = None,
                     digest = spec.spec_hash()
                     followers = [p for p in topology.parties if p != cfg.name]
                     step = await negotiate.propose(
-                        transport, followers, spec,
-                        checkpoints=[s for s, h in held.items() if h == digest])
+                        transport,
+                        followers,
+                        spec,
+                        checkpoints=[s for s, h in held.items() if h == digest],
+                    )
                 else:
                     spec, step = await negotiate.answer(
-                        transport, leader, check=check or follower_check(cfg, data),
-                        checkpoints=lambda h: [s for s, d in held.items() if d == h])
+                        transport,
+                        leader,
+                        check=check or follower_check(cfg, data),
+                        checkpoints=lambda h: [s for s, d in held.items() if d == h],
+                    )
         except TimeoutError:
             raise PartyStartError(
                 f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
-                " is every party started with a matching config (same secret, ports)?") from None
+                " is every party started with a matching config (same secret, ports)?"
+            ) from None
         session = Session(cfg, transport, data, spec, spec.spec_hash(), step)
         if prepare is not None:
             try:
@@ -207,5 +237,12 @@ async def connected(cfg: PartyConfig, **kwargs: Any) -> AsyncIterator[Session]:
         await session.transport.aclose()
 
 
-__all__ = ["Session", "PartyStartError", "connect", "connected", "leader_spec",
-           "follower_check", "wait_for_peers"]
+__all__ = [
+    "Session",
+    "PartyStartError",
+    "connect",
+    "connected",
+    "leader_spec",
+    "follower_check",
+    "wait_for_peers",
+]

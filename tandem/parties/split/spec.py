@@ -36,18 +36,31 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
-from tandem.errors import ConfigError
 from tandem.engine.topology import FEATURES, Topology
+from tandem.errors import ConfigError
 
 SPEC_FORMAT = "tandem-task-spec"
 SPEC_VERSION = 1
 
-HYPER_KEYS = ("batch_size", "eval_batch_size", "groups", "learning_rate", "optimizer", "loss",
-              "epochs", "seed", "threshold", "capacity", "policy", "checkpoint_every")
+HYPER_KEYS = (
+    "batch_size",
+    "eval_batch_size",
+    "groups",
+    "learning_rate",
+    "optimizer",
+    "loss",
+    "epochs",
+    "seed",
+    "threshold",
+    "capacity",
+    "policy",
+    "checkpoint_every",
+)
 SECURITY_KEYS = ("auth", "tls", "max_frame_bytes", "reject_nonfinite")
 
 
@@ -70,12 +83,18 @@ class TaskSpec:
 
     # -- canonical form --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {"format": SPEC_FORMAT, "version": SPEC_VERSION,
-                "topology": _plain(self.topology), "datasets": _plain(self.datasets),
-                "samples": int(self.samples), "stages": _plain(self.stages),
-                "edges": _plain(list(self.edges)), "hyper": _plain(self.hyper),
-                "security": _plain(self.security),
-                "alignment": None if self.alignment is None else _plain(self.alignment)}
+        return {
+            "format": SPEC_FORMAT,
+            "version": SPEC_VERSION,
+            "topology": _plain(self.topology),
+            "datasets": _plain(self.datasets),
+            "samples": int(self.samples),
+            "stages": _plain(self.stages),
+            "edges": _plain(list(self.edges)),
+            "hyper": _plain(self.hyper),
+            "security": _plain(self.security),
+            "alignment": None if self.alignment is None else _plain(self.alignment),
+        }
 
     def canonical(self) -> bytes:
         """orjson bytes with sorted keys: the input of `spec_hash`."""
@@ -86,35 +105,54 @@ class TaskSpec:
         return hashlib.sha256(self.canonical()).hexdigest()
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "TaskSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
         """Read a spec back (e.g. from a proposal frame); `SpecError` names a bad field."""
         if not isinstance(data, Mapping):
             raise SpecError(f"a task spec must be a JSON object, got {type(data).__name__}")
         if data.get("format") != SPEC_FORMAT or data.get("version") != SPEC_VERSION:
-            raise SpecError(f"not a {SPEC_FORMAT!r} version {SPEC_VERSION} spec (format "
-                            f"{data.get('format')!r}, version {data.get('version')!r}); "
-                            "both parties must run compatible Tandem versions")
-        kinds = {"topology": Mapping, "datasets": Mapping, "samples": int, "stages": Mapping,
-                 "edges": list, "hyper": Mapping, "security": Mapping}
+            raise SpecError(
+                f"not a {SPEC_FORMAT!r} version {SPEC_VERSION} spec (format "
+                f"{data.get('format')!r}, version {data.get('version')!r}); "
+                "both parties must run compatible Tandem versions"
+            )
+        kinds = {
+            "topology": Mapping,
+            "datasets": Mapping,
+            "samples": int,
+            "stages": Mapping,
+            "edges": list,
+            "hyper": Mapping,
+            "security": Mapping,
+        }
         for key, kind in kinds.items():
             if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
-                raise SpecError(f"task spec field {key!r} must be {kind.__name__}, got "
-                                f"{data.get(key)!r:.80}")
+                raise SpecError(
+                    f"task spec field {key!r} must be {kind.__name__}, got {data.get(key)!r:.80}"
+                )
         missing = [k for k in HYPER_KEYS if k not in data["hyper"]]
         missing += [k for k in SECURITY_KEYS if k not in data["security"]]
         if missing:
             raise SpecError(f"task spec lacks fields {missing}")
         align = data.get("alignment")
-        if align is not None and (not isinstance(align, Mapping) or
-                                  set(align) != {"size", "commitment"}):
-            raise SpecError(f"task spec alignment must be null or {{size, commitment}}, got "
-                            f"{align!r:.80}")
-        return cls(topology=data["topology"], datasets=data["datasets"],
-                   samples=data["samples"], stages=data["stages"], edges=data["edges"],
-                   hyper=data["hyper"], security=data["security"], alignment=align)
+        if align is not None and (
+            not isinstance(align, Mapping) or set(align) != {"size", "commitment"}
+        ):
+            raise SpecError(
+                f"task spec alignment must be null or {{size, commitment}}, got {align!r:.80}"
+            )
+        return cls(
+            topology=data["topology"],
+            datasets=data["datasets"],
+            samples=data["samples"],
+            stages=data["stages"],
+            edges=data["edges"],
+            hyper=data["hyper"],
+            security=data["security"],
+            alignment=align,
+        )
 
     @classmethod
-    def from_json(cls, raw: bytes | str) -> "TaskSpec":
+    def from_json(cls, raw: bytes | str) -> TaskSpec:
         try:
             return cls.from_dict(orjson.loads(raw))
         except orjson.JSONDecodeError as exc:
@@ -135,11 +173,18 @@ class TaskSpec:
         return out
 
     # -- checks ----------------------------------------------------------------------------
-    def check_local(self, party: str, *, features: int | None, samples: int | None,
-                    dtype: str = "float32", stages: Mapping[str, Mapping[str, Any]] | None = None,
-                    alignment: Mapping[str, Any] | None = None,
-                    security: Mapping[str, Any] | None = None,
-                    topology: Mapping[str, Any] | None = None) -> list[str]:
+    def check_local(
+        self,
+        party: str,
+        *,
+        features: int | None,
+        samples: int | None,
+        dtype: str = "float32",
+        stages: Mapping[str, Mapping[str, Any]] | None = None,
+        alignment: Mapping[str, Any] | None = None,
+        security: Mapping[str, Any] | None = None,
+        topology: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         """Reasons why ``party`` cannot train this spec with what it holds ([] = accept).
 
         Args:
@@ -160,24 +205,32 @@ class TaskSpec:
         if party not in topo.parties:
             return [f"{who} owns no stage of the spec's topology (parties: {list(topo.parties)})"]
         if topology is not None and _plain(topology) != _plain(self.topology):
-            reasons.append(f"{who}'s configured topology differs from the spec's: local "
-                           f"{_brief(topology)} != spec {_brief(self.topology)}")
+            reasons.append(
+                f"{who}'s configured topology differs from the spec's: local "
+                f"{_brief(topology)} != spec {_brief(self.topology)}"
+            )
         reads = any(FEATURES in s.inputs for s in topo.stages_of(party))
         schema = self.datasets.get(party)
         if reads:
             if schema is None:
-                reasons.append(f"the spec gives no dataset schema for {who}, whose stages read "
-                               "features")
+                reasons.append(
+                    f"the spec gives no dataset schema for {who}, whose stages read features"
+                )
             elif features is None:
-                reasons.append(f"{who} holds no feature data but the spec says "
-                               f"{schema.get('features')} feature columns")
+                reasons.append(
+                    f"{who} holds no feature data but the spec says "
+                    f"{schema.get('features')} feature columns"
+                )
             else:
                 if int(schema.get("features", -1)) != int(features):
-                    reasons.append(f"{who} has {features} feature columns but the spec says "
-                                   f"{schema.get('features')}")
+                    reasons.append(
+                        f"{who} has {features} feature columns but the spec says "
+                        f"{schema.get('features')}"
+                    )
                 if str(schema.get("dtype")) != dtype:
-                    reasons.append(f"{who}'s features are {dtype} but the spec says "
-                                   f"{schema.get('dtype')}")
+                    reasons.append(
+                        f"{who}'s features are {dtype} but the spec says {schema.get('dtype')}"
+                    )
         if samples is not None and int(samples) != int(self.samples):
             reasons.append(f"{who}: sample count {samples} != spec {self.samples}")
         mine = {s.name for s in topo.stages_of(party)}
@@ -196,33 +249,52 @@ class TaskSpec:
             spec_st, local = self.stages[name], stages[name]
             for key in ("in_dims", "out_dim", "sizes"):
                 if key in local and _plain(local[key]) != _plain(spec_st.get(key)):
-                    reasons.append(f"stage {name!r}: {who} has {key} {_plain(local[key])} but "
-                                   f"the spec says {_plain(spec_st.get(key))}")
+                    reasons.append(
+                        f"stage {name!r}: {who} has {key} {_plain(local[key])} but "
+                        f"the spec says {_plain(spec_st.get(key))}"
+                    )
         if self.alignment is not None or alignment is not None:
             if alignment is None:
-                reasons.append(f"the spec records aligned rows (size {self.alignment['size']}) "
-                               f"but {who} has no alignment; run `tandem align` and set "
-                               "data.aligned")
+                reasons.append(
+                    f"the spec records aligned rows (size {self.alignment['size']}) "
+                    f"but {who} has no alignment; run `tandem align` and set "
+                    "data.aligned"
+                )
             elif self.alignment is None:
-                reasons.append(f"{who} aligned its rows (size {alignment['size']}) but the spec "
-                               "records no alignment")
-            elif (int(alignment["size"]) != int(self.alignment["size"]) or
-                  alignment["commitment"] != self.alignment["commitment"]):
+                reasons.append(
+                    f"{who} aligned its rows (size {alignment['size']}) but the spec "
+                    "records no alignment"
+                )
+            elif (
+                int(alignment["size"]) != int(self.alignment["size"])
+                or alignment["commitment"] != self.alignment["commitment"]
+            ):
                 reasons.append(
                     f"aligned rows differ: spec commitment {_short(self.alignment['commitment'])}"
                     f" (size {self.alignment['size']}) != local "
-                    f"{_short(alignment['commitment'])} (size {alignment['size']})")
+                    f"{_short(alignment['commitment'])} (size {alignment['size']})"
+                )
         for key, value in (security or {}).items():
             if key in self.security and _plain(self.security[key]) != _plain(value):
-                reasons.append(f"security setting {key!r}: {who} uses {value!r} but the spec "
-                               f"says {self.security[key]!r}")
+                reasons.append(
+                    f"security setting {key!r}: {who} uses {value!r} but the spec "
+                    f"says {self.security[key]!r}"
+                )
         return reasons
 
 
-def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
-               stage_widths: Mapping[str, Mapping[str, Any]], hyper: Mapping[str, Any],
-               security: Mapping[str, Any], alignment: Mapping[str, Any] | None = None,
-               dtype: str = "float32", test_samples: int | None = None) -> TaskSpec:
+def build_spec(
+    topology: Topology,
+    *,
+    features: Mapping[str, int],
+    samples: int,
+    stage_widths: Mapping[str, Mapping[str, Any]],
+    hyper: Mapping[str, Any],
+    security: Mapping[str, Any],
+    alignment: Mapping[str, Any] | None = None,
+    dtype: str = "float32",
+    test_samples: int | None = None,
+) -> TaskSpec:
     """Assemble a spec; cut-edge shapes are derived from the topology and the stage widths.
 
     Args:
@@ -244,36 +316,60 @@ def build_spec(topology: Topology, *, features: Mapping[str, int], samples: int,
         w = stage_widths[s.name]
         in_dims = [int(d) for d in w["in_dims"]]
         if len(in_dims) != len(s.inputs):
-            raise SpecError(f"stage {s.name!r} has {len(s.inputs)} inputs but {len(in_dims)} "
-                            "in_dims")
-        stages[s.name] = {"owner": s.owner, "in_dims": in_dims, "out_dim": int(w["out_dim"]),
-                          "sizes": None if w.get("sizes") is None else
-                          [int(x) for x in w["sizes"]]}
+            raise SpecError(
+                f"stage {s.name!r} has {len(s.inputs)} inputs but {len(in_dims)} in_dims"
+            )
+        stages[s.name] = {
+            "owner": s.owner,
+            "in_dims": in_dims,
+            "out_dim": int(w["out_dim"]),
+            "sizes": None if w.get("sizes") is None else [int(x) for x in w["sizes"]],
+        }
     for p in topology.feature_parties():
         if p not in features:
-            raise SpecError(f"no feature count given for party {p!r}, whose stages read "
-                            "features; add it to the schema")
+            raise SpecError(
+                f"no feature count given for party {p!r}, whose stages read "
+                "features; add it to the schema"
+            )
     for s in topology.stages:
         for i, inp in enumerate(s.inputs):
-            want = (features[s.owner] if inp == FEATURES else stages[inp]["out_dim"])
+            want = features[s.owner] if inp == FEATURES else stages[inp]["out_dim"]
             if stages[s.name]["in_dims"][i] != want:
                 src = f"{s.owner!r}'s features" if inp == FEATURES else f"stage {inp!r}"
-                raise SpecError(f"stage {s.name!r} input {i} ({src}) has width {want} but the "
-                                f"stage declares {stages[s.name]['in_dims'][i]}")
-    edges = [{"src": e.src, "dst": e.dst, "src_party": e.src_party, "dst_party": e.dst_party,
-              "width": stages[e.src]["out_dim"], "dtype": dtype} for e in topology.edges()]
-    return TaskSpec(topology=topology.to_dict(),
-                    datasets={p: {"features": int(features[p]), "dtype": dtype}
-                              for p in topology.feature_parties()},
-                    samples=int(samples), stages=stages, edges=edges,
-                    hyper={**{k: hyper[k] for k in HYPER_KEYS},
-                           **({} if test_samples is None else {"test_samples": int(test_samples)}),
-                           # recorded only when not 1, so specs without chunks hash as before
-                           **({} if int(hyper.get("chunks", 1)) == 1
-                              else {"chunks": int(hyper["chunks"])})},
-                    security={k: security[k] for k in SECURITY_KEYS},
-                    alignment=None if alignment is None else
-                    {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])})
+                raise SpecError(
+                    f"stage {s.name!r} input {i} ({src}) has width {want} but the "
+                    f"stage declares {stages[s.name]['in_dims'][i]}"
+                )
+    edges = [
+        {
+            "src": e.src,
+            "dst": e.dst,
+            "src_party": e.src_party,
+            "dst_party": e.dst_party,
+            "width": stages[e.src]["out_dim"],
+            "dtype": dtype,
+        }
+        for e in topology.edges()
+    ]
+    return TaskSpec(
+        topology=topology.to_dict(),
+        datasets={
+            p: {"features": int(features[p]), "dtype": dtype} for p in topology.feature_parties()
+        },
+        samples=int(samples),
+        stages=stages,
+        edges=edges,
+        hyper={
+            **{k: hyper[k] for k in HYPER_KEYS},
+            **({} if test_samples is None else {"test_samples": int(test_samples)}),
+            # recorded only when not 1, so specs without chunks hash as before
+            **({} if int(hyper.get("chunks", 1)) == 1 else {"chunks": int(hyper["chunks"])}),
+        },
+        security={k: security[k] for k in SECURITY_KEYS},
+        alignment=None
+        if alignment is None
+        else {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])},
+    )
 
 
 def _plain(value: Any) -> Any:

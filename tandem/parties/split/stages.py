@@ -17,26 +17,35 @@ gradients are summed over micro-batches, and ``U`` applies one optax update per 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import numpy as np
 import optax
 
 from tandem.engine.data import BatchRows
-from tandem.errors import ConfigError, ShapeError
 from tandem.engine.kernels import StageKernels, StageModel, owned_copy
 from tandem.engine.microbatch import chunk_bounds
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
+from tandem.errors import ConfigError, ShapeError
 
 
 class StageHandler:
     """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in ``topology``."""
 
-    def __init__(self, topology: Topology, party: str, models: Mapping[str, StageModel],
-                 optimizer: optax.GradientTransformation, *, loss=None,
-                 key: jax.Array | None = None, params: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        topology: Topology,
+        party: str,
+        models: Mapping[str, StageModel],
+        optimizer: optax.GradientTransformation,
+        *,
+        loss=None,
+        key: jax.Array | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
         self.topology = topology
         self.party = party
         self.stages = {s.name: s for s in topology.stages_of(party)}
@@ -44,16 +53,22 @@ class StageHandler:
         if missing:
             raise ConfigError(f"party {party!r} needs a StageModel for stages {missing}")
         self.models = {s: models[s] for s in self.stages}
-        self.out_dims = {s.name: models[s.name].out_dim for s in topology.stages if s.name in models}
+        self.out_dims = {
+            s.name: models[s.name].out_dim for s in topology.stages if s.name in models
+        }
         owns_loss = any(s.loss for s in self.stages.values())
         if owns_loss and loss is None:
             raise ConfigError(f"party {party!r} owns the loss stage; pass loss=...")
         # raw features need no gradient: their kernels skip it (`StageKernels`, differentiable)
-        self.kernels = {s: StageKernels(self.models[s], optimizer,
-                                        loss if self.stages[s].loss else None,
-                                        differentiable=[i != FEATURES
-                                                        for i in self.stages[s].inputs])
-                        for s in self.stages}
+        self.kernels = {
+            s: StageKernels(
+                self.models[s],
+                optimizer,
+                loss if self.stages[s].loss else None,
+                differentiable=[i != FEATURES for i in self.stages[s].inputs],
+            )
+            for s in self.stages
+        }
         if params is None:
             key = jax.random.PRNGKey(0) if key is None else key
             params = {}
@@ -71,22 +86,36 @@ class StageHandler:
         for s in self.stages.values():
             model = self.models[s.name]
             if len(model.in_dims) != len(s.inputs):
-                raise ConfigError(f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
-                                  f"but its model declares {len(model.in_dims)} in_dims")
+                raise ConfigError(
+                    f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
+                    f"but its model declares {len(model.in_dims)} in_dims"
+                )
             for i, d in zip(s.inputs, model.in_dims):
                 if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
-                    raise ConfigError(f"stage {s.name!r} expects width {d} from {i!r}, which "
-                                      f"outputs {self.out_dims[i]}")
+                    raise ConfigError(
+                        f"stage {s.name!r} expects width {d} from {i!r}, which "
+                        f"outputs {self.out_dims[i]}"
+                    )
 
     # -- per batch ------------------------------------------------------------------------------
-    def begin(self, features: np.ndarray | BatchRows | None, labels: np.ndarray | None,
-              bounds: list[tuple[int, int]], *, train: bool, chunks: int = 1) -> None:
+    def begin(
+        self,
+        features: np.ndarray | BatchRows | None,
+        labels: np.ndarray | None,
+        bounds: list[tuple[int, int]],
+        *,
+        train: bool,
+        chunks: int = 1,
+    ) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
         the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows)."""
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
-        self.features = (features if features is None or isinstance(features, BatchRows)
-                         else np.asarray(features))
+        self.features = (
+            features
+            if features is None or isinstance(features, BatchRows)
+            else np.asarray(features)
+        )
         self.labels = None if labels is None else np.asarray(labels)
         #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
         self.msg_bounds = chunk_bounds(bounds, chunks)
@@ -134,7 +163,7 @@ class StageHandler:
         host, base = np.asarray(array), self.bounds[m][0]
         for j in range(m * self.per_op, (m + 1) * self.per_op):
             lo, hi = self.msg_bounds[j]
-            out[(channel, j)] = host[lo - base:hi - base]
+            out[(channel, j)] = host[lo - base : hi - base]
 
     def _acc(self, stage: str):
         """The stage's gradient accumulator for this batch (zeros before its first backward)."""
@@ -156,8 +185,9 @@ class StageHandler:
         s, m = op.stage, op.mb
         k = self.kernels[s]
         if op.kind is Kind.UPDATE:
-            self.params[s], self.opt_state[s] = k.update(self.params[s], self.opt_state[s],
-                                                         self.grads.pop(s))
+            self.params[s], self.opt_state[s] = k.update(
+                self.params[s], self.opt_state[s], self.grads.pop(s)
+            )
             jax.block_until_ready(self.params[s])
             return out
         if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
@@ -178,8 +208,13 @@ class StageHandler:
             if self.train:
                 loss = _ZERO if self._loss is None else self._loss
                 self.grads[s], self._loss, logits, gxs = k.loss_step(
-                    self.params[s], self._acc(s), loss, self.labels[lo:hi],
-                    np.float32(1.0 / self.rows), *xs)
+                    self.params[s],
+                    self._acc(s),
+                    loss,
+                    self.labels[lo:hi],
+                    np.float32(1.0 / self.rows),
+                    *xs,
+                )
                 self._route_input_grads(s, m, gxs, out)
             else:
                 logits = k.predict(self.params[s], *xs)
@@ -209,7 +244,8 @@ class StageHandler:
             raise ShapeError(
                 f"{self.party!r} received {array.dtype}{list(array.shape)} on {op.channel!r} "
                 f"micro-batch {op.mb}; expected float32{list(expected)} (rows of the group x "
-                f"output width of {src!r}). Check that both parties use the same model widths.")
+                f"output width of {src!r}). Check that both parties use the same model widths."
+            )
         self.inbox[(op.channel, op.mb)] = array  # host array; the consuming kernel takes it as is
 
     def predictions(self) -> np.ndarray:

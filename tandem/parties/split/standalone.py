@@ -31,20 +31,21 @@ import contextlib
 import dataclasses
 import os
 import sys
-from typing import Any, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
-from .checkpoint import CheckpointStore
 from tandem.engine.data import epoch_batches
-from .spec import TaskSpec
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
 
+from .checkpoint import CheckpointStore
 from .inference import export_party
 from .negotiate import CTL
 from .observe import party_metrics
 from .party import SplitParty
 from .party_config import PartyConfig, PartyData, models_from_widths, split_config_from
 from .session import Session, connect
+from .spec import TaskSpec
 
 
 @dataclasses.dataclass
@@ -53,8 +54,8 @@ class _State:
 
     party: SplitParty | None = None
     store: CheckpointStore | None = None
-    saved: int = -1                     # step of the last checkpoint saved or loaded
-    cursor: tuple[int, int] = (0, 0)    # (epoch, batches done in it) at the resume point
+    saved: int = -1  # step of the last checkpoint saved or loaded
+    cursor: tuple[int, int] = (0, 0)  # (epoch, batches done in it) at the resume point
     discarded: list[int] = dataclasses.field(default_factory=list)
 
 
@@ -62,9 +63,15 @@ def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> 
     """The `SplitParty` of ``cfg.name`` for the agreed ``spec`` (models from its stage widths,
     hyper-parameters from its ``hyper``); blocking (JAX initialisation)."""
     topo = Topology.from_dict(spec.topology)
-    return SplitParty(cfg.name, topo, models_from_widths(topo, spec.stages), transport,
-                      datasets=data.datasets(), labels=data.labels(),
-                      config=split_config_from(spec.hyper))
+    return SplitParty(
+        cfg.name,
+        topo,
+        models_from_widths(topo, spec.stages),
+        transport,
+        datasets=data.datasets(),
+        labels=data.labels(),
+        config=split_config_from(spec.hyper),
+    )
 
 
 async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> dict[str, Any]:
@@ -77,20 +84,25 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
     data = await asyncio.to_thread(cfg.load_data)
     st = _State()
     if cfg.checkpoint.dir:
-        st.store = CheckpointStore(cfg.checkpoint.dir, party=cfg.name,
-                                   keep=max(2, cfg.checkpoint.keep))
+        st.store = CheckpointStore(
+            cfg.checkpoint.dir, party=cfg.name, keep=max(2, cfg.checkpoint.keep)
+        )
     held = await asyncio.to_thread(st.store.index) if st.store else {}
 
     async def prepare(session: Session) -> None:
-        st.party = party = await asyncio.to_thread(make_party, session.spec, cfg, session.data,
-                                                   session.transport)
+        st.party = party = await asyncio.to_thread(
+            make_party, session.spec, cfg, session.data, session.transport
+        )
         if st.store is not None:
             st.discarded = await asyncio.to_thread(st.store.discard_after, session.step)
         if session.step:
-            r = await asyncio.to_thread(st.store.load, session.step,
-                                        params_like=party.handler.params,
-                                        opt_state_like=party.handler.opt_state,
-                                        spec_hash=session.spec_hash)
+            r = await asyncio.to_thread(
+                st.store.load,
+                session.step,
+                params_like=party.handler.params,
+                opt_state_like=party.handler.opt_state,
+                spec_hash=session.spec_hash,
+            )
             party.restore(r.params, r.opt_state, r.step)
             st.saved = r.step
             st.cursor = (int(r.cursor.get("epoch", 0)), int(r.cursor.get("batch", 0)))
@@ -101,8 +113,14 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
 
     session = await _until(stop, connect(cfg, data=data, checkpoints=held, prepare=prepare))
     if session is None:
-        return {"party": cfg.name, "role": cfg.role, "status": "stopped", "step": 0,
-                "checkpoint": None, "detail": "stopped before training started"}
+        return {
+            "party": cfg.name,
+            "role": cfg.role,
+            "status": "stopped",
+            "step": 0,
+            "checkpoint": None,
+            "detail": "stopped before training started",
+        }
     try:
         if cfg.is_leader:
             result = await _lead(session, st, stop)
@@ -129,10 +147,15 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
     left: list[str] = []
 
     async def save() -> None:
-        await _save(st, session, {"epoch": cursor[0], "batch": cursor[1]},
-                    {"run_id": party.run_id, "n_groups": party.n_groups})
+        await _save(
+            st,
+            session,
+            {"epoch": cursor[0], "batch": cursor[1]},
+            {"run_id": party.run_id, "n_groups": party.n_groups},
+        )
 
     with _progress(cfg, epochs * per_epoch, party.step, f"{cfg.name} (leader)") as advance:
+
         async def after_batch(epoch: int, done: int) -> bool:
             nonlocal cursor
             cursor = (epoch, done)
@@ -148,33 +171,52 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
                     left.append(peer)
                     stop.set()
 
-        fit = party.fit(max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0,
-                        after_batch=after_batch)
+        fit = party.fit(
+            max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0, after_batch=after_batch
+        )
         with _peer_left(cfg.name, st):
-            finished = await _with_grace(stop, cfg.grace, fit,
-                                         [listen(p) for p in party.followers])
-    base = {"party": cfg.name, "role": "leader", "spec_hash": session.spec_hash,
-            "alignment": _plain(spec.alignment), "resumed_from": session.step,
-            "n_groups": party.n_groups}
+            finished = await _with_grace(stop, cfg.grace, fit, [listen(p) for p in party.followers])
+    base = {
+        "party": cfg.name,
+        "role": "leader",
+        "spec_hash": session.spec_hash,
+        "alignment": _plain(spec.alignment),
+        "resumed_from": session.step,
+        "n_groups": party.n_groups,
+    }
     if party.history:
         base["train_loss"] = party.history[-1].loss
     if not finished:  # aborted mid-batch: the peers see our goodbye
-        return {**base, "status": "aborted", "step": party.step,
-                "checkpoint": st.saved if st.saved >= 0 else None}
+        return {
+            **base,
+            "status": "aborted",
+            "step": party.step,
+            "checkpoint": st.saved if st.saved >= 0 else None,
+        }
     if stop.is_set():
         if st.store is not None and st.saved != party.step:
             await save()
         reason = f"{left[0]} asked to stop" if left else "signal"
         await party.stop(reason=reason, checkpoint=st.saved if st.store else None)
-        return {**base, "status": "stopped", "step": party.step, "detail": reason,
-                "checkpoint": st.saved if st.store else None}
+        return {
+            **base,
+            "status": "stopped",
+            "step": party.step,
+            "detail": reason,
+            "checkpoint": st.saved if st.store else None,
+        }
     if int(hyper.get("test_samples", 0)) and "test" in party.labels:
         metrics = await party.evaluate("test", batch_size=int(hyper["eval_batch_size"]))
         base.update({f"test_{k}": v for k, v in metrics.items()})
     await party.stop(reason="done")
-    return {**base, "status": "done", "step": party.step, "epochs": epochs,
-            "checkpoint": st.saved if st.saved >= 0 else None,
-            "export": await _export(session, party)}
+    return {
+        **base,
+        "status": "done",
+        "step": party.step,
+        "epochs": epochs,
+        "checkpoint": st.saved if st.saved >= 0 else None,
+        "export": await _export(session, party),
+    }
 
 
 # -- follower ------------------------------------------------------------------------------------
@@ -185,15 +227,21 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
     per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
     leader = party.topology.label_owner
 
-    with _progress(cfg, int(hyper["epochs"]) * per_epoch, party.step,
-                   f"{cfg.name} (follower)") as advance:
+    with _progress(
+        cfg, int(hyper["epochs"]) * per_epoch, party.step, f"{cfg.name} (follower)"
+    ) as advance:
+
         async def on_batch(meta) -> None:
             if meta.get("mode") != "train":
                 return
             advance(None)
             if st.store is not None and party.step % every == 0:
-                await _save(st, session, {"epoch": int(meta.get("epoch", 0)),
-                                          "batch": int(meta.get("i", 0)) + 1}, {})
+                await _save(
+                    st,
+                    session,
+                    {"epoch": int(meta.get("epoch", 0)), "batch": int(meta.get("i", 0)) + 1},
+                    {},
+                )
 
         async def ask_leader_to_stop() -> None:
             await stop.wait()
@@ -202,11 +250,17 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
             await asyncio.Event().wait()  # cancelled when serve returns
 
         with _peer_left(cfg.name, st):
-            finished = await _with_grace(stop, cfg.grace, party.serve(on_batch=on_batch),
-                                         [ask_leader_to_stop()])
-    base = {"party": cfg.name, "role": "follower", "spec_hash": session.spec_hash,
-            "alignment": _plain(spec.alignment), "resumed_from": session.step,
-            "step": party.step}
+            finished = await _with_grace(
+                stop, cfg.grace, party.serve(on_batch=on_batch), [ask_leader_to_stop()]
+            )
+    base = {
+        "party": cfg.name,
+        "role": "follower",
+        "spec_hash": session.spec_hash,
+        "alignment": _plain(spec.alignment),
+        "resumed_from": session.step,
+        "step": party.step,
+    }
     if not finished:
         return {**base, "status": "aborted", "checkpoint": st.saved if st.saved >= 0 else None}
     meta = party.stop_meta
@@ -214,13 +268,23 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
         step = meta.get("checkpoint")
         if st.store is not None and step is not None and st.saved != int(step):
             if int(step) != party.step:
-                raise TandemError(f"{cfg.name!r}: the leader stopped at step {step} but this "
-                                  f"party is at step {party.step}; restart both parties")
+                raise TandemError(
+                    f"{cfg.name!r}: the leader stopped at step {step} but this "
+                    f"party is at step {party.step}; restart both parties"
+                )
             await _save(st, session, {}, {})
-        return {**base, "status": "stopped", "detail": str(meta.get("reason")),
-                "checkpoint": st.saved if st.store else None}
-    return {**base, "status": "done", "checkpoint": st.saved if st.saved >= 0 else None,
-            "export": await _export(session, party)}
+        return {
+            **base,
+            "status": "stopped",
+            "detail": str(meta.get("reason")),
+            "checkpoint": st.saved if st.store else None,
+        }
+    return {
+        **base,
+        "status": "done",
+        "checkpoint": st.saved if st.saved >= 0 else None,
+        "export": await _export(session, party),
+    }
 
 
 class PeerLeftError(TandemError):
@@ -240,7 +304,8 @@ def _peer_left(name: str, st: _State) -> Iterator[None]:
         raise PeerLeftError(
             f"{name!r} stopped at step {st.party.step}: a peer left during training ({exc}). "
             f"Last checkpoint: {saved}; restart every party to resume from the newest common "
-            "checkpoint.") from None
+            "checkpoint."
+        ) from None
 
 
 def _leaf(err: BaseException, kind: type) -> BaseException | None:
@@ -278,8 +343,9 @@ async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
     return None if work.cancelled() else work.result()
 
 
-async def _with_grace(stop: asyncio.Event, grace: float, main: Awaitable[Any],
-                      helpers: list[Awaitable[Any]]) -> bool:
+async def _with_grace(
+    stop: asyncio.Event, grace: float, main: Awaitable[Any], helpers: list[Awaitable[Any]]
+) -> bool:
     """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
     ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
     its exception, if any, propagates."""
@@ -321,10 +387,17 @@ async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None
     step = party.step
     # the party's own arrays, not copies: its next batch (whose update donates them) waits for
     # this write, since the save is awaited from the batch hook
-    write = asyncio.ensure_future(asyncio.to_thread(
-        st.store.save, step, params=dict(party.handler.params),
-        opt_state=dict(party.handler.opt_state), spec_hash=session.spec_hash, cursor=cursor,
-        extra=extra))
+    write = asyncio.ensure_future(
+        asyncio.to_thread(
+            st.store.save,
+            step,
+            params=dict(party.handler.params),
+            opt_state=dict(party.handler.opt_state),
+            spec_hash=session.spec_hash,
+            cursor=cursor,
+            extra=extra,
+        )
+    )
     try:
         await asyncio.shield(write)
     except asyncio.CancelledError:
@@ -347,13 +420,16 @@ async def _export(session: Session, party: SplitParty) -> str | None:
 
 def _traffic(session: Session) -> dict[str, Any]:
     t = session.transport
-    return {"bytes_sent": {p: t.sent_stats(p).bytes for p in t.peers},
-            "bytes_received": {p: t.received_stats(p).bytes for p in t.peers}}
+    return {
+        "bytes_sent": {p: t.sent_stats(p).bytes for p in t.peers},
+        "bytes_received": {p: t.received_stats(p).bytes for p in t.peers},
+    }
 
 
 @contextlib.contextmanager
-def _progress(cfg: PartyConfig, total: int, done: int, label: str
-              ) -> Iterator[Callable[[float | None], None]]:
+def _progress(
+    cfg: PartyConfig, total: int, done: int, label: str
+) -> Iterator[Callable[[float | None], None]]:
     """A rich progress bar on stderr (stdout keeps the JSON line); a no-op when
     ``progress = false``. Yields ``advance(loss)``."""
     if not cfg.progress:
@@ -362,9 +438,13 @@ def _progress(cfg: PartyConfig, total: int, done: int, label: str
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                  TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
-                  TimeElapsedColumn(), console=Console(file=sys.stderr)) as bar:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr),
+    ) as bar:
         task = bar.add_task(label, total=total, completed=done, loss="-")
 
         def advance(loss: float | None) -> None:
