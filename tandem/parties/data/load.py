@@ -1,0 +1,198 @@
+"""The one entry point every system reads party data through.
+
+`load_party_data(cfg, loss=..., out=...)` (training): read ``cfg.source``, keep the aligned
+rows in the agreed order (``cfg.aligned``) or every row, split them by id and seed, fit the
+preprocessing on the training rows only, transform every kept row, check the labels against
+the loss, and fingerprint the training rows with the preprocessing.
+
+`load_new_data(cfg, preprocessing)` (prediction): read ``cfg.source`` (aligned if
+``cfg.aligned``) and apply a saved preprocessing state exactly; ``cfg.features``,
+``categorical``, ``missing`` and ``scale`` are not consulted there, the state decides.
+
+Every error is a `DataError` that names the TOML file (when there is one), the data file, the
+column or key, and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator
+from typing import Any, NoReturn
+
+import numpy as np
+
+from .config import DataConfig
+from .errors import DataError
+from .fingerprint import fingerprint
+from .ids import first_duplicate, id_hashes
+from .labels import labels_for_loss
+from .preprocess import Features, Preprocessing, fit
+from .split import Split, assign_split
+from .table import Table, read_table
+
+
+@dataclasses.dataclass(frozen=True)
+class PartyDataset:
+    """One party's training data, every array in the same row order (the aligned order when
+    ``data.aligned`` is set, else the file's).
+
+    ``ids`` (str objects) and ``rows`` (int64 data rows of the source) identify the rows;
+    ``features`` holds float32 numeric features and int32 categorical codes (0 = unseen or
+    missing); ``labels`` (label party only) are float32 for "binary"/"mse", int32 for
+    "softmax"; ``split`` masks the rows; ``fingerprint`` covers the training rows and the
+    preprocessing; ``alignment`` is ``{"size", "commitment"}`` of the aligned file, or None.
+    """
+
+    ids: np.ndarray
+    rows: np.ndarray
+    features: Features
+    labels: np.ndarray | None
+    split: Split
+    preprocessing: Preprocessing
+    fingerprint: str
+    alignment: dict[str, Any] | None = None
+
+    def part(self, name: str) -> tuple[Features, np.ndarray | None]:
+        """``(features, labels)`` of the rows in ``name`` ("train", "validation", "test")."""
+        take = self.split.rows(name)
+        features = Features(self.features.numeric[take], self.features.categorical[take])
+        return features, None if self.labels is None else self.labels[take]
+
+
+@dataclasses.dataclass(frozen=True)
+class NewData:
+    """Rows to predict on: ``ids``, their data ``rows`` in the source, and their features."""
+
+    ids: np.ndarray
+    rows: np.ndarray
+    features: Features
+    alignment: dict[str, Any] | None = None
+
+
+def load_party_data(
+    cfg: DataConfig, *, loss: str | None = None, out: int | None = None
+) -> PartyDataset:
+    """Load one party's training data as described in the module docstring.
+
+    ``loss`` ("binary", "softmax", "mse") and ``out`` (the class count, for "softmax") are
+    required when ``cfg.label_column`` is set: the labels are checked against them."""
+    if cfg.label_column is not None and loss is None:
+        raise DataError(
+            f"{cfg.where}: data.label_column is set, so load_party_data needs the loss the "
+            "labels train (loss='binary', 'softmax' or 'mse')"
+        )
+    with _in(cfg):
+        columns = None
+        if cfg.features is not None:
+            named = [c for c in (cfg.id_column, cfg.label_column) if c is not None]
+            columns = list(dict.fromkeys([*named, *cfg.features]))
+        table = _read(cfg, columns)
+        ids, rows, alignment = _ids_and_rows(cfg, table)
+        hashes = id_hashes(ids)
+        duplicate = None if cfg.id_column is None else first_duplicate(ids, hashes)
+        if duplicate is not None:
+            _refuse_duplicate(cfg, rows, *duplicate)
+        split = assign_split(ids, cfg.split, hashes=hashes)
+        preprocessing = fit(table, cfg, rows[split.train])
+        features = preprocessing.transform(table, rows)
+        labels = None
+        if cfg.label_column is not None and loss is not None:
+            labels = labels_for_loss(
+                table[cfg.label_column], rows, loss=loss, out=out, source=cfg.source
+            )
+        del table
+        train = split.rows("train")
+        digest = fingerprint(ids, features, labels, preprocessing, train)
+    return PartyDataset(ids, rows, features, labels, split, preprocessing, digest, alignment)
+
+
+def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
+    """Features of the rows of ``cfg.source`` (aligned if ``cfg.aligned``) under a saved
+    ``preprocessing`` state (see the module docstring)."""
+    with _in(cfg):
+        columns = None
+        if not preprocessing.all_columns:
+            named = [c for c in (cfg.id_column,) if c is not None]
+            columns = list(dict.fromkeys([*named, *preprocessing.columns]))
+        table = _read(cfg, columns)
+        ids, rows, alignment = _ids_and_rows(cfg, table)
+        duplicate = None if cfg.id_column is None else first_duplicate(ids)
+        if duplicate is not None:
+            _refuse_duplicate(cfg, rows, *duplicate)
+        features = preprocessing.transform(table, rows)
+    return NewData(ids, rows, features, alignment)
+
+
+def _read(cfg: DataConfig, columns: list[str] | None) -> Table:
+    text = (cfg.id_column,) if cfg.id_column is not None else ()
+    return read_table(cfg.source, columns, text=text)
+
+
+def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[np.ndarray, np.ndarray, Any]:
+    """The ids and data rows to use, in order, and the aligned file's spec fields (or None)."""
+    if cfg.id_column is None:
+        rows = np.arange(table.num_rows, dtype=np.int64)
+        return rows.astype(str).astype(object), rows, None
+    column = table[cfg.id_column]
+    missing = column.first_missing()
+    if missing is not None:
+        raise DataError(
+            f"{cfg.source!r}: id column {cfg.id_column!r} has no value at row {missing}; "
+            "every row needs an id: fill it in or remove the row"
+        )
+    alignment = None
+    if cfg.aligned is None:
+        rows = np.arange(table.num_rows, dtype=np.int64)
+        ids = column.values
+    else:
+        rows, ids, alignment = _aligned(cfg, cfg.aligned, column.values)
+    return ids, rows, alignment
+
+
+def _refuse_duplicate(cfg: DataConfig, rows: np.ndarray, value: str, a: int, b: int) -> NoReturn:
+    raise DataError(
+        f"{cfg.source!r}: id column {cfg.id_column!r} holds {value!r} twice (rows "
+        f"{int(rows[a])} and {int(rows[b])}); ids must be unique: remove or renumber the "
+        "duplicate"
+    )
+
+
+def _aligned(cfg: DataConfig, path: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+    from tandem.parties.alignment.aligned_file import read_aligned
+    from tandem.parties.alignment.errors import AlignmentError
+
+    try:
+        aligned = read_aligned(path)
+    except AlignmentError as exc:
+        raise DataError(f"data.aligned: {exc}") from None
+    rows = aligned.rows
+    if len(rows) and rows.max() >= len(ids):
+        raise DataError(
+            f"data.aligned {path!r} refers to row {int(rows.max())} but {cfg.source!r} "
+            f"has {len(ids)} rows; align the same file you train on (tandem align --ids)"
+        )
+    expected = np.asarray(aligned.ids, dtype=object)
+    differ = np.flatnonzero(ids[rows] != expected)
+    if differ.size:
+        k = int(differ[0])
+        raise DataError(
+            f"data.aligned {path!r} says row {int(rows[k])} of {cfg.source!r} has id "
+            f"{expected[k]!r}, but column {cfg.id_column!r} holds {ids[rows[k]]!r} there; run "
+            "tandem align again on this file"
+        )
+    return rows, ids[rows], aligned.spec_fields()
+
+
+@contextlib.contextmanager
+def _in(cfg: DataConfig) -> Iterator[None]:
+    """Prefix the TOML file to the data errors raised inside, so they name both files."""
+    try:
+        yield
+    except DataError as exc:
+        if cfg.path is None or str(exc).startswith(cfg.path):
+            raise
+        raise DataError(f"{cfg.path}: {exc}") from None
+
+
+__all__ = ["NewData", "PartyDataset", "load_new_data", "load_party_data"]

@@ -1,0 +1,385 @@
+"""Preprocessing: which columns are features, and how their values become model inputs.
+
+`fit(table, cfg, train_rows)` looks at the party's own training rows only and returns a
+`Preprocessing`, a frozen plain-data state; `Preprocessing.transform(table, rows)` turns any
+rows of a table with the same columns (training, test, or new data at prediction) into
+`Features`. Fitting never transforms anything itself: the training features are
+``state.transform(table, rows)`` like every other, so prediction applies exactly what training
+did. ``to_json()``/``from_json()`` carry the state in an export as JSON (never pickle).
+
+The rules (docs/data.md states them for users):
+
+* Features are ``cfg.features`` or, by default, every column but the id and the label, in the
+  order listed (file order by default). Numeric ones come out as float32 columns of
+  `Features.numeric`, categorical ones as int32 columns of `Features.categorical`, each in
+  that order.
+* Categorical: the vocabulary is the sorted set of values in the training rows; value
+  ``vocabulary[i]`` has code ``i + 1``; code 0 is reserved for a value not in the vocabulary
+  and for a missing cell. Integer and string columns are accepted (and float columns whose
+  values are all whole numbers).
+* Missing numeric cells: ``"error"`` refuses, naming file, row and column; ``"mean"`` fills in
+  the mean of the column's training values; ``"zero"`` fills in 0 (before scaling). Missing
+  categorical cells are refused under ``"error"`` and get code 0 otherwise.
+* Scaling: ``"standard"`` subtracts the mean and divides by the standard deviation of the
+  (filled-in) training values; a column constant on the training rows is divided by 1.
+  ``"none"`` keeps the values. Features must be finite.
+
+Invariant: ``len(fill) == len(mean) == len(std) == len(numeric)`` and
+``len(vocabularies) == len(categorical)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+import numpy as np
+
+from .config import MISSING, SCALE, DataConfig
+from .errors import DataError
+from .table import Column, Table
+
+FORMAT = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocabulary:
+    """The sorted training values of a categorical column (``kind`` "int" or "string");
+    ``values[i]`` has code ``i + 1``, 0 is unseen or missing."""
+
+    kind: str
+    values: tuple[int | str, ...]
+
+    @property
+    def size(self) -> int:
+        """The number of codes, the reserved 0 included (an embedding table's row count)."""
+        return len(self.values) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """Model inputs of some rows: ``numeric`` float32 (rows, len(numeric)) and ``categorical``
+    int32 codes (rows, len(categorical)); both C-contiguous."""
+
+    numeric: np.ndarray
+    categorical: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Preprocessing:
+    """The fitted state (see the module docstring). ``all_columns`` is True when the features
+    were not listed, so a table with more columns than were fitted is refused."""
+
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    missing: str
+    scale: str
+    fill: tuple[float, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    vocabularies: tuple[Vocabulary, ...]
+    id_column: str | None = None
+    label_column: str | None = None
+    all_columns: bool = False
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every feature column a table must have, numeric ones first."""
+        return self.numeric + self.categorical
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of the whole state; `from_json` restores it exactly (floats
+        round-trip through JSON unchanged)."""
+        return {
+            "format": FORMAT,
+            "id_column": self.id_column,
+            "label_column": self.label_column,
+            "all_columns": self.all_columns,
+            "missing": self.missing,
+            "scale": self.scale,
+            "numeric": [
+                {"name": n, "fill": f, "mean": m, "std": s}
+                for n, f, m, s in zip(self.numeric, self.fill, self.mean, self.std, strict=True)
+            ],
+            "categorical": [
+                {"name": n, "kind": v.kind, "vocabulary": list(v.values)}
+                for n, v in zip(self.categorical, self.vocabularies, strict=True)
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Preprocessing:
+        """The state `to_json` wrote; a malformed one raises `DataError` saying what is wrong."""
+        try:
+            if data["format"] != FORMAT:
+                raise DataError(
+                    f"preprocessing state has format {data['format']!r}; this Tandem reads "
+                    f"format {FORMAT} (export it again with this version)"
+                )
+            if data["missing"] not in MISSING or data["scale"] not in SCALE:
+                raise ValueError("missing or scale has an unknown value")
+            numeric = list(data["numeric"])
+            categorical = list(data["categorical"])
+            vocabularies = []
+            for c in categorical:
+                if c["kind"] not in ("int", "string"):
+                    raise ValueError(f"vocabulary kind {c['kind']!r}")
+                convert = int if c["kind"] == "int" else str
+                values = tuple(convert(v) for v in c["vocabulary"])
+                if list(values) != sorted(set(values)):
+                    raise ValueError(f"vocabulary of {c['name']!r} is not sorted and unique")
+                vocabularies.append(Vocabulary(c["kind"], values))
+            return cls(
+                numeric=tuple(str(c["name"]) for c in numeric),
+                categorical=tuple(str(c["name"]) for c in categorical),
+                missing=str(data["missing"]),
+                scale=str(data["scale"]),
+                fill=tuple(float(c["fill"]) for c in numeric),
+                mean=tuple(float(c["mean"]) for c in numeric),
+                std=tuple(float(c["std"]) for c in numeric),
+                vocabularies=tuple(vocabularies),
+                id_column=data["id_column"],
+                label_column=data["label_column"],
+                all_columns=bool(data["all_columns"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, DataError):
+                raise
+            raise DataError(
+                f"preprocessing state is malformed ({type(exc).__name__}: {exc}); it must be "
+                "what Preprocessing.to_json wrote (re-export the model)"
+            ) from None
+
+    def transform(self, table: Table, rows: np.ndarray | None = None) -> Features:
+        """The features of ``rows`` (data rows of ``table``, default all, in that order).
+
+        Refuses (`DataError` naming the file, the column, the row and the fix) a table that
+        lacks a fitted column, has extra columns when the features were not listed, holds
+        text in a numeric column, or has a missing or non-finite value it may not fill."""
+        self._check_columns(table)
+        n = table.num_rows if rows is None else len(rows)
+        numeric = np.empty((n, len(self.numeric)), np.float32)
+        for j, name in enumerate(self.numeric):
+            column = table[name]
+            _require_numeric(table.source, column)
+            values = column.values if rows is None else column.values[rows]
+            values = values.astype(np.float64, copy=rows is None)
+            if column.missing is not None:
+                missing = column.missing if rows is None else column.missing[rows]
+                if self.missing == "error" and missing.any():
+                    _refuse_missing(table.source, name, _row(rows, missing))
+                values[missing] = self.fill[j]
+            finite = np.isfinite(values)
+            if not finite.all():
+                bad = _row(rows, ~finite)
+                _refuse_non_finite(table.source, name, bad, column.values[bad])
+            values -= self.mean[j]
+            values /= self.std[j]
+            numeric[:, j] = values
+        categorical = np.empty((n, len(self.categorical)), np.int32)
+        for j, (name, vocabulary) in enumerate(
+            zip(self.categorical, self.vocabularies, strict=True)
+        ):
+            column = _categorical_column(table.source, table[name])
+            values = column.values if rows is None else column.values[rows]
+            codes = _encode(vocabulary, column.kind, values)
+            if column.missing is not None:
+                missing = column.missing if rows is None else column.missing[rows]
+                if self.missing == "error" and missing.any():
+                    _refuse_missing(table.source, name, _row(rows, missing))
+                codes[missing] = 0
+            categorical[:, j] = codes
+        return Features(numeric, categorical)
+
+    def _check_columns(self, table: Table) -> None:
+        absent = [c for c in self.columns if c not in table.available]
+        if absent:
+            raise DataError(
+                f"{table.source!r} lacks the feature column(s) {absent} the model was trained "
+                f"with; its columns are {list(table.available)} (give it the same columns as "
+                "the training data)"
+            )
+        if self.all_columns:
+            known = set(self.columns) | {self.id_column, self.label_column}
+            extra = [c for c in table.available if c not in known]
+            if extra:
+                raise DataError(
+                    f"{table.source!r} has column(s) {extra} the model was not trained with "
+                    f"(trained on {list(self.columns)}); remove them from the file, or list "
+                    "the features in data.features"
+                )
+
+
+def feature_columns(table: Table, cfg: DataConfig) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(numeric, categorical)`` feature names of ``table`` under ``cfg`` (see the module
+    docstring); refuses an unknown column (listing the available ones) and a text column that
+    is not declared categorical (naming it and the fix)."""
+    named = [c for c in (cfg.id_column, cfg.label_column) if c is not None]
+    listed = list(cfg.features or ()) + list(cfg.categorical) + named
+    unknown = [c for c in dict.fromkeys(listed) if c not in table.available]
+    if unknown:
+        raise DataError(
+            f"{table.source!r} has no column(s) {unknown}; its columns are "
+            f"{list(table.available)} (check data.id_column, data.label_column, data.features "
+            "and data.categorical)"
+        )
+    if cfg.features is not None:
+        features = list(cfg.features)
+    else:
+        features = [c for c in table.available if c not in named]
+    categorical = tuple(c for c in features if c in cfg.categorical)
+    numeric = tuple(c for c in features if c not in cfg.categorical)
+    for name in numeric:
+        _require_numeric(table.source, table[name])
+    return numeric, categorical
+
+
+def fit(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> Preprocessing:
+    """Fit the preprocessing of ``cfg`` on the data rows ``train_rows`` of ``table`` only."""
+    if len(train_rows) == 0:
+        raise DataError(
+            f"no training rows in {table.source!r}; lower data.split.test and "
+            "data.split.validation, or check data.aligned"
+        )
+    numeric, categorical = feature_columns(table, cfg)
+    fills, means, stds = [], [], []
+    for name in numeric:
+        column = table[name]
+        values = column.values[train_rows].astype(np.float64)
+        missing = None if column.missing is None else column.missing[train_rows]
+        present = values if missing is None else values[~missing]
+        if cfg.missing == "error" and missing is not None and missing.any():
+            _refuse_missing(table.source, name, int(train_rows[np.argmax(missing)]))
+        finite = np.isfinite(values) | (False if missing is None else missing)
+        if not finite.all():
+            row = int(train_rows[np.argmin(finite)])
+            _refuse_non_finite(table.source, name, row, column.values[row])
+        fill = 0.0
+        if cfg.missing == "mean":
+            # Fitted whatever the training rows hold: other rows may miss values they do not.
+            if not present.size:
+                raise DataError(
+                    f"{table.source!r}: column {name!r} has no value in any training row, "
+                    "so it has no mean; fill it in, or leave it out of data.features"
+                )
+            fill = float(present.mean())
+        if missing is not None:
+            values[missing] = fill
+        mean, std = 0.0, 1.0
+        if cfg.scale == "standard":
+            mean = float(values.mean())
+            spread = float(values.std())
+            std = spread if spread > 0 and np.isfinite(spread) else 1.0
+        fills.append(fill)
+        means.append(mean)
+        stds.append(std)
+    vocabularies = []
+    for name in categorical:
+        column = _categorical_column(table.source, table[name])
+        values = column.values[train_rows]
+        if column.missing is not None:
+            missing = column.missing[train_rows]
+            if cfg.missing == "error" and missing.any():
+                _refuse_missing(table.source, name, int(train_rows[np.argmax(missing)]))
+            values = values[~missing]
+        vocabularies.append(_vocabulary(column.kind, values))
+    return Preprocessing(
+        numeric=numeric,
+        categorical=categorical,
+        missing=cfg.missing,
+        scale=cfg.scale,
+        fill=tuple(fills),
+        mean=tuple(means),
+        std=tuple(stds),
+        vocabularies=tuple(vocabularies),
+        id_column=cfg.id_column,
+        label_column=cfg.label_column,
+        all_columns=cfg.features is None,
+    )
+
+
+def _vocabulary(kind: str, values: np.ndarray) -> Vocabulary:
+    if kind == "int":
+        return Vocabulary("int", tuple(int(v) for v in np.unique(values)))
+    return Vocabulary("string", tuple(sorted(set(values))))
+
+
+def _encode(vocabulary: Vocabulary, kind: str, values: np.ndarray) -> np.ndarray:
+    """int32 codes of ``values`` (a column of ``kind``): ``i + 1`` for ``vocabulary.values[i]``,
+    0 for anything else."""
+    if vocabulary.kind == "int" and kind == "int":
+        known = np.asarray(vocabulary.values, np.int64)
+        if not known.size:
+            return np.zeros(len(values), np.int32)
+        at = np.searchsorted(known, values)
+        hit = known[np.minimum(at, known.size - 1)] == values
+        return np.where(hit, at + 1, 0).astype(np.int32)
+    # Text on either side: compare as text, so an integer column of new data still finds
+    # the codes of a vocabulary fitted on text, and the other way round.
+    lookup = {str(v): i + 1 for i, v in enumerate(vocabulary.values)}
+    text = values if kind == "string" else values.astype(str)
+    return np.fromiter(
+        map(lookup.get, text, itertools.repeat(0)), dtype=np.int32, count=len(values)
+    )
+
+
+def _categorical_column(source: str, column: Column) -> Column:
+    """``column`` as an int or string column; a float column only when its values are whole."""
+    if column.kind != "float":
+        return column
+    present = column.values if column.missing is None else column.values[~column.missing]
+    whole = np.isfinite(present) & (present == np.round(present))
+    if not whole.all():
+        value = present[np.argmin(whole)]
+        raise DataError(
+            f"{source!r}: categorical column {column.name!r} holds the fraction {value!r}; a "
+            "categorical column holds integers or text: remove it from data.categorical to "
+            "use it as a number"
+        )
+    values = np.where(np.isnan(column.values), 0, column.values).astype(np.int64)
+    return Column(column.name, "int", values, column.missing)
+
+
+def _require_numeric(source: str, column: Column) -> None:
+    if column.kind != "string":
+        return
+    present = np.flatnonzero(~column.missing) if column.missing is not None else None
+    candidates = range(len(column.values)) if present is None else present
+    # Only reached on the way to an error: find the first cell that is not a number to show.
+    example = ""
+    for row in candidates:
+        try:
+            float(column.values[row])
+        except ValueError:
+            example = f" (row {int(row)}: {column.values[row]!r})"
+            break
+    raise DataError(
+        f"{source!r}: column {column.name!r} holds text{example}, not numbers; add it to "
+        "data.categorical to encode it as integer codes, or leave it out of data.features"
+    )
+
+
+def _row(rows: np.ndarray | None, mask: np.ndarray) -> int:
+    """The data row of the first True in ``mask`` (a mask over ``rows``, or over all rows)."""
+    first = int(np.argmax(mask))
+    return first if rows is None else int(rows[first])
+
+
+def _refuse_non_finite(source: str, name: str, row: int, value: Any) -> NoReturn:
+    raise DataError(
+        f"{source!r}: column {name!r} holds {value!r} at row {row}; features must be finite "
+        "numbers: correct the value, or leave the cell empty (missing) and set data.missing"
+    )
+
+
+def _refuse_missing(source: str, name: str, row: int) -> NoReturn:
+    raise DataError(
+        f"{source!r}: column {name!r} has no value at row {row} (0-based data row, header "
+        'excluded) and data.missing = "error"; fill the value in, or set data.missing = '
+        '"mean" or "zero"'
+    )
+
+
+__all__ = ["Features", "Preprocessing", "Vocabulary", "feature_columns", "fit"]

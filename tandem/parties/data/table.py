@@ -1,0 +1,305 @@
+"""Read a party's table through fsspec: one reader per suffix, one column model for all.
+
+`read_table(url, columns=None) -> Table` opens ``url`` with fsspec (a local path, ``file://``,
+``memory://``, ``s3://``: whatever fsspec can open) and picks the reader by suffix:
+
+* ``.csv``: pyarrow; a header row, then one row per sample. Every cell is read as text, then a
+  column is *int* if every non-missing cell parses as a 64-bit integer, else *float* if every
+  one parses as a number, else *string* (spaces around a number are ignored). A cell is missing
+  when it is one of `MISSING_TEXT`. The id column is always read as text, exactly as written
+  (``007`` stays ``007``), as `tandem align` reads it.
+* ``.parquet``: pyarrow; integer and boolean columns are *int*, floating and decimal columns
+  *float*, string columns *string*; nulls are missing. Other types are refused.
+* ``.npz``: numpy with ``allow_pickle=False``; one 1-D array per column, all of one length;
+  integer and boolean arrays are *int*, floating ones *float*, unicode ones *string*.
+
+In every format a NaN in a float column is missing. CSV and Parquet need pyarrow (the
+``tandem[parquet]`` extra); it is imported only when such a file is read.
+
+Invariants of a `Column`: ``values`` has one entry per row; int columns are int64, float
+columns float64, string columns an object array of str; a missing cell holds 0, NaN or ""
+and is True in ``missing`` (None when no cell is missing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+
+SUFFIXES = (".csv", ".parquet", ".npz")
+MISSING_TEXT = ("", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
+KINDS = ("int", "float", "string")
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column: ``kind`` in `KINDS`, ``values`` and the ``missing`` mask (see the module)."""
+
+    name: str
+    kind: str
+    values: np.ndarray
+    missing: np.ndarray | None = None
+
+    def first_missing(self, rows: np.ndarray | None = None) -> int | None:
+        """The first data row (among ``rows``, default all) whose cell is missing, or None."""
+        if self.missing is None:
+            return None
+        mask = self.missing if rows is None else self.missing[rows]
+        hit = np.flatnonzero(mask)
+        if not hit.size:
+            return None
+        return int(hit[0] if rows is None else rows[hit[0]])
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """The columns read from ``source`` (in file order) and every column name the file has."""
+
+    source: str
+    columns: dict[str, Column]
+    available: tuple[str, ...]
+    num_rows: int
+
+    def __getitem__(self, name: str) -> Column:
+        try:
+            return self.columns[name]
+        except KeyError:
+            raise DataError(
+                f"{self.source!r} has no column {name!r}; its columns are {list(self.available)}"
+            ) from None
+
+
+def read_table(
+    url: str, columns: Sequence[str] | None = None, *, text: Sequence[str] = ()
+) -> Table:
+    """Read ``columns`` (default: all) of the table at ``url``; ``text`` names columns read as
+    text whatever they hold (the id column). Raises `DataError` naming ``url`` for a missing
+    file, an unknown suffix, an unknown column or an unreadable value."""
+    suffix = next((s for s in SUFFIXES if url.lower().endswith(s)), None)
+    if suffix is None:
+        raise DataError(
+            f"{url!r}: cannot tell the format from the name; use a file ending in one of "
+            f"{list(SUFFIXES)}"
+        )
+    import fsspec
+
+    try:
+        with fsspec.open(url, "rb") as f:
+            if suffix == ".csv":
+                return _read_csv(url, f, columns, text)
+            if suffix == ".parquet":
+                return _read_parquet(url, f, columns, text)
+            return _read_npz(url, f, columns, text)
+    except FileNotFoundError:
+        raise DataError(f"{url!r}: no such file; check data.source") from None
+
+
+def _pyarrow(url: str) -> Any:
+    try:
+        import pyarrow
+    except ImportError:
+        raise DataError(
+            f"{url!r}: reading .csv and .parquet files needs pyarrow: pip install 'tandem[parquet]'"
+        ) from None
+    return pyarrow
+
+
+def _check_columns(url: str, available: Sequence[str], wanted: Sequence[str] | None) -> list[str]:
+    if len(set(available)) != len(available):
+        twice = sorted({c for c in available if list(available).count(c) > 1})
+        raise DataError(f"{url!r} has columns named twice: {twice}; give every column one name")
+    if wanted is None:
+        return list(available)
+    unknown = [c for c in wanted if c not in available]
+    if unknown:
+        raise DataError(
+            f"{url!r} has no column(s) {unknown}; its columns are {list(available)} "
+            "(check data.id_column, data.label_column, data.features and data.categorical)"
+        )
+    return [c for c in available if c in set(wanted)]
+
+
+def _read_csv(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[str]) -> Table:
+    pa = _pyarrow(url)
+    import pyarrow.csv as pacsv
+
+    header = _csv_header(url, f.readline())
+    f.seek(0)
+    names = _check_columns(url, header, columns)
+    options = pacsv.ConvertOptions(
+        column_types={c: pa.string() for c in names},
+        include_columns=names,
+        null_values=list(MISSING_TEXT),
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=True,
+    )
+    try:
+        arrow = pacsv.read_csv(f, convert_options=options)
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"{url!r} is not a well-formed CSV: {exc}") from None
+    cols = {}
+    for name in names:
+        chunked = arrow.column(name)
+        cols[name] = _from_text(name, chunked) if name not in text else _text(name, chunked)
+    return Table(url, cols, tuple(header), arrow.num_rows)
+
+
+def _csv_header(url: str, first: bytes) -> list[str]:
+    import csv
+
+    try:
+        line = first.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{url!r}: the header row is not UTF-8 text; save the CSV as UTF-8"
+        ) from None
+    header = next(csv.reader(io.StringIO(line)), None)
+    if not header:
+        raise DataError(f"{url!r} is empty; a CSV needs a header row, then one row per sample")
+    return header
+
+
+def _from_text(name: str, chunked: Any) -> Column:
+    """A text column as int, float or string, by the rule in the module docstring."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    trimmed = pc.utf8_trim_whitespace(chunked)
+    for arrow_type in (pa.int64(), pa.float64()):
+        try:
+            numbers = pc.cast(trimmed, arrow_type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        return _arrow_column(name, numbers)
+    return _text(name, chunked)
+
+
+def _text(name: str, chunked: Any) -> Column:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chunked = pc.cast(chunked, pa.string())
+    missing = _null_mask(chunked)
+    values = pc.fill_null(chunked, "").to_numpy(zero_copy_only=False).astype(object, copy=False)
+    return Column(name, "string", values, missing)
+
+
+def _null_mask(chunked: Any) -> np.ndarray | None:
+    if chunked.null_count == 0:
+        return None
+    return np.asarray(chunked.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def _arrow_column(name: str, chunked: Any, url: str = "") -> Column:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.types as pt
+
+    t = chunked.type
+    if pt.is_dictionary(t):
+        chunked = pc.cast(chunked, t.value_type)
+        t = chunked.type
+    if pt.is_integer(t) or pt.is_boolean(t):
+        missing = _null_mask(chunked)
+        filled = pc.fill_null(chunked, 0) if missing is not None else chunked
+        values = np.asarray(pc.cast(filled, pa.int64()).to_numpy(), dtype=np.int64)
+        return Column(name, "int", values, missing)
+    if pt.is_floating(t) or pt.is_decimal(t):
+        as_float = pc.cast(chunked, pa.float64())
+        values = np.asarray(as_float.to_numpy(zero_copy_only=False), dtype=np.float64)
+        return _float_column(name, values)
+    if pt.is_string(t) or pt.is_large_string(t):
+        return _text(name, chunked)
+    raise DataError(
+        f"{url!r}: column {name!r} has type {t}, which is not a number or text; convert it "
+        "to a number or a string before training (or leave it out of data.features)"
+    )
+
+
+def _float_column(name: str, values: np.ndarray) -> Column:
+    missing = np.isnan(values)
+    return Column(name, "float", values, missing if missing.any() else None)
+
+
+def _read_parquet(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[str]) -> Table:
+    pa = _pyarrow(url)
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(f)
+        available = file.schema_arrow.names
+        names = _check_columns(url, available, columns)
+        arrow = file.read(columns=names)
+    except pa.ArrowException as exc:
+        raise DataError(f"{url!r} is not a readable Parquet file: {exc}") from None
+    cols = {}
+    for name in names:
+        chunked = arrow.column(name)
+        if name in text:
+            cols[name] = _text(name, chunked)
+        else:
+            cols[name] = _arrow_column(name, chunked, url)
+    return Table(url, cols, tuple(available), arrow.num_rows)
+
+
+def _read_npz(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[str]) -> Table:
+    try:
+        z = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise DataError(f"{url!r} is not a readable .npz file: {exc}") from None
+    with z:
+        available = list(z.files)
+        names = _check_columns(url, available, columns)
+        cols: dict[str, Column] = {}
+        num_rows: int | None = None
+        for name in names:
+            try:
+                array = z[name]
+            except ValueError:
+                raise DataError(
+                    f"{url!r}: array {name!r} holds Python objects, which are never unpickled; "
+                    "save it as numbers or as a unicode string array (dtype 'U')"
+                ) from None
+            if array.ndim != 1:
+                raise DataError(
+                    f"{url!r}: array {name!r} has shape {array.shape}; a .npz table holds one "
+                    "1-D array per column (np.savez(path, age=ages, city=cities, ...))"
+                )
+            if num_rows is not None and array.shape[0] != num_rows:
+                raise DataError(
+                    f"{url!r}: array {name!r} has {array.shape[0]} rows, the others {num_rows}; "
+                    "every column must have one entry per row"
+                )
+            num_rows = int(array.shape[0])
+            cols[name] = _numpy_column(url, name, array, name in text)
+    return Table(url, cols, tuple(available), num_rows or 0)
+
+
+def _numpy_column(url: str, name: str, array: np.ndarray, as_text: bool) -> Column:
+    if as_text:
+        if array.dtype.kind not in "iuU":
+            raise DataError(
+                f"{url!r}: id array {name!r} has dtype {array.dtype}; ids must be integers or "
+                "strings"
+            )
+        return Column(name, "string", array.astype(str).astype(object))
+    if array.dtype.kind in "iub":
+        if array.dtype.kind == "u" and array.size and array.max() > np.iinfo(np.int64).max:
+            raise DataError(f"{url!r}: array {name!r} holds integers beyond 64-bit signed range")
+        return Column(name, "int", array.astype(np.int64))
+    if array.dtype.kind == "f":
+        return _float_column(name, array.astype(np.float64))
+    if array.dtype.kind == "U":
+        return Column(name, "string", array.astype(object))
+    raise DataError(
+        f"{url!r}: array {name!r} has dtype {array.dtype}; use numbers or unicode strings"
+    )
+
+
+__all__ = ["Column", "Table", "read_table", "SUFFIXES", "MISSING_TEXT", "KINDS"]
