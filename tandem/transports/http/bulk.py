@@ -96,8 +96,9 @@ class BulkBody:
         return start + self.sink.pos
 
     def release(self) -> None:
-        """After `_receive`: a body not completely received (error, cancellation) leaves no
-        connection behind that could still write into the frame buffer."""
+        """After `server.HttpServer.receive`: a body not completely received (error,
+        cancellation) leaves no connection behind that could still write into the frame
+        buffer."""
         sink = self.sink
         if sink is not None and sink.pos < len(sink.view):
             sink.transport.abort()
