@@ -5,5 +5,25 @@ JAX runs on the CPU in tests; the suite must pass on a 2-core machine without an
 
 import os
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+
+@pytest.fixture
+async def http_pair():
+    """Factory of live HTTP transport pairs (`http_helpers.open_pair`, same arguments); every
+    transport it made is closed when the test ends."""
+    from http_helpers import open_pair  # here: the environment above is set before tandem loads
+
+    made = []
+
+    async def make(*args, **kwargs):
+        pair = await open_pair(*args, **kwargs)
+        made.extend(pair)
+        return pair
+
+    yield make
+    for t in made:
+        await t.aclose()

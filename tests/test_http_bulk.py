@@ -21,6 +21,7 @@ import uvloop
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from http_helpers import open_pair
 from tandem.errors import (
     AuthenticationError,
     FrameError,
@@ -50,13 +51,6 @@ def cfg(name, **kw) -> HttpConfig:
     return HttpConfig(name=name, backoff_base=0.005, backoff_max=0.05, **kw)
 
 
-async def pair(a_kw=None, b_kw=None):
-    a = await HttpTransport(cfg("a", **(a_kw or {}))).start()
-    b = await HttpTransport(cfg("b", peers={"a": a.url}, **(b_kw or {}))).start()
-    a.add_peer("b", b.url)
-    return a, b
-
-
 def tensor(nbytes: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(nbytes // 4, dtype=np.float32)
 
@@ -72,7 +66,7 @@ async def no_connections_left(t: HttpTransport) -> None:
     def taken_over():
         return [
             h
-            for h in t._runner.server.connections
+            for h in t._server.runner.server.connections
             if h.transport is None or h.transport.get_protocol() is not h
         ]
 
@@ -149,7 +143,9 @@ def encoded(x: np.ndarray, msg_id: int = 0, channel: str = "c", spec: str = "") 
 @pytest.mark.parametrize("secret", [SECRET, None], ids=["hmac", "plain"])
 def test_large_frames_travel_bulk_and_small_ones_plain(run, secret):
     async def scenario():
-        a, b = await pair({"secret": secret, "chunk_bytes": 2 * MiB + 5}, {"secret": secret})
+        a, b = await open_pair(
+            cfg, {"secret": secret, "chunk_bytes": 2 * MiB + 5}, {"secret": secret}
+        )
         try:
             xs = [tensor(5 * MiB + 4 * i, seed=i) for i in range(3)]
             for x in xs:
@@ -275,7 +271,7 @@ class _CuttingProxy:
 
 def test_connection_dropped_mid_body_is_retried_and_delivered_once(run):
     async def scenario():
-        a, b = await pair()
+        a, b = await open_pair(cfg)
         proxy = _CuttingProxy(int(b.url.rsplit(":", 1)[1]), after=2 * MiB)
         a.add_peer("b", await proxy.start())
         try:
@@ -286,7 +282,7 @@ def test_connection_dropped_mid_body_is_retried_and_delivered_once(run):
             np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], x)
             assert (await b.recv("a", "c")).meta == {"next": 1}  # delivered once: no copy
             assert b.received_stats("a").frames == 2
-            assert a._retries["b"] >= 1
+            assert a.send_retries["b"] >= 1
             assert bulk(a, "sent") >= 2 and bulk(b, "received") >= 2  # the cut one, the retry
             await no_connections_left(b)
         finally:
@@ -300,7 +296,7 @@ def test_connection_dropped_mid_body_is_retried_and_delivered_once(run):
 def test_cancelled_bulk_send_leaves_nothing_running(run):
     async def scenario():
         # paced to 20 MB/s: the 8 MiB body takes ~0.4 s, cancelled after 0.1 s
-        a, b = await pair({"shape_bandwidth": 20e6, "write_piece_bytes": 1 << 16})
+        a, b = await open_pair(cfg, {"shape_bandwidth": 20e6, "write_piece_bytes": 1 << 16})
         try:
             before = asyncio.all_tasks()
             x = tensor(8 * MiB)
@@ -326,7 +322,7 @@ def test_cancelled_bulk_send_leaves_nothing_running(run):
 
 def test_full_inbox_pushes_bulk_senders_back(run):
     async def scenario():
-        a, b = await pair(b_kw={"capacity": 1, "backpressure_wait": 0.05})
+        a, b = await open_pair(cfg, b_kw={"capacity": 1, "backpressure_wait": 0.05})
         try:
             x = tensor(MiB)
             await a.send("b", "c", Frame(meta={"i": 0}, arrays=(x,)))
@@ -348,86 +344,78 @@ def test_full_inbox_pushes_bulk_senders_back(run):
 # -- refusals: the same statuses as the plain path, in the same order --------------------------
 
 
-async def test_refusals_before_the_upgrade_are_plain_http():
-    a, b = await pair(b_kw={"max_frame_bytes": 4 * MiB, "spec_hash": "s1"})
-    try:
-        body = encoded(tensor(MiB), spec="s1")
-        # wrong secret: 401 and nothing else, never a 101
-        assert await bulk_post(
-            b.url, bulk_headers(0, body, secret=b"nope", **{"X-Tandem-Spec": "s1"}), body
-        ) == ("http", 401, "unauthorized")
-        # spec mismatch: 409 naming both hashes
-        kind, status, text = await bulk_post(b.url, bulk_headers(0, body), body)
-        assert (kind, status) == ("http", 409) and "s1" in text
-        # too large: 413 before a byte of the body is accepted
-        kind, status, text = await bulk_post(
-            b.url,
-            bulk_headers(0, body, **{"X-Tandem-Total": str(5 * MiB), "X-Tandem-Spec": "s1"}),
-            body,
-        )
-        assert (kind, status) == ("http", 413) and "max_frame_bytes" in text
-        # a body in the upgrade request itself, or no declared length: 400
-        h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
-        h["Content-Length"] = "10"
-        assert (await bulk_post(b.url, h, body))[:2] == ("http", 400)
-        h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
-        del h[H_LENGTH]
-        kind, status, text = await bulk_post(b.url, h, body)
-        assert (kind, status) == ("http", 400) and H_LENGTH in text
-        assert bulk(b, "received") == 0
-        # accepted once, then a retry of the same message is a duplicate (no second 101)
-        h = {"X-Tandem-Spec": "s1"}
-        assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == ("line", 200, "ok")
-        assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == (
-            "http",
-            200,
-            "duplicate",
-        )
-        assert bulk(b, "received") == 1
-        assert b.refused == {
-            "unauthenticated": 1,
-            "spec_mismatch": 1,
-            "too_large": 1,
-            "malformed": 2,
-        }
-        await no_connections_left(b)
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_refusals_before_the_upgrade_are_plain_http(http_pair):
+    a, b = await http_pair(cfg, b_kw={"max_frame_bytes": 4 * MiB, "spec_hash": "s1"})
+    body = encoded(tensor(MiB), spec="s1")
+    # wrong secret: 401 and nothing else, never a 101
+    assert await bulk_post(
+        b.url, bulk_headers(0, body, secret=b"nope", **{"X-Tandem-Spec": "s1"}), body
+    ) == ("http", 401, "unauthorized")
+    # spec mismatch: 409 naming both hashes
+    kind, status, text = await bulk_post(b.url, bulk_headers(0, body), body)
+    assert (kind, status) == ("http", 409) and "s1" in text
+    # too large: 413 before a byte of the body is accepted
+    kind, status, text = await bulk_post(
+        b.url,
+        bulk_headers(0, body, **{"X-Tandem-Total": str(5 * MiB), "X-Tandem-Spec": "s1"}),
+        body,
+    )
+    assert (kind, status) == ("http", 413) and "max_frame_bytes" in text
+    # a body in the upgrade request itself, or no declared length: 400
+    h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
+    h["Content-Length"] = "10"
+    assert (await bulk_post(b.url, h, body))[:2] == ("http", 400)
+    h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
+    del h[H_LENGTH]
+    kind, status, text = await bulk_post(b.url, h, body)
+    assert (kind, status) == ("http", 400) and H_LENGTH in text
+    assert bulk(b, "received") == 0
+    # accepted once, then a retry of the same message is a duplicate (no second 101)
+    h = {"X-Tandem-Spec": "s1"}
+    assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == ("line", 200, "ok")
+    assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == (
+        "http",
+        200,
+        "duplicate",
+    )
+    assert bulk(b, "received") == 1
+    assert b.refused == {
+        "unauthenticated": 1,
+        "spec_mismatch": 1,
+        "too_large": 1,
+        "malformed": 2,
+    }
+    await no_connections_left(b)
 
 
-async def test_refusals_after_the_body_come_as_the_reply_line_in_order():
+async def test_refusals_after_the_body_come_as_the_reply_line_in_order(http_pair):
     """Digest before decoding before NaN/Inf, as on the plain path; the server keeps serving."""
-    a, b = await pair()
-    try:
-        x = np.ones(MiB // 4, np.float32)
-        x[-1] = np.nan
-        nan_body = encoded(x)
-        altered = bytearray(nan_body)
-        altered[len(altered) // 2] ^= 1
-        assert await bulk_post(b.url, bulk_headers(0, nan_body), bytes(altered)) == (
-            "line",
-            401,
-            "unauthorized",
-        )
-        kind, status, text = await bulk_post(b.url, bulk_headers(0, nan_body), nan_body)
-        assert (kind, status) == ("line", 422) and "NaN or Inf" in text
-        garbage = bytes(range(256)) * 4096
-        kind, status, text = await bulk_post(b.url, bulk_headers(0, garbage), garbage)
-        assert (kind, status) == ("line", 400) and "malformed frame" in text
-        assert b.refused == {"unauthenticated": 1, "nonfinite": 1, "malformed": 1}
-        assert bulk(b, "received") == 3
-        good = np.ones(MiB // 4, np.float32)
-        await a.send("b", "c", Frame(arrays=(good,)))
-        np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], good)
-        assert bulk(a, "sent") == 1
-    finally:
-        await a.aclose()
-        await b.aclose()
+    a, b = await http_pair(cfg)
+    x = np.ones(MiB // 4, np.float32)
+    x[-1] = np.nan
+    nan_body = encoded(x)
+    altered = bytearray(nan_body)
+    altered[len(altered) // 2] ^= 1
+    assert await bulk_post(b.url, bulk_headers(0, nan_body), bytes(altered)) == (
+        "line",
+        401,
+        "unauthorized",
+    )
+    kind, status, text = await bulk_post(b.url, bulk_headers(0, nan_body), nan_body)
+    assert (kind, status) == ("line", 422) and "NaN or Inf" in text
+    garbage = bytes(range(256)) * 4096
+    kind, status, text = await bulk_post(b.url, bulk_headers(0, garbage), garbage)
+    assert (kind, status) == ("line", 400) and "malformed frame" in text
+    assert b.refused == {"unauthenticated": 1, "nonfinite": 1, "malformed": 1}
+    assert bulk(b, "received") == 3
+    good = np.ones(MiB // 4, np.float32)
+    await a.send("b", "c", Frame(arrays=(good,)))
+    np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], good)
+    assert bulk(a, "sent") == 1
 
 
-async def test_sender_maps_bulk_refusals_to_the_plain_path_errors():
-    a, b = await pair(b_kw={"max_frame_bytes": 2 * MiB})
+async def test_sender_maps_bulk_refusals_to_the_plain_path_errors(http_pair):
+    a, b = await http_pair(cfg, b_kw={"max_frame_bytes": 2 * MiB})
     wrong = await HttpTransport(cfg("a", secret=b"other", peers={"b": b.url})).start()
     try:
         x = np.ones(MiB // 4, np.float32)
@@ -441,75 +429,62 @@ async def test_sender_maps_bulk_refusals_to_the_plain_path_errors():
         assert b.refused == {"nonfinite": 1, "too_large": 1, "unauthenticated": 1}
         assert bulk(a, "sent") == 2 and bulk(wrong, "sent") == 1 and bulk(b, "received") == 1
     finally:
-        for t in (a, b, wrong):
-            await t.aclose()
+        await wrong.aclose()
 
 
-async def test_replayed_bulk_request_is_refused():
-    a, b = await pair()
-    try:
-        body = encoded(tensor(MiB))
-        h = bulk_headers(0, body)
-        assert await bulk_post(b.url, h, body) == ("line", 200, "ok")
-        h2 = dict(h, **{"X-Tandem-Msg-Id": "1"})  # same nonce, other message: not signed
-        assert await bulk_post(b.url, h2, body) == ("http", 401, "unauthorized")
-        assert await bulk_post(b.url, h, body) == ("http", 401, "unauthorized")  # replay
-        assert b.refused == {"unauthenticated": 2} and bulk(b, "received") == 1
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_replayed_bulk_request_is_refused(http_pair):
+    a, b = await http_pair(cfg)
+    body = encoded(tensor(MiB))
+    h = bulk_headers(0, body)
+    assert await bulk_post(b.url, h, body) == ("line", 200, "ok")
+    h2 = dict(h, **{"X-Tandem-Msg-Id": "1"})  # same nonce, other message: not signed
+    assert await bulk_post(b.url, h2, body) == ("http", 401, "unauthorized")
+    assert await bulk_post(b.url, h, body) == ("http", 401, "unauthorized")  # replay
+    assert b.refused == {"unauthenticated": 2} and bulk(b, "received") == 1
 
 
 @pytest.mark.parametrize("cut", [0, 1, MiB // 2, MiB - 1])
-async def test_client_gone_mid_body_leaves_the_server_serving(cut):
+async def test_client_gone_mid_body_leaves_the_server_serving(http_pair, cut):
     """A client that drops the upgraded connection anywhere in the body (hashing may be in
     flight): nothing is delivered, no connection stays behind, the next message arrives."""
-    a, b = await pair()
-    try:
-        body = encoded(tensor(MiB))
-        assert await bulk_post(b.url, bulk_headers(0, body), body, close_after=cut) == (
-            "closed",
-            0,
-            "",
-        )
-        await no_connections_left(b)
-        assert b.received_stats("a").frames == 0 and bulk(b, "received") == 1
-        assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
-        assert b.received_stats("a").frames == 1
-    finally:
-        await a.aclose()
-        await b.aclose()
+    a, b = await http_pair(cfg)
+    body = encoded(tensor(MiB))
+    assert await bulk_post(b.url, bulk_headers(0, body), body, close_after=cut) == (
+        "closed",
+        0,
+        "",
+    )
+    await no_connections_left(b)
+    assert b.received_stats("a").frames == 0 and bulk(b, "received") == 1
+    assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
+    assert b.received_stats("a").frames == 1
 
 
-async def test_client_that_sends_before_the_101_cannot_wedge_the_server():
+async def test_client_that_sends_before_the_101_cannot_wedge_the_server(http_pair):
     """The protocol says: body only after the 101. A client that writes head and body at once
     may lose the bytes that aiohttp's parser saw first; its request then waits for the missing
     bytes until it gives up. Closing frees everything and the server keeps serving."""
-    a, b = await pair()
+    a, b = await http_pair(cfg)
+    body = encoded(tensor(MiB))
+    host, port = b.url.split("//")[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    head = [
+        f"POST {FRAME_PATH} HTTP/1.1",
+        f"Host: {host}:{port}",
+        "Content-Length: 0",
+        "Connection: Upgrade",
+        f"Upgrade: {BULK_PROTOCOL}",
+    ]
+    head += [f"{k}: {v}" for k, v in bulk_headers(0, body).items()]
+    writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
     try:
-        body = encoded(tensor(MiB))
-        host, port = b.url.split("//")[1].split(":")
-        reader, writer = await asyncio.open_connection(host, int(port))
-        head = [
-            f"POST {FRAME_PATH} HTTP/1.1",
-            f"Host: {host}:{port}",
-            "Content-Length: 0",
-            "Connection: Upgrade",
-            f"Upgrade: {BULK_PROTOCOL}",
-        ]
-        head += [f"{k}: {v}" for k, v in bulk_headers(0, body).items()]
-        writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        try:
-            await asyncio.wait_for(reader.read(), 0.5)
-        except TimeoutError:
-            pass
-        writer.transport.abort()
-        await no_connections_left(b)
-        assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
-        assert b.received_stats("a").frames == 1
-    finally:
-        await a.aclose()
-        await b.aclose()
+        await asyncio.wait_for(reader.read(), 0.5)
+    except TimeoutError:
+        pass
+    writer.transport.abort()
+    await no_connections_left(b)
+    assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
+    assert b.received_stats("a").frames == 1
 
 
 @pytest.fixture(scope="module")
@@ -591,30 +566,22 @@ async def test_a_receiver_that_ignores_the_upgrade_is_reported_not_trusted():
 # -- shaping and configuration ----------------------------------------------------------------
 
 
-async def test_link_shaping_paces_bulk_bodies():
-    a, b = await pair({"shape_bandwidth": 40e6, "shape_latency": 0.05})
-    try:
-        x = tensor(4 * MiB)
-        t0 = time.perf_counter()
-        await a.send("b", "c", Frame(arrays=(x,)))
-        assert time.perf_counter() - t0 >= 0.9 * (x.nbytes / 40e6 + 0.05)
-        np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], x)
-        assert bulk(a, "sent") == 1
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_link_shaping_paces_bulk_bodies(http_pair):
+    a, b = await http_pair(cfg, {"shape_bandwidth": 40e6, "shape_latency": 0.05})
+    x = tensor(4 * MiB)
+    t0 = time.perf_counter()
+    await a.send("b", "c", Frame(arrays=(x,)))
+    assert time.perf_counter() - t0 >= 0.9 * (x.nbytes / 40e6 + 0.05)
+    np.testing.assert_array_equal((await b.recv("a", "c")).arrays[0], x)
+    assert bulk(a, "sent") == 1
 
 
-async def test_bulk_can_be_switched_off():
-    a, b = await pair({"bulk_min_bytes": None})
-    try:
-        await a.send("b", "c", Frame(arrays=(tensor(3 * MiB),)))
-        await b.recv("a", "c")
-        assert a.frame_requests == {("sent", "plain"): 1}
-        assert b.frame_requests == {("received", "plain"): 1}
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_bulk_can_be_switched_off(http_pair):
+    a, b = await http_pair(cfg, {"bulk_min_bytes": None})
+    await a.send("b", "c", Frame(arrays=(tensor(3 * MiB),)))
+    await b.recv("a", "c")
+    assert a.frame_requests == {("sent", "plain"): 1}
+    assert b.frame_requests == {("received", "plain"): 1}
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5])

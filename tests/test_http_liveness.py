@@ -21,59 +21,51 @@ def cfg(name, **kw):
 
 async def crash(t: HttpTransport) -> None:
     """Stop ``t`` the way kill -9 would: no goodbye, its port simply stops answering."""
-    await t._runner.cleanup()
-    await t._session.close()
+    await t._server.stop()
+    await t._client.session.close()
     t._closed = True
 
 
-async def pair(timeout=0.6):
-    a = await HttpTransport(cfg("a", peer_timeout=timeout)).start()
-    b = await HttpTransport(cfg("b", peers={"a": a.url})).start()
-    a.add_peer("b", b.url)
+async def pair(http_pair, timeout=0.6):
+    """``a`` (with ``peer_timeout=timeout``) and ``b``, after one frame from ``b`` to ``a``."""
+    a, b = await http_pair(cfg, a_kw={"peer_timeout": timeout})
     await b.send("a", "c", Frame(meta={"i": 0}))
     assert (await a.recv("b", "c")).meta == {"i": 0}  # a now knows b's incarnation
     return a, b
 
 
-async def test_a_silent_live_peer_is_waited_for():
-    a, b = await pair(timeout=1.5)
-    try:
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(a.recv("b", "c"), 3.5)  # > 2 x peer_timeout of probes
-        await b.send("a", "c", Frame(meta={"i": 1}))
-        assert (await a.recv("b", "c")).meta == {"i": 1}
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_a_silent_live_peer_is_waited_for(http_pair):
+    a, b = await pair(http_pair, timeout=1.5)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(a.recv("b", "c"), 3.5)  # > 2 x peer_timeout of probes
+    await b.send("a", "c", Frame(meta={"i": 1}))
+    assert (await a.recv("b", "c")).meta == {"i": 1}
 
 
-async def test_a_killed_peer_is_gone_after_peer_timeout():
-    a, b = await pair()
-    try:
-        await crash(b)
-        t0 = time.monotonic()
-        with pytest.raises(TransportClosedError, match=r"has not answered .*peer_timeout=0.6"):
-            await asyncio.wait_for(a.recv("b", "c"), 10)
-        assert 0.5 < time.monotonic() - t0 < 5
-        with pytest.raises(TransportClosedError):  # and stays gone, at once
-            await asyncio.wait_for(a.recv("b", "other"), 1)
-    finally:
-        await a.aclose()
+async def test_a_killed_peer_is_gone_after_peer_timeout(http_pair):
+    a, b = await pair(http_pair)
+    await crash(b)
+    t0 = time.monotonic()
+    with pytest.raises(TransportClosedError, match=r"has not answered .*peer_timeout=0.6"):
+        await asyncio.wait_for(a.recv("b", "c"), 10)
+    assert 0.5 < time.monotonic() - t0 < 5
+    with pytest.raises(TransportClosedError):  # and stays gone, at once
+        await asyncio.wait_for(a.recv("b", "other"), 1)
 
 
-async def test_a_restarted_peer_ends_the_wait_and_its_new_frames_flow():
-    a, b = await pair(timeout=30.0)  # the restart is seen long before the timeout
+async def test_a_restarted_peer_ends_the_wait_and_its_new_frames_flow(http_pair):
+    a, b = await pair(http_pair, timeout=30.0)  # the restart is seen long before the timeout
     port = int(b.url.rsplit(":", 1)[1])
+    await crash(b)
+    # the new process takes over the address the peer had (the port the old one was given)
+    b2 = await HttpTransport(cfg("b", port=port, peers={"a": a.url})).start()
     try:
-        await crash(b)
-        b2 = await HttpTransport(cfg("b", port=port, peers={"a": a.url})).start()
         with pytest.raises(TransportClosedError, match="restarted"):
             await asyncio.wait_for(a.recv("b", "c"), 10)
         await b2.send("a", "c", Frame(meta={"i": 7}))  # the new incarnation reopens the stream
         assert (await asyncio.wait_for(a.recv("b", "c"), 10)).meta == {"i": 7}
-        await b2.aclose()
     finally:
-        await a.aclose()
+        await b2.aclose()
 
 
 async def test_a_peer_never_heard_from_is_waited_for():

@@ -37,13 +37,6 @@ def cfg(name, **kw) -> HttpConfig:
     return HttpConfig(name=name, retry_timeout=0.5, backoff_base=0.005, backoff_max=0.05, **kw)
 
 
-async def pair(a_kw=None, b_kw=None):
-    a = await HttpTransport(cfg("a", **(a_kw or {}))).start()
-    b = await HttpTransport(cfg("b", peers={"a": a.url}, **(b_kw or {}))).start()
-    a.add_peer("b", b.url)
-    return a, b
-
-
 def good(i=0) -> Frame:
     return Frame(meta={"i": i}, arrays=(np.arange(4, dtype=np.float32),))
 
@@ -70,26 +63,22 @@ def signed(msg_id: int, body: bytes, secret=SECRET, **over) -> dict[str, str]:
     )
 
 
-async def test_wrong_secret_is_refused_with_401_and_server_keeps_serving():
-    a, b = await pair(a_kw={"secret": b"wrong"})
-    try:
-        with pytest.raises(AuthenticationError, match="same secret"):
-            await a.send("b", "c", good())
-        assert b.refused == {"unauthenticated": 1}
-        async with aiohttp.ClientSession() as s:  # 401 says nothing else
-            body = codec.encode(good().replace(sender="a", channel="c"))
-            async with s.post(
-                b.url + FRAME_PATH, data=body, headers=signed(0, body, secret=b"nope")
-            ) as r:
-                assert (r.status, await r.text()) == (401, "unauthorized")
-        b.add_peer("a2", a.url)
-        c = await HttpTransport(cfg("a2", peers={"b": b.url})).start()
-        await c.send("b", "c", good(3))
-        assert (await b.recv("a2", "c")).meta == {"i": 3}
-        await c.aclose()
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_wrong_secret_is_refused_with_401_and_server_keeps_serving(http_pair):
+    a, b = await http_pair(cfg, a_kw={"secret": b"wrong"})
+    with pytest.raises(AuthenticationError, match="same secret"):
+        await a.send("b", "c", good())
+    assert b.refused == {"unauthenticated": 1}
+    async with aiohttp.ClientSession() as s:  # 401 says nothing else
+        body = codec.encode(good().replace(sender="a", channel="c"))
+        async with s.post(
+            b.url + FRAME_PATH, data=body, headers=signed(0, body, secret=b"nope")
+        ) as r:
+            assert (r.status, await r.text()) == (401, "unauthorized")
+    b.add_peer("a2", a.url)
+    c = await HttpTransport(cfg("a2", peers={"b": b.url})).start()
+    await c.send("b", "c", good(3))
+    assert (await b.recv("a2", "c")).meta == {"i": 3}
+    await c.aclose()
 
 
 async def test_unknown_sender_gets_401():
@@ -100,50 +89,46 @@ async def test_unknown_sender_gets_401():
         assert b.refused == {"unknown_peer": 1}
 
 
-async def test_replayed_and_stale_requests_are_refused():
+async def test_replayed_and_stale_requests_are_refused(http_pair):
     now = [1_000_000.0]
-    a, b = await pair(b_kw={"clock": lambda: now[0], "auth_window": 30.0})
-    try:
-        body = codec.encode(good().replace(sender="a", channel="c", msg_id=0))
-        headers = auth.sign(
+    a, b = await http_pair(cfg, b_kw={"clock": lambda: now[0], "auth_window": 30.0})
+    body = codec.encode(good().replace(sender="a", channel="c", msg_id=0))
+    headers = auth.sign(
+        SECRET,
+        "POST",
+        FRAME_PATH,
+        routing(0, body),
+        auth.body_digest([body]),
+        clock=lambda: now[0],
+    )
+    async with aiohttp.ClientSession() as s:
+        async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
+            assert r.status == 200
+        async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
+            assert r.status == 401  # the same request again: replay
+        stale = auth.sign(
             SECRET,
             "POST",
             FRAME_PATH,
-            routing(0, body),
+            routing(1, body),
             auth.body_digest([body]),
-            clock=lambda: now[0],
+            clock=lambda: now[0] - 31,
         )
-        async with aiohttp.ClientSession() as s:
-            async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
-                assert r.status == 200
-            async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
-                assert r.status == 401  # the same request again: replay
-            stale = auth.sign(
-                SECRET,
-                "POST",
-                FRAME_PATH,
-                routing(1, body),
-                auth.body_digest([body]),
-                clock=lambda: now[0] - 31,
-            )
-            async with s.post(b.url + FRAME_PATH, data=body, headers=stale) as r:
-                assert r.status == 401
-            tampered = signed(2, body)
-            tampered["X-Tandem-Channel"] = "other"
-            async with s.post(b.url + FRAME_PATH, data=body, headers=tampered) as r:
-                assert r.status == 401
-        assert b.refused == {"unauthenticated": 3}
-        assert (await b.recv("a", "c")).meta == {"i": 0}
-    finally:
-        await a.aclose()
-        await b.aclose()
+        async with s.post(b.url + FRAME_PATH, data=body, headers=stale) as r:
+            assert r.status == 401
+        tampered = signed(2, body)
+        tampered["X-Tandem-Channel"] = "other"
+        async with s.post(b.url + FRAME_PATH, data=body, headers=tampered) as r:
+            assert r.status == 401
+    assert b.refused == {"unauthenticated": 3}
+    assert (await b.recv("a", "c")).meta == {"i": 0}
 
 
 def test_verifier_bounded_nonce_memory_never_forgets_into_a_replay():
     now = [100.0]
     v = auth.Verifier(b"k", window=50, max_nonces=3, clock=lambda: now[0])
     reqs = [
-        auth.sign(b"k", "POST", "/p", {}, auth.EMPTY_SHA, clock=lambda: now[0] + i * 1e-3)
+        auth.sign(b"k", "POST", "/p", {}, auth.EMPTY_SHA, clock=lambda i=i: now[0] + i * 1e-3)
         for i in range(5)
     ]
     for h in reqs:
@@ -154,54 +139,44 @@ def test_verifier_bounded_nonce_memory_never_forgets_into_a_replay():
             v.verify("POST", "/p", h)
 
 
-async def test_body_digest_covers_every_byte_of_a_large_body():
+async def test_body_digest_covers_every_byte_of_a_large_body(http_pair):
     """The receiver hashes a large body while reading it (in steps, off the loop): a body
     altered in its first, a middle, or its last byte is refused (401); the original passes."""
-    a, b = await pair()
-    try:
-        x = np.arange((10 << 20) // 4, dtype=np.float32)  # 10 MiB: several hashing steps
-        body = codec.encode(Frame(arrays=(x,)).replace(sender="a", channel="c", msg_id=0))
-        async with aiohttp.ClientSession() as s:
-            for pos in (0, len(body) // 2 + 3, len(body) - 1):
-                bad = bytearray(body)
-                bad[pos] ^= 1
-                async with s.post(
-                    b.url + FRAME_PATH, data=io.BytesIO(bad), headers=signed(0, body)
-                ) as r:
-                    assert (r.status, await r.text()) == (401, "unauthorized"), pos
+    a, b = await http_pair(cfg)
+    x = np.arange((10 << 20) // 4, dtype=np.float32)  # 10 MiB: several hashing steps
+    body = codec.encode(Frame(arrays=(x,)).replace(sender="a", channel="c", msg_id=0))
+    async with aiohttp.ClientSession() as s:
+        for pos in (0, len(body) // 2 + 3, len(body) - 1):
+            bad = bytearray(body)
+            bad[pos] ^= 1
             async with s.post(
-                b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)
+                b.url + FRAME_PATH, data=io.BytesIO(bad), headers=signed(0, body)
             ) as r:
-                assert r.status == 200
-        assert b.refused == {"unauthenticated": 3}
-        assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
-    finally:
-        await a.aclose()
-        await b.aclose()
+                assert (r.status, await r.text()) == (401, "unauthorized"), pos
+        async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)) as r:
+            assert r.status == 200
+    assert b.refused == {"unauthenticated": 3}
+    assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
 
 
-async def test_nan_refused_422_then_good_frame_delivered():
-    a, b = await pair()
-    try:
-        bad = Frame(arrays=(np.array([1.0, np.nan], dtype=np.float32),))
-        with pytest.raises(FrameError, match="NaN or Inf"):
-            await a.send("b", "c", bad)
-        with pytest.raises(FrameError, match="NaN or Inf"):
-            await a.send("b", "c", Frame(arrays=(np.array([np.inf]),)))
-        await a.send("b", "c", good(1))
-        assert (await b.recv("a", "c")).meta == {"i": 1}
-        assert b.refused == {"nonfinite": 2}
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_nan_refused_422_then_good_frame_delivered(http_pair):
+    a, b = await http_pair(cfg)
+    bad = Frame(arrays=(np.array([1.0, np.nan], dtype=np.float32),))
+    with pytest.raises(FrameError, match="NaN or Inf"):
+        await a.send("b", "c", bad)
+    with pytest.raises(FrameError, match="NaN or Inf"):
+        await a.send("b", "c", Frame(arrays=(np.array([np.inf]),)))
+    await a.send("b", "c", good(1))
+    assert (await b.recv("a", "c")).meta == {"i": 1}
+    assert b.refused == {"nonfinite": 2}
 
 
 @pytest.mark.parametrize("dtype", ["<f2", "<f4", "<f8", "<c8", "<c16"])
 def test_all_finite_agrees_with_isfinite(dtype):
-    """`_all_finite` (a sum, then the exact check) against the reference
+    """`all_finite` (a sum, then the exact check) against the reference
     ``np.isfinite(a).all()``: NaN/Inf anywhere, Inf of both signs, and finite values whose sum
     overflows (must still be accepted)."""
-    from tandem.transports.http import _all_finite
+    from tandem.transports.http.scan import all_finite
 
     dt = np.dtype(dtype)
     big = np.finfo(dt).max
@@ -219,58 +194,46 @@ def test_all_finite_agrees_with_isfinite(dtype):
     both[3], both[700] = np.inf, -np.inf  # sums to NaN
     cases.append(both)
     for a in cases:
-        assert _all_finite(a.reshape(10, 100)) == bool(np.isfinite(a).all())
+        assert all_finite(a.reshape(10, 100)) == bool(np.isfinite(a).all())
 
 
-async def test_nan_in_large_frame_refused_422():
+async def test_nan_in_large_frame_refused_422(http_pair):
     """A frame large enough to be checked off the event loop (>= 1 MiB): Inf in its last
     element is still refused."""
-    a, b = await pair()
-    try:
-        x = np.zeros((2 << 20) // 4, np.float32)
-        x[-1] = np.inf
-        with pytest.raises(FrameError, match="NaN or Inf"):
-            await a.send("b", "c", Frame(arrays=(np.zeros(3, np.int32), x)))
-        assert b.refused == {"nonfinite": 1}
-        x[-1] = 0.0
-        await a.send("b", "c", Frame(arrays=(x,)))
-        assert not (await b.recv("a", "c")).arrays[0].any()
-    finally:
-        await a.aclose()
-        await b.aclose()
+    a, b = await http_pair(cfg)
+    x = np.zeros((2 << 20) // 4, np.float32)
+    x[-1] = np.inf
+    with pytest.raises(FrameError, match="NaN or Inf"):
+        await a.send("b", "c", Frame(arrays=(np.zeros(3, np.int32), x)))
+    assert b.refused == {"nonfinite": 1}
+    x[-1] = 0.0
+    await a.send("b", "c", Frame(arrays=(x,)))
+    assert not (await b.recv("a", "c")).arrays[0].any()
 
 
-async def test_spec_hash_mismatch_409_names_both_hashes():
-    a, b = await pair(a_kw={"spec_hash": "aaa111"}, b_kw={"spec_hash": "bbb222"})
-    try:
-        with pytest.raises(FrameError, match="aaa111.*bbb222"):
-            await a.send("b", "c", good())
-        b.spec_hash = "aaa111"
-        await a.send("b", "c", good(2))
-        got = await b.recv("a", "c")
-        assert got.spec_hash == "aaa111" and got.meta == {"i": 2}
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_spec_hash_mismatch_409_names_both_hashes(http_pair):
+    a, b = await http_pair(cfg, a_kw={"spec_hash": "aaa111"}, b_kw={"spec_hash": "bbb222"})
+    with pytest.raises(FrameError, match="aaa111.*bbb222"):
+        await a.send("b", "c", good())
+    b.spec_hash = "aaa111"
+    await a.send("b", "c", good(2))
+    got = await b.recv("a", "c")
+    assert got.spec_hash == "aaa111" and got.meta == {"i": 2}
 
 
-async def test_validator_and_max_frame_bytes():
+async def test_validator_and_max_frame_bytes(http_pair):
     def only_float32(frame: Frame) -> None:
         for x in frame.arrays:
             if x.dtype != np.float32:
                 raise FrameError(f"expected float32, got {x.dtype}")
 
-    a, b = await pair(b_kw={"validator": only_float32, "max_frame_bytes": 4096})
-    try:
-        with pytest.raises(FrameError, match="expected float32"):
-            await a.send("b", "c", Frame(arrays=(np.arange(3),)))
-        with pytest.raises(PayloadTooLargeError, match="max_frame_bytes"):
-            await a.send("b", "c", Frame(arrays=(np.zeros(2000, np.float32),)))
-        await a.send("b", "c", good(4))
-        assert (await b.recv("a", "c")).meta == {"i": 4}
-    finally:
-        await a.aclose()
-        await b.aclose()
+    a, b = await http_pair(cfg, b_kw={"validator": only_float32, "max_frame_bytes": 4096})
+    with pytest.raises(FrameError, match="expected float32"):
+        await a.send("b", "c", Frame(arrays=(np.arange(3),)))
+    with pytest.raises(PayloadTooLargeError, match="max_frame_bytes"):
+        await a.send("b", "c", Frame(arrays=(np.zeros(2000, np.float32),)))
+    await a.send("b", "c", good(4))
+    assert (await b.recv("a", "c")).meta == {"i": 4}
 
 
 def make_cert(tmp_path, name: str, ca=None):
@@ -331,25 +294,21 @@ async def test_tls_and_mutual_tls(tmp_path):
             await t.aclose()
 
 
-async def test_healthz_and_metrics_need_no_auth():
-    a, b = await pair()
-    try:
-        b.add_metrics_source(lambda: 'tandem_n_groups{party="b"} 4')
-        await a.send("b", "c", good())
-        async with aiohttp.ClientSession() as s:
-            async with s.get(b.url + "/healthz") as r:
-                assert r.status == 200 and (await r.json())["status"] == "ok"
-            async with s.get(b.url + "/metrics") as r:
-                text = await r.text()
-        assert r.status == 200
-        assert 'tandem_received_frames_total{party="b",peer="a"} 1' in text
-        assert 'tandem_inbound_queue_depth{party="b",peer="a",channel="c"} 1' in text
-        assert "# TYPE tandem_refused_requests_total counter" in text
-        assert 'tandem_n_groups{party="b"} 4' in text
-        assert 'tandem_sent_frames_total{party="a",peer="b"} 1' in a.metrics_text()
-    finally:
-        await a.aclose()
-        await b.aclose()
+async def test_healthz_and_metrics_need_no_auth(http_pair):
+    a, b = await http_pair(cfg)
+    b.add_metrics_source(lambda: 'tandem_n_groups{party="b"} 4')
+    await a.send("b", "c", good())
+    async with aiohttp.ClientSession() as s:
+        async with s.get(b.url + "/healthz") as r:
+            assert r.status == 200 and (await r.json())["status"] == "ok"
+        async with s.get(b.url + "/metrics") as r:
+            text = await r.text()
+    assert r.status == 200
+    assert 'tandem_received_frames_total{party="b",peer="a"} 1' in text
+    assert 'tandem_inbound_queue_depth{party="b",peer="a",channel="c"} 1' in text
+    assert "# TYPE tandem_refused_requests_total counter" in text
+    assert 'tandem_n_groups{party="b"} 4' in text
+    assert 'tandem_sent_frames_total{party="a",peer="b"} 1' in a.metrics_text()
 
 
 # -- fuzzing a live server: hypothesis drives synchronous examples on one persistent loop ----

@@ -12,44 +12,33 @@ import numpy as np
 import pytest
 
 from tandem.transports.base import Frame
-from tandem.transports.http import HttpConfig, HttpTransport
+from tandem.transports.http import HttpConfig
 
 
-async def _pair(**shape):
-    rx = await HttpTransport(HttpConfig(name="rx", peers={"tx": "http://127.0.0.1:9"})).start()
-    tx = await HttpTransport(
-        HttpConfig(name="tx", peers={"rx": rx.url}, write_piece_bytes=1 << 16, **shape)
-    ).start()
-    rx.add_peer("tx", tx.url)
+async def shaped_pair(http_pair, **shape):
+    """``(tx, rx)``: ``tx`` shapes what it sends to ``rx`` with ``shape``."""
+    rx, tx = await http_pair(b_kw={"write_piece_bytes": 1 << 16, **shape}, names=("rx", "tx"))
     return tx, rx
 
 
-async def test_bandwidth_is_shared_by_all_channels_to_a_peer():
-    tx, rx = await _pair(shape_bandwidth=4e6)
-    try:
-        payload = np.arange(100_000, dtype=np.float32)  # 400 kB per frame, 0.1 s at 4 MB/s
-        t0 = time.perf_counter()
-        await asyncio.gather(*(tx.send("rx", f"c{i}", Frame(arrays=(payload,))) for i in range(3)))
-        elapsed = time.perf_counter() - t0
-        assert elapsed >= 0.9 * 3 * payload.nbytes / 4e6  # one wire, not one per channel
-        for i in range(3):
-            np.testing.assert_array_equal((await rx.recv("tx", f"c{i}")).arrays[0], payload)
-    finally:
-        await tx.aclose()
-        await rx.aclose()
+async def test_bandwidth_is_shared_by_all_channels_to_a_peer(http_pair):
+    tx, rx = await shaped_pair(http_pair, shape_bandwidth=4e6)
+    payload = np.arange(100_000, dtype=np.float32)  # 400 kB per frame, 0.1 s at 4 MB/s
+    t0 = time.perf_counter()
+    await asyncio.gather(*(tx.send("rx", f"c{i}", Frame(arrays=(payload,))) for i in range(3)))
+    elapsed = time.perf_counter() - t0
+    assert elapsed >= 0.9 * 3 * payload.nbytes / 4e6  # one wire, not one per channel
+    for i in range(3):
+        np.testing.assert_array_equal((await rx.recv("tx", f"c{i}")).arrays[0], payload)
 
 
-async def test_latency_is_paid_per_request():
-    tx, rx = await _pair(shape_latency=0.05)
-    try:
-        t0 = time.perf_counter()
-        for i in range(3):
-            await tx.send("rx", "c", Frame(meta={"i": i}))
-        assert time.perf_counter() - t0 >= 0.9 * 3 * 0.05
-        assert [(await rx.recv("tx", "c")).meta["i"] for _ in range(3)] == [0, 1, 2]
-    finally:
-        await tx.aclose()
-        await rx.aclose()
+async def test_latency_is_paid_per_request(http_pair):
+    tx, rx = await shaped_pair(http_pair, shape_latency=0.05)
+    t0 = time.perf_counter()
+    for i in range(3):
+        await tx.send("rx", "c", Frame(meta={"i": i}))
+    assert time.perf_counter() - t0 >= 0.9 * 3 * 0.05
+    assert [(await rx.recv("tx", "c")).meta["i"] for _ in range(3)] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("bad", [{"shape_bandwidth": 0}, {"shape_latency": -1.0}])

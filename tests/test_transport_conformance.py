@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from http_helpers import open_pair
 from tandem.transports.http import HttpConfig, HttpTransport
 from tandem.transports.memory import MemoryNetwork
 from transport_conformance import TransportConformance
@@ -63,9 +64,7 @@ class HttpHarness:
         )
 
     async def pair(self):
-        a = await HttpTransport(self._config("a")).start()
-        b = await HttpTransport(self._config("b", peers={"a": a.url})).start()
-        a.add_peer("b", b.url)
+        a, b = await open_pair(self._config)
         self.made += [a, b]
         self.urls = {"a": a.url, "b": b.url}
         return a, b

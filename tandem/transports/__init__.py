@@ -10,7 +10,8 @@ from tandem.errors import (
 )
 
 from .base import Frame, LinkStats, Transport
-from .memory import LinkShape, MemoryNetwork, MemoryTransport
+from .memory import MemoryNetwork, MemoryTransport
+from .shaping import LinkShape
 
 __all__ = [
     "Frame",

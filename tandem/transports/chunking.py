@@ -2,8 +2,8 @@
 
 A message larger than ``chunk_bytes`` travels as several HTTP requests; each carries its chunk
 index, the chunk count, its byte offset and the message's total size, and the receiver writes it
-into one preallocated buffer at that offset (see `tandem.transports.http`). Sizes are Python ints, so
-messages above 2 GiB work.
+into one preallocated buffer at that offset (see `tandem.transports.http.server`). Sizes are
+Python ints, so messages above 2 GiB work.
 """
 
 from __future__ import annotations

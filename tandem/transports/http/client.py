@@ -1,0 +1,351 @@
+"""The sending half of the HTTP transport: chunked frame requests, retry with backoff, the
+mapping of refusals to exceptions, goodbyes and liveness probes.
+
+One message at a time per (peer, channel), ids counting from 0 per sender incarnation; a chunk
+is retried with exponential backoff and seeded jitter on connection loss and 503, until
+``retry_timeout`` seconds without reaching the peer (`PeerUnavailableError`); a peer that is
+busy but alive is waited for (backpressure). Chunks of at least ``bulk_min_bytes`` take the bulk
+path (`bulk.post_bulk`); its answers are handled exactly as the plain POST's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import ssl
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+import aiohttp
+import orjson
+
+from tandem.errors import (
+    AuthenticationError,
+    FrameError,
+    PayloadTooLargeError,
+    PeerUnavailableError,
+    TransportClosedError,
+    TransportError,
+)
+
+from .. import auth, chunking, codec
+from ..base import Frame, LinkStats
+from ..shaping import LinkShape, LinkShaper
+from . import bulk
+from .config import HttpConfig
+from .protocol import (
+    BYE_PATH,
+    FRAME_PATH,
+    H_CHANNEL,
+    H_CHUNK,
+    H_CHUNKS,
+    H_ID,
+    H_INC,
+    H_LENGTH,
+    H_OFFSET,
+    H_REASON,
+    H_REPLY,
+    H_SENDER,
+    H_SPEC,
+    H_TOTAL,
+    H_WAIT,
+    HEALTH_PATH,
+    INLINE_BYTES,
+    Answer,
+    seconds,
+)
+
+
+class _OutStream:
+    """Sending state of one (peer, channel): one message at a time, ids in order."""
+
+    __slots__ = ("lock", "next_id")
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.next_id = 0
+
+
+class _ResendFrom(Exception):
+    """The receiver expects the message's chunk ``index`` next (409 with ``expect_chunk``)."""
+
+    def __init__(self, index: int, text: str) -> None:
+        super().__init__(text)
+        self.index = index
+
+
+class HttpClient:
+    """Sends frames to peers over one persistent `aiohttp.ClientSession` (and bulk connections
+    of their own). Built by `HttpTransport`; `open` inside a running loop, `close` once."""
+
+    def __init__(self, config: HttpConfig, incarnation: str) -> None:
+        self.cfg = config
+        self.incarnation = incarnation
+        self.spec_hash = config.spec_hash  # stamped on outgoing frames when non-empty
+        self.reply_url = ""  # our own base URL, sent as X-Tandem-Reply-To (set once serving)
+        self.sent: dict[str, LinkStats] = {}
+        self.retries: dict[str, int] = {}
+        self.requests: dict[str, int] = {}  # path (plain|bulk) -> requests sent, retries included
+        self.closed = False
+        self._rng = random.Random(config.seed)
+        self._out: dict[tuple[str, str], _OutStream] = {}
+        self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
+        self._bulk_ssl: ssl.SSLContext | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._closed_event: asyncio.Event | None = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise TransportError(f"transport of {self.cfg.name!r} is not started; use `async with`")
+        return self._session
+
+    async def open(self) -> None:
+        """Open the client session (inside the running loop)."""
+        cfg = self.cfg
+        self._closed_event = asyncio.Event()
+        connector = aiohttp.TCPConnector(limit=0, ssl=cfg.ssl_client if cfg.ssl_client else True)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+            read_bufsize=1 << 16,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def close(self, peer_urls: Iterable[str]) -> None:
+        """Fail pending and later sends, say goodbye to ``peer_urls`` (best effort), close the
+        session."""
+        self.closed = True
+        if self._closed_event is not None:
+            self._closed_event.set()
+        if self._session is not None:
+            await asyncio.gather(*(self._say_bye(url) for url in peer_urls))
+            await self._session.close()
+
+    def stats(self, peer: str) -> LinkStats:
+        return self.sent.setdefault(peer, LinkStats())
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise TransportClosedError(f"transport of {self.cfg.name!r} is closed")
+
+    async def send(self, peer: str, url: str, channel: str, frame: Frame) -> None:
+        """Deliver ``frame`` to ``peer`` at ``url``; returns once the peer has queued it."""
+        out = self._out.setdefault((peer, channel), _OutStream())
+        async with out.lock:
+            self._check_open()
+            msg_id = out.next_id
+            out.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
+            frame = frame.replace(
+                sender=self.cfg.name,
+                channel=channel,
+                msg_id=msg_id,
+                spec_hash=self.spec_hash or frame.spec_hash,
+            )
+            chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
+            total = sum(chunking.total_size(v) for _, v in chunks)
+            routing = {
+                H_SENDER: self.cfg.name,
+                H_INC: self.incarnation,
+                H_CHANNEL: channel,
+                H_ID: str(msg_id),
+                H_CHUNKS: str(len(chunks)),
+                H_TOTAL: str(total),
+                H_SPEC: frame.spec_hash,
+                H_REPLY: self.cfg.advertise_url or self.reply_url,
+            }
+            digests: dict[int, str] = {}
+            i = 0
+            while i < len(chunks):
+                i = await self._post_chunk(peer, url, routing, chunks, i, digests)
+            self.stats(peer).frames += 1
+
+    async def _post_chunk(
+        self,
+        peer: str,
+        url: str,
+        routing: dict[str, str],
+        chunks: list[tuple[int, list[memoryview]]],
+        i: int,
+        digests: dict[int, str],
+    ) -> int:
+        """Post chunk ``i`` until acknowledged; returns the index of the next chunk to send."""
+        cfg = self.cfg
+        offset, views = chunks[i]
+        size = chunking.total_size(views)
+        use_bulk = cfg.bulk_min_bytes is not None and size >= cfg.bulk_min_bytes
+        path = "bulk" if use_bulk else "plain"
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        attempt = 0
+        while True:
+            if self.closed:
+                raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
+            headers = dict(routing)
+            headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+            if use_bulk:
+                headers["Content-Length"] = "0"
+                headers[H_LENGTH] = str(size)
+            else:
+                headers["Content-Length"] = str(size)
+                headers["Content-Type"] = "application/octet-stream"
+            if cfg.secret:
+                if i not in digests:
+                    digests[i] = (
+                        auth.body_digest(views)
+                        if size < INLINE_BYTES
+                        else await asyncio.to_thread(auth.body_digest, views)
+                    )
+                auth.sign(cfg.secret, "POST", FRAME_PATH, headers, digests[i], clock=cfg.clock)
+            t0 = loop.time()
+            self.requests[path] = self.requests.get(path, 0) + 1
+            try:
+                answer = await self._post(peer, url, headers, views, use_bulk)
+            except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
+                # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
+                if self.closed:
+                    raise TransportClosedError(
+                        f"transport of {cfg.name!r} closed during send"
+                    ) from None
+                now = loop.time()
+                deadline = deadline if deadline is not None else now + cfg.retry_timeout
+                if now >= deadline:
+                    raise PeerUnavailableError(
+                        f"peer {peer!r} at {url} unreachable for {cfg.retry_timeout}s "
+                        f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)"
+                    ) from None
+                attempt = await self._backoff(peer, attempt)
+                continue
+            if answer.status == 200:
+                stats = self.stats(peer)
+                stats.bytes += size
+                stats.busy_seconds += max(loop.time() - t0 - answer.waited, 0.0)
+                return i + 1
+            if answer.status == 503:
+                if answer.reason == "closing":  # the peer is shutting down: like a lost link
+                    now = loop.time()
+                    deadline = deadline if deadline is not None else now + cfg.retry_timeout
+                    if now >= deadline:
+                        raise PeerUnavailableError(f"peer {peer!r} is shutting down: {answer.text}")
+                else:
+                    deadline = None  # busy but alive: keep waiting (backpressure)
+                attempt = await self._backoff(peer, attempt)
+                continue
+            err = self._error_for(peer, answer.status, answer.text)
+            if isinstance(err, _ResendFrom):
+                if err.index <= i:
+                    return err.index  # the receiver lost the message's start: resend in order
+                raise FrameError(str(err))
+            raise err
+
+    async def _post(
+        self, peer: str, url: str, headers: dict[str, str], views: list[memoryview], use_bulk: bool
+    ) -> Answer:
+        body = self._body(peer, views)
+        if use_bulk:
+            ctx = self._bulk_context() if url.startswith("https://") else None
+            return await bulk.post_bulk(peer, url, headers, body, ctx)
+        async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
+            return Answer(
+                resp.status,
+                await resp.text(),
+                seconds(resp.headers.get(H_WAIT)),
+                resp.headers.get(H_REASON, ""),
+            )
+
+    def _bulk_context(self) -> ssl.SSLContext:
+        """TLS context of bulk connections to https peers (made once: loading the system's
+        CA certificates takes tens of milliseconds)."""
+        if self._bulk_ssl is None:
+            self._bulk_ssl = self.cfg.ssl_client or ssl.create_default_context()
+        return self._bulk_ssl
+
+    def _body(self, peer: str, views: list[memoryview]) -> AsyncIterator[memoryview]:
+        """The body's socket writes (``write_piece_bytes`` each), paced by the peer's emulated
+        wire when ``shape_bandwidth`` / ``shape_latency`` are set."""
+        pieces = chunking.pieces(views, self.cfg.write_piece_bytes)
+        cfg = self.cfg
+        if cfg.shape_bandwidth is None and not cfg.shape_latency:
+            return _unpaced(pieces)
+        wire = self._wires.get(peer)
+        if wire is None:
+            shape = LinkShape(cfg.shape_bandwidth, cfg.shape_latency)
+            wire = self._wires[peer] = LinkShaper(shape)
+        return _paced(wire, pieces)
+
+    async def _backoff(self, peer: str, attempt: int) -> int:
+        """Wait before retry number ``attempt + 1`` (cut short by `close`); returns it."""
+        self.retries[peer] = self.retries.get(peer, 0) + 1
+        cfg = self.cfg
+        delay = min(cfg.backoff_max, cfg.backoff_base * (2**attempt))
+        delay *= 0.5 + 0.5 * self._rng.random()
+        if self._closed_event is not None:
+            try:
+                await asyncio.wait_for(self._closed_event.wait(), delay)
+            except TimeoutError:
+                pass
+        return attempt + 1
+
+    def _error_for(self, peer: str, status: int, text: str) -> Exception:
+        if status == 409 and text.startswith("{"):
+            try:
+                body = orjson.loads(text)
+            except orjson.JSONDecodeError:
+                body = {}
+            if isinstance(body, dict) and "expect_chunk" in body:
+                return _ResendFrom(int(body["expect_chunk"]), body.get("error", ""))
+        where = f"peer {peer!r} refused the frame ({status})"
+        if status == 401:
+            return AuthenticationError(
+                f"{where}: check that both parties share the same secret, that {peer!r} lists "
+                f"{self.cfg.name!r} among its peers, and that clocks agree within the replay "
+                "window"
+            )
+        if status == 413:
+            return PayloadTooLargeError(f"{where}: {text}")
+        if status in (400, 409, 410, 411, 422):
+            return FrameError(f"{where}: {text}")
+        return TransportError(f"{where}: {text}")
+
+    async def _say_bye(self, url: str) -> None:
+        headers = {H_SENDER: self.cfg.name, H_INC: self.incarnation, "Content-Length": "0"}
+        if self.cfg.secret:
+            auth.sign(
+                self.cfg.secret, "POST", BYE_PATH, headers, auth.EMPTY_SHA, clock=self.cfg.clock
+            )
+        try:
+            async with self.session.post(
+                url + BYE_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=0.5)
+            ) as resp:
+                await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError):
+            pass  # best effort: a peer that is gone needs no goodbye
+
+    async def probe(self, url: str, timeout: float) -> str | None:
+        """The incarnation a peer's ``GET /healthz`` names (None if it names none). Raises
+        `aiohttp.ClientError`, `OSError`, `TimeoutError` or `ValueError` when it does not
+        answer properly."""
+        async with self.session.get(
+            url + HEALTH_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as resp:
+            info = await resp.json(content_type=None)
+        inc = info.get("incarnation") if isinstance(info, dict) else None
+        return inc if isinstance(inc, str) and inc else None
+
+
+async def _unpaced(pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
+    for piece in pieces:
+        yield piece
+
+
+async def _paced(wire: LinkShaper, pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
+    """Each request waits the link's latency before its first byte; each piece is released at
+    the end of its transmission on the peer's wire, shared by every channel to that peer."""
+    loop = asyncio.get_running_loop()
+    if wire.shape.latency:
+        await asyncio.sleep(wire.shape.latency)
+    for piece in pieces:
+        if wire.shape.bandwidth is not None:
+            async with wire.transmit(len(piece), offered=loop.time()):
+                pass
+        yield piece

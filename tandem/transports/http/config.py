@@ -1,0 +1,156 @@
+"""`HttpConfig`: one party's HTTP transport settings, validated on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl
+import time
+from collections.abc import Callable, Mapping
+
+from ..base import Frame
+
+
+@dataclasses.dataclass
+class HttpConfig:
+    """Configuration of one party's HTTP transport.
+
+    Attributes:
+      name: this party's name (sent as ``X-Tandem-Sender``).
+      host, port: where to serve; port 0 picks a free port (see `HttpTransport.url`).
+      peers: peer name -> base URL (``http://host:port`` or ``https://...``); more via add_peer.
+      secret: shared HMAC secret; None disables HMAC (then only peer names are checked — use
+        mutual TLS for authentication in that case).
+      ssl_server / ssl_client: `ssl.SSLContext` for serving HTTPS / verifying peers (mTLS when
+        the server context has ``verify_mode = CERT_REQUIRED`` and the client context a cert).
+      capacity: frames buffered per inbound (peer, channel) before senders are pushed back.
+      max_frame_bytes: larger frames are refused with 413.
+      reject_nonfinite: refuse float/complex tensors containing NaN or Inf with 422.
+      chunk_bytes: messages larger than this travel as several requests.
+      spec_hash: when non-empty, stamped on outgoing frames; inbound frames must match (409).
+      validator: called with each decoded inbound frame; raise `FrameError` to refuse it (422).
+      retry_timeout: seconds a send keeps retrying an unreachable peer before
+        `PeerUnavailableError`.
+      peer_timeout: seconds a peer we have received from may stay unreachable while a `recv`
+        from it waits; past that (or as soon as its ``/healthz`` shows a new incarnation: it
+        restarted) it is treated as having said goodbye: its inboxes close and the waiting
+        `recv` raises `TransportClosedError`, as after a clean close. A waiting `recv` probes
+        the peer's ``/healthz`` every ``min(1, peer_timeout / 3)`` s. A peer never heard from
+        is not probed (it may not have started yet). None: wait forever.
+      backoff_base / backoff_max: exponential backoff between retries (with jitter).
+      backpressure_wait: seconds a request waits for an inbox slot before 503.
+      auth_window: accepted clock skew (s) for signed requests; max_nonces: replay memory.
+      seed: seeds the retry jitter.
+      write_piece_bytes: size of individual socket writes (bounds sender-side buffering).
+      bulk_min_bytes: requests carrying at least this many body bytes take the bulk path: the
+        request is an HTTP/1.1 Upgrade without a body, admitted (authentication, sizes,
+        de-duplication, inbox slot) like any request; once accepted (101) the body travels raw
+        on that connection and is received straight into the frame buffer, outside aiohttp's
+        parser (two user-space copies fewer per byte), and the outcome comes back as one JSON
+        line. Smaller requests (per-message latency matters more there) keep the plain POST.
+        None: always plain POST.
+      clock: wall clock for signing/verifying (injectable in tests).
+      advertise_url: the base URL peers should use to reach this party (sent, signed, as
+        ``X-Tandem-Reply-To``); defaults to `HttpTransport.url` (set it when serving on 0.0.0.0
+        or behind NAT).
+      admit_unknown: accept a frame from a sender not in ``peers`` when its request is signed
+        with the shared ``secret`` and names its URL; the sender then becomes a peer (at most
+        ``max_peers``). For roles that anyone holding the secret may join (elastic workers).
+        Requires ``secret``.
+      shape_bandwidth / shape_latency: emulate a slower link on loopback (benchmarks, tests):
+        request bodies to each peer are paced to ``shape_bandwidth`` bytes/s, shared by all
+        channels to that peer (one wire per direction, as `MemoryNetwork.shape`), and each
+        request waits ``shape_latency`` s before its first byte. None / 0 disable shaping; the
+        receiving direction is shaped by the peer's own setting.
+    """
+
+    name: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    peers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    secret: bytes | None = None
+    ssl_server: ssl.SSLContext | None = None
+    ssl_client: ssl.SSLContext | None = None
+    capacity: int = 64
+    max_frame_bytes: int = 1 << 31
+    reject_nonfinite: bool = True
+    chunk_bytes: int = 64 << 20
+    spec_hash: str = ""
+    validator: Callable[[Frame], None] | None = None
+    retry_timeout: float = 30.0
+    peer_timeout: float | None = 30.0
+    backoff_base: float = 0.01
+    backoff_max: float = 1.0
+    backpressure_wait: float = 1.0
+    auth_window: float = 60.0
+    max_nonces: int = 65536
+    seed: int = 0
+    write_piece_bytes: int = 1 << 20
+    read_bufsize: int = 1 << 22
+    bulk_min_bytes: int | None = 1 << 20
+    clock: Callable[[], float] = time.time
+    advertise_url: str | None = None
+    admit_unknown: bool = False
+    max_peers: int = 4096
+    shape_bandwidth: float | None = None
+    shape_latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not isinstance(self.name, str) or not self.name or "\n" in self.name:
+            problems.append(f"name must be a non-empty single-line string, got {self.name!r}")
+        if self.capacity < 1:
+            problems.append(f"capacity must be >= 1 frame, got {self.capacity}")
+        if self.chunk_bytes < 1:
+            problems.append(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if self.bulk_min_bytes is not None and not (
+            isinstance(self.bulk_min_bytes, int) and self.bulk_min_bytes >= 1
+        ):
+            problems.append(
+                f"bulk_min_bytes must be an int >= 1 or None, got {self.bulk_min_bytes!r}"
+            )
+        if self.max_frame_bytes < 1:
+            problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
+        if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
+            problems.append("secret must be non-empty bytes or None")
+        if self.admit_unknown and not self.secret:
+            problems.append(
+                "admit_unknown needs a secret: only senders proving they hold it "
+                "may join; set secret or list every peer in peers"
+            )
+        if self.advertise_url is not None and not str(self.advertise_url).startswith(
+            ("http://", "https://")
+        ):
+            problems.append(
+                f"advertise_url must start with http:// or https://, got {self.advertise_url!r}"
+            )
+        if self.max_peers < 1:
+            problems.append(f"max_peers must be >= 1, got {self.max_peers}")
+        if self.shape_bandwidth is not None and not self.shape_bandwidth > 0:
+            problems.append(
+                f"shape_bandwidth must be > 0 bytes/s or None, got {self.shape_bandwidth!r}"
+            )
+        if not self.shape_latency >= 0:
+            problems.append(f"shape_latency must be >= 0 s, got {self.shape_latency!r}")
+        for f in (
+            "retry_timeout",
+            "backoff_base",
+            "backoff_max",
+            "backpressure_wait",
+            "auth_window",
+        ):
+            if not getattr(self, f) > 0:
+                problems.append(f"{f} must be > 0 s, got {getattr(self, f)!r}")
+        if self.peer_timeout is not None and not self.peer_timeout > 0:
+            problems.append(f"peer_timeout must be > 0 s or None, got {self.peer_timeout!r}")
+        if problems:
+            raise ValueError("invalid HttpConfig: " + "; ".join(problems))
+
+
+def check_peer(own_name: str, name: str, url: str) -> str:
+    """``url`` normalised (no trailing slash) for a peer ``name``; ValueError naming the
+    problem when the name or the URL cannot be a peer's."""
+    if not isinstance(name, str) or not name or "\n" in name or name == own_name:
+        raise ValueError(f"peer name must be a non-empty string other than our own, got {name!r}")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ValueError(f"peer {name!r}: url must start with http:// or https://, got {url!r}")
+    return url.rstrip("/")

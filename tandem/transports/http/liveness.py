@@ -1,0 +1,77 @@
+"""Loss detection on the receiving side (``HttpConfig.peer_timeout``): a `recv` waiting on an
+empty inbox probes the peer's ``GET /healthz`` every ``min(1, peer_timeout / 3)`` s. A peer
+that answers no probe for ``peer_timeout`` s, or answers with another incarnation (a restarted
+process), is taken as having said goodbye: its inboxes close and the waiting `recv` raises
+`TransportClosedError` once the frames it had sent are drained. A peer never heard from is not
+probed (it may not have started yet); a live peer that is merely silent is waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import aiohttp
+
+from ..base import Frame
+from ..inbox import Inbox
+from .client import HttpClient
+from .server import HttpServer
+
+log = logging.getLogger(__name__)
+
+
+async def next_frame(
+    server: HttpServer,
+    client: HttpClient,
+    peer: str,
+    url: str,
+    box: Inbox[Frame],
+    peer_timeout: float | None,
+) -> Frame | None:
+    """The next frame of ``box`` (from ``peer`` at ``url``); None once the box is closed and
+    drained, by a goodbye, the local close, or a probe that found the peer gone."""
+    if peer_timeout is None or len(box):
+        return await box.get()
+    if peer in server.lost:  # gone, and nothing of it left to read
+        return None
+    every = min(1.0, peer_timeout / 3)
+    while True:
+        try:  # Inbox.get is cancel-safe: a timed-out wait loses no frame
+            return await asyncio.wait_for(box.get(), every)
+        except TimeoutError:
+            await check_alive(server, client, peer, url, every, peer_timeout)
+
+
+async def check_alive(
+    server: HttpServer,
+    client: HttpClient,
+    peer: str,
+    url: str,
+    probe_timeout: float,
+    peer_timeout: float,
+) -> None:
+    """One probe of ``peer``; when it is gone, what its goodbye would do (the reason is kept
+    in ``server.lost``)."""
+    known = server.known_incarnation(peer)
+    if known is None or server.closed:
+        return  # never heard from: not lost, perhaps not started yet
+    loop = asyncio.get_running_loop()
+    gone = None
+    try:
+        inc = await client.probe(url, probe_timeout)
+        server.down_since.pop(peer, None)
+        if inc is not None and inc != known:
+            gone = f"peer {peer!r} restarted (a new process answers at its address)"
+    except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
+        since = server.down_since.setdefault(peer, loop.time())
+        if loop.time() - since >= peer_timeout:
+            gone = (
+                f"peer {peer!r} has not answered for {loop.time() - since:.0f} s "
+                f"(peer_timeout={peer_timeout:g}; last: {type(exc).__name__}): it stopped "
+                "without saying goodbye (killed, or its machine or network failed)"
+            )
+    if gone is not None:
+        log.warning("%s: %s", server.cfg.name, gone)
+        server.lost[peer] = gone
+        await server.forget_incarnation(peer, known)

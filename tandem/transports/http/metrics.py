@@ -1,0 +1,79 @@
+"""The HTTP transport's ``GET /metrics`` document (Prometheus text format 0.0.4)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .. import metrics
+from .client import HttpClient
+from .server import HttpServer
+
+
+def frame_requests(client: HttpClient, server: HttpServer) -> dict[tuple[str, str], int]:
+    """Frame requests by ``(direction, path)``: ``("sent", "bulk")`` counts bulk attempts
+    (retries included), ``("received", "bulk")`` bulk bodies the server accepted and started to
+    read (answered 101); likewise ``"plain"`` for ordinary POST bodies."""
+    counts = {("sent", path): n for path, n in client.requests.items()}
+    counts.update({("received", path): n for path, n in server.requests.items()})
+    return counts
+
+
+def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[], str]]) -> str:
+    """Byte, frame and busy-time counters per peer and direction, inbox depths, retries,
+    requests per path, refusals per reason; then each of ``sources``' lines."""
+    me = client.cfg.name
+    lines: list[str] = []
+    for direction, table in (("sent", client.sent), ("received", server.received)):
+        lines += metrics.family(
+            f"tandem_{direction}_bytes_total",
+            "counter",
+            f"Frame bytes {direction} per peer",
+            [({"party": me, "peer": p}, s.bytes) for p, s in table.items()],
+        )
+        lines += metrics.family(
+            f"tandem_{direction}_frames_total",
+            "counter",
+            f"Frames {direction} per peer",
+            [({"party": me, "peer": p}, s.frames) for p, s in table.items()],
+        )
+        lines += metrics.family(
+            f"tandem_{direction}_busy_seconds_total",
+            "counter",
+            f"Seconds spent transferring frames {direction} per peer",
+            [({"party": me, "peer": p}, s.busy_seconds) for p, s in table.items()],
+        )
+    lines += metrics.family(
+        "tandem_inbound_queue_depth",
+        "gauge",
+        "Frames waiting for recv per (peer, channel)",
+        [({"party": me, "peer": p, "channel": c}, len(b)) for (p, c), b in server.inboxes.items()],
+    )
+    lines += metrics.family(
+        "tandem_send_retries_total",
+        "counter",
+        "Send retries per peer",
+        [({"party": me, "peer": p}, n) for p, n in client.retries.items()],
+    )
+    lines += metrics.family(
+        "tandem_frame_requests_total",
+        "counter",
+        "Frame requests whose body was sent or received, by path (plain POST or bulk)",
+        [
+            ({"party": me, "direction": d, "path": p}, n)
+            for (d, p), n in sorted(frame_requests(client, server).items())
+        ],
+    )
+    lines += metrics.family(
+        "tandem_refused_requests_total",
+        "counter",
+        "Refused inbound requests by reason",
+        [({"party": me, "reason": r}, n) for r, n in sorted(server.refused.items())],
+    )
+    text = "\n".join(lines) + "\n"
+    for source in sources:
+        try:
+            extra = source()
+        except Exception as exc:  # a broken source must not break /metrics
+            extra = f"# metrics source {source!r} failed: {type(exc).__name__}"
+        text += extra if extra.endswith("\n") else extra + "\n"
+    return text

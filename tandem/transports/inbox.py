@@ -1,0 +1,110 @@
+"""A bounded FIFO of received items, shared by the memory and the HTTP transports.
+
+Invariant: ``len(items) + reserved <= capacity``. A producer first *reserves* a slot (waiting
+while none is free), then either `Inbox.deliver`s an item into it or `Inbox.unreserve`s it; a
+consumer takes items in order with `Inbox.get` (or looks at the first with `Inbox.peek` and
+takes it with `Inbox.pop`). The buffer never grows past ``capacity``: a producer that finds no
+slot waits, which is the transports' backpressure.
+
+A closed inbox refuses new reservations; its queued items stay readable, and once it is empty
+`get` and `peek` answer None. Closing wakes every waiter. Waiters wake in the order they
+began to wait (producers queued for a slot keep their order). Cancelling a waiting `reserve`,
+`peek` or `get` changes nothing (no slot taken, no item lost). Use it from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class Inbox(Generic[T]):
+    """Bounded FIFO with slot reservation. See the module docstring for the invariant."""
+
+    __slots__ = ("capacity", "items", "reserved", "closed", "_waiters")
+
+    def __init__(self, capacity: int, *, closed: bool = False) -> None:
+        if capacity < 1:
+            raise ValueError(f"inbox capacity must be >= 1 item, got {capacity}")
+        self.capacity = capacity
+        self.items: collections.deque[T] = collections.deque()
+        self.reserved = 0
+        self.closed = closed
+        # insertion-ordered: waiters wake in the order they began waiting, so producers that
+        # queue for a slot take slots in that order
+        self._waiters: dict[asyncio.Future[None], None] = {}
+
+    def __len__(self) -> int:
+        """Items waiting to be taken (reserved slots not counted)."""
+        return len(self.items)
+
+    def has_slot(self) -> bool:
+        return len(self.items) + self.reserved < self.capacity
+
+    async def reserve(self, timeout: float | None = None) -> bool:
+        """Take one slot, waiting up to ``timeout`` s for one to free (None: no limit).
+
+        False, with no slot taken, on timeout or when the inbox is (or becomes) closed."""
+        try:
+            async with asyncio.timeout(timeout):
+                await self._wait(lambda: self.has_slot() or self.closed)
+        except TimeoutError:
+            return False
+        if self.closed:
+            return False
+        self.reserved += 1
+        return True
+
+    def unreserve(self) -> None:
+        """Give back a reserved slot that will not be filled."""
+        self.reserved -= 1
+        self._wake()
+
+    def deliver(self, item: T) -> None:
+        """Fill a reserved slot with ``item`` (queued behind the items already there)."""
+        self.reserved -= 1
+        self.items.append(item)
+        self._wake()
+
+    async def peek(self) -> T | None:
+        """The first item, left in place; None once the inbox is closed and empty."""
+        await self._wait(lambda: self.items or self.closed)
+        return self.items[0] if self.items else None
+
+    def pop(self) -> T:
+        """Remove and return the first item (there must be one), freeing its slot."""
+        item = self.items.popleft()
+        self._wake()
+        return item
+
+    async def get(self) -> T | None:
+        """Remove and return the first item; None once the inbox is closed and empty."""
+        await self._wait(lambda: self.items or self.closed)
+        return self.pop() if self.items else None
+
+    def close(self) -> None:
+        """Refuse new reservations and wake every waiter; queued items stay readable."""
+        self.closed = True
+        self._wake()
+
+    def reopen(self) -> None:
+        """Accept reservations again (a peer came back)."""
+        self.closed = False
+
+    async def _wait(self, ready: Callable[[], object]) -> None:
+        while not ready():
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters[waiter] = None
+            try:
+                await waiter
+            finally:
+                del self._waiters[waiter]
+
+    def _wake(self) -> None:
+        for waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
