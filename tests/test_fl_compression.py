@@ -17,6 +17,7 @@ from scipy import stats
 from tandem.engine.models import mlp_init
 from tandem.errors import ConfigError
 from tandem.parties.fl import compression as C
+from tandem.parties.fl import presets
 
 D = 40
 SAMPLES = 4000
@@ -229,6 +230,46 @@ def test_count_sketch_recovers_heavy_hitters():
     x[heavy] = 10.0
     est = np.asarray(C.sketch_estimate(C.sketch_compress(x, 9, 5, 1000), 9, 2000))
     assert set(np.argsort(-np.abs(est))[:10]) == set(heavy)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    a=st.integers(1, 9).flatmap(
+        lambda rows: arrays(np.float32, (rows, 6), elements=st.sampled_from([-2.0, 0.0, 1.5, 3.0]))
+    )
+)
+def test_median_of_rows_is_the_median(a):
+    got = np.asarray(C._median_of_rows(jnp.asarray(a)))
+    np.testing.assert_allclose(got, np.median(a.astype(np.float64), axis=0), rtol=0, atol=0)
+
+
+def _heavy_errors(x: np.ndarray, heavy: np.ndarray, rows: int, cols: int, seeds: int):
+    """Absolute errors of the row-median estimate on the ``heavy`` coordinates, one row per
+    hash seed."""
+    d = x.shape[0]
+    out = []
+    for seed in range(seeds):
+        est = C.sketch_estimate(C.sketch_compress(x, seed, rows, cols), seed, d)
+        out.append(np.abs(np.asarray(est)[heavy] - x[heavy]))
+    return np.stack(out)
+
+
+def test_preset_sketch_recovers_heavy_coordinates_a_one_row_sketch_spoils():
+    # 25 coordinates of magnitude 1 over noise of 1e-3: with the preset's 5 x 1000 table a
+    # heavy coordinate's median is spoiled only if 3 rows put another heavy one in its bucket
+    # (~10 (24/1000)**3 per coordinate); one row of the same payload (5000 columns) has no
+    # such protection (~24/5000 per coordinate), and the collision costs the whole value
+    d, heavy_count, seeds = 300_000, 25, 40
+    rows, cols = presets.sketch_shape(d)
+    assert (rows, cols) == (5, 1000)
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1e-3, d).astype(np.float32)
+    heavy = rng.choice(d, heavy_count, replace=False)
+    x[heavy] = rng.choice([-1.0, 1.0], heavy_count)
+    preset = _heavy_errors(x, heavy, rows, cols, seeds)
+    one_row = _heavy_errors(x, heavy, 1, rows * cols, seeds)
+    assert preset.max() < 0.1, preset.max()
+    assert np.count_nonzero(one_row > 0.5) >= 1, one_row.max()
 
 
 @settings(max_examples=50, deadline=None, derandomize=True)
