@@ -9,6 +9,10 @@ Dirichlet alpha 0.5, MLP 64-128-64-10 (17,226 parameters), the same seeds and ro
 Ratios are dense bytes / compressed bytes over the whole run, as the server's transport
 counted them (headers included).
 
+The same accuracy run at 1M parameters (MLP 64-1000-936-10, 1,011,306 parameters): same data,
+clients, seeds and client optimizer, dense and compressed for ``--rounds-1m`` rounds each
+(``acc_dense_1m``, ``acc_compressed_1m``, and the byte ratios with the ``_1m`` suffix).
+
 Timing run (HttpTransport, three parties in one process on 127.0.0.1): 2 clients, MLP
 64-1000-936-10 (1,011,306 parameters); each client does one SGD step on 32 local samples per
 round; seconds per round are the mean over the timed rounds after warm-up rounds.
@@ -35,10 +39,11 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def accuracy_runs(rounds: int, seed: int) -> dict:
+def accuracy_runs(rounds: int, seed: int, hidden: list[int] = HIDDEN, eval_every: int = 1) -> dict:
+    """Dense and compressed federations of the MLP ``hidden`` on the same data and seeds."""
     data = load_federated_digits(20, 0.5, seed)
-    trainer = make_trainer(data, HIDDEN, lr=0.05, epochs=2, init_seed=seed)
-    common = dict(rounds=rounds, fraction=0.5, seed=seed, eval_every=1)
+    trainer = make_trainer(data, hidden, lr=0.05, epochs=2, init_seed=seed)
+    common = dict(rounds=rounds, fraction=0.5, seed=seed, eval_every=eval_every)
     runs = {}
     for name, cfg in (
         ("dense", presets.dense(**common)),
@@ -48,7 +53,8 @@ def accuracy_runs(rounds: int, seed: int) -> dict:
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         runs[name] = server
         log(
-            f"{name}: acc {100 * server.reports[-1].accuracy:.2f}% up {server.bytes_up()} B "
+            f"{name} ({trainer.dim} params): acc {100 * server.reports[-1].accuracy:.2f}% "
+            f"up {server.bytes_up()} B "
             f"down {server.bytes_down()} B ({time.perf_counter() - t0:.1f} s)"
         )
     return {"params": trainer.dim, "runs": runs}
@@ -100,6 +106,12 @@ def main(argv=None) -> int:
     p.add_argument("--plot", metavar="PNG", help="write accuracy vs cumulative bytes")
     p.add_argument("--rounds", type=int, default=150)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rounds-1m",
+        type=int,
+        default=40,
+        help="rounds of the 1M-parameter accuracy runs (0 skips them)",
+    )
     p.add_argument("--http-rounds", type=int, default=20)
     p.add_argument("--skip-http", action="store_true", help="accuracy runs only")
     args = p.parse_args(argv)
@@ -127,6 +139,17 @@ def main(argv=None) -> int:
     }
     if args.plot:
         plot(args.plot, result)
+    if args.rounds_1m:
+        big = accuracy_runs(args.rounds_1m, args.seed, HIDDEN_1M, eval_every=0)
+        dense_1m, comp_1m = big["runs"]["dense"], big["runs"]["compressed"]
+        out.update(
+            params_1m=big["params"],
+            rounds_1m=args.rounds_1m,
+            acc_dense_1m=round(100 * dense_1m.reports[-1].accuracy, 2),
+            acc_compressed_1m=round(100 * comp_1m.reports[-1].accuracy, 2),
+            uplink_ratio_1m=round(dense_1m.bytes_up() / comp_1m.bytes_up(), 2),
+            downlink_ratio_1m=round(dense_1m.bytes_down() / comp_1m.bytes_down(), 2),
+        )
     if not args.skip_http:
         out["s_per_round_1m_dense"] = round(
             http_seconds_per_round("dense", args.http_rounds, 3, args.seed), 4

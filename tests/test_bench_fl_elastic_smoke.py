@@ -14,7 +14,7 @@ import pytest
 def test_bench_fl_tiny(capsys):
     from bench.fl import main
 
-    assert main(["--rounds", "3", "--skip-http", "--json"]) == 0
+    assert main(["--rounds", "3", "--rounds-1m", "1", "--skip-http", "--json"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1, lines
     out = orjson.loads(lines[0])
@@ -29,6 +29,11 @@ def test_bench_fl_tiny(capsys):
         / (out["bytes_up_compressed"] + out["bytes_down_compressed"]),
         rel=1e-2,
     )
+    # the 1M-parameter model, dense and compressed on the same data and rounds
+    assert out["params_1m"] >= 1_000_000 and out["rounds_1m"] == 1, out
+    for key in ("acc_dense_1m", "acc_compressed_1m"):
+        assert 0.0 <= out[key] <= 100.0, out
+    assert out["uplink_ratio_1m"] > 1.0 and out["downlink_ratio_1m"] > 1.0, out
 
 
 @pytest.mark.slow

@@ -8,9 +8,11 @@ on the seed regenerate the same indices / hashes without sending them.
   cut into ``k`` contiguous blocks of sizes ``floor(d/k)`` or ``ceil(d/k)``; one index per block
   is drawn uniformly from the seed. Only the ``k`` values travel. Decompression scales each value
   by its block size (``d/k`` when ``k`` divides ``d``), which makes the estimate **unbiased**:
-  ``E_seed[randk_decompress(randk_compress(x))] == x``. Drawing per block costs O(k) (a global
-  draw without replacement costs a sort of ``d`` entries) and gives lower variance than uniform
-  rand-k.
+  ``E_seed[randk_decompress(randk_compress(x))] == x``. Block bounds and indices are exact
+  int32 for any ``d <= MAX_RANDK_DIM`` (2**31 - 1), and the offset inside a block comes from
+  64 random bits, so every coordinate of a block is equally likely whatever its size. Drawing
+  per block costs O(k) (a global draw without replacement costs a sort of ``d`` entries) and
+  gives lower variance than uniform rand-k.
 * **Count sketch** (`sketch_compress`, `sketch_estimate`): ``rows x cols`` table; coordinate
   ``j`` adds ``sign_r(j) * x_j`` to bucket ``h_r(j)`` of every row ``r``. Linear, so the sum of
   sketches is the sketch of the sum (the server adds client sketches). The row-mean estimate is
@@ -63,7 +65,7 @@ def unflatten(vec, spec: FlatSpec):
     if vec.shape != (spec.size,):
         raise ConfigError(f"flat vector has shape {vec.shape}, the model needs ({spec.size},)")
     leaves, offset = [], 0
-    for shape, dtype in zip(spec.shapes, spec.dtypes):
+    for shape, dtype in zip(spec.shapes, spec.dtypes, strict=True):
         n = int(np.prod(shape, dtype=np.int64))
         leaves.append(jnp.asarray(vec[offset : offset + n].reshape(shape), dtype=dtype))
         offset += n
@@ -71,24 +73,68 @@ def unflatten(vec, spec: FlatSpec):
 
 
 # -- stratified rand-k ------------------------------------------------------------------------
+MAX_RANDK_DIM = 2**31 - 1
+"""Largest ``d`` rand-k accepts: every index and block bound is then an exact int32."""
+
+
 def _check_k(d: int, k: int) -> None:
     if not 1 <= k <= d:
         raise ConfigError(f"rand-k needs 1 <= k <= d, got k={k} for d={d}; pick k in [1, {d}]")
 
 
+def _check_randk(d: int, k: int) -> None:
+    _check_k(d, k)
+    if d > MAX_RANDK_DIM:
+        raise ConfigError(
+            f"rand-k supports vectors of up to {MAX_RANDK_DIM} coordinates, got d={d}; "
+            "compress the model's parameters in chunks of at most that size"
+        )
+
+
+def _mulhi_u32(a, b):
+    """The high 32 bits of the 64-bit product of two uint32 arrays, in 16-bit limbs (exact
+    without x64)."""
+    lo16 = jnp.uint32(0xFFFF)
+    a0, a1, b0, b1 = a & lo16, a >> 16, b & lo16, b >> 16
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1
+    mid = (p00 >> 16) + (p01 & lo16) + (p10 & lo16)
+    return p11 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
+
+
+def _uniform_below(key, sizes):
+    """One integer uniform in ``[0, size)`` per entry of ``sizes`` (uint32, each >= 1):
+    ``floor(B * size / 2**64)`` for 64 random bits ``B``, so each value has probability
+    ``1/size`` within a relative ``size / 2**64`` and the result is always ``< size``."""
+    hi, lo = jax.random.bits(key, (2, *sizes.shape), jnp.uint32)
+    # B * size = (hi * size) * 2**32 + lo * size; its top word is the answer
+    low_word = hi * sizes  # uint32 multiplication wraps: the low word of hi * size
+    mid = low_word + _mulhi_u32(lo, sizes)
+    carry = (mid < low_word).astype(jnp.uint32)
+    return _mulhi_u32(hi, sizes) + carry
+
+
 @partial(jax.jit, static_argnums=(1, 2))
 def _randk_indices(seed, d: int, k: int):
-    starts = (jnp.arange(k, dtype=jnp.int64 if jax.config.jax_enable_x64 else jnp.int32) * d) // k
-    ends = ((jnp.arange(k) + 1) * d) // k
-    sizes = ends - starts
-    u = jax.random.uniform(jax.random.key(seed), (k,))
-    offs = jnp.minimum((u * sizes).astype(starts.dtype), sizes - 1)
-    return (starts + offs).astype(jnp.int32), sizes.astype(jnp.float32)
+    # Block b covers [b*q + min(b, r), (b+1)*q + min(b+1, r)): the first r blocks hold q + 1
+    # coordinates, the others q. Every bound is <= d <= 2**31 - 1, so int32 is exact; q and r
+    # are computed on the host from the static d and k.
+    q, r = divmod(d, k)
+    blocks = jnp.arange(k, dtype=jnp.int32)
+    starts = blocks * q + jnp.minimum(blocks, r)
+    sizes = q + (blocks < r).astype(jnp.int32)
+    offs = _uniform_below(jax.random.key(seed), sizes.astype(jnp.uint32))
+    return starts + offs.astype(jnp.int32), sizes
 
 
 def randk_indices(seed: int, d: int, k: int) -> tuple[jax.Array, jax.Array]:
-    """The ``k`` distinct sorted indices drawn from ``seed`` and each one's scale (block size)."""
-    _check_k(d, k)
+    """The ``k`` distinct sorted indices drawn from ``seed`` and each one's scale (block size).
+
+    Invariants, for any ``1 <= k <= d <= MAX_RANDK_DIM``: the indices are int32, strictly
+    increasing, in ``[0, d)``; index ``b`` lies in block ``b`` and is uniform over it; the
+    scales are the int32 block sizes ``floor(d/k)`` or ``ceil(d/k)`` (positive, summing to
+    ``d``).
+    """
+    _check_randk(d, k)
     return _randk_indices(jnp.uint32(seed & 0xFFFFFFFF), d, k)
 
 
@@ -100,7 +146,7 @@ def _randk_compress(x, seed, k: int):
 
 def randk_compress(x, seed: int, k: int) -> jax.Array:
     """The ``k`` values of ``x`` at the seed's indices (what travels, with the seed)."""
-    _check_k(int(x.shape[0]), k)
+    _check_randk(int(x.shape[0]), k)
     return _randk_compress(jnp.asarray(x), jnp.uint32(seed & 0xFFFFFFFF), k)
 
 
@@ -113,7 +159,7 @@ def _randk_decompress(values, seed, d: int):
 def randk_decompress(values, seed: int, d: int) -> jax.Array:
     """Unbiased dense estimate: ``values`` scaled by their block size, zeros elsewhere."""
     values = jnp.asarray(values)
-    _check_k(d, int(values.shape[0]))
+    _check_randk(d, int(values.shape[0]))
     return _randk_decompress(values, jnp.uint32(seed & 0xFFFFFFFF), d)
 
 
@@ -149,7 +195,24 @@ def _estimate(table, seed, d: int, median: bool):
     rows, cols = table.shape
     buckets, signs = _hashes(seed, d, rows, cols)
     per_row = jax.vmap(lambda t, b, s: t[b] * s.astype(t.dtype))(table, buckets, signs)
-    return jnp.median(per_row, axis=0) if median else jnp.mean(per_row, axis=0)
+    return _median_of_rows(per_row) if median else jnp.mean(per_row, axis=0)
+
+
+def _median_of_rows(a):
+    """``jnp.median(a, axis=0)`` for a few rows: an odd-even transposition sort of the rows
+    (``rows`` passes of element-wise min/max), which XLA runs far faster than a sort along
+    axis 0 of a ``(rows, d)`` array."""
+    rows = list(a)
+    n = len(rows)
+    for p in range(n):
+        for i in range(p % 2, n - 1, 2):
+            rows[i], rows[i + 1] = (
+                jnp.minimum(rows[i], rows[i + 1]),
+                jnp.maximum(rows[i], rows[i + 1]),
+            )
+    if n % 2:
+        return rows[n // 2]
+    return (rows[n // 2 - 1] + rows[n // 2]) / 2
 
 
 def sketch_estimate(table, seed: int, d: int, *, median: bool = True) -> jax.Array:

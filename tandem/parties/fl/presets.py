@@ -2,18 +2,36 @@
 
 ``compressed`` is the setting the benchmark measures: rand-k uplink keeping 1/``uplink_ratio``
 of the coordinates, server momentum 0.9 with error feedback applying the top 1/``topk_ratio``
-coordinates at server learning rate 0.1, version-delta downlink.
+coordinates at server learning rate 0.1, version-delta downlink. With ``sketch=True`` the uplink
+is a count sketch of the same payload (`sketch_shape`) instead of rand-k.
 """
 
 from __future__ import annotations
 
+from tandem.errors import ConfigError
+
 from .aggregate import ServerRule
 from .server import FLConfig
+
+SKETCH_ROWS = 5
+"""Rows of the preset count sketch: the row median is then spoiled for a coordinate only when
+3 of the 5 rows put another heavy coordinate in its bucket (see docs/federated.md)."""
 
 
 def dense(**kw) -> FLConfig:
     """Plain FedAvg: dense updates both ways."""
     return FLConfig(**kw)
+
+
+def sketch_shape(d: int, uplink_ratio: int = 60, rows: int = SKETCH_ROWS) -> tuple[int, int]:
+    """``(rows, cols)`` of a count sketch carrying about ``d / uplink_ratio`` floats:
+    ``cols = max(1, d // uplink_ratio // rows)``, so ``rows * cols <= max(rows, d //
+    uplink_ratio)``."""
+    if d < 1 or uplink_ratio < 1 or rows < 1:
+        raise ConfigError(
+            f"sketch_shape needs d, uplink_ratio and rows >= 1, got {d}, {uplink_ratio}, {rows}"
+        )
+    return rows, max(1, d // uplink_ratio // rows)
 
 
 def compressed(
@@ -25,12 +43,16 @@ def compressed(
     server_lr: float = 0.1,
     downlink: str = "version",
     sketch: bool = False,
+    sketch_rows: int = SKETCH_ROWS,
     **kw,
 ) -> FLConfig:
-    """Compressed both ways (see module doc); ``sketch`` uses a 1-row count sketch of the
-    same size instead of rand-k."""
-    size = max(1, d // uplink_ratio)
-    uplink = {"kind": "sketch", "rows": 1, "cols": size} if sketch else {"kind": "randk", "k": size}
+    """Compressed both ways (see module doc); ``sketch`` uses a ``sketch_rows`` x ``cols``
+    count sketch of the same payload (`sketch_shape`) instead of rand-k."""
+    if sketch:
+        rows, cols = sketch_shape(d, uplink_ratio, sketch_rows)
+        uplink = {"kind": "sketch", "rows": rows, "cols": cols}
+    else:
+        uplink = {"kind": "randk", "k": max(1, d // uplink_ratio)}
     rule = ServerRule(
         momentum=momentum, topk=max(1, d // topk_ratio), lr=server_lr, momentum_stop=sketch
     )
