@@ -93,7 +93,23 @@ def mlp_stage(
 
 
 #: Model kinds `model_from_spec` can rebuild: kind -> builder taking the spec's other fields.
+#: Other kinds are added with `register_model_kind` (`tandem.parties.models` adds its own).
 MODEL_KINDS: dict[str, Callable[..., StageModel]] = {"mlp": mlp_stage}
+
+
+def register_model_kind(kind: str, builder: Callable[..., StageModel]) -> None:
+    """Let `model_from_spec` rebuild ``{"kind": kind, **fields}`` as ``builder(**fields)``.
+
+    Registering the same builder again is a no-op; another builder under a taken kind raises
+    `ConfigError`, so a kind always means one model.
+    """
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"a model kind must be a non-empty string, got {kind!r}")
+    if MODEL_KINDS.get(kind, builder) is not builder:
+        raise ConfigError(
+            f"model kind {kind!r} is already registered to {MODEL_KINDS[kind]!r}; pick another kind"
+        )
+    MODEL_KINDS[kind] = builder
 
 
 def model_from_spec(spec: Mapping[str, Any]) -> StageModel:
@@ -170,9 +186,9 @@ class StageKernels:
 
             def f(params, *dxs):
                 it = iter(dxs)
-                return apply(params, *(next(it) if d else x for d, x in zip(diff, xs)))
+                return apply(params, *(next(it) if d else x for d, x in zip(diff, xs, strict=True)))
 
-            return f, tuple(x for d, x in zip(diff, xs) if d)
+            return f, tuple(x for d, x in zip(diff, xs, strict=True) if d)
 
         def spread(grads):
             """Input gradients in input order, ``None`` for the non-differentiable ones."""

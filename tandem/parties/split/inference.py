@@ -1,7 +1,8 @@
 """Cross-party inference: each party loads only its own export and predicts with its peers.
 
-A party's export (`export_party`: an `tandem.parties.split.export` stages file with the stages' model specs,
-the output width of every stage, the training id and the loss) is all it needs:
+A party's export (`export_party`: an `tandem.parties.split.export` stages file with the
+stages' model specs, the output width of every stage, the training id and the loss) is all it
+needs:
 `load_model(path, party)` rebuilds its own stages from that file alone. Then::
 
     leader (owns the loss stage)                     every follower
@@ -22,7 +23,8 @@ both sides verify, and the leader's result names every party's export digest.
 
 What crosses the wire: the negotiation and model descriptions (ids, digests, widths), the
 leader's batch commands (row indices into the new rows) and cut-layer activations along the
-topology's edges; never parameters, features or labels. Only the label owner computes the predictions (raw outputs of the loss stage).
+topology's edges; never parameters, features or labels. Only the label owner computes the
+predictions (raw outputs of the loss stage).
 
 Contract: files are read and written in worker threads and compute runs on each party's lane,
 so the event loop never blocks; nothing here creates a loop or leaves a task running.
@@ -39,9 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from tandem.engine.kernels import StageModel, model_from_spec
+from tandem.engine.kernels import StageModel
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError
+from tandem.parties.models import model_from_spec
 from tandem.transports.base import Frame, Transport
 
 from . import negotiate
@@ -115,8 +118,9 @@ async def export_party(party: SplitParty, path: str | os.PathLike) -> dict[str, 
     if any(v is None for v in specs.values()):
         raise InferenceError(
             f"stages {[s for s, v in specs.items() if v is None]} of "
-            f"{party.name!r} have no model spec (build them with "
-            "tandem.engine.kernels.mlp_stage), so an export could not rebuild them"
+            f"{party.name!r} have no model spec, so an export could not rebuild them: build "
+            "them with tandem.parties.models (mlp, embedding_mlp, load_factory, or an "
+            "adapter given reference='package.module:function'; see docs/models.md)"
         )
     params = party.params  # a copy, taken now: an update running meanwhile donates the originals
     return await asyncio.to_thread(
@@ -245,11 +249,14 @@ def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[s
 
     for name, model in models.items():
         want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-        ok = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(params[name])
+        structure: Any = jax.tree_util.tree_structure(want)
+        ok = bool(structure == jax.tree_util.tree_structure(params[name]))
         ok = ok and all(
             tuple(a.shape) == tuple(np.shape(b))
             for a, b in zip(
-                jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(params[name])
+                jax.tree_util.tree_leaves(want),
+                jax.tree_util.tree_leaves(params[name]),
+                strict=True,
             )
         )
         if not ok:
@@ -411,9 +418,13 @@ def inference_check(
                 f"only {who} gave an aligned-ids file; give every party its "
                 "`tandem align --out` file of the same alignment, or none"
             )
-        elif theirs is not None and (
-            str(theirs["commitment"]) != str(alignment["commitment"])
-            or int(theirs["size"]) != int(alignment["size"])
+        elif (
+            theirs is not None
+            and alignment is not None
+            and (
+                str(theirs["commitment"]) != str(alignment["commitment"])
+                or int(theirs["size"]) != int(alignment["size"])
+            )
         ):
             reasons.append(
                 f"the rows are aligned differently: the leader's commitment "

@@ -1,0 +1,216 @@
+"""Adapters: a plain JAX function pair, a Flax (linen, nnx) or an Equinox model as a `StageModel`.
+
+Every adapter returns a `tandem.engine.kernels.StageModel` (``init(key) -> params``,
+``apply(params, *inputs) -> [batch, out_dim]``) that the engine jits and differentiates like the
+built-ins. Each checks the model once, abstractly (`jax.eval_shape`, no compute): ``apply`` on
+``in_dims``-wide inputs must give ``[batch, out_dim]`` (``out_dim`` is inferred when not given).
+
+Parameters: `from_functions` hands the engine the pytree the user's ``init`` returns. The Flax
+and Equinox adapters hand it nested dicts named by each parameter's path
+(`tandem.parties.models.naming`), which the engine trains and an export stores.
+
+Export: a model built from user code is identified by the factory that builds it. Pass
+``reference="pkg.mod:fn"`` (and its JSON ``kwargs``) so that ``fn(**kwargs)`` returns this model;
+the spec becomes ``{"kind": "factory", "factory": reference, "kwargs": kwargs}``. A model built
+by `tandem.parties.models.load_factory` (TOML ``factory = ...``) gets that spec by itself.
+Without a reference the model trains, but `tandem.parties.split.inference.export_party`
+refuses it, as nothing could rebuild it.
+
+Flax and Equinox are optional: they are imported on the first call of their adapter, which
+raises `ConfigError` naming the extra to install when they are missing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from tandem.engine.kernels import StageModel
+from tandem.errors import ConfigError
+
+from .builtin import _positive_int, _positive_ints
+from .factory import factory_spec
+from .naming import NamedTree
+
+_PROBE_KEY_SEED = 0
+
+
+def from_functions(
+    init: Callable[[jax.Array], Any],
+    apply: Callable[..., jax.Array],
+    in_dims: Sequence[int],
+    out_dim: int | None = None,
+    *,
+    reference: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> StageModel:
+    """A plain JAX pair: ``init(key) -> params`` (a pytree of arrays), ``apply(params, *xs)``.
+
+    Both must be pure (no hidden state) and jit-able. For export, ``params`` must be dicts with
+    str keys, lists and tuples of arrays (what `tandem.parties.split.export` stores).
+    """
+    if not callable(init) or not callable(apply):
+        raise ConfigError("from_functions needs two callables: init(key) and apply(params, *xs)")
+    return _checked(init, apply, in_dims, out_dim, reference, kwargs, "from_functions")
+
+
+def from_flax_linen(
+    module: Any,
+    in_dims: Sequence[int],
+    out_dim: int | None = None,
+    *,
+    reference: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> StageModel:
+    """A `flax.linen.Module` whose ``__call__`` takes one ``[batch, in_dims[i]]`` array per input.
+
+    ``init(key)`` is ``module.init(key, *zeros of one row)``; ``apply`` is ``module.apply``. All
+    the module's variable collections are parameters; collections other than ``"params"`` (e.g.
+    ``batch_stats``) get zero gradients, so use modules that do not mutate them
+    (``BatchNorm(use_running_average=True)``, deterministic ``Dropout``).
+    """
+    linen = _optional("flax.linen", "flax")
+    if not isinstance(module, linen.Module):
+        raise ConfigError(f"from_flax_linen takes a flax.linen.Module, got {type(module).__name__}")
+    dims = _positive_ints("in_dims", in_dims, allow_empty=False)
+    rows = tuple(jnp.zeros((1, d), jnp.float32) for d in dims)
+    what = f"flax linen {type(module).__name__}"
+    abstract = jax.eval_shape(module.init, jax.random.PRNGKey(_PROBE_KEY_SEED), *rows)
+    names = NamedTree(abstract, what=what)
+
+    def init(key: jax.Array) -> dict[str, Any]:
+        return names.named(module.init(key, *rows))
+
+    def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
+        return module.apply(names.restore(params), *xs)
+
+    return _checked(init, apply, dims, out_dim, reference, kwargs, what)
+
+
+def from_flax_nnx(
+    module: Any,
+    in_dims: Sequence[int],
+    out_dim: int | None = None,
+    *,
+    reference: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> StageModel:
+    """A `flax.nnx.Module` (already built, with its own ``nnx.Rngs``) called on the batch.
+
+    ``nnx.split(module, nnx.Param, ...)`` gives the graph, the parameters (``nnx.Param``
+    variables: what the engine trains and exports) and the other state; ``apply`` merges them
+    (`nnx.merge`) and calls the module, so it is a pure, jit-able function of the parameters.
+    The other state (RNG counters, batch statistics) is held fixed at its value when adapted:
+    use deterministic modules (no active dropout, BatchNorm on running averages).
+
+    ``init(key)`` returns a copy of the module's parameters; the key is not used, as the module
+    was initialised when it was built. To seed it, build it in a factory from a ``seed`` kwarg.
+    """
+    nnx = _optional("flax.nnx", "flax")
+    if not isinstance(module, nnx.Module):
+        raise ConfigError(f"from_flax_nnx takes a flax.nnx.Module, got {type(module).__name__}")
+    what = f"flax nnx {type(module).__name__}"
+    graphdef, state, rest = nnx.split(module, nnx.Param, ...)
+    names = NamedTree(state, what=what, strip="value")
+    built = names.named(state)
+
+    def init(key: jax.Array) -> dict[str, Any]:
+        return jax.tree_util.tree_map(jnp.array, built)  # a copy: the engine donates params
+
+    def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, names.restore(params), rest)(*xs)
+
+    return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+
+
+def from_equinox(
+    module: Any,
+    in_dims: Sequence[int],
+    out_dim: int | None = None,
+    *,
+    per_example: bool = True,
+    reference: str | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+) -> StageModel:
+    """An `equinox.Module` (already built, with its own key).
+
+    ``eqx.partition(module, eqx.is_inexact_array)`` gives the parameters (floating arrays:
+    what the engine trains and exports) and the rest (functions, ints, integer arrays), held
+    fixed; ``apply`` recombines them (`eqx.combine`) and calls the module. ``per_example``
+    (the default, Equinox's convention: ``eqx.nn.MLP`` maps one example) vmaps the module over
+    the batch; pass ``False`` for a module that takes the batch itself.
+
+    ``init(key)`` returns a copy of the module's parameters; the key is not used, as the module
+    was initialised when it was built. To seed it, build it in a factory from a ``seed`` kwarg.
+    """
+    eqx = _optional("equinox", "equinox")
+    if not isinstance(module, eqx.Module):
+        raise ConfigError(f"from_equinox takes an equinox.Module, got {type(module).__name__}")
+    what = f"equinox {type(module).__name__}"
+    params, static = eqx.partition(module, eqx.is_inexact_array)
+    names = NamedTree(params, what=what)
+    built = names.named(params)
+    call = bool(per_example)
+
+    def init(key: jax.Array) -> dict[str, Any]:
+        return jax.tree_util.tree_map(jnp.array, built)  # a copy: the engine donates params
+
+    def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
+        model = eqx.combine(names.restore(params), static)
+        return jax.vmap(model)(*xs) if call else model(*xs)
+
+    return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+
+
+def _checked(
+    init: Callable[[jax.Array], Any],
+    apply: Callable[..., jax.Array],
+    in_dims: Sequence[int],
+    out_dim: int | None,
+    reference: str | None,
+    kwargs: Mapping[str, Any] | None,
+    what: str,
+) -> StageModel:
+    """The `StageModel`, after checking abstractly that ``apply`` maps ``in_dims`` to
+    ``[batch, out_dim]`` (inferring ``out_dim`` when None)."""
+    dims = _positive_ints("in_dims", in_dims, allow_empty=False)
+    if reference is None and kwargs is not None:
+        raise ConfigError(f"{what}: kwargs describe a factory call; give reference= as well")
+    spec = None if reference is None else factory_spec(reference, kwargs)
+    rows = tuple(jax.ShapeDtypeStruct((2, d), jnp.float32) for d in dims)
+    try:
+        out = jax.eval_shape(
+            lambda key, *xs: apply(init(key), *xs), jax.random.PRNGKey(_PROBE_KEY_SEED), *rows
+        )
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"{what}: apply(init(key), *inputs) fails on inputs of widths {list(dims)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    shape = getattr(out, "shape", None)
+    if shape is None or len(shape) != 2 or shape[0] != 2:
+        raise ConfigError(
+            f"{what}: apply must return one [batch, out_dim] array, got "
+            f"{jax.tree_util.tree_map(lambda a: a.shape, out)} for a batch of 2"
+        )
+    width = int(shape[1])
+    if out_dim is not None and _positive_int("out_dim", out_dim) != width:
+        raise ConfigError(f"{what}: out_dim is {out_dim} but apply returns {width} columns")
+    return StageModel(init, apply, dims, width, spec)
+
+
+def _optional(module: str, extra: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"this adapter needs {module!r}, which is not installed; "
+            f"install it with pip install 'tandem[{extra}]'"
+        ) from None
