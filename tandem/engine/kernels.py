@@ -170,9 +170,9 @@ class StageKernels:
 
             def f(params, *dxs):
                 it = iter(dxs)
-                return apply(params, *(next(it) if d else x for d, x in zip(diff, xs)))
+                return apply(params, *(next(it) if d else x for d, x in zip(diff, xs, strict=True)))
 
-            return f, tuple(x for d, x in zip(diff, xs) if d)
+            return f, tuple(x for d, x in zip(diff, xs, strict=True) if d)
 
         def spread(grads):
             """Input gradients in input order, ``None`` for the non-differentiable ones."""

@@ -33,7 +33,7 @@ def init_params(sizes: Sequence[int], seed: int) -> list[np.ndarray]:
 
 def param_shapes(sizes: Sequence[int]) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
         out += [(fan_in, fan_out), (fan_out,)]
     return out
 

@@ -41,7 +41,7 @@ class LocalCluster:
         self.ds_names = tuple(f"ds{i}" for i in range(len(shards)))
         self.data_servers = [
             DataServer(self.net.endpoint(name), coordinator="coordinator", spec=spec, shard=shard)
-            for name, shard in zip(self.ds_names, shards)
+            for name, shard in zip(self.ds_names, shards, strict=True)
         ]
         self.coordinator = Coordinator(
             self.net.endpoint("coordinator"),

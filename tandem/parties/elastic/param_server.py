@@ -60,7 +60,7 @@ class ParamServer:
         """Replace parameters and optimizer state by ``leaves`` (same layout as `leaves`)."""
         mine = self.leaves()
         if len(leaves) != len(mine) or any(
-            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine)
+            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine, strict=True)
         ):
             raise ProtocolError(
                 "merged state does not match this parameter server's layout "
@@ -101,7 +101,8 @@ class ParamServer:
                 f"epoch {self.epoch}; refusing to apply it twice"
             )
         if len(grads) != len(self._shapes) or any(
-            tuple(g.shape) != s or g.dtype != np.float32 for g, s in zip(grads, self._shapes)
+            tuple(g.shape) != s or g.dtype != np.float32
+            for g, s in zip(grads, self._shapes, strict=True)
         ):
             got = [(tuple(g.shape), str(g.dtype)) for g in grads]
             raise ProtocolError(

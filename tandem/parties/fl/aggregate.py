@@ -61,7 +61,7 @@ def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray
     if not total > 0:
         raise ConfigError(f"aggregation weights must sum to > 0, got {weights}")
     out = np.zeros_like(np.asarray(updates[0], np.float32))
-    for u, w in zip(updates, weights):
+    for u, w in zip(updates, weights, strict=True):
         out += np.float32(w / total) * np.asarray(u, np.float32)
     return out
 

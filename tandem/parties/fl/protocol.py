@@ -63,7 +63,7 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
     if not isinstance(info, list) or len(info) != len(frame.arrays):
         raise UpdateError("meta.zlib must list [dtype, shape] for every array")
     out = []
-    for (dtype, shape), buf in zip(info, frame.arrays):
+    for (dtype, shape), buf in zip(info, frame.arrays, strict=True):
         try:
             dt = np.dtype(dtype)
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize

@@ -249,7 +249,9 @@ def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[s
         ok = ok and all(
             tuple(a.shape) == tuple(np.shape(b))
             for a, b in zip(
-                jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(params[name])
+                jax.tree_util.tree_leaves(want),
+                jax.tree_util.tree_leaves(params[name]),
+                strict=True,
             )
         )
         if not ok:

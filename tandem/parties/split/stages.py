@@ -90,7 +90,7 @@ class StageHandler:
                     f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
                     f"but its model declares {len(model.in_dims)} in_dims"
                 )
-            for i, d in zip(s.inputs, model.in_dims):
+            for i, d in zip(s.inputs, model.in_dims, strict=True):
                 if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
                     raise ConfigError(
                         f"stage {s.name!r} expects width {d} from {i!r}, which "
@@ -171,7 +171,7 @@ class StageHandler:
         return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
     def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
-        for name, g in zip(self.stages[stage].inputs, input_grads):
+        for name, g in zip(self.stages[stage].inputs, input_grads, strict=True):
             if name == FEATURES:
                 continue
             if name in self.stages:
