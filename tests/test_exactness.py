@@ -82,7 +82,9 @@ def test_any_group_count_matches_n1_and_plain_jax(name):
     assert_trees_close(final_n, ref)
     assert not all(
         np.allclose(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n), strict=True
+        )
     )  # it did train
 
 

@@ -65,6 +65,8 @@ async def test_arrays_handed_in_or_out_survive_the_donating_update():
     assert not all(
         np.array_equal(np.asarray(s), np.asarray(n))
         for s, n in zip(
-            jax.tree_util.tree_leaves(snapshot), jax.tree_util.tree_leaves(follower.params)
+            jax.tree_util.tree_leaves(snapshot),
+            jax.tree_util.tree_leaves(follower.params),
+            strict=True,
         )
     )
