@@ -67,8 +67,10 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
         try:
             dt = np.dtype(dtype)
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        except (TypeError, ValueError):
-            raise UpdateError(f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape")
+        except (TypeError, ValueError) as err:
+            raise UpdateError(
+                f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape"
+            ) from err
         if n > max_bytes:
             raise UpdateError(f"compressed array would inflate to {n} bytes > {max_bytes}")
         d = zlib.decompressobj()

@@ -1,7 +1,7 @@
 """Cross-party inference: each party loads only its own export and predicts with its peers.
 
-A party's export (`export_party`: an `tandem.parties.split.export` stages file with the stages' model specs,
-the output width of every stage, the training id and the loss) is all it needs:
+A party's export (`export_party`: a `tandem.parties.split.export` stages file with the stages'
+model specs, the output width of every stage, the training id and the loss) is all it needs:
 `load_model(path, party)` rebuilds its own stages from that file alone. Then::
 
     leader (owns the loss stage)                     every follower
@@ -22,7 +22,8 @@ both sides verify, and the leader's result names every party's export digest.
 
 What crosses the wire: the negotiation and model descriptions (ids, digests, widths), the
 leader's batch commands (row indices into the new rows) and cut-layer activations along the
-topology's edges; never parameters, features or labels. Only the label owner computes the predictions (raw outputs of the loss stage).
+topology's edges; never parameters, features or labels. Only the label owner computes the
+predictions (raw outputs of the loss stage).
 
 Contract: files are read and written in worker threads and compute runs on each party's lane,
 so the event loop never blocks; nothing here creates a loop or leaves a task running.

@@ -536,7 +536,8 @@ class SplitParty:
         the same checkpoint step, or the followers refuse the leader's next command).
 
         Leaves are copied to device arrays bit for bit; pytree structure must match this
-        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against templates).
+        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against
+        templates).
         """
         from tandem.engine.kernels import owned_copy
 

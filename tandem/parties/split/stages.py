@@ -33,7 +33,8 @@ from tandem.errors import ConfigError, ShapeError
 
 
 class StageHandler:
-    """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in ``topology``."""
+    """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in
+    ``topology``."""
 
     def __init__(
         self,
@@ -72,11 +73,11 @@ class StageHandler:
         if params is None:
             key = jax.random.PRNGKey(0) if key is None else key
             params = {}
-            for i, s in enumerate(sorted(self.stages)):
+            for s in sorted(self.stages):
                 params[s] = self.models[s].init(jax.random.fold_in(key, _stable_hash(s)))
-        # copied: the update kernel donates the parameters it is given (`tandem.engine.kernels`), and
-        # the caller's arrays (often a template shared with another party or a reference run)
-        # must outlive it
+        # copied: the update kernel donates the parameters it is given (`tandem.engine.kernels`),
+        # and the caller's arrays (often a template shared with another party or a reference
+        # run) must outlive it
         self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()

@@ -6,11 +6,11 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
 
 * **Checkpoints** (``[checkpoint] dir``): after every batch whose step (batches done) is a
   multiple of the spec's ``checkpoint_every``, each party atomically saves its own params,
-  optimizer state, step and data cursor (`tandem.parties.split.checkpoint.CheckpointStore`); at start-up the
-  parties resume from the newest step they *all* hold for the agreed spec hash, and delete
-  their newer ones. A party that saved step k while its peer died before saving k thus resumes
-  from the previous common step: no batch is lost or applied twice. ``keep`` is at least 2, so
-  that previous step still exists.
+  optimizer state, step and data cursor (`tandem.parties.split.checkpoint.CheckpointStore`); at
+  start-up the parties resume from the newest step they *all* hold for the agreed spec hash,
+  and delete their newer ones. A party that saved step k while its peer died before saving k
+  thus resumes from the previous common step: no batch is lost or applied twice. ``keep`` is at
+  least 2, so that previous step still exists.
 * **Stop** (``stop`` set, by SIGINT/SIGTERM in the CLI): the leader finishes the current batch
   (within ``grace`` seconds), checkpoints, and sends ``stop`` with the checkpoint step; a
   follower asks the leader to stop (``{"cmd": "leave"}`` on ``ctl``), serves until the
