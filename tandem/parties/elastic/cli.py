@@ -167,7 +167,7 @@ async def _coordinator(args) -> int:
                 log.warning("cannot read roster %s: %s", cfg["roster"], exc)
         return {str(k): str(v) for k, v in workers.items()}
 
-    last = {}
+    last: dict[str, tuple] = {}
 
     def progress(p) -> None:
         key = (p.epoch, p.committed, p.live, p.rollbacks, p.loss)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,7 +49,8 @@ class ParamServer:
         self.counts = np.zeros(n_batches, np.int32)
         self.applied: list[int] = []  # global ids applied since the last checkpoint
         self._shapes = [tuple(p.shape) for p in self.params]
-        self._ckpt = None
+        # (params, optimizer state, counts); `checkpoint` sets it before __init__ returns
+        self._ckpt: tuple[list[np.ndarray], Any, np.ndarray]
         self.checkpoint()
 
     # -- state -----------------------------------------------------------------------------
