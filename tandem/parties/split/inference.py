@@ -246,7 +246,9 @@ def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[s
 
     for name, model in models.items():
         want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-        ok = jax.tree_util.tree_structure(want) == jax.tree_util.tree_structure(params[name])
+        # a PyTreeDef, typed as object: jaxlib's compiled module that defines it has no stubs
+        want_def: object = jax.tree_util.tree_structure(want)
+        ok = want_def == jax.tree_util.tree_structure(params[name])
         ok = ok and all(
             tuple(a.shape) == tuple(np.shape(b))
             for a, b in zip(
@@ -414,9 +416,13 @@ def inference_check(
                 f"only {who} gave an aligned-ids file; give every party its "
                 "`tandem align --out` file of the same alignment, or none"
             )
-        elif theirs is not None and (
-            str(theirs["commitment"]) != str(alignment["commitment"])
-            or int(theirs["size"]) != int(alignment["size"])
+        elif (
+            theirs is not None
+            and alignment is not None
+            and (
+                str(theirs["commitment"]) != str(alignment["commitment"])
+                or int(theirs["size"]) != int(alignment["size"])
+            )
         ):
             reasons.append(
                 f"the rows are aligned differently: the leader's commitment "

@@ -191,7 +191,8 @@ async def connect(
         try:
             async with asyncio.timeout(cfg.wait):
                 if cfg.is_leader:
-                    spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
+                    if spec is None:
+                        spec = await asyncio.to_thread(leader_spec, cfg, data)
                     digest = spec.spec_hash()
                     followers = [p for p in topology.parties if p != cfg.name]
                     step = await negotiate.propose(

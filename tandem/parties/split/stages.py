@@ -128,7 +128,7 @@ class StageHandler:
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
         self.vjps: dict[tuple[str, int], Any] = {}
-        self.inbox: dict[tuple[str, int], jax.Array] = {}
+        self.inbox: dict[tuple[str, int], np.ndarray] = {}  # host arrays, as received
         self.cots: dict[tuple[str, int], jax.Array] = {}
         self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
         self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
@@ -140,8 +140,13 @@ class StageHandler:
         it waits for the loss stage's kernels: read it once per batch, not per op."""
         return 0.0 if self._loss is None else float(self._loss)
 
-    def _input(self, stage: str, name: str, m: int) -> jax.Array:
+    def _input(self, stage: str, name: str, m: int) -> jax.Array | np.ndarray:
         if name == FEATURES:
+            if self.features is None:
+                raise ConfigError(
+                    f"stage {stage!r} reads {self.party!r}'s features, but the batch was bound "
+                    "without any; pass this party's feature rows to begin()"
+                )
             lo, hi = self.bounds[m]
             return self.features[lo:hi]
         if name in self.stages:
@@ -207,6 +212,11 @@ class StageHandler:
         elif op.kind is Kind.LOSS:
             lo, hi = self.bounds[m]
             if self.train:
+                if self.labels is None:
+                    raise ConfigError(
+                        f"{self.party!r} trains the loss stage {s!r}, but the batch was bound "
+                        "without labels; pass them to begin()"
+                    )
                 loss = _ZERO if self._loss is None else self._loss
                 self.grads[s], self._loss, logits, gxs = k.loss_step(
                     self.params[s],
@@ -221,10 +231,10 @@ class StageHandler:
                 logits = k.predict(self.params[s], *xs)
             self.logits[m] = logits  # fetched once per batch, by `predictions`
         elif op.kind is Kind.BACKWARD:
-            cot = self.cots.pop((s, m), None)
-            for c in self.topology.consumers(s):
-                if c.name not in self.stages:
-                    g = self._gather(f"grad/{s}->{c.name}", m)
+            cot: jax.Array | np.ndarray | None = self.cots.pop((s, m), None)
+            for consumer in self.topology.consumers(s):
+                if consumer.name not in self.stages:
+                    g = self._gather(f"grad/{s}->{consumer.name}", m)
                     cot = g if cot is None else cot + g
             self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
             self._route_input_grads(s, m, input_grads, out)
