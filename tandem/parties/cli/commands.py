@@ -10,7 +10,8 @@ import argparse
 import asyncio
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from tandem import __version__
 from tandem.errors import ConfigError
@@ -26,7 +27,9 @@ COMMAND_MODULES = [
 ]
 
 
-def run_async(main: Callable[[], Awaitable[int]], *, colocate_threads: bool = False) -> int:
+def run_async(
+    main: Callable[[], Coroutine[Any, Any, int]], *, colocate_threads: bool = False
+) -> int:
     """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise.
 
     First tunes the C allocator for the receive path

@@ -14,6 +14,7 @@ weighted mean delta). State is an explicit `ServerState` passed in and out.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -53,7 +54,7 @@ class ServerState:
         return cls(jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.float32))
 
 
-def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+def weighted_mean(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """``sum_i w_i u_i / sum_i w_i`` in float32 (the clients' sample counts as weights)."""
     if not updates:
         raise ConfigError("cannot aggregate zero updates")
