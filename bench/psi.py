@@ -6,8 +6,8 @@
 For each size n, this script starts two party processes (``python -m bench.psi --party ...``):
 the leader holds ids ``id0 .. id{n-1}``, the follower ``id{n/2} .. id{3n/2-1}``. Each serves an
 `HttpTransport` (HMAC-authenticated) on 127.0.0.1, learns the other's URL through this parent,
-runs `tandem.parties.alignment.align` and prints one JSON line: its wall time for the alignment (from
-the start of `align` to its return, pool start-up included), the intersection size and
+runs `tandem.parties.alignment.align` and prints one JSON line: its wall time for the alignment
+(from the start of `align` to its return, pool start-up included), the intersection size and
 commitment, and bytes sent. ``seconds_<n>`` is the slower party's time; ``bytes_<n>`` the encoded
 frame bytes both parties sent (HTTP headers excluded). The run fails unless both parties agree
 and the intersection has exactly n/2 ids.

@@ -6,7 +6,8 @@ Both do the same work for two sets of n ids with 50% overlap, in one process, no
 each set hashed to the curve and blinded once, the other party's blinded set blinded again
 (4n scalar multiplications in all), then the intersection found.
 
-* ``x25519``: this package's `tandem.parties.alignment.ecdh` (cryptography's X25519 + hash-to-curve).
+* ``x25519``: this package's `tandem.parties.alignment.ecdh` (cryptography's X25519 +
+  hash-to-curve).
 * ``openmined_psi``: ``openmined-psi`` (P-256, C++), client/server API: server setup (n),
   client request (n), server response (n), client intersection (n). Measured only when the
   package is importable (it is not a Tandem dependency: ``pip install openmined-psi``).

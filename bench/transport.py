@@ -219,7 +219,7 @@ async def _sender(args: argparse.Namespace) -> dict:
             proc.wait()
         proc.stdout.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
-    ratios = [h / r for h, r in zip(runs["http"], runs["raw"])]
+    ratios = [h / r for h, r in zip(runs["http"], runs["raw"], strict=True)]
     return {
         "bench": "transport",
         "tensor_MiB": args.mib,

@@ -598,7 +598,8 @@ async def follower_main(args: argparse.Namespace) -> int:
                 party.config.policy, party.trace = str(msg.meta["policy"]), tr
                 done: list[float] = []
 
-                async def mark(_cmd) -> None:  # the end of each batch, not of the stop message
+                # the end of each batch, not of the stop message
+                async def mark(_cmd, done: list[float] = done) -> None:
                     done.append(time.perf_counter())
 
                 batches = await party.serve(on_batch=mark)

@@ -1,6 +1,7 @@
-"""`tandem.parties.cli.affinity.colocate_python_threads`: which threads it pins, what it leaves alone (XLA's
-worker pools, a process limited to one CPU, ``TANDEM_PYTHON_CPU=off``), what it refuses, and
-that the pipeline commands of ``tandem`` (only those) call it before their event loop."""
+"""`tandem.parties.cli.affinity.colocate_python_threads`: which threads it pins, what it leaves
+alone (XLA's worker pools, a process limited to one CPU, ``TANDEM_PYTHON_CPU=off``), what it
+refuses, and that the pipeline commands of ``tandem`` (only those) call it before their event
+loop."""
 
 import json
 import os

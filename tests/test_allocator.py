@@ -1,4 +1,5 @@
-"""`tandem.parties.cli.allocator.tune_allocator`: what it sets, what it leaves alone, what it refuses."""
+"""`tandem.parties.cli.allocator.tune_allocator`: what it sets, what it leaves alone, what it
+refuses."""
 
 import platform
 import subprocess

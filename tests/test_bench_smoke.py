@@ -75,7 +75,7 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     best = result["runs"][f"n={result['best_fixed_n']}"]
     assert result["sweep"][str(result["best_fixed_n"])] == min(result["sweep"].values())
     assert result["auto_vs_best"] == pytest.approx(
-        statistics.median(f / a for f, a in zip(best, result["runs"]["pipelined_s"]))
+        statistics.median(f / a for f, a in zip(best, result["runs"]["pipelined_s"], strict=True))
     )
     assert result["auto_vs_best_of_medians"] == pytest.approx(
         min(result["sweep"].values()) / result["pipelined_s"]
@@ -104,7 +104,9 @@ async def test_pipeline_benchmark_tiny(tmp_path):
         assert len(cal[key]) == cfg.repeats and all(v > 0 for v in cal[key]), key
     assert cal["link_s"] == pytest.approx([c * cfg.link_ratio for c in cal["compute_s"]])
     assert result["link_vs_compute"] == pytest.approx(
-        statistics.median(link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"]))
+        statistics.median(
+            link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"], strict=True)
+        )
     )
     # the zero-cost schedule at the tuner's n: never shorter than a link's transfer time
     if result["schedule_s"] is not None:

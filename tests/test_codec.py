@@ -75,7 +75,7 @@ def test_roundtrip(frame):
     )
     assert got.meta == frame.meta
     assert len(got.arrays) == len(frame.arrays)
-    for x, y in zip(frame.arrays, got.arrays):
+    for x, y in zip(frame.arrays, got.arrays, strict=True):
         assert y.shape == x.shape and y.dtype.byteorder in "<|="
         assert y.dtype == x.dtype.newbyteorder("<") or y.dtype == x.dtype
         np.testing.assert_array_equal(x, y)

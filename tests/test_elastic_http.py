@@ -28,7 +28,8 @@ SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, see
 EPOCHS = 5
 GATED = (
     "import sys\n"
-    "import jax, tandem.parties.cli, tandem.parties.elastic.cli, tandem.parties.elastic.worker, tandem.transports.http\n"
+    "import jax, tandem.parties.cli, tandem.parties.elastic.cli, tandem.parties.elastic.worker, "
+    "tandem.transports.http\n"
     "print('ready', flush=True)\n"
     "sys.stdin.readline()\n"
     "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n"

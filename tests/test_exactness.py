@@ -82,7 +82,9 @@ def test_any_group_count_matches_n1_and_plain_jax(name):
     assert_trees_close(final_n, ref)
     assert not all(
         np.allclose(np.asarray(a), np.asarray(b))
-        for a, b in zip(jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n))
+        for a, b in zip(
+            jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n), strict=True
+        )
     )  # it did train
 
 
@@ -185,7 +187,8 @@ def test_kernels_skip_gradients_of_raw_features():
     cot = np.ones((3, 4), np.float32)
     full = StageKernels(model, optax.sgd(0.1))
     lean = StageKernels(model, optax.sgd(0.1), differentiable=[False])
-    # each backward donates its accumulator (tandem.engine.kernels, "Donation"): a fresh one per call
+    # each backward donates its accumulator (tandem.engine.kernels, "Donation"): a fresh one per
+    # call
     g_full, in_full = full.backward(full.forward(params, x)[1], cot, full.zeros(params))
     g_lean, in_lean = lean.backward(lean.forward(params, x)[1], cot, lean.zeros(params))
     assert in_full[0].shape == x.shape and in_lean == (None,)

@@ -53,7 +53,7 @@ def test_round_trip_is_bit_exact(tmp_path):
     flat_o, tree_o = jax.tree_util.tree_flatten(original)
     flat_l, tree_l = jax.tree_util.tree_flatten(loaded.stages)
     assert tree_o == tree_l
-    assert all(bits_equal(a, b) for a, b in zip(flat_o, flat_l))
+    assert all(bits_equal(a, b) for a, b in zip(flat_o, flat_l, strict=True))
     # loaded params run through the model like the originals
     from tandem.engine.models import mlp_apply
 
@@ -141,7 +141,7 @@ def test_round_trip_random_mlps(tmp_path_factory, sizes, dtype, seed):
     dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
     params = [
         {"w": rng.standard_normal((a, b)).astype(dt), "b": rng.standard_normal(b).astype(dt)}
-        for a, b in zip(sizes[:-1], sizes[1:])
+        for a, b in zip(sizes[:-1], sizes[1:], strict=True)
     ]
     path = tmp_path_factory.mktemp("rt") / "p.safetensors"
     save_stages(path, {"s": params}, topology={"k": sizes}, party="P")

@@ -241,7 +241,9 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
     r = store.load(6, params_like=fresh_p, opt_state_like=fresh_o, spec_hash="h1")
     assert r.cursor == {"epoch": 1, "batch": 6} and r.extra == {"run_id": "r"}
     for a, b in zip(
-        jax.tree_util.tree_leaves((params, opt)), jax.tree_util.tree_leaves((r.params, r.opt_state))
+        jax.tree_util.tree_leaves((params, opt)),
+        jax.tree_util.tree_leaves((r.params, r.opt_state)),
+        strict=True,
     ):
         assert np.asarray(a).dtype == b.dtype and np.array_equal(np.asarray(a), b)
     with pytest.raises(CheckpointError, match="saved for task spec"):

@@ -74,7 +74,7 @@ def check(res: AlignedIds, ids, want):
     assert [ecdh.canonical(x) for x in res.ids] == want
     assert res.rows.dtype == np.int64
     # rows point at the first occurrence of each id in the local data
-    for x, r in zip(res.ids, res.rows):
+    for x, r in zip(res.ids, res.rows, strict=True):
         assert ecdh.canonical(ids[r]) == ecdh.canonical(x)
         assert all(ecdh.canonical(ids[i]) != ecdh.canonical(x) for i in range(r))
     assert res.commitment == ecdh.commitment(want)

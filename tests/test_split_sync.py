@@ -55,16 +55,15 @@ async def test_arrays_handed_in_or_out_survive_the_donating_update():
     follower.restore(given, follower.handler.opt_state, 0)
     snapshot = follower.params
     await train_steps(parties, topo, [np.arange(8)] * 2, lambda i: 2)
-    for g, s, now in zip(
-        jax.tree_util.tree_leaves(given),
-        jax.tree_util.tree_leaves(snapshot),
-        jax.tree_util.tree_leaves(follower.params),
-        strict=True,
+    for g, s in zip(
+        jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(snapshot), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(s))  # both still readable
     assert not all(
         np.array_equal(np.asarray(s), np.asarray(n))
         for s, n in zip(
-            jax.tree_util.tree_leaves(snapshot), jax.tree_util.tree_leaves(follower.params)
+            jax.tree_util.tree_leaves(snapshot),
+            jax.tree_util.tree_leaves(follower.params),
+            strict=True,
         )
     )

@@ -20,7 +20,7 @@ def mlp_init(key: jax.Array, sizes: Sequence[int], *, dtype=jnp.float32) -> Para
         raise ValueError(f"an MLP needs at least two positive layer sizes, got {list(sizes)}")
     keys = jax.random.split(key, len(sizes) - 1)
     params = []
-    for k, fan_in, fan_out in zip(keys, sizes[:-1], sizes[1:]):
+    for k, fan_in, fan_out in zip(keys, sizes[:-1], sizes[1:], strict=True):
         w = jax.random.normal(k, (fan_in, fan_out), dtype) * jnp.sqrt(2.0 / fan_in).astype(dtype)
         params.append({"w": w, "b": jnp.zeros((fan_out,), dtype)})
     return params

@@ -247,7 +247,8 @@ def _distances(ops: Sequence[Op], succ: Mapping[Op, tuple[Op, ...]]) -> dict[Op,
 
 def computes_per_message(topology: Topology, party: str, chunks: int) -> bool:
     """Whether ``party`` runs its ops per message (the loss party, when ``chunks > 1``) rather
-    than per group: the one rule both the plans and `tandem.parties.split.stages.StageHandler` follow."""
+    than per group: the one rule both the plans and `tandem.parties.split.stages.StageHandler`
+    follow."""
     return chunks > 1 and party == topology.label_owner
 
 

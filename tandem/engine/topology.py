@@ -16,7 +16,7 @@ stage graph is acyclic; exactly one loss stage, consumed by nobody; every other 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tandem.errors import TopologyError
 
@@ -256,7 +256,7 @@ def star(k: int, leader: str = "leader", *, leader_bottom: bool = False) -> Topo
     return Topology(tuple(stages))
 
 
-BUILTIN = {
+BUILTIN: dict[str, Callable[..., Topology]] = {
     "two_party": two_party,
     "leader_follower": leader_follower,
     "u_shape": u_shape,

@@ -42,7 +42,7 @@ def write_aligned(path: str | os.PathLike, rows: Sequence[int], ids: Sequence[ob
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
         w.writerow(HEADER)
-        for row, value in zip(list(rows), ids):
+        for row, value in zip(list(rows), ids, strict=True):
             w.writerow([int(row), value])
 
 

@@ -2,10 +2,10 @@
 
 Run one command per party (each serves on its own port and knows the other's URL)::
 
-    TANDEM_SECRET=... tandem align --name A --role leader   --port 8601 --peer B=http://127.0.0.1:8602 \
-        --ids a.csv --column customer_id --out a_aligned.csv
-    TANDEM_SECRET=... tandem align --name B --role follower --port 8602 --peer A=http://127.0.0.1:8601 \
-        --ids b.csv --column customer_id --out b_aligned.csv
+    TANDEM_SECRET=... tandem align --name A --role leader   --port 8601 \
+        --peer B=http://127.0.0.1:8602 --ids a.csv --column customer_id --out a_aligned.csv
+    TANDEM_SECRET=... tandem align --name B --role follower --port 8602 \
+        --peer A=http://127.0.0.1:8601 --ids b.csv --column customer_id --out b_aligned.csv
 
 Each writes ``row,id`` lines (row = 0-based data row of the CSV, header excluded) in the agreed
 order, and prints one JSON summary line with the intersection size and commitment for the task

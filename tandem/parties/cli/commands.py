@@ -10,7 +10,8 @@ import argparse
 import asyncio
 import importlib
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from tandem import __version__
 from tandem.errors import ConfigError
@@ -26,14 +27,17 @@ COMMAND_MODULES = [
 ]
 
 
-def run_async(main: Callable[[], Awaitable[int]], *, colocate_threads: bool = False) -> int:
+def run_async(
+    main: Callable[[], Coroutine[Any, Any, int]], *, colocate_threads: bool = False
+) -> int:
     """Run ``main()`` on a new event loop: uvloop when installed, asyncio otherwise.
 
-    First tunes the C allocator for the receive path (`tandem.parties.cli.allocator.tune_allocator`)
-    and, with ``colocate_threads`` (the commands that run the split-learning pipeline), pins the
-    loop's thread and so the compute lanes it starts to one CPU
-    (`tandem.parties.cli.affinity.colocate_python_threads`; ``TANDEM_PYTHON_CPU=off`` turns it off): this
-    is the process's entry point, the one place a process-wide setting belongs."""
+    First tunes the C allocator for the receive path
+    (`tandem.parties.cli.allocator.tune_allocator`) and, with ``colocate_threads`` (the commands
+    that run the split-learning pipeline), pins the loop's thread and so the compute lanes it
+    starts to one CPU (`tandem.parties.cli.affinity.colocate_python_threads`;
+    ``TANDEM_PYTHON_CPU=off`` turns it off): this is the process's entry point, the one place a
+    process-wide setting belongs."""
     tune_allocator()
     if colocate_threads:
         from .affinity import colocate_python_threads

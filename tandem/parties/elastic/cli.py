@@ -167,7 +167,7 @@ async def _coordinator(args) -> int:
                 log.warning("cannot read roster %s: %s", cfg["roster"], exc)
         return {str(k): str(v) for k, v in workers.items()}
 
-    last = {}
+    last: dict[str, tuple] = {}
 
     def progress(p) -> None:
         key = (p.epoch, p.committed, p.live, p.rollbacks, p.loss)
@@ -390,7 +390,7 @@ def _plot(path: str, summary: dict, events: list) -> None:
         marker="o",
         label="loss (mean over shards)",
     )
-    for i, (t, kind, _) in enumerate(e for e in events if e[1] == "rollback"):
+    for i, (t, _, _) in enumerate(e for e in events if e[1] == "rollback"):
         ax.axvline(t - t0, color="red", alpha=0.4, label="rollback" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_xlabel("seconds")

@@ -27,7 +27,7 @@ import dataclasses
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,11 +117,17 @@ class Coordinator:
         self._req = itertools.count()
         self._wake = asyncio.Event()
         self._n_batches: dict[str, int] = {}
-        self._tg: asyncio.TaskGroup | None = None
         self._listeners: set[asyncio.Task] = set()
         self._ckpt_digest: dict[str, str] = {}
         self._stop_requested = False
         self.initial_loss: float | None = None
+
+    @property
+    def _ready_ledger(self) -> Ledger:
+        """The ledger `_hello` builds; every step that reads it runs after `_hello`."""
+        if self.ledger is None:
+            raise ElasticError("the coordinator has no batch ledger before its hello phase")
+        return self.ledger
 
     # -- plumbing --------------------------------------------------------------------------
     def _set_phase(self, phase: str) -> None:
@@ -173,19 +179,21 @@ class Coordinator:
                     if who == ds and not fut.done():
                         fut.set_exception(ElasticError(f"data server {ds!r} is gone: {exc}"))
                 return
-            _, fut = self._replies.get(rep.meta.get("req"), (None, None))
-            if fut is not None and not fut.done():
-                fut.set_result(rep)
+            req = rep.meta.get("req")
+            pending = self._replies.get(req) if isinstance(req, int) else None
+            if pending is not None and not pending[1].done():
+                pending[1].set_result(rep)
 
-    async def _discover(self) -> None:
-        """Watch every addressable peer that is not a data server as a possible worker."""
+    async def _discover(self, tg: asyncio.TaskGroup) -> None:
+        """Watch every addressable peer that is not a data server as a possible worker; the
+        watchers run in ``tg``."""
         skip = set(self.cfg.data_servers) | {self.t.name}
         while True:
             for peer in self.t.peers:
                 if peer not in skip and peer not in self._watched:
                     self._watched.add(peer)
-                    self._listeners.add(self._tg.create_task(self._heartbeats(peer)))
-                    self._listeners.add(self._tg.create_task(self._reports(peer)))
+                    self._listeners.add(tg.create_task(self._heartbeats(peer)))
+                    self._listeners.add(tg.create_task(self._reports(peer)))
             await asyncio.sleep(self.cfg.interval / 4)
 
     async def _heartbeats(self, worker: str) -> None:
@@ -221,7 +229,7 @@ class Coordinator:
             if self._busy.get(worker) == (batch, gen):
                 del self._busy[worker]
             if done.meta.get("ok") and isinstance(batch, int) and isinstance(gen, int):
-                if self.ledger.report(batch, gen, worker):
+                if self._ready_ledger.report(batch, gen, worker):
                     self._event("done", (worker, batch))
             self._wake.set()
 
@@ -238,11 +246,10 @@ class Coordinator:
     async def run(self) -> dict[str, Any]:
         """Train ``epochs`` epochs; returns a summary. Leaves no task running."""
         async with asyncio.TaskGroup() as tg:
-            self._tg = tg
             helpers = [tg.create_task(self._replies_from(ds)) for ds in self.cfg.data_servers]
             try:
                 await self._hello()
-                helpers.append(tg.create_task(self._discover()))
+                helpers.append(tg.create_task(self._discover(tg)))
                 await self._train()
                 await self._stop()
             finally:
@@ -266,8 +273,8 @@ class Coordinator:
                 "point every data server at the same model URL"
             )
         self._n_batches = {ds: int(rep.meta["n_batches"]) for ds, rep in reps.items()}
-        self.ledger = Ledger(self._batches())
-        self.progress.total = self.ledger.total
+        self.ledger = ledger = Ledger(self._batches())
+        self.progress.total = ledger.total
         self._remember(await self._call_all("checkpoint"))
         losses = await self._call_all("eval")
         self.initial_loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
@@ -279,13 +286,14 @@ class Coordinator:
         }
 
     def _dispatch(self) -> list[tuple[str, dict]]:
+        ledger = self._ready_ledger
         out = []
         for worker in sorted(self.membership.live - set(self._busy)):
-            got = self.ledger.assign(worker)
+            got = ledger.assign(worker)
             if got is None:
                 break
             ds, batch = got
-            self._busy[worker] = (batch, self.ledger.generation)
+            self._busy[worker] = (batch, ledger.generation)
             out.append(
                 (
                     ds,
@@ -294,7 +302,7 @@ class Coordinator:
                         "req": -1,
                         "batch": batch,
                         "worker": worker,
-                        "gen": self.ledger.generation,
+                        "gen": ledger.generation,
                         "url": self._urls.get(worker, ""),
                     },
                 )
@@ -302,7 +310,7 @@ class Coordinator:
         return out
 
     async def _train(self) -> None:
-        cfg = self.cfg
+        cfg, ledger = self.cfg, self._ready_ledger
         while len(self.membership.live) < max(cfg.min_workers, 1) or not self.membership.live:
             self._set_phase("waiting")
             await self._wait(cfg.interval)
@@ -311,14 +319,14 @@ class Coordinator:
         while True:
             self._set_phase("train")
             end = self.clock() + cfg.interval
-            while self.clock() < end and not self.ledger.drained:
+            while self.clock() < end and not ledger.drained:
                 for ds, meta in self._dispatch():
                     await self.t.send(ds, P.CTL, Frame(meta=meta))
                 await self._wait(end - self.clock())
             self._set_phase("pause")
             end = self.clock() + cfg.drain_time
-            while self.ledger.in_flight and self.clock() < end:
-                busy = set(self.ledger.in_flight.values())
+            while ledger.in_flight and self.clock() < end:
+                busy = set(ledger.in_flight.values())
                 quiet = self.membership.silent(self.clock(), cfg.heartbeat_timeout / 2)
                 if busy & quiet:  # a holder went quiet: its batch will be fenced anyway
                     break
@@ -331,7 +339,7 @@ class Coordinator:
             self._report()
             if self._stop_requested:
                 return
-            if self.ledger.done:
+            if ledger.done:
                 if not await self._close_epoch():
                     return
 
@@ -342,27 +350,29 @@ class Coordinator:
 
     async def _checkpoint(self) -> None:
         self._set_phase("checkpoint")
-        gen = self.ledger.generation + 1
+        ledger = self._ready_ledger
+        gen = ledger.generation + 1
         merge = len(self.cfg.data_servers) > 1
         fenced = await self._call_all("fence", gen=gen, export=merge)
         applied = [b for rep in fenced.values() for b in rep.meta["applied"]]
-        merged = ()
+        merged: Sequence[np.ndarray] = ()
         if merge:
             merged = await asyncio.to_thread(_mean, [rep.arrays for rep in fenced.values()])
         reps = await self._call_all("checkpoint", arrays=merged)
         self._check_replicas(reps)
         self._remember(reps)
-        committed = self.ledger.checkpoint(applied)
+        committed = ledger.checkpoint(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
 
     async def _rollback(self, det) -> None:
         self._set_phase("rollback")
+        ledger = self._ready_ledger
         self._event("removed", sorted(det.left))
         self._event("joined", sorted(det.joined))
         for worker in det.left:
             self._busy.pop(worker, None)
-        gen = self.ledger.generation + 1
+        gen = ledger.generation + 1
         reps = await self._call_all("rollback", gen=gen, live=sorted(det.live))
         self._check_replicas(reps)
         back = {ds: rep.meta["digest"] for ds, rep in reps.items()}
@@ -373,7 +383,7 @@ class Coordinator:
                 f"parameter server(s) {wrong} did not return bit-identical to "
                 "their last checkpoint after rollback"
             )
-        n = self.ledger.rollback()
+        n = ledger.rollback()
         self.progress.rollbacks += 1
         self._event("rollback", n)
         log.info(
@@ -397,30 +407,31 @@ class Coordinator:
 
     async def _close_epoch(self) -> bool:
         self._set_phase("epoch")
+        ledger = self._ready_ledger
         self._remember(await self._call_all("epoch"))
         losses = await self._call_all("eval")
         loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
         self.history.append(
             {
-                "epoch": self.ledger.epoch,
-                "committed": list(self.ledger.committed),
+                "epoch": ledger.epoch,
+                "committed": list(ledger.committed),
                 "loss": loss,
-                "generation": self.ledger.generation,
+                "generation": ledger.generation,
             }
         )
         self.progress.loss = loss
         self._event("epoch", loss)
-        if self.ledger.epoch + 1 >= self.cfg.epochs:
+        if ledger.epoch + 1 >= self.cfg.epochs:
             self._report()
             return False
-        self.ledger.new_epoch(self._batches())
+        ledger.new_epoch(self._batches())
         self._report()
         return True
 
     def _report(self) -> None:
-        p = self.progress
-        p.epoch, p.committed = self.ledger.epoch, len(self.ledger.committed)
-        p.live, p.generation = len(self.membership.live), self.ledger.generation
+        p, ledger = self.progress, self._ready_ledger
+        p.epoch, p.committed = ledger.epoch, len(ledger.committed)
+        p.live, p.generation = len(self.membership.live), ledger.generation
         self.on_progress(p)
 
     async def _stop(self) -> None:

@@ -48,33 +48,38 @@ class DataServer:
         self._lock = asyncio.Lock()
         self._assigned: dict[int, tuple[str, int]] = {}  # batch -> (worker, generation)
         self._listening: dict[str, asyncio.Task] = {}
-        self._tg: asyncio.TaskGroup | None = None
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
 
     async def run(self) -> None:
         """Serve until the coordinator says ``stop``; leaves no task running."""
         async with asyncio.TaskGroup() as tg:
-            self._tg = tg
             try:
-                await self._serve()
+                await self._serve(tg)
             finally:
                 for task in self._listening.values():
                     task.cancel()
                 for task in list(self._tasks):
                     task.cancel()
 
-    def _spawn(self, coro) -> None:
-        task = self._tg.create_task(coro)
+    def _spawn(self, tg: asyncio.TaskGroup, coro) -> None:
+        task = tg.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _serve(self) -> None:
+    def _hosted(self, op: str) -> tuple[ParamServer, int]:
+        """The parameter server and shard index that ``hello`` set; `ProtocolError` before."""
+        if self.ps is None or self.index is None:
+            raise ProtocolError(f"operation {op!r} before 'hello'")
+        return self.ps, self.index
+
+    async def _serve(self, tg: asyncio.TaskGroup) -> None:
+        """Answer the coordinator's requests; worker tasks and listeners run in ``tg``."""
         while True:
             req = await self.t.recv(self.coordinator, P.CTL)
             op = req.meta.get("op")
             try:
-                reply, arrays = await self._handle(op, req)
+                reply, arrays = await self._handle(op, req, tg)
             except ElasticError as exc:
                 reply, arrays = {"ok": False, "error": str(exc)}, ()
             if reply is None:
@@ -89,45 +94,44 @@ class DataServer:
             if op == "stop":
                 return
 
-    async def _handle(self, op, req: Frame):
+    async def _handle(self, op, req: Frame, tg: asyncio.TaskGroup):
         if op == "hello":
             self.index = P.field(req, "index", int)
             self.ps = await asyncio.to_thread(
                 ParamServer, self.spec, self.n_batches, offset=self.index * P.STRIDE
             )
             return {"n_batches": self.n_batches, "spec": self.spec.digest}, ()
-        if self.ps is None:
-            raise ProtocolError(f"operation {op!r} before 'hello'")
+        ps, index = self._hosted(op)
         if op == "train":
-            self._train(req)
+            self._train(req, ps, index, tg)
             return None, ()
         async with self._lock:
             if op == "fence":
                 gen = P.field(req, "gen", int)
-                applied = self.ps.fence(gen)
+                applied = ps.fence(gen)
                 self._assigned.clear()
-                arrays = self.ps.leaves() if req.meta.get("export") else ()
+                arrays = ps.leaves() if req.meta.get("export") else ()
                 return {"applied": applied}, arrays
             if op == "checkpoint":
                 if req.arrays:
-                    await asyncio.to_thread(self.ps.load, list(req.arrays))
-                digest = await asyncio.to_thread(self.ps.checkpoint)
-                return {"digest": digest, "model": self._model_digest()}, ()
+                    await asyncio.to_thread(ps.load, list(req.arrays))
+                digest = await asyncio.to_thread(ps.checkpoint)
+                return {"digest": digest, "model": ps.model_digest()}, ()
             if op == "rollback":
                 gen = P.field(req, "gen", int)
                 self._assigned.clear()
-                digest = await asyncio.to_thread(self.ps.rollback, gen)
+                digest = await asyncio.to_thread(ps.rollback, gen)
                 self._forget(req.meta.get("live", []))
-                return {"digest": digest, "model": self._model_digest()}, ()
+                return {"digest": digest, "model": ps.model_digest()}, ()
             if op == "epoch":
-                await asyncio.to_thread(self.ps.new_epoch, self.n_batches)
+                await asyncio.to_thread(ps.new_epoch, self.n_batches)
                 return {
-                    "epoch": self.ps.epoch,
-                    "digest": self.ps.digest(),
-                    "model": self._model_digest(),
+                    "epoch": ps.epoch,
+                    "digest": ps.digest(),
+                    "model": ps.model_digest(),
                 }, ()
             if op == "eval":
-                loss = await asyncio.to_thread(self.ps.loss, self.shard.x, self.shard.y)
+                loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
                 return {"loss": loss}, ()
             if op == "stop":
                 return {}, ()
@@ -136,35 +140,34 @@ class DataServer:
             "checkpoint, rollback, epoch, eval or stop"
         )
 
-    def _model_digest(self) -> str:
-        return self.ps.model_digest()
-
     def _forget(self, live) -> None:
         """Stop listening to workers that are no longer live (bounded tasks under churn)."""
         for w in [w for w in self._listening if w not in set(live)]:
             self._listening.pop(w).cancel()
 
-    def _train(self, req: Frame) -> None:
+    def _train(self, req: Frame, ps: ParamServer, index: int, tg: asyncio.TaskGroup) -> None:
         batch = P.field(req, "batch", int)
         gen = P.field(req, "gen", int)
         worker = P.field(req, "worker", str)
-        if gen != self.ps.generation:
+        if gen != ps.generation:
             log.info(
                 "%s: train request of generation %d ignored (at %d)",
                 self.t.name,
                 gen,
-                self.ps.generation,
+                ps.generation,
             )
             return
         P.learn_peer(self.t, worker, req.meta.get("url"))
         self._assigned[batch] = (worker, gen)
         if worker not in self._listening:
-            self._listening[worker] = self._tg.create_task(self._results(worker))
-        self._spawn(self._send_task(worker, batch, gen))
+            self._listening[worker] = tg.create_task(self._results(worker))
+        self._spawn(tg, self._send_task(worker, batch, gen, ps, index))
 
-    async def _send_task(self, worker: str, batch: int, gen: int) -> None:
-        x, y = self.shard.batch(self.spec, self.ps.epoch, batch - self.ps.offset, self.index)
-        params = list(self.ps.params)  # the list is replaced, never mutated: a snapshot
+    async def _send_task(
+        self, worker: str, batch: int, gen: int, ps: ParamServer, index: int
+    ) -> None:
+        x, y = self.shard.batch(self.spec, ps.epoch, batch - ps.offset, index)
+        params = list(ps.params)  # the list is replaced, never mutated: a snapshot
         frame = Frame(
             meta={"batch": batch, "gen": gen, "spec": self.spec.to_dict(), "url": self.url},
             arrays=(*params, x, y),
@@ -190,6 +193,7 @@ class DataServer:
         try:
             batch = P.field(res, "batch", int)
             gen = P.field(res, "gen", int)
+            ps, _ = self._hosted("result")
             async with self._lock:
                 if self._assigned.get(batch) != (worker, gen):
                     self.refused += 1
@@ -200,7 +204,7 @@ class DataServer:
                         "error": f"batch {batch} of generation {gen} is not assigned to "
                         f"{worker} now (fenced or re-issued); result refused",
                     }
-                await asyncio.to_thread(self.ps.apply, batch, gen, list(res.arrays))
+                await asyncio.to_thread(ps.apply, batch, gen, list(res.arrays))
                 del self._assigned[batch]
             return {"batch": batch, "gen": gen, "ok": True}
         except ElasticError as exc:

@@ -8,7 +8,8 @@ jitted functions are cached per model shape / optimizer so repeated calls do not
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +34,7 @@ def init_params(sizes: Sequence[int], seed: int) -> list[np.ndarray]:
 
 def param_shapes(sizes: Sequence[int]) -> list[tuple[int, ...]]:
     out: list[tuple[int, ...]] = []
-    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
         out += [(fan_in, fan_out), (fan_out,)]
     return out
 
@@ -44,12 +45,12 @@ def _loss(flat, x, y):
 
 
 @functools.cache
-def _grad() -> callable:
+def _grad() -> Callable[..., Any]:
     return jax.jit(jax.value_and_grad(_loss))
 
 
 @functools.cache
-def _eval() -> callable:
+def _eval() -> Callable[..., Any]:
     return jax.jit(_loss)
 
 
@@ -77,7 +78,7 @@ def optimizer(name: str, lr: float) -> optax.GradientTransformation:
 
 
 @functools.cache
-def _update(name: str, lr: float) -> callable:
+def _update(name: str, lr: float) -> Callable[..., Any]:
     opt = optimizer(name, lr)
 
     def step(params, state, grads):

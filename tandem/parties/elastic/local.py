@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from tandem.transports.memory import MemoryNetwork
 
 from .coordinator import Coordinator, CoordinatorConfig, Progress
 from .data_server import DataServer
+from .errors import ElasticError
 from .spec import ModelSpec, Shard
 from .worker import Worker
 
@@ -41,7 +43,7 @@ class LocalCluster:
         self.ds_names = tuple(f"ds{i}" for i in range(len(shards)))
         self.data_servers = [
             DataServer(self.net.endpoint(name), coordinator="coordinator", spec=spec, shard=shard)
-            for name, shard in zip(self.ds_names, shards)
+            for name, shard in zip(self.ds_names, shards, strict=True)
         ]
         self.coordinator = Coordinator(
             self.net.endpoint("coordinator"),
@@ -65,7 +67,13 @@ class LocalCluster:
         self.killed: list[str] = []
 
     def spawn(self, chaos: Callable[[str, int], None] | None = None) -> str:
-        """Start a new worker (joins at the next detection); returns its name."""
+        """Start a new worker (joins at the next detection); returns its name. Only while
+        `run` is running (from its script or a callback): the worker is one of its tasks."""
+        if self._tg is None:
+            raise ElasticError(
+                "LocalCluster.spawn starts a task of the running cluster; call it from the "
+                "script given to run(), not before run() has started"
+            )
         name = f"w{next(self._ids)}"
         worker = Worker(
             self.net.endpoint(name),
@@ -95,13 +103,15 @@ class LocalCluster:
     def alive(self) -> list[str]:
         return [n for n, t in self._tasks.items() if not t.done()]
 
-    async def run(self, script: Callable[[LocalCluster], Awaitable[None]] | None = None) -> dict:
+    async def run(
+        self, script: Callable[[LocalCluster], Coroutine[Any, Any, None]] | None = None
+    ) -> dict:
         async with asyncio.TaskGroup() as tg:
             self._tg = tg
             servers = [tg.create_task(ds.run()) for ds in self.data_servers]
             for _ in range(self.initial):
                 self.spawn()
-            side = tg.create_task(script(self)) if script else None
+            side: asyncio.Task[None] | None = tg.create_task(script(self)) if script else None
             try:
                 summary = await self.coordinator.run()
             finally:

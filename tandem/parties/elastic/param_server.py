@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -48,7 +49,8 @@ class ParamServer:
         self.counts = np.zeros(n_batches, np.int32)
         self.applied: list[int] = []  # global ids applied since the last checkpoint
         self._shapes = [tuple(p.shape) for p in self.params]
-        self._ckpt = None
+        # (params, optimizer state, counts); `checkpoint` sets it before __init__ returns
+        self._ckpt: tuple[list[np.ndarray], Any, np.ndarray]
         self.checkpoint()
 
     # -- state -----------------------------------------------------------------------------
@@ -60,7 +62,7 @@ class ParamServer:
         """Replace parameters and optimizer state by ``leaves`` (same layout as `leaves`)."""
         mine = self.leaves()
         if len(leaves) != len(mine) or any(
-            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine)
+            a.shape != b.shape or a.dtype != b.dtype for a, b in zip(leaves, mine, strict=True)
         ):
             raise ProtocolError(
                 "merged state does not match this parameter server's layout "
@@ -101,7 +103,8 @@ class ParamServer:
                 f"epoch {self.epoch}; refusing to apply it twice"
             )
         if len(grads) != len(self._shapes) or any(
-            tuple(g.shape) != s or g.dtype != np.float32 for g, s in zip(grads, self._shapes)
+            tuple(g.shape) != s or g.dtype != np.float32
+            for g, s in zip(grads, self._shapes, strict=True)
         ):
             got = [(tuple(g.shape), str(g.dtype)) for g in grads]
             raise ProtocolError(

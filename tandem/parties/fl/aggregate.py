@@ -14,6 +14,7 @@ weighted mean delta). State is an explicit `ServerState` passed in and out.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -53,7 +54,7 @@ class ServerState:
         return cls(jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.float32))
 
 
-def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray:
+def weighted_mean(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
     """``sum_i w_i u_i / sum_i w_i`` in float32 (the clients' sample counts as weights)."""
     if not updates:
         raise ConfigError("cannot aggregate zero updates")
@@ -61,7 +62,7 @@ def weighted_mean(updates: list[np.ndarray], weights: list[float]) -> np.ndarray
     if not total > 0:
         raise ConfigError(f"aggregation weights must sum to > 0, got {weights}")
     out = np.zeros_like(np.asarray(updates[0], np.float32))
-    for u, w in zip(updates, weights):
+    for u, w in zip(updates, weights, strict=True):
         out += np.float32(w / total) * np.asarray(u, np.float32)
     return out
 

@@ -55,7 +55,7 @@ async def run_memory_federation(
     server_t = net.endpoint("server")
     clients = [
         client_cls(net.endpoint(n), "server", x, y, trainer, seed=i)
-        for i, (n, (x, y)) in enumerate(zip(names, data.clients))
+        for i, (n, (x, y)) in enumerate(zip(names, data.clients, strict=True))
     ]
     server = FLServer(
         server_t, names, trainer, cfg, test_set=(data.x_test, data.y_test), on_round=on_round
@@ -92,11 +92,11 @@ async def run_http_federation(
             )
             for n in names
         ]
-        for n, t in zip(names, client_ts):
+        for n, t in zip(names, client_ts, strict=True):
             server_t.add_peer(n, t.url)
         clients = [
             FLClient(t, "server", x, y, trainer, seed=i)
-            for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients))
+            for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients, strict=True))
         ]
         server = FLServer(
             server_t,

@@ -63,12 +63,14 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
     if not isinstance(info, list) or len(info) != len(frame.arrays):
         raise UpdateError("meta.zlib must list [dtype, shape] for every array")
     out = []
-    for (dtype, shape), buf in zip(info, frame.arrays):
+    for (dtype, shape), buf in zip(info, frame.arrays, strict=True):
         try:
             dt = np.dtype(dtype)
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        except (TypeError, ValueError):
-            raise UpdateError(f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape")
+        except (TypeError, ValueError) as err:
+            raise UpdateError(
+                f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape"
+            ) from err
         if n > max_bytes:
             raise UpdateError(f"compressed array would inflate to {n} bytes > {max_bytes}")
         d = zlib.decompressobj()

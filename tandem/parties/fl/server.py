@@ -27,7 +27,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from . import protocol as P
 from .aggregate import ServerRule, ServerState, server_step, weighted_mean
 from .downlink import DownlinkPlanner
 from .train import LocalTrainer
+
+if TYPE_CHECKING:
+    import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,6 +278,7 @@ class FLServer:
         """Aggregate, run the server rule, move the model, log the changed indices."""
         mean = weighted_mean(payloads, weights)
         kind = self.uplink["kind"]
+        agg: np.ndarray | jax.Array
         if kind == "randk":
             agg = C.randk_decompress(mean, seed, self.d)
         elif kind == "sketch":

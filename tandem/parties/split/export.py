@@ -330,7 +330,7 @@ def _mlp_sizes(params: Any) -> list[int] | None:
     """Layer sizes when ``params`` is an `tandem.engine.models.mlp_init` pytree, else None."""
     if not isinstance(params, list) or not params:
         return None
-    sizes = []
+    sizes: list[int] = []
     for layer in params:
         if not isinstance(layer, Mapping) or set(layer) != {"w", "b"}:
             return None

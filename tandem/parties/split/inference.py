@@ -1,8 +1,7 @@
 """Cross-party inference: each party loads only its own export and predicts with its peers.
 
-A party's export (`export_party`: an `tandem.parties.split.export` stages file with the
-stages' model specs, the output width of every stage, the training id and the loss) is all it
-needs:
+A party's export (`export_party`: a `tandem.parties.split.export` stages file with the stages'
+model specs, the output width of every stage, the training id and the loss) is all it needs:
 `load_model(path, party)` rebuilds its own stages from that file alone. Then::
 
     leader (owns the loss stage)                     every follower

@@ -189,12 +189,13 @@ async def answer(
     and call `ready`. Raises `NegotiationError` when this party refuses or the leader aborts.
     """
     meta = await _recv_cmd(transport, leader, ("propose",))
+    spec: TaskSpec | None
     try:
         spec = TaskSpec.from_dict(meta.get("spec"))
         reasons = list(check(spec))
     except SpecError as exc:
         spec, reasons = None, [f"the proposed spec is malformed: {exc}"]
-    if reasons:
+    if reasons or spec is None:  # no spec comes with a reason
         await transport.send(leader, CTL, Frame(meta={"cmd": "refuse", "reasons": reasons}))
         raise NegotiationError(
             f"{transport.name!r} refused the task spec:\n  " + "\n  ".join(reasons),

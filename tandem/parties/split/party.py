@@ -173,7 +173,7 @@ class SplitParty:
             params=params,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
-        self._plans: dict[tuple[int, str], Plan] = {}
+        self._plans: dict[tuple[int, str, int], Plan] = {}
         self._batch = 0
         self.tuner = GroupTuner(
             self.config.batch_size, self.config.groups if isinstance(self.config.groups, int) else 0
@@ -536,7 +536,8 @@ class SplitParty:
         the same checkpoint step, or the followers refuse the leader's next command).
 
         Leaves are copied to device arrays bit for bit; pytree structure must match this
-        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against templates).
+        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against
+        templates).
         """
         from tandem.engine.kernels import owned_copy
 

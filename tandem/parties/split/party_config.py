@@ -599,6 +599,11 @@ def _load_data(cfg: PartyConfig) -> PartyData:
     if d.source == "breast_cancer":
         from .demo import load_breast_cancer_split
 
+        if d.part not in ("leader", "follower"):
+            raise PartyConfigError(
+                f"{cfg.path}: data.part must be 'leader' or 'follower' with the built-in "
+                f"breast_cancer source, got {d.part!r}"
+            )
         split = load_breast_cancer_split(d.seed)
         part = getattr(split, d.part)
         data = PartyData(

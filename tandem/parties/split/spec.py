@@ -105,8 +105,9 @@ class TaskSpec:
         return hashlib.sha256(self.canonical()).hexdigest()
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TaskSpec:
-        """Read a spec back (e.g. from a proposal frame); `SpecError` names a bad field."""
+    def from_dict(cls, data: object) -> TaskSpec:
+        """Read a spec back (e.g. from a proposal frame, so any JSON value); `SpecError` names
+        a bad field."""
         if not isinstance(data, Mapping):
             raise SpecError(f"a task spec must be a JSON object, got {type(data).__name__}")
         if data.get("format") != SPEC_FORMAT or data.get("version") != SPEC_VERSION:
@@ -253,19 +254,19 @@ class TaskSpec:
                         f"stage {name!r}: {who} has {key} {_plain(local[key])} but "
                         f"the spec says {_plain(spec_st.get(key))}"
                     )
-        if self.alignment is not None or alignment is not None:
-            if alignment is None:
-                reasons.append(
-                    f"the spec records aligned rows (size {self.alignment['size']}) "
-                    f"but {who} has no alignment; run `tandem align` and set "
-                    "data.aligned"
-                )
-            elif self.alignment is None:
-                reasons.append(
-                    f"{who} aligned its rows (size {alignment['size']}) but the spec "
-                    "records no alignment"
-                )
-            elif (
+        if self.alignment is not None and alignment is None:
+            reasons.append(
+                f"the spec records aligned rows (size {self.alignment['size']}) "
+                f"but {who} has no alignment; run `tandem align` and set "
+                "data.aligned"
+            )
+        elif self.alignment is None and alignment is not None:
+            reasons.append(
+                f"{who} aligned its rows (size {alignment['size']}) but the spec "
+                "records no alignment"
+            )
+        elif self.alignment is not None and alignment is not None:
+            if (
                 int(alignment["size"]) != int(self.alignment["size"])
                 or alignment["commitment"] != self.alignment["commitment"]
             ):

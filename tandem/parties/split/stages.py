@@ -33,7 +33,8 @@ from tandem.errors import ConfigError, ShapeError
 
 
 class StageHandler:
-    """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in ``topology``."""
+    """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in
+    ``topology``."""
 
     def __init__(
         self,
@@ -72,11 +73,11 @@ class StageHandler:
         if params is None:
             key = jax.random.PRNGKey(0) if key is None else key
             params = {}
-            for i, s in enumerate(sorted(self.stages)):
+            for s in sorted(self.stages):
                 params[s] = self.models[s].init(jax.random.fold_in(key, _stable_hash(s)))
-        # copied: the update kernel donates the parameters it is given (`tandem.engine.kernels`), and
-        # the caller's arrays (often a template shared with another party or a reference run)
-        # must outlive it
+        # copied: the update kernel donates the parameters it is given (`tandem.engine.kernels`),
+        # and the caller's arrays (often a template shared with another party or a reference
+        # run) must outlive it
         self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()
@@ -90,7 +91,7 @@ class StageHandler:
                     f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
                     f"but its model declares {len(model.in_dims)} in_dims"
                 )
-            for i, d in zip(s.inputs, model.in_dims):
+            for i, d in zip(s.inputs, model.in_dims, strict=True):
                 if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
                     raise ConfigError(
                         f"stage {s.name!r} expects width {d} from {i!r}, which "
@@ -127,7 +128,7 @@ class StageHandler:
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
         self.vjps: dict[tuple[str, int], Any] = {}
-        self.inbox: dict[tuple[str, int], jax.Array] = {}
+        self.inbox: dict[tuple[str, int], np.ndarray] = {}  # host arrays, as received
         self.cots: dict[tuple[str, int], jax.Array] = {}
         self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
         self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
@@ -139,8 +140,13 @@ class StageHandler:
         it waits for the loss stage's kernels: read it once per batch, not per op."""
         return 0.0 if self._loss is None else float(self._loss)
 
-    def _input(self, stage: str, name: str, m: int) -> jax.Array:
+    def _input(self, stage: str, name: str, m: int) -> jax.Array | np.ndarray:
         if name == FEATURES:
+            if self.features is None:
+                raise ConfigError(
+                    f"stage {stage!r} reads {self.party!r}'s features, but the batch was bound "
+                    "without any; pass this party's feature rows to begin()"
+                )
             lo, hi = self.bounds[m]
             return self.features[lo:hi]
         if name in self.stages:
@@ -171,7 +177,7 @@ class StageHandler:
         return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
     def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
-        for name, g in zip(self.stages[stage].inputs, input_grads):
+        for name, g in zip(self.stages[stage].inputs, input_grads, strict=True):
             if name == FEATURES:
                 continue
             if name in self.stages:
@@ -206,6 +212,11 @@ class StageHandler:
         elif op.kind is Kind.LOSS:
             lo, hi = self.bounds[m]
             if self.train:
+                if self.labels is None:
+                    raise ConfigError(
+                        f"{self.party!r} trains the loss stage {s!r}, but the batch was bound "
+                        "without labels; pass them to begin()"
+                    )
                 loss = _ZERO if self._loss is None else self._loss
                 self.grads[s], self._loss, logits, gxs = k.loss_step(
                     self.params[s],
@@ -220,10 +231,10 @@ class StageHandler:
                 logits = k.predict(self.params[s], *xs)
             self.logits[m] = logits  # fetched once per batch, by `predictions`
         elif op.kind is Kind.BACKWARD:
-            cot = self.cots.pop((s, m), None)
-            for c in self.topology.consumers(s):
-                if c.name not in self.stages:
-                    g = self._gather(f"grad/{s}->{c.name}", m)
+            cot: jax.Array | np.ndarray | None = self.cots.pop((s, m), None)
+            for consumer in self.topology.consumers(s):
+                if consumer.name not in self.stages:
+                    g = self._gather(f"grad/{s}->{consumer.name}", m)
                     cot = g if cot is None else cot + g
             self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
             self._route_input_grads(s, m, input_grads, out)

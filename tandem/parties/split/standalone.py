@@ -6,11 +6,11 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
 
 * **Checkpoints** (``[checkpoint] dir``): after every batch whose step (batches done) is a
   multiple of the spec's ``checkpoint_every``, each party atomically saves its own params,
-  optimizer state, step and data cursor (`tandem.parties.split.checkpoint.CheckpointStore`); at start-up the
-  parties resume from the newest step they *all* hold for the agreed spec hash, and delete
-  their newer ones. A party that saved step k while its peer died before saving k thus resumes
-  from the previous common step: no batch is lost or applied twice. ``keep`` is at least 2, so
-  that previous step still exists.
+  optimizer state, step and data cursor (`tandem.parties.split.checkpoint.CheckpointStore`); at
+  start-up the parties resume from the newest step they *all* hold for the agreed spec hash,
+  and delete their newer ones. A party that saved step k while its peer died before saving k
+  thus resumes from the previous common step: no batch is lost or applied twice. ``keep`` is at
+  least 2, so that previous step still exists.
 * **Stop** (``stop`` set, by SIGINT/SIGTERM in the CLI): the leader finishes the current batch
   (within ``grace`` seconds), checkpoints, and sends ``stop`` with the checkpoint step; a
   follower asks the leader to stop (``{"cmd": "leave"}`` on ``ctl``), serves until the
@@ -31,8 +31,8 @@ import contextlib
 import dataclasses
 import os
 import sys
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
@@ -47,16 +47,24 @@ from .party_config import PartyConfig, PartyData, models_from_widths, split_conf
 from .session import Session, connect
 from .spec import TaskSpec
 
+T = TypeVar("T")
+
 
 @dataclasses.dataclass
 class _State:
     """What `run_party`'s steps share: the party, its checkpoints and the resume point."""
 
-    party: SplitParty | None = None
+    party: SplitParty | None = None  # built by `connect`'s prepare step, before it returns
     store: CheckpointStore | None = None
     saved: int = -1  # step of the last checkpoint saved or loaded
     cursor: tuple[int, int] = (0, 0)  # (epoch, batches done in it) at the resume point
     discarded: list[int] = dataclasses.field(default_factory=list)
+
+    def ready_party(self) -> SplitParty:
+        """The party, once the session has prepared it (every step after `connect`)."""
+        if self.party is None:
+            raise TandemError("the party is used before the session prepared it")
+        return self.party
 
 
 def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> SplitParty:
@@ -96,6 +104,12 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
         if st.store is not None:
             st.discarded = await asyncio.to_thread(st.store.discard_after, session.step)
         if session.step:
+            # the agreed step is one every party holds: a party without a store gets 0
+            if st.store is None:
+                raise TandemError(
+                    f"{cfg.name!r} was asked to resume from checkpoint {session.step} but has "
+                    "no [checkpoint] dir; set it, or start every party afresh"
+                )
             r = await asyncio.to_thread(
                 st.store.load,
                 session.step,
@@ -122,10 +136,11 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
             "detail": "stopped before training started",
         }
     try:
+        party = st.ready_party()
         if cfg.is_leader:
-            result = await _lead(session, st, stop)
+            result = await _lead(session, st, party, stop)
         else:
-            result = await _follow(session, st, stop)
+            result = await _follow(session, st, party, stop)
         result.update(_traffic(session))
         if st.discarded:  # newer than the agreed step: replaced by the replayed batches
             result["discarded_checkpoints"] = st.discarded
@@ -135,8 +150,10 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
 
 
 # -- leader --------------------------------------------------------------------------------------
-async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, Any]:
-    cfg, spec, party = session.config, session.spec, st.party
+async def _lead(
+    session: Session, st: _State, party: SplitParty, stop: asyncio.Event
+) -> dict[str, Any]:
+    cfg, spec = session.config, session.spec
     hyper = spec.hyper
     epochs, every = int(hyper["epochs"]), int(hyper["checkpoint_every"])
     per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
@@ -146,9 +163,11 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
     cursor = (epoch0, batch0)
     left: list[str] = []
 
-    async def save() -> None:
+    async def save(store: CheckpointStore) -> None:
         await _save(
             st,
+            store,
+            party,
             session,
             {"epoch": cursor[0], "batch": cursor[1]},
             {"run_id": party.run_id, "n_groups": party.n_groups},
@@ -161,7 +180,7 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
             cursor = (epoch, done)
             advance(party.handler.loss_sum)
             if st.store is not None and party.step % every == 0:
-                await save()
+                await save(st.store)
             return stop.is_set()
 
         async def listen(peer: str) -> None:  # a follower asks to stop ("leave")
@@ -174,7 +193,7 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
         fit = party.fit(
             max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0, after_batch=after_batch
         )
-        with _peer_left(cfg.name, st):
+        with _peer_left(cfg.name, party, st):
             finished = await _with_grace(stop, cfg.grace, fit, [listen(p) for p in party.followers])
     base = {
         "party": cfg.name,
@@ -195,7 +214,7 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
         }
     if stop.is_set():
         if st.store is not None and st.saved != party.step:
-            await save()
+            await save(st.store)
         reason = f"{left[0]} asked to stop" if left else "signal"
         await party.stop(reason=reason, checkpoint=st.saved if st.store else None)
         return {
@@ -220,8 +239,10 @@ async def _lead(session: Session, st: _State, stop: asyncio.Event) -> dict[str, 
 
 
 # -- follower ------------------------------------------------------------------------------------
-async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str, Any]:
-    cfg, spec, party = session.config, session.spec, st.party
+async def _follow(
+    session: Session, st: _State, party: SplitParty, stop: asyncio.Event
+) -> dict[str, Any]:
+    cfg, spec = session.config, session.spec
     hyper = spec.hyper
     every = int(hyper["checkpoint_every"])
     per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
@@ -238,6 +259,8 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
             if st.store is not None and party.step % every == 0:
                 await _save(
                     st,
+                    st.store,
+                    party,
                     session,
                     {"epoch": int(meta.get("epoch", 0)), "batch": int(meta.get("i", 0)) + 1},
                     {},
@@ -249,7 +272,7 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                 await session.transport.send(leader, CTL, _leave_frame())
             await asyncio.Event().wait()  # cancelled when serve returns
 
-        with _peer_left(cfg.name, st):
+        with _peer_left(cfg.name, party, st):
             finished = await _with_grace(
                 stop, cfg.grace, party.serve(on_batch=on_batch), [ask_leader_to_stop()]
             )
@@ -272,7 +295,7 @@ async def _follow(session: Session, st: _State, stop: asyncio.Event) -> dict[str
                     f"{cfg.name!r}: the leader stopped at step {step} but this "
                     f"party is at step {party.step}; restart both parties"
                 )
-            await _save(st, session, {}, {})
+            await _save(st, st.store, party, session, {}, {})
         return {
             **base,
             "status": "stopped",
@@ -292,7 +315,7 @@ class PeerLeftError(TandemError):
 
 
 @contextlib.contextmanager
-def _peer_left(name: str, st: _State) -> Iterator[None]:
+def _peer_left(name: str, party: SplitParty, st: _State) -> Iterator[None]:
     """Turn a peer's goodbye during training into a `PeerLeftError` saying how to resume."""
     try:
         yield
@@ -302,7 +325,7 @@ def _peer_left(name: str, st: _State) -> Iterator[None]:
             raise
         saved = f"step {st.saved}" if st.saved >= 0 else "none"
         raise PeerLeftError(
-            f"{name!r} stopped at step {st.party.step}: a peer left during training ({exc}). "
+            f"{name!r} stopped at step {party.step}: a peer left during training ({exc}). "
             f"Last checkpoint: {saved}; restart every party to resume from the newest common "
             "checkpoint."
         ) from None
@@ -330,7 +353,7 @@ def _leave_frame():
 
 
 # -- shared steps --------------------------------------------------------------------------------
-async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
+async def _until(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T | None:
     """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
     with _unwrap():
         async with asyncio.TaskGroup() as tg:
@@ -344,7 +367,10 @@ async def _until(stop: asyncio.Event, coro: Awaitable[Any]) -> Any:
 
 
 async def _with_grace(
-    stop: asyncio.Event, grace: float, main: Awaitable[Any], helpers: list[Awaitable[Any]]
+    stop: asyncio.Event,
+    grace: float,
+    main: Coroutine[Any, Any, Any],
+    helpers: list[Coroutine[Any, Any, Any]],
 ) -> bool:
     """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
     ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
@@ -380,16 +406,23 @@ def _unwrap() -> Iterator[None]:
         raise
 
 
-async def _save(st: _State, session: Session, cursor: dict, extra: dict) -> None:
-    """Checkpoint the party's current step; a cancellation (grace ran out) waits for the
-    write to finish first, so ``st.saved`` always names the newest file on disk."""
-    party = st.party
+async def _save(
+    st: _State,
+    store: CheckpointStore,
+    party: SplitParty,
+    session: Session,
+    cursor: dict,
+    extra: dict,
+) -> None:
+    """Checkpoint the party's current step into ``store`` (``st.store``); a cancellation (grace
+    ran out) waits for the write to finish first, so ``st.saved`` always names the newest file
+    on disk."""
     step = party.step
     # the party's own arrays, not copies: its next batch (whose update donates them) waits for
     # this write, since the save is awaited from the batch hook
     write = asyncio.ensure_future(
         asyncio.to_thread(
-            st.store.save,
+            store.save,
             step,
             params=dict(party.handler.params),
             opt_state=dict(party.handler.opt_state),
@@ -448,7 +481,10 @@ def _progress(
         task = bar.add_task(label, total=total, completed=done, loss="-")
 
         def advance(loss: float | None) -> None:
-            bar.update(task, advance=1, **({} if loss is None else {"loss": f"{loss:.4f}"}))
+            if loss is None:
+                bar.update(task, advance=1)
+            else:
+                bar.update(task, advance=1, loss=f"{loss:.4f}")
 
         yield advance
 
