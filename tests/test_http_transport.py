@@ -35,7 +35,7 @@ async def test_tiny_chunks_reassemble_exactly():
         )
         await a.send("b", "c", Frame(meta={"x": 1}, arrays=arrays))
         got = await b.recv("a", "c")
-        for x, y in zip(arrays, got.arrays):
+        for x, y in zip(arrays, got.arrays, strict=True):
             np.testing.assert_array_equal(x, y)
         n_chunks = -(-codec.encoded_size(got) // 7)
         assert n_chunks > 60 and b.received_stats("a").frames == 1

@@ -100,7 +100,7 @@ class TransportConformance:
         got = await b.recv("a", "mixed")
         assert got.meta == sent.meta
         assert len(got.arrays) == len(arrays)
-        for x, y in zip(arrays, got.arrays):
+        for x, y in zip(arrays, got.arrays, strict=True):
             assert y.shape == x.shape  # byte order may be normalised to little-endian:
             assert (y.dtype.kind, y.dtype.itemsize) == (x.dtype.kind, x.dtype.itemsize)
             np.testing.assert_array_equal(x, y)

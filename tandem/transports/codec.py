@@ -76,7 +76,7 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     for a in frame.arrays:
         arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
         if arr.nbytes:
-            parts.append(memoryview(arr).cast("B"))
+            parts.append(arr.data.cast("B"))
     return parts
 
 
@@ -131,9 +131,8 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
         if key not in header:
             raise FrameError(f"frame header is missing field {key!r}")
         if not isinstance(header[key], kind) or isinstance(header[key], bool):
-            raise FrameError(
-                f"frame header field {key!r} must be {kind.__name__}, got {type(header[key]).__name__}"
-            )
+            got = type(header[key]).__name__
+            raise FrameError(f"frame header field {key!r} must be {kind.__name__}, got {got}")
     for i, spec in enumerate(header["arrays"]):
         if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "nbytes"}:
             raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
