@@ -99,7 +99,7 @@ def trimmed_mean(xs: Sequence[float], trim: float = 0.25) -> float:
     largest values are cut (``trim = 0.25``: the interquartile mean; 0: the plain mean).
 
     Cutting both ends alike keeps the centre of walls that trade time batch to batch (a slow
-    batch whose leftover work a fast one makes up), while one machine hiccup no longer moves
+    batch whose leftover work a fast one makes up), while one machine hiccup does not move
     the estimate by its whole excess. Requires ``xs`` non-empty and ``0 <= trim < 0.5``."""
     if not xs:
         raise ValueError("trimmed_mean of no values")
@@ -345,7 +345,7 @@ class _Search:
         cfg = self.cfg
         if self._mean(self.n) is None:
             return self.n  # keep sampling the current n (the base or a probe)
-        if self.confirm_to:  # measuring a close call again: the search no longer moves
+        if self.confirm_to:  # measuring a close call again: the search does not move
             return self._settle_first_search()
         base = self.base
         # rule 3: probe the base's neighbours one at a time; each is judged from the base
