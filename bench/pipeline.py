@@ -669,7 +669,7 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
                 "definition": "median over interleaved rounds of (runtime wall - "
                 "direct handler loop) / ops; ops = all plan ops "
                 "(F/L/B/U + S/R) of both parties; see "
-                "docs/pipeline-bench.md, 'The overhead measurement'",
+                "docs/pipeline-bench.md, 'The overhead, defined'",
                 "runtime_s": wall,
                 "direct_s": base,
                 "direct_handoff_s": statistics.median(handoff),
