@@ -5,17 +5,15 @@
 Workload: the ``two_party`` topology (party ``A`` holds a bottom MLP over synthetic float32
 features; party ``B`` holds a small top MLP, the labels and the loss). Compute per batch is
 measured on an unshaped link (n = 1, both parties' compute busy time, median over
-``warmup`` batches: 20, as the machine's speed drifts in spells of about a second; medians of
-5 consecutive batches scattered by 10% around the median of 600, of 20 by about 6%), then
+``warmup`` batches: 20, as a shared machine's speed drifts in spells of about a second), then
 both directions of the ``A <-> B`` link are shaped so that one direction carries a batch's
 cut-layer tensor (``batch x cut x 4`` bytes) in that time: link time per direction ~= compute
 time per batch, on whatever machine runs it (``--link-ratio r`` makes it ``r`` times that).
 ``link_vs_compute`` reports the ratio the timed rounds had (link per batch / the compute per
 batch of the round's sequential run, median over rounds): this machine's speed drifts, so it
 strays from 1. ``--recalibrate K`` measures the compute again before every timed round (``K``
-batches) and re-shapes the link from it; off by default (docs/pipeline-bench.md, "Twelfth
-pass": it kept the ratio nearer 1 but left the tuner's choice, made under the first link,
-behind).
+batches) and re-shapes the link from it; off by default, since the tuner's choice was made
+under the first link.
 
 Reported (all times are medians over ``repeats`` timed runs of ``batches`` batches each; a run
 ends when *both* parties have finished their last batch):
@@ -39,8 +37,7 @@ ends when *both* parties have finished their last batch):
   `round_order`), so load drifting on a shared machine hits every variant alike, and
   ``auto_vs_best`` = best swept time / auto time is taken within each round and the median
   reported (paired, as ``unchunked_efficiency`` is). ``auto_vs_best_of_medians`` is the ratio
-  of the two medians instead, the definition before the fourteenth pass
-  (docs/pipeline-bench.md).
+  of the two medians instead.
 * ``overhead_us_per_op``: the engine's own cost per plan op (F/L/B/U compute ops *and* S/R
   sends/receives, both parties), with a tiny model on an unshaped memory link and many
   micro-batches: median over interleaved pairs of (runtime wall time - baseline) / ops, where
@@ -48,14 +45,14 @@ ends when *both* parties have finished their last batch):
   ``StageHandler.compute``/``receive`` calls (the same jitted kernels) serially in a plain loop
   with no runtime, lanes or transport. ``overhead_us_per_compute_op`` divides by compute ops
   only.
-* ``chunks``: messages per group in the pipelined runs (``--chunks``; `tandem.engine.plan`): the loss
-  party computes per message, so a group's gradient starts back after its first part.
+* ``chunks``: messages per group in the pipelined runs (``--chunks``; `tandem.engine.plan`):
+  the loss party computes per message, so a group's gradient starts back after its first part.
   ``unchunked_s`` runs the tuner's n with whole groups in the same rounds, and
   ``unchunked_efficiency`` is its bound / time (median of per-round ratios): what chunking buys.
 * ``python_threads_cpu``: the CPU the event loop's thread and the compute lanes are pinned to,
-  as the ``tandem`` commands pin them (`tandem.parties.cli.affinity`; ``TANDEM_PYTHON_CPU=off`` runs the
-  whole benchmark unpinned, and then this is null). When pinned, the overhead is measured once
-  more with the threads free to move: ``overhead_unpinned_us_per_op``.
+  as the ``tandem`` commands pin them (`tandem.parties.cli.affinity`; ``TANDEM_PYTHON_CPU=off``
+  runs the whole benchmark unpinned, and then this is null). When pinned, the overhead is
+  measured once more with the threads free to move: ``overhead_unpinned_us_per_op``.
 """
 
 from __future__ import annotations
@@ -249,11 +246,11 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: float) -> float:
     """The makespan of one batch that the engine's own schedule allows with zero engine cost:
-    `tandem.engine.simulator.simulate` of both parties' plans at ``n`` (same policy and backpressure),
-    each op costing its median measured duration in ``trace`` and each send its measured
-    bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the engine's
-    cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the gradient
-    link trailing the activation link by a group: docs/pipeline-bench.md)."""
+    `tandem.engine.simulator.simulate` of both parties' plans at ``n`` (same policy and
+    backpressure), each op costing its median measured duration in ``trace`` and each send its
+    measured bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the
+    engine's cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the
+    gradient link trailing the activation link by a group)."""
     durations: dict[tuple[str, str], list[float]] = {}
     sizes: dict[tuple[str, str], int] = {}
     for e in trace.events:
@@ -290,11 +287,9 @@ def round_order(ns, n_auto: int, r: int) -> list[int | None]:
     between its neighbours).
 
     ``auto_vs_best`` pairs the auto run with the best fixed count's run of the same round, and
-    the machine's speed drifts in spells of about a second: three-batch runs 0.3 s apart
-    correlate at 0.64, 1.3 s apart at 0 (600 unshaped n = 1 batches, docs/pipeline-bench.md,
-    "Fifteenth pass"). With the auto run last, after the runs at 16 and 32, the pair stood
-    about 1.3 s apart and correlated at 0.08 over 190 rounds; next to each other, at 0.48
-    over 180. Alternating the side spreads whatever the run before leaves behind over both."""
+    a shared machine's speed drifts in spells of about a second, so runs timed next to each
+    other share a spell while runs a second apart do not. Alternating the side spreads
+    whatever the run before leaves behind over both."""
     below = [n for n in ns if n < n_auto or (n == n_auto and r % 2 == 0)]
     return [*below, None, *[n for n in ns if n not in below]]
 
@@ -373,39 +368,36 @@ async def measure_pipeline(
 
             # 3. auto: let the tuner settle (fit re-tunes between full batches). One `fit` call,
             #    as a user trains: no pause between epochs, so every batch's wall carries the
-            #    previous batch's leftover work. A pause for the follower every 3 batches made
-            #    the batch after it ~7% faster than the two others, which biased the tuner's
-            #    4-batch means by up to 4% depending on where a probe began
-            #    (docs/pipeline-bench.md, "Ninth pass").
+            #    previous batch's leftover work (a pause for the follower would make the batch
+            #    after it faster and bias the tuner's means by where a probe began).
             #    The tuner goes on through ``tune_rechecks`` re-checks (`GroupTuner.recheck`
             #    batches apart) before the timing: its steady state, which a user's training
-            #    reaches within a few hundred batches (docs/pipeline-bench.md, "Thirteenth
-            #    pass").
-            tuner = wl.leader.tuner
+            #    reaches within a few hundred batches.
+            leader = wl.leader
             wl.set(policy="priority", trace=None)
             settles, was_settled, first_n = 0, False, None
 
             async def until_settled(epoch: int, done: int) -> bool:
                 nonlocal settles, was_settled, first_n
-                if tuner.settled and not was_settled:
+                if leader.tuner_state.settled and not was_settled:
                     settles += 1
                     first_n = first_n or wl.leader.n_groups
-                was_settled = tuner.settled
+                was_settled = leader.tuner_state.settled
                 return settles > cfg.tune_rechecks
 
             await wl.leader.fit(cfg.tune_epochs, after_batch=until_settled)
             await wl.synced()
-            settled = tuner.settled
+            settled = leader.tuner_state.settled
             log(
                 f"tuner {'settled' if settled else 'NOT settled'} at n={wl.leader.n_groups} "
-                f"(first search: {first_n}) after {len(tuner.history)} batches: "
-                f"{[h['n'] for h in tuner.history]}"
+                f"(first search: {first_n}) after {len(leader.tuner_path)} batches: "
+                f"{[n for n, _ in leader.tuner_path]}"
             )
 
             # 4. timed rounds, interleaved so that load drifting on a shared machine hits every
             #    variant alike: sequential (n=1, FIFO), each fixed n, auto (fit, tuner live).
             #    With ``recalibrate`` each round first re-measures the compute and re-shapes
-            #    the link from it (off by default; docs/pipeline-bench.md, "Twelfth pass").
+            #    the link from it (off by default).
             seq, auto, bounds, seq_trace, pipe_trace = [], [], [], None, None
             schedules: list[float] = []  # `_schedule` of each auto run that kept one n
             runs: dict[int, list[float]] = {n: [] for n in ns}
@@ -435,7 +427,7 @@ async def measure_pipeline(
                     auto.append(await wl.run_auto_epoch())
                     bounds.append(_bound(tr, bandwidth))
                     pipe_trace = pipe_trace or tr
-                    if all(h["n"] == wl.leader.n_groups for h in tuner.history[-cfg.batches :]):
+                    if all(n == wl.leader.n_groups for n, _ in leader.tuner_path[-cfg.batches :]):
                         schedules.append(
                             cfg.batches
                             * _schedule(tr, wl, wl.leader.n_groups, bandwidth, cfg.latency)
@@ -477,7 +469,7 @@ async def measure_pipeline(
             tuner_settled=settled,
             tuner_first_n=first_n,
             tune_rechecks=cfg.tune_rechecks,
-            tuner_path=[[h["n"], round(h["wall"], 4)] for h in tuner.history],
+            tuner_path=[[n, round(wall, 4)] for n, wall in leader.tuner_path],
             bound_terms={
                 "definition": "max over: each party's compute-lane busy seconds; each "
                 "link direction's send->PEER tensor bytes / bandwidth; "
@@ -486,12 +478,14 @@ async def measure_pipeline(
             },
             sweep={str(n): t for n, t in sweep.items()},
             best_fixed_n=best_n,
-            auto_vs_best=statistics.median(f / a for f, a in zip(runs[best_n], auto)),
+            auto_vs_best=statistics.median(f / a for f, a in zip(runs[best_n], auto, strict=True)),
             auto_vs_best_of_medians=sweep[best_n] / pipe_s,
             chunks=cfg.chunks,
             link_vs_compute=statistics.median(
                 link / c
-                for link, c in zip(calibration["link_s"], calibration["sequential_compute_s"])
+                for link, c in zip(
+                    calibration["link_s"], calibration["sequential_compute_s"], strict=True
+                )
             ),
             calibration={
                 "definition": "per timed round: compute_s, the median over unshaped "
@@ -660,20 +654,22 @@ async def measure_overhead(cfg: BenchConfig, log: Callable[[str], None] = _log) 
         await wl.leader.stop()
         plan_ops = sum(len(p.plan(n, "train").ops) for p in wl.parties) * k
         compute_ops = sum(len(p.plan(n, "train").compute_ops) for p in wl.parties) * k
-        extra = statistics.median(w - d for w, d in zip(walls, direct))
+        extra = statistics.median(w - d for w, d in zip(walls, direct, strict=True))
         wall, base = statistics.median(walls), statistics.median(direct)
         out.update(
             overhead_us_per_op=extra / plan_ops * 1e6,
             overhead_us_per_compute_op=extra / compute_ops * 1e6,
             overhead_cpu_us_per_op=statistics.median(r - d for r, d in cpu) / plan_ops * 1e6,
-            handoff_us_per_compute_op=statistics.median(h - d for h, d in zip(handoff, direct))
+            handoff_us_per_compute_op=statistics.median(
+                h - d for h, d in zip(handoff, direct, strict=True)
+            )
             / compute_ops
             * 1e6,
             overhead={
                 "definition": "median over interleaved rounds of (runtime wall - "
                 "direct handler loop) / ops; ops = all plan ops "
                 "(F/L/B/U + S/R) of both parties; see "
-                "docs/pipeline-bench.md",
+                "docs/pipeline-bench.md, 'The overhead, defined'",
                 "runtime_s": wall,
                 "direct_s": base,
                 "direct_handoff_s": statistics.median(handoff),
@@ -709,8 +705,9 @@ async def run_benchmark(
     """The whole benchmark: the pipeline measurement, then the overhead measurement.
 
     ``pinned`` = (cpu, cpus): the loop's thread was pinned to ``cpu`` as ``tandem`` pins it
-    (`tandem.parties.cli.affinity`); the overhead is then measured a second time with the threads free to
-    run on ``cpus`` (``overhead_unpinned_us_per_op``), so one run shows what the pin is worth."""
+    (`tandem.parties.cli.affinity`); the overhead is then measured a second time with the
+    threads free to run on ``cpus`` (``overhead_unpinned_us_per_op``), so one run shows what
+    the pin is worth."""
     t0 = time.perf_counter()
     result = await measure_pipeline(cfg, log, plot, trace)
     result.update(await measure_overhead(cfg, log))

@@ -21,8 +21,8 @@ The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; 
 messages each, after one untimed warm-up message per variant); medians over the rounds are
 reported, and every round in ``runs``. ``ratio_vs_raw`` is the median over rounds of
 ``http / raw`` measured in the same round (target >= 0.5). MB = 1e6 bytes. ``load`` records
-``os.getloadavg()`` before and after: loopback throughput is CPU-bound, so compare only runs on a
-quiet machine.
+``os.getloadavg()`` before and after: loopback throughput is CPU-bound, so compare only runs on
+an otherwise idle machine.
 """
 
 from __future__ import annotations

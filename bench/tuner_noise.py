@@ -21,22 +21,23 @@ against another (``bench.pipeline`` measured its compute per batch at medians of
 in consecutive spells of ten batches). 0 (the default) is no drift.
 
 The tuner starts where the method's rule put it in recorded runs (``--starts``: 3, 4, 6, 8 and
-12; each gets ``runs`` seeded runs, reported together). For each setting (samples per n;
-whether the first search already demands the ``tolerance`` margin, as before it was dropped;
-whether ties go to the larger n, ``GroupTuner.prefer_larger``, the default since the ninth
-pass; how many rounds of measuring a close call again, ``GroupTuner.confirm``, the default
-since the tenth; the share ``GroupTuner.trim`` cut at each end of an n's samples before
-averaging, 0.25 since the eleventh) the runs report: the fraction settling more than 2%, 5% and
-10% behind the best n, the mean of best / settled time, and the batches until settling.
+12; each gets ``runs`` seeded runs, reported together). `SETTINGS` lists the tuner settings
+compared, the default one last: samples per n; whether the first search already demands the
+``tolerance`` margin (``first_search_margin``); whether ties go to the larger n
+(``GroupTuner.prefer_larger``); rounds of measuring a close call again
+(``GroupTuner.confirm``); the share ``GroupTuner.trim`` cut at each end of an n's samples
+before averaging. For each, the runs report: the fraction settling more than 2%, 5% and 10%
+behind the best n, the mean of best / settled time, and the batches until settling.
 ``--rechecks K`` reports the n each run holds after ``K`` re-checks instead (`GroupTuner`
 re-probes a settled n's neighbours every ``recheck`` batches), and the batches until then;
-``--no-verify`` lets a re-check move on one comparison (``GroupTuner.verify``, the default
-since the thirteenth pass; the oldest setting, a margin in the first search, never verifies).
+``--no-verify`` lets a re-check move on one comparison (``GroupTuner.verify`` off; a margin in
+the first search never verifies).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -47,8 +48,7 @@ from tandem.engine.microbatch import GroupTuner
 CURVE_MS = {1: 173.0, 2: 138.0, 4: 110.0, 8: 103.0, 16: 130.0, 32: 183.0}
 
 # Percentiles 0, 1, ..., 100 of (wall / median wall of its n in its run - 1) over the 2006
-# batches that `GroupTuner` took as samples (n >= 4) in 56 `bench.pipeline --json` runs of the
-# tenth pass (docs/pipeline-bench.md, "Eleventh pass").
+# batches that `GroupTuner` took as samples (n >= 4) in 56 `bench.pipeline --json` runs.
 MEASURED_PERCENTILES = (
     -0.462,
     -0.197,
@@ -197,30 +197,31 @@ def settle(
     x = drift * rng.standard_normal() if drift else 0.0
     tuner = GroupTuner(
         batch=2048,
-        n=start,
         samples=samples,
         prefer_larger=prefer_larger,
         confirm=confirm,
         trim=trim,
         verify=verify,
     )
-    tuner._started = True  # the rule's start is given; `observe` goes straight to climbing
-    tuner._settled_once = first_margin  # True: the first search already needs the margin
+    # the rule's start is given, so `observe` goes straight to climbing; with
+    # ``first_margin`` the first search already needs the margin a re-check needs
+    state = dataclasses.replace(tuner.init(start), started=True, settled_once=first_margin)
     settles = 0
     for _ in range(limit + rechecks * (tuner.recheck + limit)):
         if drift:
             x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
-        was = tuner.settled
-        tuner.observe(
-            wall=curve(tuner.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3, compute=0.0
+        was = state.settled
+        _, state = tuner.observe(
+            state, curve(state.n) * noise_factor(rng, model, noise) * math.exp(x) / 1e3
         )
-        settles += tuner.settled and not was
+        settles += state.settled and not was
         if settles > rechecks:
             break
-    return tuner.n, len(tuner.history)
+    return state.n, state.batches
 
 
-# (samples, first search margin, ties to the larger n, confirm rounds, trim), oldest first
+# (samples, first search margin, ties to the larger n, confirm rounds, trim); the last is the
+# default `GroupTuner`
 SETTINGS = (
     (3, True, False, 0, 0.0),
     (3, False, False, 0, 0.0),
@@ -274,8 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="a re-check moves n on one comparison's win, as before the "
-        "thirteenth pass (GroupTuner.verify = False)",
+        help="a re-check moves n on one comparison's win (GroupTuner.verify = False)",
     )
     args = ap.parse_args(argv)
     starts = [int(x) for x in args.starts.split(",")]

@@ -37,7 +37,7 @@ labels and the loss. One batch carries ``batch_size x cut`` float32 activations 
 
 **Reported** (medians over the rounds; a run ends when *both* processes finished their last
 batch, taken from ``time.perf_counter`` — CLOCK_MONOTONIC, shared by the processes; ``load``
-records ``os.getloadavg()``; docs/wan-bench.md has the details and measured lines):
+records ``os.getloadavg()``; docs/wan-bench.md has the details and current figures):
 
 * ``sequential_s``: n = 1, FIFO policy on both parties;
 * ``pipelined_s``: priority policy, automatic n (``SplitParty.fit``, ``groups="auto"``);
@@ -598,9 +598,8 @@ async def follower_main(args: argparse.Namespace) -> int:
                 party.config.policy, party.trace = str(msg.meta["policy"]), tr
                 done: list[float] = []
 
-                # the end of each batch, not of the stop message
                 async def mark(_cmd, done: list[float] = done) -> None:
-                    done.append(time.perf_counter())
+                    done.append(time.perf_counter())  # each batch's end, not the stop message's
 
                 batches = await party.serve(on_batch=mark)
                 end = done[-1] if done else time.perf_counter()
@@ -718,20 +717,18 @@ async def leader_main(args: argparse.Namespace) -> int:
             await lead.phase("priority", compile_all)
             # One `fit` call, epochs back to back as a user trains (bench.pipeline does the
             # same): a pause for the follower after every epoch made the batch after it faster
-            # than the others and biased the tuner's means by where a probe began
-            # (docs/pipeline-bench.md, "Ninth pass").
-            tuner = party.tuner
+            # than the others and biased the tuner's means by where a probe began.
 
             async def until_settled(epoch: int, done: int) -> bool:
-                return tuner.settled
+                return party.tuner_state.settled
 
             wall = (await lead.phase("priority", lead.auto(args.tune_epochs, until_settled)))[0]
-            settled = tuner.settled
-            _log("leader", f"tuning: {wall:.3f} s for {len(tuner.history)} batches")
+            settled = party.tuner_state.settled
+            _log("leader", f"tuning: {wall:.3f} s for {len(party.tuner_path)} batches")
             _log(
                 "leader",
                 f"tuner {'settled' if settled else 'NOT settled'} at "
-                f"n={party.n_groups}: {[h['n'] for h in tuner.history]}",
+                f"n={party.n_groups}: {[n for n, _ in party.tuner_path]}",
             )
             # 5. timed rounds, interleaved
             seq, auto, terms, seq_compute = [], [], [], []
@@ -778,7 +775,7 @@ async def leader_main(args: argparse.Namespace) -> int:
         "efficiency": bound_s / pipe_s,
         "n_groups": party.n_groups,
         "tuner_settled": settled,
-        "tuner_path": [h["n"] for h in tuner.history],
+        "tuner_path": [n for n, _ in party.tuner_path],
         "bound_terms": {
             "definition": "max over: each party's compute-lane busy seconds; each "
             "direction's send->PEER tensor bytes / measured goodput; "

@@ -7,12 +7,14 @@ first batch at each new ``n``, and the follower's drain of the previous batch ca
 next one (the leader's batch ends before the follower's last backward).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.engine.microbatch import GroupTuner, group_bounds, rule_groups
+from tandem.engine.microbatch import GroupTuner, TunerState, group_bounds, rule_groups
 from tandem.errors import ConfigError
 
 
@@ -21,7 +23,7 @@ def test_group_bounds_cover_the_batch_with_tapered_ends(batch, data):
     n = data.draw(st.integers(1, batch))
     bounds = group_bounds(batch, n)
     assert len(bounds) == n and bounds[0][0] == 0 and bounds[-1][1] == batch
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
     sizes = [hi - lo for lo, hi in bounds]
     assert min(sizes) >= 1 and len(set(sizes)) <= 4
     if n >= 3 and batch >= 2 * n - 2:  # ends: equal, at most half a middle group
@@ -92,12 +94,14 @@ class Pipeline:
 
 
 def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
+    state, path = tuner.init(), []
     for _ in range(batches):
-        n = tuner.n
-        tuner.observe(wall=pipe.batch(n), compute=pipe.compute, links=[(pipe.link * 1e6, 1e6)])
-        if tuner._settled_at is not None:
-            return tuner.n
-    raise AssertionError(f"tuner did not settle: {[h['n'] for h in tuner.history]}")
+        path.append(state.n)
+        links = [(pipe.link * 1e6, 1e6)]
+        _, state = tuner.observe(state, pipe.batch(state.n), compute=pipe.compute, links=links)
+        if state.settled:
+            return state.n
+    raise AssertionError(f"tuner did not settle: {path}")
 
 
 @pytest.mark.parametrize("c0", [0.001, 0.004, 0.016])
@@ -114,78 +118,96 @@ def test_tuner_settles_near_the_best_power_of_two(c0):
     assert (ratios <= 1.10).mean() >= 0.95 and ratios.max() <= 1.20, np.sort(ratios)[-10:]
 
 
+def test_observe_is_pure():
+    """``observe`` returns a new state and leaves the one it was given as it was: the same
+    state and wall give the same count however often they are observed."""
+    tuner = GroupTuner(batch=64, samples=1)
+    start = tuner.init(4)
+    n, s = tuner.observe(start, 1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: n = 2
+    assert (start.n, start.batches, start.started) == (4, 0, False) and (n, s.n) == (2, 2)
+    for wall in (9.0, 9.0, 1.0):
+        _, s = tuner.observe(s, wall)
+    before = s
+    first = tuner.observe(s, 0.5)
+    assert tuner.observe(s, 0.5) == first and s == before and dict(s.walls) == {2: (1.0,)}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.n = 3
+
+
 def test_first_batch_after_a_change_is_not_a_sample():
-    tuner = GroupTuner(batch=64, n=4, samples=2)
-    tuner.observe(wall=1.0, compute=0.5, links=[(4e6, 8e6)])  # rule: ceil(0.5 / 0.5) = 1
-    assert tuner.n == 1
-    tuner.observe(wall=0.01, compute=0.5)  # the change's first batch: absurdly fast, ignored
-    tuner.observe(wall=3.0, compute=0.5)  # a new n's second: the follower's compile, ignored
-    assert 1 not in tuner._walls
-    tuner.observe(wall=2.0, compute=0.5)
-    tuner.observe(wall=2.0, compute=0.5)
-    assert tuner._walls[1] == [2.0, 2.0] and tuner.n == 2  # probing 2n, judged on real samples
+    tuner = GroupTuner(batch=64, samples=2)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=0.5, links=[(4e6, 8e6)])
+    assert n == 1  # rule: ceil(0.5 / 0.5) = 1
+    _, s = tuner.observe(s, 0.01)  # the change's first batch: absurdly fast, ignored
+    _, s = tuner.observe(s, 3.0)  # a new n's second: the follower's compile, ignored
+    assert 1 not in s.walls
+    _, s = tuner.observe(s, 2.0)
+    _, s = tuner.observe(s, 2.0)
+    assert s.walls[1] == (2.0, 2.0) and s.n == 2  # probing 2n, judged on real samples
 
 
 def test_two_batches_of_a_new_n_are_no_samples_one_of_a_known_n():
     """The follower compiles a new n's backward after the leader's first batch at it ended, so
     a new n's first two batches are no samples; going back to an n that ran before (its shapes
     compiled), only the first is skipped."""
-    tuner = GroupTuner(batch=64, n=4, samples=1)
-    tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: ceil(2 / 1) = 2
+    tuner = GroupTuner(batch=64, samples=1)
+    _, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: 2
     walls = []
     for wall in (9.0, 5.0, 1.0):  # at 2: the change's batch, the compile's spill, a sample
-        walls.append(tuner.n)
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner._walls == {2: [1.0]} and tuner.n == 4  # probing 2n = 4 ...
-    tuner.observe(wall=9.0, compute=1.0)  # ... which ran first (compiled): one batch skipped
-    tuner.observe(wall=0.9, compute=1.0)
-    assert tuner._walls[4] == [0.9] and walls == [2, 2, 2]
+        walls.append(s.n)
+        _, s = tuner.observe(s, wall)
+    assert s.walls == {2: (1.0,)} and s.n == 4  # probing 2n = 4 ...
+    _, s = tuner.observe(s, 9.0)  # ... which ran first (compiled): one batch skipped
+    _, s = tuner.observe(s, 0.9)
+    assert s.walls[4] == (0.9,) and walls == [2, 2, 2]
 
 
 def test_the_first_batch_compile_is_skipped_when_the_rule_keeps_n():
-    tuner = GroupTuner(batch=64, n=2, samples=1)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)]) == 2  # rule keeps n = 2
-    tuner.observe(wall=5.0, compute=1.0)  # the first batch's spill
-    assert 2 not in tuner._walls
-    tuner.observe(wall=1.0, compute=1.0)
-    assert tuner._walls[2] == [1.0]
+    tuner = GroupTuner(batch=64, samples=1)
+    n, s = tuner.observe(tuner.init(2), 1.0, compute=1.0, links=[(2e6, 1e6)])
+    assert n == 2  # rule keeps n = 2
+    _, s = tuner.observe(s, 5.0)  # the first batch's spill
+    assert 2 not in s.walls
+    _, s = tuner.observe(s, 1.0)
+    assert s.walls[2] == (1.0,)
 
 
 def test_rule_start_counts_compute_the_leader_cannot_see():
     """Leader computes 0.01 s of a 1.5 s batch whose busiest link takes 0.5 s: the rest, not
     the leader's 0.01 s, is the compute the link must hide behind (n = 1, not 50)."""
-    tuner = GroupTuner(batch=1024, n=4)
-    assert tuner.observe(wall=1.5, compute=0.01, links=[(5e6, 1e7)]) == 1
+    tuner = GroupTuner(batch=1024)
+    assert tuner.observe(tuner.init(4), 1.5, compute=0.01, links=[(5e6, 1e7)])[0] == 1
 
 
 def test_a_level_step_up_is_followed_by_one_more():
     """n = 2 is level with n = 1 (a plateau), n = 4 is clearly faster: the tuner looks at 4."""
-    tuner = GroupTuner(batch=64, n=4, samples=2)
-    tuner.observe(wall=1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: n = 1
+    tuner = GroupTuner(batch=64, samples=2)
+    _, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: n = 1
     walls = {1: 1.0, 2: 0.99, 4: 0.7, 8: 0.75}
     for _ in range(40):
-        n = tuner.n
-        tuner.observe(wall=walls.get(n, 1.0), compute=1.0)
-        if tuner._settled_at is not None:
+        _, s = tuner.observe(s, walls.get(s.n, 1.0))
+        if s.settled:
             break
-    assert tuner.n == 4 and tuner._settled_at is not None
+    assert s.n == 4 and s.settled
 
 
 def test_a_scattering_n_does_not_win_on_its_luckiest_batch():
     """Walls of n = 2 trade time batch to batch (mean 1.0); n = 1 is steady at 0.95."""
-    tuner = GroupTuner(batch=64, n=4, samples=3)
-    tuner.observe(wall=1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: ceil(1 / 1) = 1
+    tuner = GroupTuner(batch=64, samples=3)
+    _, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(1e6, 1e6)])  # rule: 1
     for wall in (5.0, 5.0, 0.95, 0.95, 0.95):  # 5.0: a new n's first two batches, ignored
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner.n == 2
+        _, s = tuner.observe(s, wall)
+    assert s.n == 2
     for wall in (5.0, 5.0, 0.6, 1.4, 1.0):
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner._base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
+        _, s = tuner.observe(s, wall)
+    assert s.base == 1  # not moved to 2 (its fastest batch, 0.6, is luck)
 
 
-def _settle_on(tuner: GroupTuner, walls: dict[int, float]) -> int:
+def _settle_on(
+    tuner: GroupTuner, state: TunerState, walls: dict[int, float]
+) -> tuple[TunerState, list[int]]:
     """Settle with every batch of each n taking that n's wall."""
-    return _settle_on_sequence(tuner, {n: [w] for n, w in walls.items()})
+    return _settle_on_sequence(tuner, state, {n: [w] for n, w in walls.items()})
 
 
 @pytest.mark.parametrize(
@@ -206,35 +228,43 @@ def test_refines_on_both_sides_of_the_base(wall4, wall8, settles_on):
     midpoints (4 and 8) are tried once, and the search settles on the largest of 4, 6 and 8
     within the 3% tolerance of the fastest (8 at 0.81 ties with 6 at 0.80 and is taken; at
     0.83 it is slower; 4 at 0.79 is faster than 6 but within the tolerance, so 6 stays)."""
-    tuner = GroupTuner(batch=64, n=4, samples=2)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3  # rule: ceil(3/1)
+    tuner = GroupTuner(batch=64, samples=2)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(3e6, 1e6)])
+    assert n == 3  # rule: ceil(3/1)
     walls = {1: 1.5, 3: 1.0, 6: 0.8, 12: 0.85, 24: 1.0, 4: wall4, 8: wall8}
-    assert _settle_on(tuner, walls) == settles_on
-    assert {4, 8} <= set(tuner._walls)  # both midpoints were measured either way
+    s, _ = _settle_on(tuner, s, walls)
+    assert s.n == settles_on
+    assert {4, 8} <= set(s.walls)  # both midpoints were measured either way
 
 
 def test_finds_the_midpoint_on_the_side_of_the_slower_neighbour():
-    """``bench.pipeline``'s case: 3 beats 12, so the midpoint towards the faster neighbour is 4,
-    yet 8 is the fastest. The tuner measures 8 too and settles there."""
-    tuner = GroupTuner(batch=2048, n=4, samples=2)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3
+    """3 beats 12, so the midpoint towards the faster neighbour is 4, yet 8 is the fastest.
+    The tuner measures 8 too and settles there."""
+    tuner = GroupTuner(batch=2048, samples=2)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(3e6, 1e6)])
+    assert n == 3
     walls = {1: 1.4, 3: 0.84, 6: 0.80, 12: 0.86, 4: 0.81, 8: 0.74}
-    assert _settle_on(tuner, walls) == 8
-    path = [h["n"] for h in tuner.history]
+    s, path = _settle_on(tuner, s, walls)
+    assert s.n == 8
     assert path.index(4) < path.index(8)  # the faster side's midpoint first
 
 
-def _settle_on_sequence(tuner: GroupTuner, walls: dict[int, list[float]]) -> int:
-    """Settle with each n's batches taking the next wall of its list (the last one repeats)."""
+def _settle_on_sequence(
+    tuner: GroupTuner, state: TunerState, walls: dict[int, list[float]]
+) -> tuple[TunerState, list[int]]:
+    """Settle with each n's batches taking the next wall of its list (the last one repeats);
+    the settled state and the n of every batch run."""
     runs: dict[int, int] = {}
+    path: list[int] = []
     for _ in range(120):
-        n = tuner.n
+        n = state.n
+        path.append(n)
         seq = walls[n]
-        tuner.observe(wall=seq[min(runs.get(n, 0), len(seq) - 1)], compute=1.0)
+        _, state = tuner.observe(state, seq[min(runs.get(n, 0), len(seq) - 1)])
         runs[n] = runs.get(n, 0) + 1
-        if tuner.settled:
-            return tuner.n
-    raise AssertionError(f"tuner did not settle: {[h['n'] for h in tuner.history]}")
+        if state.settled:
+            return state, path
+    raise AssertionError(f"tuner did not settle: {path}")
 
 
 def _unlucky_eight() -> dict[int, list[float]]:
@@ -246,23 +276,30 @@ def _unlucky_eight() -> dict[int, list[float]]:
     return walls
 
 
+def _start_at_three(tuner: GroupTuner) -> TunerState:
+    """The state after a first batch whose rule gives n = ceil(3 / 1) = 3."""
+    n, state = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(3e6, 1e6)])
+    assert n == 3
+    return state
+
+
 def test_a_close_call_is_measured_again_before_the_first_search_settles():
     """8 lost to 6 by less than three tolerances, so every count that near (6, 8, and 4 at
     0.83) is measured again, each as often, and the pooled means decide: 8 (0.80 against
     0.80 for 6, a tie that goes to the larger). Without the re-measuring 6 is kept."""
-    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)]) == 3
-    assert _settle_on_sequence(tuner, _unlucky_eight()) == 8
-    assert [len(tuner._walls[k]) for k in (4, 6, 8)] == [8, 8, 8]  # one round: 8 won it
-    assert tuner._walls[8][-4:] == [0.76] * 4
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), _unlucky_eight())
+    assert s.n == 8
+    assert [len(s.walls[k]) for k in (4, 6, 8)] == [8, 8, 8]  # one round: 8 won it
+    assert s.walls[8][-4:] == (0.76,) * 4
     for _ in range(10):  # settled until the re-check, which probes 8's neighbours again
-        tuner.observe(wall=0.76, compute=1.0)
-    assert not tuner.settled and tuner.n == 16
+        _, s = tuner.observe(s, 0.76)
+    assert not s.settled and s.n == 16
 
-    once = GroupTuner(batch=2048, n=4, samples=4, confirm=0)
-    once.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
-    assert _settle_on_sequence(once, _unlucky_eight()) == 6
-    assert len(once._walls[8]) == 4
+    once = GroupTuner(batch=2048, samples=4, confirm=0)
+    s, _ = _settle_on_sequence(once, _start_at_three(once), _unlucky_eight())
+    assert s.n == 6
+    assert len(s.walls[8]) == 4
 
 
 def test_a_larger_count_that_won_the_tie_by_luck_is_measured_again():
@@ -270,14 +307,14 @@ def test_a_larger_count_that_won_the_tie_by_luck_is_measured_again():
     after them (0.90): measured again, it drops out of the tie and the search settles on 8.
     Without the re-measuring the tie goes to 12."""
     walls = {1: [1.5], 3: [1.0], 6: [0.8], 4: [0.83], 24: [1.0], 8: [0.79], 12: [0.81] * 6 + [0.9]}
-    tuner = GroupTuner(batch=2048, n=4, samples=4)
-    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])  # rule: n = 3
-    assert _settle_on_sequence(tuner, walls) == 8
-    assert len(tuner._walls[12]) >= 8
+    tuner = GroupTuner(batch=2048, samples=4)
+    s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), walls)
+    assert s.n == 8
+    assert len(s.walls[12]) >= 8
 
-    once = GroupTuner(batch=2048, n=4, samples=4, confirm=0)
-    once.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
-    assert _settle_on_sequence(once, walls) == 12
+    once = GroupTuner(batch=2048, samples=4, confirm=0)
+    s, _ = _settle_on_sequence(once, _start_at_three(once), walls)
+    assert s.n == 12
 
 
 def test_measuring_again_is_bounded_and_skipped_when_the_larger_count_won():
@@ -285,16 +322,15 @@ def test_measuring_again_is_bounded_and_skipped_when_the_larger_count_won():
     ``confirm`` times; one that won the first time (8 at 0.79) is not measured again."""
     walls = _unlucky_eight()
     walls[8] = [0.84]
-    tuner = GroupTuner(batch=2048, n=4, samples=4, confirm=2)
-    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
-    assert _settle_on_sequence(tuner, walls) == 6
-    assert [len(tuner._walls[k]) for k in (4, 6, 8)] == [12, 12, 12]
+    tuner = GroupTuner(batch=2048, samples=4, confirm=2)
+    s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), walls)
+    assert s.n == 6
+    assert [len(s.walls[k]) for k in (4, 6, 8)] == [12, 12, 12]
 
     walls[8] = [0.79]
-    tuner = GroupTuner(batch=2048, n=4, samples=4, confirm=2)
-    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
-    assert _settle_on_sequence(tuner, walls) == 8
-    assert [len(tuner._walls[k]) for k in (4, 6, 8)] == [4, 4, 4]
+    s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), walls)
+    assert s.n == 8
+    assert [len(s.walls[k]) for k in (4, 6, 8)] == [4, 4, 4]
 
 
 def test_trimmed_mean_cuts_both_ends_alike():
@@ -323,14 +359,14 @@ def test_one_hiccup_among_a_counts_batches_does_not_decide_the_tie():
         w[8] = [0.84, 0.84, 0.79, 1.10, 0.79]  # two compile batches, then the samples
         return w
 
-    plain = GroupTuner(batch=2048, n=4, samples=4, confirm=0, trim=0.0)
-    plain.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])  # rule: n = 3
-    assert _settle_on_sequence(plain, walls()) == 6
+    plain = GroupTuner(batch=2048, samples=4, confirm=0, trim=0.0)
+    s, _ = _settle_on_sequence(plain, _start_at_three(plain), walls())
+    assert s.n == 6
 
-    tuner = GroupTuner(batch=2048, n=4, samples=4)
-    tuner.observe(wall=1.0, compute=1.0, links=[(3e6, 1e6)])
-    assert _settle_on_sequence(tuner, walls()) == 8
-    assert len(tuner._walls[8]) == 4  # decided on the first four: no close call
+    tuner = GroupTuner(batch=2048, samples=4)
+    s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), walls())
+    assert s.n == 8
+    assert len(s.walls[8]) == 4  # decided on the first four: no close call
 
 
 @given(batch=st.integers(1, 300), n=st.integers(1, 20), chunks=st.integers(1, 9))
@@ -344,7 +380,8 @@ def test_chunk_bounds_cut_every_group_into_contiguous_parts(batch, n, chunks):
     parts = chunk_bounds(groups, c)
     assert len(parts) == n * c
     assert parts[0][0] == 0 and parts[-1][1] == batch
-    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))  # contiguous, in row order
+    # contiguous, in row order
+    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:], strict=False))
     for k, (lo, hi) in enumerate(groups):  # group k is exactly its c parts
         mine = parts[k * c : (k + 1) * c]
         assert mine[0][0] == lo and mine[-1][1] == hi
@@ -383,30 +420,44 @@ def test_batch_rows_of_consecutive_indices_are_a_view():
         BatchRows(data, np.arange(3))[0]
 
 
+def _run_until_settled(
+    tuner: GroupTuner, state: TunerState, walls: dict[int, float], batches: int
+) -> tuple[TunerState, list[int]]:
+    """Run each n at its wall (1.3 for one not listed) until the tuner settles; the settled
+    state and the counts run while a trial measured a tie or a win again."""
+    trial: list[int] = []
+    path: list[int] = []
+    for _ in range(batches):
+        if state.trial is not None:
+            trial.append(state.n)
+        path.append(state.n)
+        _, state = tuner.observe(state, walls.get(state.n, 1.3))
+        if state.settled:
+            return state, trial
+    raise AssertionError(path)
+
+
 def test_the_first_search_takes_any_faster_n_a_settled_one_only_beyond_the_tolerance():
-    """The rule's start is a guess, so the first search moves to any faster mean (a 3% margin
-    kept a lucky start: bench.pipeline settled on 3 at 2.7% behind 4, 13% behind 8). Once
-    settled, a re-check moves only for more than ``tolerance``: noise does not flap n."""
-    tuner = GroupTuner(batch=64, n=4, samples=1, recheck=6)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)]) == 2  # rule: n = 2
+    """The rule's start is a guess, so the first search moves to any faster mean (a margin
+    there keeps a lucky start). Once settled, a re-check moves only for more than
+    ``tolerance``: noise does not flap n."""
+    tuner = GroupTuner(batch=64, samples=1, recheck=6)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])
+    assert n == 2  # rule: n = 2
     walls = {1: 1.1, 2: 1.0, 4: 0.99, 8: 1.2}
 
-    def settle() -> int:
-        for _ in range(40):
-            tuner.observe(wall=walls.get(tuner.n, 1.3), compute=1.0)
-            if tuner._settled_at is not None:
-                return tuner.n
-        raise AssertionError([h["n"] for h in tuner.history])
-
-    assert settle() == 4  # 1% faster than 2: taken by the first search
+    s, _ = _run_until_settled(tuner, s, walls, 40)
+    assert s.n == 4  # 1% faster than 2: taken by the first search
     walls[2] = 0.975  # 2 now 1.5% faster than 4: within the tolerance
     for _ in range(6):  # the re-check interval passes, then 4's neighbours are probed again
-        tuner.observe(wall=walls[4], compute=1.0)
-    assert settle() == 4 and tuner._mean(2) == 0.975  # re-measured, not taken
+        _, s = tuner.observe(s, walls[4])
+    s, _ = _run_until_settled(tuner, s, walls, 40)
+    assert s.n == 4 and tuner.mean(s, 2) == 0.975  # re-measured, not taken
     walls[2] = 0.9  # 9% faster: beyond the tolerance
     for _ in range(6):
-        tuner.observe(wall=walls[4], compute=1.0)
-    assert settle() == 2
+        _, s = tuner.observe(s, walls[4])
+    s, _ = _run_until_settled(tuner, s, walls, 40)
+    assert s.n == 2
 
 
 @pytest.mark.parametrize("eight, settles_on", [(1.0, 8), (0.98, 8), (1.03, 4)])
@@ -416,26 +467,19 @@ def test_a_recheck_gives_a_tie_to_the_larger_count_as_the_first_search_does(eigh
     the first search's rule (ties to the larger n, shorter fill and drain), which a first
     search misled by a spell could not apply. A larger count further behind leaves n alone,
     and so does a smaller one that is level (the margin: noise does not flap n)."""
-    tuner = GroupTuner(batch=64, n=4, samples=1, recheck=6)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)]) == 2  # rule: n = 2
+    tuner = GroupTuner(batch=64, samples=1, recheck=6)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])
+    assert n == 2  # rule: n = 2
     walls = {1: 1.1, 2: 1.0, 4: 0.99, 8: 1.2}
 
-    trial: list[int] = []  # the counts run while a trial measures a tie or a win again
-
-    def settle() -> int:
-        for _ in range(60):
-            if tuner._trial is not None:
-                trial.append(tuner.n)
-            tuner.observe(wall=walls.get(tuner.n, 1.3), compute=1.0)
-            if tuner._settled_at is not None:
-                return tuner.n
-        raise AssertionError([h["n"] for h in tuner.history])
-
-    assert settle() == 4  # 8 was 21% behind in the first search
+    s, trial = _run_until_settled(tuner, s, walls, 60)
+    assert s.n == 4  # 8 was 21% behind in the first search
     walls.update({8: eight, 2: 0.985})  # 8 level (or 4% behind); 2 level, 0.5% ahead
     for _ in range(6):
-        tuner.observe(wall=walls[4], compute=1.0)
-    assert settle() == settles_on
+        _, s = tuner.observe(s, walls[4])
+    s, recheck_trial = _run_until_settled(tuner, s, walls, 60)
+    trial += recheck_trial
+    assert s.n == settles_on
     blocks = [n for i, n in enumerate(trial) if i == 0 or trial[i - 1] != n]
     if settles_on == 8:  # the tie measured again in alternating blocks before the move
         assert len(blocks) == 5 and set(blocks) == {4, 8}
@@ -443,13 +487,13 @@ def test_a_recheck_gives_a_tie_to_the_larger_count_as_the_first_search_does(eigh
         assert trial == []
 
 
-def _recheck_of_eight(six_after: list[float]) -> GroupTuner:
+def _recheck_of_eight(tuner: GroupTuner, six_after: list[float]) -> TunerState:
     """A tuner settled on 8 (its neighbours and midpoints clearly slower), then run through
     its first re-check, where 6's first four batches are lucky (0.76 against 8's steady 0.80:
     5% faster, beyond the 3% tolerance) and its later ones take their walls from
     ``six_after``. Each n's batches take the next wall of its list; the last one repeats."""
-    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(8e6, 1e6)]) == 8  # rule: ceil(8/1)
+    n, state = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(8e6, 1e6)])
+    assert n == 8  # rule: ceil(8/1)
     walls = {
         8: [0.80],
         16: [0.95],
@@ -458,16 +502,18 @@ def _recheck_of_eight(six_after: list[float]) -> GroupTuner:
         6: [0.90] * 6 + [0.76] * 5 + six_after,
     }  # first search; re-check; then after
     runs: dict[int, int] = {}
+    path: list[int] = []
     settles = 0
     for _ in range(200):
-        n, was = tuner.n, tuner.settled
+        n, was = state.n, state.settled
+        path.append(n)
         seq = walls[n]
-        tuner.observe(wall=seq[min(runs.get(n, 0), len(seq) - 1)], compute=1.0)
+        _, state = tuner.observe(state, seq[min(runs.get(n, 0), len(seq) - 1)])
         runs[n] = runs.get(n, 0) + 1
-        settles += tuner.settled and not was
+        settles += state.settled and not was
         if settles == 2:
-            return tuner
-    raise AssertionError(f"no second settle: {[h['n'] for h in tuner.history]}")
+            return state
+    raise AssertionError(f"no second settle: {path}")
 
 
 def test_a_recheck_measures_a_win_again_before_leaving_the_settled_n():
@@ -475,30 +521,31 @@ def test_a_recheck_measures_a_win_again_before_leaving_the_settled_n():
     are followed by more of 6 (0.84), and once its pooled mean no longer beats 8 by the
     tolerance, 8 stays. A win that holds when measured again, both counts to eight batches,
     still moves n (the tuner follows a real change)."""
-    tuner = _recheck_of_eight([0.84])
-    assert tuner.n == 8
-    assert len(tuner._walls[6]) > 4 and tuner._mean(6) > 0.80 * (1 - tuner.tolerance)
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    s = _recheck_of_eight(tuner, [0.84])
+    assert s.n == 8
+    assert len(s.walls[6]) > 4 and tuner.mean(s, 6) > 0.80 * (1 - tuner.tolerance)
 
-    tuner = _recheck_of_eight([0.76])
-    assert tuner.n == 6
-    assert len(tuner._walls[6]) == 8 and len(tuner._walls[8]) == 8
+    s = _recheck_of_eight(tuner, [0.76])
+    assert s.n == 6
+    assert len(s.walls[6]) == 8 and len(s.walls[8]) == 8
 
 
 def test_best_is_the_base_while_a_neighbour_is_on_trial():
-    tuner = GroupTuner(batch=64, n=4, samples=1)
-    tuner.observe(wall=1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: n = 2
+    tuner = GroupTuner(batch=64, samples=1)
+    _, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])  # rule: 2
     for wall in (9.0, 9.0, 1.0):  # 2's compile batches, then its sample
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner.n == 4 and tuner.best == 2  # 4 is on trial; 2 is the fastest known
+        _, s = tuner.observe(s, wall)
+    assert s.n == 4 and s.best == 2  # 4 is on trial; 2 is the fastest known
     for wall in (9.0, 0.8):  # 4 ran first (compiled): one batch skipped, then faster
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner.n == 1 and tuner.best == 2  # both neighbours are measured before a move
+        _, s = tuner.observe(s, wall)
+    assert s.n == 1 and s.best == 2  # both neighbours are measured before a move
     for wall in (9.0, 9.0, 1.2):
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner.n == 8 and tuner.best == 2  # 4n on trial too (2n was not slower)
+        _, s = tuner.observe(s, wall)
+    assert s.n == 8 and s.best == 2  # 4n on trial too (2n was not slower)
     for wall in (9.0, 9.0, 0.9):
-        tuner.observe(wall=wall, compute=1.0)
-    assert tuner.best == tuner.n == 4  # moved to the fastest, 4
+        _, s = tuner.observe(s, wall)
+    assert s.best == s.n == 4  # moved to the fastest, 4
 
 
 def test_a_recheck_measures_a_win_again_in_alternating_blocks_so_a_spell_does_not_decide():
@@ -507,24 +554,26 @@ def test_a_recheck_measures_a_win_again_in_alternating_blocks_so_a_spell_does_no
     out ahead of the 8 measured before it. The trial alternates the two in mirrored blocks
     (8, 6, 8, 6, 8: the midpoint 11 ran when it began), so the spell weighs on both alike and
     8 stays. Measuring them in turn (each to eight batches, pooled) moved n to 6."""
-    tuner = GroupTuner(batch=2048, n=4, samples=4, recheck=10)
-    assert tuner.observe(wall=1.0, compute=1.0, links=[(8e6, 1e6)]) == 8  # rule: ceil(8/1)
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(8e6, 1e6)])
+    assert n == 8  # rule: ceil(8/1)
     curve = {8: 0.80, 6: 0.808, 16: 0.95, 4: 0.95, 11: 0.95}
-    settles, spell_from, trial = 0, None, []
+    settles, spell_from, trial, path = 0, None, [], []
     for _ in range(300):
-        t = len(tuner.history)
-        if tuner.settled and spell_from is None and settles == 1:
+        t = s.batches
+        if s.settled and spell_from is None and settles == 1:
             spell_from = t  # the first settle: the spell starts with the re-check
         speed = 1.0 if spell_from is None else max(1.0 - 0.01 * (t - spell_from - 10), 0.6)
-        n, was = tuner.n, tuner.settled
-        if tuner._trial is not None:
+        n, was = s.n, s.settled
+        path.append(n)
+        if s.trial is not None:
             trial.append(n)
-        tuner.observe(wall=curve[n] * min(speed, 1.0), compute=1.0)
-        settles += tuner.settled and not was
+        _, s = tuner.observe(s, curve[n] * min(speed, 1.0))
+        settles += s.settled and not was
         if settles == 2:
             break
-    assert settles == 2, [h["n"] for h in tuner.history]
-    assert tuner.n == 8
+    assert settles == 2, path
+    assert s.n == 8
     blocks = [n for i, n in enumerate(trial) if i == 0 or trial[i - 1] != n]
     assert len(blocks) == 5 and blocks[0] == blocks[2] == blocks[4] != blocks[1] == blocks[3]
     # eight samples each, and a skipped batch at each switch (three into 8, from 11 and 6)

@@ -12,10 +12,9 @@ micro-batch. Pinned to one CPU, a hand-off is an ordinary context switch on that
 `colocate_python_threads` pins the **calling thread** to one CPU. Threads it starts afterwards
 (the compute lanes of `tandem.engine.lanes.ThreadLane`, asyncio's default executor) inherit the pin.
 XLA's worker pools are started first (the JAX backend is initialised before pinning), so they
-keep every CPU the process may use and the kernels stay parallel. Measured on the 2-core
-machine (docs/pipeline-bench.md): `bench.pipeline`'s engine overhead per op was 18-48 us pinned
-against 53-100 us unpinned in the same runs, and its pipelined and sequential runs got faster
-too.
+keep every CPU the process may use and the kernels stay parallel. `bench.pipeline` reports the
+engine's overhead per op both pinned and unpinned in one run (``overhead_us_per_op``,
+``overhead_unpinned_us_per_op``).
 
 It is process-wide, so the library never calls it by itself: the ``tandem`` commands that run
 the split-learning pipeline call it before starting their event loop (`tandem.parties.cli`), as does

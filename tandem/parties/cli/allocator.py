@@ -5,9 +5,8 @@ few hundred KiB: uvloop hands each 256 KiB read to the protocol as a new ``bytes
 aiohttp's parser slices the body into more of them. Under glibc's defaults these sizes sit at
 the edge of the heap: freed ones are given back to the kernel (heap trimming, or munmap of
 blocks above the dynamic mmap threshold) and the next read faults fresh zeroed pages in again.
-On the 2-core benchmark machine that page churn, not the copying, was the largest cost of the
-HTTP receiver (``bench.transport``: ~1.2 GB/s with the defaults, ~2.1 GB/s with
-`tune_allocator`'s settings, same run; see docs/transports.md).
+That page churn, not the copying, is the largest cost of the HTTP receiver on a small machine
+(``bench.transport`` measures the receive path; docs/transports.md, "Benchmark").
 
 `tune_allocator` sets two ``mallopt`` parameters so these buffers are recycled in-process:
 

@@ -105,7 +105,7 @@ async def run_demo(
     result: dict = {}
 
     async def drive() -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
         n_batches = len(epoch_batches(len(data.labels["train"]), batch_size, 0, seed))
         with Progress(
@@ -118,23 +118,22 @@ async def run_demo(
         ) as bar:
             for epoch in range(epochs):
                 task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
-                hist = await leader.fit(
-                    1,
-                    on_batch=lambda e, i, loss, task=task: bar.update(
-                        task, completed=i, loss=f"{loss:.4f}"
-                    ),
-                )
+
+                def show(_epoch: int, done: int, loss: float, task: TaskID = task) -> None:
+                    bar.update(task, completed=done, loss=f"{loss:.4f}")
+
+                hist = await leader.fit(1, on_batch=show)
                 bar.update(task, loss=f"{hist[-1].loss:.4f}  n={leader.n_groups}")
         metrics = await leader.evaluate("test")
         # the tuner may still be trying a neighbour after a short run: time its best n so far
-        tuned = leader.tuner.best if groups == "auto" else leader.n_groups
+        tuned = leader.tuner_state.best if groups == "auto" else leader.n_groups
         result.update(
             test_accuracy=metrics["accuracy"],
             test_auc=metrics["auc"],
             test_loss=metrics["loss"],
             train_loss=leader.history[-1].loss,
             n_groups=tuned,
-            tuner_settled=leader.tuner.settled,
+            tuner_settled=leader.tuner_state.settled,
             epochs=epochs,
         )
         # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);

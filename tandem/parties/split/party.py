@@ -175,12 +175,16 @@ class SplitParty:
         self.followers = tuple(p for p in topology.parties if p != name)
         self._plans: dict[tuple[int, str, int], Plan] = {}
         self._batch = 0
-        self.tuner = GroupTuner(
-            self.config.batch_size, self.config.groups if isinstance(self.config.groups, int) else 0
+        #: The leader's micro-batch tuner (settings) and its state; ``tuner_path`` holds the
+        #: (n, wall seconds) of every batch the tuner observed.
+        self.tuner = GroupTuner(self.config.batch_size)
+        self.tuner_state = self.tuner.init(
+            self.config.groups if isinstance(self.config.groups, int) else 0
         )
+        self.tuner_path: list[tuple[int, float]] = []
         self.history: list[EpochResult] = []
         self.last_stats: BatchStats | None = None
-        self.n_groups = self.tuner.n
+        self.n_groups = self.tuner_state.n
         self.stop_meta: dict[str, Any] = {}
         self.in_batch = False
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
@@ -418,7 +422,10 @@ class SplitParty:
             b0, t0 = before[k]
             if b1 > b0 and t1 > t0:
                 links.append((b1 - b0, (b1 - b0) / (t1 - t0)))
-        self.n_groups = self.tuner.observe(wall=stats.wall, compute=stats.compute, links=links)
+        self.tuner_path.append((self.tuner_state.n, stats.wall))
+        self.n_groups, self.tuner_state = self.tuner.observe(
+            self.tuner_state, stats.wall, compute=stats.compute, links=links
+        )
 
     async def evaluate(self, dataset: str = "test", *, batch_size: int | None = None) -> dict:
         """Leader: forward-only pass over ``dataset`` on every party; returns metrics
