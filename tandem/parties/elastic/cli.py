@@ -19,11 +19,14 @@ import sys
 import tomllib
 from typing import Any
 
+from tandem._extras import needs, require
 from tandem.errors import TandemError
 
 from .errors import ConfigError, NotWelcomedError
 
 log = logging.getLogger(__name__)
+
+PLOT_PURPOSE = "tandem elastic demo --plot"
 
 
 def register(sub) -> None:
@@ -302,6 +305,11 @@ async def _demo(args) -> int:
 
     if args.workers < 1 or args.data_servers < 1 or args.epochs < 1:
         return _fail(ConfigError("--workers, --data-servers and --epochs must be >= 1"))
+    if args.plot:  # fail before training, not after it
+        try:
+            require("plot", PLOT_PURPOSE)
+        except ConfigError as exc:
+            return _fail(exc)
     spec = ModelSpec(sizes=(16, 32, 4), optimizer="adam", lr=0.01, batch_size=32, seed=0)
     shards = make_dataset(args.data_servers, args.rows, spec)
     total = sum(s.n_batches(spec.batch_size) for s in shards) * args.epochs
@@ -375,14 +383,14 @@ async def _demo(args) -> int:
 
 
 def _plot(path: str, summary: dict, events: list) -> None:
-    """Loss after each epoch against time, with rollbacks and removals marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Loss after each epoch against time, with rollbacks and removals marked, on a
+    `matplotlib.figure.Figure` of its own (no pyplot state)."""
+    with needs("plot", PLOT_PURPOSE):
+        from matplotlib.figure import Figure
 
     t0 = events[0][0] if events else 0.0
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
     ep = [(t - t0, loss) for t, kind, loss in events if kind == "epoch"]
     ax.plot(
         [0.0] + [t for t, _ in ep],
@@ -390,7 +398,7 @@ def _plot(path: str, summary: dict, events: list) -> None:
         marker="o",
         label="loss (mean over shards)",
     )
-    for i, (t, kind, _) in enumerate(e for e in events if e[1] == "rollback"):
+    for i, (t, _, _) in enumerate(e for e in events if e[1] == "rollback"):
         ax.axvline(t - t0, color="red", alpha=0.4, label="rollback" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_xlabel("seconds")
@@ -399,4 +407,3 @@ def _plot(path: str, summary: dict, events: list) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
