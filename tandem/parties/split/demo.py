@@ -107,16 +107,17 @@ async def run_demo(
     result: dict = {}
 
     async def drive() -> None:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+        from tandem.parties.progress import progress_bar
 
         n_batches = len(epoch_batches(len(data.labels["train"]), batch_size, 0, seed))
-        with Progress(
+        with progress_bar(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
             TimeElapsedColumn(),
-            disable=not progress,
-            transient=False,
+            enabled=progress,
         ) as bar:
             for epoch in range(epochs):
                 task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
