@@ -29,8 +29,7 @@ def test_stdout_is_one_json_line_and_progress_goes_to_stderr(argv, key):
     proc = subprocess.run(
         [sys.executable, "-m", "tandem", *argv],
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        capture_output=True,  # stdout is a pipe, not a terminal
         text=True,
         timeout=300,
     )

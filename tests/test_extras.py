@@ -3,6 +3,8 @@ extra is missing stops before it starts, names the extra and exits 2 without a t
 
 from __future__ import annotations
 
+import ast
+import importlib.metadata
 import os
 import re
 import subprocess
@@ -36,12 +38,18 @@ def forget(monkeypatch: pytest.MonkeyPatch, *modules: str) -> None:
         monkeypatch.delitem(sys.modules, name, raising=False)
 
 
+def _dist(requirement: str) -> str:
+    """The normalised distribution name of a requirement string."""
+    name = re.split(r"[\s<>=~!;\[]", requirement, maxsplit=1)[0]
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def test_extras_match_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     optional = project["optional-dependencies"]
 
     def names(reqs: list[str]) -> set[str]:
-        return {re.split(r"[\s<>=~!;\[]", r, maxsplit=1)[0].lower() for r in reqs}
+        return {_dist(r) for r in reqs}
 
     for extra, pairs in EXTRAS.items():
         assert names(optional[extra]) == {dist for dist, _ in pairs}, extra
@@ -50,6 +58,30 @@ def test_extras_match_pyproject():
     core = names(project["dependencies"])
     for pairs in EXTRAS.values():  # an extra's distribution is never a hard dependency
         assert not core & {dist for dist, _ in pairs}
+
+
+def test_every_third_party_import_is_declared():
+    """Each module Tandem imports from outside the standard library comes from a distribution
+    that pyproject.toml declares: a hard dependency, or one of the extras `tandem._extras`
+    knows (nothing arrives only as another package's dependency)."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {_dist(r) for r in project["dependencies"]}
+    declared |= {_dist(r) for extra in EXTRAS for r in project["optional-dependencies"][extra]}
+    imported = set()
+    for path in (ROOT / "tandem").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"tandem", "__future__"}
+    providers = importlib.metadata.packages_distributions()
+    undeclared = {
+        module: providers.get(module)
+        for module in sorted(third_party)
+        if not {_dist(d) for d in providers.get(module, [])} & declared
+    }
+    assert undeclared == {}
 
 
 def test_needs_names_the_extra_and_the_install_command(monkeypatch):
