@@ -2,23 +2,32 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
+# Tandem with the test extra: every optional feature plus the test and lint tools
 install: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[test]'
 
-demo: install
+# the demo's data set (scikit-learn) and plots (matplotlib, for --trace)
+demo: $(BIN)/python
+	$(BIN)/python -m pip install -q -e '.[demo,plot]'
 	$(BIN)/tandem demo
 
-test: install
+# lint, format, types, then the whole suite; the first failure stops it
+test: install lint
 	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python -m bench.pipeline --json
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis .mypy_cache .ruff_cache

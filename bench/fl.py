@@ -75,12 +75,10 @@ def http_seconds_per_round(mode: str, rounds: int, warmup: int, seed: int) -> fl
 
 
 def plot(path: str, result: dict) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
     for name, server in result["runs"].items():
         cum, xs, ys = 0, [], []
         for r in server.reports:

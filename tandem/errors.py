@@ -19,6 +19,18 @@ class ConfigError(TandemError, ValueError):
     """A configuration value is wrong; the message names it and the accepted values."""
 
 
+class MissingExtraError(ConfigError):
+    """A feature needs an optional dependency group (an *extra*) that is not installed.
+
+    The message names the feature, the missing module and the command that installs the extra
+    (``pip install 'tandem[EXTRA]'``). ``extra`` holds the extra's name.
+    """
+
+    def __init__(self, message: str, *, extra: str) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
 class TransportError(TandemError):
     """Root of transport-layer errors."""
 

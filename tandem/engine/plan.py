@@ -126,6 +126,7 @@ class Plan:
             },
         )
         object.__setattr__(self, "indegree", {op: len(self.deps.get(op, ())) for op in self.ops})
+        object.__setattr__(self, "index", {op: i for i, op in enumerate(self.ops)})
         object.__setattr__(
             self,
             "recv_op",
@@ -139,6 +140,8 @@ class Plan:
     fanout: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     #: number of dependencies of each op (the runtime copies it per batch)
     indegree: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+    #: the position of each op in ``ops`` (plan order; the FIFO policy's key)
+    index: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     #: the receive op of each ``(peer, channel, micro-batch)``
     recv_op: Mapping[tuple[str, str, int], Op] = dataclasses.field(init=False, repr=False)
 

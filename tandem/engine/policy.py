@@ -1,7 +1,12 @@
 """The scheduling policy: which ready compute op runs next. Pure; shared by the simulator and
 the asyncio runtime, so a test can compare their traces.
 
-Rules (see docs/design.md):
+A policy is an object with a ``name`` and a ``choose(ready, outbound, plan, bp)`` method (the
+`Policy` protocol). Two are built in: `PRIORITY` (the method, below) and `FIFO` (plan order: the
+sequential baseline). Settings name them by string; `as_policy` turns a name into the object,
+once, where a setting enters the engine.
+
+Rules of `PRIORITY` (see docs/design.md):
 
 1. Below the outbound threshold, the ready op with the smallest key ``(distance to a send,
    micro-batch, seeded tie-break)`` runs: send-producing ops outrank local-only ones, and the op
@@ -17,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Mapping
+from typing import Protocol
 
 from tandem.errors import ConfigError
 
@@ -101,7 +107,7 @@ class ReadySet:
 
 
 def choose(ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op | None:
-    """The op to run next, or None to wait for a send to drain or a message to arrive."""
+    """The op `PRIORITY` runs next, or None to wait for a send to drain or a message to arrive."""
     producer = ready.best_producer()
     if producer is not None and outbound + plan.fanout[producer] > bp.capacity:
         producer = None
@@ -111,11 +117,66 @@ def choose(ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op |
     return producer if producer is not None else local
 
 
-def fifo_choose(
-    ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure, order: Mapping[Op, int]
-) -> Op | None:
-    """Baseline without priorities: the ready op earliest in plan order (capacity still holds)."""
-    cands = [
-        op for op in ready if outbound + plan.fanout[op] <= bp.capacity or plan.fanout[op] == 0
-    ]
-    return min(cands, key=order.__getitem__) if cands else None
+class Policy(Protocol):
+    """Which ready compute op of ``plan`` runs next.
+
+    Contract: ``choose`` is pure (the same arguments give the same op, so the simulator and the
+    runtime agree); it returns an op of ``ready`` or None (wait for a send to drain or a message
+    to arrive); it never returns an op whose sends would push ``outbound`` (frames queued or in
+    transmission) above ``bp.capacity``; among ready ops of one stage it picks the lowest
+    micro-batch (each channel's messages leave, and are expected, in micro-batch order).
+    ``name`` is what settings and task specs call it.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def choose(self, ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op | None: ...
+
+
+class PriorityPolicy:
+    """The method: send-producing ops first, nearest a send first; local-only ops while the
+    outbound queue is at or above its threshold (`choose`, rules in the module docstring)."""
+
+    name = "priority"
+
+    def choose(self, ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op | None:
+        return choose(ready, outbound, plan, bp)
+
+    def __repr__(self) -> str:
+        return "PRIORITY"
+
+
+class FifoPolicy:
+    """Baseline without priorities: the ready op earliest in plan order (``plan.index``) among
+    those the outbound capacity admits."""
+
+    name = "fifo"
+
+    def choose(self, ready: ReadySet, outbound: int, plan: Plan, bp: Backpressure) -> Op | None:
+        cands = [
+            op for op in ready if outbound + plan.fanout[op] <= bp.capacity or plan.fanout[op] == 0
+        ]
+        return min(cands, key=plan.index.__getitem__) if cands else None
+
+    def __repr__(self) -> str:
+        return "FIFO"
+
+
+PRIORITY: Policy = PriorityPolicy()
+FIFO: Policy = FifoPolicy()
+#: The built-in policies by name.
+POLICIES: Mapping[str, Policy] = {p.name: p for p in (PRIORITY, FIFO)}
+
+
+def as_policy(policy: Policy | str) -> Policy:
+    """``policy`` itself, or the built-in policy of that name; `ConfigError` listing the
+    accepted names for any other string."""
+    if not isinstance(policy, str):
+        return policy
+    try:
+        return POLICIES[policy]
+    except KeyError:
+        raise ConfigError(
+            f"unknown scheduling policy {policy!r}; choose one of {sorted(POLICIES)}"
+        ) from None

@@ -2,12 +2,13 @@
 
 Per batch, inside one `asyncio.TaskGroup`:
 
-* one **compute lane** loop picks ready compute ops with `policy.choose` (the same function the
-  simulator uses) and runs them on the party's lane (a worker thread), so sends and receives
-  progress during compute. With a `ThreadLane` (``lane.drives_batches``) that loop itself runs
-  on the lane's thread: after an op it takes the batch's lock, records the op's completion and
-  calls ``choose`` again, so consecutive ops cost no thread hand-off; it sleeps on a condition
-  only when nothing is ready, and arrivals and drained sends (loop thread, same lock) wake it.
+* one **compute lane** loop picks ready compute ops with the runtime's `Policy` (the same
+  object the simulator uses) and runs them on the party's lane (a worker thread), so sends and
+  receives progress during compute. With a `ThreadLane` (``lane.drives_batches``) that loop
+  itself runs on the lane's thread: after an op it takes the batch's lock, records the op's
+  completion and asks the policy again, so consecutive ops cost no thread hand-off; it sleeps on
+  a condition only when nothing is ready, and arrivals and drained sends (loop thread, same
+  lock) wake it.
   With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
   tests run it on a virtual clock);
 * one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
@@ -38,7 +39,7 @@ from tandem.errors import EngineError, ShapeError
 from tandem.transports.base import Frame, Transport
 
 from .plan import Kind, Op, Plan
-from .policy import Backpressure, ReadySet, choose, fifo_choose
+from .policy import PRIORITY, Backpressure, Policy, ReadySet, as_policy
 from .trace import Trace, TraceEvent
 
 
@@ -79,13 +80,14 @@ class _BatchState:
     microseconds: never across a kernel or an ``await``). ``cond`` (same lock) wakes a
     lane-driven compute loop waiting for a ready op; ``wake`` does that for the coroutine one."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, policy: Policy) -> None:
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.stop = False  # set (under lock) when the batch is cancelled
         self.waiting = False  # a lane-driven compute loop waits on ``cond``
         self.clock: Callable[[], float] = time.monotonic  # the trace's clock (set by run)
         self.plan = plan
+        self.policy = policy  # fixed for the batch
         self.remaining = dict(plan.indegree)  # a copy: the plan is shared by every batch
         self.ready = ReadySet(plan.key)
         self.outbound = 0
@@ -105,7 +107,9 @@ class PartyRuntime:
       transport: the party's transport.
       lane: a `ThreadLane` or `VirtualLane` (entered by the caller).
       backpressure: outbound threshold and hard capacity, in frames.
-      policy: ``"priority"`` (the method) or ``"fifo"`` (plan order; the sequential baseline).
+      policy: a `Policy` or the name of a built-in one (`as_policy`): ``"priority"`` (the
+        method) or ``"fifo"`` (plan order; the sequential baseline). A batch runs with the
+        policy set when it starts.
       trace: where to record op and transfer intervals (optional).
     """
 
@@ -115,15 +119,13 @@ class PartyRuntime:
         lane,
         *,
         backpressure: Backpressure = Backpressure(),
-        policy: str = "priority",
+        policy: Policy | str = PRIORITY,
         trace: Trace | None = None,
     ) -> None:
-        if policy not in ("priority", "fifo"):
-            raise EngineError(f"policy must be 'priority' or 'fifo', got {policy!r}")
         self.transport = transport
         self.lane = lane
         self.bp = backpressure
-        self.policy = policy
+        self.policy: Policy = as_policy(policy)
         self.trace = trace
         self.counters: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.Counter[str] = collections.Counter()
@@ -132,7 +134,7 @@ class PartyRuntime:
         """Execute every op of ``plan`` once; returns when all sends have been handed over."""
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
-        st = _BatchState(plan)
+        st = _BatchState(plan, self.policy)
         # trace clock: the loop's (virtual in tests) unless the lane's thread drives the batch;
         # then time.monotonic for every event, which asyncio's loop.time() also reads (uvloop's
         # reads the same clock, but cached once per loop iteration, in whole milliseconds)
@@ -155,12 +157,9 @@ class PartyRuntime:
         return stats
 
     # -- the three kinds of lanes --------------------------------------------------------------
-    def _pick(self, st: _BatchState, order: Mapping[Op, int] | None) -> Op | None:
+    def _pick(self, st: _BatchState) -> Op | None:
         """The policy's choice (caller holds ``st.lock``); removes it from the ready set."""
-        if order is None:
-            op = choose(st.ready, st.outbound, st.plan, self.bp)
-        else:
-            op = fifo_choose(st.ready, st.outbound, st.plan, self.bp, order)
+        op = st.policy.choose(st.ready, st.outbound, st.plan, self.bp)
         if op is not None:
             st.ready.remove(op)
         return op
@@ -176,7 +175,6 @@ class PartyRuntime:
     async def _compute_lane(
         self, st: _BatchState, handler: OpHandler, batch: int, stats: BatchStats
     ) -> None:
-        order = {op: i for i, op in enumerate(st.plan.ops)} if self.policy == "fifo" else None
         if getattr(self.lane, "drives_batches", False):
             loop = asyncio.get_running_loop()
 
@@ -189,13 +187,13 @@ class PartyRuntime:
                     st.cond.notify_all()
 
             await self.lane.run(
-                None, lambda: self._drive(st, handler, stats, order, enqueue), on_cancel=stop
+                None, lambda: self._drive(st, handler, stats, enqueue), on_cancel=stop
             )
             return
         loop = asyncio.get_running_loop()
         while st.compute_left:
             with st.lock:
-                op = self._pick(st, order)
+                op = self._pick(st)
             if op is None:
                 st.wake.clear()
                 await st.wake.wait()
@@ -213,7 +211,6 @@ class PartyRuntime:
         st: _BatchState,
         handler: OpHandler,
         stats: BatchStats,
-        order: Mapping[Op, int] | None,
         enqueue: Callable,
     ) -> None:
         """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
@@ -224,7 +221,7 @@ class PartyRuntime:
                 while True:
                     if st.stop or not st.compute_left:
                         return
-                    op = self._pick(st, order)
+                    op = self._pick(st)
                     if op is not None:
                         break
                     st.waiting = True

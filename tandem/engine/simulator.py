@@ -1,10 +1,10 @@
 """Discrete-event simulator of a set of plans. Pure Python: no asyncio, no JAX.
 
-It models exactly what the runtime does: one compute lane per party choosing ops with
-`policy.choose` (or the FIFO baseline); an outbound queue per party whose sends, in FIFO order
-per peer, occupy the directed link for ``nbytes / bandwidth`` seconds (one frame at a time per
-direction, across channels) and arrive ``latency`` seconds after their transmission ends. A
-frame leaves the outbound count when its transmission ends.
+It models exactly what the runtime does: one compute lane per party choosing ops with the
+same `tandem.engine.policy.Policy` (`PRIORITY`, or the `FIFO` baseline); an outbound queue per
+party whose sends, in FIFO order per peer, occupy the directed link for ``nbytes / bandwidth``
+seconds (one frame at a time per direction, across channels) and arrive ``latency`` seconds
+after their transmission ends. A frame leaves the outbound count when its transmission ends.
 
 `simulate` returns the makespan and a `Trace`; with the same costs, the runtime on a virtual
 clock produces the same per-party op order (tests/test_sim_vs_runtime.py).
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from tandem.errors import PlanError
 
 from .plan import Kind, Op, Plan
-from .policy import Backpressure, ReadySet, choose, fifo_choose
+from .policy import PRIORITY, Backpressure, Policy, ReadySet, as_policy
 from .trace import Trace, TraceEvent
 
 
@@ -47,10 +47,12 @@ def simulate(
     nbytes: Callable[[str, Op], int],
     links: Callable[[str, str], Link] | Mapping[tuple[str, str], Link] | None = None,
     bp: Backpressure = Backpressure(),
-    policy: str = "priority",
+    policy: Policy | str = PRIORITY,
 ) -> SimResult:
     """Simulate one batch of every party's plan. ``cost(party, op)`` gives compute seconds,
-    ``nbytes(party, send_op)`` the bytes a send puts on the wire."""
+    ``nbytes(party, send_op)`` the bytes a send puts on the wire; ``policy`` is a `Policy` or
+    the name of a built-in one (`as_policy`)."""
+    policy = as_policy(policy)
     if callable(links):
         link_of = links
     else:
@@ -63,7 +65,6 @@ def simulate(
     trace = Trace()
     remaining = {p: {op: len(pl.deps.get(op, ())) for op in pl.ops} for p, pl in plans.items()}
     ready = {p: ReadySet(pl.key) for p, pl in plans.items()}
-    order = {p: {op: i for i, op in enumerate(pl.ops)} for p, pl in plans.items()}
     busy = {p: False for p in plans}
     outbound = {p: 0 for p in plans}
     queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
@@ -73,15 +74,10 @@ def simulate(
     def push(t: float, *ev) -> None:
         heapq.heappush(events, (t, next(seq), ev))
 
-    def pick(p: str) -> Op | None:
-        if policy == "fifo":
-            return fifo_choose(ready[p], outbound[p], plans[p], bp, order[p])
-        return choose(ready[p], outbound[p], plans[p], bp)
-
     def dispatch(p: str, t: float) -> None:
         if busy[p]:
             return
-        op = pick(p)
+        op = policy.choose(ready[p], outbound[p], plans[p], bp)
         if op is None:
             return
         ready[p].remove(op)

@@ -96,20 +96,21 @@ def _color(name: str) -> str:
 
 def plot_gantt(traces: Sequence[tuple[str, Trace]], path: str | Path) -> Path:
     """One panel per (title, trace): a row per (party, lane), a bar per event, labelled by
-    micro-batch; e.g. ``[("sequential (n=1)", t1), ("pipelined (n=8)", t8)]``."""
-    import matplotlib
+    micro-batch; e.g. ``[("sequential (n=1)", t1), ("pipelined (n=8)", t8)]``.
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
+    Draws on its own `matplotlib.figure.Figure` (no pyplot, no backend switch: the caller's
+    matplotlib state is left alone). Needs the ``plot`` extra (`tandem._extras`)."""
+    from tandem._extras import needs
+
+    with needs("plot", "the Gantt picture (plot_gantt, tandem demo --trace)"):
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     spans = [t.span for _, t in traces]
     xmax = max(spans, default=1.0) or 1.0
-    fig, axes = plt.subplots(
-        len(traces),
-        1,
+    fig = Figure(
         figsize=(
             12,
             1.2
@@ -117,10 +118,10 @@ def plot_gantt(traces: Sequence[tuple[str, Trace]], path: str | Path) -> Path:
             * max(len({(e.party, e.lane) for e in t.events}) for _, t in traces)
             * len(traces)
             / 1.5,
-        ),
-        squeeze=False,
+        )
     )
-    for ax, (title, trace) in zip(axes[:, 0], traces):
+    axes = fig.subplots(len(traces), 1, squeeze=False)
+    for ax, (title, trace) in zip(axes[:, 0], traces, strict=True):
         t0 = min((e.start for e in trace.events), default=0.0)
         rows = sorted(
             {(e.party, e.lane) for e in trace.events},
@@ -165,5 +166,4 @@ def plot_gantt(traces: Sequence[tuple[str, Trace]], path: str | Path) -> Path:
     fig.legend(handles=handles, loc="upper right", ncol=5, fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     fig.savefig(path, dpi=120)
-    plt.close(fig)
     return path

@@ -1,4 +1,12 @@
-"""Private sample alignment (ECDH-PSI) for split learning: see `psi.align` and docs/alignment.md."""
+"""Private sample alignment (ECDH-PSI) for split learning: see `psi.align` and docs/alignment.md.
+
+`align` and `AlignedIds` load on first use: the PSI needs the ``psi`` extra, while the
+aligned-rows file (`aligned_file`), which training and prediction read, needs nothing optional.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
 
 from .errors import (
     AlignmentConfigError,
@@ -7,7 +15,6 @@ from .errors import (
     IdError,
     ProtocolError,
 )
-from .psi import AlignedIds, align
 
 __all__ = [
     "AlignedIds",
@@ -18,3 +25,17 @@ __all__ = [
     "ProtocolError",
     "align",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in ("AlignedIds", "align"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import psi
+
+    value = getattr(psi, name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on first use
+    from .psi import AlignedIds, align

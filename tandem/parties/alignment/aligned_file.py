@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .ecdh import canonical, commitment
 from .errors import AlignmentError
+from .ids import canonical, commitment
 
 HEADER = ["row", "id"]
 

@@ -1,12 +1,12 @@
-"""ECDH-PSI core over X25519: canonical ids, hash to the curve, blinding, matching. Pure.
+"""ECDH-PSI core over X25519: hash to the curve, blinding, matching. Pure.
 
 No asyncio, no JAX. The functions that do curve work take and return *plain bytes* so a
 process pool can run them on chunks without pickling any object (see `psi`).
 
 The scheme (symmetric Diffie-Hellman PSI, as in Huberman-Franklin-Hogg / Meadows):
 
-* every id is encoded canonically (`canonical`) and hashed to the u-coordinate of a point
-  ``H(x)`` on Curve25519 (`hash_to_u`, try-and-increment on SHA-256);
+* every id is encoded canonically (`ids.canonical`, re-exported here) and hashed to the
+  u-coordinate of a point ``H(x)`` on Curve25519 (`hash_to_u`, try-and-increment on SHA-256);
 * party A sends ``a*H(x)`` for its ids (shuffled), B sends ``b*H(y)`` for its ids (shuffled);
 * each side multiplies what it received by its own scalar and returns it in the order received:
   ``b*a*H(x) == a*b*H(x)`` because X25519 scalar multiplications commute;
@@ -30,19 +30,34 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-import numbers
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-import gmpy2
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from tandem._extras import needs
 
-from .errors import AlignmentConfigError, IdError, ProtocolError
+from .errors import AlignmentConfigError, ProtocolError
+from .ids import DOMAIN, SCHEME, canonical, canonicalise, commitment
+
+with needs("psi", "private set intersection (tandem align)"):
+    import gmpy2
+    from cryptography.hazmat.primitives.asymmetric.x25519 import (
+        X25519PrivateKey,
+        X25519PublicKey,
+    )
+
+__all__ = [
+    "POINT_BYTES",
+    "SCHEME",
+    "blind_points",
+    "canonical",
+    "canonicalise",
+    "commitment",
+    "hash_and_blind",
+    "hash_to_u",
+    "match",
+]
 
 #: Bytes of one curve point (u-coordinate, little-endian).
 POINT_BYTES = 32
-#: Identifier of the scheme, exchanged in the hello frame; both sides must agree.
-SCHEME = "x25519-sha256-tai-v1"
-_DOMAIN = b"tandem/psi/" + SCHEME.encode() + b"/"
 _P = 2**255 - 19
 _PZ = gmpy2.mpz(_P)
 _A = gmpy2.mpz(486662)
@@ -59,45 +74,6 @@ _SMALL_ORDER = frozenset(
 )
 
 
-def canonical(value: object, *, index: int | None = None) -> bytes:
-    """The canonical byte encoding of one id.
-
-    Strings encode as UTF-8 (exactly as given: no case folding or Unicode normalisation).
-    Integers (Python or numpy) encode as their decimal text, so the int ``42`` and the string
-    ``"42"`` are the same id (a CSV read as text aligns with integer keys). Anything else
-    (bool, float, bytes, None, ...) is refused with `IdError`: floats would make ``1.0`` vs
-    ``1`` ambiguous; convert such ids to str or int first.
-    """
-    where = f" at position {index}" if index is not None else ""
-    if isinstance(value, str):
-        try:
-            return value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise IdError(f"id{where} is not valid Unicode text: {value!r}") from None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise IdError(
-            f"id{where} has type {type(value).__name__} ({value!r}); ids must be str or int "
-            "(convert floats/bytes/other keys to str or int before aligning)"
-        )
-    return str(int(value)).encode("ascii")
-
-
-def canonicalise(ids: Iterable[object]) -> tuple[list[bytes], list[int], int]:
-    """Canonical ids without duplicates, in first-occurrence order.
-
-    Returns ``(keys, rows, duplicates)``: ``keys[i]`` first occurs at row ``rows[i]`` of
-    ``ids``; ``duplicates`` counts the rows dropped because their id occurred earlier.
-    """
-    seen: dict[bytes, int] = {}
-    n = 0
-    for i, value in enumerate(ids):
-        key = canonical(value, index=i)
-        if key not in seen:
-            seen[key] = i
-        n += 1
-    return list(seen.keys()), list(seen.values()), n - len(seen)
-
-
 def hash_to_u(key: bytes) -> bytes:
     """Hash a canonical id to the u-coordinate (32 bytes, little-endian) of a curve point.
 
@@ -106,7 +82,7 @@ def hash_to_u(key: bytes) -> bytes:
     non-zero square (the point is on Curve25519, not its twist). About two tries on average.
     """
     for counter in range(256):
-        digest = hashlib.sha256(_DOMAIN + counter.to_bytes(1, "little") + key).digest()
+        digest = hashlib.sha256(DOMAIN + counter.to_bytes(1, "little") + key).digest()
         u = int.from_bytes(digest, "little") & _MASK255
         if u >= _P or u in _SMALL_ORDER:
             continue
@@ -167,15 +143,3 @@ def match(own_doubles: bytes, peer_doubles: bytes, width: int) -> list[int]:
         for j in range(len(own_doubles) // width)
         if own_doubles[j * width : (j + 1) * width] in peer
     ]
-
-
-def commitment(keys: Iterable[bytes]) -> str:
-    """Hex SHA-256 over the canonical ids in the given (agreed, sorted) order.
-
-    Each id is length-prefixed (u32 little-endian), so the list is encoded unambiguously.
-    """
-    h = hashlib.sha256(_DOMAIN + b"commitment/")
-    for k in keys:
-        h.update(len(k).to_bytes(4, "little"))
-        h.update(k)
-    return h.hexdigest()

@@ -6,6 +6,9 @@
     tandem elastic worker --config w0.toml
     tandem elastic demo [--workers 3] [--churn]  # everything in one process, memory transport
 
+Progress and status lines go to stderr; stdout carries only each command's result, one JSON
+line (the coordinator's and the demo's summary, a worker's batch count, what prepare wrote).
+
 Config files are TOML (read through fsspec, so any fsspec URL works). See
 ``examples/elastic/`` and ``docs/elastic.md`` for every key.
 """
@@ -19,11 +22,14 @@ import sys
 import tomllib
 from typing import Any
 
+from tandem._extras import needs, require
 from tandem.errors import TandemError
 
 from .errors import ConfigError, NotWelcomedError
 
 log = logging.getLogger(__name__)
+
+PLOT_PURPOSE = "tandem elastic demo --plot"
 
 
 def register(sub) -> None:
@@ -177,6 +183,7 @@ async def _coordinator(args) -> int:
             print(
                 f"epoch {p.epoch} committed {p.committed}/{p.total} live {p.live} "
                 f"gen {p.generation} rollbacks {p.rollbacks}{loss}",
+                file=sys.stderr,
                 flush=True,
             )
 
@@ -210,10 +217,13 @@ async def _coordinator(args) -> int:
     if args.summary:
         with open(args.summary, "w") as f:
             json.dump(summary, f)
-    print(
-        f"done: {summary['epochs']} epochs, {summary['rollbacks']} rollbacks, "
-        f"loss {summary['initial_loss']:.4f} -> {summary['history'][-1]['loss']:.4f}"
-    )
+    result = {
+        "epochs": summary["epochs"],
+        "rollbacks": summary["rollbacks"],
+        "initial_loss": round(summary["initial_loss"], 4),
+        "final_loss": round(summary["history"][-1]["loss"], 4),
+    }
+    print(json.dumps(result), flush=True)
     return 0
 
 
@@ -239,6 +249,7 @@ async def _data_server(args) -> int:
         )
         print(
             f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
+            file=sys.stderr,
             flush=True,
         )
         await ds.run()
@@ -269,12 +280,12 @@ async def _worker(args) -> int:
             )
         except ValueError as exc:
             return _fail(ConfigError(f"config {args.config!r}: {exc}"))
-        print(f"{cfg['name']}: worker on {t.url}", flush=True)
+        print(f"{cfg['name']}: worker on {t.url}", file=sys.stderr, flush=True)
         try:
             await worker.run()
         except NotWelcomedError as exc:
             return _fail(exc)
-        print(f"{cfg['name']}: stopped after {worker.done} batches", flush=True)
+        print(json.dumps({"worker": cfg["name"], "batches": worker.done}), flush=True)
     return 0
 
 
@@ -290,9 +301,10 @@ async def _prepare(args) -> int:
     fs.makedirs(path, exist_ok=True)
     with fsspec.open(f"{out}/model.json", "w") as f:
         json.dump(spec.to_dict(), f)
-    for i, shard in enumerate(make_dataset(args.shards, args.rows, spec)):
-        save_shard(shard, f"{out}/shard{i}.npz")
-    print(f"wrote {out}/model.json and {args.shards} shards of {args.rows} rows")
+    shards = [f"{out}/shard{i}.npz" for i in range(args.shards)]
+    for shard, url in zip(make_dataset(args.shards, args.rows, spec), shards, strict=True):
+        save_shard(shard, url)
+    print(json.dumps({"model": f"{out}/model.json", "shards": shards, "rows": args.rows}))
     return 0
 
 
@@ -302,15 +314,22 @@ async def _demo(args) -> int:
 
     if args.workers < 1 or args.data_servers < 1 or args.epochs < 1:
         return _fail(ConfigError("--workers, --data-servers and --epochs must be >= 1"))
+    if args.plot:  # fail before training, not after it
+        try:
+            require("plot", PLOT_PURPOSE)
+        except ConfigError as exc:
+            return _fail(exc)
     spec = ModelSpec(sizes=(16, 32, 4), optimizer="adam", lr=0.01, batch_size=32, seed=0)
     shards = make_dataset(args.data_servers, args.rows, spec)
     total = sum(s.n_batches(spec.batch_size) for s in shards) * args.epochs
     if args.quiet:
         bar = None
     else:
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-        bar = Progress(
+        from tandem.parties.progress import progress_bar
+
+        bar = progress_bar(
             TextColumn("{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} batches"),
@@ -375,14 +394,14 @@ async def _demo(args) -> int:
 
 
 def _plot(path: str, summary: dict, events: list) -> None:
-    """Loss after each epoch against time, with rollbacks and removals marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Loss after each epoch against time, with rollbacks and removals marked, on a
+    `matplotlib.figure.Figure` of its own (no pyplot state)."""
+    with needs("plot", PLOT_PURPOSE):
+        from matplotlib.figure import Figure
 
     t0 = events[0][0] if events else 0.0
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    fig = Figure(figsize=(7, 3.5))
+    ax = fig.subplots()
     ep = [(t - t0, loss) for t, kind, loss in events if kind == "epoch"]
     ax.plot(
         [0.0] + [t for t, _ in ep],
@@ -399,4 +418,3 @@ def _plot(path: str, summary: dict, events: list) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -7,7 +7,6 @@ accuracy (percent) and the exact bytes up and down.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import orjson
 
@@ -49,8 +48,7 @@ def register(sub) -> None:
 
 
 async def demo(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
+    from tandem.parties.progress import progress_bar
 
     data = load_federated_digits(args.clients, args.alpha, args.seed)
     hidden = [int(h) for h in args.hidden.split(",") if h]
@@ -76,8 +74,7 @@ async def demo(args: argparse.Namespace) -> int:
             sketch=args.mode == "sketch",
             **common,
         )
-    console = Console(file=sys.stderr)
-    with Progress(console=console, disable=args.quiet) as progress:
+    with progress_bar(enabled=not args.quiet) as progress:
         task = progress.add_task(f"FL {args.mode}, {trainer.dim} params", total=args.rounds)
 
         def on_round(rep) -> None:
@@ -92,7 +89,7 @@ async def demo(args: argparse.Namespace) -> int:
             )
             if rep.rejected:
                 for msg in rep.rejected.values():
-                    console.print(f"[yellow]{msg}")
+                    progress.console.print(f"[yellow]{msg}")
 
         server = await run_memory_federation(data, trainer, cfg, on_round=on_round)
     last = server.reports[-1].accuracy if server.reports else None

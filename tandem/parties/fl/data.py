@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 
+from tandem._extras import needs
 from tandem.errors import ConfigError
 
 
@@ -65,9 +66,11 @@ def dirichlet_split(
 def load_federated_digits(
     num_clients: int, alpha: float, seed: int, *, test_fraction: float = 0.2
 ) -> FederatedData:
-    """Digits (1797 8x8 images, scaled to [0, 1]) split into a test set and client shards."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    """Digits (1797 8x8 images, scaled to [0, 1]) split into a test set and client shards.
+    Needs the ``demo`` extra (`tandem._extras`)."""
+    with needs("demo", "tandem fl demo (scikit-learn's digits data)"):
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
 
     if not 0 < test_fraction < 1:
         raise ConfigError(f"test_fraction must be in (0, 1), got {test_fraction}")

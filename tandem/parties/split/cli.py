@@ -54,6 +54,7 @@ async def party_command(args) -> int:
     1 the run failed (refused spec, wrong secret, unreachable or lost peer), 2 bad config."""
     from tandem.errors import ConfigError, TandemError
 
+    from .cli_report import report_error
     from .party_config import load_party_config
     from .standalone import run_party
 
@@ -76,23 +77,3 @@ async def party_command(args) -> int:
             loop.remove_signal_handler(sig)
     print(json.dumps(result), flush=True)
     return 0
-
-
-def _first(exc: BaseException) -> BaseException:
-    """``exc``, or the first leaf exception of a (nested) exception group."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
-
-
-def report_error(prefix: str, exc: BaseException) -> int:
-    """Print a command's failure as ``prefix: message`` on stderr and return its exit code:
-    2 for a configuration error (the user must fix an input), 1 for any other Tandem or OS
-    error. Anything else (a bug) is re-raised, as are exception groups holding one."""
-    from tandem.errors import ConfigError, TandemError
-
-    err = _first(exc)
-    if not isinstance(err, (TandemError, OSError)):
-        raise exc
-    print(f"{prefix}: {err}", file=sys.stderr)
-    return 2 if isinstance(err, ConfigError) else 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tandem._extras import needs, require
 from tandem.engine.data import epoch_batches
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower
@@ -33,9 +34,10 @@ class DemoData:
 
 def load_breast_cancer_split(seed: int = 0, test_fraction: float = 0.25) -> DemoData:
     """scikit-learn's bundled breast-cancer data, standardised on the training split, columns
-    0-14 to the leader and 15-29 to the follower."""
-    from sklearn.datasets import load_breast_cancer
-    from sklearn.model_selection import train_test_split
+    0-14 to the leader and 15-29 to the follower. Needs the ``demo`` extra (`tandem._extras`)."""
+    with needs("demo", "tandem demo (scikit-learn's breast-cancer data)"):
+        from sklearn.datasets import load_breast_cancer
+        from sklearn.model_selection import train_test_split
 
     X, y = load_breast_cancer(return_X_y=True)
     Xtr, Xte, ytr, yte = train_test_split(
@@ -105,16 +107,17 @@ async def run_demo(
     result: dict = {}
 
     async def drive() -> None:
-        from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+        from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
+
+        from tandem.parties.progress import progress_bar
 
         n_batches = len(epoch_batches(len(data.labels["train"]), batch_size, 0, seed))
-        with Progress(
+        with progress_bar(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
             TimeElapsedColumn(),
-            disable=not progress,
-            transient=False,
+            enabled=progress,
         ) as bar:
             for epoch in range(epochs):
                 task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
@@ -180,6 +183,8 @@ async def run_demo(
 
 
 async def demo_command(args) -> int:
+    if args.trace:  # fail before training, not after it
+        require("plot", "tandem demo --trace (the Gantt picture)")
     result = await run_demo(
         epochs=args.epochs,
         batch_size=args.batch_size,

@@ -37,7 +37,7 @@ from tandem.engine.kernels import StageModel, get_loss
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
 from tandem.engine.plan import Plan, make_plan
-from tandem.engine.policy import Backpressure
+from tandem.engine.policy import Backpressure, as_policy
 from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
@@ -58,7 +58,9 @@ class SplitConfig:
     ``chunks``: messages per group each way (`tandem.engine.plan`): the loss party computes per
     message, so a group's gradient starts back after its first part instead of after the whole
     group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
-    worth of messages (a party queues up to ``capacity * chunks`` frames).
+    worth of messages (a party queues up to ``capacity * chunks`` frames). ``policy``: the name
+    of a built-in scheduling policy (`tandem.engine.policy.POLICIES`), which the task spec
+    records; each batch runs with the policy named when it starts.
     """
 
     batch_size: int = 64
@@ -88,6 +90,7 @@ class SplitConfig:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         get_loss(self.loss)
         Backpressure(self.threshold, self.capacity)
+        as_policy(self.policy)
 
     def make_optimizer(self) -> optax.GradientTransformation:
         return OPTIMIZERS[self.optimizer](self.learning_rate)
@@ -240,7 +243,7 @@ class SplitParty:
         self.handler.begin(
             self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train, chunks=chunks
         )
-        runtime.trace, runtime.policy = self.trace, self.config.policy
+        runtime.trace, runtime.policy = self.trace, as_policy(self.config.policy)
         runtime.bp = self.config.backpressure.scaled(chunks)
         self.in_batch = True
         try:
@@ -281,12 +284,11 @@ class SplitParty:
                 fut.set_result(None)
 
     def _runtime(self, lane) -> PartyRuntime:
-        policy = self.config.policy
         runtime = PartyRuntime(
             self.transport,
             lane,
             backpressure=self.config.backpressure,
-            policy=policy,
+            policy=self.config.policy,
             trace=self.trace,
         )
         runtime.counters, runtime.op_seconds = self.op_counts, self.op_seconds  # shared totals

@@ -82,7 +82,7 @@ async def predict_command(args: argparse.Namespace) -> int:
     unreachable or lost, timeout); 2 bad input (config, export, rows, options)."""
     from tandem.errors import TandemError
 
-    from .cli import report_error
+    from .cli_report import report_error
 
     try:
         async with asyncio.timeout(args.timeout):

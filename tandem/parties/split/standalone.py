@@ -30,7 +30,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import sys
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -468,15 +467,15 @@ def _progress(
     if not cfg.progress:
         yield lambda loss: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
-    with Progress(
+    from tandem.parties.progress import progress_bar
+
+    with progress_bar(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
         TimeElapsedColumn(),
-        console=Console(file=sys.stderr),
     ) as bar:
         task = bar.add_task(label, total=total, completed=done, loss="-")
 

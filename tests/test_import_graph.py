@@ -1,0 +1,94 @@
+"""Imports flow one way: no cycle among Tandem's modules (counting imports inside functions too),
+and the layers import downwards only (transports <- engine <- parties)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tandem"
+
+
+def modules() -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package)."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_pkg else parts)] = (path, is_pkg)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the Tandem modules it imports anywhere in its body. ``from pkg import name``
+    counts as importing ``pkg.name`` when that is a module, else ``pkg``."""
+    mods = modules()
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, (path, is_pkg) in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                graph[mod] |= {a.name for a in node.names if a.name in mods}
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    anchor = mod.split(".") if is_pkg else mod.split(".")[:-1]
+                    anchor = anchor[: len(anchor) - node.level + 1]
+                    base = ".".join(anchor + ([node.module] if node.module else []))
+                else:
+                    base = node.module or ""
+                for alias in node.names:
+                    target = f"{base}.{alias.name}"
+                    if target in mods:
+                        graph[mod].add(target)
+                    elif base in mods:
+                        graph[mod].add(base)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 finished
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_the_graph_sees_imports_inside_functions():
+    graph = import_graph()
+    assert "tandem.parties.split.predict_cli" in graph["tandem.parties.split.cli"]  # in register()
+    assert "tandem.parties.split.cli_report" in graph["tandem.parties.split.predict_cli"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_import_cycles():
+    assert find_cycle(import_graph()) is None
+
+
+def test_layers_import_downwards_only():
+    forbidden = {
+        "tandem.transports": ("tandem.engine", "tandem.parties"),
+        "tandem.engine": ("tandem.parties",),
+    }
+    wrong = [
+        f"{mod} imports {dep}"
+        for mod, deps in import_graph().items()
+        for layer, above in forbidden.items()
+        if mod.startswith(layer + ".") or mod == layer
+        for dep in deps
+        if dep.startswith(above)
+    ]
+    assert wrong == []
