@@ -8,7 +8,9 @@ commands need comes as an extra, declared in ``pyproject.toml`` under
 * ``demo``: scikit-learn, the bundled data sets of ``tandem demo`` and ``tandem fl demo``;
 * ``plot``: matplotlib, the Gantt picture (``tandem demo --trace``) and ``tandem elastic demo
   --plot``;
-* ``psi``: cryptography and gmpy2, the private set intersection of ``tandem align``.
+* ``psi``: cryptography and gmpy2, the private set intersection of ``tandem align``;
+* ``parquet``: pyarrow, the reader of ``.csv`` and ``.parquet`` data files (`tandem.parties.data`);
+* ``flax``, ``equinox``: the model adapters of those libraries (`tandem.parties.models`).
 
 Code that needs an extra imports it lazily, inside the block of `needs` (or checks it early with
 `require`), so a missing extra becomes a `tandem.errors.MissingExtraError` (a ``ConfigError``:
@@ -29,6 +31,9 @@ EXTRAS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "demo": (("scikit-learn", "sklearn"),),
     "plot": (("matplotlib", "matplotlib"),),
     "psi": (("cryptography", "cryptography"), ("gmpy2", "gmpy2")),
+    "parquet": (("pyarrow", "pyarrow"),),
+    "flax": (("flax", "flax"),),
+    "equinox": (("equinox", "equinox"),),
 }
 
 

@@ -1,11 +1,14 @@
 """Shared test configuration.
 
 JAX runs on the CPU in tests; the suite must pass on a 2-core machine without an accelerator.
+Hypothesis profiles: `hypothesis_profiles` (``TANDEM_HYPOTHESIS_PROFILE=nightly``).
 """
 
 import os
 
 import pytest
+
+import hypothesis_profiles  # noqa: F401  (registers and loads the Hypothesis profile)
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")

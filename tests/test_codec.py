@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from hypothesis_profiles import examples
 from tandem.errors import FrameError, PayloadTooLargeError
 from tandem.transports import codec
 from tandem.transports.base import Frame
@@ -60,7 +61,7 @@ frames = st.builds(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(frames)
 def test_roundtrip(frame):
     data = codec.encode(frame)
@@ -81,7 +82,7 @@ def test_roundtrip(frame):
         np.testing.assert_array_equal(x, y)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(meta=meta, sender=st.text(max_size=20))
 def test_first_array_starts_aligned_and_unpadded_frames_still_decode(meta, sender):
     """The header is padded so that the first array starts at a multiple of ALIGN: decoded
@@ -107,7 +108,7 @@ def test_first_array_starts_aligned_and_unpadded_frames_still_decode(meta, sende
     np.testing.assert_array_equal(old.arrays[0], x)
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_raise_frame_error(data):
     try:
@@ -116,7 +117,7 @@ def test_random_bytes_raise_frame_error(data):
         pass
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(frames, st.data())
 def test_mutated_frames_raise_frame_error_or_decode(frame, data):
     raw = bytearray(codec.encode(frame))
@@ -134,7 +135,7 @@ def test_mutated_frames_raise_frame_error_or_decode(frame, data):
         pass
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=examples(120), deadline=None)
 @given(
     st.dictionaries(
         st.sampled_from(["sender", "channel", "id", "spec", "meta", "arrays", "x"]),

@@ -6,6 +6,7 @@ import fsspec
 import numpy as np
 import pytest
 
+from tandem.errors import ConfigError
 from tandem.parties.data import DataError, read_table
 
 CSV = (
@@ -161,7 +162,7 @@ def test_an_empty_csv(tmp_path):
 def test_without_pyarrow_the_error_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # `import pyarrow` raises ImportError
     path = write_csv(tmp_path)
-    with pytest.raises(DataError) as info:
+    with pytest.raises(ConfigError) as info:
         read_table(path)
     assert path in str(info.value) and "pip install 'tandem[parquet]'" in str(info.value)
 

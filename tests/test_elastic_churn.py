@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.parties.elastic.local import LocalCluster
 from tandem.parties.elastic.spec import ModelSpec, make_dataset
 from tandem.parties.elastic.worker import WorkerKilled
@@ -142,7 +143,7 @@ def check(summary: dict, cluster: LocalCluster) -> None:
 
 @pytest.mark.slow
 @settings(
-    max_examples=10,
+    max_examples=examples(10),
     deadline=None,
     derandomize=True,
     database=None,

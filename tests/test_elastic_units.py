@@ -14,6 +14,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from hypothesis_profiles import examples
 from tandem.parties.elastic import protocol as P
 from tandem.parties.elastic.data_server import DataServer
 from tandem.parties.elastic.errors import (
@@ -137,7 +138,11 @@ class LedgerMachine(RuleBasedStateMachine):
 
 TestLedgerMachine = LedgerMachine.TestCase
 TestLedgerMachine.settings = settings(
-    max_examples=40, stateful_step_count=25, deadline=None, derandomize=True, database=None
+    max_examples=examples(40),
+    stateful_step_count=25,
+    deadline=None,
+    derandomize=True,
+    database=None,
 )
 
 

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.engine.kernels import binary_logistic
 from tandem.engine.microbatch import group_bounds
 from tandem.engine.topology import FEATURES, leader_follower, star, two_party, u_shape
@@ -100,7 +101,7 @@ def test_chunked_messages_match_plain_jax(name):
 
 
 @pytest.mark.slow
-@settings(max_examples=4, deadline=None)
+@settings(max_examples=examples(4), deadline=None)
 @given(
     topo=topologies(max_parties=3, max_stages=4), n=st.integers(1, ROWS), chunks=st.integers(1, 4)
 )

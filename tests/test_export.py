@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.engine.models import mlp_init
 from tandem.parties.split.export import (
     ExportError,
@@ -130,7 +131,7 @@ def test_bad_inputs_are_refused(tmp_path):
     assert not path.exists()
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(
     sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4),
     dtype=st.sampled_from(["float32", "float16", "float64", "bfloat16"]),

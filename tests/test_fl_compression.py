@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from scipy import stats
 
+from hypothesis_profiles import examples
 from tandem.engine.models import mlp_init
 from tandem.errors import ConfigError
 from tandem.parties.fl import compression as C
@@ -55,7 +56,7 @@ def _close(mean, var, x, n=SAMPLES) -> bool:
     return bool(np.all(np.abs(mean - x) <= 6 * np.sqrt(var / n) + 1e-4 * (1 + np.abs(x))))
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=examples(15), deadline=None, derandomize=True)
 @given(x=vectors, k=st.sampled_from([1, 7]))
 def test_randk_is_unbiased(x, k):
     mean, var = _randk_mean(x, k)
@@ -116,7 +117,7 @@ def dims_and_k(draw, max_d: int = 10_000_000):
     return d, k
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
+@settings(max_examples=examples(15), deadline=None, derandomize=True)
 @given(dk=dims_and_k(), seed=st.integers(0, 2**32 - 1))
 def test_randk_layout_holds_for_any_size(dk, seed):
     _check_randk_layout(seed, *dk)
@@ -133,7 +134,7 @@ def test_randk_rejects_sizes_past_int32():
         C.randk_indices(0, 2**31, 60)
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=examples(200), deadline=None, derandomize=True)
 @given(a=st.integers(0, 2**32 - 1), b=st.integers(0, 2**32 - 1))
 def test_mulhi_is_the_high_word_of_the_product(a, b):
     got = C._mulhi_u32(jnp.uint32(a), jnp.uint32(b))
@@ -205,7 +206,7 @@ def test_randk_selects_every_coordinate_equally_often_at_10m():
     _check_selection_frequency(10_000_000, 10_000_000 // 60, 600)
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
+@settings(max_examples=examples(10), deadline=None, derandomize=True)
 @given(x=vectors, shape=st.just((3, 8)))
 def test_count_sketch_mean_estimate_is_unbiased(x, shape):
     rows, cols = shape
@@ -213,7 +214,7 @@ def test_count_sketch_mean_estimate_is_unbiased(x, shape):
     assert _close(samples.mean(0), samples.var(0), x.astype(np.float64))
 
 
-@settings(max_examples=10, deadline=None, derandomize=True)
+@settings(max_examples=examples(10), deadline=None, derandomize=True)
 @given(a=vectors, b=vectors, seed=st.integers(0, 2**32 - 1))
 def test_count_sketch_is_linear(a, b, seed):
     sa, sb = C.sketch_compress(a, seed, 3, 8), C.sketch_compress(b, seed, 3, 8)
@@ -232,7 +233,7 @@ def test_count_sketch_recovers_heavy_hitters():
     assert set(np.argsort(-np.abs(est))[:10]) == set(heavy)
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=examples(40), deadline=None, derandomize=True)
 @given(
     a=st.integers(1, 9).flatmap(
         lambda rows: arrays(np.float32, (rows, 6), elements=st.sampled_from([-2.0, 0.0, 1.5, 3.0]))
@@ -272,7 +273,7 @@ def test_preset_sketch_recovers_heavy_coordinates_a_one_row_sketch_spoils():
     assert np.count_nonzero(one_row > 0.5) >= 1, one_row.max()
 
 
-@settings(max_examples=50, deadline=None, derandomize=True)
+@settings(max_examples=examples(50), deadline=None, derandomize=True)
 @given(g=vectors, r=vectors, k=st.sampled_from([1, 9, D]))
 def test_error_feedback_identity_is_exact(g, r, k):
     sel, res = (np.asarray(a) for a in C.error_feedback(g, r, k))

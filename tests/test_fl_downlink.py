@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.errors import ConfigError
 from tandem.parties.fl.downlink import ClientModel, DownlinkPlanner, index_dtype
 from tandem.parties.fl.protocol import DownlinkError
@@ -26,7 +27,7 @@ def _bits(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, np.float32).tobytes()
 
 
-@settings(max_examples=120, deadline=None, derandomize=True)
+@settings(max_examples=examples(120), deadline=None, derandomize=True)
 @given(
     mode=st.sampled_from(["full", "initial", "version", "anchor"]),
     log_size=st.integers(1, 4),

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.errors import FrameError
 from tandem.transports import codec
 from tandem.transports.base import Frame
@@ -239,7 +240,7 @@ async def test_wait_uncancelled_finishes_the_thread_job_and_keeps_the_cancellati
 # -- the NaN/Inf scan run while the body arrives (FiniteScan) ----------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.data())
 def test_finite_scan_agrees_with_isfinite_whatever_the_pieces_and_rewinds(data):
     """Pieces of any size, rewinds to any earlier offset with different bytes written again

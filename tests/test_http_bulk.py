@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from http_helpers import open_pair
+from hypothesis_profiles import examples
 from tandem.errors import (
     AuthenticationError,
     FrameError,
@@ -496,7 +497,9 @@ def live():
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(40),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data(), honest_digest=st.booleans())
 def test_fuzzed_bulk_bodies_get_4xx_and_server_keeps_serving(live, data, honest_digest):

@@ -19,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.errors import (
     AuthenticationError,
     FrameError,
@@ -363,7 +364,9 @@ def _mutate(raw: bytes, data) -> bytes:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
 def test_fuzzed_bodies_get_4xx_and_server_keeps_serving(live, data):
@@ -391,7 +394,9 @@ header_values = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(overrides=st.dictionaries(header_names, header_values, max_size=5), resign=st.booleans())
 def test_fuzzed_headers_get_4xx_and_server_keeps_serving(live, overrides, resign):

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from party_helpers import Job, healthy, metrics, wait_until
 
 pytestmark = pytest.mark.slow
@@ -305,7 +306,10 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     statuses = []
 
     @settings(
-        max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+        max_examples=examples(60),
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
     )
     @given(requests())
     def fuzz(req):

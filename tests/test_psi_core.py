@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.parties.alignment import ecdh
 from tandem.parties.alignment.errors import IdError, ProtocolError
 
@@ -41,7 +42,7 @@ def test_canonicalise_names_the_bad_position():
         ecdh.canonicalise(["a", 1, 2.5])
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=examples(50), deadline=None)
 @given(st.binary(max_size=40))
 def test_hash_to_u_is_a_canonical_curve_point(key):
     u = ecdh.hash_to_u(key)

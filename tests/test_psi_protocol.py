@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hypothesis_profiles import examples
 from tandem.parties.alignment import (
     AlignedIds,
     AlignmentConfigError,
@@ -83,7 +84,7 @@ def check(res: AlignedIds, ids, want):
 ids_strategy = st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=3)), max_size=25)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(ids_a=ids_strategy, ids_b=ids_strategy, chunk=st.integers(1, 8))
 def test_align_matches_plain_intersection(ids_a, ids_b, chunk):
     ra, rb, _, _ = asyncio.run(run_pair(ids_a, ids_b, chunk_size=chunk))

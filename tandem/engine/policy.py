@@ -50,19 +50,24 @@ class Backpressure:
 
     def scaled(self, factor: int) -> Backpressure:
         """Threshold and capacity times ``factor``: what a party runs with when each group's
-        output travels as ``factor`` chunks (`tandem.engine.plan`), so the same bytes stay in flight."""
+        output travels as ``factor`` chunks (`tandem.engine.plan`), so the same bytes stay in
+        flight."""
         return (
             self if factor == 1 else Backpressure(self.threshold * factor, self.capacity * factor)
         )
 
     def check_plan(self, plan: Plan) -> None:
         if plan.max_fanout > self.capacity:
-            op = max(plan.fanout, key=plan.fanout.get)
+            op = max(plan.fanout, key=plan.fanout.__getitem__)
             raise ConfigError(
                 f"outbound capacity {self.capacity} is smaller than the {plan.max_fanout} sends "
                 f"that {op} on {plan.party!r} produces at once; raise capacity to at least "
                 f"{plan.max_fanout}"
             )
+
+
+#: What a runtime or simulation runs with unless told otherwise.
+DEFAULT_BACKPRESSURE = Backpressure()
 
 
 class ReadySet:

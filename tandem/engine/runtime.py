@@ -39,12 +39,13 @@ from tandem.errors import EngineError, ShapeError
 from tandem.transports.base import Frame, Transport
 
 from .plan import Kind, Op, Plan
-from .policy import PRIORITY, Backpressure, Policy, ReadySet, as_policy
+from .policy import DEFAULT_BACKPRESSURE, PRIORITY, Backpressure, Policy, ReadySet, as_policy
 from .trace import Trace, TraceEvent
 
 
 class OpHandler(Protocol):
-    """What the runtime calls to execute a plan's ops (e.g. `tandem.parties.split.StageHandler`)."""
+    """What the runtime calls to execute a plan's ops (e.g.
+    `tandem.parties.split.stages.StageHandler`)."""
 
     def compute(self, op: Op) -> Mapping[tuple[str, int], np.ndarray]:
         """Run compute op ``op`` (on the lane thread); return ``{(channel, mb): array}`` for
@@ -118,7 +119,7 @@ class PartyRuntime:
         transport: Transport,
         lane,
         *,
-        backpressure: Backpressure = Backpressure(),
+        backpressure: Backpressure = DEFAULT_BACKPRESSURE,
         policy: Policy | str = PRIORITY,
         trace: Trace | None = None,
     ) -> None:
@@ -128,7 +129,7 @@ class PartyRuntime:
         self.policy: Policy = as_policy(policy)
         self.trace = trace
         self.counters: collections.Counter[str] = collections.Counter()
-        self.op_seconds: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
     async def run(self, plan: Plan, handler: OpHandler, batch: int) -> BatchStats:
         """Execute every op of ``plan`` once; returns when all sends have been handed over."""
@@ -240,8 +241,8 @@ class PartyRuntime:
     ) -> None:
         """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
         ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
-        frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the loop
-        gets round to them. Each send is a task of its own, started in queue order, so a
+        frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the
+        loop gets round to them. Each send is a task of its own, started in queue order, so a
         transport that serialises a channel's sends (both do) keeps their order."""
         queue = st.queues[peer]
         window = asyncio.Semaphore(SEND_DEPTH)

@@ -7,7 +7,8 @@ seconds (one frame at a time per direction, across channels) and arrive ``latenc
 after their transmission ends. A frame leaves the outbound count when its transmission ends.
 
 `simulate` returns the makespan and a `Trace`; with the same costs, the runtime on a virtual
-clock produces the same per-party op order (tests/test_sim_vs_runtime.py).
+clock produces the same per-party op order
+(tests/test_scheduling.py::test_runtime_op_order_matches_the_simulation).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from tandem.errors import PlanError
 
 from .plan import Kind, Op, Plan
-from .policy import PRIORITY, Backpressure, Policy, ReadySet, as_policy
+from .policy import DEFAULT_BACKPRESSURE, PRIORITY, Backpressure, Policy, ReadySet, as_policy
 from .trace import Trace, TraceEvent
 
 
@@ -46,7 +47,7 @@ def simulate(
     cost: Callable[[str, Op], float],
     nbytes: Callable[[str, Op], int],
     links: Callable[[str, str], Link] | Mapping[tuple[str, str], Link] | None = None,
-    bp: Backpressure = Backpressure(),
+    bp: Backpressure = DEFAULT_BACKPRESSURE,
     policy: Policy | str = PRIORITY,
 ) -> SimResult:
     """Simulate one batch of every party's plan. ``cost(party, op)`` gives compute seconds,
@@ -58,8 +59,8 @@ def simulate(
     else:
         table = dict(links or {})
         link_of = lambda s, d: table.get((s, d), Link())  # noqa: E731
-    for p in plans.values():
-        bp.check_plan(p)
+    for plan in plans.values():
+        bp.check_plan(plan)
     seq = itertools.count()
     events: list = []
     trace = Trace()

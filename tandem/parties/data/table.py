@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tandem._extras import needs
+
 from .errors import DataError
 
 SUFFIXES = (".csv", ".parquet", ".npz")
@@ -101,12 +103,8 @@ def read_table(
 
 
 def _pyarrow(url: str) -> Any:
-    try:
+    with needs("parquet", f"reading {url!r} (.csv and .parquet files)"):
         import pyarrow
-    except ImportError:
-        raise DataError(
-            f"{url!r}: reading .csv and .parquet files needs pyarrow: pip install 'tandem[parquet]'"
-        ) from None
     return pyarrow
 
 

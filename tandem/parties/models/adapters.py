@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from tandem._extras import needs
 from tandem.engine.kernels import StageModel
 from tandem.errors import ConfigError
 
@@ -207,10 +208,5 @@ def _checked(
 
 
 def _optional(module: str, extra: str) -> ModuleType:
-    try:
+    with needs(extra, f"the {module} adapter"):
         return importlib.import_module(module)
-    except ImportError:
-        raise ConfigError(
-            f"this adapter needs {module!r}, which is not installed; "
-            f"install it with pip install 'tandem[{extra}]'"
-        ) from None

@@ -192,7 +192,7 @@ class SplitParty:
         self.in_batch = False
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
-        self.op_seconds: collections.Counter[str] = collections.Counter()
+        self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
         self._batch_waiters: list[asyncio.Future] = []
 
     # -- shared machinery ---------------------------------------------------------------------

@@ -7,9 +7,10 @@ topology; ``[data]``/``[train]`` are not used) and its NEW rows::
     tandem predict --config leader.toml   --data new_l.csv --out predictions.csv
 
 Each party loads only its own export (``--export``, default the config's ``export_dir``), checks
-its rows against it (feature count, finite values), connects (`tandem.parties.split.session.connect`)
-and negotiates an inference spec (`tandem.parties.split.inference`): same training id, topology, loss
-and cut widths; same row count and, with ``--aligned``, the same alignment commitment. The
+its rows against it (feature count, finite values), connects
+(`tandem.parties.split.session.connect`) and negotiates an inference spec
+(`tandem.parties.split.inference`): same training id, topology, loss and cut widths; same
+row count and, with ``--aligned``, the same alignment commitment. The
 leader writes the predictions (``.csv``: ``row[,id]`` then ``logit,probability`` for a binary
 loss, ``logit_k...,class`` for softmax, ``output_k...`` otherwise; ``.npy``: the raw outputs)
 and every party prints one JSON summary line. Errors go to stderr with exit code 2 (bad
@@ -266,7 +267,7 @@ def write_predictions(
             w.writerow(
                 [i]
                 + ([ids[i]] if ids is not None else [])
-                + [_fmt(v, n) for v, n in zip(values, names)]
+                + [_fmt(v, n) for v, n in zip(values, names, strict=True)]
             )
 
 
