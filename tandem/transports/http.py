@@ -138,6 +138,8 @@ class HttpConfig:
         with the shared ``secret`` and names its URL; the sender then becomes a peer (at most
         ``max_peers``). For roles that anyone holding the secret may join (elastic workers).
         Requires ``secret``.
+      admit_names: with ``admit_unknown``, only senders of these names are admitted (a roster,
+        e.g. a federated server's clients); any other name is refused with 401. None: any name.
       shape_bandwidth / shape_latency: emulate a slower link on loopback (benchmarks, tests):
         request bodies to each peer are paced to ``shape_bandwidth`` bytes/s, shared by all
         channels to that peer (one wire per direction, as `MemoryNetwork.shape`), and each
@@ -172,6 +174,7 @@ class HttpConfig:
     clock: Callable[[], float] = time.time
     advertise_url: str | None = None
     admit_unknown: bool = False
+    admit_names: frozenset[str] | None = None
     max_peers: int = 4096
     shape_bandwidth: float | None = None
     shape_latency: float = 0.0
@@ -735,6 +738,9 @@ class HttpTransport:
         """An unknown sender becomes a peer only under ``admit_unknown`` with a valid signature."""
         if not (self._cfg.admit_unknown and self._verifier is not None and path == FRAME_PATH):
             raise _Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+        names = self._cfg.admit_names
+        if names is not None and sender not in names:
+            raise _Refuse(401, "unknown_peer", f"sender {sender!r} is not in the roster")
         try:
             self._verifier.verify(request.method, path, request.headers)
         except AuthenticationError as exc:
