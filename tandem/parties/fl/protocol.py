@@ -33,6 +33,7 @@ MODEL = "fl/model"
 UPDATE = "fl/update"
 RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
 UPLINK_KINDS = ("dense", "randk", "sketch")
+MODEL_KINDS = ("full", "delta")  # model messages; "stop" and the control kinds are not
 
 
 class UpdateError(TandemError, ValueError):
