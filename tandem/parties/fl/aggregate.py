@@ -19,7 +19,6 @@ applies to the optimizer's update unchanged.
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Any
 
 import jax.numpy as jnp
