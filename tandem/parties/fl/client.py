@@ -86,21 +86,27 @@ class FLClient:
                 frame = await self.transport.recv(self.server, P.MODEL)
             except TransportClosedError:
                 return "closed"
-            kind = frame.meta.get("kind")
-            if kind == "stop":
+            if await self.dispatch(frame):
                 return "stop"
-            if kind not in P.MODEL_KINDS:
-                await self.control(frame)
-                continue
-            try:
-                await self.handle(frame)
-            except (P.DownlinkError, P.UpdateError) as exc:
-                # a message this client cannot use: skip it and keep serving; the reason is
-                # kept for inspection. For a training request, tell the server which version
-                # we hold so it can send a message we can apply (else it times us out).
-                self.errors.append(str(exc))
-                if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
-                    await self._resync(frame.meta.get("round"))
+
+    async def dispatch(self, frame: Frame) -> bool:
+        """Act on one model-channel message; True when it is ``stop``."""
+        kind = frame.meta.get("kind")
+        if kind == "stop":
+            return True
+        if kind not in P.MODEL_KINDS:
+            await self.control(frame)
+            return False
+        try:
+            await self.handle(frame)
+        except (P.DownlinkError, P.UpdateError) as exc:
+            # a message this client cannot use: skip it and keep serving; the reason is
+            # kept for inspection. For a training request, tell the server which version
+            # we hold so it can send a message we can apply (else it times us out).
+            self.errors.append(str(exc))
+            if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
+                await self._resync(frame.meta.get("round"))
+        return False
 
     async def _resync(self, rnd: Any) -> None:
         if not isinstance(rnd, int):

@@ -16,6 +16,7 @@ batch of an epoch is padded and masked, so datasets of any size reuse the same c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +35,13 @@ def _correct(loss: str, out: jax.Array, y: jax.Array) -> jax.Array:
     if loss == "binary":
         return ((out.reshape(y.shape) > 0) == (y > 0.5)).astype(jnp.float32)
     return (jnp.argmax(out, -1) == y).astype(jnp.float32)
+
+
+class Evaluation(NamedTuple):
+    """Mean loss, and accuracy in [0, 1] (None for a loss that does not classify)."""
+
+    loss: float
+    accuracy: float | None
 
 
 class LocalTrainer:
@@ -131,9 +139,9 @@ class LocalTrainer:
 
     def evaluate(
         self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, *, batch_size: int = 1024
-    ) -> dict[str, float | None]:
-        """``{"loss": mean loss, "accuracy": 0..1 (None for "mse")}`` of flat parameters
-        ``vec`` on ``(x, y)``, in batches of ``batch_size`` rows."""
+    ) -> Evaluation:
+        """The mean loss and the accuracy (None for "mse") of flat parameters ``vec`` on
+        ``(x, y)``, in batches of ``batch_size`` rows."""
         self._check(x, y)
         if x.shape[0] == 0:
             raise ShapeError("cannot evaluate on zero rows; give the evaluation set some rows")
@@ -145,11 +153,11 @@ class LocalTrainer:
             )
             loss, right = loss + float(part_loss), right + float(part_right)
         n = x.shape[0]
-        return {"loss": loss / n, "accuracy": right / n if self.classifies else None}
+        return Evaluation(loss / n, right / n if self.classifies else None)
 
     def accuracy(self, vec: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
         """Top-1 accuracy (0..1) of flat parameters ``vec`` on ``(x, y)``."""
-        acc = self.evaluate(vec, x, y)["accuracy"]
+        acc = self.evaluate(vec, x, y).accuracy
         if acc is None:
             raise ConfigError(
                 f"accuracy needs a classification loss, this trainer's is {self.loss}"
