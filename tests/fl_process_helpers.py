@@ -103,7 +103,16 @@ class Federation:
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "tandem", "fl", role, "--config", str(self.path(name)), *extra],
+                [
+                    sys.executable,
+                    "-m",
+                    "tandem",
+                    "fl",
+                    role,
+                    "--config",
+                    str(self.path(name)),
+                    *extra,
+                ],
                 cwd=ROOT,
                 stdout=fo,
                 stderr=fe,

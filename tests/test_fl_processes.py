@@ -1,12 +1,14 @@
-"""A federation as five processes over HTTP: ``tandem fl server`` and four ``tandem fl client``.
+"""A federation as processes over HTTP: ``tandem fl server`` and four ``tandem fl client``.
 
-One client is killed (SIGKILL) while the server waits on its round and started again; later
-the server is killed (SIGKILL) and started again, resuming from its checkpoint while the
-clients reconnect. Training must complete every round, export the global model, and end within
-1 point of test accuracy of the same configuration run in one process over the memory
-transport (`tandem.parties.fl.local.run_local`). Every round waits for all four clients
-(``min_clients = 4``, long round deadline) and everything is seeded, so the two runs see the
-same updates in the same rounds: the comparison does not depend on when the kills land.
+A sixth process, a client holding the secret but missing from the server's roster, is refused
+and exits 2 saying so. One client is killed (SIGKILL) while the server waits on its round, and
+started again; later the server is killed (SIGKILL) and started again, resuming from its
+checkpoint while the clients reconnect. Training must complete every round, export the global
+model, and end within 1 point of test accuracy of the same configuration run in one process
+over the memory transport (`tandem.parties.fl.local.run_local`). Every round waits for all
+four clients (``min_clients = 4``, long round deadline) and everything is seeded, so the two
+runs see the same updates in the same rounds: the comparison does not depend on when the
+kills land.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ def rounds_done(proc) -> int:
 @pytest.mark.slow
 async def test_kill_a_client_and_the_server_training_completes_as_in_one_process(tmp_path):
     fed = Federation(tmp_path, rounds=ROUNDS)
+    fed.clients["mallory"] = {  # holds the secret but is not in the server's roster
+        **fed.clients["bank_a"],
+        "client": {**fed.clients["bank_a"]["client"], "name": "mallory", "port": 0},
+    }
     fed.write()
     server = fed.start("server")
+    intruder = fed.start("mallory")
     clients = {c: fed.start(c) for c in CLIENTS}
     try:
         wait_until(lambda: rounds_done(server) >= 3, 60, "3 rounds")
@@ -47,8 +54,9 @@ async def test_kill_a_client_and_the_server_training_completes_as_in_one_process
         rc, summary, err = server.finish(90)
         assert rc == 0, err[-3000:]
         results = {c: p.finish(30) for c, p in clients.items()}
+        refused = intruder.finish(30)
     finally:
-        for p in (server, *clients.values()):
+        for p in (server, intruder, *clients.values()):
             if p.popen.poll() is None:
                 p.popen.kill()
     assert summary is not None, err[-3000:]
@@ -56,6 +64,7 @@ async def test_kill_a_client_and_the_server_training_completes_as_in_one_process
     assert 0 < summary["resumed_at"] <= first_part  # resumed, at most the round it died in
     assert (tmp_path / "out" / "global.safetensors").exists()
     assert (tmp_path / "out" / "global.preprocessing.json").exists()
+    assert refused[0] == 2 and "refused 'mallory'" in refused[2], refused[2][-2000:]
     for c, (crc, cres, cerr) in results.items():
         assert crc == 0 and cres is not None, f"{c}: {cerr[-2000:]}"
         assert cres["reconnects"] >= 1, c  # every client lived through the server's restart

@@ -88,7 +88,7 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
         "planner": planner_meta,
         "opt_structure": str(treedef),
     }
-    contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    contiguous = {k: np.array(v, order="C") for k, v in tensors.items()}  # keeps 0-d arrays 0-d
     return safetensors.numpy.save(contiguous, metadata={_META: json.dumps(meta, sort_keys=True)})
 
 

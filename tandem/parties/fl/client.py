@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tandem.errors import TransportClosedError
+from tandem.errors import FrameError, TransportClosedError
 from tandem.transports.base import Frame, Transport
 
 from . import compression as C
@@ -145,3 +145,5 @@ class FLClient:
             await self.transport.send(self.server, P.UPDATE, Frame(meta=out, arrays=arrays))
         except TransportClosedError:
             return
+        except FrameError as exc:  # the server's transport refused it (NaN/Inf, size)
+            self.errors.append(f"round {rnd}: the server refused this update: {exc}")

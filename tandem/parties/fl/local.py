@@ -23,7 +23,9 @@ from .server import FLServer
 from .server_process import prepare_server
 
 
-async def run_local(server_cfg: ServerConfig, client_cfgs: Sequence[ClientConfig]) -> dict[str, Any]:
+async def run_local(
+    server_cfg: ServerConfig, client_cfgs: Sequence[ClientConfig]
+) -> dict[str, Any]:
     """Train in one process; returns ``{"accuracy" (percent or None), "loss", "model"}``."""
     names = [c.name for c in client_cfgs]
     if sorted(names) != sorted(server_cfg.clients):
