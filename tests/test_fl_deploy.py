@@ -102,6 +102,10 @@ def test_checkpoint_replacement_is_atomic(trained, tmp_path, monkeypatch):
     assert (tmp_path / "server.ckpt").read_bytes() == before  # the old checkpoint, whole
     assert os.listdir(tmp_path) == ["server.ckpt"]  # no temporary file left behind
     assert ckpt.load(location).next_round == 3
+    monkeypatch.undo()
+    (tmp_path / ".server.ckpt.killed.tmp").write_bytes(b"half a checkpoint")
+    ckpt.save(location, server, IDENTITY)  # a writer killed mid-write left that file
+    assert os.listdir(tmp_path) == ["server.ckpt"]
 
 
 def test_checkpoint_through_fsspec_and_absent(trained):

@@ -14,7 +14,8 @@ Contents (format ``"tandem-fl-server"``, version 1):
 `save` writes the bytes to a temporary name beside ``location`` and renames it over
 ``location`` (local files: ``os.replace`` after an fsync of the file, then an fsync of the
 folder; other fsspec file systems: their ``mv``), so a reader, or a server restarted after
-``kill -9`` at any moment, finds the previous checkpoint or the new one, never a mix.
+``kill -9`` at any moment, finds the previous checkpoint or the new one, never a mix. A
+temporary file left by a killed writer (``.<name>.<random>.tmp``) is removed by the next save.
 `load` returns None when there is no checkpoint; `restore` refills a freshly built server and
 refuses a checkpoint written for another configuration, naming what differs and ``--fresh``.
 
@@ -103,7 +104,11 @@ def write_atomic(location: str, blob: bytes) -> None:
         path = _local(location)
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".ckpt-", suffix=".tmp")
+        prefix = f".{os.path.basename(path)}."
+        for stale in os.listdir(folder):  # left by a process killed while writing
+            if stale.startswith(prefix) and stale.endswith(".tmp"):
+                os.unlink(os.path.join(folder, stale))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(blob)
