@@ -216,3 +216,13 @@ def test_prepare_writes_one_csv_per_party(tmp_path, capsys):
     header = (tmp_path / "x.csv").read_text().splitlines()[0].split(",")
     assert header[0] == "id" and header[-1] == "digit" and len(header) == 66
     assert '"files"' in capsys.readouterr().out
+
+
+def test_a_server_whose_clients_never_come_exits_2_naming_them(tmp_path, capsys):
+    fed = Federation(tmp_path, rounds=1)
+    fed.server["server"].update(port=0, wait=0.5, min_clients=2)
+    fed.write()
+    assert main(["fl", "server", "--config", str(fed.path("server"))]) == 2
+    err = capsys.readouterr().err
+    assert "only 0 of the 2 clients needed (server.min_clients) connected within 0.5 s" in err
+    assert "'bank_a', 'bank_b', 'bank_c', 'bank_d'" in err

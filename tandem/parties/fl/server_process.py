@@ -216,8 +216,16 @@ class DeployedServer(FLServer):
     # -- checkpoints ---------------------------------------------------------------------------
     async def after_round(self, report: RoundReport) -> None:
         location = self.config.checkpoint
-        if location is not None:
+        if location is None:
+            return
+        try:
             await asyncio.to_thread(ckpt.save, location, self, self.config.identity())
+        except OSError as exc:
+            raise ckpt.CheckpointError(
+                f"{self.config.path}: cannot write the checkpoint {location!r} ({exc}); fix "
+                "server.checkpoint or free some space, then start the server again (it resumes "
+                "from the last checkpoint written)"
+            ) from None
 
 
 async def run_server(
@@ -254,13 +262,18 @@ async def run_server(
         resumed = server.next_round if restored is not None else None
         if on_ready is not None:
             on_ready(transport.url)
+        failure: TandemError | None = None
         async with asyncio.TaskGroup() as tg:
             watcher = tg.create_task(server.watch())
             try:
                 await server.wait_for_clients(cfg.min_clients, cfg.wait)
                 await server.run()
+            except TandemError as exc:  # raised below, not wrapped in an exception group
+                failure = exc
             finally:
                 watcher.cancel()
+        if failure is not None:
+            raise failure
         final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
         exported = None
         if cfg.export is not None:
