@@ -9,15 +9,22 @@ Given the weighted aggregate ``g_t`` of the clients' (decompressed) updates:
 
 With ``topk=None``, ``rho=0`` and ``lr=1`` this is plain FedAvg (the model moves by the
 weighted mean delta). State is an explicit `ServerState` passed in and out.
+
+`optax_step` replaces steps 1-2 by any optax optimizer (FedOpt): the pseudo-gradient is
+``-g_t``, so ``optax.sgd(1.0)`` is FedAvg, ``optax.sgd(lr, momentum=rho)`` is the momentum rule
+above, ``optax.adam`` is FedAdam and ``optax.yogi`` FedYogi; step 3 (error feedback with top-k)
+applies to the optimizer's update unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from tandem.errors import ConfigError
 
@@ -86,3 +93,29 @@ def server_step(
     if rule.momentum and rule.momentum_stop:
         m = m.at[idx].set(0.0)
     return idx, sel[idx], ServerState(m, residual)
+
+
+def optax_step(
+    optimizer: optax.GradientTransformation,
+    opt_state: Any,
+    model: np.ndarray,
+    aggregate,
+    *,
+    topk: int | None,
+    residual: jnp.ndarray,
+) -> tuple[np.ndarray | None, np.ndarray, Any, jnp.ndarray]:
+    """One FedOpt server update over the flat ``model`` with pseudo-gradient ``-aggregate``.
+
+    Returns ``(indices, values, new_opt_state, new_residual)`` with the meaning of
+    `server_step`: the model moves by ``values`` at ``indices`` (None: dense). With ``topk``
+    the optimizer's update goes through error feedback (``residual`` in, new residual out).
+    """
+    g = -jnp.asarray(aggregate, jnp.float32)
+    updates, opt_state = optimizer.update(g, opt_state, jnp.asarray(model, jnp.float32))
+    step = jnp.asarray(updates, jnp.float32)
+    if topk is None:
+        return None, np.asarray(step), opt_state, residual
+    selected, residual = error_feedback(step, residual, min(topk, step.shape[0]))
+    sel = np.asarray(selected)
+    idx = np.flatnonzero(sel)
+    return idx, sel[idx], opt_state, residual

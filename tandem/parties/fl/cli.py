@@ -1,14 +1,26 @@
-"""``tandem fl demo``: a server and N clients in one process over the memory transport.
+"""``tandem fl ...``: a federated server and clients, as separate processes or in one.
 
-Prints progress (rich) on stderr and, at the end, one JSON line on stdout with the test
-accuracy (percent) and the exact bytes up and down.
+    tandem fl prepare --out DIR                       # example CSVs (digits), 4 clients
+    tandem fl server --config server.toml [--fresh]   # the server, over HTTP
+    tandem fl client --config bank_a.toml             # one client, over HTTP
+    tandem fl demo                                    # everything in one process (memory)
+
+Each prints progress on stderr and, at the end, one JSON line on stdout: the server its final
+accuracy and loss on its evaluation data, the export and the bytes up and down; a client what
+it trained; the demo its test accuracy (percent) and the exact bytes up and down. A
+configuration or connection error is one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
+from typing import Any
 
 import orjson
+
+from tandem.errors import TandemError
 
 from . import presets
 from .data import load_federated_digits
@@ -45,6 +57,120 @@ def register(sub) -> None:
     p.add_argument("--timeout", type=float, default=30.0, help="per-round deadline (s)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
     p.set_defaults(func=demo)
+    prep = fl_sub.add_parser(
+        "prepare", help="write example client CSVs and a held-out CSV (scikit-learn digits)"
+    )
+    prep.add_argument("--out", required=True, help="folder to write the CSV files into")
+    prep.add_argument(
+        "--clients", default="bank_a,bank_b,bank_c,bank_d", help="client names, comma separated"
+    )
+    prep.add_argument("--server", default="server", help="name of the held-out file")
+    prep.add_argument(
+        "--alpha", type=float, default=100.0, help="Dirichlet label skew (small: strong)"
+    )
+    prep.add_argument("--seed", type=int, default=0)
+    prep.set_defaults(func=prepare_command)
+    srv = fl_sub.add_parser("server", help="the federated server, over HTTP")
+    srv.add_argument("--config", required=True, help="server TOML (path or fsspec URL)")
+    srv.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from round 0 even when server.checkpoint holds a checkpoint (it is "
+        "overwritten)",
+    )
+    srv.add_argument("-v", "--verbose", action="store_true", help="log every connection")
+    srv.set_defaults(func=server_command)
+    cli = fl_sub.add_parser("client", help="one federated client, over HTTP")
+    cli.add_argument("--config", required=True, help="client TOML (path or fsspec URL)")
+    cli.add_argument("-v", "--verbose", action="store_true", help="log every reconnection")
+    cli.set_defaults(func=client_command)
+
+
+def _logging(verbose: bool) -> None:
+    """Warnings on stderr; with ``verbose`` also connections, admissions and refusals."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+    level = logging.INFO if verbose else logging.WARNING
+    for name in ("tandem.parties.fl", "tandem.transports.http"):
+        logging.getLogger(name).setLevel(level)
+
+
+def _result(summary: dict[str, Any]) -> int:
+    print(orjson.dumps(summary).decode(), flush=True)
+    return 0
+
+
+def _fail(exc: Exception) -> int:
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    return 2
+
+
+async def prepare_command(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .data import write_digits_csvs
+
+    names = [n for n in args.clients.split(",") if n]
+    try:
+        paths = await asyncio.to_thread(
+            write_digits_csvs, args.out, names, alpha=args.alpha, seed=args.seed, server=args.server
+        )
+    except TandemError as exc:
+        return _fail(exc)
+    return _result({"files": paths})
+
+
+async def server_command(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .config import load_server_config
+    from .server_process import run_server
+
+    _logging(args.verbose)
+    # refusals of unknown clients are always worth a line on the server's stderr
+    logging.getLogger("tandem.transports.http").setLevel(logging.INFO)
+    try:
+        cfg = await asyncio.to_thread(load_server_config, args.config)
+
+        def on_ready(url: str) -> None:
+            print(f"{cfg.name}: listening on {url}", file=sys.stderr, flush=True)
+
+        def on_round(rep) -> None:
+            acc = "" if rep.accuracy is None else f", accuracy {100 * rep.accuracy:.2f}%"
+            print(
+                f"round {rep.round + 1}/{cfg.rounds}: {len(rep.accepted)}/{len(rep.sampled)} "
+                f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}",
+                file=sys.stderr,
+                flush=True,
+            )
+            for msg in rep.rejected.values():
+                print(f"  refused: {msg}", file=sys.stderr, flush=True)
+
+        summary = await run_server(cfg, fresh=args.fresh, on_round=on_round, on_ready=on_ready)
+    except TandemError as exc:
+        return _fail(exc)
+    return _result(summary)
+
+
+async def client_command(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from .client_process import run_client
+    from .config import load_client_config
+
+    _logging(args.verbose)
+    try:
+        cfg = await asyncio.to_thread(load_client_config, args.config)
+        print(f"{cfg.name}: connecting to {cfg.server}", file=sys.stderr, flush=True)
+
+        def on_round(r: int) -> None:
+            print(f"{cfg.name}: trained round {r + 1}", file=sys.stderr, flush=True)
+
+        summary = await run_client(cfg, on_round=on_round)
+    except TandemError as exc:
+        return _fail(exc)
+    return _result(summary)
 
 
 async def demo(args: argparse.Namespace) -> int:

@@ -4,7 +4,9 @@ Loop: receive a model message from the server, rebuild the server's model exactl
 (`downlink.ClientModel`), and, when the message asks for training, train locally off the event
 loop (``asyncio.to_thread``), compress the delta as the message's ``uplink`` says, and send it
 back with the local sample count and the model version it started from. Stops on a ``stop``
-message or when the transport closes; a message it cannot apply (`protocol.DownlinkError`,
+message (`run` returns ``"stop"``) or when the link to the server closes (``"closed"``); a
+message of another kind goes to `control` (a client in its own process handles the
+server's ``welcome`` there); a message it cannot apply (`protocol.DownlinkError`,
 bad zlib data) is skipped and recorded in ``errors``, and the client keeps serving.
 
 A client that was away keeps its queue: on return it works through the messages in order
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from tandem.errors import TransportClosedError
+from tandem.errors import FrameError, TransportClosedError
 from tandem.transports.base import Frame, Transport
 
 from . import compression as C
@@ -72,24 +74,39 @@ class FLClient:
     async def before_reply(self, rnd: int) -> None:
         """Hook run after training, before replying (tests use it to be late)."""
 
-    async def run(self) -> None:
-        """Serve rounds until the server says stop or the link closes."""
+    async def control(self, frame: Frame) -> None:
+        """Hook: a model-channel message that is neither a model nor ``stop``."""
+        self.errors.append(f"unknown model message kind {frame.meta.get('kind')!r}")
+
+    async def run(self) -> str:
+        """Serve rounds until the server says stop (returns ``"stop"``) or the link closes
+        (``"closed"``)."""
         while True:
             try:
                 frame = await self.transport.recv(self.server, P.MODEL)
             except TransportClosedError:
-                return
-            if frame.meta.get("kind") == "stop":
-                return
-            try:
-                await self.handle(frame)
-            except (P.DownlinkError, P.UpdateError) as exc:
-                # a message this client cannot use: skip it and keep serving; the reason is
-                # kept for inspection. For a training request, tell the server which version
-                # we hold so it can send a message we can apply (else it times us out).
-                self.errors.append(str(exc))
-                if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
-                    await self._resync(frame.meta.get("round"))
+                return "closed"
+            if await self.dispatch(frame):
+                return "stop"
+
+    async def dispatch(self, frame: Frame) -> bool:
+        """Act on one model-channel message; True when it is ``stop``."""
+        kind = frame.meta.get("kind")
+        if kind == "stop":
+            return True
+        if kind not in P.MODEL_KINDS:
+            await self.control(frame)
+            return False
+        try:
+            await self.handle(frame)
+        except (P.DownlinkError, P.UpdateError) as exc:
+            # a message this client cannot use: skip it and keep serving; the reason is
+            # kept for inspection. For a training request, tell the server which version
+            # we hold so it can send a message we can apply (else it times us out).
+            self.errors.append(str(exc))
+            if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
+                await self._resync(frame.meta.get("round"))
+        return False
 
     async def _resync(self, rnd: Any) -> None:
         if not isinstance(rnd, int):
@@ -128,3 +145,5 @@ class FLClient:
             await self.transport.send(self.server, P.UPDATE, Frame(meta=out, arrays=arrays))
         except TransportClosedError:
             return
+        except FrameError as exc:  # the server's transport refused it (NaN/Inf, size)
+            self.errors.append(f"round {rnd}: the server refused this update: {exc}")

@@ -4,11 +4,17 @@
 ``num_clients`` with a Dirichlet(alpha) label skew: for every class, the class's samples are
 divided among clients in proportions drawn from Dir(alpha, ..., alpha). Small alpha = strong
 skew (alpha -> infinity tends to IID). Everything is seeded.
+
+`write_digits_csvs` writes the same split as CSV files a federation's parties read through
+their ``[data]`` tables (``tandem fl prepare``): one file per client and one held-out file for
+the server, columns ``id``, ``pixel_0`` .. ``pixel_63`` (in [0, 1]) and ``digit``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -83,3 +89,35 @@ def load_federated_digits(
     rng = np.random.default_rng(seed)
     shards = dirichlet_split(y_tr, num_clients, alpha, rng)
     return FederatedData(tuple((x_tr[s], y_tr[s]) for s in shards), x_te, y_te)
+
+
+def write_digits_csvs(
+    folder: str | os.PathLike[str],
+    clients: Sequence[str],
+    *,
+    alpha: float = 100.0,
+    seed: int = 0,
+    server: str = "server",
+) -> dict[str, str]:
+    """Write ``<folder>/<client>.csv`` for every client and ``<folder>/<server>.csv`` (the
+    held-out rows); returns ``{party: path}``. Row ids are ``<party>-<i>``, unique across
+    files."""
+    if len(set(clients)) != len(clients) or server in clients:
+        raise ConfigError(f"party names must be distinct, got clients {list(clients)}, {server!r}")
+    data = load_federated_digits(len(clients), alpha, seed)
+    os.makedirs(folder, exist_ok=True)
+    parts = {**dict(zip(clients, data.clients, strict=True)), server: (data.x_test, data.y_test)}
+    paths = {}
+    header = ",".join(["id", *(f"pixel_{j}" for j in range(data.num_features)), "digit"])
+    for name, (x, y) in parts.items():
+        path = os.path.join(os.fspath(folder), f"{name}.csv")
+        lines = [header]
+        for i, (row, label) in enumerate(zip(x, y, strict=True)):
+            pixels = ",".join(format(float(v), ".6g") for v in row)
+            lines.append(f"{name}-{i},{pixels},{int(label)}")
+        tmp = path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        os.replace(tmp, path)
+        paths[name] = path
+    return paths

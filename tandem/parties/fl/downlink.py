@@ -80,6 +80,45 @@ class DownlinkPlanner:
                 mask[indices] = True
         return self.version
 
+    def state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Everything `restore` needs, as arrays and JSON data (for a checkpoint)."""
+        arrays = {
+            "since_init": self._since_init.astype(np.uint8),
+            "since_anchor": self._since_anchor.astype(np.uint8),
+        }
+        log = []
+        for ver, idx in self._log:
+            log.append([ver, idx is not None])
+            if idx is not None:
+                arrays[f"log/{ver}"] = np.asarray(idx, np.int64)
+        meta = {"version": self.version, "anchor_version": self.anchor_version, "log": log}
+        return arrays, meta
+
+    def restore(self, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> None:
+        """Take back a `state`; raises `ConfigError` when it does not fit this planner."""
+        try:
+            since_init = np.asarray(arrays["since_init"]) != 0
+            since_anchor = np.asarray(arrays["since_anchor"]) != 0
+            version, anchor = int(meta["version"]), int(meta["anchor_version"])
+            log = [
+                (int(ver), np.asarray(arrays[f"log/{ver}"]) if has else None)
+                for ver, has in meta["log"]
+            ]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"downlink state is incomplete or malformed: {exc!r}") from None
+        if since_init.shape != (self.d,) or since_anchor.shape != (self.d,):
+            raise ConfigError(
+                f"downlink state is for {since_init.shape} coordinates, this model has {self.d}"
+            )
+        if len(log) > self.log_size or any(
+            i is not None and i.size and (i.min() < 0 or i.max() >= self.d) for _, i in log
+        ):
+            raise ConfigError("downlink state's version log does not fit this planner")
+        self._since_init, self._since_anchor = since_init, since_anchor
+        self.version, self.anchor_version = version, anchor
+        self._log.clear()
+        self._log.extend(log)
+
     def anchor_due(self) -> bool:
         """True when the current version starts a new anchor period (broadcast it now)."""
         return (

@@ -9,6 +9,12 @@ Channels (one FIFO each way per client):
 * ``fl/update`` client -> server: ``meta = {round, n, version, kind}`` and one array: the dense
   delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
   (``sketch``).
+* ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
+  ``meta = {kind: "hello", version, url}`` (the model version it holds, 0 when it has none, and
+  where it listens); no arrays. The server answers on ``fl/model`` with
+  ``{kind: "welcome", task, client_seed, reset}``: the task (`tandem.parties.fl.task.Task`), the
+  seed of the client's local shuffles, and whether it must drop the model it holds (it holds a
+  version this server never made).
 
 Optional lossless compression (``zlib``) replaces an array by its deflated bytes (uint8) and
 records the original dtype and shape in ``meta.zlib``; inflation is bounded by the expected
@@ -31,8 +37,11 @@ from tandem.transports.base import Frame
 
 MODEL = "fl/model"
 UPDATE = "fl/update"
+HELLO = "fl/hello"
+WELCOME = "welcome"  # kind of a MODEL-channel message answering a hello
 RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
 UPLINK_KINDS = ("dense", "randk", "sketch")
+MODEL_KINDS = ("full", "delta")  # model messages; "stop" and the control kinds are not
 
 
 class UpdateError(TandemError, ValueError):
@@ -110,6 +119,19 @@ def check_resync(frame: Frame, *, version: int) -> tuple[int, int]:
         _int_field(frame.meta, "round", 0, 2**62),
         _int_field(frame.meta, "version", 0, version),
     )
+
+
+def check_hello(frame: Frame) -> tuple[int, str | None]:
+    """Validate a client's ``hello``; returns ``(version it holds, its URL or None)``."""
+    if frame.arrays:
+        raise UpdateError("a hello message carries no arrays")
+    if frame.meta.get("kind") != "hello":
+        raise UpdateError(f"a message on {HELLO!r} must have kind 'hello', got {frame.meta!r}")
+    version = _int_field(frame.meta, "version", 0, 2**62)
+    url = frame.meta.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise UpdateError(f"hello meta.url must be an http(s) URL or absent, got {url!r}")
+    return version, url
 
 
 def check_update(

@@ -13,8 +13,15 @@ A round ``r``:
    `protocol.check_update` is refused (the reason is in the round report) and the round goes
    on; clients silent at the deadline, or whose link closed, are left out;
 4. aggregate the accepted payloads weighted by sample count, decompress once (rand-k and
-   sketches are linear), apply `tandem.parties.fl.aggregate.server_step` off the event loop, record
-   the changed indices for the downlink.
+   sketches are linear), apply the server rule off the event loop (`FLConfig.optimizer`, an optax
+   optimizer, through `tandem.parties.fl.aggregate.optax_step`; else the `ServerRule` through
+   `server_step`), record the changed indices for the downlink.
+
+Hooks for a server in its own process (`tandem.parties.fl.server_process`): `wait_ready` runs
+before a client is served in a round (wait until it has connected), `after_round` after each
+round (checkpoint), ``next_round`` is where `run` starts (a resumed run), and ``inflight``
+names the clients whose round is under way (with the round and its seed), so a client that
+reconnects mid-round can be sent its round's message again (`send_round`).
 
 Byte accounting reads the transport's own counters (``sent_stats``/``received_stats``), so the
 numbers are what the wire carried, headers included.
@@ -29,14 +36,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from tandem.errors import ConfigError, TandemError
 from tandem.transports.base import Frame, Transport
 
 from . import compression as C
 from . import protocol as P
-from .aggregate import ServerRule, ServerState, server_step, weighted_mean
+from .aggregate import ServerRule, ServerState, optax_step, server_step, weighted_mean
 from .downlink import DownlinkPlanner
 from .train import LocalTrainer
 
@@ -61,8 +70,15 @@ class FLConfig:
     sketch_median: bool = True
     eval_every: int = 1
     max_update_bytes: int | None = None
+    optimizer: optax.GradientTransformation | None = None
 
     def __post_init__(self) -> None:
+        if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):
+            raise ConfigError(
+                "with a server optimizer, momentum and learning rate belong to it: leave "
+                f"rule.momentum = 0 and rule.lr = 1 (got {self.rule.momentum}, {self.rule.lr}); "
+                "e.g. optax.sgd(0.1, momentum=0.9)"
+            )
         if self.rounds < 0:
             raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
         if not 0 < self.fraction <= 1:
@@ -112,6 +128,11 @@ class FLServer:
         self.uplink = P.check_uplink(cfg.uplink, self.d)
         self.model = np.array(trainer.init_vec, np.float32, copy=True)
         self.state = ServerState.zeros(self.d)
+        self.opt_state = (
+            None if cfg.optimizer is None else cfg.optimizer.init(jnp.asarray(self.model))
+        )
+        self.next_round = 0  # where `run` starts (a restored server sets it)
+        self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(
             self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
         )
@@ -131,12 +152,21 @@ class FLServer:
 
     # -- rounds --------------------------------------------------------------------------------
     async def run(self) -> list[RoundReport]:
+        """Rounds ``next_round .. cfg.rounds - 1``, `after_round` after each; then stop."""
         try:
-            for r in range(self.cfg.rounds):
-                await self.round(r)
+            for r in range(self.next_round, self.cfg.rounds):
+                report = await self.round(r)
+                self.next_round = r + 1
+                await self.after_round(report)
         finally:
             await self.stop_clients()
         return self.reports
+
+    async def wait_ready(self, client: str) -> None:
+        """Hook: wait until ``client`` can be served (it runs under the round's deadline)."""
+
+    async def after_round(self, report: RoundReport) -> None:
+        """Hook: called after each round, before the next one sends anything."""
 
     def sample(self, r: int) -> tuple[list[str], int]:
         rng = np.random.default_rng([self.cfg.seed, r])
@@ -207,6 +237,7 @@ class FLServer:
         rejected: dict,
     ) -> None:
         try:
+            await self.wait_ready(c)
             if broadcast:
                 await self._send(
                     c,
@@ -221,7 +252,8 @@ class FLServer:
                 self.known[c] = max(self.known[c], self.planner.version)
             if not train:
                 return
-            await self._send_round(c, r, seed)
+            self.inflight[c] = (r, seed)
+            await self.send_round(c, r, seed)
             resynced = False
             while True:
                 frame = await self.transport.recv(c, P.UPDATE)
@@ -242,7 +274,7 @@ class FLServer:
                     # the client restarted or lost state: plan from what it really holds
                     self.known[c], resynced = held, True
                     self.resyncs += 1
-                    await self._send_round(c, r, seed)
+                    await self.send_round(c, r, seed)
                     continue
                 try:
                     rnd, n, ver, payload = P.check_update(
@@ -268,8 +300,11 @@ class FLServer:
                 return
         except TandemError:
             return  # link closed or peer unknown: the client is left out of this round
+        finally:
+            self.inflight.pop(c, None)
 
-    async def _send_round(self, c: str, r: int, seed: int) -> None:
+    async def send_round(self, c: str, r: int, seed: int) -> None:
+        """Send ``c`` round ``r``'s training request, planned from the version it holds."""
         meta, arrays = self.planner.plan(self.model, self.known[c])
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
         await self._send(c, meta, arrays)
@@ -285,7 +320,18 @@ class FLServer:
             agg = C.sketch_estimate(mean, seed, self.d, median=self.cfg.sketch_median)
         else:
             agg = mean
-        idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
+        if self.cfg.optimizer is None:
+            idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
+        else:
+            idx, values, self.opt_state, residual = optax_step(
+                self.cfg.optimizer,
+                self.opt_state,
+                self.model,
+                agg,
+                topk=self.cfg.rule.topk,
+                residual=self.state.residual,
+            )
+            self.state = ServerState(self.state.momentum, residual)
         model = self.model.copy()
         if idx is None:
             model += values

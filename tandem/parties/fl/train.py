@@ -1,9 +1,13 @@
-"""Local training and evaluation of an MLP classifier on flat parameter vectors.
+"""Local training and evaluation of a model on flat parameter vectors.
 
 `LocalTrainer` is what a federated client runs between two rounds: start from the server's
 model (a flat float32 vector), run ``epochs`` passes of an optax optimizer over the local data
 in seeded shuffled mini-batches, and return the parameter delta. It is synchronous and
 thread-safe (parties call it through ``asyncio.to_thread`` so the event loop keeps serving).
+
+The model is any `tandem.engine.kernels.StageModel` with one input (a list of MLP layer sizes
+builds the MLP `mlp_stage` describes, last layer linear); the loss is one of
+`tandem.engine.kernels.LOSSES` ("softmax", "binary", "mse") on the model's output.
 
 Jit boundary: one step function per trainer, compiled once for the batch shape; the last short
 batch of an epoch is padded and masked, so datasets of any size reuse the same compilation.
@@ -12,26 +16,37 @@ batch of an epoch is padded and masked, so datasets of any size reuse the same c
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from tandem.engine.models import mlp_apply, mlp_init
+from tandem.engine.kernels import LOSSES, StageModel, mlp_stage
+from tandem.engine.models import mlp_init
 from tandem.errors import ConfigError, ShapeError
 
 from .compression import FlatSpec, flatten, unflatten
 
 
-def _loss(params, x, y, mask):
-    logits = mlp_apply(params, x)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-    return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+def _correct(loss: str, out: jax.Array, y: jax.Array) -> jax.Array:
+    """Per-sample 1.0 where the prediction is right (classification losses only)."""
+    if loss == "binary":
+        return ((out.reshape(y.shape) > 0) == (y > 0.5)).astype(jnp.float32)
+    return (jnp.argmax(out, -1) == y).astype(jnp.float32)
+
+
+class Evaluation(NamedTuple):
+    """Mean loss, and accuracy in [0, 1] (None for a loss that does not classify)."""
+
+    loss: float
+    accuracy: float | None
 
 
 class LocalTrainer:
-    """Trains an MLP ``sizes`` classifier with ``optimizer`` for ``epochs`` epochs.
+    """Trains ``model`` (a `StageModel`, or MLP layer sizes) on ``loss`` with ``optimizer``
+    for ``epochs`` epochs; the initial parameters come from ``init_seed``.
 
     Invariants: the returned delta has the model's flat size and dtype float32; the same
     ``(params, data, seed)`` gives the same delta.
@@ -39,40 +54,68 @@ class LocalTrainer:
 
     def __init__(
         self,
-        sizes: Sequence[int],
+        model: Sequence[int] | StageModel,
         optimizer: optax.GradientTransformation,
         *,
+        loss: str = "softmax",
         epochs: int = 1,
         batch_size: int = 16,
         init_seed: int = 0,
     ) -> None:
         if epochs < 1 or batch_size < 1:
             raise ConfigError(f"epochs and batch_size must be >= 1, got {epochs}, {batch_size}")
-        self.sizes = tuple(int(s) for s in sizes)
+        if loss not in LOSSES:
+            raise ConfigError(f"loss {loss!r} is not one of {sorted(LOSSES)}")
+        if not isinstance(model, StageModel):
+            sizes = [int(s) for s in model]
+            mlp_init(jax.random.key(0), sizes)  # checks the sizes, names them in the error
+            model = mlp_stage([sizes[0]], sizes[1:-1], sizes[-1], activate_last=False)
+        if len(model.in_dims) != 1:
+            raise ConfigError(
+                f"a federated model takes one input (the features), this one takes "
+                f"{len(model.in_dims)}: {list(model.in_dims)}"
+            )
+        self.model, self.loss = model, loss
+        self.features = int(model.in_dims[0])
         self.optimizer = optimizer
         self.epochs = epochs
         self.batch_size = batch_size
-        params = mlp_init(jax.random.key(init_seed), self.sizes)
-        self.init_vec, self.spec = flatten(params)
+        self.init_vec, self.spec = flatten(model.init(jax.random.key(init_seed)))
         self.traces = 0  # number of compilations of the step (tests check it stays at 1)
+        per_sample = LOSSES[loss]
+        apply = model.apply
+
+        def masked_loss(params, x, y, mask):
+            losses = per_sample(apply(params, x), y)
+            return jnp.sum(losses * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
         def step(params, opt_state, x, y, mask):
             self.traces += 1
-            grads = jax.grad(_loss)(params, x, y, mask)
+            grads = jax.grad(masked_loss)(params, x, y, mask)
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
+        def sums(params, x, y):
+            out = apply(params, x)
+            right = jnp.sum(_correct(loss, out, y)) if loss != "mse" else jnp.float32(0)
+            return jnp.sum(per_sample(out, y)), right
+
         self._step = jax.jit(step)
-        self._accuracy = jax.jit(lambda p, x, y: jnp.mean(jnp.argmax(mlp_apply(p, x), -1) == y))
+        self._sums = jax.jit(sums)
 
     @property
     def dim(self) -> int:
         return self.spec.size
 
+    @property
+    def classifies(self) -> bool:
+        """Whether accuracy means anything for this loss (not for "mse")."""
+        return self.loss != "mse"
+
     def _check(self, x: np.ndarray, y: np.ndarray) -> None:
-        if x.ndim != 2 or x.shape[1] != self.sizes[0] or y.shape != (x.shape[0],):
+        if x.ndim != 2 or x.shape[1] != self.features or y.shape != (x.shape[0],):
             raise ShapeError(
-                f"local data must be x: (n, {self.sizes[0]}) and y: (n,), got {x.shape} and "
+                f"local data must be x: (n, {self.features}) and y: (n,), got {x.shape} and "
                 f"{y.shape}"
             )
 
@@ -94,10 +137,32 @@ class LocalTrainer:
         new, _ = flatten(params)
         return new - np.asarray(vec, np.float32)
 
+    def evaluate(
+        self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, *, batch_size: int = 1024
+    ) -> Evaluation:
+        """The mean loss and the accuracy (None for "mse") of flat parameters ``vec`` on
+        ``(x, y)``, in batches of ``batch_size`` rows."""
+        self._check(x, y)
+        if x.shape[0] == 0:
+            raise ShapeError("cannot evaluate on zero rows; give the evaluation set some rows")
+        params = unflatten(vec, self.spec)
+        loss = right = 0.0
+        for start in range(0, x.shape[0], batch_size):
+            part_loss, part_right = self._sums(
+                params, x[start : start + batch_size], y[start : start + batch_size]
+            )
+            loss, right = loss + float(part_loss), right + float(part_right)
+        n = x.shape[0]
+        return Evaluation(loss / n, right / n if self.classifies else None)
+
     def accuracy(self, vec: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
         """Top-1 accuracy (0..1) of flat parameters ``vec`` on ``(x, y)``."""
-        self._check(x, y)
-        return float(self._accuracy(unflatten(vec, self.spec), x, y))
+        acc = self.evaluate(vec, x, y).accuracy
+        if acc is None:
+            raise ConfigError(
+                f"accuracy needs a classification loss, this trainer's is {self.loss}"
+            )
+        return acc
 
 
 def flat_spec_for(sizes: Sequence[int], init_seed: int = 0) -> tuple[np.ndarray, FlatSpec]:

@@ -44,6 +44,12 @@ import numpy as np
 from tandem.engine.kernels import StageModel, mlp_stage
 from tandem.engine.topology import BUILTIN, FEATURES, Topology
 from tandem.errors import ConfigError
+from tandem.parties.http_security import (
+    SECURITY_KEYS,
+    HttpSecurity,
+    existing_file,
+    read_secret,
+)
 
 
 class PartyConfigError(ConfigError):
@@ -76,18 +82,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "link": {"bandwidth": (float, int), "latency": (float, int)},
     "listen": {"host": (str,), "port": (int,)},
     "peers": {},  # free-form: name -> URL
-    "security": {
-        "secret": (str,),
-        "secret_env": (str,),
-        "secret_file": (str,),
-        "tls_cert": (str,),
-        "tls_key": (str,),
-        "tls_ca": (str,),
-        "max_frame_bytes": (int,),
-        "reject_nonfinite": (bool,),
-        "retry_timeout": (float, int),
-        "peer_timeout": (float, int),
-    },
+    "security": SECURITY_KEYS,
     "data": {
         "source": (str,),
         "part": (str,),
@@ -218,16 +213,9 @@ class PartyConfig:
 
     def ssl_contexts(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
         """(server, client) contexts: TLS when ``tls_cert`` is set; mutual when ``tls_ca`` is."""
-        if not self.tls_cert:
-            return None, (ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None)
-        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        server.load_cert_chain(self.tls_cert, self.tls_key)
-        client = ssl.create_default_context(cafile=self.tls_ca)
-        client.load_cert_chain(self.tls_cert, self.tls_key)
-        if self.tls_ca:
-            server.load_verify_locations(self.tls_ca)
-            server.verify_mode = ssl.CERT_REQUIRED
-        return server, client
+        return HttpSecurity(
+            tls_cert=self.tls_cert, tls_key=self.tls_key, tls_ca=self.tls_ca
+        ).ssl_contexts()
 
     def transport(self):
         """An (unstarted) `tandem.transports.http.HttpTransport` for this party."""
@@ -540,36 +528,11 @@ def _check_type(name: str, value: Any, kinds: tuple[type, ...], path: str) -> No
 
 
 def _file(base: str, value: str, key: str, path: str) -> str:
-    full = value if os.path.isabs(value) else os.path.join(base, value)
-    if not os.path.exists(full):
-        raise PartyConfigError(
-            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
-            "(relative paths start at the config file's folder)"
-        )
-    return full
+    return existing_file(base, value, key, path, error=PartyConfigError)
 
 
 def _secret(sec: Mapping[str, Any], path: str, base: str) -> bytes | None:
-    given = [k for k in ("secret", "secret_env", "secret_file") if k in sec]
-    if len(given) > 1:
-        raise PartyConfigError(f"{path}: set only one of security.{given}")
-    if not given:
-        return None
-    if "secret" in sec:
-        value = sec["secret"]
-    elif "secret_env" in sec:
-        value = os.environ.get(sec["secret_env"])
-        if value is None:
-            raise PartyConfigError(
-                f"{path}: security.secret_env names ${sec['secret_env']}, "
-                "which is not set; export it or use secret_file"
-            )
-    else:
-        with open(_file(base, sec["secret_file"], "security.secret_file", path), "rb") as f:
-            value = f.read().strip().decode()
-    if not value:
-        raise PartyConfigError(f"{path}: the shared secret ({given[0]}) is empty")
-    return value.encode()
+    return read_secret(sec, path, base, error=PartyConfigError)
 
 
 def _topology(model: ModelConfig, path: str) -> Topology:

@@ -56,6 +56,8 @@ class HttpConfig:
         with the shared ``secret`` and names its URL; the sender then becomes a peer (at most
         ``max_peers``). For roles that anyone holding the secret may join (elastic workers).
         Requires ``secret``.
+      admit_names: with ``admit_unknown``, only senders of these names are admitted (a roster,
+        e.g. a federated server's clients); any other name is refused with 401. None: any name.
       shape_bandwidth / shape_latency: emulate a slower link on loopback (benchmarks, tests):
         request bodies to each peer are paced to ``shape_bandwidth`` bytes/s, shared by all
         channels to that peer (one wire per direction, as `MemoryNetwork.shape`), and each
@@ -90,6 +92,7 @@ class HttpConfig:
     clock: Callable[[], float] = time.time
     advertise_url: str | None = None
     admit_unknown: bool = False
+    admit_names: frozenset[str] | None = None
     max_peers: int = 4096
     shape_bandwidth: float | None = None
     shape_latency: float = 0.0

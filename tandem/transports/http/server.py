@@ -177,6 +177,9 @@ class HttpServer:
         """An unknown sender becomes a peer only under ``admit_unknown`` with a valid signature."""
         if not (self.cfg.admit_unknown and self.verifier is not None and path == FRAME_PATH):
             raise Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+        names = self.cfg.admit_names
+        if names is not None and sender not in names:
+            raise Refuse(401, "unknown_peer", f"sender {sender!r} is not in the roster")
         try:
             self.verifier.verify(request.method, path, request.headers)
         except AuthenticationError as exc:

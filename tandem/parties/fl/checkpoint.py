@@ -1,0 +1,231 @@
+"""The federated server's checkpoint: one safetensors file, written atomically, never pickled.
+
+Contents (format ``"tandem-fl-server"``, version 1):
+
+* tensors: ``model`` (the flat global model), ``momentum`` and ``residual`` (`ServerState`),
+  ``opt/<i>`` (the leaves of the server optimizer's state, in ``jax.tree_util`` order),
+  ``planner/...`` (`DownlinkPlanner.state`: changed-coordinate masks and the version log);
+* header metadata ``"tandem"``: JSON ``{"format", "version", "identity", "next_round",
+  "known", "resyncs", "reports", "planner", "opt_structure"}``: the configuration it was
+  written with (`ServerConfig.identity`), the first round not yet done, each client's confirmed
+  version, the round reports so far, the planner's scalars and the optimizer state's treedef
+  text.
+
+`save` writes the bytes to a temporary name beside ``location`` and renames it over
+``location`` (local files: ``os.replace`` after an fsync of the file, then an fsync of the
+folder; other fsspec file systems: their ``mv``), so a reader, or a server restarted after
+``kill -9`` at any moment, finds the previous checkpoint or the new one, never a mix. A
+temporary file left by a killed writer (``.<name>.<random>.tmp``) is removed by the next save.
+`load` returns None when there is no checkpoint; `restore` refills a freshly built server and
+refuses a checkpoint written for another configuration, naming what differs and ``--fresh``.
+
+``save``/``load`` do blocking I/O: call them off the event loop (``asyncio.to_thread``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import struct
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors.numpy
+
+from tandem.errors import ConfigError
+
+from .aggregate import ServerState
+from .server import FLServer, RoundReport
+
+FORMAT = "tandem-fl-server"
+VERSION = 1
+_META = "tandem"
+
+
+class CheckpointError(ConfigError):
+    """A server checkpoint cannot be read, or was written for another configuration."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """A read checkpoint: its tensors and its metadata (see the module docstring)."""
+
+    location: str
+    tensors: dict[str, np.ndarray]
+    meta: dict[str, Any]
+
+    @property
+    def next_round(self) -> int:
+        return int(self.meta["next_round"])
+
+
+def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
+    """The checkpoint of ``server`` as bytes (a safetensors file)."""
+    tensors: dict[str, np.ndarray] = {
+        "model": np.asarray(server.model, np.float32),
+        "momentum": np.asarray(server.state.momentum, np.float32),
+        "residual": np.asarray(server.state.residual, np.float32),
+    }
+    leaves, treedef = jax.tree_util.tree_flatten(server.opt_state)
+    for i, leaf in enumerate(leaves):
+        tensors[f"opt/{i}"] = np.asarray(leaf)
+    planner_arrays, planner_meta = server.planner.state()
+    for name, arr in planner_arrays.items():
+        tensors[f"planner/{name}"] = arr
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "identity": json.loads(json.dumps(identity)),
+        "next_round": server.next_round,
+        "known": dict(server.known),
+        "resyncs": server.resyncs,
+        "reports": [dataclasses.asdict(r) for r in server.reports],
+        "planner": planner_meta,
+        "opt_structure": str(treedef),
+    }
+    contiguous = {k: np.array(v, order="C") for k, v in tensors.items()}  # keeps 0-d arrays 0-d
+    return safetensors.numpy.save(contiguous, metadata={_META: json.dumps(meta, sort_keys=True)})
+
+
+def save(location: str, server: FLServer, identity: Mapping[str, Any]) -> None:
+    """Write ``server``'s checkpoint to ``location`` atomically (see the module docstring)."""
+    write_atomic(location, encode(server, identity))
+
+
+def write_atomic(location: str, blob: bytes) -> None:
+    """Replace ``location`` (a path or fsspec URL) by ``blob`` in one step."""
+    if _is_local(location):
+        path = _local(location)
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        prefix = f".{os.path.basename(path)}."
+        for stale in os.listdir(folder):  # left by a process killed while writing
+            if stale.startswith(prefix) and stale.endswith(".tmp"):
+                os.unlink(os.path.join(folder, stale))
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(location)
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fs.pipe_file(tmp, blob)
+    fs.mv(tmp, path)
+
+
+def load(location: str) -> Checkpoint | None:
+    """The checkpoint at ``location``, or None when there is none."""
+    import fsspec
+
+    try:
+        with fsspec.open(location, "rb") as f:
+            blob = f.read()
+    except FileNotFoundError:
+        return None
+    meta = _metadata(blob, location)
+    try:
+        tensors = safetensors.numpy.load(blob)
+    except Exception as exc:  # safetensors raises its own SafetensorError
+        raise CheckpointError(f"checkpoint {location!r} is corrupt: {exc}") from None
+    return Checkpoint(location, dict(tensors), meta)
+
+
+def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> None:
+    """Refill a freshly built ``server`` from ``ckpt``; raises `CheckpointError` when the
+    checkpoint was written with another configuration or does not fit this model."""
+    saved = ckpt.meta.get("identity")
+    expected = json.loads(json.dumps(identity))
+    if saved != expected:
+        differ = sorted(
+            k for k in set(expected) | set(saved or {}) if (saved or {}).get(k) != expected.get(k)
+        )
+        raise CheckpointError(
+            f"checkpoint {ckpt.location!r} was written by a server configured differently "
+            f"(differs in: {differ}); restore that configuration to resume, or start over "
+            "with --fresh (the checkpoint is then overwritten)"
+        )
+    t = ckpt.tensors
+    where = f"checkpoint {ckpt.location!r}"
+    for name in ("model", "momentum", "residual"):
+        if name not in t or t[name].shape != (server.d,) or t[name].dtype != np.float32:
+            raise CheckpointError(
+                f"{where}: tensor {name!r} is missing or not float32 ({server.d},); the file "
+                "is damaged: start over with --fresh"
+            )
+    template, treedef = jax.tree_util.tree_flatten(server.opt_state)
+    if str(treedef) != ckpt.meta.get("opt_structure"):
+        raise CheckpointError(
+            f"{where}: the server optimizer's state has another structure; start over with --fresh"
+        )
+    leaves = []
+    for i, like in enumerate(template):
+        arr = t.get(f"opt/{i}")
+        if arr is None or arr.shape != np.shape(like) or arr.dtype != np.asarray(like).dtype:
+            raise CheckpointError(f"{where}: optimizer tensor opt/{i} is missing or misshapen")
+        leaves.append(jnp.asarray(arr))
+    planner = {k.removeprefix("planner/"): v for k, v in t.items() if k.startswith("planner/")}
+    try:
+        server.planner.restore(planner, ckpt.meta["planner"])
+        known = {str(c): int(v) for c, v in ckpt.meta["known"].items()}
+        reports = [RoundReport(**r) for r in ckpt.meta["reports"]]
+        next_round, resyncs = int(ckpt.meta["next_round"]), int(ckpt.meta["resyncs"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{where}: metadata is malformed ({exc!r})") from None
+    server.model = np.array(t["model"], np.float32, copy=True)
+    server.state = ServerState(jnp.asarray(t["momentum"]), jnp.asarray(t["residual"]))
+    server.opt_state = jax.tree_util.tree_unflatten(treedef, leaves)
+    server.known.update({c: v for c, v in known.items() if c in server.known})
+    server.reports = reports
+    server.next_round, server.resyncs = next_round, resyncs
+
+
+def _metadata(blob: bytes, location: str) -> dict[str, Any]:
+    """The JSON description in a safetensors header (8-byte length, then a JSON object)."""
+    try:
+        (size,) = struct.unpack("<Q", blob[:8])
+        header = json.loads(blob[8 : 8 + size])
+        meta = json.loads(header["__metadata__"][_META])
+    except (struct.error, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"{location!r} is not a federated server checkpoint ({exc!r}); point "
+            "server.checkpoint elsewhere, or start over with --fresh"
+        ) from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{location!r} is not a {FORMAT!r} checkpoint")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(
+            f"{location!r} has checkpoint version {meta.get('version')!r}; this Tandem reads "
+            f"version {VERSION}: resume with the Tandem that wrote it, or start over with --fresh"
+        )
+    return meta
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file://")
+
+
+def _local(location: str) -> str:
+    return location.removeprefix("file://")
+
+
+__all__ = ["Checkpoint", "CheckpointError", "encode", "load", "restore", "save", "write_atomic"]

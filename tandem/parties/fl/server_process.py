@@ -1,0 +1,304 @@
+"""``tandem fl server``: the federated server in its own process, over HTTP.
+
+`run_server(cfg)`:
+
+1. reads its ``[data]`` (the held-out evaluation set) through the shared loader and builds the
+   `Task` (the ``[model]`` spec with ``in_dims`` from the data, the loss, the seed);
+2. builds the `FLServer` (`build_fl_config`: the ``[compression]`` preset with the
+   ``[optimizer]``) and, unless ``fresh``, resumes from ``server.checkpoint`` when one is there
+   (refusing one written with another configuration);
+3. serves HTTP with the roster's names admitted and no other (`HttpConfig.admit_names`: any
+   other sender gets 401, with a log line); each client says ``hello`` (on connecting and on
+   reconnecting) and gets a ``welcome`` with the task; a client that reconnects in the middle
+   of its round gets the round's message again, planned from the version it says it holds;
+4. waits for ``min_clients`` clients (up to ``wait`` seconds), then runs the remaining rounds;
+   after each round the checkpoint is written (atomically) before the next round sends
+   anything, so every version a client holds is one the checkpoint knows;
+5. sends ``stop``, evaluates the final model on its data and exports it in split learning's
+   format (`tandem.parties.fl.export`), and returns the summary that the CLI prints as JSON.
+
+The server's transport waits on clients without a liveness timeout: every wait is bounded by
+the round's deadline instead, so a client that restarts within its round is still waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import optax
+
+from tandem.errors import ConfigError, TandemError
+from tandem.transports.base import Frame, Transport
+
+from . import checkpoint as ckpt
+from . import presets
+from . import protocol as P
+from .config import ServerConfig
+from .server import FLConfig, FLServer, RoundReport
+from .task import Task, load_rows, out_width, with_inputs
+from .train import LocalTrainer
+
+log = logging.getLogger(__name__)
+
+
+def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
+    """The `FLConfig` of ``cfg``: its compression preset with its optimizer as server rule."""
+    c = cfg.compression
+    common: dict[str, Any] = dict(
+        rounds=cfg.rounds,
+        fraction=cfg.fraction,
+        round_timeout=cfg.round_timeout,
+        seed=cfg.seed,
+        lossless=c.lossless,
+        anchor_every=c.anchor_every,
+        log_size=c.log_size,
+        eval_every=cfg.eval_every,
+    )
+    if c.preset == "dense":
+        fl = presets.dense(downlink=c.downlink, **common)
+    else:
+        fl = presets.compressed(
+            dim,
+            uplink_ratio=c.uplink_ratio,
+            topk_ratio=c.topk_ratio,
+            momentum=0.0,
+            server_lr=1.0,
+            downlink=c.downlink,
+            sketch=c.sketch,
+            **common,
+        )
+    try:
+        return dataclasses.replace(fl, optimizer=cfg.optimizer.build())
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.path}: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerSetup:
+    """What `prepare_server` reads and builds before any networking."""
+
+    task: Task
+    trainer: LocalTrainer
+    fl: FLConfig
+    x: np.ndarray
+    y: np.ndarray
+    preprocessing: dict[str, Any]
+    fingerprint: str
+
+
+def prepare_server(cfg: ServerConfig) -> ServerSetup:
+    """Read the evaluation data and build the task, the trainer and the `FLConfig`
+    (blocking: call it in a thread)."""
+    data, x, y = load_rows(cfg.data, loss=cfg.loss, out=out_width(cfg.model, cfg.loss, cfg.path))
+    spec = with_inputs(cfg.model, int(x.shape[1]), cfg.path)
+    probe = Task(spec, cfg.loss, cfg.seed, 0, cfg.identity_hash())
+    try:
+        trainer = LocalTrainer(
+            probe.stage_model(), optax.identity(), loss=cfg.loss, init_seed=cfg.seed
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{cfg.path}: [model] {exc}") from None
+    task = dataclasses.replace(probe, dim=trainer.dim)
+    return ServerSetup(
+        task=task,
+        trainer=trainer,
+        fl=build_fl_config(cfg, trainer.dim),
+        x=x,
+        y=y,
+        preprocessing=data.preprocessing.to_json(),
+        fingerprint=data.fingerprint,
+    )
+
+
+class DeployedServer(FLServer):
+    """An `FLServer` whose clients connect themselves (``hello``) and that checkpoints after
+    every round. ``connected`` holds the clients heard from since this process started."""
+
+    def __init__(
+        self,
+        transport: Transport,
+        cfg: ServerConfig,
+        setup: ServerSetup,
+        *,
+        on_round: Callable[[RoundReport], None] | None = None,
+    ) -> None:
+        test_set = (setup.x, setup.y) if setup.trainer.classifies else None
+        super().__init__(
+            transport, cfg.clients, setup.trainer, setup.fl, test_set=test_set, on_round=on_round
+        )
+        self.config, self.task = cfg, setup.task
+        self.connected: dict[str, asyncio.Event] = {c: asyncio.Event() for c in cfg.clients}
+        self.hellos = 0
+        self.refused_hellos: list[str] = []
+
+    # -- connections ---------------------------------------------------------------------------
+    async def watch(self) -> None:
+        """Listen for hellos from every roster client the transport has admitted (forever:
+        cancel it)."""
+        async with asyncio.TaskGroup() as tg:
+            watched: set[str] = set()
+            while True:
+                for c in self.clients:
+                    if c not in watched and c in self.transport.peers:
+                        watched.add(c)
+                        tg.create_task(self._hellos(c))
+                await asyncio.sleep(0.05)
+
+    async def _hellos(self, c: str) -> None:
+        while True:
+            try:
+                frame = await self.transport.recv(c, P.HELLO)
+            except TandemError:
+                return
+            try:
+                version, url = P.check_hello(frame)
+            except P.UpdateError as exc:
+                self.refused_hellos.append(f"{c}: {exc}")
+                log.warning("%s: hello from %r refused: %s", self.transport.name, c, exc)
+                continue
+            await self.welcome(c, version, url)
+
+    async def welcome(self, c: str, version: int, url: str | None) -> None:
+        """Answer ``c``'s hello: record where it is and what it holds, send the task, and
+        resend its round's message when its round is under way."""
+        add_peer = getattr(self.transport, "add_peer", None)  # memory transports have none
+        if url is not None and add_peer is not None:
+            try:
+                add_peer(c, url)  # it may have restarted elsewhere
+            except ValueError as exc:
+                log.warning("%s: %r gave an unusable URL %r: %s", self.transport.name, c, url, exc)
+        reset = version > self.planner.version  # it holds a version this server never made
+        self.known[c] = 0 if reset else version
+        meta = {
+            "kind": P.WELCOME,
+            "task": self.task.to_meta(),
+            "client_seed": self.clients.index(c),
+            "reset": reset,
+        }
+        try:
+            await self.transport.send(c, P.MODEL, Frame(meta=meta))
+        except TandemError as exc:
+            log.info("%s: cannot welcome %r: %s", self.transport.name, c, exc)
+            return
+        self.hellos += 1
+        self.connected[c].set()
+        log.info("%s: %r connected (holds version %d)", self.transport.name, c, version)
+        inflight = self.inflight.get(c)
+        if inflight is not None:
+            try:
+                await self.send_round(c, *inflight)
+            except TandemError as exc:
+                log.info("%s: cannot resend its round to %r: %s", self.transport.name, c, exc)
+
+    async def wait_ready(self, client: str) -> None:
+        await self.connected[client].wait()
+
+    async def wait_for_clients(self, count: int, timeout: float) -> None:
+        """Wait until ``count`` roster clients have connected; `ConfigError` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while sum(e.is_set() for e in self.connected.values()) < count:
+            if time.monotonic() > deadline:
+                missing = [c for c, e in self.connected.items() if not e.is_set()]
+                raise ConfigError(
+                    f"{self.config.path}: only {len(self.clients) - len(missing)} of the "
+                    f"{count} clients needed (server.min_clients) connected within "
+                    f"{timeout:g} s; missing: {missing}. Start them (tandem fl client --config "
+                    "...), or lower server.min_clients, or raise server.wait"
+                )
+            await asyncio.sleep(0.05)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    async def after_round(self, report: RoundReport) -> None:
+        location = self.config.checkpoint
+        if location is None:
+            return
+        try:
+            await asyncio.to_thread(ckpt.save, location, self, self.config.identity())
+        except OSError as exc:
+            raise ckpt.CheckpointError(
+                f"{self.config.path}: cannot write the checkpoint {location!r} ({exc}); fix "
+                "server.checkpoint or free some space, then start the server again (it resumes "
+                "from the last checkpoint written)"
+            ) from None
+
+
+async def run_server(
+    cfg: ServerConfig,
+    *,
+    fresh: bool = False,
+    on_round: Callable[[RoundReport], None] | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the server of ``cfg`` to the end (see the module docstring); returns the summary.
+
+    ``on_ready(url)`` is called once the server listens; ``on_round`` after every round."""
+    from tandem.transports.http import HttpTransport
+
+    from .export import export_global
+
+    setup = await asyncio.to_thread(prepare_server, cfg)
+    restored = None
+    if cfg.checkpoint is not None and not fresh:
+        restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
+    http = cfg.security.http_config(
+        cfg.name,
+        host=cfg.host,
+        port=cfg.port,
+        advertise_url=cfg.advertise_url,
+        admit_unknown=True,
+        admit_names=frozenset(cfg.clients),
+        peer_timeout=None,
+    )
+    async with HttpTransport(http) as transport:
+        server = DeployedServer(transport, cfg, setup, on_round=on_round)
+        if restored is not None:
+            ckpt.restore(server, restored, cfg.identity())
+        resumed = server.next_round if restored is not None else None
+        if on_ready is not None:
+            on_ready(transport.url)
+        failure: TandemError | None = None
+        async with asyncio.TaskGroup() as tg:
+            watcher = tg.create_task(server.watch())
+            try:
+                await server.wait_for_clients(cfg.min_clients, cfg.wait)
+                await server.run()
+            except TandemError as exc:  # raised below, not wrapped in an exception group
+                failure = exc
+            finally:
+                watcher.cancel()
+        if failure is not None:
+            raise failure
+        final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
+        exported = None
+        if cfg.export is not None:
+            exported = await asyncio.to_thread(
+                export_global, cfg.export, server.model, setup, party=cfg.name
+            )
+    reports = server.reports
+    return {
+        "role": "server",
+        "name": cfg.name,
+        "rounds": len(reports),
+        "resumed_at": resumed,
+        "accuracy": None if final.accuracy is None else round(100 * final.accuracy, 2),
+        "loss": round(final.loss, 6),
+        "eval_rows": int(setup.x.shape[0]),
+        "params": setup.task.dim,
+        "version": server.planner.version,
+        "bytes_up": sum(r.up_bytes for r in reports),
+        "bytes_down": sum(r.down_bytes for r in reports),
+        "dropped": sum(len(r.dropped) for r in reports),
+        "rejected": sum(len(r.rejected) for r in reports),
+        "resyncs": server.resyncs,
+        "export": exported,
+        "checkpoint": cfg.checkpoint,
+    }
+
+
+__all__ = ["DeployedServer", "ServerSetup", "build_fl_config", "prepare_server", "run_server"]

@@ -1,0 +1,196 @@
+"""How a party authenticates and protects its HTTP transport: the security keys of its TOML.
+
+Split-learning parties read these keys from their ``[security]`` table and federated parties
+from ``[http]``; both go through `parse_security`, so a secret, a TLS file or a limit means the
+same everywhere::
+
+    secret = "..."            # the shared HMAC secret, inline (prefer one of the next two)
+    secret_env = "VAR"        # ... read from the environment variable VAR
+    secret_file = "secret"    # ... read from a file (relative to the TOML file), stripped
+    tls_cert = "me.pem"       # serve HTTPS with this certificate chain ...
+    tls_key = "me.key"        # ... and its key (both or neither)
+    tls_ca = "ca.pem"         # verify peers against this CA; with tls_cert: mutual TLS
+    max_frame_bytes = 2147483648
+    reject_nonfinite = true   # refuse tensors holding NaN or Inf (422)
+    retry_timeout = 30.0      # seconds a send keeps retrying an unreachable peer
+    peer_timeout = 30.0       # seconds a silent peer may be unreachable while we wait on it
+
+`HttpSecurity.http_config` turns the checked settings into a
+`tandem.transports.http.HttpConfig`. Every error is a `ConfigError` naming the file, the key
+and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from tandem.errors import ConfigError
+
+#: The security keys and the TOML types each accepts.
+SECURITY_KEYS: dict[str, tuple[type, ...]] = {
+    "secret": (str,),
+    "secret_env": (str,),
+    "secret_file": (str,),
+    "tls_cert": (str,),
+    "tls_key": (str,),
+    "tls_ca": (str,),
+    "max_frame_bytes": (int,),
+    "reject_nonfinite": (bool,),
+    "retry_timeout": (float, int),
+    "peer_timeout": (float, int),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HttpSecurity:
+    """Checked security settings. File paths are absolute; ``secret`` is the secret's bytes.
+
+    Invariant: ``tls_cert`` and ``tls_key`` are both set or both None.
+    """
+
+    secret: bytes | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    max_frame_bytes: int = 1 << 31
+    reject_nonfinite: bool = True
+    retry_timeout: float = 30.0
+    peer_timeout: float = 30.0
+
+    @property
+    def auth(self) -> str:
+        """``"hmac"``, ``"mtls"`` or ``"none"``: how peers prove who they are."""
+        if self.secret:
+            return "hmac"
+        return "mtls" if self.tls_ca and self.tls_cert else "none"
+
+    def ssl_contexts(self) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+        """(server, client) contexts: TLS when ``tls_cert`` is set; mutual when ``tls_ca`` is."""
+        if not self.tls_cert:
+            return None, (ssl.create_default_context(cafile=self.tls_ca) if self.tls_ca else None)
+        server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server.load_cert_chain(self.tls_cert, self.tls_key)
+        client = ssl.create_default_context(cafile=self.tls_ca)
+        client.load_cert_chain(self.tls_cert, self.tls_key)
+        if self.tls_ca:
+            server.load_verify_locations(self.tls_ca)
+            server.verify_mode = ssl.CERT_REQUIRED
+        return server, client
+
+    def http_config(self, name: str, **fields: Any):
+        """A `tandem.transports.http.HttpConfig` for party ``name`` with these settings;
+        ``fields`` (host, port, peers, ...) are passed through and may override them."""
+        from tandem.transports.http import HttpConfig
+
+        server, client = self.ssl_contexts()
+        base: dict[str, Any] = {
+            "secret": self.secret,
+            "ssl_server": server,
+            "ssl_client": client,
+            "max_frame_bytes": self.max_frame_bytes,
+            "reject_nonfinite": self.reject_nonfinite,
+            "retry_timeout": self.retry_timeout,
+            "peer_timeout": self.peer_timeout,
+        }
+        return HttpConfig(name=name, **{**base, **fields})
+
+
+def parse_security(
+    table: Mapping[str, Any],
+    *,
+    path: str,
+    section: str = "security",
+    error: type[ConfigError] = ConfigError,
+) -> HttpSecurity:
+    """Check the security keys in ``table`` (the ``[section]`` table of the TOML file ``path``;
+    relative file names start at that file's folder). Unknown keys are refused with ``error``
+    (a `ConfigError` subclass: each party kind raises its own)."""
+    base = os.path.dirname(os.path.abspath(path))
+    for key, value in table.items():
+        if key not in SECURITY_KEYS:
+            raise error(
+                f"{path}: unknown key {section}.{key}; accepted keys in [{section}]: "
+                f"{sorted(SECURITY_KEYS)}"
+            )
+        kinds = SECURITY_KEYS[key]
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            raise error(
+                f"{path}: {section}.{key} must be {' or '.join(k.__name__ for k in kinds)}, "
+                f"got {value!r}"
+            )
+    tls = {
+        k: existing_file(base, table[k], f"{section}.{k}", path, error=error)
+        if k in table
+        else None
+        for k in ("tls_cert", "tls_key", "tls_ca")
+    }
+    if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
+        raise error(
+            f"{path}: {section}.tls_cert and {section}.tls_key go together; set both or neither"
+        )
+    for key in ("max_frame_bytes", "retry_timeout", "peer_timeout"):
+        if key in table and not table[key] > 0:
+            raise error(f"{path}: {section}.{key} must be > 0, got {table[key]!r}")
+    return HttpSecurity(
+        secret=read_secret(table, path, base, section=section, error=error),
+        **tls,
+        max_frame_bytes=table.get("max_frame_bytes", 1 << 31),
+        reject_nonfinite=table.get("reject_nonfinite", True),
+        retry_timeout=float(table.get("retry_timeout", 30.0)),
+        peer_timeout=float(table.get("peer_timeout", 30.0)),
+    )
+
+
+def read_secret(
+    table: Mapping[str, Any],
+    path: str,
+    base: str,
+    *,
+    section: str = "security",
+    error: type[ConfigError] = ConfigError,
+) -> bytes | None:
+    """The shared secret given by ``secret``, ``secret_env`` or ``secret_file`` (at most one),
+    or None when none is set."""
+    given = [k for k in ("secret", "secret_env", "secret_file") if k in table]
+    if len(given) > 1:
+        raise error(f"{path}: set only one of {[f'{section}.{k}' for k in given]}")
+    if not given:
+        return None
+    if "secret" in table:
+        value = table["secret"]
+    elif "secret_env" in table:
+        value = os.environ.get(table["secret_env"])
+        if value is None:
+            raise error(
+                f"{path}: {section}.secret_env names ${table['secret_env']}, "
+                "which is not set; export it or use secret_file"
+            )
+    else:
+        name = existing_file(
+            base, table["secret_file"], f"{section}.secret_file", path, error=error
+        )
+        with open(name, "rb") as f:
+            value = f.read().strip().decode()
+    if not value:
+        raise error(f"{path}: the shared secret ({section}.{given[0]}) is empty")
+    return value.encode()
+
+
+def existing_file(
+    base: str, value: str, key: str, path: str, *, error: type[ConfigError] = ConfigError
+) -> str:
+    """``value`` resolved against ``base``; refuses a file that does not exist."""
+    full = value if os.path.isabs(value) else os.path.join(base, value)
+    if not os.path.exists(full):
+        raise error(
+            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
+            "(relative paths start at the config file's folder)"
+        )
+    return full
+
+
+__all__ = ["HttpSecurity", "SECURITY_KEYS", "existing_file", "parse_security", "read_secret"]
