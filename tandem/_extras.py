@@ -10,7 +10,8 @@ commands need comes as an extra, declared in ``pyproject.toml`` under
   --plot``;
 * ``psi``: cryptography and gmpy2, the private set intersection of ``tandem align``;
 * ``parquet``: pyarrow, the reader of ``.csv`` and ``.parquet`` data files (`tandem.parties.data`);
-* ``flax``, ``equinox``: the model adapters of those libraries (`tandem.parties.models`).
+* ``flax``, ``equinox``: the model adapters of those libraries (`tandem.parties.models`);
+* ``tensorboard``: tensorboardX, the event files of ``[log] tensorboard`` (`tandem party`).
 
 Code that needs an extra imports it lazily, inside the block of `needs` (or checks it early with
 `require`), so a missing extra becomes a `tandem.errors.MissingExtraError` (a ``ConfigError``:
@@ -34,6 +35,7 @@ EXTRAS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "parquet": (("pyarrow", "pyarrow"),),
     "flax": (("flax", "flax"),),
     "equinox": (("equinox", "equinox"),),
+    "tensorboard": (("tensorboardx", "tensorboardX"),),  # normalised name (PEP 503)
 }
 
 

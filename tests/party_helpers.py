@@ -128,6 +128,8 @@ class Job:
 
     def __init__(self, folder: Path, *, epochs: int = 4, every: int = 2) -> None:
         self.folder = folder
+        #: extra command-line arguments of each role's ``tandem party``
+        self.args: dict[str, list[str]] = {"leader": [], "follower": []}
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / "leader.npz").exists():
             write_data(folder)
@@ -183,7 +185,15 @@ class Job:
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         with open(out, "wb") as fo, open(err, "wb") as fe:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "tandem", "party", "--config", str(self.path(role))],
+                [
+                    sys.executable,
+                    "-m",
+                    "tandem",
+                    "party",
+                    "--config",
+                    str(self.path(role)),
+                    *self.args[role],
+                ],
                 cwd=ROOT,
                 stdout=fo,
                 stderr=fe,

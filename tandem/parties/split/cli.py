@@ -45,6 +45,18 @@ def register(sub) -> None:
         metavar="F.toml",
         help="the party's configuration (see examples/split/leader.toml)",
     )
+    p.add_argument(
+        "--trace",
+        metavar="DIR",
+        help="write this party's Chrome trace and Gantt PNG of a few training batches here",
+    )
+    p.add_argument(
+        "--trace-batches",
+        type=int,
+        default=8,
+        metavar="N",
+        help="training batches to trace, after the first (default 8)",
+    )
     p.set_defaults(func=party_command, colocate_threads=True)
     predict_cli.register(sub)
 
@@ -56,9 +68,14 @@ async def party_command(args) -> int:
 
     from .cli_report import report_error
     from .party_config import load_party_config
+    from .party_trace import BatchTrace
     from .standalone import run_party
 
     try:
+        if args.trace:  # fail before training, not after it
+            BatchTrace.check()
+            if args.trace_batches < 1:
+                raise ConfigError(f"--trace-batches must be >= 1, got {args.trace_batches}")
         cfg = await asyncio.to_thread(load_party_config, args.config)
     except ConfigError as exc:
         print(f"tandem party: {exc}", file=sys.stderr)
@@ -69,7 +86,9 @@ async def party_command(args) -> int:
     for sig in signals:
         loop.add_signal_handler(sig, stop.set)
     try:
-        result = await run_party(cfg, stop=stop)
+        result = await run_party(
+            cfg, stop=stop, trace_dir=args.trace, trace_batches=args.trace_batches
+        )
     except (TandemError, OSError, ExceptionGroup) as exc:
         return report_error(f"tandem party ({cfg.name}): error", exc)
     finally:

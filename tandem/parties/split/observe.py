@@ -4,7 +4,7 @@ The transport's own ``/metrics`` already has bytes/frames/busy seconds per peer 
 inbound queue depth per (peer, channel), retries and refusals; this adds what only the party
 knows (docs/parties.md#metrics)::
 
-    tandem_party_step                       gauge    batches run (the counter b)
+    tandem_party_step                       gauge    training batches run (the checkpoint step)
     tandem_party_n_groups                   gauge    current micro-batches per batch
     tandem_party_in_batch                   gauge    1 while a batch runs
     tandem_party_ops_total{kind}            counter  ops run, by kind (forward, loss, backward,
@@ -37,7 +37,7 @@ def party_metrics(
         stats = party.last_stats
         lines: list[str] = []
         for name, kind, text, value in (
-            ("tandem_party_step", "gauge", "Batches run (train and eval)", party.step),
+            ("tandem_party_step", "gauge", "Training batches run", party.step),
             ("tandem_party_n_groups", "gauge", "Micro-batches per batch", party.n_groups),
             ("tandem_party_in_batch", "gauge", "1 while a batch runs", int(party.in_batch)),
             (

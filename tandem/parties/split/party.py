@@ -15,6 +15,10 @@ Follower::
 
     await follower.serve()
 
+Counters: ``batches_done`` counts every batch (train and eval: the counter ``b`` every command
+carries and every party keeps in step); ``step`` counts training batches only (what checkpoints
+record), so evaluating between epochs does not move the checkpoint schedule.
+
 Each batch runs `tandem.engine.runtime.PartyRuntime` over the party's plan; the leader re-tunes
 ``n`` between batches (`tandem.engine.microbatch.GroupTuner`) unless ``groups`` is fixed.
 """
@@ -44,7 +48,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
-from .metrics import classification_metrics
+from .metrics import Metric, metric_names, task_metrics
 from .stages import StageHandler
 
 CTL = "ctl"
@@ -110,11 +114,16 @@ OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
 
 @dataclasses.dataclass
 class EpochResult:
+    """One epoch of `SplitParty.fit`: its mean training loss per row, its training seconds, the
+    micro-batch count at its end, its batches, and the metrics of a validation run after it
+    (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`)."""
+
     epoch: int
     loss: float
     seconds: float
     n_groups: int
     batches: int
+    validation: dict[str, Metric] = dataclasses.field(default_factory=dict)
 
 
 class SplitParty:
@@ -178,6 +187,9 @@ class SplitParty:
         self.followers = tuple(p for p in topology.parties if p != name)
         self._plans: dict[tuple[int, str, int], Plan] = {}
         self._batch = 0
+        self._trained = 0  # training batches (``step``); ``_batch`` counts eval batches too
+        #: Parameters kept by `keep_params` (stage -> pytree, owned copies), or None.
+        self.kept_params: dict[str, Any] | None = None
         #: The leader's micro-batch tuner (settings) and its state; ``tuner_path`` holds the
         #: (n, wall seconds) of every batch the tuner observed.
         self.tuner = GroupTuner(self.config.batch_size)
@@ -251,6 +263,7 @@ class SplitParty:
         finally:
             self.in_batch = False
         self._batch += 1
+        self._trained += train
         self.last_stats = stats
         self._wake_batch_waiters()
         return stats
@@ -296,10 +309,10 @@ class SplitParty:
 
     @property
     def step(self) -> int:
-        """Batches run so far (train and eval; the batch counter ``b`` every party keeps in
-        step). During training with evaluation only at the end it counts training batches,
-        which is what checkpoints record."""
-        return self._batch
+        """Training batches run so far (what checkpoints record); evaluation batches, which
+        `batches_done` also counts, leave it alone. Every party keeps it in step, since each
+        runs every batch the leader starts."""
+        return self._trained
 
     # -- leader -----------------------------------------------------------------------------
     async def _start_batch(
@@ -356,6 +369,7 @@ class SplitParty:
         start_epoch: int | None = None,
         start_batch: int = 0,
         after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
+        after_epoch: Callable[[EpochResult], Awaitable[bool | None]] | None = None,
     ) -> list[EpochResult]:
         """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
 
@@ -364,6 +378,10 @@ class SplitParty:
         seed and the epoch, so the skipped batches are exactly those already trained).
         ``after_batch(epoch, batches_done_in_epoch)`` is awaited after every batch (e.g. to
         checkpoint); if it returns true, training stops there (the partial epoch is recorded).
+        ``after_epoch(result)`` is awaited after every complete epoch, once its `EpochResult`
+        is in ``history`` (e.g. to validate and report); if it returns true, training stops
+        after that epoch (early stopping). It may run batches (`evaluate`): the training lane
+        is idle meanwhile.
         """
         self._require_leader("fit")
         self._require_labels(dataset)
@@ -394,16 +412,15 @@ class SplitParty:
                     if after_batch is not None and await after_batch(epoch, i + 1):
                         stop = True
                         break
-                self.history.append(
-                    EpochResult(
-                        epoch,
-                        total / max(rows, 1),
-                        time.perf_counter() - t0,
-                        self.n_groups,
-                        len(batches) - skip,
-                    )
+                result = EpochResult(
+                    epoch,
+                    total / max(rows, 1),
+                    time.perf_counter() - t0,
+                    self.n_groups,
+                    len(batches) - skip,
                 )
-                if stop:
+                self.history.append(result)
+                if stop or (after_epoch is not None and await after_epoch(result)):
                     break
         return self.history[-epochs:] if epochs else []
 
@@ -429,25 +446,41 @@ class SplitParty:
             self.tuner_state, stats.wall, compute=stats.compute, links=links
         )
 
-    async def evaluate(self, dataset: str = "test", *, batch_size: int | None = None) -> dict:
-        """Leader: forward-only pass over ``dataset`` on every party; returns metrics
-        (``loss``, ``accuracy``, and ``auc`` for binary tasks) and keeps the predictions."""
+    async def evaluate(
+        self,
+        dataset: str = "test",
+        *,
+        rows: np.ndarray | None = None,
+        batch_size: int | None = None,
+    ) -> dict[str, Metric]:
+        """Leader: forward-only pass over ``dataset`` (its ``rows``, in that order, or all of
+        them) on every party; returns `tandem.parties.split.metrics.task_metrics` of the
+        loss (``loss`` plus the loss's metrics) and keeps the outputs in ``predictions``.
+        Parameters, optimizer state and ``step`` are unchanged."""
         self._require_leader("evaluate")
         if dataset not in self.labels:
             raise ConfigError(f"no labels for dataset {dataset!r}; pass labels={{{dataset!r}: y}}")
         y = self.labels[dataset]
+        take = np.arange(len(y)) if rows is None else np.asarray(rows, np.int64).reshape(-1)
+        if len(take) and (take.min() < 0 or take.max() >= len(y)):
+            raise ConfigError(
+                f"{self.name!r}: evaluation rows reach row {int(take.max())} of {dataset!r}, "
+                f"which has {len(y)} rows (or are negative)"
+            )
         bs = batch_size or max(self.config.batch_size, 256)
         outs = []
         async with ThreadLane(f"tandem-{self.name}") as lane:
             runtime = self._runtime(lane)
-            for start in range(0, len(y), bs):
-                idx = np.arange(start, min(start + bs, len(y)))
+            for start in range(0, len(take), bs):
+                idx = take[start : start + bs]
                 n, c = await self._start_batch(idx, self.n_groups, "eval", dataset)
                 await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
+        if not outs:  # no rows: nothing ran, and no metric is defined
+            return {name: None for name in metric_names(self.config.loss)}
         logits = np.concatenate(outs, axis=0)
         self.predictions = logits
-        return classification_metrics(logits, y, self.config.loss)
+        return task_metrics(logits, y[take], self.config.loss)
 
     async def predict(self, dataset: str, n_rows: int, *, batch_size: int = 256) -> np.ndarray:
         """Leader: forward-only over ``n_rows`` rows of ``dataset`` (no labels needed)."""
@@ -461,6 +494,36 @@ class SplitParty:
                 await self._run_batch(runtime, idx, n, "eval", dataset, c)
                 outs.append(self.handler.predictions())
         return np.concatenate(outs, axis=0)
+
+    async def keep_params(self) -> None:
+        """Leader: every party keeps a copy of its current stage parameters (its
+        ``kept_params``), e.g. those of the best epoch so far; a later `restore_kept` puts
+        them back. The followers copy theirs when the command reaches them, after every batch
+        started before it (commands are FIFO), so all parties keep the same step's."""
+        self._require_leader("keep_params")
+        self.kept_params = self.params
+        await self._command({"cmd": "keep"})
+
+    async def restore_kept(self) -> None:
+        """Leader: every party puts its ``kept_params`` back into its stages (optimizer state
+        and ``step`` unchanged: meant for the end of training, before the final evaluation and
+        the export). Raises `ConfigError` if `keep_params` was never called."""
+        self._require_leader("restore_kept")
+        if self.kept_params is None:
+            raise ConfigError(f"{self.name!r}: restore_kept() without keep_params() before")
+        await self._command({"cmd": "restore_kept"})
+        self._restore_kept()
+
+    def _restore_kept(self) -> None:
+        from tandem.engine.kernels import owned_copy
+
+        if self.kept_params is None:
+            raise EngineError(
+                f"{self.name!r} was asked to restore kept parameters but kept none; "
+                "restart both parties"
+            )
+        # copies: the kept ones stay valid if training went on (an update donates its input)
+        self.handler.params.update({s: owned_copy(p) for s, p in self.kept_params.items()})
 
     async def stop(self, **meta: Any) -> None:
         """Leader: tell every follower to return from `serve`; ``meta`` (JSON values, e.g.
@@ -508,6 +571,12 @@ class SplitParty:
                 if cmd == "stop":
                     self.stop_meta = dict(frame.meta)
                     return count
+                if cmd == "keep":
+                    self.kept_params = self.params
+                    continue
+                if cmd == "restore_kept":
+                    self._restore_kept()
+                    continue
                 if cmd != "batch" or len(frame.arrays) != 1:
                     raise EngineError(
                         f"{self.name!r} got an unknown command from {leader!r}: {dict(frame.meta)}"
@@ -562,7 +631,7 @@ class SplitParty:
         # copies: the next update donates them, and the caller's must survive
         self.handler.params.update({s: owned_copy(params[s]) for s in stages})
         self.handler.opt_state.update({s: owned_copy(opt_state[s]) for s in stages})
-        self._batch = int(batch)
+        self._batch = self._trained = int(batch)
         self._wake_batch_waiters()
 
 

@@ -23,8 +23,10 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [model]       topology (a built-in name or a .json file of Topology.to_dict),
                   topology_args (list of party names for the built-in), cut, hidden, out
     [schema]      leader only: feature columns of each other feature-holding party
-    [train]       leader only: SplitConfig fields + eval_batch_size
+    [train]       leader only: SplitConfig fields + eval_batch_size, and the reporting
+                  keys monitor, patience, min_delta, restore_best
     [checkpoint]  dir, every (batches), keep
+    [log]         leader only: history (JSONL, one line per epoch), tensorboard (a folder)
 
 This module is the stable entry point other commands build on (e.g. ``tandem predict``): keep
 `load_party_config`, `PartyConfig`, `PartyData` and the helper methods importable.
@@ -69,6 +71,11 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "capacity": (int,),
     "policy": (str,),
     "chunks": (int,),
+    # reporting (`tandem.parties.split.reporting`): the leader's alone, not in the task spec
+    "monitor": (str,),
+    "patience": (int,),
+    "min_delta": (float, int),
+    "restore_best": (bool,),
 }
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {
@@ -101,6 +108,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "schema": {},  # free-form: party -> feature count
     "train": TRAIN_KEYS,
     "checkpoint": {"dir": (str,), "every": (int,), "keep": (int,)},
+    "log": {"history": (str,), "tensorboard": (str,)},
 }
 REQUIRED = {"": ("role", "name"), "data": ("source",)}
 
@@ -129,6 +137,15 @@ class CheckpointConfig:
     dir: str | None = None
     every: int = 10
     keep: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """``[log]``: where the leader writes its per-epoch history (JSONL) and TensorBoard event
+    files (absolute paths; None: the default history, no TensorBoard)."""
+
+    history: str | None = None
+    tensorboard: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +204,7 @@ class PartyConfig:
     grace: float = 10.0
     link_bandwidth: float | None = None
     link_latency: float = 0.0
+    log: LogConfig = LogConfig()
 
     # -- derived objects -----------------------------------------------------------------
     @property
@@ -249,6 +267,26 @@ class PartyConfig:
         try:
             return split_config_from(train)
         except ConfigError as exc:
+            raise PartyConfigError(f"{self.path}: [train] {exc}") from None
+
+    def report_config(self):
+        """The leader's `tandem.parties.split.reporting.ReportConfig` from ``[train]`` and
+        ``[log]``. The history goes to ``[log] history``, by default ``history.jsonl`` in the
+        checkpoint folder, else in the export folder, else nowhere."""
+        from .reporting import report_config
+
+        default = next(
+            (os.path.join(d, "history.jsonl") for d in (self.checkpoint.dir, self.export_dir) if d),
+            None,
+        )
+        log = {k: v for k, v in dataclasses.asdict(self.log).items() if v is not None}
+        try:
+            return report_config(
+                self.train, log, loss=self.split_config().loss, default_history=default
+            )
+        except ConfigError as exc:
+            if isinstance(exc, PartyConfigError) or type(exc) is not ConfigError:
+                raise
             raise PartyConfigError(f"{self.path}: [train] {exc}") from None
 
     def hyper(self) -> dict[str, Any]:
@@ -403,6 +441,13 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
             f"{path}: [train] and [schema] are the leader's (it proposes them in the task "
             "spec); remove them from the follower's config"
         )
+    log_table = raw.get("log", {})
+    if role == "follower" and log_table:
+        raise PartyConfigError(
+            f"{path}: [log] is the leader's (it holds the labels, so the metrics); remove it "
+            "from the follower's config (`tandem party --trace DIR` traces any party)"
+        )
+    log = LogConfig(**{k: os.path.join(base, os.path.expanduser(v)) for k, v in log_table.items()})
     ck = raw.get("checkpoint", {})
     for key in ("every", "keep"):
         if key in ck and ck[key] < 1:
@@ -449,6 +494,7 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         grace=float(top.get("grace", 10.0)),
         link_bandwidth=float(link["bandwidth"]) if "bandwidth" in link else None,
         link_latency=float(link.get("latency", 0.0)),
+        log=log,
     )
     topo = cfg.topology()
     if cfg.name not in topo.parties:
@@ -469,6 +515,7 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         raise PartyConfigError(f'{path}: [peers] lacks {missing}; add `name = "http://host:port"`')
     if cfg.is_leader:
         cfg.split_config()  # checks the [train] values now
+        cfg.report_config()  # and the reporting keys (monitor names, the TensorBoard extra)
         absent = [p for p in topo.feature_parties() if p != cfg.name and p not in schema]
         if absent:
             raise PartyConfigError(
@@ -670,6 +717,7 @@ __all__ = [
     "PartyConfigError",
     "PartyData",
     "DataConfig",
+    "LogConfig",
     "ModelConfig",
     "CheckpointConfig",
     "load_party_config",

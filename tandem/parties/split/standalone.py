@@ -19,6 +19,10 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
   remains the resume point. Result ``status``: ``"done"``, ``"stopped"`` or ``"aborted"``.
 * **Export** (``export_dir``): ``<export_dir>/<name>.safetensors`` with this party's own stages
   (`tandem.parties.split.export.save_stages`, with model specs, cut widths, run id and loss).
+* **Reports** (the leader): validation after every epoch, early stopping, the JSONL history and
+  TensorBoard files (`tandem.parties.split.reporting.Reporter`); with ``trace_dir``, every
+  party's Chrome trace and Gantt picture of a few batches
+  (`tandem.parties.split.party_trace.BatchTrace`).
 
 Contract: runs inside the caller's loop, never blocks it (file I/O and model set-up in
 threads), every task inside a TaskGroup; the transport is closed on every exit path.
@@ -43,6 +47,8 @@ from .negotiate import CTL
 from .observe import party_metrics
 from .party import SplitParty
 from .party_config import PartyConfig, PartyData, models_from_widths, split_config_from
+from .party_trace import DEFAULT_BATCHES, BatchTrace
+from .reporting import Reporter, validation_for
 from .session import Session, connect
 from .spec import TaskSpec
 
@@ -58,6 +64,7 @@ class _State:
     saved: int = -1  # step of the last checkpoint saved or loaded
     cursor: tuple[int, int] = (0, 0)  # (epoch, batches done in it) at the resume point
     discarded: list[int] = dataclasses.field(default_factory=list)
+    trace: BatchTrace | None = None  # `run_party(trace_dir=...)`
 
     def ready_party(self) -> SplitParty:
         """The party, once the session has prepared it (every step after `connect`)."""
@@ -81,8 +88,15 @@ def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> 
     )
 
 
-async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> dict[str, Any]:
+async def run_party(
+    cfg: PartyConfig,
+    *,
+    stop: asyncio.Event | None = None,
+    trace_dir: str | None = None,
+    trace_batches: int = DEFAULT_BATCHES,
+) -> dict[str, Any]:
     """Run one standalone party to the end (see the module docstring); returns its result.
+    With ``trace_dir``, the party traces ``trace_batches`` training batches into that folder.
 
     Raises `tandem.errors.TandemError` subclasses with readable messages (refused spec,
     wrong secret, unreachable peer, bad checkpoint, peer left mid-batch).
@@ -136,6 +150,8 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
         }
     try:
         party = st.ready_party()
+        if trace_dir:
+            st.trace = BatchTrace(trace_dir, party, batches=trace_batches)
         if cfg.is_leader:
             result = await _lead(session, st, party, stop)
         else:
@@ -143,6 +159,8 @@ async def run_party(cfg: PartyConfig, *, stop: asyncio.Event | None = None) -> d
         result.update(_traffic(session))
         if st.discarded:  # newer than the agreed step: replaced by the replayed batches
             result["discarded_checkpoints"] = st.discarded
+        if st.trace is not None:
+            result.update(await st.trace.write())
         return result
     finally:
         await session.transport.aclose()
@@ -161,6 +179,9 @@ async def _lead(
         epoch0, batch0 = epoch0 + 1, 0
     cursor = (epoch0, batch0)
     left: list[str] = []
+    reporter = Reporter(
+        party, cfg.report_config(), validation_for(party, batch_size=int(hyper["eval_batch_size"]))
+    )
 
     async def save(store: CheckpointStore) -> None:
         await _save(
@@ -178,6 +199,8 @@ async def _lead(
             nonlocal cursor
             cursor = (epoch, done)
             advance(party.handler.loss_sum)
+            if st.trace is not None:
+                st.trace.after_batch()
             if st.store is not None and party.step % every == 0:
                 await save(st.store)
             return stop.is_set()
@@ -190,10 +213,20 @@ async def _lead(
                     stop.set()
 
         fit = party.fit(
-            max(0, epochs - epoch0), start_epoch=epoch0, start_batch=batch0, after_batch=after_batch
+            max(0, epochs - epoch0),
+            start_epoch=epoch0,
+            start_batch=batch0,
+            after_batch=after_batch,
+            after_epoch=reporter.after_epoch,
         )
-        with _peer_left(cfg.name, party, st):
-            finished = await _with_grace(stop, cfg.grace, fit, [listen(p) for p in party.followers])
+        async with reporter.opened(epoch0):
+            with _peer_left(cfg.name, party, st):
+                finished = await _with_grace(
+                    stop, cfg.grace, fit, [listen(p) for p in party.followers]
+                )
+            # the best epoch's parameters go back only at a normal end: a stopped run's
+            # checkpoint must hold its trajectory, and an aborted run's peers are gone
+            report = await reporter.finish(restore=finished and not stop.is_set())
     base = {
         "party": cfg.name,
         "role": "leader",
@@ -204,6 +237,7 @@ async def _lead(
     }
     if party.history:
         base["train_loss"] = party.history[-1].loss
+    base.update(report)
     if not finished:  # aborted mid-batch: the peers see our goodbye
         return {
             **base,
@@ -255,6 +289,8 @@ async def _follow(
             if meta.get("mode") != "train":
                 return
             advance(None)
+            if st.trace is not None:
+                st.trace.after_batch()
             if st.store is not None and party.step % every == 0:
                 await _save(
                     st,
