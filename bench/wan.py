@@ -47,7 +47,14 @@ records ``os.getloadavg()``; docs/wan-bench.md has the details and current figur
   compute busy sums the durations of the party's compute-lane events; bytes sums the tensor
   bytes of its ``send->PEER`` events (frame and HTTP headers excluded); ``bw`` is the measured
   goodput of that direction. No schedule can finish before its busiest resource has done its
-  work. The terms are in ``bound_terms``.
+  work. The terms are in ``bound_terms``. With ``--rtt-ms`` one measured round trip per batch
+  is added (``bound_round_trips_s``): exact training makes every batch wait for its last
+  gradient before the next batch's first forward, a chain that crosses the link both ways.
+
+**Round trip** (``--rtt-ms R``): ``netem delay R/2`` in front of each end's ``tbf`` where the
+kernel has netem, else a delaying TCP relay (`bench.relay`) in the follower's namespace (or on
+loopback) carrying every connection between the parties; ``rtt_via`` says which, ``rtt_ms``
+is the round trip measured through the path (docs/wan-bench.md, "Round-trip delay").
 * ``speedup = sequential_s / pipelined_s`` (target >= 1.7); ``efficiency = bound_s /
   pipelined_s`` (target >= 0.85).
 """

@@ -369,6 +369,14 @@ class SplitParty:
         seed and the epoch, so the skipped batches are exactly those already trained).
         ``after_batch(epoch, batches_done_in_epoch)`` is awaited after every batch (e.g. to
         checkpoint); if it returns true, training stops there (the partial epoch is recorded).
+
+        Announcing ahead: without ``after_batch``, the command of the next batch is sent once
+        the leader's compute for the current one has run (`PartyRuntime.run`'s ``computed``),
+        while its last gradients are still on their way, so a follower finds it waiting when
+        its update is done: one round trip per batch fewer on a long link. With
+        ``after_batch`` each command waits for the hook, which may stop training (a command
+        sent cannot be taken back). The tuner's wall of a batch is the time from its command
+        to the next one's (without announcing ahead: to the batch's end).
         """
         self._require_leader("fit")
         self._require_labels(dataset)
