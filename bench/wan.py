@@ -47,7 +47,14 @@ records ``os.getloadavg()``; docs/wan-bench.md has the details and current figur
   compute busy sums the durations of the party's compute-lane events; bytes sums the tensor
   bytes of its ``send->PEER`` events (frame and HTTP headers excluded); ``bw`` is the measured
   goodput of that direction. No schedule can finish before its busiest resource has done its
-  work. The terms are in ``bound_terms``.
+  work. The terms are in ``bound_terms``. With ``--rtt-ms`` one measured round trip per batch
+  is added (``bound_round_trips_s``): exact training makes every batch wait for its last
+  gradient before the next batch's first forward, a chain that crosses the link both ways.
+
+**Round trip** (``--rtt-ms R``): ``netem delay R/2`` in front of each end's ``tbf`` where the
+kernel has netem, else a delaying TCP relay (`bench.relay`) in the follower's namespace (or on
+loopback) carrying every connection between the parties; ``rtt_via`` says which, ``rtt_ms``
+is the round trip measured through the path (docs/wan-bench.md, "Round-trip delay").
 * ``speedup = sequential_s / pipelined_s`` (target >= 1.7); ``efficiency = bound_s /
   pipelined_s`` (target >= 0.85).
 """
@@ -71,6 +78,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
+
+from bench.relay import buffer_for
 
 A, B = "A", "B"  # A: follower (features, bottom); B: leader (top, labels, loss)
 BENCH = "bench"  # channel of the benchmark's own control messages
@@ -116,6 +125,7 @@ class NetnsLink:
             f"{latency_ms:g}ms",
         ]
         self._made: list[str] = []
+        self.netem: str | None = None  # the netem qdisc in front of tbf (`add_delay`)
 
     def _ip(self, *args: str) -> None:
         try:
@@ -144,6 +154,47 @@ class NetnsLink:
             self.close()
             raise
         return self
+
+    def add_delay(self, one_way_ms: float) -> str | None:
+        """Put ``netem delay`` in front of each end's ``tbf`` (``netem`` as the root qdisc,
+        ``tbf`` its child), so each direction gets ``one_way_ms`` of propagation delay on top
+        of its rate. Returns None when done, or why not (a kernel without ``sch_netem``): then
+        the ends keep their plain ``tbf`` and the caller puts a relay in the path instead."""
+        # netem's queue must hold the bytes in flight: a rate's worth of one_way_ms, in packets
+        limit = max(1000, int(self.rate_mbit * 1e6 / 8 * one_way_ms / 1e3 / 1000) * 4)
+        done: list[str] = []
+        try:
+            for party in (B, A):
+                ns, dev = self.ns[party], self.dev[party]
+                tc = ["netns", "exec", ns, "tc", "qdisc"]
+                self._ip(*tc, "del", "dev", dev, "root")
+                done.append(party)
+                self._ip(
+                    *tc,
+                    "add",
+                    "dev",
+                    dev,
+                    "root",
+                    "handle",
+                    "1:",
+                    "netem",
+                    "delay",
+                    f"{one_way_ms:g}ms",
+                    "limit",
+                    str(limit),
+                )
+                self._ip(*tc, "add", "dev", dev, "parent", "1:1", "handle", "10:", "tbf", *self.tbf)
+        except LinkSetupError as exc:
+            for party in done:  # back to the plain shaper
+                ns, dev = self.ns[party], self.dev[party]
+                tc = ["netns", "exec", ns, "tc", "qdisc"]
+                subprocess.run(
+                    ["ip", *tc, "del", "dev", dev, "root"], capture_output=True, timeout=20
+                )
+                self._ip(*tc, "add", "dev", dev, "root", "tbf", *self.tbf)
+            return str(exc)
+        self.netem = f"netem delay {one_way_ms:g}ms limit {limit}"
+        return None
 
     def prefix(self, party: str) -> list[str]:
         """Command prefix running a program inside ``party``'s namespace."""
@@ -180,12 +231,15 @@ class NetnsLink:
         self.close()
 
     def describe(self) -> dict[str, Any]:
-        return {
+        out = {
             "kind": "netns-veth-tbf",
             "rate_mbit": self.rate_mbit,
             "tc": "tbf " + " ".join(self.tbf),
             "namespaces": list(self.ns.values()),
         }
+        if self.netem is not None:
+            out["netem"] = self.netem
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,6 +264,42 @@ def _child(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
         env=env,
         preexec_fn=_die_with_parent,
     )
+
+
+class _RelayProcess:
+    """A `bench.relay` process (``prefix`` runs it, e.g. inside a namespace), holding each
+    direction ``one_way_ms`` with ``buffer_bytes`` per connection and direction; routes are
+    added one at a time over its stdin."""
+
+    def __init__(
+        self, prefix: list[str], one_way_ms: float, buffer_bytes: int, env: dict[str, str]
+    ) -> None:
+        self.proc = _child(
+            [
+                *prefix,
+                "-m",
+                "bench.relay",
+                f"--one-way-ms={one_way_ms:g}",
+                f"--buffer-bytes={buffer_bytes}",
+            ],
+            env,
+        )
+
+    def route(self, listen: str, host: str, port: int) -> int:
+        """Forward ``listen:P`` to ``host:port`` from now on; returns ``P``."""
+        self.proc.stdin.write(json.dumps({"listen": listen, "target": [host, port]}) + "\n")
+        self.proc.stdin.flush()
+        return int(_read_line(self.proc, "relay")["port"])
+
+    def url(self, listen: str, url: str) -> str:
+        """A URL reaching the server at ``url`` through the relay, listening on ``listen``."""
+        host, port = url.split("//", 1)[1].rsplit(":", 1)
+        return f"http://{listen}:{self.route(listen, host, int(port))}"
+
+    def close(self) -> None:
+        """End the relay (it returns when its stdin closes) and wait for it."""
+        self.proc.stdin.close()
+        self.proc.wait(timeout=20)
 
 
 def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
@@ -249,6 +339,14 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
                     f"network namespaces unavailable ({reason}); falling back to "
                     "loopback with in-transport shaping",
                 )
+        rtt_via, netem_reason = "none", None
+        if args.rtt_ms > 0 and link is not None:
+            netem_reason = link.add_delay(args.rtt_ms / 2)
+            rtt_via = "netem" if netem_reason is None else "relay"
+            if netem_reason is not None:
+                _log("main", f"no netem ({netem_reason}); a delaying relay goes in the path")
+        elif args.rtt_ms > 0:
+            rtt_via = "relay"
         env = {**os.environ, SECRET_ENV: secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
         me = [sys.executable, "-m", "bench.wan"]
         common = [
@@ -264,12 +362,30 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
             lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
             fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+        relay = None
+        if rtt_via == "relay":  # in the follower's namespace: both directions cross it
+            relay = _RelayProcess(
+                [*(link.prefix(A) if link is not None else []), *me[:1]],
+                args.rtt_ms / 2,
+                buffer_for(args.rate_mbit * 1e6 / 8, args.rtt_ms / 2e3),
+                env,
+            )
+            procs.append(relay.proc)
         leader = _child(lead_cmd, env)
         procs.append(leader)
         lead_addr = _read_line(leader, "leader")
-        follower = _child([*fol_cmd, "--peer-url", lead_addr["url"]], env)
+        lead_url = lead_addr["url"]
+        if relay is not None:  # the follower reaches the leader through the relay
+            lead_url = relay.url("127.0.0.1", lead_url)
+        follower = _child([*fol_cmd, "--peer-url", lead_url], env)
         procs.append(follower)
         fol_addr = _read_line(follower, "follower")
+        if relay is not None:  # and the leader reaches the follower (and its probe) so too
+            fol_host = link.ip[A] if link is not None else "127.0.0.1"
+            fol_addr = {
+                "url": relay.url(fol_host, fol_addr["url"]),
+                "probe_port": relay.route(fol_host, fol_host, fol_addr["probe_port"]),
+            }
         leader.stdin.write(json.dumps(fol_addr) + "\n")
         leader.stdin.flush()
         result = _read_line(leader, "leader")
@@ -277,6 +393,11 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             code = p.wait(timeout=60)
             if code != 0:
                 raise RuntimeError(f"the {what} process exited with code {code}")
+        if relay is not None:
+            relay.close()
+        result["rtt_via"] = rtt_via
+        if netem_reason is not None:
+            result["rtt_relay_reason"] = f"netem unavailable: {netem_reason}"
         result["link"] = {
             **(
                 link.describe()
@@ -326,6 +447,7 @@ _FORWARDED = (
     "seed",
     "probe_mib",
     "rate_mbit",
+    "rtt_ms",
     "trace",
 )
 
@@ -359,8 +481,31 @@ async def _probe_sink(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         writer.close()
 
 
-async def measure_goodput(host: str, port: int, nbytes: int) -> tuple[float, float]:
-    """(up, down) goodput in bytes/s: ``nbytes`` each way after a 1 MiB warm-up exchange."""
+async def measure_rtt(host: str, port: int, pings: int = 10) -> float:
+    """The path's round trip in seconds: the median of ``pings`` exchanges of a 16-byte probe
+    head and its one-byte answer (the sink's protocol with nothing to send), after one that
+    opens the connection."""
+    reader, writer = await asyncio.open_connection(host, port)
+    times = []
+    try:
+        for i in range(pings + 1):
+            t0 = time.perf_counter()
+            writer.write(bytes(16))
+            await reader.readexactly(1)
+            if i:
+                times.append(time.perf_counter() - t0)
+    finally:
+        writer.close()
+        await writer.wait_closed()
+    return statistics.median(times)
+
+
+async def measure_goodput(
+    host: str, port: int, nbytes: int, rtt_s: float = 0.0
+) -> tuple[float, float]:
+    """(up, down) goodput in bytes/s: ``nbytes`` each way after a 1 MiB warm-up exchange.
+    The upload is timed until its acknowledgement: ``rtt_s`` (the path's round trip) is taken
+    off that time."""
     reader, writer = await asyncio.open_connection(host, port)
     payload = memoryview(bytearray(4 * MiB))
 
@@ -389,7 +534,7 @@ async def measure_goodput(host: str, port: int, nbytes: int) -> tuple[float, flo
     finally:
         writer.close()
         await writer.wait_closed()
-    return nbytes / t_up, nbytes / t_down
+    return nbytes / max(t_up - rtt_s, 1e-9), nbytes / t_down
 
 
 # ---------------------------------------------------------------------------------------------
@@ -682,9 +827,15 @@ async def leader_main(args: argparse.Namespace) -> int:
             seed=args.seed,
             chunks=args.chunks,
         )
-        # 1. the link's goodput
+        # 1. the path's round trip and the link's goodput
+        rtt_s = await measure_rtt(host, peer["probe_port"])
+        _log("leader", f"round trip {rtt_s * 1e3:.2f} ms (requested {args.rtt_ms:g} ms)")
+        # the bound counts one round trip per batch where one was put in the path
+        bound_rtt_s = rtt_s if args.rtt_ms > 0 else 0.0
         if args.shape_Bps is None:
-            up, down = await measure_goodput(host, peer["probe_port"], args.probe_mib * MiB)
+            up, down = await measure_goodput(
+                host, peer["probe_port"], args.probe_mib * MiB, bound_rtt_s
+            )
             source = f"raw TCP probe, {args.probe_mib} MiB each way"
         else:
             up = down = args.shape_Bps
@@ -763,7 +914,8 @@ async def leader_main(args: argparse.Namespace) -> int:
 
     seq_s, pipe_s = statistics.median(seq), statistics.median(auto)
     bound_terms = {k: statistics.median(tm[k] for tm in terms) for k in terms[0]}
-    bound_s = max(bound_terms.values())
+    round_trips_s = wl.batches * bound_rtt_s
+    bound_s = max(bound_terms.values()) + round_trips_s
     sweep_s = {n: statistics.median(v) for n, v in runs.items()}
     best = min(sweep_s, key=sweep_s.get) if sweep_s else None
     result = {
@@ -779,9 +931,13 @@ async def leader_main(args: argparse.Namespace) -> int:
         "bound_terms": {
             "definition": "max over: each party's compute-lane busy seconds; each "
             "direction's send->PEER tensor bytes / measured goodput; "
-            "from the auto runs' traces, median over rounds",
+            "from the auto runs' traces, median over rounds; "
+            "plus bound_round_trips_s",
             **bound_terms,
         },
+        "bound_round_trips_s": round_trips_s,
+        "rtt_requested_ms": args.rtt_ms,
+        "rtt_ms": rtt_s * 1e3,
         "sweep": {str(n): s for n, s in sweep_s.items()},
         "best_fixed_n": best,
         "auto_vs_best": (sweep_s[best] / pipe_s) if best is not None else None,
@@ -845,6 +1001,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
         "50 shows a bloated FIFO)",
     )
+    p.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="round-trip delay added between the parties: netem where the kernel has it, "
+        "else a delaying TCP relay in the path (0: none)",
+    )
     p.add_argument("--batch-size", type=int, default=2048)
     p.add_argument("--batches", type=int, default=3, help="batches per timed run (3)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (5)")
@@ -903,6 +1066,8 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.tbf_latency_ms > 0:
         raise SystemExit(f"--tbf-latency-ms must be > 0, got {args.tbf_latency_ms}")
+    if not args.rtt_ms >= 0:
+        raise SystemExit(f"--rtt-ms must be >= 0, got {args.rtt_ms}")
     if not args.rate_mbit > 0:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
     if args.trace is not None:

@@ -118,6 +118,53 @@ def test_wan_bench_loopback_tiny():
     assert len(r["load"]["loadavg_start"]) == 3
 
 
+def _check_rtt_run(r: dict, rtt_ms: float) -> None:
+    """The keys of a run with ``--rtt-ms``: the delay is in the path (the measured round trip
+    is at least the requested one), and the bound adds one round trip per batch."""
+    assert r["rtt_requested_ms"] == rtt_ms
+    assert r["rtt_ms"] >= rtt_ms
+    assert r["rtt_via"] in ("netem", "relay")
+    if r["rtt_via"] == "relay":
+        assert "netem unavailable" in r.get("rtt_relay_reason", "netem unavailable")
+    terms = {k: v for k, v in r["bound_terms"].items() if k != "definition"}
+    batches = r["workload"]["batches"]
+    assert r["bound_round_trips_s"] == pytest.approx(batches * r["rtt_ms"] / 1e3)
+    assert r["bound_s"] == pytest.approx(max(terms.values()) + r["bound_round_trips_s"])
+    assert r["efficiency"] == pytest.approx(r["bound_s"] / r["pipelined_s"])
+    # every timed batch waits at least one round trip, sequential or pipelined
+    assert min(r["runs"]["sequential_s"] + r["runs"]["pipelined_s"]) >= r["bound_round_trips_s"]
+
+
+def _run_json(*args: str) -> tuple[dict, str]:
+    proc = _bench("--json", *args)
+    out, err = proc.communicate(timeout=110)
+    assert proc.returncode == 0, err
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    return json.loads(lines[0]), err
+
+
+@pytest.mark.slow
+def test_wan_bench_rtt_relay_loopback_tiny():
+    """``--rtt-ms`` without namespaces: a delaying relay carries both directions."""
+    r, _ = _run_json("--link", "loopback", "--rtt-ms", "20", *TINY)
+    assert r["link"]["kind"] == "loopback-shaped"
+    assert r["rtt_via"] == "relay"
+    _check_rtt_run(r, 20.0)
+
+
+@needs_netns
+@pytest.mark.slow
+def test_wan_bench_rtt_netns_tiny():
+    """``--rtt-ms`` between namespaces: netem where the kernel has it, else the relay in the
+    follower's namespace; no namespace is left behind."""
+    r, err = _run_json("--link", "netns", "--rtt-ms", "20", *TINY)
+    assert r["link"]["kind"] == "netns-veth-tbf"
+    assert ("netem" in r["link"]) == (r["rtt_via"] == "netem")
+    _check_rtt_run(r, 20.0)
+    assert not {ns for ns in r["link"]["namespaces"]} & _namespaces()
+
+
 @needs_netns
 def test_netns_link_removed_on_error():
     link = NetnsLink(10.0, tag=f"t{os.getpid()}")

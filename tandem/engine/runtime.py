@@ -30,7 +30,7 @@ import collections
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
 
 import numpy as np
@@ -131,8 +131,21 @@ class PartyRuntime:
         self.counters: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
-    async def run(self, plan: Plan, handler: OpHandler, batch: int) -> BatchStats:
-        """Execute every op of ``plan`` once; returns when all sends have been handed over."""
+    async def run(
+        self,
+        plan: Plan,
+        handler: OpHandler,
+        batch: int,
+        *,
+        computed: Callable[[BatchStats], Awaitable[None]] | None = None,
+    ) -> BatchStats:
+        """Execute every op of ``plan`` once; returns when all sends have been handed over.
+
+        ``computed(stats)`` is awaited on the loop once every compute op has run
+        (``stats.compute`` is final), while the batch's last sends may still be on the wire:
+        a leader announces its next batch there, so that the command travels beside the last
+        gradients instead of a round trip after them. The batch returns once the hook and the
+        sends are done; an exception from the hook fails the batch like any other."""
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
         st = _BatchState(plan, self.policy)
@@ -151,7 +164,7 @@ class PartyRuntime:
                 tg.create_task(self._send_lane(st, peer, count, batch, stats))
             for (peer, channel), count in recv_channels.items():
                 tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
-            tg.create_task(self._compute_lane(st, handler, batch, stats))
+            tg.create_task(self._compute_lane(st, handler, batch, stats, computed))
         stats.wall = st.clock() - t0
         stats.ops = len(plan.ops)
         stats.max_outbound = st.max_outbound
@@ -174,6 +187,18 @@ class PartyRuntime:
             self.trace.add(TraceEvent(st.plan.party, "compute", str(op), op.mb, start, end))
 
     async def _compute_lane(
+        self,
+        st: _BatchState,
+        handler: OpHandler,
+        batch: int,
+        stats: BatchStats,
+        computed: Callable[[BatchStats], Awaitable[None]] | None,
+    ) -> None:
+        await self._compute_ops(st, handler, batch, stats)
+        if computed is not None:
+            await computed(stats)
+
+    async def _compute_ops(
         self, st: _BatchState, handler: OpHandler, batch: int, stats: BatchStats
     ) -> None:
         if getattr(self.lane, "drives_batches", False):
