@@ -203,7 +203,13 @@ def load_model_sync(
     models: dict[str, StageModel] = {}
     for s in topo.stages:
         if s.name in own:
-            models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
+            try:
+                models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
+            except ConfigError as exc:
+                raise InferenceError(
+                    f"{file!r}: stage {s.name!r} cannot be rebuilt from its recorded model "
+                    f"{desc['stages'][s.name]['model']}: {exc}"
+                ) from None
         else:
             models[s.name] = _width_only(s.name, widths[s.name])
     _check_params(file, {s: models[s] for s in own}, loaded.stages)

@@ -134,6 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{cfg.path} sets no export_dir; pass --export with this party's .safetensors file"
         )
     model = await inference.load_model(export, cfg.name, topology=cfg.topology())
+    await asyncio.to_thread(check_models, cfg, model)
     if model.is_leader and not args.out:
         raise InferenceError(
             "the leader writes the predictions: pass --out predictions.csv (or .npy)"
@@ -253,6 +254,39 @@ def _read_table(model, args, state, cfg) -> tuple[np.ndarray, dict | None, list[
         return x, None, None
     order, alignment = _keyed(ids)
     return x[order], alignment, [ids[i] for i in order]
+
+
+def check_models(cfg, model) -> None:
+    """Refuse when a ``[model.<stage>]`` table of the config describes another model than the
+    export holds for that stage (another factory, kwargs, kind or widths): the export's model
+    is what predicts, so a differing config means another training was meant."""
+    state = (model.data or {}).get("preprocessing") or {}
+    vocab = [len(c["vocabulary"]) + 1 for c in state.get("categorical", [])]
+    reasons = []
+    for stage in model.topology.stages_of(model.party):
+        if stage.name not in cfg.model.stages:
+            continue
+        exported = model.models[stage.name]
+        try:
+            configured = cfg.stage_model(stage.name, exported.in_dims, vocab)
+        except Exception as exc:  # noqa: BLE001 - any failure to build is a reason to refuse
+            reasons.append(f"stage {stage.name!r}: [model.{stage.name}] does not build: {exc}")
+            continue
+        if _plain(configured.spec) != _plain(exported.spec):
+            reasons.append(
+                f"stage {stage.name!r}: the export holds {_plain(exported.spec)} but "
+                f"[model.{stage.name}] describes {_plain(configured.spec)}"
+            )
+    if reasons:
+        raise InferenceError(
+            f"{model.path} does not hold the model {cfg.path} describes: "
+            + "; ".join(reasons)
+            + ". Predict with the config and export of the same training, or train again"
+        )
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True))
 
 
 def _check_preprocessing(cfg, model, state) -> None:
