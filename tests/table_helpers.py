@@ -90,11 +90,13 @@ class TableJob:
         epochs: int = 2,
         topology: dict[str, Any] | None = None,
         data: bool = True,
+        drop: dict[str, list[int]] | None = None,
+        n: int = 240,
     ) -> None:
         self.folder, self.parties = folder, parties
         folder.mkdir(parents=True, exist_ok=True)
         if data:
-            self.samples = write_tables(folder, parties)
+            self.samples = write_tables(folder, parties, drop=drop, n=n)
         self.ports = {p: free_port() for p in parties}
         leader = parties[0]
         if topology is None:
