@@ -290,3 +290,37 @@ def test_toml_helper_writes_nested_tables():
     import tomllib
 
     assert tomllib.loads(text) == {"a": 1, "data": {"source": "x.csv", "split": {"test": 0.2}}}
+
+
+def test_labels_are_checked_against_the_loss(tmp_path):
+    job = _config(tmp_path)
+    job.cfg["bank"]["train"]["loss"] = "softmax"
+    job.cfg["bank"]["model"]["out"] = 2
+    job.write()
+    data = load_party_config(job.path("bank")).load_data()
+    assert data.y_train.dtype == np.int32  # class indices for softmax
+    job.cfg["bank"]["train"]["loss"] = "binary"
+    job.cfg["bank"]["data"]["label_column"] = "bank_a"  # floats, not 0/1
+    job.write()
+    with pytest.raises(ConfigError, match=r"label column 'bank_a' holds .* the binary loss"):
+        load_party_config(job.path("bank")).load_data()
+
+
+async def test_a_failing_party_prints_one_json_error_line(tmp_path, capsys):
+    """Trap 1 through the command: exit 2, the reason on stderr, then one JSON line."""
+    from tandem.parties.split.cli import party_command
+
+    job = _config(tmp_path)
+    del job.cfg["shop"]["data"]["id_column"]
+    job.write()
+    code = await party_command(argparse.Namespace(config=str(job.path("shop")), fresh=False))
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    line = json.loads(err.strip().splitlines()[-1])
+    assert line["status"] == "error" and line["party"] == "shop" and line["exit_code"] == 2
+    assert "sets no id_column" in line["reason"] and "'cid' looks like the ids" in line["reason"]
+    job.cfg["shop"]["role"] = "chief"
+    job.write()
+    assert await party_command(argparse.Namespace(config=str(job.path("shop")))) == 2
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line["status"] == "error" and "role must be 'leader' or 'follower'" in line["reason"]
