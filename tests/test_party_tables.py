@@ -324,3 +324,19 @@ async def test_a_failing_party_prints_one_json_error_line(tmp_path, capsys):
     assert await party_command(argparse.Namespace(config=str(job.path("shop")))) == 2
     line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
     assert line["status"] == "error" and "role must be 'leader' or 'follower'" in line["reason"]
+
+
+async def test_predict_refuses_a_config_with_another_preprocessing(trained, tmp_path, capsys):
+    job, _ = trained
+    job.cfg["shop"]["data"]["scale"] = "none"
+    job.write()
+    try:
+        args = _parse(
+            ["predict", "--config", str(job.path("shop")), "--data", str(job.folder / "shop.csv")]
+        )
+        assert await args.func(args) == 2
+    finally:
+        job.cfg["shop"]["data"]["scale"] = "standard"
+        job.write()
+    err = capsys.readouterr().err
+    assert "another preprocessing" in err and "data.scale is 'none'" in err
