@@ -544,6 +544,7 @@ async def test_cli_over_http_refuses_another_training(trained, other_run, tmp_pa
             str(tmp_path / "p.npy"),
             "--timeout",
             "60",
+            "--positional",
         ]
     )
     follow = _parse(
@@ -557,6 +558,7 @@ async def test_cli_over_http_refuses_another_training(trained, other_run, tmp_pa
             str(tmp_path / "f.npy"),
             "--timeout",
             "60",
+            "--positional",
         ]
     )
     np.save(tmp_path / "l.npy", trained.x_leader)
@@ -624,6 +626,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
             "2",
             "--timeout",
             "60",
+            "--positional",
         ]
     )
     fol_args = _parse(
@@ -635,6 +638,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
             str(tmp_path / "f.npy"),
             "--timeout",
             "60",
+            "--positional",
         ]
     )
     async with asyncio.TaskGroup() as tg:

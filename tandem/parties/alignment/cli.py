@@ -1,15 +1,18 @@
-"""``tandem align``: private sample alignment of two parties over HTTP, ids from a CSV column.
+"""``tandem align``: private sample alignment over HTTP, ids from a CSV column.
 
-Run one command per party (each serves on its own port and knows the other's URL)::
+Run one command per party (each serves on its own port). The leader names every follower
+(``--peer`` once per follower), each follower names the leader only::
 
     TANDEM_SECRET=... tandem align --name A --role leader   --port 8601 \
         --peer B=http://127.0.0.1:8602 --ids a.csv --column customer_id --out a_aligned.csv
     TANDEM_SECRET=... tandem align --name B --role follower --port 8602 \
         --peer A=http://127.0.0.1:8601 --ids b.csv --column customer_id --out b_aligned.csv
 
-Each writes ``row,id`` lines (row = 0-based data row of the CSV, header excluded) in the agreed
-order, and prints one JSON summary line with the intersection size and commitment for the task
-spec. The shared HMAC secret comes from the environment variable named by ``--secret-env``
+With K followers the leader runs the PSI with each and sends each follower its positions of
+the ids they all share (`tandem.parties.alignment.multi`). Each party writes ``row,id`` lines
+(row = 0-based data row of the CSV, header excluded) in the agreed order, and prints one JSON
+summary line with the intersection size and commitment for the task spec. The shared HMAC
+secret comes from the environment variable named by ``--secret-env``
 (default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned.
 """
 
@@ -40,7 +43,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("leader", "follower"),
         help="the two parties must take different roles",
     )
-    p.add_argument("--peer", required=True, metavar="NAME=URL", help="the other party")
+    p.add_argument(
+        "--peer",
+        required=True,
+        action="append",
+        metavar="NAME=URL",
+        help="a follower names the leader; the leader names every follower (repeat --peer)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to serve on")
     p.add_argument("--port", type=int, default=0, help="port to serve on (0 = any free port)")
     p.add_argument("--ids", required=True, help="CSV file with a header row")
@@ -87,13 +96,24 @@ async def run(args: argparse.Namespace) -> int:
     from tandem.errors import TandemError
     from tandem.transports.http import HttpConfig, HttpTransport
 
-    from .psi import align
+    from . import psi  # noqa: F401  (the psi extra is required before anything starts)
+    from .multi import align_follower, align_leader
 
-    peer, sep, url = args.peer.partition("=")
-    if not sep or not peer or not url.startswith(("http://", "https://")):
+    peers: dict[str, str] = {}
+    for given in args.peer:
+        peer, sep, url = given.partition("=")
+        if not sep or not peer or not url.startswith(("http://", "https://")):
+            print(
+                f"tandem align: --peer must be NAME=URL (e.g. B=http://127.0.0.1:8602), got "
+                f"{given!r}",
+                file=sys.stderr,
+            )
+            return 2
+        peers[peer] = url
+    if args.role == "follower" and len(peers) != 1:
         print(
-            f"tandem align: --peer must be NAME=URL (e.g. B=http://127.0.0.1:8602), got "
-            f"{args.peer!r}",
+            f"tandem align: a follower aligns through the leader only: give one --peer "
+            f"(the leader), got {sorted(peers)}",
             file=sys.stderr,
         )
         return 2
@@ -104,47 +124,51 @@ async def run(args: argparse.Namespace) -> int:
             name=args.name,
             host=args.host,
             port=args.port,
-            peers={peer: url},
+            peers=peers,
             secret=secret.encode() if secret else None,
             retry_timeout=args.wait,
         )
         async with HttpTransport(cfg) as t:
             print(
                 f"tandem align: {args.name} serving on {t.url}, {len(ids)} ids, waiting for "
-                f"{peer} at {url}",
+                + ", ".join(f"{p} at {u}" for p, u in peers.items()),
                 file=sys.stderr,
                 flush=True,
             )
             t0 = time.perf_counter()
+            options = {"rng": None, "chunk_size": args.chunk}
             async with asyncio.timeout(args.timeout):
-                res = await align(t, peer, ids, role=args.role, rng=None, chunk_size=args.chunk)
+                if args.role == "leader":
+                    res = await align_leader(t, list(peers), ids, **options)
+                else:
+                    res = await align_follower(t, next(iter(peers)), ids, **options)
             seconds = time.perf_counter() - t0
         await asyncio.to_thread(_write, args.out, res)
     except TimeoutError:
         print(
-            f"tandem align: no result from {peer} after {args.timeout} s; is it running "
-            f"`tandem align` with --peer {args.name}=<this URL>?",
+            f"tandem align: no result from {', '.join(peers)} after {args.timeout} s; is each "
+            f"running `tandem align` with --peer {args.name}=<this URL>?",
             file=sys.stderr,
         )
         return 1
     except (TandemError, OSError) as exc:
         print(f"tandem align: {exc}", file=sys.stderr)
         return 1
-    print(
-        json.dumps(
-            {
-                "party": args.name,
-                "intersection_size": res.size,
-                "intersection_commitment": res.commitment,
-                "local_ids": res.local_count,
-                "peer_ids": res.peer_count,
-                "duplicates": res.duplicates,
-                "seconds": round(seconds, 3),
-                "out": args.out,
-            }
-        ),
-        flush=True,
-    )
+    summary = {
+        "party": args.name,
+        "intersection_size": res.size,
+        "intersection_commitment": res.commitment,
+        "local_ids": res.local_count,
+        "peer_ids": res.peer_counts[next(iter(peers))]
+        if len(peers) == 1
+        else dict(res.peer_counts),
+        "duplicates": res.duplicates,
+        "seconds": round(seconds, 3),
+        "out": args.out,
+    }
+    if len(peers) > 1:
+        summary["pairwise"] = dict(res.pairwise)
+    print(json.dumps(summary), flush=True)
     return 0
 
 

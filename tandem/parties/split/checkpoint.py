@@ -7,6 +7,7 @@ Format (no pickle; docs/parties.md#checkpoints): one safetensors file per checkp
   ``jax.tree_util`` flatten order) and ``o/<stage>/<i>`` (optimizer state leaves, likewise);
 * header metadata key ``"tandem"``: JSON ``{"format": "tandem-checkpoint", "version": 1,
   "party", "spec_hash", "step", "cursor": {"epoch", "batch"}, "extra": {...},
+  "fingerprint": <the party's data fingerprint, or null>,
   "structure": {"params": {stage: treedef text}, "opt_state": {stage: treedef text}}}``.
 
 The pytree *structure* is not stored as code: `CheckpointStore.load` takes templates (the
@@ -113,6 +114,20 @@ class CheckpointStore:
                 out[step] = str(meta.get("spec_hash"))
         return out
 
+    def fingerprints(self) -> dict[int, str | None]:
+        """``{step: data fingerprint}`` of this party's readable checkpoints (None where the
+        checkpoint recorded none)."""
+        out = {}
+        for step in self.all_steps():
+            try:
+                meta = self.read_meta(step)
+            except CheckpointError:
+                continue
+            if meta.get("party") == self.party:
+                value = meta.get("fingerprint")
+                out[step] = None if value is None else str(value)
+        return out
+
     def discard_after(self, step: int) -> list[int]:
         """Delete the checkpoints newer than ``step`` (after the parties agreed to resume from
         ``step``, a newer checkpoint of this party belongs to a trajectory that is being
@@ -154,8 +169,11 @@ class CheckpointStore:
         spec_hash: str,
         cursor: Mapping[str, int],
         extra: Mapping[str, Any] | None = None,
+        fingerprint: str | None = None,
     ) -> str:
-        """Atomically write checkpoint ``step``; returns its path. See the module docstring."""
+        """Atomically write checkpoint ``step``; returns its path. See the module docstring.
+        ``fingerprint``: the party's data fingerprint, recorded so a resume on changed data
+        is refused."""
         import jax
 
         tensors: dict[str, np.ndarray] = {}
@@ -186,6 +204,7 @@ class CheckpointStore:
             "step": int(step),
             "cursor": {k: int(v) for k, v in cursor.items()},
             "extra": dict(extra or {}),
+            "fingerprint": fingerprint,
             "structure": structure,
         }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})

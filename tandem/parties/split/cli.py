@@ -57,16 +57,23 @@ def register(sub) -> None:
         metavar="N",
         help="training batches to trace, after the first (default 8)",
     )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="delete this party's checkpoints and start over (needed after its data changed)",
+    )
     p.set_defaults(func=party_command, colocate_threads=True)
     predict_cli.register(sub)
 
 
 async def party_command(args) -> int:
     """Exit codes: 0 done or stopped cleanly (SIGINT/SIGTERM, see the JSON ``status``),
-    1 the run failed (refused spec, wrong secret, unreachable or lost peer), 2 bad config."""
+    1 the run failed (refused spec, wrong secret, unreachable or lost peer, changed data),
+    2 bad config. A failure is reported on stderr as one readable line, then one JSON line
+    ``{"status": "error", "reason", "exit_code", "party"}`` (stdout keeps results only)."""
     from tandem.errors import ConfigError, TandemError
 
-    from .cli_report import report_error
+    from .cli_report import report_error, report_error_json
     from .party_config import load_party_config
     from .party_trace import BatchTrace
     from .standalone import run_party
@@ -79,6 +86,7 @@ async def party_command(args) -> int:
         cfg = await asyncio.to_thread(load_party_config, args.config)
     except ConfigError as exc:
         print(f"tandem party: {exc}", file=sys.stderr)
+        report_error_json(exc, 2, party=None)
         return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -87,10 +95,16 @@ async def party_command(args) -> int:
         loop.add_signal_handler(sig, stop.set)
     try:
         result = await run_party(
-            cfg, stop=stop, trace_dir=args.trace, trace_batches=args.trace_batches
+            cfg,
+            stop=stop,
+            trace_dir=args.trace,
+            trace_batches=args.trace_batches,
+            fresh=bool(getattr(args, "fresh", False)),
         )
     except (TandemError, OSError, ExceptionGroup) as exc:
-        return report_error(f"tandem party ({cfg.name}): error", exc)
+        code = report_error(f"tandem party ({cfg.name}): error", exc)
+        report_error_json(exc, code, party=cfg.name)
+        return code
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)

@@ -3,6 +3,7 @@ one line on stderr and an exit code that says whose fault it was."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from tandem.errors import ConfigError, TandemError
@@ -24,3 +25,10 @@ def report_error(prefix: str, exc: BaseException) -> int:
         raise exc
     print(f"{prefix}: {err}", file=sys.stderr)
     return 2 if isinstance(err, ConfigError) else 1
+
+
+def report_error_json(exc: BaseException, code: int, *, party: str | None) -> None:
+    """The machine-readable twin of `report_error`: one JSON line on stderr,
+    ``{"status": "error", "party", "reason", "exit_code"}`` (stdout carries results only)."""
+    line = {"status": "error", "party": party, "reason": str(_first(exc)), "exit_code": code}
+    print(json.dumps(line), file=sys.stderr, flush=True)

@@ -67,7 +67,8 @@ class PartyModel:
 
     ``models`` holds a rebuilt `StageModel` for each stage ``party`` owns, and a width-only
     stand-in for every other stage (its output width, to check received activations; it cannot
-    be initialised or applied). ``params`` holds the party's own stages only.
+    be initialised or applied). ``params`` holds the party's own stages only. ``data`` is the
+    export's ``{"preprocessing", "fingerprint"}`` (None for an export without it).
     """
 
     party: str
@@ -79,6 +80,7 @@ class PartyModel:
     loss: str | None
     digest: str
     path: str
+    data: dict[str, Any] | None = None  # the export's "data": preprocessing state, fingerprint
 
     @property
     def is_leader(self) -> bool:
@@ -95,12 +97,16 @@ class PartyModel:
 
 
 # -- export and load ---------------------------------------------------------------------------
-async def export_party(party: SplitParty, path: str | os.PathLike) -> dict[str, Any]:
+async def export_party(
+    party: SplitParty, path: str | os.PathLike, *, data: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Save ``party``'s own stages with what `load_model` needs; returns the description.
 
     Records each stage's model spec, the output width of every stage of the topology, the
-    training id (``party.run_id``: the leader's, adopted by followers from its commands) and,
-    on the loss stage's owner, the loss. Raises `InferenceError` before training has run.
+    training id (``party.run_id``: the leader's, adopted by followers from its commands), on
+    the loss stage's owner the loss, and ``data`` (``{"preprocessing", "fingerprint"}`` of
+    the training data, which `tandem predict` applies to new rows). Raises `InferenceError`
+    before training has run.
     """
     if party.run_id is None:
         raise InferenceError(
@@ -132,6 +138,7 @@ async def export_party(party: SplitParty, path: str | os.PathLike) -> dict[str, 
         widths=dict(party.handler.out_dims),
         training=party.run_id,
         loss=party.config.loss if party.is_leader else None,
+        data=data,
     )
 
 
@@ -196,7 +203,13 @@ def load_model_sync(
     models: dict[str, StageModel] = {}
     for s in topo.stages:
         if s.name in own:
-            models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
+            try:
+                models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
+            except ConfigError as exc:
+                raise InferenceError(
+                    f"{file!r}: stage {s.name!r} cannot be rebuilt from its recorded model "
+                    f"{desc['stages'][s.name]['model']}: {exc}"
+                ) from None
         else:
             models[s.name] = _width_only(s.name, widths[s.name])
     _check_params(file, {s: models[s] for s in own}, loaded.stages)
@@ -210,6 +223,7 @@ def load_model_sync(
         loss=desc.get("loss"),
         digest=str(desc["digest"]),
         path=file,
+        data=desc.get("data"),
     )
 
 
@@ -414,8 +428,8 @@ def inference_check(
         if (theirs is None) != (alignment is None):
             who = "the leader" if theirs is not None else me
             reasons.append(
-                f"only {who} gave an aligned-ids file; give every party its "
-                "`tandem align --out` file of the same alignment, or none"
+                f"only {who} gave an aligned-ids file (or keyed its rows by id); give every "
+                "party its `tandem align --out` file of the same alignment (or its id column)"
             )
         elif (
             theirs is not None

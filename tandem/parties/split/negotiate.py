@@ -3,7 +3,10 @@
 Protocol (every message a `Frame` on channel ``ctl``; the leader's to each follower, the
 replies back; docs/parties.md#negotiation)::
 
+    leader -> follower   {"cmd": "describe"}                        # training only (`gather`)
+    follower -> leader   {"cmd": "data", "data": {"features", "fingerprint"}}
     leader -> follower   {"cmd": "propose", "spec": TaskSpec.to_dict()}
+                     or  {"cmd": "abort", "reasons": [...]}   # the leader cannot start
     follower -> leader   {"cmd": "accept", "checkpoints": [steps saved under this spec]}
                      or  {"cmd": "refuse", "reasons": ["follower 'B' has 7 feature columns ..."]}
     -- every follower accepted: both sides set transport.spec_hash and the validator --
@@ -126,6 +129,26 @@ async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> d
     return meta
 
 
+async def gather(transport: Transport, followers: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Leader, before building a training spec: ask every follower to describe its data
+    (``{"cmd": "describe"}``); returns ``{follower: {"features", "fingerprint"}}`` as each
+    answered (``{}`` from a party with nothing to describe)."""
+    for peer in followers:
+        await transport.send(peer, CTL, Frame(meta={"cmd": "describe"}))
+    out = {}
+    for peer in followers:
+        meta = await _recv_cmd(transport, peer, ("data",))
+        data = meta.get("data")
+        out[peer] = dict(data) if isinstance(data, dict) else {}
+    return out
+
+
+async def abort(transport: Transport, followers: Sequence[str], reasons: Sequence[str]) -> None:
+    """Leader: tell every follower waiting for a proposal that training will not start."""
+    for peer in followers:
+        await transport.send(peer, CTL, Frame(meta={"cmd": "abort", "reasons": list(reasons)}))
+
+
 async def propose(
     transport: Transport,
     followers: Sequence[str],
@@ -181,14 +204,27 @@ async def answer(
     *,
     check: Callable[[TaskSpec], list[str]],
     checkpoints: Callable[[str], Iterable[int]] = lambda digest: (),
+    describe: Callable[[], dict[str, Any]] | None = None,
 ) -> tuple[TaskSpec, int]:
     """Follower: wait for the leader's proposal, check it, reply; returns ``(spec, step)``.
 
     ``check(spec)`` returns the refusal reasons ([] = accept); ``checkpoints(spec_hash)`` the
-    steps saved for that spec. After this returns, load checkpoint ``step`` (0 = fresh start)
-    and call `ready`. Raises `NegotiationError` when this party refuses or the leader aborts.
+    steps saved for that spec; ``describe()`` what this party tells a leader asking about its
+    data first (`gather`; ``{}`` when None). After this returns, load checkpoint ``step`` (0 =
+    fresh start) and call `ready`. Raises `NegotiationError` when this party refuses or the
+    leader aborts.
     """
-    meta = await _recv_cmd(transport, leader, ("propose",))
+    meta = await _recv_cmd(transport, leader, ("describe", "propose", "abort"))
+    if meta["cmd"] == "describe":
+        data = describe() if describe is not None else {}
+        await transport.send(leader, CTL, Frame(meta={"cmd": "data", "data": data}))
+        meta = await _recv_cmd(transport, leader, ("propose", "abort"))
+    if meta["cmd"] == "abort":
+        reasons = [str(r) for r in meta.get("reasons", [])]
+        raise NegotiationError(
+            "the leader cannot start the training:\n  " + "\n  ".join(reasons),
+            {leader: reasons},
+        )
     spec: TaskSpec | None
     try:
         spec = TaskSpec.from_dict(meta.get("spec"))
@@ -228,4 +264,13 @@ async def ready(transport: Transport, leader: str, *, error: str | None = None) 
     await transport.send(leader, CTL, Frame(meta=meta))
 
 
-__all__ = ["NegotiationError", "propose", "answer", "ready", "spec_validator", "install"]
+__all__ = [
+    "NegotiationError",
+    "abort",
+    "answer",
+    "gather",
+    "install",
+    "propose",
+    "ready",
+    "spec_validator",
+]

@@ -17,12 +17,17 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [security]    secret | secret_env | secret_file (at most one; none = unsigned),
                   tls_cert, tls_key, tls_ca (optional), max_frame_bytes, reject_nonfinite,
                   retry_timeout, peer_timeout
-    [data]        source = "breast_cancer" | "x.npz" | "x.csv"; part ("leader"/"follower",
-                  breast_cancer only), seed (breast_cancer split), label_column (csv),
-                  test (csv of test rows), aligned (the `tandem align --out` CSV)
-    [model]       topology (a built-in name or a .json file of Topology.to_dict),
-                  topology_args (list of party names for the built-in), cut, hidden, out
-    [schema]      leader only: feature columns of each other feature-holding party
+    [data]        the party's table (`tandem.parties.data.parse_data_config`: source,
+                  id_column, label_column, features, categorical, missing, scale, aligned,
+                  [data.split] test/validation/seed; docs/data.md), or a pre-split source:
+                  source = "breast_cancer" (with part, seed) | an .npz of x_train/y_train/
+                  x_test/y_test | a numeric .csv with test (label_column, aligned)
+    [topology]    kind (a built-in) and its arguments, typed: star takes followers (a list
+                  of names, or a count) and leader; or file = "topology.json"
+    [model]       topology, topology_args (the older spelling of [topology]), cut, hidden,
+                  out: the MLP of every stage without its own table;
+                  [model.<stage>] per stage (`tandem.parties.models.model_from_toml`)
+    [schema]      leader only, optional: feature columns each other party must hold
     [train]       leader only: SplitConfig fields + eval_batch_size, and the reporting
                   keys monitor, patience, min_delta, restore_best
     [checkpoint]  dir, every (batches), keep
@@ -38,14 +43,15 @@ import dataclasses
 import os
 import ssl
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from tandem.engine.kernels import StageModel, mlp_stage
-from tandem.engine.topology import BUILTIN, FEATURES, Topology
+from tandem.engine.topology import BUILTIN, FEATURES, Stage, Topology
 from tandem.errors import ConfigError
+from tandem.parties import data as tabular
 from tandem.parties.http_security import (
     SECURITY_KEYS,
     HttpSecurity,
@@ -90,46 +96,69 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "listen": {"host": (str,), "port": (int,)},
     "peers": {},  # free-form: name -> URL
     "security": SECURITY_KEYS,
-    "data": {
-        "source": (str,),
-        "part": (str,),
-        "seed": (int,),
-        "label_column": (str,),
-        "test": (str,),
-        "aligned": (str,),
-    },
-    "model": {
-        "topology": (str,),
-        "topology_args": (list,),
-        "cut": (int,),
-        "hidden": (list,),
-        "out": (int,),
-    },
+    "data": {},  # checked by `_data_config` (a table, or a pre-split source)
+    "topology": {},  # checked by `_topology_table`
+    "model": {},  # checked by `_model_config` (keys, and one table per stage)
     "schema": {},  # free-form: party -> feature count
     "train": TRAIN_KEYS,
     "checkpoint": {"dir": (str,), "every": (int,), "keep": (int,)},
     "log": {"history": (str,), "tensorboard": (str,)},
 }
 REQUIRED = {"": ("role", "name"), "data": ("source",)}
+#: [data] keys of a pre-split source (the built-in breast-cancer data, an .npz of
+#: x_train/y_train/x_test/y_test, a numeric .csv with a .csv of test rows).
+PRESPLIT_KEYS: dict[str, tuple[type, ...]] = {
+    "source": (str,),
+    "part": (str,),
+    "seed": (int,),
+    "label_column": (str,),
+    "test": (str,),
+    "aligned": (str,),
+}
+MODEL_KEYS: dict[str, tuple[type, ...]] = {
+    "topology": (str,),
+    "topology_args": (list,),
+    "cut": (int,),
+    "hidden": (list,),
+    "out": (int,),
+}
+#: Arguments of each built-in topology in [topology], with their types.
+TOPOLOGY_ARGS: dict[str, dict[str, tuple[type, ...]]] = {
+    "two_party": {"a": (str,), "b": (str,)},
+    "leader_follower": {"leader": (str,), "follower": (str,)},
+    "u_shape": {"a": (str,), "b": (str,)},
+    "star": {"followers": (list, int), "leader": (str,), "leader_bottom": (bool,)},
+}
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    source: str  # "breast_cancer" or an absolute .npz/.csv path
+    """``table`` is the checked `tandem.parties.data.DataConfig` of a table source; the other
+    fields describe a pre-split source (``table`` None)."""
+
+    source: str  # "breast_cancer", an absolute .npz/.csv path, or the table's source
     part: str | None = None
     seed: int = 0
     label_column: str | None = None
     test: str | None = None
     aligned: str | None = None
+    table: tabular.DataConfig | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """``topology`` is a built-in name or a JSON file; ``topology_args`` positional and
+    ``topology_kwargs`` keyword arguments of the built-in. ``stages`` holds the
+    ``[model.<stage>]`` tables; a stage without one is the MLP ``hidden`` -> ``cut`` (the
+    loss stage: -> ``out``)."""
+
     topology: str = "leader_follower"
-    topology_args: tuple[str, ...] = ()
+    topology_args: tuple[str | int, ...] = ()
     cut: int = 16
     hidden: tuple[int, ...] = (32,)
     out: int = 1
+    topology_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stages: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,13 +179,26 @@ class LogConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PartyData:
-    """One party's (aligned) data. ``alignment`` is ``{"size", "commitment"}`` or None."""
+    """One party's (aligned) data. ``alignment`` is ``{"size", "commitment"}`` or None.
+
+    From a table source (`tandem.parties.split.party_data`) also: ``validation`` rows,
+    ``fingerprint`` (training rows and preprocessing; a pre-split source's arrays are hashed
+    instead), ``preprocessing`` (the JSON state the export keeps), ``vocab`` (code counts of
+    the categorical columns, the last columns of the features) and ``split`` (its
+    ``{"test", "validation", "seed"}``).
+    """
 
     train: np.ndarray | None
     test: np.ndarray | None = None
     y_train: np.ndarray | None = None
     y_test: np.ndarray | None = None
     alignment: dict[str, Any] | None = None
+    validation: np.ndarray | None = None
+    y_validation: np.ndarray | None = None
+    fingerprint: str | None = None
+    preprocessing: dict[str, Any] | None = None
+    vocab: tuple[int, ...] = ()
+    split: dict[str, Any] | None = None
 
     @property
     def features(self) -> int | None:
@@ -169,10 +211,12 @@ class PartyData:
         return None if self.y_train is None else int(self.y_train.shape[0])
 
     def datasets(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in (("train", self.train), ("test", self.test)) if v is not None}
+        parts = (("train", self.train), ("test", self.test), ("validation", self.validation))
+        return {k: v for k, v in parts if v is not None}
 
     def labels(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in (("train", self.y_train), ("test", self.y_test)) if v is not None}
+        parts = (("train", self.y_train), ("test", self.y_test), ("validation", self.y_validation))
+        return {k: v for k, v in parts if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -317,12 +361,21 @@ class PartyConfig:
         ``data.aligned`` is set. Raises `PartyConfigError` naming the file and the fix."""
         return _load_data(self)
 
-    def stage_widths(self, features: Mapping[str, int]) -> dict[str, dict[str, Any]]:
-        """``{stage: {"in_dims", "out_dim", "sizes"}}`` of the configured MLP stages, given the
-        feature count of every feature-holding party."""
+    def stage_widths(
+        self, features: Mapping[str, int], vocab: Sequence[int] = ()
+    ) -> dict[str, dict[str, Any]]:
+        """``{stage: {"in_dims", "out_dim", "sizes"}}`` of every stage, given the feature count
+        of every feature-holding party (``vocab``: this party's categorical code counts).
+
+        This party's own stages are built (`stage_models`); another party's stage is known by
+        its output width only: ``[model.<stage>] out``, else ``cut`` (``out`` for the loss
+        stage). ``sizes`` (MLP layer sizes) is given for a stage using the uniform MLP
+        (``hidden``): one of this party's without a table, or any stage when this config has
+        no per-stage table at all; else None (the owner's model is its own business)."""
         topo, m = self.topology(), self.model
-        out = {}
-        for s in topo.stages:
+        uniform = not m.stages
+        out: dict[str, dict[str, Any]] = {}
+        for s in topo.topological_order():
             in_dims = []
             for i in s.inputs:
                 if i == FEATURES:
@@ -333,13 +386,64 @@ class PartyConfig:
                         )
                     in_dims.append(int(features[s.owner]))
                 else:
-                    in_dims.append(m.cut)
-            width = m.out if s.loss else m.cut
+                    in_dims.append(int(out[i]["out_dim"]))
+            own = s.owner == self.name
+            if own:
+                width = self.stage_model(s.name, in_dims, vocab).out_dim
+            else:
+                table = m.stages.get(s.name, {})
+                width = int(table.get("out", m.out if s.loss else m.cut))
+            mlp_sized = s.name not in m.stages if own else uniform
             out[s.name] = {
                 "in_dims": in_dims,
                 "out_dim": width,
-                "sizes": [sum(in_dims), *m.hidden, width],
+                "sizes": [sum(in_dims), *m.hidden, width] if mlp_sized else None,
             }
+        return {s.name: out[s.name] for s in topo.stages}
+
+    def stage_model(self, stage: str, in_dims: Sequence[int], vocab: Sequence[int] = ()):
+        """The `StageModel` of this party's ``stage`` over inputs of widths ``in_dims``: its
+        ``[model.<stage>]`` table (`tandem.parties.models.model_from_toml`; ``vocab`` is the
+        default of an embedding model's), else the uniform MLP. Built once per arguments."""
+        from tandem.parties.models import mlp, model_from_toml
+
+        key = (stage, tuple(int(d) for d in in_dims), tuple(vocab))
+        cache = self.__dict__.setdefault("_models", {})
+        if key in cache:
+            return cache[key]
+        st = self.topology().by_name[stage]
+        m = self.model
+        table = m.stages.get(stage)
+        try:
+            if table is None:
+                width = m.out if st.loss else m.cut
+                model = mlp(key[1], m.hidden, width, activate_last=not st.loss)
+            else:
+                model = model_from_toml(
+                    table,
+                    in_dims=key[1],
+                    out_dim=m.out if st.loss else None,
+                    loss=st.loss,
+                    vocab=list(vocab) if vocab and FEATURES in st.inputs else None,
+                    where=f"model.{stage}",
+                )
+        except ConfigError as exc:
+            raise PartyConfigError(f"{self.path}: {exc}") from None
+        cache[key] = model
+        return model
+
+    def own_models(
+        self, features: Mapping[str, int], widths: Mapping[str, Mapping[str, Any]], vocab=()
+    ) -> dict[str, StageModel]:
+        """`stage_model` of each stage this party owns, its inputs' widths taken from
+        ``widths`` (an agreed spec's ``stages``) and ``features``."""
+        out = {}
+        for s in self.topology().stages_of(self.name):
+            dims = [
+                int(features[s.owner]) if i == FEATURES else int(widths[i]["out_dim"])
+                for i in s.inputs
+            ]
+            out[s.name] = self.stage_model(s.name, dims, vocab)
         return out
 
 
@@ -390,45 +494,8 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         raise PartyConfigError(
             f'{path}: [peers] is empty; add `name = "http://host:port"` for every other party'
         )
-    d = raw["data"]
-    source = d["source"]
-    if source != "breast_cancer":
-        source = _file(base, source, "data.source", path)
-    if source == "breast_cancer" and d.get("part") not in ("leader", "follower"):
-        raise PartyConfigError(
-            f"{path}: data.part must be 'leader' or 'follower' with the "
-            f"built-in breast_cancer source, got {d.get('part')!r}"
-        )
-    data = DataConfig(
-        source=source,
-        part=d.get("part"),
-        seed=d.get("seed", 0),
-        label_column=d.get("label_column"),
-        test=_file(base, d["test"], "data.test", path) if "test" in d else None,
-        aligned=_file(base, d["aligned"], "data.aligned", path) if "aligned" in d else None,
-    )
-    m = raw.get("model", {})
-    hidden = m.get("hidden", [32])
-    if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
-        raise PartyConfigError(
-            f"{path}: model.hidden must be a list of positive ints, got {hidden!r}"
-        )
-    args = m.get("topology_args", [])
-    if not all(isinstance(a, str) and a for a in args):
-        raise PartyConfigError(f"{path}: model.topology_args must be a list of party names")
-    topo_name = m.get("topology", "leader_follower")
-    if topo_name not in BUILTIN:
-        topo_name = _file(base, topo_name, "model.topology", path)
-    for key in ("cut", "out"):
-        if key in m and m[key] < 1:
-            raise PartyConfigError(f"{path}: model.{key} must be >= 1, got {m[key]}")
-    model = ModelConfig(
-        topology=topo_name,
-        topology_args=tuple(args),
-        cut=m.get("cut", 16),
-        hidden=tuple(hidden),
-        out=m.get("out", 1),
-    )
+    data = _data_config(raw["data"], base, path)
+    model = _model_config(raw.get("model", {}), raw.get("topology"), base, path)
     schema = raw.get("schema", {})
     for k, v in schema.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
@@ -510,19 +577,188 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
             f"{'owns' if is_owner else 'does not own'} the loss stage; the leader is "
             f"{topo.label_owner!r}"
         )
-    missing = [p for p in topo.parties if p != cfg.name and p not in peers]
+    missing = [p for p in _talks_to(topo, cfg.name) if p not in peers]
     if missing:
         raise PartyConfigError(f'{path}: [peers] lacks {missing}; add `name = "http://host:port"`')
+    others = [p for p in topo.parties if p != cfg.name]
+    unknown = [p for p in schema if p not in others]
+    if unknown:
+        raise PartyConfigError(
+            f"{path}: [schema] names {unknown}, which own no other stage of the topology; the "
+            f"accepted names are {others}"
+        )
+    _check_stage_tables(cfg, topo)
     if cfg.is_leader:
         cfg.split_config()  # checks the [train] values now
         cfg.report_config()  # and the reporting keys (monitor names, the TensorBoard extra)
-        absent = [p for p in topo.feature_parties() if p != cfg.name and p not in schema]
-        if absent:
-            raise PartyConfigError(
-                f"{path}: [schema] lacks the feature count of {absent}; add "
-                f"`{absent[0]} = <columns>`"
-            )
     return cfg
+
+
+def _data_config(d: Mapping[str, Any], base: str, path: str) -> DataConfig:
+    """The [data] table: a pre-split source (`PRESPLIT_KEYS`) or a table for
+    `tandem.parties.data.parse_data_config`."""
+    if not isinstance(d, Mapping):
+        raise PartyConfigError(f"{path}: data must be a table ([data])")
+    if not _presplit(d, base):
+        return DataConfig(source=str(d["source"]), table=tabular.parse_data_config(d, path=path))
+    for sub, v in d.items():
+        if sub not in PRESPLIT_KEYS:
+            raise PartyConfigError(
+                f"{path}: data.{sub} is not used with the pre-split source {d['source']!r} "
+                f"(keys: {sorted(PRESPLIT_KEYS)}); a table source (.csv, .parquet, .npz of "
+                "columns) takes the keys of docs/data.md"
+            )
+        _check_type(f"data.{sub}", v, PRESPLIT_KEYS[sub], path)
+    source = d["source"]
+    if source != "breast_cancer":
+        source = _file(base, source, "data.source", path)
+    if source == "breast_cancer" and d.get("part") not in ("leader", "follower"):
+        raise PartyConfigError(
+            f"{path}: data.part must be 'leader' or 'follower' with the "
+            f"built-in breast_cancer source, got {d.get('part')!r}"
+        )
+    return DataConfig(
+        source=source,
+        part=d.get("part"),
+        seed=d.get("seed", 0),
+        label_column=d.get("label_column"),
+        test=_file(base, d["test"], "data.test", path) if "test" in d else None,
+        aligned=_file(base, d["aligned"], "data.aligned", path) if "aligned" in d else None,
+    )
+
+
+def _presplit(d: Mapping[str, Any], base: str) -> bool:
+    """True for a pre-split source: the built-in breast-cancer data, keys only such a source
+    takes (``part``, ``seed``, ``test``), or an .npz holding an ``x_train`` matrix."""
+    source = d.get("source")
+    if source == "breast_cancer" or any(k in d for k in ("part", "seed", "test")):
+        return True
+    if not isinstance(source, str) or "://" in source or not source.endswith(".npz"):
+        return False
+    full = source if os.path.isabs(source) else os.path.join(base, source)
+    if not os.path.isfile(full):
+        return False
+    with np.load(full, allow_pickle=False) as z:
+        return "x_train" in z.files
+
+
+def _model_config(m: Mapping[str, Any], topology: Any, base: str, path: str) -> ModelConfig:
+    """[model]: the uniform MLP, the topology's older spelling, one table per stage."""
+    if not isinstance(m, Mapping):
+        raise PartyConfigError(f"{path}: model must be a table ([model])")
+    stages = {k: dict(v) for k, v in m.items() if isinstance(v, Mapping)}
+    for key, value in m.items():
+        if key in stages:
+            continue
+        if key not in MODEL_KEYS:
+            raise PartyConfigError(
+                f"{path}: unknown key model.{key}; accepted keys in [model]: "
+                f"{sorted(MODEL_KEYS)}, and one table [model.<stage>] per stage"
+            )
+        _check_type(f"model.{key}", value, MODEL_KEYS[key], path)
+    hidden = m.get("hidden", [32])
+    if not all(isinstance(h, int) and not isinstance(h, bool) and h > 0 for h in hidden):
+        raise PartyConfigError(
+            f"{path}: model.hidden must be a list of positive ints, got {hidden!r}"
+        )
+    for key in ("cut", "out"):
+        if key in m and m[key] < 1:
+            raise PartyConfigError(f"{path}: model.{key} must be >= 1, got {m[key]}")
+    if topology is not None and ("topology" in m or "topology_args" in m):
+        raise PartyConfigError(
+            f"{path}: the topology is given twice, by [topology] and by model.topology"
+            "/topology_args; keep [topology]"
+        )
+    if topology is not None:
+        name, args, kwargs = _topology_table(topology, base, path)
+    else:
+        args = tuple(m.get("topology_args", []))
+        if not all(
+            (isinstance(a, str) and a) or (isinstance(a, int) and not isinstance(a, bool))
+            for a in args
+        ):
+            raise PartyConfigError(
+                f"{path}: model.topology_args must be a list of party names (or, for star, "
+                f"the follower count first), got {list(args)!r}"
+            )
+        name, kwargs = m.get("topology", "leader_follower"), {}
+        if name not in BUILTIN:
+            name = _file(base, name, "model.topology", path)
+    return ModelConfig(
+        topology=name,
+        topology_args=args,
+        cut=m.get("cut", 16),
+        hidden=tuple(hidden),
+        out=m.get("out", 1),
+        topology_kwargs=kwargs,
+        stages=stages,
+    )
+
+
+def _topology_table(
+    t: Any, base: str, path: str
+) -> tuple[str, tuple[str | int, ...], dict[str, Any]]:
+    """[topology]: ``kind`` (a built-in) with its typed arguments, or ``file``."""
+    if not isinstance(t, Mapping):
+        raise PartyConfigError(f"{path}: topology must be a table ([topology] kind = ...)")
+    if "file" in t:
+        if set(t) != {"file"} or not isinstance(t["file"], str):
+            raise PartyConfigError(
+                f'{path}: [topology] file = "topology.json" takes no other key, got {sorted(t)}'
+            )
+        return _file(base, t["file"], "topology.file", path), (), {}
+    kind = t.get("kind")
+    if kind not in TOPOLOGY_ARGS:
+        raise PartyConfigError(
+            f"{path}: topology.kind is {kind!r}; choose one of {sorted(TOPOLOGY_ARGS)}, or "
+            'give file = "topology.json"'
+        )
+    accepted = TOPOLOGY_ARGS[kind]
+    kwargs = {}
+    for key, value in t.items():
+        if key == "kind":
+            continue
+        if key not in accepted:
+            raise PartyConfigError(
+                f"{path}: topology.{key} is not an argument of {kind!r}; it takes "
+                f"{sorted(accepted)}"
+            )
+        _check_type(f"topology.{key}", value, accepted[key], path)
+        kwargs[key] = value
+    if kind == "star":
+        followers = kwargs.get("followers")
+        if followers is None:
+            raise PartyConfigError(
+                f'{path}: a star needs topology.followers = ["bank", "shop", ...] (or a count)'
+            )
+        if isinstance(followers, list) and not all(isinstance(f, str) and f for f in followers):
+            raise PartyConfigError(
+                f"{path}: topology.followers must list party names (strings), got {followers!r}"
+            )
+    return kind, (), kwargs
+
+
+def _check_stage_tables(cfg: PartyConfig, topo: Topology) -> None:
+    names = [s.name for s in topo.stages]
+    for stage, table in cfg.model.stages.items():
+        if stage not in names:
+            raise PartyConfigError(
+                f"{cfg.path}: [model.{stage}] names no stage of the topology; the stages are "
+                f"{names}"
+            )
+        owner = topo.by_name[stage].owner
+        if owner != cfg.name and set(table) - {"out"}:
+            raise PartyConfigError(
+                f"{cfg.path}: stage {stage!r} belongs to {owner!r}, which configures its model; "
+                f"here [model.{stage}] may only give its output width (out = <cut width>), got "
+                f"{sorted(table)}"
+            )
+        if owner != cfg.name and "out" in table:
+            out = table["out"]
+            if isinstance(out, bool) or not isinstance(out, int) or out < 1:
+                raise PartyConfigError(
+                    f"{cfg.path}: model.{stage}.out must be a positive int, got {out!r}"
+                )
 
 
 def split_config_from(hyper: Mapping[str, Any]):
@@ -586,12 +822,16 @@ def _topology(model: ModelConfig, path: str) -> Topology:
     from tandem.errors import TopologyError
 
     if model.topology in BUILTIN:
+        kwargs = dict(model.topology_kwargs)
         try:
-            return BUILTIN[model.topology](*model.topology_args)
-        except TypeError as exc:
+            if model.topology == "star":
+                return _star(list(model.topology_args), kwargs)
+            return BUILTIN[model.topology](*model.topology_args, **kwargs)
+        except (TypeError, TopologyError) as exc:
+            given = list(model.topology_args) or kwargs
             raise PartyConfigError(
-                f"{path}: model.topology_args {list(model.topology_args)} do "
-                f"not fit the built-in {model.topology!r}: {exc}"
+                f"{path}: the arguments {given} do not fit the built-in topology "
+                f"{model.topology!r}: {exc}"
             ) from None
     import json
 
@@ -602,10 +842,56 @@ def _topology(model: ModelConfig, path: str) -> Topology:
         raise PartyConfigError(f"{path}: model.topology file {model.topology!r}: {exc}") from None
 
 
+def _star(args: list[Any], kwargs: dict[str, Any]) -> Topology:
+    """A star: ``followers`` a count (parties ``follower0``... as `tandem.engine.topology.star`)
+    or a list of names (stages ``bottom_<name>``), one leader with the top (and, with
+    ``leader_bottom``, ``bottom_<leader>``)."""
+    from tandem.engine.topology import star
+    from tandem.errors import TopologyError
+
+    followers = kwargs.pop("followers", args.pop(0) if args else None)
+    leader = kwargs.pop("leader", args.pop(0) if args else "leader")
+    if args or set(kwargs) - {"leader_bottom"}:
+        raise TypeError(f"star takes followers, leader, leader_bottom; got extra {args or kwargs}")
+    if isinstance(followers, int) and not isinstance(followers, bool):
+        return star(followers, leader, **kwargs)
+    if not isinstance(followers, list) or not followers:
+        raise TopologyError(f"followers must be a count or a list of names, got {followers!r}")
+    names = [str(f) for f in followers]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice or leader in names:
+        raise TopologyError(
+            f"party names must differ: {twice or [leader]} given twice (the leader is {leader!r})"
+        )
+    stages = [Stage(f"bottom_{n}", n, (FEATURES,)) for n in names]
+    if kwargs.get("leader_bottom"):
+        stages.append(Stage(f"bottom_{leader}", leader, (FEATURES,)))
+    stages.append(Stage("top", leader, tuple(s.name for s in stages), loss=True))
+    return Topology(tuple(stages))
+
+
+def _talks_to(topo: Topology, name: str) -> list[str]:
+    """The parties ``name`` exchanges frames with: every other party for the leader (it
+    drives them all); a follower: the leader and the parties across its cut edges."""
+    if topo.label_owner == name:
+        return [p for p in topo.parties if p != name]
+    peers = {topo.label_owner}
+    for e in topo.edges():
+        if name in (e.src_party, e.dst_party):
+            peers.update((e.src_party, e.dst_party))
+    peers.discard(name)
+    return sorted(peers)
+
+
 def _load_data(cfg: PartyConfig) -> PartyData:
     d = cfg.data
     topo = cfg.topology()
     owner = topo.label_owner == cfg.name
+    if d.table is not None:
+        from .party_data import load_table_data
+
+        loss = str(cfg.train.get("loss", "binary")) if owner else None
+        return PartyData(**load_table_data(d.table, labels=owner, loss=loss, out=cfg.model.out))
     if d.source == "breast_cancer":
         from .demo import load_breast_cancer_split
 
@@ -660,7 +946,10 @@ def _load_data(cfg: PartyConfig) -> PartyData:
     )
     if d.aligned:
         data = _align(data, d.aligned, cfg.path)
-    return data
+    from .party_data import arrays_fingerprint
+
+    digest = arrays_fingerprint({"x": data.train, "y": data.y_train})
+    return dataclasses.replace(data, fingerprint=digest)
 
 
 def _read_csv(path: str, label: str | None, cfg_path: str):

@@ -1,20 +1,30 @@
 """``tandem predict``: cross-party inference with each party's own export, over HTTP.
 
 Run one command per party, with the party TOML of its training (transport, peers, security,
-topology; ``[data]``/``[train]`` are not used) and its NEW rows::
+topology; ``[train]`` is not used) and its NEW rows::
 
     tandem predict --config follower.toml --data new_f.csv
     tandem predict --config leader.toml   --data new_l.csv --out predictions.csv
 
-Each party loads only its own export (``--export``, default the config's ``export_dir``), checks
-its rows against it (feature count, finite values), connects
-(`tandem.parties.split.session.connect`) and negotiates an inference spec
+Each party loads only its own export (``--export``, default the config's ``export_dir``) and
+reads its rows the way its training did: an export of a ``[data]`` table carries the fitted
+preprocessing state, which is applied to ``--data`` (any table format,
+`tandem.parties.data.load_new_data`); an export of pre-split arrays takes a numeric matrix
+(.csv, .npy, .npz). Rows are paired across parties by id, never silently by position:
+
+* ``--aligned`` (the `tandem align --out` file of the new rows): those rows, in that order;
+* else ids (``--id-column``, or the training's id column): the rows sorted by id, and the
+  parties must hold the same ids (the inference spec carries their size and commitment);
+* else ``--positional`` states that every party's file holds the same samples in the same
+  order; without it the command is refused.
+
+Then it connects (`tandem.parties.split.session.connect`) and negotiates an inference spec
 (`tandem.parties.split.inference`): same training id, topology, loss and cut widths; same
-row count and, with ``--aligned``, the same alignment commitment. The
-leader writes the predictions (``.csv``: ``row[,id]`` then ``logit,probability`` for a binary
-loss, ``logit_k...,class`` for softmax, ``output_k...`` otherwise; ``.npy``: the raw outputs)
-and every party prints one JSON summary line. Errors go to stderr with exit code 2 (bad
-input: config, export, rows) or 1 (refused negotiation, unreachable peer, timeout).
+row count and the same alignment commitment. The leader writes the predictions (``.csv``:
+``row[,id]`` then ``logit,probability`` for a binary loss, ``logit_k...,class`` for softmax,
+``output_k...`` otherwise; ``.npy``: the raw outputs) and every party prints one JSON summary
+line. Errors go to stderr with exit code 2 (bad input: config, export, rows) or 1 (refused
+negotiation, unreachable peer, timeout).
 """
 
 from __future__ import annotations
@@ -54,7 +64,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="new feature rows: .csv with a header row, .npy, or .npz "
         "(array 'x'); same columns, in the same order, as in training",
     )
-    p.add_argument("--id-column", help="a CSV column holding ids, not features (dropped)")
+    p.add_argument(
+        "--id-column",
+        help="the column of sample ids (never a feature): rows are keyed by id, and the "
+        "predictions file gets an id column (default: the training's id column)",
+    )
+    p.add_argument(
+        "--positional",
+        action="store_true",
+        help="pair rows with the other parties' by position (every party's file holds the "
+        "same samples in the same order); only when the rows have no ids and no --aligned",
+    )
     p.add_argument(
         "--aligned",
         help="the `tandem align --out` CSV of the new rows: predict "
@@ -114,6 +134,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{cfg.path} sets no export_dir; pass --export with this party's .safetensors file"
         )
     model = await inference.load_model(export, cfg.name, topology=cfg.topology())
+    await asyncio.to_thread(check_models, cfg, model)
     if model.is_leader and not args.out:
         raise InferenceError(
             "the leader writes the predictions: pass --out predictions.csv (or .npy)"
@@ -122,7 +143,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise InferenceError(f"--out {args.out!r} must end in .csv or .npy")
     if args.batch_size < 1 or args.groups < 1:
         raise InferenceError("--batch-size and --groups must be >= 1")
-    x, alignment, ids = await asyncio.to_thread(read_inputs, model, args)
+    x, alignment, ids = await asyncio.to_thread(read_inputs, model, args, cfg)
     x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, args.rows, alignment)
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
@@ -165,9 +186,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- files ---------------------------------------------------------------------------------------
-def read_inputs(model, args) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
-    """(rows, alignment ``{"size", "commitment"}`` or None, aligned ids or None)."""
-    x = None if args.data is None else read_rows(args.data, args.id_column)
+def read_inputs(model, args, cfg=None) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
+    """(rows, alignment ``{"size", "commitment"}`` or None, ids or None): the rows of
+    ``--data`` as the training read them, keyed as the module docstring says."""
+    state = (model.data or {}).get("preprocessing")
+    if state is not None:
+        return _read_table(model, args, state, cfg)
+    x, ids = (None, None) if args.data is None else read_rows(args.data, args.id_column)
     if x is None and model.features is not None:
         raise InferenceError(
             f"{model.party!r} needs its new feature rows ({model.features} "
@@ -175,8 +200,12 @@ def read_inputs(model, args) -> tuple[np.ndarray | None, dict | None, list[str] 
         )
     x = check_rows(model, x, source=f"--data {args.data!r}")
     if args.aligned is None:
+        if ids is not None:
+            order, alignment = _keyed(ids)
+            return (None if x is None else x[order]), alignment, [ids[i] for i in order]
+        _refuse_positional(model, args)
         return x, None, None
-    rows, ids, alignment = read_aligned(args.aligned)
+    rows, aligned_ids, alignment = read_aligned(args.aligned)
     if x is not None:
         if len(rows) and int(rows.max()) >= len(x):
             raise InferenceError(
@@ -185,19 +214,156 @@ def read_inputs(model, args) -> tuple[np.ndarray | None, dict | None, list[str] 
                 "this data file"
             )
         x = x[rows]
-    return x, alignment, ids
+    return x, alignment, aligned_ids
 
 
-def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
-    """A float matrix from ``.csv`` (header row; ``id_column`` dropped), ``.npy`` or ``.npz``."""
+def _read_table(model, args, state, cfg) -> tuple[np.ndarray, dict | None, list[str] | None]:
+    """Rows of an export trained on a ``[data]`` table: the saved preprocessing applied to
+    ``--data``; keyed by ``--aligned``, else by the id column."""
+    from tandem.parties.data import DataConfig, DataError, Preprocessing, load_new_data
+
+    if args.data is None:
+        raise InferenceError(
+            f"{model.party!r} needs its new rows (the columns it was trained on): pass "
+            "--data new.csv (or .parquet, .npz)"
+        )
+    try:
+        preprocessing = Preprocessing.from_json(state)
+    except DataError as exc:
+        raise InferenceError(f"{model.path}: {exc}") from None
+    if cfg is not None and cfg.data.table is not None:
+        _check_preprocessing(cfg, model, preprocessing)
+    id_column = args.id_column or preprocessing.id_column
+    if id_column is None and args.aligned is None:
+        _refuse_positional(model, args)
+    table = DataConfig(source=args.data, id_column=id_column, aligned=args.aligned)
+    try:
+        new = load_new_data(table, preprocessing)
+    except DataError as exc:
+        raise InferenceError(f"--data {args.data!r}: {exc}") from None
+    joined = np.concatenate(
+        [new.features.numeric, new.features.categorical.astype(np.float32)], axis=1
+    )
+    x = check_rows(model, joined, source=f"--data {args.data!r}")
+    if x is None:
+        raise InferenceError(f"{model.party!r}'s stages read no features; leave out --data")
+    ids = [str(i) for i in new.ids]
+    if args.aligned is not None:
+        return x, new.alignment, ids
+    if id_column is None:
+        return x, None, None
+    order, alignment = _keyed(ids)
+    return x[order], alignment, [ids[i] for i in order]
+
+
+def check_models(cfg, model) -> None:
+    """Refuse when a ``[model.<stage>]`` table of the config describes another model than the
+    export holds for that stage (another factory, kwargs, kind or widths): the export's model
+    is what predicts, so a differing config means another training was meant."""
+    state = (model.data or {}).get("preprocessing") or {}
+    vocab = [len(c["vocabulary"]) + 1 for c in state.get("categorical", [])]
+    reasons = []
+    for stage in model.topology.stages_of(model.party):
+        if stage.name not in cfg.model.stages:
+            continue
+        exported = model.models[stage.name]
+        try:
+            configured = cfg.stage_model(stage.name, exported.in_dims, vocab)
+        except Exception as exc:  # noqa: BLE001 - any failure to build is a reason to refuse
+            reasons.append(f"stage {stage.name!r}: [model.{stage.name}] does not build: {exc}")
+            continue
+        if _plain(configured.spec) != _plain(exported.spec):
+            reasons.append(
+                f"stage {stage.name!r}: the export holds {_plain(exported.spec)} but "
+                f"[model.{stage.name}] describes {_plain(configured.spec)}"
+            )
+    if reasons:
+        raise InferenceError(
+            f"{model.path} does not hold the model {cfg.path} describes: "
+            + "; ".join(reasons)
+            + ". Predict with the config and export of the same training, or train again"
+        )
+
+
+def _plain(value: Any) -> Any:
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def _check_preprocessing(cfg, model, state) -> None:
+    """Refuse when the party's [data] asks for another preprocessing than its export holds
+    (prediction applies the export's; a differing config means another model was meant)."""
+    table, reasons = cfg.data.table, []
+    given = {
+        "categorical": sorted(table.categorical),
+        "missing": table.missing,
+        "scale": table.scale,
+        "id_column": table.id_column,
+    }
+    trained = {
+        "categorical": sorted(state.categorical),
+        "missing": state.missing,
+        "scale": state.scale,
+        "id_column": state.id_column,
+    }
+    if table.features is not None:
+        given["features"] = sorted(table.features)
+        trained["features"] = sorted(state.columns)
+    for key, value in given.items():
+        if value != trained[key]:
+            reasons.append(
+                f"data.{key} is {value!r} in {cfg.path} but {trained[key]!r} in training"
+            )
+    if reasons:
+        raise InferenceError(
+            f"the export {model.path} was trained with another preprocessing than "
+            f"{cfg.path} describes: " + "; ".join(reasons) + ". Predict with the config and "
+            "export of the same training, or train again"
+        )
+
+
+def _keyed(ids: list[str]) -> tuple[np.ndarray, dict[str, Any]]:
+    """The order sorting ``ids`` by canonical id (the order `tandem align` agrees on), and
+    ``{"size", "commitment"}`` of the sorted ids."""
+    from tandem.parties.alignment.ids import canonical, commitment
+
+    keys = [canonical(i) for i in ids]
+    first: dict[bytes, int] = {}
+    for i, k in enumerate(keys):
+        if first.setdefault(k, i) != i:
+            raise InferenceError(
+                f"id {ids[i]!r} occurs twice in the new rows (rows {first[k]} and {i}); ids "
+                "must be unique to key rows by id"
+            )
+    order = np.array(sorted(range(len(ids)), key=keys.__getitem__), dtype=np.int64)
+    return order, {"size": len(ids), "commitment": commitment(keys[i] for i in order)}
+
+
+def _refuse_positional(model, args) -> None:
+    if not getattr(args, "positional", False):
+        raise InferenceError(
+            f"{model.party!r}'s rows have no ids and no --aligned file, so they would be paired "
+            "with the other parties' by file position; pass --aligned (the `tandem align --out` "
+            "file of these rows) or --id-column NAME on every party, or --positional if every "
+            "party's file holds the same samples in the same order"
+        )
+
+
+def read_rows(path: str, id_column: str | None = None) -> tuple[np.ndarray, list[str] | None]:
+    """A float matrix from ``.csv`` (header row; ``id_column`` read as the ids, not a
+    feature), ``.npy`` or ``.npz``, and the ids (None without ``id_column``)."""
     if not os.path.isfile(path):
         raise InferenceError(f"--data {path!r}: no such file")
+    if not path.endswith(".csv") and id_column is not None:
+        raise InferenceError(
+            f"--id-column names a column, but --data {path!r} is a bare matrix; give a .csv "
+            "with a header row"
+        )
     if path.endswith(".npy"):
-        return np.load(path, allow_pickle=False)
+        return np.load(path, allow_pickle=False), None
     if path.endswith(".npz"):
         with np.load(path, allow_pickle=False) as z:
             if "x" in z.files or len(z.files) == 1:
-                return np.asarray(z["x" if "x" in z.files else z.files[0]])
+                return np.asarray(z["x" if "x" in z.files else z.files[0]]), None
             raise InferenceError(
                 f"--data {path!r} holds arrays {sorted(z.files)}; name the feature rows 'x'"
             )
@@ -215,7 +381,7 @@ def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
                     f"--id-column {id_column!r} is not a column of {path!r} (columns: {header})"
                 )
             drop = header.index(id_column)
-        table = []
+        table, ids = [], []
         for line, row in enumerate(reader, start=2):
             if len(row) != len(header):
                 raise InferenceError(
@@ -230,7 +396,10 @@ def read_rows(path: str, id_column: str | None = None) -> np.ndarray:
                     "feature CSVs hold numbers only (name an id column with "
                     "--id-column)"
                 ) from None
-    return np.asarray(table, np.float64).reshape(len(table), len(header) - (drop is not None))
+            if drop is not None:
+                ids.append(row[drop])
+    x = np.asarray(table, np.float64).reshape(len(table), len(header) - (drop is not None))
+    return x, (ids if drop is not None else None)
 
 
 def read_aligned(path: str) -> tuple[np.ndarray, list[str], dict[str, Any]]:

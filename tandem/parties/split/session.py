@@ -31,10 +31,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 
 from . import negotiate
 from .party_config import PartyConfig, PartyConfigError, PartyData
@@ -66,54 +66,107 @@ class Session:
     step: int
 
 
-def leader_spec(cfg: PartyConfig, data: PartyData) -> TaskSpec:
-    """The training task spec the leader proposes: its data schema and ``[schema]``, the
-    configured model's stage widths, ``[train]`` hyper-parameters (+ ``checkpoint.every``),
-    the security settings, the alignment of ``data.aligned`` and the test split's size."""
+def leader_spec(
+    cfg: PartyConfig, data: PartyData, described: Mapping[str, Mapping[str, Any]] | None = None
+) -> TaskSpec:
+    """The training task spec the leader proposes: every feature party's column count
+    (``[schema]``, else what it ``described``), the stage widths (`PartyConfig.stage_widths`),
+    ``[train]`` hyper-parameters (+ ``checkpoint.every``), the security settings, the
+    alignment, the sizes of the test and validation splits, the ``[data.split]`` and every
+    party's data fingerprint."""
     if data.samples is None:
         raise PartyConfigError(f"{cfg.path}: the leader holds no training rows")
-    features = dict(cfg.schema)
+    described = described or {}
+    features = {
+        p: int(d["features"]) for p, d in described.items() if d.get("features") is not None
+    }
+    features.update(cfg.schema)
     if data.features is not None:
         features[cfg.name] = data.features
+    absent = [p for p in cfg.topology().feature_parties() if p not in features]
+    if absent:
+        raise PartyConfigError(
+            f"{cfg.path}: the feature count of {absent} is unknown (they described no data); "
+            f"add `{absent[0]} = <columns>` under [schema]"
+        )
+    fingerprints = {p: str(d["fingerprint"]) for p, d in described.items() if d.get("fingerprint")}
+    if data.fingerprint:
+        fingerprints[cfg.name] = data.fingerprint
     return build_spec(
         cfg.topology(),
         features=features,
         samples=data.samples,
-        stage_widths=cfg.stage_widths(features),
+        stage_widths=cfg.stage_widths(features, data.vocab),
         hyper=cfg.hyper(),
         security=cfg.security(),
         alignment=data.alignment,
         test_samples=0 if data.y_test is None else len(data.y_test),
+        validation_samples=0 if data.y_validation is None else len(data.y_validation),
+        split=data.split,
+        fingerprints=fingerprints,
     )
 
 
-def follower_check(cfg: PartyConfig, data: PartyData) -> Callable[[TaskSpec], list[str]]:
-    """``check(spec) -> reasons`` of a follower: `TaskSpec.check_local` against its data,
-    its configured model, topology, security and alignment, plus the test split's size."""
+def describe_data(data: PartyData) -> dict[str, Any]:
+    """What a follower tells the leader about its data before the proposal (JSON)."""
+    return {"features": data.features, "fingerprint": data.fingerprint}
+
+
+def follower_check(
+    cfg: PartyConfig, data: PartyData, refusals: Sequence[str] = ()
+) -> Callable[[TaskSpec], list[str]]:
+    """``check(spec) -> reasons`` of a follower: ``refusals`` (its own reasons not to start),
+    then `TaskSpec.check_local` against its data, its own stages' widths, topology, security
+    and alignment, plus the test and validation splits' sizes, the ``[data.split]`` and its
+    data fingerprint."""
 
     def check(spec: TaskSpec) -> list[str]:
         features = {p: int(d["features"]) for p, d in spec.datasets.items()}
         if data.features is not None:
             features[cfg.name] = data.features
         try:
-            widths = cfg.stage_widths(features)
+            widths = cfg.stage_widths(features, data.vocab)
         except PartyConfigError as exc:
-            return [str(exc)]
-        reasons = spec.check_local(
+            return [*refusals, str(exc)]
+        own: dict[str, dict[str, Any]] = {}
+        for s in cfg.topology().stages_of(cfg.name):
+            mine = dict(widths[s.name])
+            if mine.get("sizes") is None or spec.stages.get(s.name, {}).get("sizes") is None:
+                mine.pop("sizes", None)  # the owner's model is compared by widths only
+            own[s.name] = mine
+        reasons = list(refusals)
+        reasons += spec.check_local(
             cfg.name,
             features=data.features,
             samples=data.samples,
-            stages=widths,
+            stages=own,
             alignment=data.alignment,
             security=cfg.security(),
             topology=cfg.topology().to_dict(),
         )
-        want = int(spec.hyper.get("test_samples", 0))
-        have = 0 if data.test is None else len(data.test)
-        if want and data.features is not None and have != want:
+        hyper = spec.hyper
+        for part, rows in (("test", data.test), ("validation", data.validation)):
+            want = int(hyper.get(f"{part}_samples", 0))
+            have = 0 if rows is None else len(rows)
+            if want and data.features is not None and have != want:
+                reasons.append(
+                    f"the leader evaluates on {want} {part} rows but {cfg.name!r} holds "
+                    f"{have}; give data.test (or x_test) with the same rows"
+                    if part == "test" and data.split is None
+                    else f"the leader holds {want} {part} rows but {cfg.name!r} holds {have}; "
+                    "use the same [data.split] and aligned ids on every party"
+                )
+        split = hyper.get("split")
+        if data.split is not None and split != data.split:
             reasons.append(
-                f"the leader evaluates on {want} test rows but {cfg.name!r} holds "
-                f"{have}; give data.test (or x_test) with the same rows"
+                f"[data.split] differs: the leader's is {split}, {cfg.name!r}'s is "
+                f"{data.split}; every party must use the same test, validation and seed"
+            )
+        theirs = hyper.get("fingerprints", {}).get(cfg.name)
+        if data.fingerprint is not None and theirs is not None and theirs != data.fingerprint:
+            reasons.append(
+                f"the spec records data fingerprint {theirs[:12]}.. for {cfg.name!r}, but its "
+                f"data has {data.fingerprint[:12]}..; restart every party"
             )
         return reasons
 
@@ -165,6 +218,7 @@ async def connect(
     check: Callable[[TaskSpec], list[str]] | None = None,
     checkpoints: Mapping[int, str] | None = None,
     prepare: Callable[[Session], Awaitable[None]] | None = None,
+    refusals: Sequence[str] = (),
 ) -> Session:
     """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
 
@@ -177,7 +231,12 @@ async def connect(
         count.
       prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
-    Reaching the peers, then agreeing, are each bounded by ``cfg.wait`` seconds.
+      refusals: this party's own reasons not to start (e.g. its data changed since its
+        checkpoints): a leader aborts with them, a follower refuses the proposal with them.
+    Without ``spec`` (leader) or ``check`` (follower) this is a training start: the leader
+    first gathers each follower's data description (`negotiate.gather`: feature count,
+    fingerprint) for the spec. Reaching the peers, then agreeing, are each bounded by
+    ``cfg.wait`` seconds.
     """
     if data is None:
         data = await asyncio.to_thread(cfg.load_data)
@@ -191,10 +250,10 @@ async def connect(
         try:
             async with asyncio.timeout(cfg.wait):
                 if cfg.is_leader:
-                    if spec is None:
-                        spec = await asyncio.to_thread(leader_spec, cfg, data)
-                    digest = spec.spec_hash()
                     followers = [p for p in topology.parties if p != cfg.name]
+                    if spec is None:
+                        spec = await _training_spec(cfg, data, transport, followers, refusals)
+                    digest = spec.spec_hash()
                     step = await negotiate.propose(
                         transport,
                         followers,
@@ -205,8 +264,9 @@ async def connect(
                     spec, step = await negotiate.answer(
                         transport,
                         leader,
-                        check=check or follower_check(cfg, data),
+                        check=check or follower_check(cfg, data, refusals),
                         checkpoints=lambda h: [s for s, d in held.items() if d == h],
+                        describe=None if check is not None else lambda: describe_data(data),
                     )
         except TimeoutError:
             raise PartyStartError(
@@ -229,6 +289,28 @@ async def connect(
         raise
 
 
+async def _training_spec(
+    cfg: PartyConfig, data: PartyData, transport: Any, followers: list[str], refusals
+) -> TaskSpec:
+    """Leader: gather the followers' data descriptions and build the training spec; when this
+    party cannot start (``refusals``, or a configuration error) the followers are told why."""
+    reasons = list(refusals)
+    described: dict[str, dict[str, Any]] = {}
+    if not reasons:
+        described = await negotiate.gather(transport, followers)
+        try:
+            return await asyncio.to_thread(leader_spec, cfg, data, described)
+        except ConfigError as exc:
+            reasons = [str(exc)]
+            await negotiate.abort(transport, followers, reasons)
+            raise
+    await negotiate.abort(transport, followers, reasons)
+    raise negotiate.NegotiationError(
+        f"{cfg.name!r} cannot start the training:\n  " + "\n  ".join(reasons),
+        {cfg.name: reasons},
+    )
+
+
 @contextlib.asynccontextmanager
 async def connected(cfg: PartyConfig, **kwargs: Any) -> AsyncIterator[Session]:
     """`connect`, closing the transport (goodbye to the peers) when the block exits."""
@@ -246,5 +328,6 @@ __all__ = [
     "connected",
     "leader_spec",
     "follower_check",
+    "describe_data",
     "wait_for_peers",
 ]

@@ -18,8 +18,11 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   ``dtype[rows, width]`` with ``1 <= rows <= max_rows``;
 * ``hyper``: batch size, eval batch size, groups policy, learning rate, optimizer, loss, epochs,
   seed, threshold, capacity, policy, checkpoint_every; optionally ``chunks`` (messages per
-  group, recorded when not 1) and ``test_samples`` (rows of the test split every party must
-  hold when the leader evaluates);
+  group, recorded when not 1), ``test_samples`` and ``validation_samples`` (rows of the test
+  and validation splits every party must hold when the leader evaluates; the latter recorded
+  when not 0), ``split`` (``{"test", "validation", "seed"}`` of the parties' ``[data.split]``,
+  recorded for table sources) and ``fingerprints`` (party -> the fingerprint of its training
+  data and preprocessing, recorded when known);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
@@ -273,7 +276,8 @@ class TaskSpec:
                 reasons.append(
                     f"aligned rows differ: spec commitment {_short(self.alignment['commitment'])}"
                     f" (size {self.alignment['size']}) != local "
-                    f"{_short(alignment['commitment'])} (size {alignment['size']})"
+                    f"{_short(alignment['commitment'])} (size {alignment['size']}); the parties "
+                    "hold different ids: run `tandem align` on every party and set data.aligned"
                 )
         for key, value in (security or {}).items():
             if key in self.security and _plain(self.security[key]) != _plain(value):
@@ -295,6 +299,9 @@ def build_spec(
     alignment: Mapping[str, Any] | None = None,
     dtype: str = "float32",
     test_samples: int | None = None,
+    validation_samples: int = 0,
+    split: Mapping[str, Any] | None = None,
+    fingerprints: Mapping[str, str] | None = None,
 ) -> TaskSpec:
     """Assemble a spec; cut-edge shapes are derived from the topology and the stage widths.
 
@@ -304,6 +311,7 @@ def build_spec(
         for every stage of ``topology``.
       test_samples: rows of the test split the leader will evaluate on (recorded as
         ``hyper["test_samples"]`` only when given, so specs without it hash as before).
+      validation_samples, split, fingerprints: recorded in ``hyper`` when not 0 / None.
     Raises `SpecError` naming what is missing or inconsistent.
     """
     missing = [k for k in HYPER_KEYS if k not in hyper]
@@ -365,6 +373,9 @@ def build_spec(
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
             # recorded only when not 1, so specs without chunks hash as before
             **({} if int(hyper.get("chunks", 1)) == 1 else {"chunks": int(hyper["chunks"])}),
+            **({"validation_samples": int(validation_samples)} if validation_samples else {}),
+            **({} if split is None else {"split": dict(split)}),
+            **({} if not fingerprints else {"fingerprints": dict(fingerprints)}),
         },
         security={k: security[k] for k in SECURITY_KEYS},
         alignment=None

@@ -74,18 +74,40 @@ class _State:
 
 
 def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> SplitParty:
-    """The `SplitParty` of ``cfg.name`` for the agreed ``spec`` (models from its stage widths,
-    hyper-parameters from its ``hyper``); blocking (JAX initialisation)."""
+    """The `SplitParty` of ``cfg.name`` for the agreed ``spec``: its own stages built from its
+    configuration (`PartyConfig.own_models`), the others' as width stand-ins from the spec's
+    stage widths, hyper-parameters from its ``hyper``; blocking (JAX initialisation)."""
     topo = Topology.from_dict(spec.topology)
+    features = {p: int(d["features"]) for p, d in spec.datasets.items()}
+    models = models_from_widths(topo, spec.stages)
+    models.update(cfg.own_models(features, spec.stages, data.vocab))
     return SplitParty(
         cfg.name,
         topo,
-        models_from_widths(topo, spec.stages),
+        models,
         transport,
         datasets=data.datasets(),
         labels=data.labels(),
         config=split_config_from(spec.hyper),
     )
+
+
+def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
+    """Why this party must not resume from ``store``: its checkpoints recorded a data
+    fingerprint other than ``data``'s (the training rows or preprocessing changed)."""
+    if data.fingerprint is None:
+        return []
+    other = {s: f for s, f in store.fingerprints().items() if f and f != data.fingerprint}
+    if not other:
+        return []
+    step = max(other)
+    return [
+        f"{store.party!r}: the training data or its preprocessing changed since checkpoint "
+        f"{step} in {store.directory!r} was saved (data fingerprint {other[step][:12]}.. "
+        f"then, {data.fingerprint[:12]}.. now); resuming would train that model on other rows. "
+        "Start over with `tandem party --config <file> --fresh` on every party (it deletes "
+        "these checkpoints), or restore the data"
+    ]
 
 
 async def run_party(
@@ -94,12 +116,16 @@ async def run_party(
     stop: asyncio.Event | None = None,
     trace_dir: str | None = None,
     trace_batches: int = DEFAULT_BATCHES,
+    fresh: bool = False,
 ) -> dict[str, Any]:
     """Run one standalone party to the end (see the module docstring); returns its result.
     With ``trace_dir``, the party traces ``trace_batches`` training batches into that folder.
 
+    ``fresh``: delete this party's checkpoints first and start over. Without it, checkpoints
+    saved on other data (another fingerprint) refuse the start, naming ``--fresh``.
+
     Raises `tandem.errors.TandemError` subclasses with readable messages (refused spec,
-    wrong secret, unreachable peer, bad checkpoint, peer left mid-batch).
+    wrong secret, unreachable peer, bad checkpoint, changed data, peer left mid-batch).
     """
     stop = stop or asyncio.Event()
     data = await asyncio.to_thread(cfg.load_data)
@@ -108,6 +134,11 @@ async def run_party(
         st.store = CheckpointStore(
             cfg.checkpoint.dir, party=cfg.name, keep=max(2, cfg.checkpoint.keep)
         )
+    refusals: list[str] = []
+    if st.store is not None and fresh:
+        await asyncio.to_thread(st.store.discard_after, -1)
+    elif st.store is not None:
+        refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
     held = await asyncio.to_thread(st.store.index) if st.store else {}
 
     async def prepare(session: Session) -> None:
@@ -138,7 +169,9 @@ async def run_party(
                 party.n_groups = int(r.extra.get("n_groups", party.n_groups))
         session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
 
-    session = await _until(stop, connect(cfg, data=data, checkpoints=held, prepare=prepare))
+    session = await _until(
+        stop, connect(cfg, data=data, checkpoints=held, prepare=prepare, refusals=refusals)
+    )
     if session is None:
         return {
             "party": cfg.name,
@@ -464,6 +497,7 @@ async def _save(
             spec_hash=session.spec_hash,
             cursor=cursor,
             extra=extra,
+            fingerprint=session.data.fingerprint,
         )
     )
     try:
@@ -482,7 +516,12 @@ async def _export(session: Session, party: SplitParty) -> str | None:
         return None
     path = os.path.join(cfg.export_dir, f"{cfg.name}.safetensors")
     await asyncio.to_thread(os.makedirs, cfg.export_dir, exist_ok=True)
-    await export_party(party, path)
+    data = session.data
+    await export_party(
+        party,
+        path,
+        data={"preprocessing": data.preprocessing, "fingerprint": data.fingerprint},
+    )
     return path
 
 
@@ -524,4 +563,4 @@ def _progress(
         yield advance
 
 
-__all__ = ["run_party", "make_party", "PeerLeftError"]
+__all__ = ["run_party", "make_party", "stale_checkpoints", "PeerLeftError"]

@@ -1,0 +1,161 @@
+"""One split-learning party's `[data]` table, read through `tandem.parties.data`, as `PartyData`.
+
+`load_table_data(table, ...)` runs `tandem.parties.data.load_party_data` (the shared loader:
+readers, split by id and seed, preprocessing fitted on the training rows, label checks,
+fingerprint) and lays the result out as the split party holds it:
+
+* the feature matrix is float32 ``[rows, numeric + categorical]``: the numeric features, then
+  the categorical codes as whole floats (the layout `tandem.parties.models.embedding_mlp`
+  reads: its last ``len(vocab)`` columns are codes);
+* ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order;
+* rows are paired across parties by id, never by position. With ``aligned`` the order is the
+  `tandem align` file's; with only ``id_column`` the rows are sorted by canonical id (the
+  order `tandem align` uses) and the alignment recorded in the task spec is the size and
+  commitment of all ids, so parties holding different ids are refused at negotiation. With
+  neither, the party is refused: its rows would be paired by file position.
+
+Contract: blocking (file I/O); every refusal is a `tandem.parties.data.DataError` (a
+`ConfigError`) naming the TOML file, the column and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from typing import Any
+
+import numpy as np
+
+from tandem.parties.alignment.ids import canonical, commitment
+from tandem.parties.data import DataConfig, DataError, PartyDataset, load_party_data
+from tandem.parties.data.fingerprint import fingerprint
+
+#: Column names that usually hold sample ids; named in the refusal of a table without ids.
+_ID_LIKE = re.compile(r"(^|[_\s-])(id|ids|key|uuid)$|^id_|(?<=[a-z])Id$", re.IGNORECASE)
+
+
+def load_table_data(
+    table: DataConfig, *, labels: bool, loss: str | None, out: int | None
+) -> dict[str, Any]:
+    """The fields of a `tandem.parties.split.party_config.PartyData` for ``table``.
+
+    ``labels``: this party owns the loss stage (its table must name ``label_column``);
+    ``loss``/``out``: the loss and output width the labels are checked against.
+    """
+    where = table.where
+    if labels and table.label_column is None:
+        raise DataError(
+            f"{where}: this party owns the loss stage, so its [data] needs label_column = "
+            '"<the column of labels>"'
+        )
+    if not labels and table.label_column is not None:
+        raise DataError(
+            f"{where}: data.label_column = {table.label_column!r}, but only the party owning "
+            "the loss stage (the leader) holds labels; remove it here"
+        )
+    if table.id_column is None:
+        raise DataError(_no_ids_message(table))
+    ds = load_party_data(table, loss=loss if labels else None, out=out)
+    alignment = ds.alignment
+    if table.aligned is None:
+        ds, alignment = key_by_ids(ds)
+    x = np.concatenate(
+        [ds.features.numeric, ds.features.categorical.astype(np.float32)], axis=1
+    ).astype(np.float32, copy=False)
+    parts = {p: ds.split.rows(p) for p in ("train", "validation", "test")}
+    fields: dict[str, Any] = {
+        "train": x[parts["train"]],
+        "test": x[parts["test"]],
+        "validation": x[parts["validation"]],
+        "alignment": alignment,
+        "fingerprint": ds.fingerprint,
+        "preprocessing": ds.preprocessing.to_json(),
+        "vocab": tuple(v.size for v in ds.preprocessing.vocabularies),
+        "split": dataclasses.asdict(table.split),
+    }
+    if ds.labels is not None:
+        fields.update(
+            y_train=ds.labels[parts["train"]],
+            y_test=ds.labels[parts["test"]],
+            y_validation=ds.labels[parts["validation"]],
+        )
+    return fields
+
+
+def key_by_ids(ds: PartyDataset) -> tuple[PartyDataset, dict[str, Any]]:
+    """``ds`` with its rows sorted by canonical id, its fingerprint recomputed over that order,
+    and ``{"size", "commitment"}`` of every id (the commitment `tandem align` would give if
+    every party held exactly these ids)."""
+    keys = np.array([canonical(i) for i in ds.ids], dtype=object)
+    order = np.argsort(keys, kind="stable")
+    features = type(ds.features)(
+        np.ascontiguousarray(ds.features.numeric[order]),
+        np.ascontiguousarray(ds.features.categorical[order]),
+    )
+    labels = None if ds.labels is None else ds.labels[order]
+    split = type(ds.split)(
+        train=ds.split.train[order],
+        validation=ds.split.validation[order],
+        test=ds.split.test[order],
+    )
+    ids = ds.ids[order]
+    digest = fingerprint(ids, features, labels, ds.preprocessing, split.rows("train"))
+    sorted_ds = dataclasses.replace(
+        ds,
+        ids=ids,
+        rows=ds.rows[order],
+        features=features,
+        labels=labels,
+        split=split,
+        fingerprint=digest,
+    )
+    return sorted_ds, {"size": len(ids), "commitment": commitment(keys[order])}
+
+
+def arrays_fingerprint(arrays: dict[str, np.ndarray | None]) -> str:
+    """SHA-256 (hex) of named arrays (name, dtype, shape, bytes, in name order): the
+    fingerprint of a pre-split source, which has no preprocessing state."""
+    digest = hashlib.sha256(b"tandem-arrays-fingerprint/1\n")
+    for name in sorted(arrays):
+        a = arrays[name]
+        if a is None:
+            continue
+        a = np.ascontiguousarray(a)
+        digest.update(f"{name}:{a.dtype.str}:{list(a.shape)}\n".encode())
+        digest.update(a.data)
+    return digest.hexdigest()
+
+
+def _no_ids_message(table: DataConfig) -> str:
+    hint = ""
+    named = table.features or ()
+    guesses = [c for c in named if _ID_LIKE.search(c)]
+    if not named:
+        guesses = _id_like_columns(table)
+    if guesses:
+        hint = (
+            f" Column {guesses[0]!r} looks like the ids: set data.id_column = "
+            f"{guesses[0]!r} (it is then never a feature)."
+        )
+    return (
+        f"{table.where}: [data] sets no id_column, so this party's rows would be paired with "
+        f"the other parties' by file position and every column of {table.source!r} but the "
+        "label would be a feature.{hint} Set data.id_column to the column of sample ids and "
+        "align the parties with `tandem align` (then data.aligned)."
+    ).replace("{hint}", hint)
+
+
+def _id_like_columns(table: DataConfig) -> list[str]:
+    """The header names of ``table.source`` that look like id columns (reads the schema only
+    where the format allows; an unreadable source gives no guess, the loader reports it)."""
+    from tandem.parties.data import read_table
+
+    try:
+        names = list(read_table(table.source, [], text=()).available)
+    except (DataError, OSError, ValueError):
+        return []
+    return [c for c in names if _ID_LIKE.search(c)]
+
+
+__all__ = ["arrays_fingerprint", "key_by_ids", "load_table_data"]
