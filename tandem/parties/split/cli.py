@@ -75,14 +75,16 @@ async def party_command(args) -> int:
 
     from .cli_report import report_error, report_error_json
     from .party_config import load_party_config
-    from .party_trace import BatchTrace
+    from .party_trace import DEFAULT_BATCHES, BatchTrace
     from .standalone import run_party
 
+    trace_dir = getattr(args, "trace", None)
+    trace_batches = getattr(args, "trace_batches", DEFAULT_BATCHES)
     try:
-        if args.trace:  # fail before training, not after it
+        if trace_dir:  # fail before training, not after it
             BatchTrace.check()
-            if args.trace_batches < 1:
-                raise ConfigError(f"--trace-batches must be >= 1, got {args.trace_batches}")
+            if trace_batches < 1:
+                raise ConfigError(f"--trace-batches must be >= 1, got {trace_batches}")
         cfg = await asyncio.to_thread(load_party_config, args.config)
     except ConfigError as exc:
         print(f"tandem party: {exc}", file=sys.stderr)
@@ -97,8 +99,8 @@ async def party_command(args) -> int:
         result = await run_party(
             cfg,
             stop=stop,
-            trace_dir=args.trace,
-            trace_batches=args.trace_batches,
+            trace_dir=trace_dir,
+            trace_batches=trace_batches,
             fresh=bool(getattr(args, "fresh", False)),
         )
     except (TandemError, OSError, ExceptionGroup) as exc:
