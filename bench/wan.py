@@ -79,7 +79,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.relay import buffer_for
+from .relay import buffer_for
 
 A, B = "A", "B"  # A: follower (features, bottom); B: leader (top, labels, loss)
 BENCH = "bench"  # channel of the benchmark's own control messages
