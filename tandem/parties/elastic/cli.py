@@ -143,6 +143,10 @@ async def _coordinator(args) -> int:
                 "workers": dict,
                 "roster": str,
                 "admit_workers": bool,
+                "on_change": str,
+                "call_timeout": float,
+                "recover_timeout": float,
+                "journal": str,
             },
         )
         admit = cfg.get("admit_workers", "secret" in cfg)
@@ -160,6 +164,10 @@ async def _coordinator(args) -> int:
             drain=cfg.get("drain"),
             epochs=cfg.get("epochs", 1),
             min_workers=cfg.get("min_workers", 1),
+            on_change=cfg.get("on_change", "rollback"),
+            call_timeout=float(cfg.get("call_timeout", 60.0)),
+            recover_timeout=float(cfg.get("recover_timeout", 120.0)),
+            journal=cfg.get("journal"),
         )
     except TandemError as exc:
         return _fail(exc)
@@ -212,7 +220,7 @@ async def _coordinator(args) -> int:
     summary["events"] = [
         (t_, kind, detail)
         for t_, kind, detail in coord.events
-        if kind in ("removed", "joined", "rollback", "epoch")
+        if kind in ("removed", "joined", "rollback", "epoch", "recover", "resumed", "kept")
     ]
     if args.summary:
         with open(args.summary, "w") as f:
@@ -220,9 +228,12 @@ async def _coordinator(args) -> int:
     result = {
         "epochs": summary["epochs"],
         "rollbacks": summary["rollbacks"],
+        "recoveries": summary["recoveries"],
         "initial_loss": round(summary["initial_loss"], 4),
         "final_loss": round(summary["history"][-1]["loss"], 4),
     }
+    if summary["resumed"] is not None:
+        result["resumed"] = summary["resumed"]
     print(json.dumps(result), flush=True)
     return 0
 
@@ -230,29 +241,48 @@ async def _coordinator(args) -> int:
 async def _data_server(args) -> int:
     from .data_server import DataServer
     from .spec import load_shard, load_spec
+    from .store import CheckpointStore
 
     _logging(args)
     try:
         cfg = load_config(
             args.config,
             {"name": str, "coordinator": str, "model": str, "shard": str},
-            {**_TRANSPORT_KEYS, "coordinator_name": str},
+            {
+                **_TRANSPORT_KEYS,
+                "coordinator_name": str,
+                "checkpoints": str,
+                "coordinator_wait": float,
+            },
         )
         spec = load_spec(cfg["model"])
         shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
+        store = CheckpointStore(cfg["checkpoints"]) if "checkpoints" in cfg else None
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
         ds = DataServer(
-            t, coordinator=coord, spec=spec, shard=shard, url=cfg.get("advertise_url", t.url)
+            t,
+            coordinator=coord,
+            spec=spec,
+            shard=shard,
+            url=cfg.get("advertise_url", t.url),
+            store=store,
+            coordinator_wait=float(cfg.get("coordinator_wait", 60.0)),
         )
         print(
             f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
             file=sys.stderr,
             flush=True,
         )
-        await ds.run()
+        failed: list[Exception] = []
+        try:
+            await ds.run()
+        except* TandemError as group:
+            failed.extend(group.exceptions)
+        if failed:
+            return _fail(failed[0])
     return 0
 
 
