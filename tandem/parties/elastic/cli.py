@@ -55,6 +55,12 @@ def register(sub) -> None:
     d.add_argument(
         "--churn", action="store_true", help="kill a worker and add a new one during training"
     )
+    d.add_argument(
+        "--on-change",
+        choices=("rollback", "keep"),
+        default="rollback",
+        help="what a membership change does (docs/elastic.md)",
+    )
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--plot", metavar="PNG", help="save the loss per epoch and the detections")
     d.set_defaults(func=_demo)
@@ -384,6 +390,7 @@ async def _demo(args) -> int:
         interval=args.interval,
         epochs=args.epochs,
         workers=args.workers,
+        on_change=args.on_change,
         on_progress=progress,
     )
 
