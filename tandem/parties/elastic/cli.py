@@ -1,6 +1,6 @@
 """``tandem elastic ...``: the three roles over HTTP, a one-process demo, and example data.
 
-    tandem elastic prepare --out DIR            # model.json + shard0.npz, shard1.npz
+    tandem elastic prepare --out DIR            # model.json, shard0/1.npz, part0/1.csv
     tandem elastic coordinator --config coordinator.toml [--summary out.json]
     tandem elastic data-server --config ds0.toml
     tandem elastic worker --config w0.toml
@@ -20,12 +20,15 @@ import json
 import logging
 import sys
 import tomllib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem._extras import needs, require
 from tandem.errors import TandemError
 
 from .errors import ConfigError, NotWelcomedError
+
+if TYPE_CHECKING:
+    from .party_data import PartyShard
 
 log = logging.getLogger(__name__)
 
@@ -240,29 +243,62 @@ async def _coordinator(args) -> int:
     }
     if summary["resumed"] is not None:
         result["resumed"] = summary["resumed"]
+    tested = [t for t in summary["test"].values() if t["accuracy"] is not None and t["rows"]]
+    if tested:  # over every data server's test rows
+        right = sum(t["accuracy"] * t["rows"] for t in tested)
+        result["test_accuracy"] = round(right / sum(t["rows"] for t in tested), 4)
+    if summary["exports"]:
+        result["exports"] = summary["exports"]
     print(json.dumps(result), flush=True)
     return 0
 
 
 async def _data_server(args) -> int:
     from .data_server import DataServer
+    from .party_data import load_party_shard
     from .spec import load_shard, load_spec
     from .store import CheckpointStore
 
     _logging(args)
+    party: PartyShard | None = None
     try:
         cfg = load_config(
             args.config,
-            {"name": str, "coordinator": str, "model": str, "shard": str},
+            {"name": str, "coordinator": str},
             {
                 **_TRANSPORT_KEYS,
+                "model": object,  # an fsspec URL (with shard), or a [model] table (with [data])
+                "shard": str,
+                "data": dict,
+                "train": dict,
+                "export": str,
                 "coordinator_name": str,
                 "checkpoints": str,
                 "coordinator_wait": float,
             },
         )
-        spec = load_spec(cfg["model"])
-        shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
+        if "data" in cfg:
+            if "shard" in cfg or not isinstance(cfg.get("model"), dict):
+                raise ConfigError(
+                    f"config {args.config!r}: with [data], describe the model in a [model] "
+                    "table (docs/models.md) and leave out shard"
+                )
+            party = await asyncio.to_thread(load_party_shard, cfg, path=args.config)
+            spec, shard = party.spec, party.train
+        elif isinstance(cfg.get("model"), str) and "shard" in cfg:
+            if "train" in cfg:
+                raise ConfigError(
+                    f"config {args.config!r}: [train] goes with [data] and [model]; a model "
+                    "description file holds its own training settings"
+                )
+            spec = load_spec(cfg["model"])
+            shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
+        else:
+            raise ConfigError(
+                f"config {args.config!r}: give the shard as [data] + [model] tables (the shared "
+                "data and model contract, docs/data.md and docs/models.md), or as model = "
+                '"<model description URL>" + shard = "<.npz URL>"'
+            )
         store = CheckpointStore(cfg["checkpoints"]) if "checkpoints" in cfg else None
     except TandemError as exc:
         return _fail(exc)
@@ -276,6 +312,10 @@ async def _data_server(args) -> int:
             url=cfg.get("advertise_url", t.url),
             store=store,
             coordinator_wait=float(cfg.get("coordinator_wait", 60.0)),
+            test=party.test if party else None,
+            export=cfg.get("export"),
+            preprocessing=party.preprocessing if party else None,
+            fingerprint=party.fingerprint if party else None,
         )
         print(
             f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
@@ -338,9 +378,23 @@ async def _prepare(args) -> int:
     with fsspec.open(f"{out}/model.json", "w") as f:
         json.dump(spec.to_dict(), f)
     shards = [f"{out}/shard{i}.npz" for i in range(args.shards)]
-    for shard, url in zip(make_dataset(args.shards, args.rows, spec), shards, strict=True):
+    tables = [f"{out}/part{i}.csv" for i in range(args.shards)]
+    made = make_dataset(args.shards, args.rows, spec)
+    for i, (shard, url) in enumerate(zip(made, shards, strict=True)):
         save_shard(shard, url)
-    print(json.dumps({"model": f"{out}/model.json", "shards": shards, "rows": args.rows}))
+        # the same rows as a table for the [data] form (docs/data.md)
+        header = ",".join(["id", *(f"f{j}" for j in range(shard.x.shape[1])), "label"])
+        lines = [header] + [
+            ",".join([f"s{i}r{r}", *(f"{v:.6g}" for v in shard.x[r]), str(int(shard.y[r]))])
+            for r in range(len(shard.y))
+        ]
+        with fsspec.open(tables[i], "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print(
+        json.dumps(
+            {"model": f"{out}/model.json", "shards": shards, "tables": tables, "rows": args.rows}
+        )
+    )
     return 0
 
 

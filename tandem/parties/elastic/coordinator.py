@@ -41,6 +41,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -160,6 +161,9 @@ class Coordinator:
         self.resumed: dict[str, Any] | None = None  # what a restart found in the journal
         self._seq = 0  # the last committed checkpoint every data server holds
         self._down: set[str] = set()  # data servers that failed a request this round
+        self.training = uuid.uuid4().hex  # the run's id (kept across restarts by the journal)
+        self.test: dict[str, dict[str, Any]] = {}
+        self.exports: dict[str, str] = {}
 
     @property
     def _ready_ledger(self) -> Ledger:
@@ -325,6 +329,7 @@ class Coordinator:
                 await self._hello()
                 helpers.append(tg.create_task(self._discover(tg)))
                 await self._train()
+                await self._finish()
                 await self._stop()
             finally:
                 for task in helpers:
@@ -367,6 +372,7 @@ class Coordinator:
                 "seq": 0,
                 "digests": self._ckpt_digest,
                 "initial_loss": self.initial_loss,
+                "training": self.training,
             }
         )
 
@@ -394,6 +400,7 @@ class Coordinator:
         self.progress.total = ledger.total
         self.history = list(state.history)
         self.initial_loss = float(start["initial_loss"])
+        self.training = str(start.get("training", self.training))
         self._seq = state.seq
         self._ckpt_digest = dict(state.digests)
         self.resumed = {
@@ -674,6 +681,23 @@ class Coordinator:
         p.live, p.generation = len(self.membership.live), ledger.generation
         self.on_progress(p)
 
+    async def _finish(self) -> None:
+        """Evaluate the trained model on every data server's test rows and have each data
+        server that is configured to export it write the export."""
+        self._set_phase("finish")
+        try:
+            tests = await self._call_all("test")
+            exports = await self._call_all("export", training=self.training)
+        except DataServerDownError as exc:
+            await self._recover(str(exc))
+            tests = await self._call_all("test")
+            exports = await self._call_all("export", training=self.training)
+        self.test = {
+            ds: {k: rep.meta.get(k) for k in ("rows", "loss", "accuracy")}
+            for ds, rep in tests.items()
+        }
+        self.exports = {ds: rep.meta["path"] for ds, rep in exports.items() if rep.meta["path"]}
+
     async def _stop(self) -> None:
         """Tell the data servers, then every worker ever heard from, to stop. Workers the
         membership holds dead are told too: one that was only slow (its heartbeats late on a
@@ -704,6 +728,9 @@ class Coordinator:
             "recoveries": self.progress.recoveries,
             "on_change": self.cfg.on_change,
             "resumed": self.resumed,
+            "training": self.training,
+            "test": self.test,
+            "exports": self.exports,
             "reissued": self.ledger.reissued if self.ledger else 0,
             "refused_reports": self.ledger.refused if self.ledger else 0,
             "generation": self.ledger.generation if self.ledger else 0,

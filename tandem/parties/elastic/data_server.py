@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from tandem.errors import TransportClosedError, TransportError
@@ -30,6 +31,7 @@ from tandem.transports.base import Frame, Transport
 from . import protocol as P
 from .errors import ElasticError, ProtocolError
 from .param_server import ParamServer
+from .party_data import export_model
 from .spec import ModelSpec, Shard
 from .store import CheckpointStore
 
@@ -47,8 +49,16 @@ class DataServer:
         url: str = "",
         store: CheckpointStore | None = None,
         coordinator_wait: float = 60.0,
+        test: Shard | None = None,
+        export: str | None = None,
+        preprocessing: dict | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.t = transport
+        self.test = test
+        self.export = export
+        self.preprocessing = preprocessing
+        self.fingerprint = fingerprint
         self.store = store
         self.coordinator_wait = coordinator_wait
         self.coordinator = coordinator
@@ -184,11 +194,31 @@ class DataServer:
             if op == "eval":
                 loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
                 return {"loss": loss}, ()
+            if op == "test":
+                if self.test is None:
+                    return {"rows": 0, "loss": None, "accuracy": None}, ()
+                x, y = self.test.x, self.test.y
+                loss = await asyncio.to_thread(ps.loss, x, y)
+                accuracy = await asyncio.to_thread(ps.accuracy, x, y)
+                return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
+            if op == "export":
+                if self.export is None:
+                    return {"path": None}, ()
+                desc = await asyncio.to_thread(
+                    export_model,
+                    self.export,
+                    self.spec,
+                    list(ps.params),
+                    party=self.t.name,
+                    training=P.field(req, "training", str),
+                    preprocessing=self.preprocessing,
+                )
+                return {"path": self.export, "digest": desc["digest"]}, ()
             if op == "stop":
                 return {}, ()
         raise ProtocolError(
             f"unknown operation {op!r}; expected hello, train, fence, "
-            "checkpoint, rollback, restore, epoch, eval or stop"
+            "checkpoint, rollback, restore, epoch, eval, test, export or stop"
         )
 
     async def _host(self, index: int) -> None:
@@ -197,7 +227,14 @@ class DataServer:
             return
         self.index = index
         self.ps = await asyncio.to_thread(
-            ParamServer, self.spec, self.n_batches, offset=index * P.STRIDE, store=self.store
+            functools.partial(
+                ParamServer,
+                self.spec,
+                self.n_batches,
+                offset=index * P.STRIDE,
+                store=self.store,
+                fingerprint=self.fingerprint,
+            )
         )
 
     def _forget(self, live) -> None:

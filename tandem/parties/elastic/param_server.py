@@ -51,14 +51,17 @@ class ParamServer:
         *,
         offset: int = 0,
         store: CheckpointStore | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.spec = spec
         self.offset = offset
         self.store = store
+        self.fingerprint = fingerprint  # of the shard's data (recorded in each checkpoint)
         self.seq: int | None = None  # the durable checkpoint the in-memory one equals
         self.generation = 0
         self.epoch = 0
-        self.params = K.init_params(spec.sizes, spec.seed)
+        self.net = K.net_for(spec)
+        self.params = self.net.init_leaves(spec.seed)
         self.state = K.init_state(spec.optimizer, spec.lr, self.params)
         self.counts = np.zeros(n_batches, np.int32)
         self.applied: list[int] = []  # global ids applied since the last checkpoint
@@ -117,13 +120,12 @@ class ParamServer:
                 f"epoch {self.epoch}; refusing to apply it twice"
             )
         if len(grads) != len(self._shapes) or any(
-            tuple(g.shape) != s or g.dtype != np.float32
-            for g, s in zip(grads, self._shapes, strict=True)
+            tuple(g.shape) != s or g.dtype != d
+            for g, s, d in zip(grads, self._shapes, self.net.dtypes, strict=True)
         ):
             got = [(tuple(g.shape), str(g.dtype)) for g in grads]
-            raise ProtocolError(
-                f"gradient layout {got} does not match the model's float32 shapes {self._shapes}"
-            )
+            want = [(s, str(d)) for s, d in zip(self._shapes, self.net.dtypes, strict=True)]
+            raise ProtocolError(f"gradient layout {got} does not match the model's {want}")
         if not all(np.isfinite(g).all() for g in grads):
             raise ProtocolError(f"gradient of batch {batch_id} contains NaN or Inf; refused")
         self.params, self.state = K.apply_update(
@@ -156,6 +158,7 @@ class ParamServer:
                 "offset": self.offset,
                 "n_batches": len(self.counts),
                 "spec": self.spec.digest,
+                "fingerprint": self.fingerprint,
                 "digest": digest,
             }
             self.store.save(seq, self.leaves(), self.counts, meta)
@@ -180,6 +183,12 @@ class ParamServer:
                 f"checkpoint {seq} in {self.store.url!r} belongs to another model or shard "
                 f"(spec {ck.meta.get('spec')}, offset {ck.meta.get('offset')}; this server has "
                 f"{self.spec.digest}, {self.offset}); give each data server its own folder"
+            )
+        if ck.meta.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(
+                f"checkpoint {seq} in {self.store.url!r} was trained on other data (fingerprint "
+                f"{ck.meta.get('fingerprint')}, this data server's is {self.fingerprint}); "
+                "restart it with the data it was trained on"
             )
         self.fence(generation)
         self.load(ck.leaves)
@@ -219,4 +228,7 @@ class ParamServer:
         self.checkpoint(seq)
 
     def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        return K.loss(self.params, x, y)
+        return self.net.loss(self.params, x, y)
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float | None:
+        return self.net.accuracy(self.params, x, y)

@@ -50,19 +50,22 @@ class WorkerKilled(Exception):
 
 
 def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, list[np.ndarray]]:
-    n = 2 * (len(spec.sizes) - 1)
+    net = K.net_for(spec)
+    n = len(net.shapes)
     if len(arrays) != n + 2:
         raise ProtocolError(f"task carries {len(arrays)} arrays, expected {n} parameters + x + y")
     params, x, y = list(arrays[:n]), arrays[n], arrays[n + 1]
-    shapes = K.param_shapes(spec.sizes)
     if (
-        [tuple(p.shape) for p in params] != shapes
+        [tuple(p.shape) for p in params] != net.shapes
         or x.ndim != 2
-        or x.shape[1] != spec.sizes[0]
+        or x.shape[1] != net.in_dim
         or y.shape != (x.shape[0],)
     ):
-        raise ProtocolError(f"task arrays do not match model sizes {list(spec.sizes)}")
-    return K.loss_and_grad(params, x.astype(np.float32), y.astype(np.int32))
+        raise ProtocolError(
+            f"task arrays do not match the model (parameter shapes {net.shapes}, "
+            f"{net.in_dim} feature columns)"
+        )
+    return net.loss_and_grad(params, x.astype(np.float32), y.astype(net.label_dtype))
 
 
 class Worker:

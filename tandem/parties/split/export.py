@@ -25,7 +25,9 @@ rebuild a party from its own file alone:
 * ``"widths"``: output width of *every* stage of the topology, the other parties' included
   (the cut-layer widths, to check received tensors), e.g. ``{"bottom": 16, "top": 1}``;
 * ``"training"``: an id shared by every party's export of one training run;
-* ``"loss"``: the loss the loss stage was trained with (``"binary"``, ``"softmax"``, ``"mse"``).
+* ``"loss"``: the loss the loss stage was trained with (``"binary"``, ``"softmax"``, ``"mse"``);
+* ``"preprocessing"``: the party's fitted data preprocessing
+  (`tandem.parties.data.Preprocessing.to_json`), so prediction applies what training did.
 
 The digest also covers these fields when present.
 
@@ -58,7 +60,7 @@ FORMAT = "tandem-stages"
 VERSION = 1
 _META_KEY = "tandem"
 #: Optional top-level description fields (see the module docstring), covered by the digest.
-OPTIONAL_FIELDS = ("widths", "training", "loss")
+OPTIONAL_FIELDS = ("widths", "training", "loss", "preprocessing")
 
 
 class ExportError(EngineError):
@@ -96,11 +98,13 @@ def save_stages(
     widths: Mapping[str, int] | None = None,
     training: str | None = None,
     loss: str | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``stages`` (name -> params pytree of arrays) and their description to ``path``.
 
-    ``models`` (stage -> model spec), ``widths``, ``training`` and ``loss`` are the optional
-    fields of the module docstring; each is written only when given.
+    ``models`` (stage -> model spec), ``widths``, ``training``, ``loss`` and
+    ``preprocessing`` are the optional fields of the module docstring; each is written only
+    when given.
 
     The file is written to a temporary name and renamed, so a crash never leaves a partial
     file under ``path``. Returns the description written (including the digest).
@@ -113,6 +117,7 @@ def save_stages(
         widths=widths,
         training=training,
         loss=loss,
+        preprocessing=preprocessing,
     )
     desc["digest"] = _digest(tensors, desc)
     stored = {name: _storable(arr) for name, arr in tensors.items()}
@@ -221,6 +226,7 @@ def _flatten_all(
     widths: Mapping[str, int] | None = None,
     training: str | None = None,
     loss: str | None = None,
+    preprocessing: Mapping[str, Any] | None = None,
 ):
     if not isinstance(party, str) or not party:
         raise ExportError(f"party must be a non-empty string, got {party!r}")
@@ -284,6 +290,11 @@ def _flatten_all(
         if not isinstance(loss, str) or not loss:
             raise ExportError(f"loss must be a loss name such as 'binary', got {loss!r}")
         desc["loss"] = loss
+    if preprocessing is not None:
+        try:
+            desc["preprocessing"] = json.loads(json.dumps(preprocessing, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            raise ExportError(f"preprocessing must be JSON data: {exc}") from None
     return tensors, desc
 
 
