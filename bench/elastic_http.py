@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -173,6 +174,7 @@ class HttpCluster:
                         proc.kill()
                     await asyncio.to_thread(proc.wait)
                     _close(proc)
+                shutil.rmtree(self._dir, ignore_errors=True)
         return summary
 
 
