@@ -20,6 +20,18 @@ Reported:
   (target >= 0.9), where ``steady`` is the mean of the 4-worker throughput measured just before
   the churn run and just after it (``steady_4_after_churn``), so that load drift on a shared
   machine moves numerator and denominator alike.
+* ``churn_efficiency_rollback`` / ``churn_efficiency_keep``: one 4-worker run per
+  ``on_change`` mode, alternating steady and churn windows (``--churn-windows`` churn windows
+  of ``--window`` T; a kill as each churn window opens, a fresh worker 6 T later); each churn
+  window's efficiency is taken against the steady windows just before and after it, and the
+  median is reported (`bench.elastic_windows`; target for keep >= 0.95). ``*_raw`` is the
+  same median without the live-worker factor; ``churn_windows_*`` holds the details.
+* ``http_*``: the same measurements with every worker a separate ``tandem elastic worker``
+  process over HTTP (coordinator and data servers on HTTP transports in this process;
+  `bench.elastic_http`): ``http_throughput_4``, ``http_churn_efficiency_rollback`` and
+  ``http_churn_efficiency_keep`` (``--http-windows`` churn windows each; ``--skip-http`` to
+  leave them out). A fresh worker process compiles its kernels on its first task, a cost the
+  in-process runs (one JIT cache) do not pay.
 * ``lost_batches`` / ``duplicated_batches``: over every epoch completed in all runs, batch ids
   missing from / repeated in the committed record (both must be 0). The parameter servers also
   check at each epoch's end that each batch is reflected exactly once (the run fails if not).
@@ -33,6 +45,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # one core per computation: workers then scale by running side by side (XLA releases the GIL)
@@ -40,6 +53,7 @@ os.environ.setdefault(
     "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 )
 
+from bench.elastic_windows import efficiencies, run_windows  # noqa: E402
 from tandem.parties.elastic.local import LocalCluster  # noqa: E402
 from tandem.parties.elastic.spec import ModelSpec, make_dataset  # noqa: E402
 
@@ -117,6 +131,58 @@ async def _run(
     return out
 
 
+async def _windows(
+    mode: str, args, totals: dict, *, http: bool = False, churn_windows: int
+) -> tuple[dict, dict]:
+    """One 4-worker run alternating steady and churn windows (`bench.elastic_windows`)."""
+    shards = make_dataset(2, args.rows, SPEC, seed=0)
+    cluster: Any
+    if http:
+        from bench.elastic_http import HttpCluster
+
+        cluster = HttpCluster(
+            SPEC, shards, interval=args.interval, workers=4, spares=churn_windows, on_change=mode
+        )
+    else:
+        cluster = LocalCluster(
+            SPEC, shards, interval=args.interval, epochs=10_000, workers=4, on_change=mode
+        )
+    marks: list = []
+
+    async def script(c) -> None:
+        marks.extend(
+            await run_windows(
+                c,
+                interval=args.interval,
+                churn_windows=churn_windows,
+                window=args.window,
+                join_after=JOIN_AFTER,
+                workers=4,
+            )
+        )
+
+    summary = await cluster.run(script)
+    _audit_ids(cluster, shards, summary, totals)
+    events = list(cluster.coordinator.events)
+    result = efficiencies(events, marks, 4)
+    steady = [
+        sum(n for t, kind, n in events if kind == "commit" and w.t0 <= t < w.t1) / (w.t1 - w.t0)
+        for w in marks
+        if w.kind == "steady"
+    ]
+    return result, {"steady": sum(steady) / len(steady) if steady else 0.0, "summary": summary}
+
+
+def _audit_ids(cluster, shards, summary: dict, totals: dict) -> None:
+    ids = sorted(
+        i * (1 << 20) + b for i, s in enumerate(shards) for b in range(s.n_batches(SPEC.batch_size))
+    )
+    for epoch in summary["history"]:
+        got = epoch["committed"]
+        totals["lost"] += len(set(ids) - set(got))
+        totals["dup"] += len(got) - len(set(got))
+
+
 def _recovery(run: dict, interval: float) -> tuple[float, float | None, int]:
     ((t_kill, victim),) = run["kills"]
     removed = [t for t, kind, who in run["events"] if kind == "removed" and victim in who]
@@ -166,6 +232,25 @@ async def main(args) -> dict:
     _say(f"4 worker(s) again: {after:.1f} batches/s")
     steady = (throughput["4"] + after) / 2
     eff = churn["rate"] / ((churn["live"] / 4) * steady)
+    extra: dict[str, Any] = {}
+    n_windows = getattr(args, "churn_windows", 0)
+    if n_windows:
+        for mode in ("rollback", "keep"):
+            res, _ = await _windows(mode, args, totals, churn_windows=n_windows)
+            _say(f"churn windows, {mode}: {res}")
+            extra[f"churn_efficiency_{mode}"] = res["efficiency"]
+            extra[f"churn_efficiency_{mode}_raw"] = res["raw"]
+            extra[f"churn_windows_{mode}"] = res
+    if getattr(args, "http", False):
+        for mode in ("rollback", "keep"):
+            res, info = await _windows(
+                mode, args, totals, http=True, churn_windows=args.http_windows
+            )
+            _say(f"http churn windows, {mode}: {res}")
+            extra[f"http_churn_efficiency_{mode}"] = res["efficiency"]
+            extra[f"http_churn_efficiency_{mode}_raw"] = res["raw"]
+            extra[f"http_churn_windows_{mode}"] = res
+            extra.setdefault("http_throughput_4", round(info["steady"], 2))
     return {
         "bench": "elastic",
         "interval_s": args.interval,
@@ -179,6 +264,7 @@ async def main(args) -> dict:
         "churn_live_avg": round(churn["live"], 2),
         "churn_kills": len(churn["kills"]),
         "churn_efficiency": round(eff, 3),
+        **extra,
         "lost_batches": totals["lost"],
         "duplicated_batches": totals["dup"],
         "cpus": os.cpu_count(),
@@ -191,6 +277,10 @@ def cli() -> int:
     p.add_argument("--interval", type=float, default=0.25, help="detection interval T (s)")
     p.add_argument("--seconds", type=float, default=4.0, help="timed window per steady run")
     p.add_argument("--rows", type=int, default=4096, help="rows per shard (2 shards)")
+    p.add_argument("--churn-windows", type=int, default=5, help="churn windows per on_change mode")
+    p.add_argument("--window", type=int, default=12, help="length of each window, in T")
+    p.add_argument("--http-windows", type=int, default=5, help="churn windows over HTTP")
+    p.add_argument("--skip-http", dest="http", action="store_false", help="leave out the HTTP runs")
     args = p.parse_args()
     t = time.monotonic()
     result = asyncio.run(main(args))

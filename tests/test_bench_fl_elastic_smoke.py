@@ -51,3 +51,22 @@ async def test_bench_elastic_tiny():
     assert out["churn_kills"] >= 1
     # exactly-once holds whatever the timing
     assert out["lost_batches"] == 0 and out["duplicated_batches"] == 0, out
+
+
+@pytest.mark.slow
+async def test_bench_elastic_churn_windows_tiny():
+    """The churn-window keys, in one process and with workers as HTTP processes: one churn
+    window each, a few T long."""
+    from bench.elastic import main
+
+    args = argparse.Namespace(
+        interval=0.1, seconds=0.3, rows=512, churn_windows=1, window=4, http=True, http_windows=1
+    )
+    out = await main(args)
+    for prefix in ("", "http_"):
+        for mode in ("rollback", "keep"):
+            key = f"{prefix}churn_efficiency_{mode}"
+            assert out[key] is None or (math.isfinite(out[key]) and out[key] >= 0), (key, out)
+            assert len(out[f"{prefix}churn_windows_{mode}"]["steady_rates"]) == 2, out
+    assert out["http_throughput_4"] > 0, out
+    assert out["lost_batches"] == 0 and out["duplicated_batches"] == 0, out

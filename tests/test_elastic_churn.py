@@ -1,5 +1,9 @@
 """Elastic training under seeded random churn, in one process on the memory transport.
 
+Both answers to a membership change are checked: ``on_change = "rollback"`` (every parameter
+server returns to the last checkpoint) and ``"keep"`` (a checkpoint instead; fencing refuses
+the late results of removed workers).
+
 Hypothesis draws kills and joins at random moments: after a number of completed batches, on
 entering a detection phase (pause, checkpoint, rollback), or inside a worker (after receiving
 a task, after computing, right after pushing its result, after the data server's ack). Every
@@ -44,7 +48,7 @@ actions = st.one_of(
 plans = st.lists(st.tuples(triggers, actions), min_size=1, max_size=6)
 
 
-def run_scenario(plan) -> tuple[dict, LocalCluster]:
+def run_scenario(plan, on_change: str = "rollback") -> tuple[dict, LocalCluster]:
     armed: dict[str, str] = {}
     fired: list[bool] = [False] * len(plan)
     phases: dict[str, int] = {}
@@ -80,7 +84,13 @@ def run_scenario(plan) -> tuple[dict, LocalCluster]:
                 act(cluster, action)
 
     cluster = LocalCluster(
-        SPEC, SHARDS, interval=INTERVAL, epochs=EPOCHS, workers=3, on_phase=on_phase
+        SPEC,
+        SHARDS,
+        interval=INTERVAL,
+        epochs=EPOCHS,
+        workers=3,
+        on_change=on_change,
+        on_phase=on_phase,
     )
 
     async def script(c: LocalCluster) -> None:
@@ -167,4 +177,36 @@ def test_kill_during_push_and_detection_is_rolled_back():
     check(summary, cluster)
     assert summary["rollbacks"] >= 1
     assert summary["reissued"] >= 1
+    assert cluster.killed
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=examples(10),
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(plan=plans)
+def test_churn_keeping_progress_is_exactly_once_and_converges(plan):
+    summary, cluster = run_scenario(plan, on_change="keep")
+    check(summary, cluster)
+    assert summary["rollbacks"] == 0 and summary["on_change"] == "keep"
+
+
+def test_kill_during_push_and_detection_is_kept_not_rolled_back():
+    """The fixed scenario of the rollback test with ``on_change = "keep"``: the membership
+    changes are checkpointed, nothing is rolled back, and every batch is still committed once
+    (the worker that died after pushing has its batch committed by the parameter servers'
+    word; the late result of the one that died during the pause is refused by the fence)."""
+    plan = [
+        (("done", 3), ("chaos", 0, "pushed")),
+        (("phase", "pause", 2), ("kill", 1)),
+        (("done", 10), ("join",)),
+    ]
+    summary, cluster = run_scenario(plan, on_change="keep")
+    check(summary, cluster)
+    kept = [n for _, kind, n in cluster.coordinator.events if kind == "kept"]
+    assert summary["rollbacks"] == 0 and kept, cluster.coordinator.events
     assert cluster.killed

@@ -64,7 +64,8 @@ async def test_kill_a_client_and_the_server_training_completes_as_in_one_process
     assert summary["rounds"] == ROUNDS and summary["version"] == ROUNDS
     assert 0 < summary["resumed_at"] <= first_part  # resumed, at most the round it died in
     assert (tmp_path / "out" / "global.safetensors").exists()
-    assert (tmp_path / "out" / "global.preprocessing.json").exists()
+    exported = load_model_sync(str(tmp_path / "out" / "global.safetensors"))
+    assert exported.data is not None and exported.data["preprocessing"] is not None
     assert refused[0] == 2 and "refused 'mallory'" in refused[2], refused[2][-2000:]
     for c, (crc, cres, cerr) in results.items():
         assert crc == 0 and cres is not None, f"{c}: {cerr[-2000:]}"

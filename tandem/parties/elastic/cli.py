@@ -1,6 +1,6 @@
 """``tandem elastic ...``: the three roles over HTTP, a one-process demo, and example data.
 
-    tandem elastic prepare --out DIR            # model.json + shard0.npz, shard1.npz
+    tandem elastic prepare --out DIR            # model.json, shard0/1.npz, part0/1.csv
     tandem elastic coordinator --config coordinator.toml [--summary out.json]
     tandem elastic data-server --config ds0.toml
     tandem elastic worker --config w0.toml
@@ -20,12 +20,15 @@ import json
 import logging
 import sys
 import tomllib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tandem._extras import needs, require
 from tandem.errors import TandemError
 
 from .errors import ConfigError, NotWelcomedError
+
+if TYPE_CHECKING:
+    from .party_data import PartyShard
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,12 @@ def register(sub) -> None:
     d.add_argument("--interval", type=float, default=0.1, help="detection interval T (s)")
     d.add_argument(
         "--churn", action="store_true", help="kill a worker and add a new one during training"
+    )
+    d.add_argument(
+        "--on-change",
+        choices=("rollback", "keep"),
+        default="rollback",
+        help="what a membership change does (docs/elastic.md)",
     )
     d.add_argument("--quiet", action="store_true")
     d.add_argument("--plot", metavar="PNG", help="save the loss per epoch and the detections")
@@ -143,6 +152,10 @@ async def _coordinator(args) -> int:
                 "workers": dict,
                 "roster": str,
                 "admit_workers": bool,
+                "on_change": str,
+                "call_timeout": float,
+                "recover_timeout": float,
+                "journal": str,
             },
         )
         admit = cfg.get("admit_workers", "secret" in cfg)
@@ -160,6 +173,10 @@ async def _coordinator(args) -> int:
             drain=cfg.get("drain"),
             epochs=cfg.get("epochs", 1),
             min_workers=cfg.get("min_workers", 1),
+            on_change=cfg.get("on_change", "rollback"),
+            call_timeout=float(cfg.get("call_timeout", 60.0)),
+            recover_timeout=float(cfg.get("recover_timeout", 120.0)),
+            journal=cfg.get("journal"),
         )
     except TandemError as exc:
         return _fail(exc)
@@ -212,7 +229,7 @@ async def _coordinator(args) -> int:
     summary["events"] = [
         (t_, kind, detail)
         for t_, kind, detail in coord.events
-        if kind in ("removed", "joined", "rollback", "epoch")
+        if kind in ("removed", "joined", "rollback", "epoch", "recover", "resumed", "kept")
     ]
     if args.summary:
         with open(args.summary, "w") as f:
@@ -220,39 +237,98 @@ async def _coordinator(args) -> int:
     result = {
         "epochs": summary["epochs"],
         "rollbacks": summary["rollbacks"],
+        "recoveries": summary["recoveries"],
         "initial_loss": round(summary["initial_loss"], 4),
         "final_loss": round(summary["history"][-1]["loss"], 4),
     }
+    if summary["resumed"] is not None:
+        result["resumed"] = summary["resumed"]
+    tested = [t for t in summary["test"].values() if t["accuracy"] is not None and t["rows"]]
+    if tested:  # over every data server's test rows
+        right = sum(t["accuracy"] * t["rows"] for t in tested)
+        result["test_accuracy"] = round(right / sum(t["rows"] for t in tested), 4)
+    if summary["exports"]:
+        result["exports"] = summary["exports"]
     print(json.dumps(result), flush=True)
     return 0
 
 
 async def _data_server(args) -> int:
     from .data_server import DataServer
+    from .party_data import load_party_shard
     from .spec import load_shard, load_spec
+    from .store import CheckpointStore
 
     _logging(args)
+    party: PartyShard | None = None
     try:
         cfg = load_config(
             args.config,
-            {"name": str, "coordinator": str, "model": str, "shard": str},
-            {**_TRANSPORT_KEYS, "coordinator_name": str},
+            {"name": str, "coordinator": str},
+            {
+                **_TRANSPORT_KEYS,
+                "model": object,  # an fsspec URL (with shard), or a [model] table (with [data])
+                "shard": str,
+                "data": dict,
+                "train": dict,
+                "export": str,
+                "coordinator_name": str,
+                "checkpoints": str,
+                "coordinator_wait": float,
+            },
         )
-        spec = load_spec(cfg["model"])
-        shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
+        if "data" in cfg:
+            if "shard" in cfg or not isinstance(cfg.get("model"), dict):
+                raise ConfigError(
+                    f"config {args.config!r}: with [data], describe the model in a [model] "
+                    "table (docs/models.md) and leave out shard"
+                )
+            party = await asyncio.to_thread(load_party_shard, cfg, path=args.config)
+            spec, shard = party.spec, party.train
+        elif isinstance(cfg.get("model"), str) and "shard" in cfg:
+            if "train" in cfg:
+                raise ConfigError(
+                    f"config {args.config!r}: [train] goes with [data] and [model]; a model "
+                    "description file holds its own training settings"
+                )
+            spec = load_spec(cfg["model"])
+            shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
+        else:
+            raise ConfigError(
+                f"config {args.config!r}: give the shard as [data] + [model] tables (the shared "
+                "data and model contract, docs/data.md and docs/models.md), or as model = "
+                '"<model description URL>" + shard = "<.npz URL>"'
+            )
+        store = CheckpointStore(cfg["checkpoints"]) if "checkpoints" in cfg else None
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
     async with _http(cfg, {coord: cfg["coordinator"]}) as t:
         ds = DataServer(
-            t, coordinator=coord, spec=spec, shard=shard, url=cfg.get("advertise_url", t.url)
+            t,
+            coordinator=coord,
+            spec=spec,
+            shard=shard,
+            url=cfg.get("advertise_url", t.url),
+            store=store,
+            coordinator_wait=float(cfg.get("coordinator_wait", 60.0)),
+            test=party.test if party else None,
+            export=cfg.get("export"),
+            preprocessing=party.preprocessing if party else None,
+            fingerprint=party.fingerprint if party else None,
         )
         print(
             f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
             file=sys.stderr,
             flush=True,
         )
-        await ds.run()
+        failed: list[Exception] = []
+        try:
+            await ds.run()
+        except* TandemError as group:
+            failed.extend(group.exceptions)
+        if failed:
+            return _fail(failed[0])
     return 0
 
 
@@ -302,9 +378,23 @@ async def _prepare(args) -> int:
     with fsspec.open(f"{out}/model.json", "w") as f:
         json.dump(spec.to_dict(), f)
     shards = [f"{out}/shard{i}.npz" for i in range(args.shards)]
-    for shard, url in zip(make_dataset(args.shards, args.rows, spec), shards, strict=True):
+    tables = [f"{out}/part{i}.csv" for i in range(args.shards)]
+    made = make_dataset(args.shards, args.rows, spec)
+    for i, (shard, url) in enumerate(zip(made, shards, strict=True)):
         save_shard(shard, url)
-    print(json.dumps({"model": f"{out}/model.json", "shards": shards, "rows": args.rows}))
+        # the same rows as a table for the [data] form (docs/data.md)
+        header = ",".join(["id", *(f"f{j}" for j in range(shard.x.shape[1])), "label"])
+        lines = [header] + [
+            ",".join([f"s{i}r{r}", *(f"{v:.6g}" for v in shard.x[r]), str(int(shard.y[r]))])
+            for r in range(len(shard.y))
+        ]
+        with fsspec.open(tables[i], "w") as f:
+            f.write("\n".join(lines) + "\n")
+    print(
+        json.dumps(
+            {"model": f"{out}/model.json", "shards": shards, "tables": tables, "rows": args.rows}
+        )
+    )
     return 0
 
 
@@ -354,6 +444,7 @@ async def _demo(args) -> int:
         interval=args.interval,
         epochs=args.epochs,
         workers=args.workers,
+        on_change=args.on_change,
         on_progress=progress,
     )
 

@@ -9,11 +9,25 @@ Loop (every ``interval`` T seconds):
    seconds, less if a busy worker stopped beating).
 3. **Detect** (`Membership.detect`). Unchanged: fence every data server at generation g+1,
    merge the replicas (mean of parameters and float optimizer state), checkpoint, and commit in
-   the ledger exactly the batches the parameter servers hold. Changed: roll every parameter
-   server back to the last checkpoint at generation g+1; every uncommitted batch is issued
-   again. Results stamped g are refused from then on.
+   the ledger exactly the batches the parameter servers hold. Changed, with ``on_change =
+   "rollback"``: roll every parameter server back to the last checkpoint at generation g+1;
+   every uncommitted batch is issued again. Changed, with ``on_change = "keep"``: checkpoint as
+   if unchanged (fencing already refuses the late results of a removed worker). Results
+   stamped g are refused from then on.
 4. When every batch of the epoch is committed, each data server closes the epoch, checking that
    its parameters reflect each of its batches exactly once.
+
+**Durability** (with a `Journal`): every checkpoint has a sequence number ``seq``. The data
+servers first write checkpoint ``seq`` durably (two-phase: prepared), then the coordinator
+appends the commit (``seq``, generation, epoch, the batch ids) to its journal and only then
+commits it in the ledger. A coordinator restarted after ``kill -9`` replays its journal and
+restores every data server to the journal's ``seq``, so a checkpoint written but not yet
+journaled is discarded and its batches issued again: each batch stays committed exactly once.
+
+**Data server failures.** A data server that does not answer (killed, restarted, unreachable
+for ``call_timeout``) stops the round: the coordinator waits up to ``recover_timeout`` for every
+data server to answer, restores them all to the last committed checkpoint at a new generation
+(a restarted one reads it from its store), and issues every uncommitted batch again.
 
 ``events`` records (time, kind, detail) for observers (tests, the benchmark); ``on_phase`` is
 called on every phase change with the phase name.
@@ -27,6 +41,7 @@ import dataclasses
 import itertools
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,18 +51,28 @@ from tandem.errors import TransportError
 from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
-from .errors import ConfigError, ElasticError
+from .errors import ConfigError, DataServerDownError, ElasticError, JournalError
+from .journal import Journal, JournalState
 from .ledger import Ledger
-from .membership import Membership
+from .membership import Detection, Membership
 
 log = logging.getLogger(__name__)
+
+
+#: What a membership change does: roll back to the last checkpoint, or checkpoint and go on.
+ON_CHANGE = ("rollback", "keep")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class CoordinatorConfig:
     """``interval``: detection period T (s). ``timeout``: heartbeat silence that removes a
     worker (default 1.5 T). ``drain``: longest pause waiting for in-flight batches (default
-    T / 2). ``call_timeout``: longest wait for a data server's reply."""
+    T / 2). ``call_timeout``: longest wait for a data server's reply (after which it counts
+    as down); the first ``hello`` waits at least 60 s for data servers still starting.
+    ``on_change``: what a membership change does, ``"rollback"`` or ``"keep"`` (module
+    docstring). ``recover_timeout``: longest wait for data servers to come back after one went
+    down. ``journal``: local path of the write-ahead journal (None: progress lives in memory
+    only and a restarted coordinator starts afresh)."""
 
     data_servers: tuple[str, ...]
     data_server_urls: tuple[tuple[str, str], ...] = ()
@@ -57,6 +82,9 @@ class CoordinatorConfig:
     epochs: int = 1
     min_workers: int = 1
     call_timeout: float = 60.0
+    on_change: str = "rollback"
+    recover_timeout: float = 120.0
+    journal: str | None = None
 
     def __post_init__(self) -> None:
         if not self.data_servers:
@@ -67,6 +95,13 @@ class CoordinatorConfig:
             raise ConfigError(f"detection interval must be > 0 s, got {self.interval!r}")
         if self.epochs < 1 or self.min_workers < 0:
             raise ConfigError("epochs must be >= 1 and min_workers >= 0")
+        if self.on_change not in ON_CHANGE:
+            raise ConfigError(
+                f"on_change is {self.on_change!r}; choose one of {', '.join(ON_CHANGE)} "
+                "(docs/elastic.md says when each is right)"
+            )
+        if not (self.call_timeout > 0 and self.recover_timeout > 0):
+            raise ConfigError("call_timeout and recover_timeout must be > 0 s")
 
     @property
     def heartbeat_timeout(self) -> float:
@@ -86,6 +121,7 @@ class Progress:
     generation: int = 0
     checkpoints: int = 0
     rollbacks: int = 0
+    recoveries: int = 0
     loss: float | None = None
 
 
@@ -121,6 +157,13 @@ class Coordinator:
         self._ckpt_digest: dict[str, str] = {}
         self._stop_requested = False
         self.initial_loss: float | None = None
+        self.journal = Journal(config.journal) if config.journal else None
+        self.resumed: dict[str, Any] | None = None  # what a restart found in the journal
+        self._seq = 0  # the last committed checkpoint every data server holds
+        self._down: set[str] = set()  # data servers that failed a request this round
+        self.training = uuid.uuid4().hex  # the run's id (kept across restarts by the journal)
+        self.test: dict[str, dict[str, Any]] = {}
+        self.exports: dict[str, str] = {}
 
     @property
     def _ready_ledger(self) -> Ledger:
@@ -138,37 +181,68 @@ class Coordinator:
         self.events.append((self.clock(), kind, detail))
 
     async def _call(self, ds: str, op: str, arrays=(), **meta) -> Frame:
+        """Send request ``op`` to ``ds`` and return its reply. `DataServerDownError` when it does
+        not answer in time or answers that it hosts nothing (it restarted); `ElasticError`
+        when it refuses the request."""
         req = next(self._req)
         fut = asyncio.get_running_loop().create_future()
         self._replies[req] = (ds, fut)
+        wait = max(self.cfg.call_timeout, 60.0) if op == "hello" else self.cfg.call_timeout
         try:
-            await self.t.send(
-                ds, P.CTL, Frame(meta={"op": op, "req": req, **meta}, arrays=tuple(arrays))
-            )
-            async with asyncio.timeout(self.cfg.call_timeout):
+            async with asyncio.timeout(wait):
+                await self.t.send(
+                    ds, P.CTL, Frame(meta={"op": op, "req": req, **meta}, arrays=tuple(arrays))
+                )
                 rep = await fut
         except TimeoutError:
-            raise ElasticError(
-                f"data server {ds!r} did not answer {op!r} within "
-                f"{self.cfg.call_timeout} s; is it running?"
+            raise DataServerDownError(
+                f"data server {ds!r} did not answer {op!r} within {wait:g} s; is it running?"
             ) from None
+        except TransportError as exc:
+            raise DataServerDownError(f"data server {ds!r} is unreachable: {exc}") from None
         finally:
             self._replies.pop(req, None)
         if not rep.meta.get("ok"):
+            if rep.meta.get("hosted") is False:
+                raise DataServerDownError(
+                    f"data server {ds!r} restarted (it hosts no parameter server): "
+                    f"{rep.meta.get('error')}"
+                )
             raise ElasticError(f"data server {ds!r} failed {op!r}: {rep.meta.get('error')}")
         return rep
 
     async def _call_all(
         self, op: str, per_ds: Callable[[str], dict] | None = None, arrays=(), **meta
     ) -> dict[str, Frame]:
+        """``op`` on every data server at once. Raises one error, not a group: a refusal
+        (`ElasticError`) before `DataServerDownError`, so a real failure is never mistaken for
+        a restart."""
+
+        async def one(ds: str) -> Frame | ElasticError:
+            try:
+                return await self._call(ds, op, arrays, **meta, **(per_ds(ds) if per_ds else {}))
+            except ElasticError as exc:
+                return exc
+
         async with asyncio.TaskGroup() as tg:
-            tasks = {
-                ds: tg.create_task(
-                    self._call(ds, op, arrays, **meta, **(per_ds(ds) if per_ds else {}))
+            tasks = {ds: tg.create_task(one(ds)) for ds in self.cfg.data_servers}
+        out: dict[str, Frame] = {}
+        errors: list[ElasticError] = []
+        for ds, task in tasks.items():
+            result = task.result()
+            if isinstance(result, ElasticError):
+                errors.append(result)
+            else:
+                out[ds] = result
+        if errors:
+            down = [e for e in errors if isinstance(e, DataServerDownError)]
+            if len(down) == len(errors):
+                self._down.update(
+                    ds for ds, t in tasks.items() if isinstance(t.result(), DataServerDownError)
                 )
-                for ds in self.cfg.data_servers
-            }
-        return {ds: task.result() for ds, task in tasks.items()}
+                raise down[0]
+            raise next(e for e in errors if not isinstance(e, DataServerDownError))
+        return out
 
     async def _replies_from(self, ds: str) -> None:
         while True:
@@ -177,8 +251,12 @@ class Coordinator:
             except TransportError as exc:  # the data server is gone: fail its pending calls
                 for who, fut in self._replies.values():
                     if who == ds and not fut.done():
-                        fut.set_exception(ElasticError(f"data server {ds!r} is gone: {exc}"))
-                return
+                        fut.set_exception(DataServerDownError(f"data server {ds!r} is gone: {exc}"))
+                # a restarted data server speaks again at the same address
+                if P.cancelled_meanwhile():
+                    return
+                await asyncio.sleep(self.cfg.interval / 4)
+                continue
             req = rep.meta.get("req")
             pending = self._replies.get(req) if isinstance(req, int) else None
             if pending is not None and not pending[1].done():
@@ -251,6 +329,7 @@ class Coordinator:
                 await self._hello()
                 helpers.append(tg.create_task(self._discover(tg)))
                 await self._train()
+                await self._finish()
                 await self._stop()
             finally:
                 for task in helpers:
@@ -273,11 +352,66 @@ class Coordinator:
                 "point every data server at the same model URL"
             )
         self._n_batches = {ds: int(rep.meta["n_batches"]) for ds, rep in reps.items()}
+        spec = next(iter(specs.values()))
+        state = await asyncio.to_thread(self.journal.open) if self.journal else None
+        if state is not None:
+            gen = max([state.generation, *(int(r.meta["generation"]) for r in reps.values())])
+            await self._resume(state, spec, gen)
+            return
         self.ledger = ledger = Ledger(self._batches())
         self.progress.total = ledger.total
-        self._remember(await self._call_all("checkpoint"))
+        self._remember(await self._call_all("checkpoint", seq=0))
         losses = await self._call_all("eval")
         self.initial_loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
+        await self._journal(
+            {
+                "kind": "start",
+                "data_servers": list(self.cfg.data_servers),
+                "n_batches": self._n_batches,
+                "spec": spec,
+                "seq": 0,
+                "digests": self._ckpt_digest,
+                "initial_loss": self.initial_loss,
+                "training": self.training,
+            }
+        )
+
+    async def _journal(self, record: dict[str, Any]) -> None:
+        if self.journal is not None:
+            await asyncio.to_thread(self.journal.append, record)
+
+    async def _resume(self, state: JournalState, spec: str, generation: int) -> None:
+        """Continue the run the journal records: the ledger as committed, every data server
+        restored to the journal's checkpoint."""
+        start = state.start
+        if (
+            start.get("data_servers") != list(self.cfg.data_servers)
+            or start.get("spec") != spec
+            or start.get("n_batches") != self._n_batches
+        ):
+            raise JournalError(
+                f"journal {self.cfg.journal!r} records another run (data servers "
+                f"{start.get('data_servers')}, model {start.get('spec')}, batches "
+                f"{start.get('n_batches')}; now {list(self.cfg.data_servers)}, {spec}, "
+                f"{self._n_batches}); move it away to start afresh, or restore that run's setup"
+            )
+        self.ledger = ledger = Ledger(self._batches(), generation=generation, epoch=state.epoch)
+        ledger.restore(state.committed)
+        self.progress.total = ledger.total
+        self.history = list(state.history)
+        self.initial_loss = float(start["initial_loss"])
+        self.training = str(start.get("training", self.training))
+        self._seq = state.seq
+        self._ckpt_digest = dict(state.digests)
+        self.resumed = {
+            "epoch": state.epoch,
+            "committed": len(state.committed),
+            "seq": state.seq,
+            "epochs_done": len(state.history),
+        }
+        self._event("resumed", dict(self.resumed))
+        log.info("resuming from journal %s: %s", self.cfg.journal, self.resumed)
+        await self._recover("the coordinator restarted")
 
     def _batches(self) -> dict[str, list[int]]:
         return {
@@ -311,6 +445,8 @@ class Coordinator:
 
     async def _train(self) -> None:
         cfg, ledger = self.cfg, self._ready_ledger
+        if len(self.history) >= cfg.epochs:  # resumed after the last epoch closed
+            return
         while len(self.membership.live) < max(cfg.min_workers, 1) or not self.membership.live:
             self._set_phase("waiting")
             await self._wait(cfg.interval)
@@ -321,7 +457,7 @@ class Coordinator:
             end = self.clock() + cfg.interval
             while self.clock() < end and not ledger.drained:
                 for ds, meta in self._dispatch():
-                    await self.t.send(ds, P.CTL, Frame(meta=meta))
+                    await self._request_training(ds, meta)
                 await self._wait(end - self.clock())
             self._set_phase("pause")
             end = self.clock() + cfg.drain_time
@@ -332,46 +468,144 @@ class Coordinator:
                     break
                 await self._wait(min(end - self.clock(), cfg.interval / 10))
             det = self.membership.detect(self.clock())
-            if det.changed:
-                await self._rollback(det)
-            else:
-                await self._checkpoint()
+            try:
+                if self._down:
+                    raise DataServerDownError(f"data server(s) {sorted(self._down)} failed")
+                if det.changed and cfg.on_change == "rollback":
+                    await self._rollback(det)
+                else:
+                    await self._checkpoint(det)
+            except DataServerDownError as exc:
+                await self._recover(str(exc))
             self._report()
             if self._stop_requested:
                 return
             if ledger.done:
-                if not await self._close_epoch():
+                try:
+                    more = await self._close_epoch()
+                except DataServerDownError as exc:
+                    await self._recover(str(exc))
+                    continue
+                if not more:
                     return
+
+    async def _request_training(self, ds: str, meta: dict[str, Any]) -> None:
+        """Ask ``ds`` to send a batch to a worker; a data server that cannot be reached is
+        marked down (the detection then recovers) instead of stalling the round."""
+        if ds in self._down:
+            return
+        try:
+            async with asyncio.timeout(self.cfg.call_timeout):
+                await self.t.send(ds, P.CTL, Frame(meta=meta))
+        except (TransportError, TimeoutError) as exc:
+            log.warning("data server %s unreachable: %s", ds, exc)
+            self._down.add(ds)
 
     def request_stop(self) -> None:
         """Finish after the next detection (checkpoint or rollback), even mid-epoch."""
         self._stop_requested = True
         self._wake.set()
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, det: Detection | None = None) -> None:
+        """Fence, merge and checkpoint; journal the commit, then commit it in the ledger.
+        With a membership change (``on_change = "keep"``) the removed workers are forgotten
+        first; their late results are refused by the fence."""
         self._set_phase("checkpoint")
         ledger = self._ready_ledger
+        fence: dict[str, Any] = {}
+        if det is not None and det.changed:
+            self._membership_changed(det)
+            fence["live"] = sorted(det.live)
         gen = ledger.generation + 1
+        seq = self._seq + 1
         merge = len(self.cfg.data_servers) > 1
-        fenced = await self._call_all("fence", gen=gen, export=merge)
+        fenced = await self._call_all("fence", gen=gen, export=merge, **fence)
         applied = [b for rep in fenced.values() for b in rep.meta["applied"]]
         merged: Sequence[np.ndarray] = ()
         if merge:
             merged = await asyncio.to_thread(_mean, [rep.arrays for rep in fenced.values()])
-        reps = await self._call_all("checkpoint", arrays=merged)
+        reps = await self._call_all("checkpoint", arrays=merged, seq=seq)
         self._check_replicas(reps)
+        digests = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        await self._journal(
+            {
+                "kind": "commit",
+                "seq": seq,
+                "generation": gen,
+                "epoch": ledger.epoch,
+                "batches": applied,
+                "digests": digests,
+            }
+        )
+        self._seq = seq
         self._remember(reps)
         committed = ledger.checkpoint(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
+        if det is not None and det.changed:
+            self._event("kept", len(committed))
 
-    async def _rollback(self, det) -> None:
-        self._set_phase("rollback")
-        ledger = self._ready_ledger
+    def _membership_changed(self, det: Detection) -> None:
         self._event("removed", sorted(det.left))
         self._event("joined", sorted(det.joined))
         for worker in det.left:
             self._busy.pop(worker, None)
+
+    async def _recover(self, reason: str) -> None:
+        """Wait for every data server, restore them all to the last committed checkpoint at a
+        new generation, and issue every uncommitted batch again (module docstring)."""
+        self._set_phase("recover")
+        ledger = self._ready_ledger
+        log.warning("recovering the data servers (%s)", reason)
+        self._event("recover_start", reason)
+        gen = ledger.generation + 1
+        deadline = self.clock() + self.cfg.recover_timeout
+        while True:
+            try:
+                reps = await self._call_all(
+                    "restore",
+                    per_ds=lambda ds: {"index": self.cfg.data_servers.index(ds)},
+                    seq=self._seq,
+                    gen=gen,
+                    live=sorted(self.membership.live),
+                )
+                break
+            except DataServerDownError as exc:
+                if self.clock() > deadline:
+                    raise ElasticError(
+                        f"data servers did not all come back within {self.cfg.recover_timeout:g}"
+                        f" s ({exc}); restart them with the same checkpoints URL, or raise "
+                        "recover_timeout"
+                    ) from None
+                await asyncio.sleep(self.cfg.interval)
+        self._check_replicas(reps)
+        for ds, rep in reps.items():
+            if int(rep.meta["n_batches"]) != self._n_batches.get(ds):
+                raise ElasticError(
+                    f"data server {ds!r} came back with {rep.meta['n_batches']} batches, not "
+                    f"{self._n_batches.get(ds)}: it was restarted with other data"
+                )
+        back = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self._event("rollback_digests", back)
+        wrong = [ds for ds, d in back.items() if d != self._ckpt_digest.get(ds)]
+        if wrong:
+            raise ElasticError(
+                f"data server(s) {wrong} did not restore checkpoint {self._seq} bit for bit"
+            )
+        self._busy.clear()
+        self._down.clear()
+        # the rollback digests are counted as rollbacks by observers: keep the counts in step
+        n = ledger.rollback()
+        if ledger.generation != gen:
+            raise ElasticError(f"ledger generation {ledger.generation} != restore's {gen}")
+        self.progress.rollbacks += 1
+        self.progress.recoveries += 1
+        self._event("recover", n)
+
+    async def _rollback(self, det: Detection) -> None:
+        self._set_phase("rollback")
+        ledger = self._ready_ledger
+        self._membership_changed(det)
         gen = ledger.generation + 1
         reps = await self._call_all("rollback", gen=gen, live=sorted(det.live))
         self._check_replicas(reps)
@@ -408,9 +642,22 @@ class Coordinator:
     async def _close_epoch(self) -> bool:
         self._set_phase("epoch")
         ledger = self._ready_ledger
-        self._remember(await self._call_all("epoch"))
+        seq = self._seq + 1
+        reps = await self._call_all("epoch", seq=seq)
         losses = await self._call_all("eval")
         loss = float(np.mean([rep.meta["loss"] for rep in losses.values()]))
+        await self._journal(
+            {
+                "kind": "epoch",
+                "seq": seq,
+                "epoch": ledger.epoch,
+                "loss": loss,
+                "generation": ledger.generation,
+                "digests": {ds: rep.meta["digest"] for ds, rep in reps.items()},
+            }
+        )
+        self._seq = seq
+        self._remember(reps)
         self.history.append(
             {
                 "epoch": ledger.epoch,
@@ -433,6 +680,23 @@ class Coordinator:
         p.epoch, p.committed = ledger.epoch, len(ledger.committed)
         p.live, p.generation = len(self.membership.live), ledger.generation
         self.on_progress(p)
+
+    async def _finish(self) -> None:
+        """Evaluate the trained model on every data server's test rows and have each data
+        server that is configured to export it write the export."""
+        self._set_phase("finish")
+        try:
+            tests = await self._call_all("test")
+            exports = await self._call_all("export", training=self.training)
+        except DataServerDownError as exc:
+            await self._recover(str(exc))
+            tests = await self._call_all("test")
+            exports = await self._call_all("export", training=self.training)
+        self.test = {
+            ds: {k: rep.meta.get(k) for k in ("rows", "loss", "accuracy")}
+            for ds, rep in tests.items()
+        }
+        self.exports = {ds: rep.meta["path"] for ds, rep in exports.items() if rep.meta["path"]}
 
     async def _stop(self) -> None:
         """Tell the data servers, then every worker ever heard from, to stop. Workers the
@@ -461,6 +725,12 @@ class Coordinator:
             "initial_loss": self.initial_loss,
             "checkpoints": self.progress.checkpoints,
             "rollbacks": self.progress.rollbacks,
+            "recoveries": self.progress.recoveries,
+            "on_change": self.cfg.on_change,
+            "resumed": self.resumed,
+            "training": self.training,
+            "test": self.test,
+            "exports": self.exports,
             "reissued": self.ledger.reissued if self.ledger else 0,
             "refused_reports": self.ledger.refused if self.ledger else 0,
             "generation": self.ledger.generation if self.ledger else 0,

@@ -7,22 +7,33 @@ Contract:
 * A result is applied only if it answers the task this server sent to that worker for that
   batch in the current generation; anything else is refused with an ``ACK`` saying why, and
   the server keeps serving.
-* Parameter-server operations (apply, fence, checkpoint, rollback, merge) are serialised by
-  one lock and run off the event loop (``asyncio.to_thread``).
+* Parameter-server operations (apply, fence, checkpoint, rollback, restore, merge) are
+  serialised by one lock and run off the event loop (``asyncio.to_thread``).
+* With a `CheckpointStore`, each ``checkpoint`` and ``epoch`` request's ``seq`` is written
+  durably before the reply; ``restore`` returns to checkpoint ``seq`` (a process restarted
+  after ``kill -9`` is told its shard index there too, so it needs no ``hello``).
+* A request it cannot serve before ``hello``/``restore`` is answered ``hosted: false``: the
+  coordinator takes that as a restarted data server and recovers.
+* If the coordinator goes away (killed, restarting), the data server waits up to
+  ``coordinator_wait`` seconds for a coordinator to speak again at the same address, then
+  stops with `ElasticError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
-from tandem.errors import TransportError
+from tandem.errors import TransportClosedError, TransportError
 from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
 from .errors import ElasticError, ProtocolError
 from .param_server import ParamServer
+from .party_data import export_model
 from .spec import ModelSpec, Shard
+from .store import CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +47,20 @@ class DataServer:
         spec: ModelSpec,
         shard: Shard,
         url: str = "",
+        store: CheckpointStore | None = None,
+        coordinator_wait: float = 60.0,
+        test: Shard | None = None,
+        export: str | None = None,
+        preprocessing: dict | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         self.t = transport
+        self.test = test
+        self.export = export
+        self.preprocessing = preprocessing
+        self.fingerprint = fingerprint
+        self.store = store
+        self.coordinator_wait = coordinator_wait
         self.coordinator = coordinator
         self.spec = spec
         self.shard = shard
@@ -76,7 +99,7 @@ class DataServer:
     async def _serve(self, tg: asyncio.TaskGroup) -> None:
         """Answer the coordinator's requests; worker tasks and listeners run in ``tg``."""
         while True:
-            req = await self.t.recv(self.coordinator, P.CTL)
+            req = await self._next_request()
             op = req.meta.get("op")
             try:
                 reply, arrays = await self._handle(op, req, tg)
@@ -84,23 +107,48 @@ class DataServer:
                 reply, arrays = {"ok": False, "error": str(exc)}, ()
             if reply is None:
                 continue
-            await self.t.send(
-                self.coordinator,
-                P.REPLY,
-                Frame(
-                    meta={"req": req.meta.get("req", -1), "ok": True, **reply}, arrays=tuple(arrays)
-                ),
-            )
+            meta = {"req": req.meta.get("req", -1), "ok": True, "hosted": self.ps is not None}
+            try:
+                await self.t.send(
+                    self.coordinator, P.REPLY, Frame(meta={**meta, **reply}, arrays=tuple(arrays))
+                )
+            except TransportError as exc:  # the coordinator died meanwhile; it will ask again
+                log.info("%s: cannot reply %r: %s", self.t.name, op, exc)
             if op == "stop":
                 return
 
+    async def _next_request(self) -> Frame:
+        """The coordinator's next request; waits out a coordinator restart (module docstring)."""
+        lost_since: float | None = None
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                return await self.t.recv(self.coordinator, P.CTL)
+            except TransportClosedError as exc:
+                if getattr(self.t, "closed", False) or P.cancelled_meanwhile():
+                    raise
+                now = loop.time()
+                if lost_since is None:
+                    lost_since = now
+                    log.warning("%s: coordinator gone (%s); waiting for it", self.t.name, exc)
+                if now - lost_since > self.coordinator_wait:
+                    raise ElasticError(
+                        f"{self.t.name}: the coordinator has been gone for more than "
+                        f"{self.coordinator_wait:g} s; restart it (it resumes from its journal) "
+                        "or raise coordinator_wait"
+                    ) from None
+                await asyncio.sleep(min(0.2, self.coordinator_wait / 10))
+
     async def _handle(self, op, req: Frame, tg: asyncio.TaskGroup):
+        if op in ("hello", "restore"):
+            await self._host(P.field(req, "index", int))
         if op == "hello":
-            self.index = P.field(req, "index", int)
-            self.ps = await asyncio.to_thread(
-                ParamServer, self.spec, self.n_batches, offset=self.index * P.STRIDE
-            )
-            return {"n_batches": self.n_batches, "spec": self.spec.digest}, ()
+            ps, _ = self._hosted(op)
+            return {
+                "n_batches": self.n_batches,
+                "spec": self.spec.digest,
+                "generation": ps.generation,
+            }, ()
         ps, index = self._hosted(op)
         if op == "train":
             self._train(req, ps, index, tg)
@@ -110,13 +158,26 @@ class DataServer:
                 gen = P.field(req, "gen", int)
                 applied = ps.fence(gen)
                 self._assigned.clear()
+                if "live" in req.meta:
+                    self._forget(req.meta["live"])
                 arrays = ps.leaves() if req.meta.get("export") else ()
                 return {"applied": applied}, arrays
             if op == "checkpoint":
                 if req.arrays:
                     await asyncio.to_thread(ps.load, list(req.arrays))
-                digest = await asyncio.to_thread(ps.checkpoint)
+                digest = await asyncio.to_thread(ps.checkpoint, _seq(req))
                 return {"digest": digest, "model": ps.model_digest()}, ()
+            if op == "restore":
+                seq, gen = P.field(req, "seq", int), P.field(req, "gen", int)
+                self._assigned.clear()
+                digest = await asyncio.to_thread(ps.restore, seq, gen)
+                self._forget(req.meta.get("live", []))
+                return {
+                    "digest": digest,
+                    "model": ps.model_digest(),
+                    "n_batches": self.n_batches,
+                    "spec": self.spec.digest,
+                }, ()
             if op == "rollback":
                 gen = P.field(req, "gen", int)
                 self._assigned.clear()
@@ -124,7 +185,7 @@ class DataServer:
                 self._forget(req.meta.get("live", []))
                 return {"digest": digest, "model": ps.model_digest()}, ()
             if op == "epoch":
-                await asyncio.to_thread(ps.new_epoch, self.n_batches)
+                await asyncio.to_thread(ps.new_epoch, self.n_batches, _seq(req))
                 return {
                     "epoch": ps.epoch,
                     "digest": ps.digest(),
@@ -133,11 +194,48 @@ class DataServer:
             if op == "eval":
                 loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
                 return {"loss": loss}, ()
+            if op == "test":
+                if self.test is None:
+                    return {"rows": 0, "loss": None, "accuracy": None}, ()
+                x, y = self.test.x, self.test.y
+                loss = await asyncio.to_thread(ps.loss, x, y)
+                accuracy = await asyncio.to_thread(ps.accuracy, x, y)
+                return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
+            if op == "export":
+                if self.export is None:
+                    return {"path": None}, ()
+                desc = await asyncio.to_thread(
+                    export_model,
+                    self.export,
+                    self.spec,
+                    list(ps.params),
+                    party=self.t.name,
+                    training=P.field(req, "training", str),
+                    preprocessing=self.preprocessing,
+                    fingerprint=self.fingerprint,
+                )
+                return {"path": self.export, "digest": desc["digest"]}, ()
             if op == "stop":
                 return {}, ()
         raise ProtocolError(
             f"unknown operation {op!r}; expected hello, train, fence, "
-            "checkpoint, rollback, epoch, eval or stop"
+            "checkpoint, rollback, restore, epoch, eval, test, export or stop"
+        )
+
+    async def _host(self, index: int) -> None:
+        """Host the parameter server of shard ``index`` (kept if it already is)."""
+        if self.ps is not None and self.index == index:
+            return
+        self.index = index
+        self.ps = await asyncio.to_thread(
+            functools.partial(
+                ParamServer,
+                self.spec,
+                self.n_batches,
+                offset=index * P.STRIDE,
+                store=self.store,
+                fingerprint=self.fingerprint,
+            )
         )
 
     def _forget(self, live) -> None:
@@ -215,3 +313,11 @@ class DataServer:
                 "ok": False,
                 "error": str(exc),
             }
+
+
+def _seq(req: Frame) -> int | None:
+    """The durable checkpoint number a request names (None: in memory only)."""
+    seq = req.meta.get("seq")
+    if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool) or seq < 0):
+        raise ProtocolError(f"'seq' must be an int >= 0, got {seq!r}")
+    return seq

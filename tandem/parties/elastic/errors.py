@@ -11,6 +11,9 @@ __all__ = [
     "ConfigError",
     "ProtocolError",
     "NotWelcomedError",
+    "CheckpointError",
+    "DataServerDownError",
+    "JournalError",
 ]
 
 
@@ -40,3 +43,18 @@ class NotWelcomedError(ElasticError):
     """A worker heard no ``WELCOME`` from its coordinator within its ``join_timeout``: the
     coordinator is not running, not reachable at the configured address, has already finished,
     or does not admit this worker (one on no roster needs the coordinator's secret)."""
+
+
+class CheckpointError(ElasticError):
+    """A durable parameter-server checkpoint could not be written or read; the message names
+    the location and the fix."""
+
+
+class JournalError(ElasticError):
+    """The coordinator's journal cannot be used: unreadable, or written by another run (other
+    data servers, another model); the message names the file and the fix."""
+
+
+class DataServerDownError(ElasticError):
+    """A data server did not answer (killed, restarted, unreachable). The coordinator recovers:
+    it waits for every data server and restores them all to the last committed checkpoint."""

@@ -135,6 +135,22 @@ class Ledger:
         self._requeue()
         return applied
 
+    def restore(self, committed: Iterable[int]) -> None:
+        """Mark ``committed`` (read back from the coordinator's journal) as committed before
+        anything is assigned; `LedgerError` for an id not in the epoch or listed twice."""
+        ids = list(committed)
+        if self.in_flight or self.completed or self.committed:
+            raise LedgerError("restore a ledger only before anything is assigned or committed")
+        unknown = [b for b in ids if b not in self.owner]
+        if unknown or len(set(ids)) != len(ids):
+            raise LedgerError(
+                f"the journal's committed ids of epoch {self.epoch} do not fit this epoch's "
+                f"batches (unknown {unknown[:5]}, {len(ids) - len(set(ids))} repeated)"
+            )
+        self.committed = ids
+        self._committed_set = set(ids)
+        self.pending = [b for b in self.pending if b not in self._committed_set]
+
     def rollback(self) -> int:
         """Put every uncommitted batch back to pending; returns how many were re-issued."""
         return self._requeue()

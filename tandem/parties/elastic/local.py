@@ -35,6 +35,7 @@ class LocalCluster:
         workers: int = 2,
         min_workers: int = 1,
         heartbeat: float | None = None,
+        on_change: str = "rollback",
         on_phase: Callable[[str], None] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
     ) -> None:
@@ -54,6 +55,7 @@ class LocalCluster:
                 drain=drain,
                 epochs=epochs,
                 min_workers=min_workers,
+                on_change=on_change,
             ),
             on_phase=on_phase,
             on_progress=on_progress,

@@ -11,6 +11,10 @@ Invariants:
   ``counts`` is checkpointed and rolled back together with the parameters.
 * After `rollback`, the state is bit-identical to the last checkpoint (`digest` equal).
 * The checkpoint owns private copies: nothing applied later can alias it.
+* With a `CheckpointStore`, `checkpoint(seq)` also writes the state durably as checkpoint
+  ``seq`` before it returns, and `restore(seq, generation)` returns to exactly that state
+  (bit-identical, whether it comes from memory or from the store), e.g. in a process
+  restarted after ``kill -9``.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import jax
 import numpy as np
 
 from . import kernels as K
-from .errors import LedgerError, ProtocolError, StaleGenerationError
+from .errors import CheckpointError, LedgerError, ProtocolError, StaleGenerationError
 from .spec import ModelSpec
+from .store import CheckpointStore
 
 
 def _sha(arrays) -> str:
@@ -39,12 +44,24 @@ def _copy(tree):
 
 
 class ParamServer:
-    def __init__(self, spec: ModelSpec, n_batches: int, *, offset: int = 0) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        n_batches: int,
+        *,
+        offset: int = 0,
+        store: CheckpointStore | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
         self.spec = spec
         self.offset = offset
+        self.store = store
+        self.fingerprint = fingerprint  # of the shard's data (recorded in each checkpoint)
+        self.seq: int | None = None  # the durable checkpoint the in-memory one equals
         self.generation = 0
         self.epoch = 0
-        self.params = K.init_params(spec.sizes, spec.seed)
+        self.net = K.net_for(spec)
+        self.params = self.net.init_leaves(spec.seed)
         self.state = K.init_state(spec.optimizer, spec.lr, self.params)
         self.counts = np.zeros(n_batches, np.int32)
         self.applied: list[int] = []  # global ids applied since the last checkpoint
@@ -103,13 +120,12 @@ class ParamServer:
                 f"epoch {self.epoch}; refusing to apply it twice"
             )
         if len(grads) != len(self._shapes) or any(
-            tuple(g.shape) != s or g.dtype != np.float32
-            for g, s in zip(grads, self._shapes, strict=True)
+            tuple(g.shape) != s or g.dtype != d
+            for g, s, d in zip(grads, self._shapes, self.net.dtypes, strict=True)
         ):
             got = [(tuple(g.shape), str(g.dtype)) for g in grads]
-            raise ProtocolError(
-                f"gradient layout {got} does not match the model's float32 shapes {self._shapes}"
-            )
+            want = [(s, str(d)) for s, d in zip(self._shapes, self.net.dtypes, strict=True)]
+            raise ProtocolError(f"gradient layout {got} does not match the model's {want}")
         if not all(np.isfinite(g).all() for g in grads):
             raise ProtocolError(f"gradient of batch {batch_id} contains NaN or Inf; refused")
         self.params, self.state = K.apply_update(
@@ -128,11 +144,66 @@ class ParamServer:
         self.generation = generation
         return list(self.applied)
 
-    def checkpoint(self) -> str:
-        """Make the current state the rollback point; returns its digest."""
+    def checkpoint(self, seq: int | None = None) -> str:
+        """Make the current state the rollback point; returns its digest. With a store and a
+        ``seq``, the state is also written durably as checkpoint ``seq`` (and checkpoints older
+        than ``seq - 1`` are pruned: the coordinator's journal names ``seq - 1`` or later)."""
         self._ckpt = (_copy(self.params), _copy(self.state), self.counts.copy())
         self.applied = []
-        return self.digest()
+        digest = self.digest()
+        if seq is not None and self.store is not None:
+            meta = {
+                "generation": self.generation,
+                "epoch": self.epoch,
+                "offset": self.offset,
+                "n_batches": len(self.counts),
+                "spec": self.spec.digest,
+                "fingerprint": self.fingerprint,
+                "digest": digest,
+            }
+            self.store.save(seq, self.leaves(), self.counts, meta)
+            self.store.prune(seq - 1)
+        self.seq = seq
+        return digest
+
+    def restore(self, seq: int, generation: int) -> str:
+        """Return to checkpoint ``seq`` at ``generation`` (from memory when the last checkpoint
+        is ``seq``, else from the store); returns the digest."""
+        if self.seq == seq:
+            return self.rollback(generation)
+        if self.store is None:
+            raise CheckpointError(
+                f"checkpoint {seq} is not this parameter server's last one ({self.seq}) and it "
+                "has no durable store; give the data server a checkpoints URL so that it can "
+                "restart"
+            )
+        ck = self.store.load(seq)
+        if ck.meta.get("spec") != self.spec.digest or ck.meta.get("offset") != self.offset:
+            raise CheckpointError(
+                f"checkpoint {seq} in {self.store.url!r} belongs to another model or shard "
+                f"(spec {ck.meta.get('spec')}, offset {ck.meta.get('offset')}; this server has "
+                f"{self.spec.digest}, {self.offset}); give each data server its own folder"
+            )
+        if ck.meta.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(
+                f"checkpoint {seq} in {self.store.url!r} was trained on other data (fingerprint "
+                f"{ck.meta.get('fingerprint')}, this data server's is {self.fingerprint}); "
+                "restart it with the data it was trained on"
+            )
+        self.fence(generation)
+        self.load(ck.leaves)
+        self.counts = np.array(ck.counts, np.int32, copy=True)
+        self.epoch = int(ck.meta["epoch"])
+        self._ckpt = (_copy(self.params), _copy(self.state), self.counts.copy())
+        self.applied = []
+        self.seq = seq
+        digest = self.digest()
+        if digest != ck.meta.get("digest"):
+            raise CheckpointError(
+                f"checkpoint {seq} in {self.store.url!r} does not match its recorded digest; "
+                "the file is damaged"
+            )
+        return digest
 
     def rollback(self, generation: int) -> str:
         """Restore the last checkpoint and move to ``generation``; returns the digest."""
@@ -142,7 +213,7 @@ class ParamServer:
         self.applied = []
         return self.digest()
 
-    def new_epoch(self, n_batches: int) -> None:
+    def new_epoch(self, n_batches: int, seq: int | None = None) -> None:
         """Close the epoch: every batch must be reflected exactly once (else `LedgerError`)."""
         if self.applied:
             raise LedgerError("checkpoint before closing an epoch")
@@ -154,7 +225,10 @@ class ParamServer:
             )
         self.epoch += 1
         self.counts = np.zeros(n_batches, np.int32)
-        self.checkpoint()
+        self.checkpoint(seq)
 
     def loss(self, x: np.ndarray, y: np.ndarray) -> float:
-        return K.loss(self.params, x, y)
+        return self.net.loss(self.params, x, y)
+
+    def accuracy(self, x: np.ndarray, y: np.ndarray) -> float | None:
+        return self.net.accuracy(self.params, x, y)

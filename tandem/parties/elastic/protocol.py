@@ -15,6 +15,7 @@ Who sends what (all through `tandem.transports.base.Transport`)::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +28,14 @@ TASK, RESULT, ACK, DONE = "task", "result", "ack", "done"
 
 #: batch ids of data server ``index`` are ``index * STRIDE + local index``
 STRIDE = 1 << 20
+
+
+def cancelled_meanwhile() -> bool:
+    """Whether the current task has a cancellation pending. A loop that waits out a peer's
+    restart checks it before waiting again: a transport call that lost a cancellation (one
+    racing with a timeout inside ``asyncio.wait_for``) must not keep the task alive."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def learn_peer(transport: Transport, name: str, url: str | None) -> None:

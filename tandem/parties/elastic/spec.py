@@ -5,6 +5,14 @@ Model description (JSON or TOML, chosen by the URL's extension)::
 
     {"sizes": [16, 32, 4], "optimizer": "adam", "lr": 0.01, "batch_size": 32, "seed": 0}
 
+or, for any model of the shared contract (docs/models.md), its ``StageModel.spec`` and the
+loss instead of ``sizes``::
+
+    {"model": {"kind": "embedding", ...}, "loss": "binary", "optimizer": "adam", ...}
+
+(`tandem.parties.elastic.data` builds such a description from ``[data]``, ``[model]`` and
+``[train]`` TOML tables.)
+
 A shard is an ``.npz`` file with ``x`` (float32, ``[n, sizes[0]]``) and ``y`` (integer class
 labels in ``[0, sizes[-1])``, ``[n]``), loaded with ``allow_pickle=False``.
 """
@@ -23,24 +31,48 @@ import fsspec
 import numpy as np
 
 from .errors import ConfigError
-from .kernels import OPTIMIZERS
+from .kernels import LOSSES, OPTIMIZERS, net_for
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """What every party must agree on; `digest` identifies it on the wire."""
+    """What every party must agree on; `digest` identifies it on the wire.
 
-    sizes: tuple[int, ...]
+    Exactly one of ``sizes`` (the built-in MLP: input, hidden..., classes; softmax loss) and
+    ``model`` (a `tandem.engine.kernels.StageModel` spec that `model_from_spec` rebuilds, with
+    one input) describes the network; ``loss`` is ``"softmax"`` (integer class labels),
+    ``"binary"`` or ``"mse"`` (one output column, float labels)."""
+
+    sizes: tuple[int, ...] = ()
     optimizer: str = "adam"
     lr: float = 0.01
     batch_size: int = 32
     seed: int = 0
+    model: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
+    loss: str = "softmax"
 
     def __post_init__(self) -> None:
-        if len(self.sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in self.sizes):
+        if self.model is None and (
+            len(self.sizes) < 2 or any(not isinstance(s, int) or s < 1 for s in self.sizes)
+        ):
             raise ConfigError(
                 f"model 'sizes' must list >= 2 positive ints (input, hidden..., "
                 f"classes), got {list(self.sizes)}"
+            )
+        if self.model is not None:
+            if self.sizes:
+                raise ConfigError("give the model as 'sizes' or as 'model', not both")
+            if not isinstance(self.model, Mapping) or "kind" not in self.model:
+                raise ConfigError(
+                    f"model 'model' must be a model spec with a 'kind' (docs/models.md), "
+                    f"got {self.model!r}"
+                )
+        if self.loss not in LOSSES:
+            raise ConfigError(f"model 'loss' is {self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.model is None and self.loss != "softmax":
+            raise ConfigError(
+                "the built-in 'sizes' MLP trains the softmax loss; describe another model "
+                "with 'model' (and [model] in TOML) to train 'binary' or 'mse'"
             )
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(
@@ -59,17 +91,30 @@ class ModelSpec:
             raise ConfigError(
                 f"unknown model field(s) {sorted(unknown)}; accepted: {sorted(known)}"
             )
-        if "sizes" not in raw:
-            raise ConfigError("model description needs 'sizes', e.g. [16, 32, 4]")
+        if "sizes" not in raw and "model" not in raw:
+            raise ConfigError(
+                "model description needs 'sizes', e.g. [16, 32, 4], or a 'model' spec"
+            )
         args = dict(raw)
-        args["sizes"] = tuple(args["sizes"])
+        if "sizes" in args:
+            args["sizes"] = tuple(args["sizes"])
         if "lr" in args:
             args["lr"] = float(args["lr"])
         return cls(**args)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["sizes"] = list(self.sizes)
+        """JSON data; ``model`` and ``loss`` appear only when the model is not ``sizes``."""
+        d = {
+            "sizes": list(self.sizes),
+            "optimizer": self.optimizer,
+            "lr": self.lr,
+            "batch_size": self.batch_size,
+            "seed": self.seed,
+        }
+        if self.model is not None:
+            del d["sizes"]
+            d["model"] = json.loads(json.dumps(self.model))
+            d["loss"] = self.loss
         return d
 
     @property
@@ -109,7 +154,7 @@ def load_spec(url: str) -> ModelSpec:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Shard:
     x: np.ndarray  # float32 [n, d]
-    y: np.ndarray  # int32 [n]
+    y: np.ndarray  # int32 [n] (softmax) or float32 [n] (binary, mse)
 
     def n_batches(self, batch_size: int) -> int:
         """Full batches per epoch (the remainder is dropped so every batch has one shape)."""
@@ -139,21 +184,25 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
             x, y = z["x"], z["y"]
     except (ValueError, OSError) as exc:
         raise ConfigError(f"shard {url!r} is not a readable .npz without pickles: {exc}") from None
-    if x.ndim != 2 or x.shape[1] != spec.sizes[0]:
+    net = net_for(spec)
+    if x.ndim != 2 or x.shape[1] != net.in_dim:
         raise ConfigError(
-            f"shard {url!r}: x has shape {x.shape}, expected [n, {spec.sizes[0]}]"
+            f"shard {url!r}: x has shape {x.shape}, expected [n, {net.in_dim}]"
             " (the model's input size)"
         )
-    if y.shape != (x.shape[0],) or y.dtype.kind not in "iu":
+    softmax = spec.loss == "softmax"
+    if y.shape != (x.shape[0],) or y.dtype.kind not in ("iu" if softmax else "iuf"):
         raise ConfigError(
-            f"shard {url!r}: y must be integer labels of shape ({x.shape[0]},), "
-            f"got {y.dtype} {y.shape}"
+            f"shard {url!r}: y must be {'integer ' if softmax else ''}labels of shape "
+            f"({x.shape[0]},), got {y.dtype} {y.shape}"
         )
-    if y.size and (y.min() < 0 or y.max() >= spec.sizes[-1]):
+    if softmax and y.size and (y.min() < 0 or y.max() >= net.out_dim):
         raise ConfigError(
-            f"shard {url!r}: labels must lie in [0, {spec.sizes[-1]}) (classes), "
+            f"shard {url!r}: labels must lie in [0, {net.out_dim}) (classes), "
             f"got [{y.min()}, {y.max()}]"
         )
+    if not softmax and not np.isfinite(y).all():
+        raise ConfigError(f"shard {url!r}: y contains NaN or Inf; clean the labels first")
     if not np.isfinite(x).all():
         raise ConfigError(f"shard {url!r}: x contains NaN or Inf; clean the data first")
     if len(y) < spec.batch_size:
@@ -161,7 +210,7 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
             f"shard {url!r} has {len(y)} rows, fewer than one batch "
             f"({spec.batch_size}); lower batch_size or add data"
         )
-    return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, np.int32))
+    return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, net.label_dtype))
 
 
 def make_dataset(n_shards: int, rows: int, spec: ModelSpec, *, seed: int = 0) -> list[Shard]:

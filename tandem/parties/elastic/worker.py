@@ -9,6 +9,11 @@ batch's loss and gradient with JAX off the event loop, push the gradient (``RESU
 for the data server's ``ACK``, report the batch id to the coordinator (``DONE``). One task at a
 time. ``stop`` from the coordinator ends it.
 
+Restarts of the static roles: a coordinator that goes away without ``stop`` (killed; it
+resumes from its journal when restarted) is waited for: the worker keeps beating and stops only
+once no heartbeat has been delivered for ``join_timeout``. A data server that goes away is
+listened to again when it comes back at the same address.
+
 The wait for an ``ACK`` is bounded (``ack_timeout``): a data server that rolled back while
 this worker was suspected (a heartbeat gap) stops listening to it and may never answer the
 result it pushed. Past the bound the batch is reported as not done (the parameter servers'
@@ -45,19 +50,22 @@ class WorkerKilled(Exception):
 
 
 def _compute(spec: ModelSpec, arrays: tuple[np.ndarray, ...]) -> tuple[float, list[np.ndarray]]:
-    n = 2 * (len(spec.sizes) - 1)
+    net = K.net_for(spec)
+    n = len(net.shapes)
     if len(arrays) != n + 2:
         raise ProtocolError(f"task carries {len(arrays)} arrays, expected {n} parameters + x + y")
     params, x, y = list(arrays[:n]), arrays[n], arrays[n + 1]
-    shapes = K.param_shapes(spec.sizes)
     if (
-        [tuple(p.shape) for p in params] != shapes
+        [tuple(p.shape) for p in params] != net.shapes
         or x.ndim != 2
-        or x.shape[1] != spec.sizes[0]
+        or x.shape[1] != net.in_dim
         or y.shape != (x.shape[0],)
     ):
-        raise ProtocolError(f"task arrays do not match model sizes {list(spec.sizes)}")
-    return K.loss_and_grad(params, x.astype(np.float32), y.astype(np.int32))
+        raise ProtocolError(
+            f"task arrays do not match the model (parameter shapes {net.shapes}, "
+            f"{net.in_dim} feature columns)"
+        )
+    return net.loss_and_grad(params, x.astype(np.float32), y.astype(net.label_dtype))
 
 
 class Worker:
@@ -89,6 +97,7 @@ class Worker:
         self.done = 0
         self.killed = False
         self._busy = asyncio.Lock()
+        self._contact = 0.0  # loop time of the last heartbeat the coordinator took
 
     async def run(self) -> None:
         """Work until ``stop`` (returns) or a simulated death (returns with ``killed``).
@@ -120,23 +129,48 @@ class Worker:
         """The coordinator's ``WELCOME``, or None after ``join_timeout``."""
         try:  # recv is cancel-safe: a timed-out wait loses no frame
             async with asyncio.timeout(self.join_timeout):
-                return await self.t.recv(self.coordinator, P.WELCOME)
+                while True:
+                    try:
+                        return await self.t.recv(self.coordinator, P.WELCOME)
+                    except TransportClosedError:  # a coordinator that left; wait for the next
+                        if P.cancelled_meanwhile():
+                            return None
+                        await asyncio.sleep(self.heartbeat)
         except TimeoutError:
             return None
 
     async def _work(self, tg: asyncio.TaskGroup, beats: asyncio.Task, welcome: Frame) -> None:
-        """Serve every data server in ``welcome`` until the coordinator says stop or is gone."""
-        servers = P.field(welcome, "data_servers", dict)
-        loops = [beats]
-        for ds, url in servers.items():
-            P.learn_peer(self.t, ds, url)
-            loops.append(tg.create_task(self._serve(ds)))
-        try:
-            stop = await self.t.recv(self.coordinator, P.CTL)
-            log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
-        except TransportError as exc:
-            log.warning("%s: coordinator gone (%s); stopping", self.t.name, exc)
-        for task in loops:
+        """Serve every data server in ``welcome`` until the coordinator says stop, or is gone
+        (no heartbeat delivered) for ``join_timeout``."""
+        loops = {"": beats}
+
+        def serve(welcome: Frame) -> None:
+            for ds, url in P.field(welcome, "data_servers", dict).items():
+                P.learn_peer(self.t, ds, url)
+                if ds not in loops:
+                    loops[ds] = tg.create_task(self._serve(ds))
+
+        serve(welcome)
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                stop = await self.t.recv(self.coordinator, P.CTL)
+                log.info("%s: %s from coordinator", self.t.name, stop.meta.get("op"))
+                break
+            except TransportError as exc:
+                # gone, or restarted and not yet speaking on CTL: a live one takes heartbeats
+                if P.cancelled_meanwhile():
+                    break
+                silent = loop.time() - self._contact
+                if self.join_timeout is not None and silent > self.join_timeout:
+                    log.warning("%s: coordinator gone (%s); stopping", self.t.name, exc)
+                    break
+            try:
+                async with asyncio.timeout(self.heartbeat):
+                    serve(await self.t.recv(self.coordinator, P.WELCOME))
+            except (TimeoutError, TransportError):
+                await asyncio.sleep(self.heartbeat)
+        for task in loops.values():
             task.cancel()
 
     async def _beat(self) -> None:
@@ -144,6 +178,7 @@ class Worker:
         while True:
             try:
                 await self.t.send(self.coordinator, P.HB, Frame(meta=meta))
+                self._contact = asyncio.get_running_loop().time()
             except TransportError as exc:
                 log.info("%s: heartbeat failed: %s", self.t.name, exc)
             await asyncio.sleep(self.heartbeat)
@@ -155,10 +190,13 @@ class Worker:
                 async with self._busy:
                     await self._one(ds, task)
             except TransportError as exc:
-                # the data server is gone or unreachable: the coordinator re-issues the batch
+                # the data server is gone or unreachable: the coordinator re-issues the batch;
+                # a restarted one speaks again at the same address
                 log.info("%s: link to %s failed: %s", self.t.name, ds, exc)
                 if isinstance(exc, TransportClosedError):
-                    return
+                    if getattr(self.t, "closed", False) or P.cancelled_meanwhile():
+                        return
+                    await asyncio.sleep(self.heartbeat)
 
     async def _one(self, ds: str, task: Frame) -> None:
         try:
@@ -177,13 +215,17 @@ class Worker:
             )
             grads = []
         P.learn_peer(self.t, ds, task.meta.get("url"))
-        await self.t.send(
-            ds,
-            P.RESULT,
-            Frame(meta={"batch": batch, "gen": gen, "loss": loss}, arrays=tuple(grads)),
-        )
-        self.chaos("pushed", batch)
-        ack = await self._ack(ds, batch, gen)
+        try:  # a data server lost on the way: the batch is reported not done all the same
+            await self.t.send(
+                ds,
+                P.RESULT,
+                Frame(meta={"batch": batch, "gen": gen, "loss": loss}, arrays=tuple(grads)),
+            )
+            self.chaos("pushed", batch)
+            ack = await self._ack(ds, batch, gen)
+        except TransportError as exc:
+            log.info("%s: link to %s failed during batch %d: %s", self.t.name, ds, batch, exc)
+            ack = None
         if ack is None:
             log.info(
                 "%s: no ack from %s for batch %d within %.3g s; reporting it not done",

@@ -4,14 +4,13 @@
 `tandem.parties.split.export.save_stages`: one stage, ``"global"``, owned by the server, on
 the features, carrying the loss; the model spec, its output width, a training id and the loss
 are recorded, so `tandem.parties.split.inference.load_model_sync` rebuilds it like any party's
-export. Beside it, ``<path minus .safetensors>.preprocessing.json`` holds the server's
-preprocessing state (`tandem.parties.data.Preprocessing.to_json`) and its data fingerprint:
-`tandem.parties.data.load_new_data` applies exactly that state to new rows.
+export. Its ``data`` field holds the server's preprocessing state
+(`tandem.parties.data.Preprocessing.to_json`) and its data fingerprint, as every party's export
+does: `tandem.parties.data.load_new_data` applies exactly that state to new rows.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Protocol
 
@@ -46,11 +45,6 @@ def global_topology(party: str) -> Topology:
     return Topology((Stage(STAGE, party, (FEATURES,), loss=True),))
 
 
-def preprocessing_path(path: str) -> str:
-    stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
-    return stem + ".preprocessing.json"
-
-
 def export_global(path: str, model: np.ndarray, setup: Exportable, *, party: str) -> str:
     """Write the export and its preprocessing file (blocking); returns ``path``."""
     import jax
@@ -68,16 +62,9 @@ def export_global(path: str, model: np.ndarray, setup: Exportable, *, party: str
         widths={STAGE: setup.trainer.model.out_dim},
         training=f"fl-{task.identity}",
         loss=task.loss,
+        data={"preprocessing": setup.preprocessing, "fingerprint": setup.fingerprint},
     )
-    side: dict[str, Any] = {
-        "preprocessing": setup.preprocessing,
-        "fingerprint": setup.fingerprint,
-    }
-    tmp = preprocessing_path(path) + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(side, f, sort_keys=True)
-    os.replace(tmp, preprocessing_path(path))
     return path
 
 
-__all__ = ["STAGE", "export_global", "global_topology", "preprocessing_path"]
+__all__ = ["STAGE", "export_global", "global_topology"]
