@@ -23,15 +23,10 @@ import optax
 from tandem.engine.models import mlp_apply, mlp_init
 from tandem.errors import ConfigError
 
-OPTIMIZERS = ("sgd", "momentum", "adam")
-#: Losses: softmax cross-entropy over integer classes, sigmoid cross-entropy of one logit
-#: against 0/1 labels, squared error of one output (the losses of docs/data.md#labels).
-LOSSES = ("softmax", "binary", "mse")
+from .spec import OPTIMIZERS, ModelSpec
 
 if TYPE_CHECKING:
     from tandem.engine.kernels import StageModel
-
-    from .spec import ModelSpec
 
 
 def _layers(flat: Sequence[jax.Array]) -> list[dict[str, jax.Array]]:
@@ -205,8 +200,6 @@ class Net:
 
 @functools.cache
 def _net(description: str) -> Net:
-    from .spec import ModelSpec
-
     return Net(ModelSpec.from_mapping(json.loads(description)))
 
 

@@ -30,8 +30,12 @@ from typing import Any
 import fsspec
 import numpy as np
 
+from tandem.engine.kernels import LOSSES
+
 from .errors import ConfigError
-from .kernels import LOSSES, OPTIMIZERS, net_for
+
+#: The optimizers a model description may name (`tandem.parties.elastic.kernels` builds them).
+OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -170,6 +174,16 @@ class Shard:
         return self.x[idx], self.y[idx]
 
 
+def io_widths(spec: ModelSpec) -> tuple[int, int]:
+    """The model's input (feature) and output widths."""
+    if spec.model is None:
+        return spec.sizes[0], spec.sizes[-1]
+    from tandem.parties.models import model_from_spec
+
+    model = model_from_spec(spec.model)
+    return int(model.in_dims[0]), int(model.out_dim)
+
+
 def load_shard(url: str, spec: ModelSpec) -> Shard:
     """Read and validate a shard against ``spec``; errors say what to fix."""
     raw = _read(url)
@@ -184,11 +198,10 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
             x, y = z["x"], z["y"]
     except (ValueError, OSError) as exc:
         raise ConfigError(f"shard {url!r} is not a readable .npz without pickles: {exc}") from None
-    net = net_for(spec)
-    if x.ndim != 2 or x.shape[1] != net.in_dim:
+    in_dim, out_dim = io_widths(spec)
+    if x.ndim != 2 or x.shape[1] != in_dim:
         raise ConfigError(
-            f"shard {url!r}: x has shape {x.shape}, expected [n, {net.in_dim}]"
-            " (the model's input size)"
+            f"shard {url!r}: x has shape {x.shape}, expected [n, {in_dim}] (the model's input size)"
         )
     softmax = spec.loss == "softmax"
     if y.shape != (x.shape[0],) or y.dtype.kind not in ("iu" if softmax else "iuf"):
@@ -196,9 +209,9 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
             f"shard {url!r}: y must be {'integer ' if softmax else ''}labels of shape "
             f"({x.shape[0]},), got {y.dtype} {y.shape}"
         )
-    if softmax and y.size and (y.min() < 0 or y.max() >= net.out_dim):
+    if softmax and y.size and (y.min() < 0 or y.max() >= out_dim):
         raise ConfigError(
-            f"shard {url!r}: labels must lie in [0, {net.out_dim}) (classes), "
+            f"shard {url!r}: labels must lie in [0, {out_dim}) (classes), "
             f"got [{y.min()}, {y.max()}]"
         )
     if not softmax and not np.isfinite(y).all():
@@ -210,7 +223,8 @@ def load_shard(url: str, spec: ModelSpec) -> Shard:
             f"shard {url!r} has {len(y)} rows, fewer than one batch "
             f"({spec.batch_size}); lower batch_size or add data"
         )
-    return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, net.label_dtype))
+    labels = np.int32 if softmax else np.float32
+    return Shard(x=np.ascontiguousarray(x, np.float32), y=np.ascontiguousarray(y, labels))
 
 
 def make_dataset(n_shards: int, rows: int, spec: ModelSpec, *, seed: int = 0) -> list[Shard]:
