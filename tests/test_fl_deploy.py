@@ -15,6 +15,7 @@ import pytest
 
 from fl_helpers import UPLINK, small_setup
 from fl_process_helpers import CLIENTS, Federation, to_toml
+from tandem.parties import files
 from tandem.parties.cli import main
 from tandem.parties.fl import checkpoint as ckpt
 from tandem.parties.fl import protocol as P
@@ -92,7 +93,7 @@ def test_checkpoint_replacement_is_atomic(trained, tmp_path, monkeypatch):
     def crash(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(ckpt.os, "replace", crash)
+    monkeypatch.setattr(files.os, "replace", crash)
     server.next_round += 1
     try:
         with pytest.raises(OSError, match="disk gone"):

@@ -8,11 +8,11 @@ Layout under the store's URL::
                                 n_batches, spec, digest, leaves, shapes}
     LATEST                      JSON {"seq": 7, "file": "ckpt-00000007.safetensors", "digest"}
 
-Atomicity: on a local file system every file is written under a temporary name, flushed with
-``fsync`` and renamed over its final name (``os.replace``), then the folder is synced; on an
-object store (and ``memory://``) a single ``put`` is all-or-nothing, so the checkpoint is written
-first and the small ``LATEST`` manifest published after it. A reader therefore sees a checkpoint
-whole or not at all, and ``LATEST`` never names one that is missing.
+Atomicity: every file is written with `tandem.parties.files.write_atomic` (on a local file
+system a temporary name, ``fsync``, a rename and a synced folder; on an object store a temporary
+key moved into place), the checkpoint first and the small ``LATEST`` manifest after it. A
+reader therefore sees a checkpoint whole or not at all, and ``LATEST`` never names one that is
+missing.
 
 Checkpoints are addressed by sequence number (``seq``), which the coordinator assigns and
 records in its journal; `CheckpointStore.load` reads exactly the one asked for, so a data server
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +32,8 @@ import fsspec
 import numpy as np
 import safetensors.numpy
 from safetensors import SafetensorError
+
+from tandem.parties.files import write_atomic
 
 from .errors import CheckpointError
 
@@ -51,35 +51,6 @@ class Checkpoint:
     leaves: list[np.ndarray]
     counts: np.ndarray
     meta: dict[str, Any]
-
-
-def _is_local(fs: fsspec.AbstractFileSystem) -> bool:
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-    return protocol in ("file", "local")
-
-
-def write_atomic(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that readers see the old content or the new, never a part
-    (module docstring)."""
-    if not _is_local(fs):
-        fs.pipe_file(path, data)
-        return
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself survives a crash
-    finally:
-        os.close(fd)
 
 
 class CheckpointStore:
@@ -119,9 +90,11 @@ class CheckpointStore:
         blob = safetensors.numpy.save(tensors, metadata={_META_KEY: json.dumps(full)})
         name = self.filename(seq)
         try:
-            write_atomic(self.fs, self._path(name), blob)
+            write_atomic(self.fs.unstrip_protocol(self._path(name)), blob)
             manifest = {"seq": int(seq), "file": name, "digest": meta.get("digest")}
-            write_atomic(self.fs, self._path(MANIFEST), json.dumps(manifest).encode())
+            write_atomic(
+                self.fs.unstrip_protocol(self._path(MANIFEST)), json.dumps(manifest).encode()
+            )
         except OSError as exc:
             raise CheckpointError(
                 f"cannot write checkpoint {seq} to {self.url!r}: {exc}; check that the "

@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import secrets
 import struct
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +36,7 @@ import numpy as np
 import safetensors.numpy
 
 from tandem.errors import ConfigError
+from tandem.parties.files import write_atomic
 
 from .aggregate import ServerState
 from .server import FLServer, RoundReport
@@ -96,41 +94,6 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
 def save(location: str, server: FLServer, identity: Mapping[str, Any]) -> None:
     """Write ``server``'s checkpoint to ``location`` atomically (see the module docstring)."""
     write_atomic(location, encode(server, identity))
-
-
-def write_atomic(location: str, blob: bytes) -> None:
-    """Replace ``location`` (a path or fsspec URL) by ``blob`` in one step."""
-    if _is_local(location):
-        path = _local(location)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        prefix = f".{os.path.basename(path)}."
-        for stale in os.listdir(folder):  # left by a process killed while writing
-            if stale.startswith(prefix) and stale.endswith(".tmp"):
-                os.unlink(os.path.join(folder, stale))
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        return
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(location)
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-    fs.pipe_file(tmp, blob)
-    fs.mv(tmp, path)
 
 
 def load(location: str) -> Checkpoint | None:
@@ -220,12 +183,4 @@ def _metadata(blob: bytes, location: str) -> dict[str, Any]:
     return meta
 
 
-def _is_local(location: str) -> bool:
-    return "://" not in location or location.startswith("file://")
-
-
-def _local(location: str) -> str:
-    return location.removeprefix("file://")
-
-
-__all__ = ["Checkpoint", "CheckpointError", "encode", "load", "restore", "save", "write_atomic"]
+__all__ = ["Checkpoint", "CheckpointError", "encode", "load", "restore", "save"]

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,6 +37,7 @@ import safetensors.numpy
 from safetensors import safe_open
 
 from tandem.errors import EngineError
+from tandem.parties.files import fsync_dir, write_atomic
 
 FORMAT = "tandem-checkpoint"
 VERSION = 1
@@ -139,7 +139,7 @@ class CheckpointStore:
             except FileNotFoundError:
                 pass
         if gone:
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
         return gone
 
     def read_meta(self, step: int) -> dict[str, Any]:
@@ -210,18 +210,7 @@ class CheckpointStore:
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
         os.makedirs(self.directory, exist_ok=True)
         final = self.path(step)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".step-{int(step)}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(self.directory)
+        write_atomic(final, blob)
         self._prune()
         return final
 
@@ -312,19 +301,6 @@ class CheckpointStore:
             extra=dict(desc.get("extra", {})),
             spec_hash=str(desc.get("spec_hash")),
         )
-
-
-def _fsync_dir(directory: str) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
 
 
 __all__ = ["CheckpointStore", "CheckpointError", "Restored"]

@@ -47,7 +47,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,6 +55,7 @@ import safetensors.numpy
 from safetensors import safe_open
 
 from tandem.errors import EngineError
+from tandem.parties.files import write_atomic
 
 FORMAT = "tandem-stages"
 VERSION = 1
@@ -122,16 +122,7 @@ def save_stages(
     desc["digest"] = _digest(tensors, desc)
     stored = {name: _storable(arr) for name, arr in tensors.items()}
     blob = safetensors.numpy.save(stored, metadata={_META_KEY: json.dumps(desc, sort_keys=True)})
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, blob)
     return desc
 
 
