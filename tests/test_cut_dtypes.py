@@ -315,3 +315,28 @@ async def test_inference_refuses_an_export_with_another_cut(tmp_path):
         "stage 'bottom' outputs float16[rows, 4, 4] in the leader's export but "
         "bfloat16[rows, 4, 4] in the export of 'A'"
     )
+
+
+async def test_http_carries_a_bfloat16_cut_and_refuses_another(http_pair):
+    """Over HTTP, with the spec's validator installed on the receiver: a bfloat16[rows, 4, 4]
+    activation arrives bit for bit; a float32 one, or one holding NaN, is refused."""
+    from tandem.transports.http import HttpConfig
+
+    def config(name, **kw):
+        return HttpConfig(name=name, secret=b"k" * 32, retry_timeout=0.5, **kw)
+
+    spec = spec_with(
+        {"in_dims": [FEATS], "out_dim": 16, "out_shape": [4, 4], "out_dtype": "bfloat16"}
+    )
+    validate = spec_validator(spec, leader="B")
+    a, b = await http_pair(config, names=("A", "B"), b_kw={"validator": validate})
+    cut = (np.arange(48, dtype=np.float32).reshape(3, 4, 4) / 9).astype(ml_dtypes.bfloat16)
+    await a.send("B", "act/bottom->top", Frame(arrays=(cut,)))
+    got = (await b.recv("A", "act/bottom->top")).arrays[0]
+    assert got.dtype == cut.dtype and got.shape == cut.shape and got.tobytes() == cut.tobytes()
+    with pytest.raises(FrameError, match="its dtype differs"):
+        await a.send("B", "act/bottom->top", Frame(arrays=(cut.astype(np.float32),)))
+    nan = cut.copy()
+    nan[0, 0, 0] = np.nan
+    with pytest.raises(FrameError, match="NaN or Inf"):
+        await a.send("B", "act/bottom->top", Frame(arrays=(nan,)))
