@@ -39,6 +39,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -49,6 +51,7 @@ import optax
 from tandem.errors import ConfigError
 
 from .models import mlp_apply, mlp_init
+from .topology import CUT_DTYPES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,14 @@ class StageModel:
     ``in_dims`` (one per input) and ``out_dim`` describe the feature widths, so plans, task specs
     and received tensors can be checked before any compute. ``spec`` (optional JSON data, e.g.
     ``{"kind": "mlp", ...}``) lets `model_from_spec` rebuild the same model from an export.
+
+    The output is ``out_dtype[rows, *out_shape]``: ``out_shape`` (the shape after the rows,
+    ``(out_dim,)`` when not given) and ``out_dtype`` (one of `CUT_DTYPES`, ``"float32"`` when
+    not given). A stage reading another stage's output takes it in that shape and dtype, and
+    its cotangent comes back in the same shape and dtype.
+
+    Invariant: ``out_dim == prod(out_shape)`` (the flat width; an input's ``in_dims`` entry is
+    the flat width of the stage it reads). `derive_stage` fills ``out_*`` from ``apply``.
     """
 
     init: Callable[[jax.Array], Any]
@@ -65,6 +76,85 @@ class StageModel:
     in_dims: tuple[int, ...]
     out_dim: int
     spec: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
+    out_shape: tuple[int, ...] | None = None
+    out_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        try:
+            shape = (self.out_dim,) if self.out_shape is None else _sizes(self.out_shape)
+        except TypeError:
+            shape = ()
+        if not shape or min(shape) < 1:
+            raise ConfigError(
+                f"out_shape must be the positive sizes after the rows, e.g. (4, 4); got "
+                f"{self.out_shape!r}"
+            )
+        if math.prod(shape) != self.out_dim:
+            raise ConfigError(
+                f"out_shape {list(shape)} holds {math.prod(shape)} values per row but out_dim "
+                f"is {self.out_dim}; out_dim is the flat width prod(out_shape)"
+            )
+        if self.out_dtype not in CUT_DTYPES:
+            raise ConfigError(
+                f"out_dtype {self.out_dtype!r} is not a cut dtype; choose one of {list(CUT_DTYPES)}"
+            )
+        object.__setattr__(self, "out_shape", shape)
+
+    @property
+    def cut(self) -> dict[str, Any]:
+        """``{"shape": [...], "dtype": ...}``: the output per row, as JSON data."""
+        return {"shape": list(self.out_shape or ()), "dtype": self.out_dtype}
+
+
+def _sizes(shape: Any) -> tuple[int, ...]:
+    return tuple(operator.index(d) for d in shape)
+
+
+def derive_stage(
+    init: Callable[[jax.Array], Any],
+    apply: Callable[..., jax.Array],
+    inputs: Sequence[int | tuple[Sequence[int], str]],
+    spec: Mapping[str, Any] | None = None,
+) -> StageModel:
+    """The `StageModel` of ``(init, apply)`` with ``out_dim``, ``out_shape`` and ``out_dtype``
+    read from ``jax.eval_shape`` (no compute).
+
+    ``inputs``: per input, its width (a ``float32[rows, width]`` matrix, e.g. feature columns)
+    or ``(shape after the rows, dtype)`` (another stage's output: its ``out_shape`` and
+    ``out_dtype``). Raises `ConfigError` when ``apply`` fails on such inputs or does not return
+    one ``[rows, ...]`` array of a dtype in `CUT_DTYPES`.
+    """
+    rows = 2
+    structs, in_dims = [], []
+    for x in inputs:
+        shape, dtype = ((int(x),), "float32") if isinstance(x, int) else (tuple(x[0]), x[1])
+        structs.append(jax.ShapeDtypeStruct((rows, *shape), jnp.dtype(dtype)))
+        in_dims.append(math.prod(shape))
+    try:
+        out = jax.eval_shape(
+            lambda key, *xs: apply(init(key), *xs), jax.random.PRNGKey(0), *structs
+        )
+    except Exception as exc:
+        raise ConfigError(
+            f"apply(init(key), *inputs) fails on inputs {[str(s) for s in structs]}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc
+    got = getattr(out, "shape", None)
+    if got is None or len(got) < 2 or got[0] != rows:
+        raise ConfigError(
+            "apply must return one [rows, ...] array (rank 2 or more, rows first), got "
+            f"{jax.tree_util.tree_map(lambda a: a.shape, out)} for {rows} rows"
+        )
+    out_shape = tuple(int(d) for d in got[1:])
+    return StageModel(
+        init,
+        apply,
+        tuple(in_dims),
+        math.prod(out_shape),
+        spec,
+        out_shape=out_shape,
+        out_dtype=jnp.dtype(out.dtype).name,
+    )
 
 
 def mlp_stage(

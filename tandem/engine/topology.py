@@ -21,6 +21,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tandem.errors import TopologyError
 
 FEATURES = "features"
+#: dtypes a cut edge may carry (a stage's output read by another party's stage, and its
+#: gradient): `tandem.engine.kernels.StageModel.out_dtype`.
+CUT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

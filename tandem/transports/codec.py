@@ -7,7 +7,8 @@ Wire layout of one encoded frame::
 The header is padded with spaces so that ``buffer_0`` starts at a multiple of `ALIGN` bytes.
 
 The header holds ``sender, channel, id, spec, meta`` and, per array, ``dtype`` (numpy
-``dtype.str``, little-endian), ``shape`` and ``nbytes``. `decode` validates every field and
+``dtype.str``, little-endian; ``"bfloat16"`` for `ml_dtypes.bfloat16`, whose ``dtype.str`` is a
+bare ``"<V2"``), ``shape`` and ``nbytes``. `decode` validates every field and
 raises `FrameError` naming the first problem, so a server can answer 4xx and keep serving.
 
 The codec is pure (no asyncio, no JAX).
@@ -19,6 +20,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import orjson
 
@@ -37,15 +39,38 @@ MAX_HEADER_BYTES = 1 << 20
 ALIGN = 64
 #: dtypes allowed on the wire (kinds: bool, signed/unsigned int, float, complex).
 _ALLOWED_KINDS = frozenset("biufc")
+#: dtypes outside numpy's kinds that may travel too, by name: ``bfloat16`` (from ml_dtypes,
+#: which JAX ships; numpy sees it as kind ``"V"``), the dtype of a bfloat16 cut layer.
+EXTENSION_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
 def _wire_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.name in EXTENSION_DTYPES and dtype == EXTENSION_DTYPES[dtype.name]:
+        return dtype
     if dtype.kind not in _ALLOWED_KINDS:
         raise FrameError(
-            f"dtype {dtype!r} cannot travel: only bool, integer, float and complex arrays are "
-            "supported (convert strings/objects to numeric arrays first)"
+            f"dtype {dtype!r} cannot travel: only bool, integer, float (bfloat16 included) and "
+            "complex arrays are supported (convert strings/objects to numeric arrays first)"
         )
     return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+
+
+def dtype_token(dtype: np.dtype) -> str:
+    """How a header names ``dtype`` (a wire dtype): its name for `EXTENSION_DTYPES`, else its
+    little-endian ``dtype.str``."""
+    return dtype.name if dtype.name in EXTENSION_DTYPES else dtype.str
+
+
+def _parse_dtype(token: Any, i: int) -> np.dtype:
+    if isinstance(token, str) and token in EXTENSION_DTYPES:
+        return EXTENSION_DTYPES[token]
+    try:
+        dt = np.dtype(token)
+    except TypeError:
+        raise FrameError(f"array {i}: unknown dtype {token!r}") from None
+    if dt.kind not in _ALLOWED_KINDS or dt.byteorder == ">":
+        raise FrameError(f"array {i}: dtype {token!r} is not allowed on the wire")
+    return dt
 
 
 def header_of(frame: Frame) -> dict[str, Any]:
@@ -53,7 +78,9 @@ def header_of(frame: Frame) -> dict[str, Any]:
     arrays = []
     for a in frame.arrays:
         dt = _wire_dtype(np.asarray(a).dtype)
-        arrays.append({"dtype": dt.str, "shape": list(np.shape(a)), "nbytes": int(a.nbytes)})
+        arrays.append(
+            {"dtype": dtype_token(dt), "shape": list(np.shape(a)), "nbytes": int(a.nbytes)}
+        )
     return {
         "sender": frame.sender,
         "channel": frame.channel,
@@ -76,7 +103,9 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     for a in frame.arrays:
         arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
         if arr.nbytes:
-            parts.append(arr.data.cast("B"))
+            # extension dtypes export no buffer format of their own: send their bytes
+            raw = arr.reshape(-1).view(np.uint8) if arr.dtype.kind == "V" else arr
+            parts.append(raw.data.cast("B"))
     return parts
 
 
@@ -136,12 +165,7 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
     for i, spec in enumerate(header["arrays"]):
         if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "nbytes"}:
             raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
-        try:
-            dt = np.dtype(spec["dtype"])
-        except TypeError:
-            raise FrameError(f"array {i}: unknown dtype {spec['dtype']!r}") from None
-        if dt.kind not in _ALLOWED_KINDS or dt.byteorder == ">":
-            raise FrameError(f"array {i}: dtype {spec['dtype']!r} is not allowed on the wire")
+        dt = _parse_dtype(spec["dtype"], i)
         shape = spec["shape"]
         if not isinstance(shape, list) or not all(
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
@@ -164,7 +188,9 @@ def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | by
     """Build a frame from a validated header and one buffer per array (zero-copy views)."""
     arrays = []
     for spec, buf in zip(header["arrays"], buffers, strict=True):
-        arr = np.frombuffer(buf, dtype=np.dtype(spec["dtype"]), count=-1 if spec["nbytes"] else 0)
+        arr = np.frombuffer(
+            buf, dtype=_parse_dtype(spec["dtype"], 0), count=-1 if spec["nbytes"] else 0
+        )
         arrays.append(arr.reshape(spec["shape"]))
     return Frame(
         sender=header["sender"],

@@ -24,6 +24,9 @@ rebuild a party from its own file alone:
   ``{"kind": "mlp", "in_dims": [8], "hidden": [32], "out_dim": 16, "activate_last": true}``;
 * ``"widths"``: output width of *every* stage of the topology, the other parties' included
   (the cut-layer widths, to check received tensors), e.g. ``{"bottom": 16, "top": 1}``;
+* ``"cuts"``: for each stage whose output is not a float32 matrix, its shape after the rows
+  and dtype, e.g. ``{"bottom": {"shape": [4, 4], "dtype": "bfloat16"}}`` (every other stage
+  outputs ``float32[rows, width]``);
 * ``"training"``: an id shared by every party's export of one training run;
 * ``"loss"``: the loss the loss stage was trained with (``"binary"``, ``"softmax"``, ``"mse"``);
 * ``"data"``: what the party's features came from: ``{"preprocessing": <the JSON state of
@@ -54,6 +57,7 @@ import numpy as np
 import safetensors.numpy
 from safetensors import safe_open
 
+from tandem.engine.topology import CUT_DTYPES
 from tandem.errors import EngineError
 from tandem.parties.files import write_atomic
 
@@ -61,7 +65,7 @@ FORMAT = "tandem-stages"
 VERSION = 1
 _META_KEY = "tandem"
 #: Optional top-level description fields (see the module docstring), covered by the digest.
-OPTIONAL_FIELDS = ("widths", "training", "loss", "data")
+OPTIONAL_FIELDS = ("widths", "cuts", "training", "loss", "data")
 
 
 class ExportError(EngineError):
@@ -100,11 +104,12 @@ def save_stages(
     training: str | None = None,
     loss: str | None = None,
     data: Mapping[str, Any] | None = None,
+    cuts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Write ``stages`` (name -> params pytree of arrays) and their description to ``path``.
 
-    ``models`` (stage -> model spec), ``widths``, ``training``, ``loss`` and ``data`` are the
-    optional fields of the module docstring; each is written only when given.
+    ``models`` (stage -> model spec), ``widths``, ``cuts``, ``training``, ``loss`` and ``data``
+    are the optional fields of the module docstring; each is written only when given.
 
     The file is written to a temporary name and renamed, so a crash never leaves a partial
     file under ``path``. Returns the description written (including the digest).
@@ -118,6 +123,7 @@ def save_stages(
         training=training,
         loss=loss,
         data=data,
+        cuts=cuts,
     )
     desc["digest"] = _digest(tensors, desc)
     stored = {name: _storable(arr) for name, arr in tensors.items()}
@@ -218,6 +224,7 @@ def _flatten_all(
     training: str | None = None,
     loss: str | None = None,
     data: Mapping[str, Any] | None = None,
+    cuts: Mapping[str, Mapping[str, Any]] | None = None,
 ):
     if not isinstance(party, str) or not party:
         raise ExportError(f"party must be a non-empty string, got {party!r}")
@@ -273,6 +280,8 @@ def _flatten_all(
         ):
             raise ExportError(f"widths must map stage names to positive ints, got {widths!r}")
         desc["widths"] = {k: int(v) for k, v in sorted(widths.items())}
+    if cuts is not None:
+        desc["cuts"] = {str(k): _cut(k, v) for k, v in sorted(cuts.items())}
     if training is not None:
         if not isinstance(training, str) or not training:
             raise ExportError(f"training must be a non-empty string id, got {training!r}")
@@ -287,6 +296,28 @@ def _flatten_all(
         except (TypeError, ValueError) as exc:
             raise ExportError(f"data must be JSON data: {exc}") from None
     return tensors, desc
+
+
+def _cut(stage: Any, cut: Any) -> dict[str, Any]:
+    """A ``cuts`` entry as JSON data, after checking it; `ExportError` naming the stage."""
+    ok = (
+        isinstance(stage, str)
+        and isinstance(cut, Mapping)
+        and set(cut) == {"shape", "dtype"}
+        and cut["dtype"] in CUT_DTYPES
+        and isinstance(cut["shape"], (list, tuple))
+        and len(cut["shape"]) >= 1
+        and all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 1
+            for d in cut["shape"]
+        )
+    )
+    if not ok:
+        raise ExportError(
+            f"cuts[{stage!r}] must be {{'shape': [positive sizes after the rows], 'dtype': one "
+            f"of {list(CUT_DTYPES)}}}, got {cut!r}"
+        )
+    return {"shape": [int(d) for d in cut["shape"]], "dtype": str(cut["dtype"])}
 
 
 def _flatten(node: Any, prefix: str, out: dict[str, np.ndarray]) -> Any:

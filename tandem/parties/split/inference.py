@@ -50,7 +50,7 @@ from . import negotiate
 from .export import ExportError, load_stages, save_stages
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
-from .spec import TaskSpec
+from .spec import TaskSpec, cut_fields, cut_of
 
 DATASET = "predict"
 #: Security fields recorded when the caller gives none (in-process transports enforce none).
@@ -66,9 +66,11 @@ class PartyModel:
     """One party's trained stages, rebuilt from its own export only.
 
     ``models`` holds a rebuilt `StageModel` for each stage ``party`` owns, and a width-only
-    stand-in for every other stage (its output width, to check received activations; it cannot
-    be initialised or applied). ``params`` holds the party's own stages only. ``data`` is the
-    export's ``{"preprocessing", "fingerprint"}`` (None for an export without it).
+    stand-in for every other stage (its output width, shape and dtype, to check received
+    activations; it cannot be initialised or applied). ``params`` holds the party's own stages
+    only. ``data`` is the export's ``{"preprocessing", "fingerprint"}`` (None for an export
+    without it). ``cuts``: the export's ``{"shape", "dtype"}`` of every stage whose output is
+    not a float32 matrix (`cut_of` gives any stage's).
     """
 
     party: str
@@ -81,6 +83,11 @@ class PartyModel:
     digest: str
     path: str
     data: dict[str, Any] | None = None  # the export's "data": preprocessing state, fingerprint
+    cuts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+
+    def cut_of(self, stage: str) -> dict[str, Any]:
+        """``{"shape", "dtype"}`` of ``stage``'s output per row."""
+        return self.cuts.get(stage, {"shape": [self.widths[stage]], "dtype": "float32"})
 
     @property
     def is_leader(self) -> bool:
@@ -120,6 +127,12 @@ async def export_party(
             "build it with a StageModel for every stage of the topology"
         )
     specs = {s: m.spec for s, m in party.handler.models.items()}
+    handler = party.handler
+    cuts = {
+        s: {"shape": list(handler.cut_shape(s)), "dtype": handler.out_dtypes[s]}
+        for s in handler.out_dims
+        if len(handler.cut_shape(s)) > 1 or handler.out_dtypes[s] != "float32"
+    }
     if any(v is None for v in specs.values()):
         raise InferenceError(
             f"stages {[s for s, v in specs.items() if v is None]} of "
@@ -139,6 +152,7 @@ async def export_party(
         training=party.run_id,
         loss=party.config.loss if party.is_leader else None,
         data=data,
+        cuts=cuts or None,  # recorded only when a cut is not a float32 matrix
     )
 
 
@@ -200,6 +214,7 @@ def load_model_sync(
             f"{file!r}: widths name {sorted(widths)} but the topology's stages "
             f"are {[s.name for s in topo.stages]}; re-export it"
         )
+    cuts = _read_cuts(file, desc, widths)
     models: dict[str, StageModel] = {}
     for s in topo.stages:
         if s.name in own:
@@ -211,7 +226,7 @@ def load_model_sync(
                     f"{desc['stages'][s.name]['model']}: {exc}"
                 ) from None
         else:
-            models[s.name] = _width_only(s.name, widths[s.name])
+            models[s.name] = _width_only(s.name, widths[s.name], cuts.get(s.name))
     _check_params(file, {s: models[s] for s in own}, loaded.stages)
     return PartyModel(
         party=owner,
@@ -224,6 +239,7 @@ def load_model_sync(
         digest=str(desc["digest"]),
         path=file,
         data=desc.get("data"),
+        cuts=cuts,
     )
 
 
@@ -250,11 +266,39 @@ def resolve_export(path: str | os.PathLike, party: str | None) -> str:
     return path
 
 
-def _width_only(stage: str, width: int) -> StageModel:
+def _read_cuts(
+    file: str, desc: Mapping[str, Any], widths: Mapping[str, int]
+) -> dict[str, dict[str, Any]]:
+    """The export's ``cuts``, checked against its widths (`InferenceError` naming the stage)."""
+    cuts = desc.get("cuts", {})
+    out = {}
+    for name, cut in cuts.items() if isinstance(cuts, Mapping) else [("?", cuts)]:
+        try:
+            shape, dtype = [int(d) for d in cut["shape"]], str(cut["dtype"])
+            _width_only(name, widths[name], {"shape": shape, "dtype": dtype})
+        except (ConfigError, KeyError, TypeError, ValueError):
+            raise InferenceError(
+                f"{file!r}: cuts.{name} {cut!r} does not describe an output of the recorded "
+                f"width {widths.get(name)} (shape after the rows and a cut dtype); re-export it"
+            ) from None
+        out[str(name)] = {"shape": shape, "dtype": dtype}
+    return out
+
+
+def _width_only(stage: str, width: int, cut: Mapping[str, Any] | None = None) -> StageModel:
     def unavailable(*_: Any) -> Any:
         raise InferenceError(f"stage {stage!r} belongs to another party; it has no parameters here")
 
-    return StageModel(unavailable, unavailable, (), int(width))
+    if cut is None:
+        return StageModel(unavailable, unavailable, (), int(width))
+    return StageModel(
+        unavailable,
+        unavailable,
+        (),
+        int(width),
+        out_shape=tuple(cut["shape"]),
+        out_dtype=str(cut["dtype"]),
+    )
 
 
 def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[str, Any]) -> None:
@@ -337,7 +381,14 @@ def inference_spec(
         if model.features is None
         else {model.party: {"features": model.features, "dtype": "float32"}}
     )
-    stages = {s.name: {"owner": s.owner, "out_dim": model.widths[s.name]} for s in topo.stages}
+    stages = {
+        s.name: {
+            "owner": s.owner,
+            "out_dim": model.widths[s.name],
+            **cut_fields(s.name, _widths_entry(model, s.name)),
+        }
+        for s in topo.stages
+    }
     edges = [
         {
             "src": e.src,
@@ -345,7 +396,8 @@ def inference_spec(
             "src_party": e.src_party,
             "dst_party": e.dst_party,
             "width": model.widths[e.src],
-            "dtype": "float32",
+            "dtype": stages[e.src].get("out_dtype", "float32"),
+            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
         }
         for e in topo.edges()
     ]
@@ -377,6 +429,11 @@ def inference_spec(
         if alignment is None
         else {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])},
     )
+
+
+def _widths_entry(model: PartyModel, stage: str) -> dict[str, Any]:
+    cut = model.cut_of(stage)
+    return {"out_dim": model.widths[stage], "out_shape": cut["shape"], "out_dtype": cut["dtype"]}
 
 
 def inference_check(
@@ -419,6 +476,14 @@ def inference_check(
                     f"stage {name!r} outputs {st.get('out_dim')} columns in the "
                     f"leader's export but {model.widths[name]} in {mine}"
                 )
+            elif name in model.widths:
+                (theirs_shape, theirs_dtype), cut = cut_of(st), model.cut_of(name)
+                if [theirs_shape, theirs_dtype] != [cut["shape"], cut["dtype"]]:
+                    reasons.append(
+                        f"stage {name!r} outputs {theirs_dtype}[rows, {_dims(theirs_shape)}] in "
+                        f"the leader's export but {cut['dtype']}[rows, {_dims(cut['shape'])}] "
+                        f"in {mine}"
+                    )
         if int(spec.samples) != int(rows):
             reasons.append(
                 f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
@@ -523,6 +588,7 @@ async def run_follower(
                 "training": model.training,
                 "digest": model.digest,
                 "widths": model.widths,
+                "cuts": model.cuts,
                 "topology": model.topology.to_dict(),
             }
         ),
@@ -564,6 +630,11 @@ async def confirm(transport: Transport, model: PartyModel, followers: list[str])
                 reasons.append(
                     f"the stage widths of {peer!r}, {meta.get('widths')}, differ "
                     f"from the leader's {model.widths}"
+                )
+            elif _plain(meta.get("cuts", {})) != _plain(model.cuts):
+                reasons.append(
+                    f"the cut shapes and dtypes of {peer!r}, {meta.get('cuts', {})}, differ "
+                    f"from the leader's {model.cuts}"
                 )
             digests[peer] = str(meta.get("digest"))
         if reasons:
@@ -661,6 +732,10 @@ def prepare_rows(
     if n < 1:
         raise InferenceError("there are no rows to predict")
     return x, int(n)
+
+
+def _dims(shape: list[int]) -> str:
+    return ", ".join(str(d) for d in shape)
 
 
 def _plain(value: Any) -> Any:

@@ -49,9 +49,11 @@ class NegotiationError(TandemError):
 def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
     """A transport validator refusing (with `FrameError`) any tensor the spec does not allow.
 
-    * ``act/src->dst`` and ``grad/src->dst``: exactly one ``dtype[rows, width]`` array of the
-      edge, ``1 <= rows <= spec.max_rows``, sent by the edge's source (act) or destination
-      (grad) party;
+    * ``act/src->dst`` and ``grad/src->dst``: exactly one ``dtype[rows, *shape]`` array of the
+      edge (`TaskSpec.channel_shapes`), ``1 <= rows <= spec.max_rows``, sent by the edge's
+      source (act) or destination (grad) party; the message names the field that differs
+      (dtype, shape, rows); with ``reject_nonfinite`` a bfloat16 tensor holding NaN or Inf is
+      refused too (numpy float kinds are the transport's own check);
     * ``ctl``: no array, or one ``int64`` row-index vector of at most ``max_rows`` rows from
       the leader (commands); replies from followers carry no arrays;
     * any other channel is refused.
@@ -62,6 +64,7 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
         senders[f"act/{e['src']}->{e['dst']}"] = e["src_party"]
         senders[f"grad/{e['src']}->{e['dst']}"] = e["dst_party"]
     max_rows = spec.max_rows
+    nonfinite = bool(spec.security.get("reject_nonfinite"))
 
     def validate(frame: Frame) -> None:
         ch = frame.channel
@@ -85,21 +88,30 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
                 f"channel {ch!r} is not part of the negotiated task (channels: "
                 f"{sorted(shapes) + [CTL]})"
             )
-        dtype, width = shapes[ch]
+        dtype, shape = shapes[ch]
         if frame.sender and senders.get(ch) and frame.sender != senders[ch]:
             raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {senders[ch]!r})")
         if len(frame.arrays) != 1:
             raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
         a = frame.arrays[0]
-        if (
-            a.dtype.name != dtype
-            or a.ndim != 2
-            or a.shape[1] != width
-            or not 1 <= a.shape[0] <= max_rows
-        ):
+        wrong = []
+        if a.dtype.name != dtype:
+            wrong.append("dtype")
+        if a.ndim != 1 + len(shape) or tuple(a.shape[1:]) != shape:
+            wrong.append("shape")
+        elif not 1 <= a.shape[0] <= max_rows:
+            wrong.append("rows")
+        if wrong:
+            dims = ", ".join(str(d) for d in shape)
             raise FrameError(
                 f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
-                f"{dtype}[rows, {width}] with 1 <= rows <= {max_rows}"
+                f"{dtype}[rows, {dims}] with 1 <= rows <= {max_rows}: its "
+                f"{' and '.join(wrong)} differ{'s' if len(wrong) == 1 else ''}"
+            )
+        if nonfinite and dtype == "bfloat16" and not np.isfinite(a).all():
+            # the transports' NaN/Inf check covers numpy's float kinds; bfloat16 is not one
+            raise FrameError(
+                f"tensor on {ch!r} contains NaN or Inf (reject_nonfinite is set in the spec)"
             )
 
     return validate

@@ -59,6 +59,8 @@ from tandem.parties.http_security import (
     read_secret,
 )
 
+from .spec import cut_of
+
 
 class PartyConfigError(ConfigError):
     """The party's TOML configuration is wrong; the message names the key and the fix."""
@@ -365,7 +367,8 @@ class PartyConfig:
         self, features: Mapping[str, int], vocab: Sequence[int] = ()
     ) -> dict[str, dict[str, Any]]:
         """``{stage: {"in_dims", "out_dim", "sizes"}}`` of every stage, given the feature count
-        of every feature-holding party (``vocab``: this party's categorical code counts).
+        of every feature-holding party (``vocab``: this party's categorical code counts); an own
+        stage whose output is not a float32 matrix adds its ``out_shape`` and ``out_dtype``.
 
         This party's own stages are built (`stage_models`); another party's stage is known by
         its output width only: ``[model.<stage>] out``, else ``cut`` (``out`` for the loss
@@ -388,8 +391,12 @@ class PartyConfig:
                 else:
                     in_dims.append(int(out[i]["out_dim"]))
             own = s.owner == self.name
+            cut: dict[str, Any] = {}
             if own:
-                width = self.stage_model(s.name, in_dims, vocab).out_dim
+                model = self.stage_model(s.name, in_dims, vocab)
+                width = model.out_dim
+                if len(model.out_shape or ()) > 1 or model.out_dtype != "float32":
+                    cut = {"out_shape": list(model.out_shape or ()), "out_dtype": model.out_dtype}
             else:
                 table = m.stages.get(s.name, {})
                 width = int(table.get("out", m.out if s.loss else m.cut))
@@ -398,6 +405,7 @@ class PartyConfig:
                 "in_dims": in_dims,
                 "out_dim": width,
                 "sizes": [sum(in_dims), *m.hidden, width] if mlp_sized else None,
+                **cut,
             }
         return {s.name: out[s.name] for s in topo.stages}
 
@@ -451,15 +459,40 @@ def models_from_widths(
     topology: Topology, widths: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, StageModel]:
     """MLP `StageModel`s for every stage from ``{"in_dims", "out_dim", "sizes"}`` (a spec's
-    ``stages`` or `PartyConfig.stage_widths`); the loss stage's last layer is linear."""
+    ``stages`` or `PartyConfig.stage_widths`); the loss stage's last layer is linear.
+
+    A stage whose output is recorded as other than a float32 matrix (``out_shape``,
+    ``out_dtype``) gets a stand-in that knows only that output (to check what its owner
+    sends): no MLP makes it, so its owner must build that stage's model."""
     models = {}
     for s in topology.stages:
         w = widths[s.name]
+        if "out_shape" in w or "out_dtype" in w:
+            models[s.name] = _output_only(s.name, w)
+            continue
         sizes = w.get("sizes") or [sum(w["in_dims"]), w["out_dim"]]
         models[s.name] = mlp_stage(
             w["in_dims"], list(sizes[1:-1]), w["out_dim"], activate_last=not s.loss
         )
     return models
+
+
+def _output_only(stage: str, widths: Mapping[str, Any]) -> StageModel:
+    def unbuilt(*_: Any) -> Any:
+        raise PartyConfigError(
+            f"stage {stage!r} is known here by its output only ({widths.get('out_dtype')} "
+            f"{widths.get('out_shape')}); its owner builds its model"
+        )
+
+    shape, dtype = cut_of(widths)
+    return StageModel(
+        unbuilt,
+        unbuilt,
+        tuple(int(d) for d in widths["in_dims"]),
+        int(widths["out_dim"]),
+        out_shape=tuple(shape),
+        out_dtype=dtype,
+    )
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -131,6 +131,9 @@ def follower_check(
         own: dict[str, dict[str, Any]] = {}
         for s in cfg.topology().stages_of(cfg.name):
             mine = dict(widths[s.name])
+            # the cut tensor of an own stage is compared even when it is the default
+            mine.setdefault("out_shape", [mine["out_dim"]])
+            mine.setdefault("out_dtype", "float32")
             if mine.get("sizes") is None or spec.stages.get(s.name, {}).get("sizes") is None:
                 mine.pop("sizes", None)  # the owner's model is compared by widths only
             own[s.name] = mine

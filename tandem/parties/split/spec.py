@@ -12,10 +12,12 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   read raw features;
 * ``samples``: rows of the (aligned) training set, identical on every party;
 * ``stages``: stage -> ``{"owner", "in_dims", "out_dim", "sizes"}`` (``sizes``: MLP layer sizes
-  or null);
+  or null), plus ``"out_shape"`` (the output's shape after the rows, recorded when it is not
+  ``[out_dim]``) and ``"out_dtype"`` (recorded when not ``"float32"``);
 * ``edges``: one entry per cut edge ``{"src", "dst", "src_party", "dst_party", "width",
-  "dtype"}``: activations on ``act/src->dst`` and gradients on ``grad/src->dst`` are
-  ``dtype[rows, width]`` with ``1 <= rows <= max_rows``;
+  "dtype"}`` (+ ``"shape"`` when the source's ``out_shape`` is recorded): activations on
+  ``act/src->dst`` and gradients on ``grad/src->dst`` are ``dtype[rows, *shape]`` (``shape``
+  defaults to ``[width]``) with ``1 <= rows <= max_rows``;
 * ``hyper``: batch size, eval batch size, groups policy, learning rate, optimizer, loss, epochs,
   seed, threshold, capacity, policy, checkpoint_every; optionally ``chunks`` (messages per
   group, recorded when not 1), ``test_samples`` and ``validation_samples`` (rows of the test
@@ -39,12 +41,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from tandem.engine.topology import FEATURES, Topology
+from tandem.engine.topology import CUT_DTYPES, FEATURES, Topology
 from tandem.errors import ConfigError
 
 SPEC_FORMAT = "tandem-task-spec"
@@ -168,12 +171,14 @@ class TaskSpec:
         """Most rows any batch (train or eval) may carry."""
         return max(int(self.hyper["batch_size"]), int(self.hyper["eval_batch_size"]))
 
-    def channel_shapes(self) -> dict[str, tuple[str, int]]:
-        """``{channel: (dtype, width)}`` for every activation and gradient channel."""
+    def channel_shapes(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """``{channel: (dtype, shape after the rows)}`` for every activation and gradient
+        channel."""
         out = {}
         for e in self.edges:
+            shape = tuple(int(d) for d in e.get("shape", [e["width"]]))
             for kind in ("act", "grad"):
-                out[f"{kind}/{e['src']}->{e['dst']}"] = (str(e["dtype"]), int(e["width"]))
+                out[f"{kind}/{e['src']}->{e['dst']}"] = (str(e["dtype"]), shape)
         return out
 
     # -- checks ----------------------------------------------------------------------------
@@ -194,8 +199,9 @@ class TaskSpec:
         Args:
           features: columns of the party's feature matrix (None if it holds none).
           samples: rows of its training set (after alignment); None if it holds no data.
-          stages: its own view of stage widths (``{"in_dims", "out_dim", "sizes"}`` per stage),
-            compared for the stages it owns and every stage feeding or fed by them.
+          stages: its own view of stage widths (``{"in_dims", "out_dim", "sizes"}`` per stage,
+            optionally ``"out_shape"`` and ``"out_dtype"``), compared for the stages it owns and
+            every stage feeding or fed by them.
           alignment: its `AlignedIds.spec_fields`-like ``{"size", "commitment"}``, or None.
           security: its own security settings; the keys given must equal the spec's.
           topology: its own topology (`Topology.to_dict`), if it has one configured.
@@ -257,6 +263,13 @@ class TaskSpec:
                         f"stage {name!r}: {who} has {key} {_plain(local[key])} but "
                         f"the spec says {_plain(spec_st.get(key))}"
                     )
+            for key, theirs in zip(("out_shape", "out_dtype"), cut_of(spec_st), strict=True):
+                if key in local and _plain(local[key]) != theirs:
+                    reasons.append(
+                        f"stage {name!r}: {who} has {key} {_plain(local[key])} but the spec "
+                        f"says {theirs}; the cut tensor must have the same shape and dtype on "
+                        "both sides"
+                    )
         if self.alignment is not None and alignment is None:
             reasons.append(
                 f"the spec records aligned rows (size {self.alignment['size']}) "
@@ -308,7 +321,8 @@ def build_spec(
     Args:
       features: feature columns of every party whose stages read features.
       stage_widths: stage -> ``{"in_dims": [...], "out_dim": int, "sizes": [...] | None}``
-        for every stage of ``topology``.
+        for every stage of ``topology``, optionally with ``"out_shape"`` (shape after the
+        rows, ``prod == out_dim``) and ``"out_dtype"`` (a cut dtype) of its output.
       test_samples: rows of the test split the leader will evaluate on (recorded as
         ``hyper["test_samples"]`` only when given, so specs without it hash as before).
       validation_samples, split, fingerprints: recorded in ``hyper`` when not 0 / None.
@@ -333,6 +347,7 @@ def build_spec(
             "in_dims": in_dims,
             "out_dim": int(w["out_dim"]),
             "sizes": None if w.get("sizes") is None else [int(x) for x in w["sizes"]],
+            **cut_fields(s.name, w),
         }
     for p in topology.feature_parties():
         if p not in features:
@@ -356,7 +371,8 @@ def build_spec(
             "src_party": e.src_party,
             "dst_party": e.dst_party,
             "width": stages[e.src]["out_dim"],
-            "dtype": dtype,
+            "dtype": stages[e.src].get("out_dtype", dtype),
+            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
         }
         for e in topology.edges()
     ]
@@ -384,6 +400,39 @@ def build_spec(
     )
 
 
+def cut_of(stage: Mapping[str, Any]) -> tuple[list[int], str]:
+    """``(out_shape, out_dtype)`` of a spec's stage entry, with their defaults (``[out_dim]``,
+    ``"float32"``) when not recorded."""
+    shape = stage.get("out_shape", [stage.get("out_dim")])
+    return [int(d) for d in shape], str(stage.get("out_dtype", "float32"))
+
+
+def cut_fields(name: str, widths: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``out_shape`` / ``out_dtype`` entries a spec records for a stage: only those that
+    differ from the defaults, so a float32 matrix output adds nothing (and hashes as before)."""
+    out: dict[str, Any] = {}
+    width = int(widths["out_dim"])
+    shape = widths.get("out_shape")
+    if shape is not None:
+        shape = [int(d) for d in shape]
+        if not shape or min(shape) < 1 or math.prod(shape) != width:
+            raise SpecError(
+                f"stage {name!r}: out_shape {shape} must be positive sizes whose product is "
+                f"its out_dim {width}"
+            )
+        if shape != [width]:
+            out["out_shape"] = shape
+    dtype = str(widths.get("out_dtype", "float32"))
+    if dtype not in CUT_DTYPES:
+        raise SpecError(
+            f"stage {name!r}: out_dtype {dtype!r} is not a cut dtype; choose one of "
+            f"{list(CUT_DTYPES)}"
+        )
+    if dtype != "float32":
+        out["out_dtype"] = dtype
+    return out
+
+
 def _plain(value: Any) -> Any:
     """JSON data with tuples as lists and Mappings as dicts (so equal specs compare equal)."""
     if isinstance(value, Mapping):
@@ -405,4 +454,12 @@ def _brief(topology: Mapping[str, Any]) -> str:
         return repr(topology)[:80]
 
 
-__all__ = ["TaskSpec", "SpecError", "build_spec", "HYPER_KEYS", "SECURITY_KEYS"]
+__all__ = [
+    "TaskSpec",
+    "SpecError",
+    "build_spec",
+    "cut_fields",
+    "cut_of",
+    "HYPER_KEYS",
+    "SECURITY_KEYS",
+]

@@ -54,9 +54,12 @@ class StageHandler:
         if missing:
             raise ConfigError(f"party {party!r} needs a StageModel for stages {missing}")
         self.models = {s: models[s] for s in self.stages}
-        self.out_dims = {
-            s.name: models[s.name].out_dim for s in topology.stages if s.name in models
-        }
+        known = [s.name for s in topology.stages if s.name in models]
+        #: per known stage: the flat width of its output, the output's shape after the rows
+        #: (``(width,)`` for a matrix) and its dtype: what its cut tensors must be
+        self.out_dims = {s: models[s].out_dim for s in known}
+        self.out_shapes = {s: tuple(models[s].out_shape or ()) for s in known}
+        self.out_dtypes = {s: models[s].out_dtype for s in known}
         owns_loss = any(s.loss for s in self.stages.values())
         if owns_loss and loss is None:
             raise ConfigError(f"party {party!r} owns the loss stage; pass loss=...")
@@ -245,17 +248,40 @@ class StageHandler:
             raise ConfigError(f"StageHandler cannot run {op}")
         return out
 
+    def cut_shape(self, stage: str) -> tuple[int, ...]:
+        """The shape after the rows of ``stage``'s output (``(out_dims[stage],)`` for a
+        matrix)."""
+        shape = self.out_shapes.get(stage, ())
+        return shape if len(shape) > 1 else (self.out_dims[stage],)
+
     def receive(self, op: Op, array: np.ndarray) -> None:
+        """Store a peer's message after checking it is ``dtype[rows of the message, *shape]``
+        of the stage whose output (activation) or its cotangent (gradient) it carries;
+        `ShapeError` naming the field that differs otherwise."""
         kind, _, edge = op.channel.partition("/")
         src, _, dst = edge.partition("->")
         lo, hi = self.msg_bounds[op.mb]
-        width = self.out_dims.get(src)
-        expected = (hi - lo, width)
-        if array.dtype != np.float32 or array.shape != expected:
+        if src not in self.out_dims:
             raise ShapeError(
-                f"{self.party!r} received {array.dtype}{list(array.shape)} on {op.channel!r} "
-                f"micro-batch {op.mb}; expected float32{list(expected)} (rows of the group x "
-                f"output width of {src!r}). Check that both parties use the same model widths."
+                f"{self.party!r} received a tensor on {op.channel!r} but knows no model of "
+                f"stage {src!r}; pass a StageModel for every stage of the topology"
+            )
+        dtype, expected = self.out_dtypes[src], (hi - lo, *self.cut_shape(src))
+        wrong = [
+            field
+            for field, ok in (
+                ("dtype", array.dtype.name == dtype),
+                ("shape", tuple(array.shape) == expected),
+            )
+            if not ok
+        ]
+        if wrong:
+            raise ShapeError(
+                f"{self.party!r} received {array.dtype.name}{list(array.shape)} on "
+                f"{op.channel!r} micro-batch {op.mb}; expected {dtype}{list(expected)} (rows of "
+                f"the group x output shape of {src!r}): its {' and '.join(wrong)} differ"
+                f"{'s' if len(wrong) == 1 else ''}. Check that both parties use the same model "
+                f"of {src!r} (output shape and dtype)."
             )
         self.inbox[(op.channel, op.mb)] = array  # host array; the consuming kernel takes it as is
 
