@@ -18,10 +18,11 @@ party names. A sender learns a receiver's incarnation from the receiver's first 
 Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
 previous one during a rotation) and picks the one the request names.
 
-The verifier refuses a request when a header is missing, the key id is unknown, the MAC
-differs (constant-time compare), the request is addressed to another receiver, its timestamp
-is more than ``future_skew`` seconds ahead of the verifier's clock or more than ``window``
-seconds behind it, or its nonce was already seen. Nonces are remembered per sender, at most
+The verifier refuses a request, in this order, when a header is missing, the key id is
+unknown, the MAC differs (constant-time compare), the request is addressed to another
+receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's clock or
+more than ``window`` seconds behind it, it is bound to another incarnation
+(`MisdirectedError`), or its nonce was already seen. Nonces are remembered per sender, at most
 ``max_nonces`` each: when a sender's memory is full its oldest nonce is forgotten and that
 sender's floor rises to the forgotten timestamp (anything of that sender not newer is
 refused), so a forgotten nonce can never be replayed, and a sender flooding its own memory
@@ -217,12 +218,6 @@ class Verifier:
             raise AuthenticationError(
                 f"request addressed to {headers.get(RECEIVER, '')!r}, not to {self.name!r}"
             )
-        if bound and headers.get(TO, "") != self.incarnation:
-            raise MisdirectedError(
-                f"request bound to incarnation {headers.get(TO, '')!r} of {self.name!r}, "
-                "not to this process",
-                self.incarnation,
-            )
         now = self._clock()
         if not ts <= now + self._skew:
             raise AuthenticationError(
@@ -232,6 +227,12 @@ class Verifier:
         if not ts >= now - self._window:
             raise AuthenticationError(
                 f"timestamp {ts:.3f} is more than {self._window}s behind local time {now:.3f}"
+            )
+        if bound and headers.get(TO, "") != self.incarnation:
+            raise MisdirectedError(
+                f"request bound to incarnation {headers.get(TO, '')!r} of {self.name!r}, "
+                "not to this process",
+                self.incarnation,
             )
         sender = headers.get(SIGNED_HEADERS[0], "")
         memory = self._memory(sender)

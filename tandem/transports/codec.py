@@ -82,7 +82,7 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     for a in frame.arrays:
         arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
         if arr.nbytes:
-            parts.append(memoryview(arr).cast("B"))
+            parts.append(arr.data.cast("B"))
     return parts
 
 

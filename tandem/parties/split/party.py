@@ -44,6 +44,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
+from .admission import PlanAdmission
 from .metrics import classification_metrics
 from .stages import StageHandler
 
@@ -187,6 +188,12 @@ class SplitParty:
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.Counter[str] = collections.Counter()
         self._batch_waiters: list[asyncio.Future] = []
+        #: Checks every inbound frame against the batches this party runs before its transport
+        #: accepts it (where the transport takes such a hook, e.g. `HttpTransport`), so a
+        #: frame its plan cannot take is refused to its sender instead of failing the batch.
+        self.admission = PlanAdmission(self)
+        if hasattr(transport, "admit_frame"):
+            transport.admit_frame = self.admission
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
@@ -304,6 +311,7 @@ class SplitParty:
         command carries, for the leader's own `_run_batch`."""
         n = max(1, min(n, len(idx)))
         c = self.chunks_for(len(idx), n)
+        self.admission.announce(self._batch, len(idx), n, c, mode)
         await self._command(
             {
                 "cmd": "batch",
@@ -536,7 +544,8 @@ class SplitParty:
         the same checkpoint step, or the followers refuse the leader's next command).
 
         Leaves are copied to device arrays bit for bit; pytree structure must match this
-        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against templates).
+        party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against
+        templates).
         """
         from tandem.engine.kernels import owned_copy
 

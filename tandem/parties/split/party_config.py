@@ -14,9 +14,17 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [listen]      host = "127.0.0.1", port = 8711
     [peers]       follower = "http://127.0.0.1:8712"       # name = base URL, every other party
     [link]        bandwidth (bytes/s), latency (s): emulate a slower link on loopback
-    [security]    secret | secret_env | secret_file (at most one; none = unsigned),
+    [security]    secret | secret_env | secret_file (at most one; none = unsigned), key_id,
+                  previous_secret | previous_secret_env | previous_secret_file and
+                  previous_key_id (a key still accepted during a rotation), max_clock_skew,
                   tls_cert, tls_key, tls_ca (optional), max_frame_bytes, reject_nonfinite,
                   retry_timeout, peer_timeout
+    [identities]  peer = "name" or ["name", ...]: the TLS client certificate names (CN or
+                  subjectAltName) that may speak for that peer (default: the peer's name)
+    [http]        inbound_budget, partial_timeout, header_timeout, body_idle_timeout,
+                  keepalive_timeout, max_connections, max_connections_per_address,
+                  read_timeout, backpressure_wait, max_nonces (docs/security.md lists their
+                  defaults)
     [data]        source = "breast_cancer" | "x.npz" | "x.csv"; part ("leader"/"follower",
                   breast_cancer only), seed (breast_cancer split), label_column (csv),
                   test (csv of test rows), aligned (the `tandem align --out` CSV)
@@ -87,6 +95,25 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "reject_nonfinite": (bool,),
         "retry_timeout": (float, int),
         "peer_timeout": (float, int),
+        "key_id": (str,),
+        "previous_secret": (str,),
+        "previous_secret_env": (str,),
+        "previous_secret_file": (str,),
+        "previous_key_id": (str,),
+        "max_clock_skew": (float, int),
+    },
+    "identities": {},  # free-form: peer -> certificate name(s)
+    "http": {
+        "inbound_budget": (int,),
+        "partial_timeout": (float, int),
+        "header_timeout": (float, int),
+        "body_idle_timeout": (float, int),
+        "keepalive_timeout": (float, int),
+        "max_connections": (int,),
+        "max_connections_per_address": (int,),
+        "read_timeout": (float, int),
+        "backpressure_wait": (float, int),
+        "max_nonces": (int,),
     },
     "data": {
         "source": (str,),
@@ -192,6 +219,12 @@ class PartyConfig:
     grace: float = 10.0
     link_bandwidth: float | None = None
     link_latency: float = 0.0
+    key_id: str | None = None
+    previous_secret: bytes | None = None
+    previous_key_id: str | None = None
+    max_clock_skew: float = 5.0
+    identities: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    http: dict[str, Any] = dataclasses.field(default_factory=dict)  # [http] HttpConfig fields
 
     # -- derived objects -----------------------------------------------------------------
     @property
@@ -241,6 +274,11 @@ class PartyConfig:
                 port=self.port,
                 peers=dict(self.peers),
                 secret=self.secret,
+                key_id=self.key_id,
+                previous_secret=self.previous_secret,
+                previous_key_id=self.previous_key_id,
+                max_clock_skew=self.max_clock_skew,
+                peer_identities=self.identities or None,
                 ssl_server=server,
                 ssl_client=client,
                 max_frame_bytes=self.max_frame_bytes,
@@ -249,6 +287,7 @@ class PartyConfig:
                 peer_timeout=self.peer_timeout,
                 shape_bandwidth=self.link_bandwidth,
                 shape_latency=self.link_latency,
+                **self.http,
             )
         )
 
@@ -425,6 +464,33 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         keep=ck.get("keep", 3),
     )
     secret = _secret(sec, path, base)
+    previous = _secret(sec, path, base, "previous_")
+    if previous is not None and secret is None:
+        raise PartyConfigError(
+            f"{path}: security.previous_secret is the key being retired; set the new one as "
+            "security.secret too"
+        )
+    identities = {}
+    for peer, names in raw.get("identities", {}).items():
+        names = [names] if isinstance(names, str) else names
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) and n for n in names)
+        ):
+            raise PartyConfigError(
+                f"{path}: identities.{peer} must be a certificate name or a list of them, "
+                f"got {names!r}"
+            )
+        identities[peer] = list(names)
+    http = dict(raw.get("http", {}))
+    for key, value in http.items():
+        if value <= 0:
+            raise PartyConfigError(f"{path}: http.{key} must be > 0, got {value}")
+    if "max_clock_skew" in sec and sec["max_clock_skew"] < 0:
+        raise PartyConfigError(
+            f"{path}: security.max_clock_skew must be >= 0 s, got {sec['max_clock_skew']}"
+        )
     link = raw.get("link", {})
     for key, value in [*link.items(), ("wait", top.get("wait", 1)), ("grace", top.get("grace", 1))]:
         if value < 0 or (key in ("bandwidth", "wait") and value == 0):
@@ -461,6 +527,12 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         grace=float(top.get("grace", 10.0)),
         link_bandwidth=float(link["bandwidth"]) if "bandwidth" in link else None,
         link_latency=float(link.get("latency", 0.0)),
+        key_id=sec.get("key_id"),
+        previous_secret=previous,
+        previous_key_id=sec.get("previous_key_id"),
+        max_clock_skew=float(sec.get("max_clock_skew", 5.0)),
+        identities=identities,
+        http={k: float(v) if k.endswith(("timeout", "wait")) else v for k, v in http.items()},
     )
     topo = cfg.topology()
     if cfg.name not in topo.parties:
@@ -549,23 +621,25 @@ def _file(base: str, value: str, key: str, path: str) -> str:
     return full
 
 
-def _secret(sec: Mapping[str, Any], path: str, base: str) -> bytes | None:
-    given = [k for k in ("secret", "secret_env", "secret_file") if k in sec]
+def _secret(sec: Mapping[str, Any], path: str, base: str, prefix: str = "") -> bytes | None:
+    """The key of ``security.{prefix}secret`` (or ``_env`` / ``_file``); None when unset."""
+    plain, env, file = f"{prefix}secret", f"{prefix}secret_env", f"{prefix}secret_file"
+    given = [k for k in (plain, env, file) if k in sec]
     if len(given) > 1:
         raise PartyConfigError(f"{path}: set only one of security.{given}")
     if not given:
         return None
-    if "secret" in sec:
-        value = sec["secret"]
-    elif "secret_env" in sec:
-        value = os.environ.get(sec["secret_env"])
+    if plain in sec:
+        value = sec[plain]
+    elif env in sec:
+        value = os.environ.get(sec[env])
         if value is None:
             raise PartyConfigError(
-                f"{path}: security.secret_env names ${sec['secret_env']}, "
-                "which is not set; export it or use secret_file"
+                f"{path}: security.{env} names ${sec[env]}, "
+                f"which is not set; export it or use {file}"
             )
     else:
-        with open(_file(base, sec["secret_file"], "security.secret_file", path), "rb") as f:
+        with open(_file(base, sec[file], f"security.{file}", path), "rb") as f:
             value = f.read().strip().decode()
     if not value:
         raise PartyConfigError(f"{path}: the shared secret ({given[0]}) is empty")

@@ -5,10 +5,10 @@
 1. load this party's data (`PartyConfig.load_data`, in a thread) unless given;
 2. start its `tandem.transports.http.HttpTransport` on ``[listen]``;
 3. wait until every peer answers ``GET /healthz`` (bounded by the config's ``wait``);
-4. negotiate the `tandem.parties.split.spec.TaskSpec`: the leader builds it (`leader_spec`) and proposes it,
-   a follower checks it against its own data and model (`follower_check`) and accepts or
-   refuses with readable reasons; the parties also agree on the newest checkpoint they all
-   hold for that spec (``checkpoints``);
+4. negotiate the `tandem.parties.split.spec.TaskSpec`: the leader builds it (`leader_spec`) and
+   proposes it, a follower checks it against its own data and model (`follower_check`) and
+   accepts or refuses with readable reasons; the parties also agree on the newest checkpoint
+   they all hold for that spec (``checkpoints``);
 5. call ``prepare(session)`` (build the model on ``session.transport``, load checkpoint
    ``session.step``; a follower reports a failure there to the leader), after which both
    transports stamp every frame with the spec hash and refuse frames of another hash (409)
@@ -37,6 +37,7 @@ from typing import Any
 from tandem.errors import TandemError
 
 from . import negotiate
+from .admission import negotiation_streams
 from .party_config import PartyConfig, PartyConfigError, PartyData
 from .spec import TaskSpec, build_spec
 
@@ -173,7 +174,8 @@ async def connect(
       spec: leader only, the spec to propose (default `leader_spec`).
       check: follower only, the acceptance check (default `follower_check`).
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
-        (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed hash count.
+        (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed
+        hash count.
       prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
     Reaching the peers, then agreeing, are each bounded by ``cfg.wait`` seconds.
@@ -183,9 +185,11 @@ async def connect(
     held = dict(checkpoints or {})
     topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
     transport = cfg.transport()
+    leader = topology.label_owner
+    # until a spec is agreed, only the negotiation's own messages are admitted
+    transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
     await transport.start()
     try:
-        leader = topology.label_owner
         await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):

@@ -251,6 +251,10 @@ class Listener:
                 self.guards[guard] = None
                 self.per_address[address] += 1
                 guard.opening = tg.create_task(self._open(guard, conn))
+                # let the connections accepted so far read their heads before the next accept
+                # (accept returns at once while the backlog is full, and a flood would
+                # otherwise replace them before they ran once)
+                await asyncio.sleep(0)
 
     async def _open(self, guard: ConnectionGuard, conn: socket.socket) -> None:
         try:

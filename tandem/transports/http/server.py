@@ -10,8 +10,8 @@ by the transport). Connections are accepted, capped and timed by `connections.Li
 A request for a new message first reserves a slot in its stream's inbox and its whole size in
 the receiver's `budget.ByteBudget`, waiting up to ``backpressure_wait`` for each (then 503).
 Refusals keep their order: authentication (401; 421 when correctly signed for another
-incarnation of this receiver), certificate identity (403), sizes (413/400), spec (409),
-retired incarnation (410), the stream admission hook (403), then, once the body is in, its
+incarnation of this receiver), certificate identity (403), the stream admission hook (403),
+sizes (413/400), spec (409), retired incarnation (410), then, once the body is in, its
 digest (401), the decoding (400), NaN/Inf and the validator (422) and the frame admission hook
 (422, naming the field). De-duplication follows `streams`; no lock is held while a body is
 read (a stalled body is closed after ``body_idle_timeout``, and a retry of its chunk takes it
@@ -407,6 +407,7 @@ class HttpServer:
         channel = h.get(H_CHANNEL, "")
         if not channel:
             raise Refuse(400, "malformed", f"missing header {H_CHANNEL}")
+        self.check_stream(sender, channel)
         inc = h.get(H_INC, "")
         if not inc:
             raise Refuse(400, "malformed", f"missing header {H_INC}")
@@ -439,7 +440,6 @@ class HttpServer:
             raise Refuse(409, "spec_mismatch", spec_text(spec, self.spec_hash))
         if inc in self.retired.get(sender, ()):
             raise Refuse(410, "retired", f"incarnation {inc} of {sender!r} has closed")
-        self.check_stream(sender, channel)
         key = (sender, channel)
         state = self.streams.get(key)
         if state is None:
