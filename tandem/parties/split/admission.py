@@ -232,7 +232,7 @@ class PlanAdmission:
         if not count:
             raise AdmissionError(f"batch {b} ({batch.mode}) receives nothing on {ch!r}", field="b")
         expect = self.admitted.get((ch, b), 0)
-        if not _is_int(m) or m != expect:
+        if not _is_int(m) or m != expect or m >= count:
             raise AdmissionError(
                 f"micro-batch index {m!r} on {ch!r} in batch {b}; expected {expect}"
                 + (f" (of 0..{count - 1})" if expect < count else f": all {count} arrived"),
