@@ -101,6 +101,62 @@ async def test_frames_outside_the_plan_are_refused_naming_the_field(tmp_path, ho
     assert by_name["act 1 row"][0] == 422 and by_name["act 1 row"][1] in ("b", "rows")
 
 
+async def test_commands_the_negotiation_cannot_take_are_refused_from_the_start(
+    tmp_path, hostile_reference
+):
+    """From the moment the follower serves (before and during negotiation, and while it
+    prepares its model), commands its negotiation cannot take — a batch of a batch id far
+    ahead, an unknown command — are refused with 422 naming the field; the job trains on."""
+    job = make_job(tmp_path)
+
+    async def attack(job, finished):
+        fol = job.url("follower")
+        await wait_healthy(fol)
+        fol_inc = await incarnation(fol, "follower", "leader")
+        answers = []
+        async with aiohttp.ClientSession() as s:
+            lead_inc = ""
+            for k in range(300):
+                if finished.is_set():
+                    break
+                if not lead_inc:
+                    try:
+                        lead_inc = await incarnation(job.url("leader"), "leader", "follower")
+                    except (aiohttp.ClientError, OSError, KeyError):
+                        lead_inc = "not-yet"
+                meta = (
+                    {"cmd": "batch", "b": 10**6, "n": 2, "c": 1, "mode": "train", "data": "train"}
+                    if k % 2 == 0
+                    else {"cmd": "explode"}
+                )
+                headers, body = frame_request(
+                    receiver="follower",
+                    to=fol_inc,
+                    sender="leader",
+                    sender_inc=lead_inc,
+                    channel="ctl",
+                    msg_id=10**6 + k,
+                    frame=Frame(
+                        meta=meta, arrays=(np.arange(16, dtype=np.int64),) if k % 2 == 0 else ()
+                    ),
+                )
+                try:
+                    status, text = await post(s, fol, headers, body)
+                except (aiohttp.ClientError, OSError):
+                    break
+                answers.append((status, field_of(text)))
+                await asyncio.sleep(0.01)
+        return answers
+
+    results, answers = await run_pair(job, attack)
+    assert_done(results)
+    assert_same_params(job, hostile_reference)
+    assert answers
+    # refused as not a command of this moment, or (a spec agreed since) by its spec hash
+    assert {status for status, _ in answers} <= {409, 422, 503}, answers
+    assert {f for status, f in answers if status == 422} <= {"cmd", "b"}
+
+
 async def test_overflowing_shape_gets_400_and_training_goes_on(tmp_path, hostile_reference):
     """A signed frame whose array shape multiplies past 64 bits: 400 (not a 500 and a
     traceback), and the party trains on."""

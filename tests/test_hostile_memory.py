@@ -35,7 +35,11 @@ async def partial_upload(
     """POST a body declared ``declared`` bytes long, send ``body`` (less), then close.
     Returns the status if the server answered meanwhile (a refusal), else None."""
     host, port = url.split("//")[1].split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        reader, writer = await asyncio.open_connection(host, int(port))
+    except OSError:
+        return None
+    answer: asyncio.Future[bytes] | None = None
     try:
         head = [f"POST {FRAME_PATH} HTTP/1.1", f"Host: {host}:{port}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
@@ -50,14 +54,17 @@ async def partial_upload(
         if not answer.done():
             await asyncio.sleep(0.05)  # a refusal sent as the body ended
         status = None
-        if answer.done() and not answer.exception():
+        if answer.done() and not answer.exception():  # (retrieved either way)
             line = answer.result().decode("latin-1")
             status = int(line.split()[1]) if line.startswith("HTTP/") else None
-        answer.cancel()
         return status
     except (ConnectionError, OSError):
         return None
     finally:
+        if answer is not None:
+            answer.cancel()
+            if answer.done() and not answer.cancelled():
+                answer.exception()  # retrieved: the connection's end is expected here
         writer.transport.abort()
 
 

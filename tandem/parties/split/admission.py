@@ -11,6 +11,11 @@ Three layers, each installed where its knowledge lives; the transport only calls
   ``act``/``grad`` channel of the spec from the party that sends on it to the party that
   receives it; any other (sender, channel) is refused at the request head, before its body is
   read or any memory is reserved;
+* `NegotiationAdmission` (`session.connect`, until the party exists): ``ctl`` commands of the
+  negotiation protocol only, in their order (a follower takes ``propose``, then ``start`` or
+  ``abort``, then the first ``batch`` at the agreed step), never a tensor but the first
+  batch's row indices; on the spec's channels only a first message (micro-batch 0 of the
+  first batch);
 * `PlanAdmission` (`SplitParty`): each frame against the batches the party runs. A follower's
   batch command must carry the next batch id, a group count, chunks, mode, dataset and row
   indices its plan can run; an activation or gradient must carry a batch id the party is
@@ -100,6 +105,79 @@ def spec_streams(spec: TaskSpec, me: str, leader: str) -> Callable[[str, str], N
             )
 
     return admit
+
+
+#: what a leader takes from its followers while negotiating (and, inference, the model
+#: description; standalone, a request to stop)
+FOLLOWER_NEGOTIATION = frozenset({"accept", "refuse", "ready", "error", "model", "leave"})
+
+
+class NegotiationAdmission:
+    """`admit_frame` of a party from its start until its `SplitParty` exists: the
+    negotiation's commands (`tandem.parties.split.negotiate`), in order; AdmissionError naming
+    the field otherwise. Called on the event loop."""
+
+    def __init__(self, me: str, leader: str) -> None:
+        self.me, self.leader = me, leader
+        self.phase = "propose"  # follower: what the leader may send next
+        # the agreed checkpoint step: the follower's from ``start``; the leader's set by
+        # `session.connect` once its proposal went through
+        self.step: int | None = None
+
+    def __call__(self, frame: Frame) -> None:
+        if frame.channel != CTL:
+            # before the party exists only the first message of its first batch can come
+            # (the leader commands no batch before every follower is ready); its dtype and
+            # width were checked by the spec's validator
+            b, m = frame.meta.get("b"), frame.meta.get("m")
+            if not _is_int(b) or b != self.step:
+                raise AdmissionError(
+                    f"batch id {b!r} on {frame.channel!r} before {self.me!r} runs any batch",
+                    field="b",
+                )
+            if m != 0 or not _is_int(m):
+                raise AdmissionError(
+                    f"micro-batch index {m!r} on {frame.channel!r} before {self.me!r} runs "
+                    "any batch; the first is 0",
+                    field="m",
+                )
+            return
+        cmd = frame.meta.get("cmd")
+        if self.me == self.leader:
+            if cmd not in FOLLOWER_NEGOTIATION or frame.arrays:
+                raise AdmissionError(
+                    f"{cmd!r} is not a follower's command while {self.me!r} negotiates "
+                    f"(only {sorted(FOLLOWER_NEGOTIATION)}, without arrays)",
+                    field="cmd",
+                )
+            return
+        allowed = {
+            "propose": {"propose"},
+            "start": {"start", "abort"},
+            "batch": {"batch", "stop"},
+        }[self.phase]
+        if cmd not in allowed:
+            raise AdmissionError(
+                f"{cmd!r} from the leader while {self.me!r} expects {sorted(allowed)}",
+                field="cmd",
+            )
+        if cmd == "batch":
+            b = frame.meta.get("b")
+            if b != self.step:
+                raise AdmissionError(
+                    f"batch command for batch {b!r}; the agreed start is batch {self.step}",
+                    field="b",
+                )
+            return
+        if frame.arrays:
+            raise AdmissionError(f"{cmd!r} carries no arrays", field="arrays")
+        if cmd == "propose":
+            self.phase = "start"
+        elif cmd == "start":
+            step = frame.meta.get("step", 0)
+            if not _is_int(step) or step < 0:
+                raise AdmissionError(f"start at step {step!r}", field="step")
+            self.phase, self.step = "batch", step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -487,6 +487,12 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     for key, value in http.items():
         if value <= 0:
             raise PartyConfigError(f"{path}: http.{key} must be > 0, got {value}")
+    if http.get("inbound_budget", 1 << 62) < sec.get("max_frame_bytes", 1 << 31):
+        raise PartyConfigError(
+            f"{path}: http.inbound_budget ({http['inbound_budget']} bytes) must hold one frame "
+            f"of security.max_frame_bytes ({sec.get('max_frame_bytes', 1 << 31)}); lower "
+            "max_frame_bytes or raise the budget"
+        )
     if "max_clock_skew" in sec and sec["max_clock_skew"] < 0:
         raise PartyConfigError(
             f"{path}: security.max_clock_skew must be >= 0 s, got {sec['max_clock_skew']}"

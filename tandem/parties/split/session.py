@@ -37,7 +37,7 @@ from typing import Any
 from tandem.errors import TandemError
 
 from . import negotiate
-from .admission import negotiation_streams
+from .admission import NegotiationAdmission, negotiation_streams
 from .party_config import PartyConfig, PartyConfigError, PartyData
 from .spec import TaskSpec, build_spec
 
@@ -186,8 +186,10 @@ async def connect(
     topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
     transport = cfg.transport()
     leader = topology.label_owner
-    # until a spec is agreed, only the negotiation's own messages are admitted
+    # until a spec is agreed, only the negotiation's own messages are admitted (its commands in
+    # order, until the party's model exists: `SplitParty` installs its plan's checks then)
     transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
+    negotiating = transport.admit_frame = NegotiationAdmission(cfg.name, leader)
     await transport.start()
     try:
         await wait_for_peers(cfg, cfg.wait)
@@ -203,6 +205,7 @@ async def connect(
                         spec,
                         checkpoints=[s for s, h in held.items() if h == digest],
                     )
+                    negotiating.step = step  # (a follower learns it from `start`)
                 else:
                     spec, step = await negotiate.answer(
                         transport,

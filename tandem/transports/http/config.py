@@ -22,9 +22,9 @@ class HttpConfig:
         mutual TLS for authentication in that case). Requests are signed for one receiver (its
         name and process incarnation), so a captured request is refused by every other one.
       key_id: the id sent with every signature (default: derived from ``secret``).
-      previous_secret / previous_key_id: a key still accepted while peers move to ``secret``
-        (rotation without downtime: add the new key as ``secret`` and the old one here on every
-        party, restart them one by one, then drop ``previous_secret``).
+      previous_secret / previous_key_id: a second key accepted (never used to sign), for
+        rotation without downtime (docs/security.md: add the new key here everywhere, then
+        swap it with ``secret`` everywhere, then remove it).
       max_clock_skew: seconds a signed request's timestamp may be ahead of the receiver's clock
         (``auth_window`` bounds how far behind it may be).
       peer_identities: peer name -> the certificate identities (subject CN, or DNS/URI/IP

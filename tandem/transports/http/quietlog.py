@@ -4,8 +4,9 @@ A party facing a hostile network must not let whoever sends garbage fill its log
 is ~500 bytes per request) or drown what matters. `QuietLog` wraps a logger: every record
 becomes one line (an exception is summarised as ``Type: message``, cut at `MAX_LINE`
 characters), and at most ``burst`` lines go out per ``interval`` seconds; the lines dropped
-meanwhile are counted and reported by the next line that goes out. It is handed to aiohttp
-as its server logger too, so the parser's "Error handling request" lines follow the same rule.
+meanwhile are counted and reported by the next line that goes out; ``ceiling`` caps the level
+(what a stranger's garbage causes is at most a warning). It is handed to aiohttp as its
+server logger too, so the parser's "Error handling request" lines follow the same rule.
 """
 
 from __future__ import annotations
@@ -27,15 +28,17 @@ class QuietLog(logging.LoggerAdapter):
         *,
         burst: int = 10,
         interval: float = 10.0,
+        ceiling: int = logging.CRITICAL,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(logger, {})
-        self.burst, self.interval, self._clock = burst, interval, clock
+        self.burst, self.interval, self.ceiling, self._clock = burst, interval, ceiling, clock
         self._window_start = float("-inf")
         self._sent = 0
         self.suppressed = 0  # lines dropped since the last one that went out
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        level = min(level, self.ceiling)
         if not self.isEnabledFor(level):
             return
         now = self._clock()

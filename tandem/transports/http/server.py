@@ -169,7 +169,7 @@ class HttpServer:
         self.runner: web.AppRunner | None = None
         self.listener: Listener | None = None
         self.closed = False
-        self.quiet = QuietLog(log)
+        self.quiet = QuietLog(log, ceiling=logging.WARNING)
         self._metrics_text = metrics_text
         self._sweeper: asyncio.TimerHandle | None = None
 
