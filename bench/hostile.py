@@ -29,7 +29,7 @@ Attack classes (the rows of issue 30's table):
   and within the skew, overflowing its own nonce memory;
 * ``plan``: frames of the right dtype and width with a batch id or micro-batch index out of
   range or one row, and commands a follower cannot run (expect 422);
-* ``overflow``: a frame whose shape overflows 64 bits (expect 400, or 409 once the spec is set);
+* ``overflow``: a frame whose shape overflows 64 bits (expect 400; 409 before the spec is set);
 * ``malformed``: hundreds of malformed unauthenticated requests (expect 4xx; log lines are
   counted: at most a few, none with a traceback).
 
@@ -593,7 +593,7 @@ async def attack_overflow(ctx: Ctx) -> dict[str, Any]:
             raw = b"TDM1" + len(header).to_bytes(4, "little") + header
             headers, body = frame_request(
                 receiver="leader", to=lead_inc, sender="follower", sender_inc=fol_inc,
-                channel="ctl", msg_id=10**6 + k, raw_body=raw,
+                channel="ctl", msg_id=10**6 + k, raw_body=raw, spec=ctx.spec,
             )  # fmt: skip
             answer = await _post(s, lead, headers, body)
             if answer is None:

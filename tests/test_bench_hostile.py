@@ -1,6 +1,6 @@
-"""Smoke test of ``python -m bench.hostile`` at a tiny size: two attack classes against a
-one-epoch job; the JSON line has every key, and both attacks are refused without changing
-what the parties train."""
+"""Smoke test of ``python -m bench.hostile`` at a tiny size: one attack class against a
+one-epoch job; the JSON line has every key, and the attack is refused without changing what
+the parties train."""
 
 import json
 import subprocess
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.slow
 def test_hostile_bench_smoke():
     done = subprocess.run(
-        [sys.executable, "-m", "bench.hostile", "--json", "--attacks", "replay,overflow"]
+        [sys.executable, "-m", "bench.hostile", "--json", "--attacks", "replay"]
         + ["--epochs", "1", "--seconds", "3", "--budget-mib", "64"],
         cwd=ROOT,
         capture_output=True,
@@ -33,7 +33,7 @@ def test_hostile_bench_smoke():
         "load",
     ):
         assert key in result, key
-    assert result["attacks"] == 2 and set(result["per_attack"]) == {"replay", "overflow"}
+    assert result["attacks"] == 1 and set(result["per_attack"]) == {"replay"}
     assert result["failed"] == [], result["per_attack"]
     assert 0 < result["max_rss_mb"] <= result["rss_budget_mb"]
     assert result["per_attack"]["replay"]["statuses"].keys() >= {"421"}

@@ -161,6 +161,7 @@ async def test_overflowing_shape_gets_400_and_training_goes_on(tmp_path, hostile
     """A signed frame whose array shape multiplies past 64 bits: 400 (not a 500 and a
     traceback), and the party trains on."""
     job = make_job(tmp_path)
+    spec = spec_hash(job)
 
     async def attack(job, finished):
         lead = job.url("leader")
@@ -194,6 +195,7 @@ async def test_overflowing_shape_gets_400_and_training_goes_on(tmp_path, hostile
                 from tandem.transports import auth
 
                 headers["X-Tandem-Total"] = str(len(raw))
+                headers["X-Tandem-Spec"] = spec  # (the spec header is checked before the body)
                 auth.sign(
                     b"s3cret",
                     "POST",
@@ -210,7 +212,7 @@ async def test_overflowing_shape_gets_400_and_training_goes_on(tmp_path, hostile
     assert_done(results)
     assert_same_params(job, hostile_reference)
     for status, text in statuses:
-        # 400 (the codec), or 409 when the spec is agreed by then (checked first)
+        # 400 (the codec), or 409 before the spec is agreed (an empty spec hash is expected)
         assert status in (400, 409) and "Traceback" not in text, (status, text)
     assert any(status == 400 and "overflows 64-bit" in text for status, text in statuses) or all(
         s == 409 for s, _ in statuses
