@@ -233,3 +233,53 @@ async def test_a_frozen_peer_cannot_hang_a_send():
             assert a.send_retries["b"] >= 2
     finally:
         frozen.close()
+
+
+async def test_connection_caps_and_head_timeouts():
+    """With ``max_connections=8``: 20 connections that never finish their heads hold at most
+    8 descriptors (the oldest are replaced), a prompt ``GET /healthz`` still gets in, and a
+    head that is still unfinished after ``header_timeout`` is closed."""
+    cfg = HttpConfig(
+        name="srv",
+        peers={"a": "http://127.0.0.1:9"},
+        max_connections=8,
+        max_connections_per_address=8,
+        header_timeout=0.5,
+    )
+    async with HttpTransport(cfg) as srv:
+        host, port = srv.url.split("//")[1].split(":")
+        held = []
+        try:
+            for _ in range(20):
+                reader, writer = await asyncio.open_connection(host, int(port))
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                held.append((reader, writer))
+                await asyncio.sleep(0.01)
+            listener = srv._server.listener
+            assert listener is not None and len(listener) <= 8
+            async with aiohttp.ClientSession() as s:
+                async with s.get(srv.url + "/healthz") as r:
+                    assert r.status == 200 and await r.json() == {"status": "ok"}
+                    assert r.headers["Server"] == "tandem"
+            assert listener.evicted >= 12
+            # every held head is closed: replaced, or after header_timeout
+            ends = await asyncio.gather(*(asyncio.wait_for(reader.read(), 3) for reader, _ in held))
+            assert all(end == b"" for end in ends)
+            assert 'cause="head_timeout"' in srv.metrics_text()
+        finally:
+            for _, writer in held:
+                writer.transport.abort()
+
+
+def test_the_connection_cap_leaves_descriptors_for_the_partys_files(monkeypatch):
+    import resource
+
+    from tandem.errors import ConfigError
+    from tandem.transports.http.connections import connection_cap
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (1024, 4096))
+    assert connection_cap(1000) == 1024 - 256  # a quarter kept free
+    assert connection_cap(100) == 100
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (130, 4096))
+    with pytest.raises(ConfigError, match="ulimit -n"):
+        connection_cap(100)

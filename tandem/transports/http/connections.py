@@ -197,7 +197,10 @@ class Listener:
         """Listen (port 0: any free port) and start accepting; returns the port bound."""
         self.max_connections = connection_cap(self.max_connections, self.log)
         self.max_per_address = min(self.max_per_address, self.max_connections)
-        sock = socket.create_server((host, port), backlog=min(1024, 4 * self.max_connections))
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.create_server(
+            (host, port), family=family, backlog=min(1024, 4 * self.max_connections)
+        )
         sock.setblocking(False)
         self._sock = sock
         self._task = self.loop.create_task(self._accept_all())
@@ -264,9 +267,14 @@ class Listener:
                 ssl=self.ssl_context,
                 ssl_handshake_timeout=self.header_timeout if self.ssl_context else None,
             )
-        except (OSError, ssl.SSLError, TimeoutError, asyncio.CancelledError) as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                self.timed_out["handshake"] += isinstance(exc, TimeoutError)
+        except asyncio.CancelledError:  # replaced during its handshake, or stopping
+            conn.close()
+            self.forget(guard)
+        except Exception as exc:  # a failed handshake must not stop the accept loop
+            if isinstance(exc, TimeoutError):
+                self.timed_out["handshake"] += 1
+            else:
+                self.log.info("connection from %s failed to open: %r", guard.address, exc)
             conn.close()
             self.forget(guard)
         finally:
