@@ -193,12 +193,13 @@ async def answer(
     and call `ready`. Raises `NegotiationError` when this party refuses or the leader aborts.
     """
     meta = await _recv_cmd(transport, leader, ("propose",))
+    spec: TaskSpec | None = None
     try:
-        spec = TaskSpec.from_dict(meta.get("spec"))
+        spec = TaskSpec.from_dict(meta.get("spec"))  # type: ignore[arg-type]  # checks it
         reasons = list(check(spec))
     except SpecError as exc:
-        spec, reasons = None, [f"the proposed spec is malformed: {exc}"]
-    if reasons:
+        reasons = [f"the proposed spec is malformed: {exc}"]
+    if reasons or spec is None:
         await transport.send(leader, CTL, Frame(meta={"cmd": "refuse", "reasons": reasons}))
         raise NegotiationError(
             f"{transport.name!r} refused the task spec:\n  " + "\n  ".join(reasons),

@@ -174,7 +174,7 @@ class SplitParty:
             params=params,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
-        self._plans: dict[tuple[int, str], Plan] = {}
+        self._plans: dict[tuple[int, str, int], Plan] = {}
         self._batch = 0
         self.tuner = GroupTuner(
             self.config.batch_size, self.config.groups if isinstance(self.config.groups, int) else 0

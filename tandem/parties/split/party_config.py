@@ -44,8 +44,8 @@ import dataclasses
 import os
 import ssl
 import tomllib
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, cast
 
 import numpy as np
 
@@ -657,7 +657,8 @@ def _topology(model: ModelConfig, path: str) -> Topology:
 
     if model.topology in BUILTIN:
         try:
-            return BUILTIN[model.topology](*model.topology_args)
+            factory = cast(Callable[..., Topology], BUILTIN[model.topology])
+            return factory(*model.topology_args)
         except TypeError as exc:
             raise PartyConfigError(
                 f"{path}: model.topology_args {list(model.topology_args)} do "
@@ -680,7 +681,7 @@ def _load_data(cfg: PartyConfig) -> PartyData:
         from .demo import load_breast_cancer_split
 
         split = load_breast_cancer_split(d.seed)
-        part = getattr(split, d.part)
+        part = getattr(split, str(d.part))  # "leader" or "follower": checked at load
         data = PartyData(
             part["train"],
             part["test"],

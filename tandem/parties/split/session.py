@@ -195,19 +195,24 @@ async def connect(
         await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):
+                agreed: TaskSpec
                 if cfg.is_leader:
-                    spec = spec or await asyncio.to_thread(leader_spec, cfg, data)
-                    digest = spec.spec_hash()
+                    agreed = (
+                        spec
+                        if spec is not None
+                        else await asyncio.to_thread(leader_spec, cfg, data)
+                    )
+                    digest = agreed.spec_hash()
                     followers = [p for p in topology.parties if p != cfg.name]
                     step = await negotiate.propose(
                         transport,
                         followers,
-                        spec,
+                        agreed,
                         checkpoints=[s for s, h in held.items() if h == digest],
                     )
                     negotiating.step = step  # (a follower learns it from `start`)
                 else:
-                    spec, step = await negotiate.answer(
+                    agreed, step = await negotiate.answer(
                         transport,
                         leader,
                         check=check or follower_check(cfg, data),
@@ -218,7 +223,7 @@ async def connect(
                 f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
                 " is every party started with a matching config (same secret, ports)?"
             ) from None
-        session = Session(cfg, transport, data, spec, spec.spec_hash(), step)
+        session = Session(cfg, transport, data, agreed, agreed.spec_hash(), step)
         if prepare is not None:
             try:
                 await prepare(session)
