@@ -37,7 +37,8 @@ Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest R
 attacked run's process: both parties and the in-process attackers) and ``rss_budget_mb`` (the
 reference run's highest RSS plus ``inbound_budget`` plus a stated 64 MiB for the attackers'
 own buffers and transient copies), ``healthz_p99_ms_under_attack`` (the follower's
-``/healthz``, polled every 50 ms on fresh connections while it runs, over every attack),
+``/healthz``, polled every 50 ms on fresh connections while it runs, over every attack;
+``healthz_failed`` per attack counts the polls that failed while the follower served),
 ``per_attack`` details and ``load`` (``os.getloadavg()``). Targets: ``failed`` empty,
 ``max_rss_mb <= rss_budget_mb``.
 """
@@ -715,8 +716,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self.rss_mb = 0.0
-        self.healthz_ms: list[float] = []
-        self.healthz_failed = 0
+        self.polls: list[float | None] = []  # ms per /healthz poll, None: failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
@@ -737,17 +737,30 @@ class Sampler:
         loop = asyncio.get_running_loop()
         while not until.is_set():
             t0 = loop.time()
+            took: float | None = None
             try:
                 conn = aiohttp.TCPConnector(ssl=tls or True)
                 async with aiohttp.ClientSession(connector=conn) as s:
                     async with s.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         if r.status == 200:
-                            self.healthz_ms.append((loop.time() - t0) * 1e3)
-                        else:
-                            self.healthz_failed += 1
+                            took = (loop.time() - t0) * 1e3
             except (aiohttp.ClientError, OSError, TimeoutError):
-                self.healthz_failed += 1
+                pass
+            self.polls.append(took)
             await asyncio.sleep(0.05)
+
+    @property
+    def healthz_ms(self) -> list[float]:
+        return [t for t in self.polls if t is not None]
+
+    @property
+    def healthz_failed(self) -> int:
+        """Failed polls between the first and the last answered one (before: the follower
+        was not serving yet; after: it had closed its transport at the end of its run)."""
+        answered = [i for i, t in enumerate(self.polls) if t is not None]
+        if not answered:
+            return len(self.polls)
+        return sum(t is None for t in self.polls[answered[0] : answered[-1]])
 
 
 def _rss_mb() -> float:
