@@ -32,8 +32,9 @@ from tandem.transports.http import FRAME_PATH, HttpConfig, HttpTransport
 
 
 async def poll_health(url: str, until: asyncio.Event, limit: float) -> list[float | None]:
-    """``GET /healthz`` every 0.1 s (each on a fresh connection, 2 s allowed): the seconds
-    each took, None for a failure."""
+    """``GET /healthz`` every 0.1 s (each on a fresh connection, 5 s allowed: the machine may
+    be loaded, and a locked-out server never answers at all): the seconds each took, None
+    for a failure."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limit
     took: list[float | None] = []
@@ -41,7 +42,7 @@ async def poll_health(url: str, until: asyncio.Event, limit: float) -> list[floa
         t0 = loop.time()
         try:
             async with aiohttp.ClientSession() as s:
-                async with s.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                async with s.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     took.append(loop.time() - t0 if r.status == 200 else None)
         except (aiohttp.ClientError, OSError, TimeoutError):
             took.append(None)
