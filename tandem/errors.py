@@ -57,6 +57,16 @@ class PayloadTooLargeError(FrameError):
     """A frame exceeds the configured maximum size."""
 
 
+class AdmissionError(FrameError):
+    """A receiver's admission check refused a stream or a frame before accepting it (the
+    party's plan or negotiated channels say it cannot be right); ``field`` names what was
+    wrong (``"channel"``, ``"b"``, ``"m"``, ``"rows"``, ...)."""
+
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class AuthenticationError(TransportError):
     """A peer refused our credentials (HTTP 401), or an inbound request failed authentication.
 

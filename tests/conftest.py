@@ -30,3 +30,17 @@ async def http_pair():
     yield make
     for t in made:
         await t.aclose()
+
+
+@pytest.fixture(scope="session")
+def hostile_reference(tmp_path_factory):
+    """The `hostile_helpers` job run once without any attack: the parameters every attacked
+    run must end with."""
+    import asyncio
+
+    from hostile_helpers import assert_done, make_job, run_pair
+
+    job = make_job(tmp_path_factory.mktemp("hostile-reference"))
+    results, _ = asyncio.run(run_pair(job))
+    assert_done(results)
+    return job

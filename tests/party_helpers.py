@@ -178,27 +178,26 @@ class Job:
         for role, table in self.cfg.items():
             self.path(role).write_text(toml(table))
 
-    def start(self, role: str, tag: str = "") -> Proc:
+    def start(self, role: str, tag: str = "", *, nofile: int | None = None) -> Proc:
+        """Launch ``role``'s party; ``nofile``: its ``RLIMIT_NOFILE`` soft limit."""
         self.write()
         out = self.folder / f"{role}{tag}.out"
         err = self.folder / f"{role}{tag}.err"
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+
+        command = [
+            sys.executable,
+            "-m",
+            "tandem",
+            "party",
+            "--config",
+            str(self.path(role)),
+            *self.args[role],
+        ]
+        if nofile is not None:  # (a shell sets it: no fork of this multithreaded process)
+            command = ["/bin/sh", "-c", f'ulimit -n {int(nofile)} && exec "$0" "$@"', *command]
         with open(out, "wb") as fo, open(err, "wb") as fe:
-            popen = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "tandem",
-                    "party",
-                    "--config",
-                    str(self.path(role)),
-                    *self.args[role],
-                ],
-                cwd=ROOT,
-                stdout=fo,
-                stderr=fe,
-                env=env,
-            )
+            popen = subprocess.Popen(command, cwd=ROOT, stdout=fo, stderr=fe, env=env)
         return Proc(popen, out, err)
 
     def run_both(self, tag: str = "", timeout: float = 90.0):
@@ -243,6 +242,18 @@ def healthy(url: str) -> bool:
             return r.status == 200
     except OSError:
         return False
+
+
+def incarnation(url: str, name: str, caller: str, secret: bytes = b"s3cret") -> str:
+    """The incarnation the party ``name`` at ``url`` names to its peer ``caller`` (a signed
+    ``GET /healthz``): what requests to it must be signed for."""
+    from tandem.transports import auth
+
+    headers = {"X-Tandem-Sender": caller}
+    auth.sign(secret, "GET", "/healthz", headers, auth.EMPTY_SHA, receiver=name)
+    request = urllib.request.Request(url + "/healthz", headers=headers)
+    with urllib.request.urlopen(request, timeout=5.0) as r:
+        return json.loads(r.read())["incarnation"]
 
 
 def metrics(url: str) -> str:

@@ -132,6 +132,7 @@ async def test_corrupted_middle_chunk_is_refused_401_then_resent(http_pair):
 
     def headers(i, chunk):
         return signed(
+            b,
             0,
             chunk,
             **{
@@ -171,10 +172,12 @@ async def test_bad_digest_wins_over_nonfinite_content(http_pair):
     bad[len(bad) // 3] ^= 1
     async with aiohttp.ClientSession() as s:
         async with s.post(
-            b.url + FRAME_PATH, data=io.BytesIO(bytes(bad)), headers=signed(0, body)
+            b.url + FRAME_PATH, data=io.BytesIO(bytes(bad)), headers=signed(b, 0, body)
         ) as r:
             assert r.status == 401
-        async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)) as r:
+        async with s.post(
+            b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(b, 0, body)
+        ) as r:
             assert r.status == 422
     assert b.refused == {"unauthenticated": 1, "nonfinite": 1}
 
@@ -199,7 +202,7 @@ async def test_disconnect_mid_body_leaves_the_server_serving(http_pair):
             s.post(
                 b.url + FRAME_PATH,
                 data=half(),
-                headers={**signed(0, body), "Content-Length": str(len(body))},
+                headers={**signed(b, 0, body), "Content-Length": str(len(body))},
             )
         )
         halfway = asyncio.ensure_future(sent_half.wait())
@@ -325,6 +328,7 @@ async def test_a_resent_chunk_is_judged_on_its_new_bytes(http_pair, path):
     async def post(s, msg_id, i, data, signed_bytes=None):
         """Chunk ``i`` carrying ``data``, signed over ``signed_bytes`` (default: data)."""
         h = signed(
+            b,
             msg_id,
             data if signed_bytes is None else signed_bytes,
             **{

@@ -33,7 +33,7 @@ from tandem.errors import (
 from tandem.transports import auth, codec
 from tandem.transports.base import Frame
 from tandem.transports.http import BULK_PROTOCOL, FRAME_PATH, H_LENGTH, HttpConfig, HttpTransport
-from test_http_security import SECRET, _mutate, live_server, make_cert, routing
+from test_http_security import SECRET, _mutate, bound, live_server, make_cert, routing
 
 MiB = 1 << 20
 LOOPS = {"asyncio": asyncio.run, "uvloop": uvloop.run}
@@ -60,6 +60,11 @@ def bulk(t: HttpTransport, direction: str) -> int:
     return t.frame_requests.get((direction, "bulk"), 0)
 
 
+def _unwrapped(protocol):
+    """aiohttp's request handler behind the server's connection guard."""
+    return getattr(protocol, "inner", protocol)
+
+
 async def no_connections_left(t: HttpTransport) -> None:
     """aiohttp forgets every connection taken over by the bulk path once it closes (the bulk
     sink passes connection_lost on); only plain keep-alive connections may remain."""
@@ -68,7 +73,7 @@ async def no_connections_left(t: HttpTransport) -> None:
         return [
             h
             for h in t._server.runner.server.connections
-            if h.transport is None or h.transport.get_protocol() is not h
+            if h.transport is None or _unwrapped(h.transport.get_protocol()) is not h
         ]
 
     for _ in range(200):
@@ -82,11 +87,16 @@ async def no_connections_left(t: HttpTransport) -> None:
 
 
 def bulk_headers(
-    msg_id: int, body: bytes, *, digest_of: bytes | None = None, secret=SECRET, **over
+    to, msg_id: int, body: bytes, *, digest_of: bytes | None = None, secret=SECRET, **over
 ) -> dict[str, str]:
     h = routing(msg_id, body, **over)
     h = auth.sign(
-        secret, "POST", FRAME_PATH, h, auth.body_digest([body if digest_of is None else digest_of])
+        secret,
+        "POST",
+        FRAME_PATH,
+        h,
+        auth.body_digest([body if digest_of is None else digest_of]),
+        **bound(to),
     )
     h.setdefault(H_LENGTH, str(len(body)))
     return h
@@ -198,7 +208,9 @@ def test_tls_and_mutual_tls_on_the_bulk_path(run, tmp_path):
         server_ctx.load_verify_locations(cli_cert)
         client_ctx = ssl.create_default_context(cafile=srv_cert)
         client_ctx.load_cert_chain(cli_cert, cli_key)
-        b = await HttpTransport(cfg("b", ssl_server=server_ctx)).start()
+        b = await HttpTransport(
+            cfg("b", ssl_server=server_ctx, peer_identities={"a": ["client"]})
+        ).start()
         a = await HttpTransport(cfg("a", ssl_client=client_ctx, peers={"b": b.url})).start()
         no_cert = await HttpTransport(
             cfg(
@@ -350,31 +362,31 @@ async def test_refusals_before_the_upgrade_are_plain_http(http_pair):
     body = encoded(tensor(MiB), spec="s1")
     # wrong secret: 401 and nothing else, never a 101
     assert await bulk_post(
-        b.url, bulk_headers(0, body, secret=b"nope", **{"X-Tandem-Spec": "s1"}), body
+        b.url, bulk_headers(b, 0, body, secret=b"nope", **{"X-Tandem-Spec": "s1"}), body
     ) == ("http", 401, "unauthorized")
     # spec mismatch: 409 naming both hashes
-    kind, status, text = await bulk_post(b.url, bulk_headers(0, body), body)
+    kind, status, text = await bulk_post(b.url, bulk_headers(b, 0, body), body)
     assert (kind, status) == ("http", 409) and "s1" in text
     # too large: 413 before a byte of the body is accepted
     kind, status, text = await bulk_post(
         b.url,
-        bulk_headers(0, body, **{"X-Tandem-Total": str(5 * MiB), "X-Tandem-Spec": "s1"}),
+        bulk_headers(b, 0, body, **{"X-Tandem-Total": str(5 * MiB), "X-Tandem-Spec": "s1"}),
         body,
     )
     assert (kind, status) == ("http", 413) and "max_frame_bytes" in text
     # a body in the upgrade request itself, or no declared length: 400
-    h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
+    h = bulk_headers(b, 0, body, **{"X-Tandem-Spec": "s1"})
     h["Content-Length"] = "10"
     assert (await bulk_post(b.url, h, body))[:2] == ("http", 400)
-    h = bulk_headers(0, body, **{"X-Tandem-Spec": "s1"})
+    h = bulk_headers(b, 0, body, **{"X-Tandem-Spec": "s1"})
     del h[H_LENGTH]
     kind, status, text = await bulk_post(b.url, h, body)
     assert (kind, status) == ("http", 400) and H_LENGTH in text
     assert bulk(b, "received") == 0
     # accepted once, then a retry of the same message is a duplicate (no second 101)
     h = {"X-Tandem-Spec": "s1"}
-    assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == ("line", 200, "ok")
-    assert await bulk_post(b.url, bulk_headers(0, body, **h), body) == (
+    assert await bulk_post(b.url, bulk_headers(b, 0, body, **h), body) == ("line", 200, "ok")
+    assert await bulk_post(b.url, bulk_headers(b, 0, body, **h), body) == (
         "http",
         200,
         "duplicate",
@@ -397,15 +409,15 @@ async def test_refusals_after_the_body_come_as_the_reply_line_in_order(http_pair
     nan_body = encoded(x)
     altered = bytearray(nan_body)
     altered[len(altered) // 2] ^= 1
-    assert await bulk_post(b.url, bulk_headers(0, nan_body), bytes(altered)) == (
+    assert await bulk_post(b.url, bulk_headers(b, 0, nan_body), bytes(altered)) == (
         "line",
         401,
         "unauthorized",
     )
-    kind, status, text = await bulk_post(b.url, bulk_headers(0, nan_body), nan_body)
+    kind, status, text = await bulk_post(b.url, bulk_headers(b, 0, nan_body), nan_body)
     assert (kind, status) == ("line", 422) and "NaN or Inf" in text
     garbage = bytes(range(256)) * 4096
-    kind, status, text = await bulk_post(b.url, bulk_headers(0, garbage), garbage)
+    kind, status, text = await bulk_post(b.url, bulk_headers(b, 0, garbage), garbage)
     assert (kind, status) == ("line", 400) and "malformed frame" in text
     assert b.refused == {"unauthenticated": 1, "nonfinite": 1, "malformed": 1}
     assert bulk(b, "received") == 3
@@ -436,7 +448,7 @@ async def test_sender_maps_bulk_refusals_to_the_plain_path_errors(http_pair):
 async def test_replayed_bulk_request_is_refused(http_pair):
     a, b = await http_pair(cfg)
     body = encoded(tensor(MiB))
-    h = bulk_headers(0, body)
+    h = bulk_headers(b, 0, body)
     assert await bulk_post(b.url, h, body) == ("line", 200, "ok")
     h2 = dict(h, **{"X-Tandem-Msg-Id": "1"})  # same nonce, other message: not signed
     assert await bulk_post(b.url, h2, body) == ("http", 401, "unauthorized")
@@ -450,14 +462,14 @@ async def test_client_gone_mid_body_leaves_the_server_serving(http_pair, cut):
     flight): nothing is delivered, no connection stays behind, the next message arrives."""
     a, b = await http_pair(cfg)
     body = encoded(tensor(MiB))
-    assert await bulk_post(b.url, bulk_headers(0, body), body, close_after=cut) == (
+    assert await bulk_post(b.url, bulk_headers(b, 0, body), body, close_after=cut) == (
         "closed",
         0,
         "",
     )
     await no_connections_left(b)
     assert b.received_stats("a").frames == 0 and bulk(b, "received") == 1
-    assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
+    assert await bulk_post(b.url, bulk_headers(b, 0, body), body) == ("line", 200, "ok")
     assert b.received_stats("a").frames == 1
 
 
@@ -476,7 +488,7 @@ async def test_client_that_sends_before_the_101_cannot_wedge_the_server(http_pai
         "Connection: Upgrade",
         f"Upgrade: {BULK_PROTOCOL}",
     ]
-    head += [f"{k}: {v}" for k, v in bulk_headers(0, body).items()]
+    head += [f"{k}: {v}" for k, v in bulk_headers(b, 0, body).items()]
     writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
     try:
         await asyncio.wait_for(reader.read(), 0.5)
@@ -484,7 +496,7 @@ async def test_client_that_sends_before_the_101_cannot_wedge_the_server(http_pai
         pass
     writer.transport.abort()
     await no_connections_left(b)
-    assert await bulk_post(b.url, bulk_headers(0, body), body) == ("line", 200, "ok")
+    assert await bulk_post(b.url, bulk_headers(b, 0, body), body) == ("line", 200, "ok")
     assert b.received_stats("a").frames == 1
 
 
@@ -515,7 +527,7 @@ def test_fuzzed_bulk_bodies_get_4xx_and_server_keeps_serving(live, data, honest_
     body = _mutate(original, data)
     if not body:
         body = b"\0"
-    h = bulk_headers(state["id"], body, digest_of=None if honest_digest else original)
+    h = bulk_headers(server, state["id"], body, digest_of=None if honest_digest else original)
     kind, status, text = runner.run(bulk_post(server.url, h, body))
     if kind == "http":  # refused before the upgrade (e.g. total too small for a frame)
         assert 400 <= status < 500, (status, text)
@@ -534,7 +546,9 @@ def test_server_still_delivers_bulk_after_fuzzing(live):
     body = encoded(x, state["id"], channel="after")
     assert runner.run(
         bulk_post(
-            server.url, bulk_headers(state["id"], body, **{"X-Tandem-Channel": "after"}), body
+            server.url,
+            bulk_headers(server, state["id"], body, **{"X-Tandem-Channel": "after"}),
+            body,
         )
     ) == ("line", 200, "ok")
     np.testing.assert_array_equal(runner.run(server.recv("a", "after")).arrays[0], x)

@@ -58,9 +58,20 @@ def routing(msg_id: int, body: bytes, **over) -> dict[str, str]:
     return h
 
 
-def signed(msg_id: int, body: bytes, secret=SECRET, **over) -> dict[str, str]:
+def bound(to: HttpTransport) -> dict[str, str]:
+    """`auth.sign`'s receiver binding for requests to the transport ``to``."""
+    return {"receiver": to.name, "to": to.incarnation}
+
+
+def signed(to: HttpTransport, msg_id: int, body: bytes, secret=SECRET, **over) -> dict[str, str]:
+    """Headers of a hand-made request to ``to``, signed for it."""
     return auth.sign(
-        secret, "POST", FRAME_PATH, routing(msg_id, body, **over), auth.body_digest([body])
+        secret,
+        "POST",
+        FRAME_PATH,
+        routing(msg_id, body, **over),
+        auth.body_digest([body]),
+        **bound(to),
     )
 
 
@@ -72,7 +83,7 @@ async def test_wrong_secret_is_refused_with_401_and_server_keeps_serving(http_pa
     async with aiohttp.ClientSession() as s:  # 401 says nothing else
         body = codec.encode(good().replace(sender="a", channel="c"))
         async with s.post(
-            b.url + FRAME_PATH, data=body, headers=signed(0, body, secret=b"nope")
+            b.url + FRAME_PATH, data=body, headers=signed(b, 0, body, secret=b"nope")
         ) as r:
             assert (r.status, await r.text()) == (401, "unauthorized")
     b.add_peer("a2", a.url)
@@ -101,6 +112,7 @@ async def test_replayed_and_stale_requests_are_refused(http_pair):
         routing(0, body),
         auth.body_digest([body]),
         clock=lambda: now[0],
+        **bound(b),
     )
     async with aiohttp.ClientSession() as s:
         async with s.post(b.url + FRAME_PATH, data=body, headers=headers) as r:
@@ -114,10 +126,11 @@ async def test_replayed_and_stale_requests_are_refused(http_pair):
             routing(1, body),
             auth.body_digest([body]),
             clock=lambda: now[0] - 31,
+            **bound(b),
         )
         async with s.post(b.url + FRAME_PATH, data=body, headers=stale) as r:
             assert r.status == 401
-        tampered = signed(2, body)
+        tampered = signed(b, 2, body)
         tampered["X-Tandem-Channel"] = "other"
         async with s.post(b.url + FRAME_PATH, data=body, headers=tampered) as r:
             assert r.status == 401
@@ -151,10 +164,12 @@ async def test_body_digest_covers_every_byte_of_a_large_body(http_pair):
             bad = bytearray(body)
             bad[pos] ^= 1
             async with s.post(
-                b.url + FRAME_PATH, data=io.BytesIO(bad), headers=signed(0, body)
+                b.url + FRAME_PATH, data=io.BytesIO(bad), headers=signed(b, 0, body)
             ) as r:
                 assert (r.status, await r.text()) == (401, "unauthorized"), pos
-        async with s.post(b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(0, body)) as r:
+        async with s.post(
+            b.url + FRAME_PATH, data=io.BytesIO(body), headers=signed(b, 0, body)
+        ) as r:
             assert r.status == 200
     assert b.refused == {"unauthenticated": 3}
     assert np.array_equal((await b.recv("a", "c")).arrays[0], x)
@@ -278,7 +293,9 @@ async def test_tls_and_mutual_tls(tmp_path):
     server_ctx.load_verify_locations(cli_cert)
     client_ctx = ssl.create_default_context(cafile=srv_cert)
     client_ctx.load_cert_chain(cli_cert, cli_key)
-    b = await HttpTransport(cfg("b", ssl_server=server_ctx)).start()
+    b = await HttpTransport(
+        cfg("b", ssl_server=server_ctx, peer_identities={"a": ["client"]})
+    ).start()
     a = await HttpTransport(cfg("a", ssl_client=client_ctx, peers={"b": b.url})).start()
     no_cert = await HttpTransport(
         cfg("a", ssl_client=ssl.create_default_context(cafile=srv_cert), peers={"b": b.url})
@@ -380,7 +397,7 @@ def test_fuzzed_bodies_get_4xx_and_server_keeps_serving(live, data):
         arrays=(np.arange(data.draw(st.integers(0, 8)), dtype=np.float32),),
     )
     body = _mutate(codec.encode(frame), data)
-    status, text = runner.run(_post(session, server.url, body, signed(state["id"], body)))
+    status, text = runner.run(_post(session, server.url, body, signed(server, state["id"], body)))
     if status == 200:  # a mutation that left a valid frame is accepted; drain it
         runner.run(server.recv("a", "c"))
     else:
@@ -406,9 +423,13 @@ def test_fuzzed_headers_get_4xx_and_server_keeps_serving(live, overrides, resign
     headers = routing(state["id"], body)
     if resign:  # routing headers altered, then properly signed: the parser sees them
         headers.update({k: v for k, v in overrides.items() if k in headers})
-        headers = auth.sign(SECRET, "POST", FRAME_PATH, headers, auth.body_digest([body]))
+        headers = auth.sign(
+            SECRET, "POST", FRAME_PATH, headers, auth.body_digest([body]), **bound(server)
+        )
     else:  # any header altered after signing: authentication must refuse it
-        headers = auth.sign(SECRET, "POST", FRAME_PATH, headers, auth.body_digest([body]))
+        headers = auth.sign(
+            SECRET, "POST", FRAME_PATH, headers, auth.body_digest([body]), **bound(server)
+        )
         headers.update(overrides)
     status, text = runner.run(_post(session, server.url, body, headers))
     if status == 200:
@@ -425,7 +446,9 @@ def test_server_still_delivers_after_fuzzing(live):
     # A fresh incarnation: the header fuzzing may have announced a restarted "a" (another
     # incarnation), after which the server rightly refuses the old one with 410.
     fresh = {"X-Tandem-Channel": "after", "X-Tandem-Incarnation": secrets.token_hex(8)}
-    assert runner.run(_post(session, server.url, body, signed(state["id"], body, **fresh))) == (
+    assert runner.run(
+        _post(session, server.url, body, signed(server, state["id"], body, **fresh))
+    ) == (
         200,
         "ok",
     )
@@ -443,6 +466,7 @@ def test_old_incarnation_is_refused_410_after_a_restart(live):
                 server.url,
                 body,
                 signed(
+                    server,
                     state["id"],
                     body,
                     **{"X-Tandem-Channel": "restart", "X-Tandem-Incarnation": inc},

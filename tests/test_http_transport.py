@@ -66,7 +66,8 @@ async def test_unreachable_peer_raises_after_retry_timeout():
             await a.send("b", "c", Frame())
 
 
-def _headers(body: bytes, msg_id: int, chunk=0, chunks=1, offset=0, total=None):
+def _headers(body: bytes, msg_id: int, chunk=0, chunks=1, offset=0, total=None, *, to):
+    """Signed routing headers of a hand-made request to the transport ``to``."""
     h = {
         "X-Tandem-Sender": "a",
         "X-Tandem-Incarnation": "i1",
@@ -78,7 +79,15 @@ def _headers(body: bytes, msg_id: int, chunk=0, chunks=1, offset=0, total=None):
         "X-Tandem-Total": str(len(body) if total is None else total),
         "X-Tandem-Spec": "",
     }
-    return auth.sign(SECRET, "POST", FRAME_PATH, h, auth.body_digest([body]))
+    return auth.sign(
+        SECRET,
+        "POST",
+        FRAME_PATH,
+        h,
+        auth.body_digest([body]),
+        receiver=to.name,
+        to=to.incarnation,
+    )
 
 
 async def test_receiver_deduplicates_retries_and_refuses_out_of_order_chunks():
@@ -88,7 +97,9 @@ async def test_receiver_deduplicates_retries_and_refuses_out_of_order_chunks():
     ):
 
         async def post(body, **kw):
-            async with s.post(b.url + FRAME_PATH, data=body, headers=_headers(body, **kw)) as r:
+            async with s.post(
+                b.url + FRAME_PATH, data=body, headers=_headers(body, to=b, **kw)
+            ) as r:
                 return r.status, await r.text()
 
         f0 = codec.encode(Frame(sender="a", channel="c", msg_id=0, meta={"i": 0}))

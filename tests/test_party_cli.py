@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hypothesis_profiles import examples
-from party_helpers import Job, healthy, metrics, wait_until
+from party_helpers import Job, healthy, incarnation, metrics, wait_until
 
 pytestmark = pytest.mark.slow
 TOTAL = 16  # 64 rows / batch 16 = 4 batches per epoch, 4 epochs
@@ -303,6 +303,7 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     )
     assert follower.popen.poll() is None, follower.err.read_text()[-2000:]
     port = job.ports["follower"]
+    to = incarnation(job.url("follower"), "follower", "leader")  # what signatures bind to
     statuses = []
 
     @settings(
@@ -317,7 +318,13 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
         headers = dict(headers)
         if signed:
             auth.sign(
-                b"s3cret", "POST", "/tandem/v1/frame", headers, hashlib.sha256(body).hexdigest()
+                b"s3cret",
+                "POST",
+                "/tandem/v1/frame",
+                headers,
+                hashlib.sha256(body).hexdigest(),
+                receiver="follower",
+                to=to,
             )
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         try:

@@ -47,7 +47,8 @@ async def test_connect_installs_spec_and_refuses_foreign_frames(tmp_path):
         assert lead.spec.alignment["size"] == 64 and lead.spec.hyper["test_samples"] == 24
         ch = "act/bottom_follower->top"
         ok = np.ones((5, 4), np.float32)
-        await fol.transport.send("leader", ch, Frame(arrays=(ok,)))
+        first = {"b": 0, "m": 0}  # what the runtime sends first (no party checks its plan yet)
+        await fol.transport.send("leader", ch, Frame(meta=first, arrays=(ok,)))
         assert (await lead.transport.recv("follower", ch)).arrays[0].shape == (5, 4)
         for bad, says in (
             (ok.astype(np.float64), "float64[5, 4]"),
@@ -60,12 +61,12 @@ async def test_connect_installs_spec_and_refuses_foreign_frames(tmp_path):
                 + says.replace("[", r"\[")
                 + r".*the spec says float32\[rows, 4\]",
             ):
-                await fol.transport.send("leader", ch, Frame(arrays=(bad,)))
+                await fol.transport.send("leader", ch, Frame(meta=first, arrays=(bad,)))
         with pytest.raises(FrameError, match="not part of the negotiated task"):
-            await fol.transport.send("leader", "act/elsewhere", Frame(arrays=(ok,)))
+            await fol.transport.send("leader", "act/elsewhere", Frame(meta=first, arrays=(ok,)))
         fol.transport.spec_hash = "0" * 64  # a party of another task
         with pytest.raises(FrameError, match=r"\(409\).*both parties must negotiate"):
-            await fol.transport.send("leader", ch, Frame(arrays=(ok,)))
+            await fol.transport.send("leader", ch, Frame(meta=first, arrays=(ok,)))
     finally:
         await lead.transport.aclose()
         await fol.transport.aclose()

@@ -14,6 +14,9 @@ same everywhere::
     reject_nonfinite = true   # refuse tensors holding NaN or Inf (422)
     retry_timeout = 30.0      # seconds a send keeps retrying an unreachable peer
     peer_timeout = 30.0       # seconds a silent peer may be unreachable while we wait on it
+    key_id = "2026-11"        # the id the current secret signs under (rotation)
+    previous_secret_file = "old"   # a retiring key still accepted (with previous_key_id)
+    max_clock_skew = 5.0      # seconds a signed request may be stamped in the future
 
 `HttpSecurity.http_config` turns the checked settings into a
 `tandem.transports.http.HttpConfig`. Every error is a `ConfigError` naming the file, the key
@@ -42,6 +45,12 @@ SECURITY_KEYS: dict[str, tuple[type, ...]] = {
     "reject_nonfinite": (bool,),
     "retry_timeout": (float, int),
     "peer_timeout": (float, int),
+    "key_id": (str,),
+    "previous_secret": (str,),
+    "previous_secret_env": (str,),
+    "previous_secret_file": (str,),
+    "previous_key_id": (str,),
+    "max_clock_skew": (float, int),
 }
 
 
@@ -60,6 +69,10 @@ class HttpSecurity:
     reject_nonfinite: bool = True
     retry_timeout: float = 30.0
     peer_timeout: float = 30.0
+    key_id: str | None = None
+    previous_secret: bytes | None = None
+    previous_key_id: str | None = None
+    max_clock_skew: float = 5.0
 
     @property
     def auth(self) -> str:
@@ -95,6 +108,10 @@ class HttpSecurity:
             "reject_nonfinite": self.reject_nonfinite,
             "retry_timeout": self.retry_timeout,
             "peer_timeout": self.peer_timeout,
+            "key_id": self.key_id,
+            "previous_secret": self.previous_secret,
+            "previous_key_id": self.previous_key_id,
+            "max_clock_skew": self.max_clock_skew,
         }
         return HttpConfig(name=name, **{**base, **fields})
 
@@ -135,8 +152,18 @@ def parse_security(
     for key in ("max_frame_bytes", "retry_timeout", "peer_timeout"):
         if key in table and not table[key] > 0:
             raise error(f"{path}: {section}.{key} must be > 0, got {table[key]!r}")
+    if "max_clock_skew" in table and table["max_clock_skew"] < 0:
+        raise error(
+            f"{path}: {section}.max_clock_skew must be >= 0 s, got {table['max_clock_skew']}"
+        )
     return HttpSecurity(
         secret=read_secret(table, path, base, section=section, error=error),
+        key_id=table.get("key_id"),
+        previous_secret=read_secret(
+            table, path, base, section=section, prefix="previous_", error=error
+        ),
+        previous_key_id=table.get("previous_key_id"),
+        max_clock_skew=float(table.get("max_clock_skew", 5.0)),
         **tls,
         max_frame_bytes=table.get("max_frame_bytes", 1 << 31),
         reject_nonfinite=table.get("reject_nonfinite", True),
@@ -151,28 +178,28 @@ def read_secret(
     base: str,
     *,
     section: str = "security",
+    prefix: str = "",
     error: type[ConfigError] = ConfigError,
 ) -> bytes | None:
-    """The shared secret given by ``secret``, ``secret_env`` or ``secret_file`` (at most one),
-    or None when none is set."""
-    given = [k for k in ("secret", "secret_env", "secret_file") if k in table]
+    """The key given by ``{prefix}secret``, ``{prefix}secret_env`` or ``{prefix}secret_file``
+    (at most one), or None when none is set. ``prefix="previous_"`` reads a retiring key."""
+    plain, env, file = f"{prefix}secret", f"{prefix}secret_env", f"{prefix}secret_file"
+    given = [k for k in (plain, env, file) if k in table]
     if len(given) > 1:
         raise error(f"{path}: set only one of {[f'{section}.{k}' for k in given]}")
     if not given:
         return None
-    if "secret" in table:
-        value = table["secret"]
-    elif "secret_env" in table:
-        value = os.environ.get(table["secret_env"])
+    if plain in table:
+        value = table[plain]
+    elif env in table:
+        value = os.environ.get(table[env])
         if value is None:
             raise error(
-                f"{path}: {section}.secret_env names ${table['secret_env']}, "
-                "which is not set; export it or use secret_file"
+                f"{path}: {section}.{env} names ${table[env]}, "
+                f"which is not set; export it or use {file}"
             )
     else:
-        name = existing_file(
-            base, table["secret_file"], f"{section}.secret_file", path, error=error
-        )
+        name = existing_file(base, table[file], f"{section}.{file}", path, error=error)
         with open(name, "rb") as f:
             value = f.read().strip().decode()
     if not value:

@@ -1,18 +1,35 @@
-"""Shared-secret request authentication: HMAC-SHA256 with replay protection. Pure (no asyncio).
+"""Shared-secret request authentication: HMAC-SHA256 bound to its receiver, with key ids and
+per-sender replay protection. Pure (no asyncio).
 
-The signer covers the HTTP method, the path, and every ``X-Tandem-*`` routing header listed in
-`SIGNED_HEADERS` (sender, incarnation, channel, message id, chunk, offset, total, spec hash),
-plus a timestamp, a random nonce and the SHA-256 of the body::
+The signer covers a version tag, the key id, the HTTP method, the path, the receiver's name and
+incarnation, every ``X-Tandem-*`` routing header listed in `SIGNED_HEADERS` (sender,
+incarnation, channel, message id, chunk, offset, total, spec hash, reply URL), a timestamp, a
+random nonce and the SHA-256 of the body::
 
-    mac = HMAC-SHA256(secret, "\\n".join([method, path, *routing values, ts, nonce, body_sha]))
+    mac = HMAC-SHA256(key[key_id], "\\n".join([VERSION, key_id, method, path, receiver, to,
+                                               *routing values, ts, nonce, body_sha]))
 
-The verifier refuses a request when a header is missing, the MAC differs (constant-time
-compare), the timestamp is outside ``+-window`` seconds of its clock, or the nonce was already
-seen. Remembered nonces are bounded (``max_nonces``): when the memory is full the oldest nonce is
-forgotten and the verifier raises its floor to that nonce's timestamp, refusing anything not
-newer — so a forgotten nonce can never be replayed.
+``receiver`` is the receiving party's name and ``to`` its incarnation (random per process), so
+a request captured on its way to one process is refused by every other one: another party, a
+restarted process of the same party, or a party of another job that shares the secret and the
+party names. A sender learns a receiver's incarnation from the receiver's first answer
+(`MisdirectedError`: HTTP 421 naming it, sent only to requests with a valid signature).
 
-Invariant: every nonce with timestamp > ``floor`` that was accepted is in ``_seen``.
+Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
+previous one during a rotation) and picks the one the request names.
+
+The verifier refuses a request, in this order, when a header is missing, the key id is
+unknown, the MAC differs (constant-time compare), the request is addressed to another
+receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's clock or
+more than ``window`` seconds behind it, it is bound to another incarnation
+(`MisdirectedError`), or its nonce was already seen. Nonces are remembered per sender, at most
+``max_nonces`` each: when a sender's memory is full its oldest nonce is forgotten and that
+sender's floor rises to the forgotten timestamp (anything of that sender not newer is
+refused), so a forgotten nonce can never be replayed, and a sender flooding its own memory
+locks out no one but itself.
+
+Invariant (per sender ``s``): every nonce of ``s`` with timestamp > ``floor(s)`` that was
+accepted is in ``s``'s memory.
 """
 
 from __future__ import annotations
@@ -25,6 +42,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from tandem.errors import AuthenticationError
+
+VERSION = "tandem-hmac-2"
 
 #: Routing headers covered by the signature, in canonical order (missing ones sign as "").
 SIGNED_HEADERS = (
@@ -45,7 +64,25 @@ TIMESTAMP, NONCE, BODY_SHA, SIGNATURE = (
     "X-Tandem-Body-SHA256",
     "X-Tandem-Signature",
 )
+KEY_ID = "X-Tandem-Key-Id"
+RECEIVER = "X-Tandem-Receiver"  # the receiving party's name
+TO = "X-Tandem-To"  # the receiving process's incarnation
 EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+
+class MisdirectedError(AuthenticationError):
+    """A correctly signed request bound to another incarnation of this receiver (or to none):
+    the sender should sign again for ``incarnation`` (HTTP 421)."""
+
+    def __init__(self, message: str, incarnation: str) -> None:
+        super().__init__(message)
+        self.incarnation = incarnation
+
+
+def key_id_of(secret: bytes) -> str:
+    """The default id of a key: 16 hex digits of a hash of it (names the key, reveals nothing
+    usable about it)."""
+    return hashlib.sha256(b"tandem key id\n" + secret).hexdigest()[:16]
 
 
 def body_digest(parts) -> str:
@@ -58,8 +95,12 @@ def body_digest(parts) -> str:
 
 def _canonical(method: str, path: str, headers: Mapping[str, str]) -> bytes:
     fields = [
+        VERSION,
+        headers.get(KEY_ID, ""),
         method.upper(),
         path,
+        headers.get(RECEIVER, ""),
+        headers.get(TO, ""),
         *(headers.get(k, "") for k in SIGNED_HEADERS),
         headers.get(TIMESTAMP, ""),
         headers.get(NONCE, ""),
@@ -79,8 +120,16 @@ def sign(
     body_sha: str,
     *,
     clock: Callable[[], float] = time.time,
+    key_id: str | None = None,
+    receiver: str = "",
+    to: str = "",
 ) -> dict[str, str]:
-    """Add timestamp, nonce, body digest and signature to ``headers`` (in place) and return it."""
+    """Add key id, receiver binding, timestamp, nonce, body digest and signature to
+    ``headers`` (in place) and return it. ``receiver``/``to``: the receiving party's name and
+    incarnation ("" while unknown: the receiver then answers 421 naming it)."""
+    headers[KEY_ID] = key_id_of(secret) if key_id is None else key_id
+    headers[RECEIVER] = receiver
+    headers[TO] = to
     headers[TIMESTAMP] = f"{clock():.6f}"
     headers[NONCE] = secrets.token_hex(16)
     headers[BODY_SHA] = body_sha
@@ -90,67 +139,139 @@ def sign(
     return headers
 
 
+class _Memory:
+    """The nonces of one sender (arrival order) and its floor."""
+
+    __slots__ = ("seen", "floor")
+
+    def __init__(self, floor: float) -> None:
+        self.seen: collections.OrderedDict[str, float] = collections.OrderedDict()
+        self.floor = floor
+
+
 class Verifier:
-    """Checks signed requests. Raises `AuthenticationError` with the (server-side) reason."""
+    """Checks signed requests. Raises `AuthenticationError` with the (server-side) reason.
+
+    Args:
+      keys: the secret (its id is `key_id_of` it), or ``{key_id: secret}`` (current and
+        previous keys during a rotation).
+      name, incarnation: this receiver; a request must be addressed to both (`MisdirectedError`
+        when only the incarnation differs).
+      window: seconds a request may be old; future_skew: seconds it may be ahead.
+      max_nonces: nonces remembered per sender; max_senders: senders remembered (the least
+        recently heard is forgotten first; its highest timestamp becomes the floor of every
+        sender without a memory, so nothing it sent can be replayed either).
+    """
 
     def __init__(
         self,
-        secret: bytes,
+        keys: bytes | Mapping[str, bytes],
         *,
+        name: str = "",
+        incarnation: str = "",
         window: float = 60.0,
+        future_skew: float = 5.0,
         max_nonces: int = 65536,
+        max_senders: int = 4096,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not secret:
-            raise ValueError("secret must be non-empty bytes")
-        if window <= 0 or max_nonces < 1:
+        ring = {key_id_of(keys): keys} if isinstance(keys, bytes) else dict(keys)
+        if not ring or not all(isinstance(k, bytes) and k for k in ring.values()):
+            raise ValueError("every secret must be non-empty bytes")
+        if not (window > 0 and future_skew >= 0 and max_nonces >= 1 and max_senders >= 1):
             raise ValueError(
-                f"window must be > 0 s and max_nonces >= 1, got {window}, {max_nonces}"
+                "window must be > 0 s, future_skew >= 0 s, max_nonces and max_senders >= 1; "
+                f"got {window}, {future_skew}, {max_nonces}, {max_senders}"
             )
-        self._secret = secret
-        self._window = window
-        self._max = max_nonces
+        self._keys = ring
+        self.name, self.incarnation = name, incarnation
+        self._window, self._skew = window, future_skew
+        self._max, self._max_senders = max_nonces, max_senders
         self._clock = clock
-        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
-        self.floor = float("-inf")
+        self._senders: collections.OrderedDict[str, _Memory] = collections.OrderedDict()
+        self._forgotten_floor = float("-inf")  # floor of senders without a memory
 
-    def verify(self, method: str, path: str, headers: Mapping[str, str]) -> None:
-        """Authenticate the request head; on success the nonce is remembered (single use)."""
+    def verify(
+        self, method: str, path: str, headers: Mapping[str, str], *, bound: bool = True
+    ) -> None:
+        """Authenticate the request head; on success the nonce is remembered (single use).
+
+        ``bound``: the request must name this receiver's incarnation (all but ``/healthz``,
+        whose callers may not know it yet)."""
         for k in (TIMESTAMP, NONCE, BODY_SHA, SIGNATURE):
             if not headers.get(k):
                 raise AuthenticationError(f"missing header {k}")
+        key_id = headers.get(KEY_ID, "")
+        key = self._keys.get(key_id)
+        if key is None:
+            raise AuthenticationError(
+                f"unknown key id {key_id[:40]!r} (this receiver holds {sorted(self._keys)})"
+            )
         try:
             ts = float(headers[TIMESTAMP])
         except ValueError:
             raise AuthenticationError("timestamp is not a number") from None
-        expected = hmac.new(
-            self._secret, _canonical(method, path, headers), hashlib.sha256
-        ).hexdigest()
+        expected = hmac.new(key, _canonical(method, path, headers), hashlib.sha256).hexdigest()
         if not hmac.compare_digest(expected, headers[SIGNATURE]):
             raise AuthenticationError("bad signature (different secret, or altered request)")
-        now = self._clock()
-        if not abs(now - ts) <= self._window:
+        if headers.get(RECEIVER, "") != self.name:
             raise AuthenticationError(
-                f"timestamp {ts:.3f} is outside +-{self._window}s of local time {now:.3f}"
+                f"request addressed to {headers.get(RECEIVER, '')!r}, not to {self.name!r}"
             )
-        self._expire(now)
+        now = self._clock()
+        if not ts <= now + self._skew:
+            raise AuthenticationError(
+                f"timestamp {ts:.3f} is more than future_skew={self._skew}s ahead of local "
+                f"time {now:.3f}"
+            )
+        if not ts >= now - self._window:
+            raise AuthenticationError(
+                f"timestamp {ts:.3f} is more than {self._window}s behind local time {now:.3f}"
+            )
+        if bound and headers.get(TO, "") != self.incarnation:
+            raise MisdirectedError(
+                f"request bound to incarnation {headers.get(TO, '')!r} of {self.name!r}, "
+                "not to this process",
+                self.incarnation,
+            )
+        sender = headers.get(SIGNED_HEADERS[0], "")
+        memory = self._memory(sender)
+        self._expire(memory, now)
         nonce = headers[NONCE]
-        if nonce in self._seen or ts <= self.floor:
+        if nonce in memory.seen or ts <= memory.floor:
             raise AuthenticationError("replayed request (nonce already used)")
-        self._seen[nonce] = ts
-        if len(self._seen) > self._max:
-            _, oldest = self._seen.popitem(last=False)
-            self.floor = max(self.floor, oldest)
+        memory.seen[nonce] = ts
+        if len(memory.seen) > self._max:
+            _, oldest = memory.seen.popitem(last=False)
+            memory.floor = max(memory.floor, oldest)
 
-    def _expire(self, now: float) -> None:
+    def _memory(self, sender: str) -> _Memory:
+        memory = self._senders.get(sender)
+        if memory is None:
+            memory = self._senders[sender] = _Memory(self._forgotten_floor)
+            if len(self._senders) > self._max_senders:
+                _, gone = self._senders.popitem(last=False)
+                highest = max(gone.seen.values(), default=gone.floor)
+                self._forgotten_floor = max(self._forgotten_floor, gone.floor, highest)
+        else:
+            self._senders.move_to_end(sender)
+        return memory
+
+    def _expire(self, memory: _Memory, now: float) -> None:
         # Entries are in arrival order, not timestamp order, so only drop from the head while
         # expired; later expired entries go when they reach the head (bounded by max_nonces).
-        while self._seen:
-            nonce, ts = next(iter(self._seen.items()))
+        seen = memory.seen
+        while seen:
+            nonce, ts = next(iter(seen.items()))
             if ts >= now - self._window:
                 break
-            del self._seen[nonce]
-            self.floor = max(self.floor, ts)
+            del seen[nonce]
+            memory.floor = max(memory.floor, ts)
+
+    def floor(self, sender: str) -> float:
+        """The timestamp at or below which nothing of ``sender`` is accepted any more."""
+        memory = self._senders.get(sender)
+        return self._forgotten_floor if memory is None else memory.floor
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return sum(len(m.seen) for m in self._senders.values())

@@ -16,6 +16,7 @@ The codec is pure (no asyncio, no JAX).
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -37,6 +38,11 @@ MAX_HEADER_BYTES = 1 << 20
 #: so numpy reductions over them (the receiver's NaN/Inf check, the application's own
 #: arithmetic) need no buffered copy. Decoders need not know: JSON allows trailing spaces.
 ALIGN = 64
+#: most dimensions an array may have on the wire (numpy's own limit is higher)
+MAX_NDIM = 32
+#: largest byte extent of an array's shape (its nonzero extents times the itemsize): numpy
+#: cannot represent more
+MAX_EXTENT = (1 << 63) - 1
 #: dtypes allowed on the wire (kinds: bool, signed/unsigned int, float, complex).
 _ALLOWED_KINDS = frozenset("biufc")
 #: dtypes outside numpy's kinds that may travel too, by name: ``bfloat16`` (from ml_dtypes,
@@ -171,7 +177,17 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
             isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
         ):
             raise FrameError(f"array {i}: shape must be a list of non-negative ints, got {shape!r}")
-        expected = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        if len(shape) > MAX_NDIM:
+            raise FrameError(f"array {i}: {len(shape)} dimensions; at most {MAX_NDIM} travel")
+        # exact (Python ints): an int64 product wraps around, and numpy refuses any shape
+        # whose nonzero extents multiply past its index range, even with a zero extent
+        extent = math.prod(max(d, 1) for d in shape) * dt.itemsize
+        if extent > MAX_EXTENT:
+            raise FrameError(
+                f"array {i}: shape {shape[:8]!r}{'...' if len(shape) > 8 else ''} of "
+                f"{dt.str} overflows 64-bit sizes"
+            )
+        expected = math.prod(shape) * dt.itemsize
         if spec["nbytes"] != expected:
             raise FrameError(
                 f"array {i}: nbytes {spec['nbytes']} does not match dtype {dt.str} and shape "

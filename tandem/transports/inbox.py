@@ -25,15 +25,22 @@ T = TypeVar("T")
 class Inbox(Generic[T]):
     """Bounded FIFO with slot reservation. See the module docstring for the invariant."""
 
-    __slots__ = ("capacity", "items", "reserved", "closed", "_waiters")
+    __slots__ = ("capacity", "items", "reserved", "closed", "on_take", "_waiters")
 
-    def __init__(self, capacity: int, *, closed: bool = False) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        closed: bool = False,
+        on_take: Callable[[T], None] | None = None,
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"inbox capacity must be >= 1 item, got {capacity}")
         self.capacity = capacity
         self.items: collections.deque[T] = collections.deque()
         self.reserved = 0
         self.closed = closed
+        self.on_take = on_take  # called with each item as a consumer takes it
         # insertion-ordered: waiters wake in the order they began waiting, so producers that
         # queue for a slot take slots in that order
         self._waiters: dict[asyncio.Future[None], None] = {}
@@ -78,6 +85,8 @@ class Inbox(Generic[T]):
     def pop(self) -> T:
         """Remove and return the first item (there must be one), freeing its slot."""
         item = self.items.popleft()
+        if self.on_take is not None:
+            self.on_take(item)
         self._wake()
         return item
 

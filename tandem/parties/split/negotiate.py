@@ -32,6 +32,7 @@ import numpy as np
 from tandem.errors import FrameError, TandemError
 from tandem.transports.base import Frame, Transport
 
+from .admission import spec_streams
 from .spec import SpecError, TaskSpec
 
 CTL = "ctl"
@@ -118,14 +119,17 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
 
 
 def install(transport: Transport, spec: TaskSpec, *, leader: str) -> str:
-    """Stamp ``transport`` with the spec hash and validator (where the transport has them,
-    e.g. `tandem.transports.http.HttpTransport`; the memory transport checks neither). Returns the
+    """Stamp ``transport`` with the spec hash, the validator and the stream admission of the
+    spec (`admission.spec_streams`), where the transport has them (e.g.
+    `tandem.transports.http.HttpTransport`; the memory transport checks none). Returns the
     hash."""
     digest = spec.spec_hash()
     if hasattr(transport, "spec_hash"):
         transport.spec_hash = digest
     if hasattr(transport, "validator"):
         transport.validator = spec_validator(spec, leader=leader)
+    if hasattr(transport, "admit_stream"):
+        transport.admit_stream = spec_streams(spec, transport.name, leader)
     return digest
 
 
@@ -239,7 +243,7 @@ async def answer(
         )
     spec: TaskSpec | None
     try:
-        spec = TaskSpec.from_dict(meta.get("spec"))
+        spec = TaskSpec.from_dict(meta.get("spec"))  # from_dict checks it
         reasons = list(check(spec))
     except SpecError as exc:
         spec, reasons = None, [f"the proposed spec is malformed: {exc}"]

@@ -48,6 +48,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
+from .admission import PlanAdmission
 from .metrics import Metric, metric_names, task_metrics
 from .stages import StageHandler
 
@@ -208,6 +209,12 @@ class SplitParty:
         self._batch_waiters: list[asyncio.Future] = []
         #: when the current training batch's command was issued, and the link counters then
         self._tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]] = (0.0, {})
+        #: Checks every inbound frame against the batches this party runs before its transport
+        #: accepts it (where the transport takes such a hook, e.g. `HttpTransport`), so a
+        #: frame its plan cannot take is refused to its sender instead of failing the batch.
+        self.admission = PlanAdmission(self)
+        if hasattr(transport, "admit_frame"):
+            transport.admit_frame = self.admission
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
@@ -327,6 +334,7 @@ class SplitParty:
         count and chunks the batch uses (``n`` clamped to the rows, `chunks_for`), which the
         command carries, for the leader's own `_run_batch`."""
         n, c, cmd = self._batch_command(self._batch, len(idx), n, mode, dataset, **meta)
+        self.admission.announce(self._batch, len(idx), n, c, mode)
         await self._command(cmd, idx)
         return n, c
 
@@ -725,6 +733,7 @@ class _Announce:
             epoch=epoch,
             i=i,
         )
+        party.admission.announce(party.batches_done + 1, len(idx), n, c, "train")
         self.ahead = (n, c, self.tg.create_task(party._command(cmd, idx)))
 
 

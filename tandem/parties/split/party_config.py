@@ -14,9 +14,17 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [listen]      host = "127.0.0.1", port = 8711
     [peers]       follower = "http://127.0.0.1:8712"       # name = base URL, every other party
     [link]        bandwidth (bytes/s), latency (s): emulate a slower link on loopback
-    [security]    secret | secret_env | secret_file (at most one; none = unsigned),
+    [security]    secret | secret_env | secret_file (at most one; none = unsigned), key_id,
+                  previous_secret | previous_secret_env | previous_secret_file and
+                  previous_key_id (a key still accepted during a rotation), max_clock_skew,
                   tls_cert, tls_key, tls_ca (optional), max_frame_bytes, reject_nonfinite,
                   retry_timeout, peer_timeout
+    [identities]  peer = "name" or ["name", ...]: the TLS client certificate names (CN or
+                  subjectAltName) that may speak for that peer (default: the peer's name)
+    [http]        inbound_budget, partial_timeout, header_timeout, body_idle_timeout,
+                  keepalive_timeout, max_connections, max_connections_per_address,
+                  read_timeout, backpressure_wait, max_nonces (docs/security.md lists their
+                  defaults)
     [data]        the party's table (`tandem.parties.data.parse_data_config`: source,
                   id_column, label_column, features, categorical, missing, scale, aligned,
                   [data.split] test/validation/seed; docs/data.md), or a pre-split source:
@@ -98,6 +106,19 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "listen": {"host": (str,), "port": (int,)},
     "peers": {},  # free-form: name -> URL
     "security": SECURITY_KEYS,
+    "identities": {},  # free-form: peer -> certificate name(s)
+    "http": {
+        "inbound_budget": (int,),
+        "partial_timeout": (float, int),
+        "header_timeout": (float, int),
+        "body_idle_timeout": (float, int),
+        "keepalive_timeout": (float, int),
+        "max_connections": (int,),
+        "max_connections_per_address": (int,),
+        "read_timeout": (float, int),
+        "backpressure_wait": (float, int),
+        "max_nonces": (int,),
+    },
     "data": {},  # checked by `_data_config` (a table, or a pre-split source)
     "topology": {},  # checked by `_topology_table`
     "model": {},  # checked by `_model_config` (keys, and one table per stage)
@@ -251,6 +272,12 @@ class PartyConfig:
     link_bandwidth: float | None = None
     link_latency: float = 0.0
     log: LogConfig = LogConfig()
+    key_id: str | None = None
+    previous_secret: bytes | None = None
+    previous_key_id: str | None = None
+    max_clock_skew: float = 5.0
+    identities: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    http: dict[str, Any] = dataclasses.field(default_factory=dict)  # [http] HttpConfig fields
 
     # -- derived objects -----------------------------------------------------------------
     @property
@@ -293,6 +320,11 @@ class PartyConfig:
                 port=self.port,
                 peers=dict(self.peers),
                 secret=self.secret,
+                key_id=self.key_id,
+                previous_secret=self.previous_secret,
+                previous_key_id=self.previous_key_id,
+                max_clock_skew=self.max_clock_skew,
+                peer_identities=self.identities or None,
                 ssl_server=server,
                 ssl_client=client,
                 max_frame_bytes=self.max_frame_bytes,
@@ -301,6 +333,7 @@ class PartyConfig:
                 peer_timeout=self.peer_timeout,
                 shape_bandwidth=self.link_bandwidth,
                 shape_latency=self.link_latency,
+                **self.http,
             )
         )
 
@@ -558,6 +591,39 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         keep=ck.get("keep", 3),
     )
     secret = _secret(sec, path, base)
+    previous = _secret(sec, path, base, "previous_")
+    if previous is not None and secret is None:
+        raise PartyConfigError(
+            f"{path}: security.previous_secret is the key being retired; set the new one as "
+            "security.secret too"
+        )
+    identities = {}
+    for peer, names in raw.get("identities", {}).items():
+        names = [names] if isinstance(names, str) else names
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) and n for n in names)
+        ):
+            raise PartyConfigError(
+                f"{path}: identities.{peer} must be a certificate name or a list of them, "
+                f"got {names!r}"
+            )
+        identities[peer] = list(names)
+    http = dict(raw.get("http", {}))
+    for key, value in http.items():
+        if value <= 0:
+            raise PartyConfigError(f"{path}: http.{key} must be > 0, got {value}")
+    if http.get("inbound_budget", 1 << 62) < sec.get("max_frame_bytes", 1 << 31):
+        raise PartyConfigError(
+            f"{path}: http.inbound_budget ({http['inbound_budget']} bytes) must hold one frame "
+            f"of security.max_frame_bytes ({sec.get('max_frame_bytes', 1 << 31)}); lower "
+            "max_frame_bytes or raise the budget"
+        )
+    if "max_clock_skew" in sec and sec["max_clock_skew"] < 0:
+        raise PartyConfigError(
+            f"{path}: security.max_clock_skew must be >= 0 s, got {sec['max_clock_skew']}"
+        )
     link = raw.get("link", {})
     for key, value in [*link.items(), ("wait", top.get("wait", 1)), ("grace", top.get("grace", 1))]:
         if value < 0 or (key in ("bandwidth", "wait") and value == 0):
@@ -595,6 +661,12 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
         link_bandwidth=float(link["bandwidth"]) if "bandwidth" in link else None,
         link_latency=float(link.get("latency", 0.0)),
         log=log,
+        key_id=sec.get("key_id"),
+        previous_secret=previous,
+        previous_key_id=sec.get("previous_key_id"),
+        max_clock_skew=float(sec.get("max_clock_skew", 5.0)),
+        identities=identities,
+        http={k: float(v) if k.endswith(("timeout", "wait")) else v for k, v in http.items()},
     )
     topo = cfg.topology()
     if cfg.name not in topo.parties:
@@ -847,8 +919,9 @@ def _file(base: str, value: str, key: str, path: str) -> str:
     return existing_file(base, value, key, path, error=PartyConfigError)
 
 
-def _secret(sec: Mapping[str, Any], path: str, base: str) -> bytes | None:
-    return read_secret(sec, path, base, error=PartyConfigError)
+def _secret(sec: Mapping[str, Any], path: str, base: str, prefix: str = "") -> bytes | None:
+    """The key of ``security.{prefix}secret`` (or ``_env`` / ``_file``); None when unset."""
+    return read_secret(sec, path, base, prefix=prefix, error=PartyConfigError)
 
 
 def _topology(model: ModelConfig, path: str) -> Topology:
@@ -934,7 +1007,7 @@ def _load_data(cfg: PartyConfig) -> PartyData:
                 f"breast_cancer source, got {d.part!r}"
             )
         split = load_breast_cancer_split(d.seed)
-        part = getattr(split, d.part)
+        part = getattr(split, str(d.part))  # "leader" or "follower": checked at load
         data = PartyData(
             part["train"],
             part["test"],

@@ -37,6 +37,7 @@ from typing import Any
 from tandem.errors import ConfigError, TandemError
 
 from . import negotiate
+from .admission import NegotiationAdmission, negotiation_streams
 from .party_config import PartyConfig, PartyConfigError, PartyData
 from .spec import TaskSpec, build_spec
 
@@ -230,8 +231,8 @@ async def connect(
       spec: leader only, the spec to propose (default `leader_spec`).
       check: follower only, the acceptance check (default `follower_check`).
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
-        (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed hash
-        count.
+        (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed
+        hash count.
       prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
       refusals: this party's own reasons not to start (e.g. its data changed since its
@@ -246,25 +247,32 @@ async def connect(
     held = dict(checkpoints or {})
     topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
     transport = cfg.transport()
+    leader = topology.label_owner
+    # until a spec is agreed, only the negotiation's own messages are admitted (its commands in
+    # order, until the party's model exists: `SplitParty` installs its plan's checks then)
+    transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
+    negotiating = transport.admit_frame = NegotiationAdmission(cfg.name, leader)
     await transport.start()
     try:
-        leader = topology.label_owner
         await wait_for_peers(cfg, cfg.wait)
         try:
             async with asyncio.timeout(cfg.wait):
+                agreed: TaskSpec
                 if cfg.is_leader:
                     followers = [p for p in topology.parties if p != cfg.name]
                     if spec is None:
                         spec = await _training_spec(cfg, data, transport, followers, refusals)
-                    digest = spec.spec_hash()
+                    agreed = spec
+                    digest = agreed.spec_hash()
                     step = await negotiate.propose(
                         transport,
                         followers,
-                        spec,
+                        agreed,
                         checkpoints=[s for s, h in held.items() if h == digest],
                     )
+                    negotiating.step = step  # (a follower learns it from `start`)
                 else:
-                    spec, step = await negotiate.answer(
+                    agreed, step = await negotiate.answer(
                         transport,
                         leader,
                         check=check or follower_check(cfg, data, refusals),
@@ -276,7 +284,7 @@ async def connect(
                 f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
                 " is every party started with a matching config (same secret, ports)?"
             ) from None
-        session = Session(cfg, transport, data, spec, spec.spec_hash(), step)
+        session = Session(cfg, transport, data, agreed, agreed.spec_hash(), step)
         if prepare is not None:
             try:
                 await prepare(session)

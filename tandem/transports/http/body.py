@@ -2,7 +2,8 @@
 
 Two kinds of body share one interface (`Body`): `PlainBody`, a POST body read through
 aiohttp, and `bulk.BulkBody`, received outside aiohttp after an upgrade. `read_into` drives
-either while hashing (HMAC digest) and NaN/Inf-scanning what arrives.
+either while hashing (HMAC digest) and NaN/Inf-scanning what arrives, and closes a body that
+stalls (``idle`` seconds without a byte) or whose claim on the message was revoked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from aiohttp import web
 
 from .protocol import INLINE_BYTES, Refuse, Reply
 from .scan import SCAN_STEP, FiniteScan
+from .streams import Claim
 
 HASH_STEP = 4 << 20  # received bytes handed to the hashing thread at a time (see read_into)
 
@@ -41,6 +43,11 @@ class Body(Protocol):
         """After the request is judged: free what receiving held (called in every case)."""
         ...
 
+    def abort(self) -> None:
+        """Close the request's connection at once (a stalled body, or a revoked claim): no
+        further byte of it reaches the frame buffer."""
+        ...
+
     def respond(self, reply: Reply) -> web.StreamResponse:
         """The response aiohttp sends for ``reply``."""
         ...
@@ -49,8 +56,9 @@ class Body(Protocol):
 class PlainBody:
     """The body of a plain POST: aiohttp's chunks, copied into the frame buffer."""
 
-    def __init__(self, content: Any, content_length: int | None) -> None:
-        self.content, self.content_length = content, content_length
+    def __init__(self, content: Any, content_length: int | None, transport: Any = None) -> None:
+        self.content, self.content_length, self.transport = content, content_length, transport
+        self.claim: Claim | None = None  # checked before every copy into the frame buffer
 
     def length(self) -> int:
         if self.content_length is None:
@@ -67,6 +75,8 @@ class PlainBody:
         # readchunk hands over aiohttp's buffered chunks one by one; readany would first join
         # them into a new bytes object (a second copy of every body byte)
         data, _ = await self.content.readchunk()
+        if self.claim is not None and not self.claim.live:
+            raise ConnectionResetError("a newer request for this chunk took over")
         if not data:
             raise Refuse(400, "malformed", f"body ended {end - pos} bytes short")
         n = len(data)
@@ -77,6 +87,10 @@ class PlainBody:
 
     def release(self) -> None:
         pass
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def respond(self, reply: Reply) -> web.StreamResponse:
         return reply.response()
@@ -89,10 +103,18 @@ async def read_into(
     length: int,
     hasher: Any = None,
     scan: FiniteScan | None = None,
+    *,
+    idle: float | None = None,
+    claim: Claim | None = None,
 ) -> None:
     """Read exactly ``length`` body bytes into ``buf[offset:]``; with ``hasher``, also feed
     it every byte read, in order (the caller compares the digest afterwards); with
     ``scan``, NaN/Inf-scan the bytes as they come in (on the loop: see `FiniteScan`).
+
+    ``idle``: when no byte arrives for that many seconds the connection is closed and
+    `Refuse` (408) raised. ``claim``: the request's right to write into ``buf``; once revoked
+    (a newer request for the same chunk took over) reading stops with `ConnectionResetError`
+    before anything more is written or scanned.
 
     Hashing runs in a worker thread on the part already received while the loop keeps
     receiving (at most one update in flight, each over >= ``HASH_STEP`` bytes; hashlib
@@ -107,20 +129,34 @@ async def read_into(
     scanned = offset
     loop = asyncio.get_running_loop()
     try:
-        while pos < end:
-            pos = await body.fill(view, pos, end, step)
-            if scan is not None and pos - scanned >= SCAN_STEP:
-                scan.advance(pos)  # (the bulk sink scans as it receives: nothing left)
-                scanned = pos
-            if (
-                hasher is not None
-                and pos - hashed >= HASH_STEP
-                and (pending is None or pending.done())
-            ):
-                if pending is not None:
-                    pending.result()
-                pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
-                hashed = pos
+        try:
+            async with asyncio.timeout(None if idle is None else loop.time() + idle) as dog:
+                while pos < end:
+                    pos = await body.fill(view, pos, end, step)
+                    if idle is not None:
+                        dog.reschedule(loop.time() + idle)
+                    if claim is not None and not claim.live:
+                        raise ConnectionResetError("a newer request for this chunk took over")
+                    if scan is not None and pos - scanned >= SCAN_STEP:
+                        scan.advance(pos)  # (the bulk sink scans as it receives: nothing left)
+                        scanned = pos
+                    if (
+                        hasher is not None
+                        and pos - hashed >= HASH_STEP
+                        and (pending is None or pending.done())
+                    ):
+                        if pending is not None:
+                            pending.result()
+                        pending = loop.run_in_executor(None, hasher.update, view[hashed:pos])
+                        hashed = pos
+        except TimeoutError:
+            body.abort()
+            raise Refuse(
+                408,
+                "body_timeout",
+                f"no body byte for body_idle_timeout={idle:g} s after {pos - offset} of "
+                f"{length} bytes; the connection was closed",
+            ) from None
         if scan is not None:
             scan.advance(end)
         if hasher is not None:

@@ -68,9 +68,10 @@ class BulkBody:
         transport = request.transport
         if transport is None or transport.is_closing():
             raise ConnectionResetError("the client left before the upgrade")
-        sink = BulkSink(
-            memoryview(buf)[offset : offset + length], request.protocol, transport, scan, offset
-        )
+        # the connection's protocol: aiohttp's request handler, or the `connections` guard
+        # wrapping it, which must hear of the connection's end to count it out
+        owner = transport.get_protocol()
+        sink = BulkSink(memoryview(buf)[offset : offset + length], owner, transport, scan, offset)
         resp = web.StreamResponse(
             status=101, headers={"Connection": "Upgrade", "Upgrade": BULK_PROTOCOL}
         )
@@ -102,6 +103,11 @@ class BulkBody:
         sink = self.sink
         if sink is not None and sink.pos < len(sink.view):
             sink.transport.abort()
+
+    def abort(self) -> None:
+        transport = self.sink.transport if self.sink is not None else self.request.transport
+        if transport is not None:
+            transport.abort()
 
     def respond(self, reply: Reply) -> web.StreamResponse:
         if self.switched is None or self.sink is None:

@@ -2,10 +2,14 @@
 mapping of refusals to exceptions, goodbyes and liveness probes.
 
 One message at a time per (peer, channel), ids counting from 0 per sender incarnation; a chunk
-is retried with exponential backoff and seeded jitter on connection loss and 503, until
-``retry_timeout`` seconds without reaching the peer (`PeerUnavailableError`); a peer that is
-busy but alive is waited for (backpressure). Chunks of at least ``bulk_min_bytes`` take the bulk
-path (`bulk.post_bulk`); its answers are handled exactly as the plain POST's.
+is retried with exponential backoff and seeded jitter on connection loss, 503 and an attempt
+that makes no progress for ``read_timeout`` seconds (a frozen peer), until ``retry_timeout``
+seconds without reaching the peer (`PeerUnavailableError`); a peer that is busy but alive is
+waited for (backpressure). Chunks of at least ``bulk_min_bytes`` take the bulk path
+(`bulk.post_bulk`); its answers are handled exactly as the plain POST's.
+
+With a secret, every request is signed for its receiver: the peer's name and the incarnation
+of its process, learnt from its first answer (421 naming it) and again after it restarts.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import aiohttp
 import orjson
 
 from tandem.errors import (
+    AdmissionError,
     AuthenticationError,
     FrameError,
     PayloadTooLargeError,
@@ -65,6 +70,10 @@ class _OutStream:
         self.next_id = 0
 
 
+#: consecutive 421 answers (misdirected: signed for another incarnation) a request may get
+MAX_REBINDS = 3
+
+
 class _ResendFrom(Exception):
     """The receiver expects the message's chunk ``index`` next (409 with ``expect_chunk``)."""
 
@@ -86,6 +95,7 @@ class HttpClient:
         self.retries: dict[str, int] = {}
         self.requests: dict[str, int] = {}  # path (plain|bulk) -> requests sent, retries included
         self.closed = False
+        self.peer_incarnations: dict[str, str] = {}  # what our signatures are bound to
         self._rng = random.Random(config.seed)
         self._out: dict[tuple[str, str], _OutStream] = {}
         self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
@@ -106,20 +116,20 @@ class HttpClient:
         connector = aiohttp.TCPConnector(limit=0, ssl=cfg.ssl_client if cfg.ssl_client else True)
         self._session = aiohttp.ClientSession(
             connector=connector,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, cfg.read_timeout)),
             read_bufsize=1 << 16,
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
 
-    async def close(self, peer_urls: Iterable[str]) -> None:
-        """Fail pending and later sends, say goodbye to ``peer_urls`` (best effort), close the
-        session."""
+    async def close(self, peer_urls: Iterable[tuple[str, str]]) -> None:
+        """Fail pending and later sends, say goodbye to ``peer_urls`` (``(name, url)`` pairs,
+        best effort), close the session."""
         self.closed = True
         if self._closed_event is not None:
             self._closed_event.set()
         if self._session is not None:
-            await asyncio.gather(*(self._say_bye(url) for url in peer_urls))
+            await asyncio.gather(*(self._say_bye(peer, url) for peer, url in peer_urls))
             await self._session.close()
 
     def stats(self, peer: str) -> LinkStats:
@@ -177,7 +187,7 @@ class HttpClient:
         path = "bulk" if use_bulk else "plain"
         loop = asyncio.get_running_loop()
         deadline: float | None = None
-        attempt = 0
+        attempt = rebinds = 0
         while True:
             if self.closed:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
@@ -190,31 +200,31 @@ class HttpClient:
                 headers["Content-Length"] = str(size)
                 headers["Content-Type"] = "application/octet-stream"
             if cfg.secret:
+                if peer not in self.peer_incarnations:
+                    try:  # whom to sign for: the peer's process, named by its /healthz
+                        await self._learn(peer, url)
+                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                        deadline, attempt = await self._unreachable(
+                            peer, url, exc, deadline, attempt
+                        )
+                        continue
                 if i not in digests:
                     digests[i] = (
                         auth.body_digest(views)
                         if size < INLINE_BYTES
                         else await asyncio.to_thread(auth.body_digest, views)
                     )
-                auth.sign(cfg.secret, "POST", FRAME_PATH, headers, digests[i], clock=cfg.clock)
+                self._sign("POST", FRAME_PATH, peer, headers, digests[i])
             t0 = loop.time()
             self.requests[path] = self.requests.get(path, 0) + 1
             try:
                 answer = await self._post(peer, url, headers, views, use_bulk)
             except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
                 # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
-                if self.closed:
-                    raise TransportClosedError(
-                        f"transport of {cfg.name!r} closed during send"
-                    ) from None
-                now = loop.time()
-                deadline = deadline if deadline is not None else now + cfg.retry_timeout
-                if now >= deadline:
-                    raise PeerUnavailableError(
-                        f"peer {peer!r} at {url} unreachable for {cfg.retry_timeout}s "
-                        f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)"
-                    ) from None
-                attempt = await self._backoff(peer, attempt)
+                deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
+                continue
+            if answer.status == 421 and rebinds < MAX_REBINDS and self._rebind(peer, answer):
+                rebinds += 1  # signed for a process that is not (or no more) there: re-sign
                 continue
             if answer.status == 200:
                 stats = self.stats(peer)
@@ -231,27 +241,89 @@ class HttpClient:
                     deadline = None  # busy but alive: keep waiting (backpressure)
                 attempt = await self._backoff(peer, attempt)
                 continue
-            err = self._error_for(peer, answer.status, answer.text)
+            err = self._error_for(peer, answer.status, answer.text, answer.reason)
             if isinstance(err, _ResendFrom):
                 if err.index <= i:
                     return err.index  # the receiver lost the message's start: resend in order
                 raise FrameError(str(err))
             raise err
 
+    def _sign(
+        self, method: str, path: str, peer: str, headers: dict[str, str], digest: str
+    ) -> None:
+        """Sign ``headers`` for ``peer`` (its name and the incarnation we know of it)."""
+        cfg = self.cfg
+        assert cfg.secret is not None
+        auth.sign(
+            cfg.secret,
+            method,
+            path,
+            headers,
+            digest,
+            clock=cfg.clock,
+            key_id=cfg.key_id,
+            receiver=peer,
+            to=self.peer_incarnations.get(peer, ""),
+        )
+
+    async def _unreachable(
+        self, peer: str, url: str, exc: BaseException, deadline: float | None, attempt: int
+    ) -> tuple[float, int]:
+        """After a failed attempt: `PeerUnavailableError` once ``retry_timeout`` has passed
+        since the first failure (``deadline``), else back off; returns the deadline and the
+        next attempt's number."""
+        if self.closed:
+            raise TransportClosedError(f"transport of {self.cfg.name!r} closed during send")
+        now = asyncio.get_running_loop().time()
+        deadline = deadline if deadline is not None else now + self.cfg.retry_timeout
+        if now >= deadline:
+            raise PeerUnavailableError(
+                f"peer {peer!r} at {url} unreachable for {self.cfg.retry_timeout}s "
+                f"({type(exc).__name__}: {exc}); is it running? (retry_timeout)"
+            ) from None
+        return deadline, await self._backoff(peer, attempt)
+
+    async def _learn(self, peer: str, url: str) -> None:
+        """Ask ``peer``'s ``/healthz`` (signed) which process answers there. A peer that does
+        not name it (it does not know us yet: ``admit_unknown``; or it is no Tandem peer)
+        names it in its 421 answer to our first request instead. Connection errors propagate
+        (the attempt failed)."""
+        try:  # a one-off question: no connection is kept for it
+            inc = await self.probe(peer, url, self.cfg.read_timeout, keep_alive=False)
+        except ValueError:  # an answer, but not a Tandem /healthz
+            inc = None
+        self.peer_incarnations[peer] = inc or ""
+
+    def _rebind(self, peer: str, answer: Answer) -> bool:
+        """Learn ``peer``'s incarnation from its 421 answer; False when it names none."""
+        try:
+            inc = orjson.loads(answer.text).get("incarnation")
+        except (orjson.JSONDecodeError, AttributeError):
+            return False
+        if not isinstance(inc, str) or not inc or inc == self.peer_incarnations.get(peer):
+            return False
+        self.peer_incarnations[peer] = inc
+        return True
+
     async def _post(
         self, peer: str, url: str, headers: dict[str, str], views: list[memoryview], use_bulk: bool
     ) -> Answer:
-        body = self._body(peer, views)
-        if use_bulk:
-            ctx = self._bulk_context() if url.startswith("https://") else None
-            return await bulk.post_bulk(peer, url, headers, body, ctx)
-        async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
-            return Answer(
-                resp.status,
-                await resp.text(),
-                seconds(resp.headers.get(H_WAIT)),
-                resp.headers.get(H_REASON, ""),
-            )
+        """One attempt. It fails with `TimeoutError` when ``read_timeout`` seconds pass without
+        progress: no body piece written, or no answer after the last one."""
+        loop = asyncio.get_running_loop()
+        idle = self.cfg.read_timeout
+        async with asyncio.timeout(loop.time() + idle) as watchdog:
+            body = _progress(self._body(peer, views), watchdog, idle)
+            if use_bulk:
+                ctx = self._bulk_context() if url.startswith("https://") else None
+                return await bulk.post_bulk(peer, url, headers, body, ctx)
+            async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
+                return Answer(
+                    resp.status,
+                    await resp.text(),
+                    seconds(resp.headers.get(H_WAIT)),
+                    resp.headers.get(H_REASON, ""),
+                )
 
     def _bulk_context(self) -> ssl.SSLContext:
         """TLS context of bulk connections to https peers (made once: loading the system's
@@ -286,7 +358,7 @@ class HttpClient:
                 pass
         return attempt + 1
 
-    def _error_for(self, peer: str, status: int, text: str) -> Exception:
+    def _error_for(self, peer: str, status: int, text: str, reason: str = "") -> Exception:
         if status == 409 and text.startswith("{"):
             try:
                 body = orjson.loads(text)
@@ -301,36 +373,79 @@ class HttpClient:
                 f"{self.cfg.name!r} among its peers, and that clocks agree within the replay "
                 "window"
             )
+        if status == 421:
+            return AuthenticationError(
+                f"{where}: it keeps refusing our signature as meant for another process of "
+                f"it: {text}"
+            )
+        if status == 403 and reason == "identity":
+            return AuthenticationError(f"{where}: {text}")
         if status == 413:
             return PayloadTooLargeError(f"{where}: {text}")
-        if status in (400, 409, 410, 411, 422):
+        if status == 403:
+            return AdmissionError(f"{where}: {text}", field=_field(text))
+        if status == 422 and reason == "not_admitted":
+            return AdmissionError(f"{where}: {text}", field=_field(text))
+        if status in (400, 408, 409, 410, 411, 422):
             return FrameError(f"{where}: {text}")
         return TransportError(f"{where}: {text}")
 
-    async def _say_bye(self, url: str) -> None:
-        headers = {H_SENDER: self.cfg.name, H_INC: self.incarnation, "Content-Length": "0"}
-        if self.cfg.secret:
-            auth.sign(
-                self.cfg.secret, "POST", BYE_PATH, headers, auth.EMPTY_SHA, clock=self.cfg.clock
-            )
-        try:
-            async with self.session.post(
-                url + BYE_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=0.5)
-            ) as resp:
-                await resp.read()
-        except (aiohttp.ClientError, OSError, TimeoutError):
-            pass  # best effort: a peer that is gone needs no goodbye
+    async def _say_bye(self, peer: str, url: str) -> None:
+        """Best effort (a peer that is gone needs no goodbye): one request, and one more when
+        the peer names its incarnation (421) first."""
+        for _ in range(2):
+            headers = {H_SENDER: self.cfg.name, H_INC: self.incarnation, "Content-Length": "0"}
+            if self.cfg.secret:
+                self._sign("POST", BYE_PATH, peer, headers, auth.EMPTY_SHA)
+            try:
+                async with self.session.post(
+                    url + BYE_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=0.5)
+                ) as resp:
+                    answer = Answer(resp.status, await resp.text(), 0.0, "")
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                return
+            if answer.status != 421 or not self._rebind(peer, answer):
+                return
 
-    async def probe(self, url: str, timeout: float) -> str | None:
-        """The incarnation a peer's ``GET /healthz`` names (None if it names none). Raises
-        `aiohttp.ClientError`, `OSError`, `TimeoutError` or `ValueError` when it does not
-        answer properly."""
+    async def probe(
+        self, peer: str, url: str, timeout: float, *, keep_alive: bool = True
+    ) -> str | None:
+        """The incarnation a peer's ``GET /healthz`` names (None if it names none: it does
+        only to a caller it can authenticate). Raises `aiohttp.ClientError`, `OSError`,
+        `TimeoutError` or `ValueError` when it does not answer properly."""
+        headers = {H_SENDER: self.cfg.name}
+        if not keep_alive:
+            headers["Connection"] = "close"
+        if self.cfg.secret:
+            self._sign("GET", HEALTH_PATH, peer, headers, auth.EMPTY_SHA)
         async with self.session.get(
-            url + HEALTH_PATH, timeout=aiohttp.ClientTimeout(total=timeout)
+            url + HEALTH_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)
         ) as resp:
             info = await resp.json(content_type=None)
         inc = info.get("incarnation") if isinstance(info, dict) else None
         return inc if isinstance(inc, str) and inc else None
+
+
+async def _progress(
+    pieces: AsyncIterator[memoryview], watchdog: asyncio.Timeout, idle: float
+) -> AsyncIterator[memoryview]:
+    """``pieces``, pushing ``watchdog``'s deadline ``idle`` seconds past each one handed to
+    the socket (a piece is asked for only once the one before it was written)."""
+    loop = asyncio.get_running_loop()
+    async for piece in pieces:
+        watchdog.reschedule(loop.time() + idle)
+        yield piece
+    watchdog.reschedule(loop.time() + idle)
+
+
+def _field(text: str) -> str:
+    """The ``field`` of a JSON refusal body ("" when there is none)."""
+    try:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return ""
+    field = body.get("field", "") if isinstance(body, dict) else ""
+    return field if isinstance(field, str) else ""
 
 
 async def _unpaced(pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:

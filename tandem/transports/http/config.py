@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ..base import Frame
 
@@ -19,10 +19,41 @@ class HttpConfig:
       host, port: where to serve; port 0 picks a free port (see `HttpTransport.url`).
       peers: peer name -> base URL (``http://host:port`` or ``https://...``); more via add_peer.
       secret: shared HMAC secret; None disables HMAC (then only peer names are checked — use
-        mutual TLS for authentication in that case).
+        mutual TLS for authentication in that case). Requests are signed for one receiver (its
+        name and process incarnation), so a captured request is refused by every other one.
+      key_id: the id sent with every signature (default: derived from ``secret``).
+      previous_secret / previous_key_id: a second key accepted (never used to sign), for
+        rotation without downtime (docs/security.md: add the new key here everywhere, then
+        swap it with ``secret`` everywhere, then remove it).
+      max_clock_skew: seconds a signed request's timestamp may be ahead of the receiver's clock
+        (``auth_window`` bounds how far behind it may be).
+      peer_identities: peer name -> the certificate identities (subject CN, or DNS/URI/IP
+        subjectAltName) that may speak for it. A request whose TLS client certificate names
+        none of the claimed sender's identities is refused (403). Peers not listed must present
+        a certificate naming them (CN or SAN equal to the peer name).
       ssl_server / ssl_client: `ssl.SSLContext` for serving HTTPS / verifying peers (mTLS when
         the server context has ``verify_mode = CERT_REQUIRED`` and the client context a cert).
       capacity: frames buffered per inbound (peer, channel) before senders are pushed back.
+      inbound_budget: bytes of inbound messages held at once, across every stream: partial
+        messages (their whole declared size, from their first chunk) and delivered frames not
+        yet taken by `recv`. A new message that does not fit waits ``backpressure_wait``, then
+        gets 503 (the sender retries). None: ``max(max_frame_bytes, 1 GiB)``. Must be at
+        least ``max_frame_bytes``.
+      partial_timeout: seconds a partially received message may sit with no request reading
+        into it before it is dropped (its bytes leave the budget; the sender restarts it).
+      header_timeout: seconds a connection may take to send a complete request head (from its
+        accept, or from its first byte after an idle keep-alive period); also bounds the TLS
+        handshake.
+      body_idle_timeout: seconds a request body may stall (no byte arriving) before its
+        connection is closed; the partial message stays resumable.
+      keepalive_timeout: seconds an idle keep-alive connection stays open.
+      max_connections / max_connections_per_address: inbound connections held at once; when
+        full, a new connection replaces the oldest one that is idle or still sending its head,
+        or is closed. Lowered at start so that at least `connections.FD_RESERVE` file
+        descriptors of ``RLIMIT_NOFILE`` stay free for the party's own files.
+      read_timeout: seconds one send attempt may go without progress (a body piece written,
+        or the answer read) before it is abandoned and retried (a frozen peer: stopped
+        process, network split without a reset).
       max_frame_bytes: larger frames are refused with 413.
       reject_nonfinite: refuse float/complex tensors containing NaN or Inf with 422.
       chunk_bytes: messages larger than this travel as several requests.
@@ -70,9 +101,22 @@ class HttpConfig:
     port: int = 0
     peers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     secret: bytes | None = None
+    key_id: str | None = None
+    previous_secret: bytes | None = None
+    previous_key_id: str | None = None
+    max_clock_skew: float = 5.0
+    peer_identities: Mapping[str, Sequence[str]] | None = None
     ssl_server: ssl.SSLContext | None = None
     ssl_client: ssl.SSLContext | None = None
     capacity: int = 64
+    inbound_budget: int | None = None
+    partial_timeout: float = 30.0
+    header_timeout: float = 10.0
+    body_idle_timeout: float = 30.0
+    keepalive_timeout: float = 30.0
+    max_connections: int = 256
+    max_connections_per_address: int = 64
+    read_timeout: float = 30.0
     max_frame_bytes: int = 1 << 31
     reject_nonfinite: bool = True
     chunk_bytes: int = 64 << 20
@@ -115,6 +159,32 @@ class HttpConfig:
             problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
         if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
             problems.append("secret must be non-empty bytes or None")
+        if self.previous_secret is not None and (
+            not isinstance(self.previous_secret, bytes) or not self.previous_secret
+        ):
+            problems.append("previous_secret must be non-empty bytes or None")
+        if self.previous_secret is not None and not self.secret:
+            problems.append("previous_secret needs a current secret (set secret)")
+        for f in ("key_id", "previous_key_id"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, str) or not v or "\n" in v):
+                problems.append(f"{f} must be a non-empty single-line string or None, got {v!r}")
+        if self.secret and self.previous_secret and len(self.keys()) < 2:
+            problems.append("previous_key_id equals the current key id; give each key its own id")
+        if self.inbound_budget is not None and self.inbound_budget < self.max_frame_bytes:
+            problems.append(
+                f"inbound_budget ({self.inbound_budget} bytes) must hold at least one frame of "
+                f"max_frame_bytes={self.max_frame_bytes}; raise it or lower max_frame_bytes"
+            )
+        for f in ("max_connections", "max_connections_per_address"):
+            if getattr(self, f) < 1:
+                problems.append(f"{f} must be >= 1, got {getattr(self, f)}")
+        if self.peer_identities is not None:
+            for peer, ids in self.peer_identities.items():
+                if isinstance(ids, str) or not all(isinstance(i, str) and i for i in ids):
+                    problems.append(
+                        f"peer_identities[{peer!r}] must be a list of identity strings, got {ids!r}"
+                    )
         if self.admit_unknown and not self.secret:
             problems.append(
                 "admit_unknown needs a secret: only senders proving they hold it "
@@ -140,13 +210,38 @@ class HttpConfig:
             "backoff_max",
             "backpressure_wait",
             "auth_window",
+            "partial_timeout",
+            "header_timeout",
+            "body_idle_timeout",
+            "keepalive_timeout",
+            "read_timeout",
         ):
             if not getattr(self, f) > 0:
                 problems.append(f"{f} must be > 0 s, got {getattr(self, f)!r}")
+        if not self.max_clock_skew >= 0:
+            problems.append(f"max_clock_skew must be >= 0 s, got {self.max_clock_skew!r}")
         if self.peer_timeout is not None and not self.peer_timeout > 0:
             problems.append(f"peer_timeout must be > 0 s or None, got {self.peer_timeout!r}")
         if problems:
             raise ValueError("invalid HttpConfig: " + "; ".join(problems))
+
+    def budget_bytes(self) -> int:
+        """The inbound byte budget in effect (``inbound_budget`` or its default)."""
+        if self.inbound_budget is not None:
+            return self.inbound_budget
+        return max(self.max_frame_bytes, 1 << 30)
+
+    def keys(self) -> dict[str, bytes]:
+        """``{key_id: secret}``: the current key first, then the previous one (if any)."""
+        from .. import auth
+
+        out: dict[str, bytes] = {}
+        if self.secret:
+            out[self.key_id or auth.key_id_of(self.secret)] = self.secret
+        if self.previous_secret:
+            pid = self.previous_key_id or auth.key_id_of(self.previous_secret)
+            out.setdefault(pid, self.previous_secret)
+        return out
 
 
 def check_peer(own_name: str, name: str, url: str) -> str:

@@ -59,7 +59,7 @@ async def check_alive(
     loop = asyncio.get_running_loop()
     gone = None
     try:
-        inc = await client.probe(url, probe_timeout)
+        inc = await client.probe(peer, url, probe_timeout)
         server.down_since.pop(peer, None)
         if inc is not None and inc != known:
             gone = f"peer {peer!r} restarted (a new process answers at its address)"

@@ -69,6 +69,52 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
         "Refused inbound requests by reason",
         [({"party": me, "reason": r}, n) for r, n in sorted(server.refused.items())],
     )
+    party = {"party": me}
+    lines += metrics.family(
+        "tandem_inbound_bytes_held",
+        "gauge",
+        "Inbound bytes held (partial messages and frames not yet taken by recv)",
+        [(party, server.budget.held)],
+    )
+    lines += metrics.family(
+        "tandem_inbound_budget_bytes",
+        "gauge",
+        "The inbound byte budget (inbound_budget)",
+        [(party, server.budget.capacity)],
+    )
+    lines += metrics.family(
+        "tandem_partials_dropped_total",
+        "counter",
+        "Partial messages dropped after partial_timeout without a reader",
+        [(party, server.dropped_partials)],
+    )
+    lines += metrics.family(
+        "tandem_signature_rebinds_total",
+        "counter",
+        "Requests answered 421: correctly signed for another process of this party",
+        [(party, server.rebinds)],
+    )
+    listener = server.listener
+    if listener is not None:
+        lines += metrics.family(
+            "tandem_connections_open",
+            "gauge",
+            "Inbound connections open",
+            [(party, len(listener))],
+        )
+        lines += metrics.family(
+            "tandem_connections_closed_total",
+            "counter",
+            "Inbound connections closed by the server, by cause",
+            [
+                ({**party, "cause": "refused"}, listener.refused),
+                ({**party, "cause": "evicted"}, listener.evicted),
+                *(
+                    ({**party, "cause": f"{phase}_timeout"}, n)
+                    for phase, n in sorted(listener.timed_out.items())
+                ),
+            ],
+        )
     text = "\n".join(lines) + "\n"
     for source in sources:
         try:

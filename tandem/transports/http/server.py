@@ -3,35 +3,48 @@ admission of requests, reassembly of chunked messages into bounded inboxes, and 
 frame passes before delivery.
 
 Endpoints: ``POST /tandem/v1/frame`` (one chunk of a frame, plain or bulk), ``POST
-/tandem/v1/bye`` (the sender closed), ``GET /healthz`` (names this process's incarnation) and
-``GET /metrics`` (Prometheus text, rendered by the transport). A request for a new message
-first reserves a slot in its stream's inbox, waiting up to ``backpressure_wait`` (then 503);
-refusals keep their order: authentication (401), sizes (413/400), spec (409), retired
-incarnation (410), then, once the body is in, its digest (401), the decoding (400), NaN/Inf
-and the validator (422). De-duplication follows `streams`. The server keeps serving whatever
-arrives: every bad request gets its status and the next one is handled.
+/tandem/v1/bye`` (the sender closed), ``GET /healthz`` (liveness; names this party and its
+incarnation only to an authenticated caller) and ``GET /metrics`` (Prometheus text, rendered
+by the transport). Connections are accepted, capped and timed by `connections.Listener`.
+
+A request for a new message first reserves a slot in its stream's inbox and its whole size in
+the receiver's `budget.ByteBudget`, waiting up to ``backpressure_wait`` for each (then 503).
+Refusals keep their order: authentication (401; 421 when correctly signed for another
+incarnation of this receiver), certificate identity (403), the stream admission hook (403),
+sizes (413/400), spec (409), retired incarnation (410), then, once the body is in, its
+digest (401), the decoding (400), NaN/Inf and the validator (422) and the frame admission hook
+(422, naming the field). De-duplication follows `streams`; no lock is held while a body is
+read (a stalled body is closed after ``body_idle_timeout``, and a retry of its chunk takes it
+over), and partial messages left idle for ``partial_timeout`` are dropped. The server keeps
+serving whatever arrives: every bad request gets its status, one rate-limited log line (no
+traceback), and the next one is handled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from tandem.errors import AuthenticationError, FrameError, PayloadTooLargeError
+from tandem.errors import AdmissionError, AuthenticationError, FrameError, PayloadTooLargeError
 
 from .. import auth, codec
 from ..base import Frame, LinkStats
 from ..inbox import Inbox
 from .body import Body, PlainBody, read_into
+from .budget import ByteBudget
 from .bulk import BulkBody
 from .config import HttpConfig, check_peer
+from .connections import Listener
 from .protocol import (
     BULK_PROTOCOL,
     BYE_PATH,
@@ -54,10 +67,50 @@ from .protocol import (
     int_header,
     spec_text,
 )
+from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite
 from .streams import Partial, StreamState
 
 log = logging.getLogger(__name__)
+
+SERVER_NAME = "tandem"  # the ``Server`` header: no software or version banner
+MAX_STREAMS = 1024  # (sender, channel) streams a receiver keeps state for
+#: refusals that are part of the protocol's normal flow, not logged
+QUIET_REASONS = frozenset({"busy", "closing", "misdirected", "out_of_order", "too_many_peers"})
+
+AdmitStream = Callable[[str, str], None]
+AdmitFrame = Callable[[Frame], None]
+
+
+class _RequestHandler(web.RequestHandler):
+    """aiohttp's request handler, with its own answers to unparsable requests (400) carrying
+    no version banner either."""
+
+    def handle_error(
+        self,
+        request: Any,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        resp = super().handle_error(request, status, exc, message)
+        resp.headers["Server"] = SERVER_NAME
+        return resp
+
+
+def cert_identities(cert: Mapping[str, Any] | None) -> set[str]:
+    """The identities a verified peer certificate (``ssl.SSLSocket.getpeercert()``) names:
+    its subject's commonName values and every subjectAltName value (DNS, URI, IP, email)."""
+    if not cert:
+        return set()
+    ids = {
+        value
+        for rdn in cert.get("subject", ())
+        for key, value in rdn
+        if key == "commonName" and isinstance(value, str)
+    }
+    ids.update(v for _, v in cert.get("subjectAltName", ()) if isinstance(v, str))
+    return ids
 
 
 class HttpServer:
@@ -65,8 +118,13 @@ class HttpServer:
     `start` inside a running loop, `close` then `stop` once.
 
     ``peers`` (name -> base URL) is shared with the transport: a request from a sender not in
-    it is refused (401) unless ``admit_unknown`` admits it, which adds it there. ``spec_hash``
-    and ``validator`` may be replaced at any time (after negotiation)."""
+    it is refused (401) unless ``admit_unknown`` admits it, which adds it there. ``spec_hash``,
+    ``validator``, ``admit_stream`` and ``admit_frame`` may be replaced at any time (after
+    negotiation). ``admit_stream(sender, channel)`` runs on each request head, before its body
+    is read or any memory is reserved; ``admit_frame(frame)`` on each complete frame that
+    passed every other check, just before delivery (on the loop, with nothing awaited between
+    it and the delivery). Either refuses by raising `AdmissionError` (403 and 422, naming the
+    field) or `FrameError`."""
 
     def __init__(
         self,
@@ -80,17 +138,25 @@ class HttpServer:
         self.incarnation = incarnation
         self.spec_hash = config.spec_hash
         self.validator = config.validator
+        self.admit_stream: AdmitStream | None = None
+        self.admit_frame: AdmitFrame | None = None
         self.verifier = (
             auth.Verifier(
-                config.secret,
+                config.keys(),
+                name=config.name,
+                incarnation=incarnation,
                 window=config.auth_window,
+                future_skew=config.max_clock_skew,
                 max_nonces=config.max_nonces,
+                max_senders=max(config.max_peers, len(peers)) + 64,
                 clock=config.clock,
             )
             if config.secret
             else None
         )
+        self.budget = ByteBudget(config.budget_bytes())
         self.inboxes: dict[tuple[str, str], Inbox[Frame]] = {}
+        self.held: dict[tuple[str, str], collections.deque[int]] = {}  # sizes of queued frames
         self.streams: dict[tuple[str, str], StreamState] = {}
         self.retired: dict[str, set[str]] = {}  # sender -> incarnations that said goodbye
         self.received: dict[str, LinkStats] = {}
@@ -98,34 +164,60 @@ class HttpServer:
         self.requests: dict[str, int] = {}  # path (plain|bulk) -> bodies accepted for reading
         self.lost: dict[str, str] = {}  # peer -> why it was taken as gone (see `liveness`)
         self.down_since: dict[str, float] = {}  # peer -> loop time its probes began failing
+        self.dropped_partials = 0  # partial messages dropped after partial_timeout
+        self.rebinds = 0  # 421 answers: signed for another incarnation (not refusals)
         self.runner: web.AppRunner | None = None
+        self.listener: Listener | None = None
         self.closed = False
+        self.quiet = QuietLog(log, ceiling=logging.WARNING)
         self._metrics_text = metrics_text
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self) -> int:
         """Serve on ``host:port`` (port 0: any free port); returns the port bound."""
         cfg = self.cfg
-        app = web.Application(client_max_size=1 << 20)
+        app = web.Application(client_max_size=1 << 20, middlewares=[self._track])
         app.router.add_post(FRAME_PATH, self.handle_frame)
         app.router.add_post(BYE_PATH, self.handle_bye)
         app.router.add_get(HEALTH_PATH, self.handle_health)
         app.router.add_get(METRICS_PATH, self.handle_metrics)
-        runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
+        app.on_response_prepare.append(_hide_banner)
+        handler_args: dict[str, Any] = dict(
             access_log=None,
             read_bufsize=cfg.read_bufsize,
-            shutdown_timeout=1.0,
+            keepalive_timeout=cfg.keepalive_timeout,
+            lingering_time=min(cfg.header_timeout, 10.0),
+            logger=self.quiet,
         )
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, **handler_args)
         await runner.setup()
+        loop = asyncio.get_running_loop()
+        server = runner.server
+        assert server is not None
+
+        def make_handler() -> asyncio.Protocol:
+            try:
+                return _RequestHandler(server, loop=loop, **handler_args)
+            except TypeError:  # another aiohttp's constructor: its own handler (with banner)
+                return server()
+
+        listener = Listener(
+            make_handler,
+            max_connections=cfg.max_connections,
+            max_per_address=cfg.max_connections_per_address,
+            header_timeout=cfg.header_timeout,
+            keepalive_timeout=cfg.keepalive_timeout,
+            ssl_context=cfg.ssl_server,
+            log=self.quiet,
+        )
         try:
-            site = web.TCPSite(runner, cfg.host, cfg.port, ssl_context=cfg.ssl_server)
-            await site.start()
+            port = await listener.start(cfg.host, cfg.port)
         except BaseException:
             await runner.cleanup()
             raise
-        self.runner = runner
-        return int(runner.addresses[0][1])
+        self.runner, self.listener = runner, listener
+        self._sweeper = loop.call_later(self._sweep_every(), self._sweep)
+        return port
 
     def close(self) -> None:
         """Refuse further frames (503 closing); receives drain what is queued, then fail."""
@@ -134,24 +226,60 @@ class HttpServer:
             box.close()
 
     async def stop(self) -> None:
-        """Stop serving and close every connection."""
+        """Stop accepting, close every connection, drop partial messages."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self.listener is not None:
+            await self.listener.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.listener is not None:
+            self.listener.abort_all()
+        for (sender, channel), state in list(self.streams.items()):
+            self.drop_partial(sender, channel, state)
+
+    @web.middleware
+    async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Tells the listener a connection is inside a request (not evictable, no timers)."""
+        listener, transport = self.listener, request.transport
+        if listener is not None:
+            listener.begin(transport)
+        try:
+            return await handler(request)
+        finally:
+            if listener is not None:
+                listener.end(transport)
 
     def stats(self, peer: str) -> LinkStats:
         return self.received.setdefault(peer, LinkStats())
 
     def inbox(self, peer: str, channel: str) -> Inbox[Frame]:
-        """The inbox of frames from ``peer`` on ``channel`` (made on first use)."""
-        box = self.inboxes.get((peer, channel))
+        """The inbox of frames from ``peer`` on ``channel`` (made on first use). Taking a
+        frame from it gives the frame's bytes back to the budget."""
+        key = (peer, channel)
+        box = self.inboxes.get(key)
         if box is None:
-            box = self.inboxes[(peer, channel)] = Inbox(self.cfg.capacity, closed=self.closed)
+            sizes = self.held[key] = collections.deque()
+
+            def taken(_: Frame) -> None:
+                self.budget.release(sizes.popleft())
+
+            box = self.inboxes[key] = Inbox(self.cfg.capacity, closed=self.closed, on_take=taken)
         return box
 
+    def deliver(self, box: Inbox[Frame], key: tuple[str, str], frame: Frame, size: int) -> None:
+        self.held[key].append(size)
+        box.deliver(frame)
+
     def refusal(self, r: Refuse) -> Reply:
-        self.refused[r.reason] = self.refused.get(r.reason, 0) + 1
+        if r.status != 421:  # 421 is how a sender learns whom to sign for (`rebinds`)
+            self.refused[r.reason] = self.refused.get(r.reason, 0) + 1
+        if r.reason not in QUIET_REASONS:
+            self.quiet.info(
+                "%s: refused request (%d %s): %s", self.cfg.name, r.status, r.reason, r.text
+            )
         if r.status == 401:
-            log.info("%s: refused request (401): %s", self.cfg.name, r.text)
             return Reply(401, "unauthorized")
         if r.extra:
             return Reply(
@@ -162,28 +290,60 @@ class HttpServer:
             )
         return Reply(r.status, r.text, reason=r.reason)
 
+    # -- who is asking -----------------------------------------------------------------------
     def authenticate(self, request: web.Request, path: str) -> str:
+        """The sender of a request: a known peer (or one ``admit_unknown`` admits) whose
+        signature (with a secret) and certificate (with TLS client certificates) prove it."""
         sender = request.headers.get(H_SENDER, "")
         if sender not in self.peers:
-            return self.admit(request, path, sender)
-        if self.verifier is not None:
-            try:
-                self.verifier.verify(request.method, path, request.headers)
-            except AuthenticationError as exc:
-                raise Refuse(401, "unauthenticated", f"from {sender!r}: {exc}") from None
+            sender = self.admit(request, path, sender)
+        elif self.verifier is not None:
+            self.verify(request, path, sender)
+        self.check_identity(request, sender)
         return sender
+
+    def verify(self, request: web.Request, path: str, who: str) -> None:
+        assert self.verifier is not None
+        try:
+            self.verifier.verify(request.method, path, request.headers)
+        except auth.MisdirectedError as exc:
+            self.rebinds += 1
+            raise Refuse(
+                421, "misdirected", f"from {who!r}: {exc}", incarnation=exc.incarnation
+            ) from None
+        except AuthenticationError as exc:
+            raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
+
+    def check_identity(self, request: web.Request, sender: str) -> None:
+        """With a TLS client certificate, it must name one of ``sender``'s identities (403);
+        a server that asks for certificates and holds no secret refuses a request without
+        one (401)."""
+        transport = request.transport
+        cert = transport.get_extra_info("peercert") if transport is not None else None
+        if not cert:
+            ctx = self.cfg.ssl_server
+            if self.verifier is None and ctx is not None and ctx.verify_mode != ssl.CERT_NONE:
+                raise Refuse(401, "unauthenticated", f"{sender!r} sent no client certificate")
+            return
+        ids = cert_identities(cert)
+        allowed = list((self.cfg.peer_identities or {}).get(sender) or [sender])
+        if not ids.intersection(allowed):
+            raise Refuse(
+                403,
+                "identity",
+                f"the TLS client certificate (names {sorted(ids)}) does not belong to "
+                f"sender {sender!r} (accepted names: {allowed}); issue the certificate to "
+                "that name or map it under peer_identities",
+            )
 
     def admit(self, request: web.Request, path: str, sender: str) -> str:
         """An unknown sender becomes a peer only under ``admit_unknown`` with a valid signature."""
         if not (self.cfg.admit_unknown and self.verifier is not None and path == FRAME_PATH):
-            raise Refuse(401, "unknown_peer", f"unknown sender {sender!r}")
+            raise Refuse(401, "unknown_peer", f"unknown sender {sender[:80]!r}")
         names = self.cfg.admit_names
         if names is not None and sender not in names:
-            raise Refuse(401, "unknown_peer", f"sender {sender!r} is not in the roster")
-        try:
-            self.verifier.verify(request.method, path, request.headers)
-        except AuthenticationError as exc:
-            raise Refuse(401, "unauthenticated", f"unknown {sender!r}: {exc}") from None
+            raise Refuse(401, "unknown_peer", f"sender {sender[:80]!r} is not in the roster")
+        self.verify(request, path, f"unknown {sender}")
         url = request.headers.get(H_REPLY, "")
         if len(self.peers) >= self.cfg.max_peers:
             raise Refuse(
@@ -198,13 +358,32 @@ class HttpServer:
         log.info("%s: admitted peer %r at %s", self.cfg.name, sender, url)
         return sender
 
+    def caller_is_peer(self, request: web.Request, path: str) -> bool:
+        """Whether a ``GET`` caller proves to be a peer (signature, or certificate), without
+        refusing it: for answers that say more to peers than to strangers."""
+        sender = request.headers.get(H_SENDER, "")
+        if sender not in self.peers:
+            return False
+        try:
+            if self.verifier is not None:
+                self.verifier.verify(request.method, path, request.headers, bound=False)
+            elif not _cert(request) and self.cfg.ssl_server is not None:
+                return self.cfg.ssl_server.verify_mode == ssl.CERT_NONE
+            self.check_identity(request, sender)
+        except (AuthenticationError, Refuse):
+            return False
+        return True
+
+    # -- frames ------------------------------------------------------------------------------
     async def handle_frame(self, request: web.Request) -> web.StreamResponse:
         """``POST /tandem/v1/frame``: a plain request (body in the HTTP message) or a bulk one
         (``Upgrade: tandem-frame/1``, body raw after the 101). Both run `receive`; only where
         the body comes from (`PlainBody`, `BulkBody`) and how the reply travels differ."""
         bulk = request.headers.get("Upgrade", "").strip().lower() == BULK_PROTOCOL
         body: Body = (
-            BulkBody(request) if bulk else PlainBody(request.content, request.content_length)
+            BulkBody(request)
+            if bulk
+            else PlainBody(request.content, request.content_length, request.transport)
         )
         try:
             reply = await self.receive(request, body)
@@ -213,8 +392,10 @@ class HttpServer:
         except (ConnectionError, aiohttp.ClientPayloadError, asyncio.IncompleteReadError) as exc:
             self.refused["disconnected"] = self.refused.get("disconnected", 0) + 1
             reply = Reply(400, f"request body incomplete: {exc}")
-        except Exception:  # the server must keep serving; report and move on
-            log.exception("%s: internal error while receiving a frame", self.cfg.name)
+        except Exception as exc:  # the server must keep serving; report and move on
+            self.quiet.error(
+                "%s: internal error while receiving a frame", self.cfg.name, exc_info=exc
+            )
             self.refused["internal"] = self.refused.get("internal", 0) + 1
             reply = Reply(500, "internal error (see the receiver's log)")
         finally:
@@ -229,6 +410,7 @@ class HttpServer:
         channel = h.get(H_CHANNEL, "")
         if not channel:
             raise Refuse(400, "malformed", f"missing header {H_CHANNEL}")
+        self.check_stream(sender, channel)
         inc = h.get(H_INC, "")
         if not inc:
             raise Refuse(400, "malformed", f"missing header {H_INC}")
@@ -261,8 +443,15 @@ class HttpServer:
             raise Refuse(409, "spec_mismatch", spec_text(spec, self.spec_hash))
         if inc in self.retired.get(sender, ()):
             raise Refuse(410, "retired", f"incarnation {inc} of {sender!r} has closed")
-        state = self.streams.setdefault((sender, channel), StreamState())
-        async with state.lock:
+        key = (sender, channel)
+        state = self.streams.get(key)
+        if state is None:
+            if len(self.streams) >= MAX_STREAMS:
+                raise Refuse(503, "busy", f"receiver keeps {MAX_STREAMS} streams at most")
+            state = self.streams[key] = StreamState()
+        loop = asyncio.get_running_loop()
+        waited = 0.0
+        async with state.lock:  # admission: bounded by backpressure_wait, never a body read
             if state.incarnation != inc:  # a (re)started sender: fresh de-duplication state
                 self.lost.pop(sender, None)
                 self.down_since.pop(sender, None)
@@ -277,23 +466,14 @@ class HttpServer:
                 return Reply(200, "duplicate")
             box = self.inbox(sender, channel)
             part = state.partial
-            waited = 0.0
             if part is not None and part.msg_id == msg_id and chunk < part.next_chunk:
                 return Reply(200, "duplicate")
-            if chunk == 0:
+            if chunk == 0 and not (part is not None and part.msg_id == msg_id):
                 self.drop_partial(sender, channel, state)  # abandoned older message
                 t0 = time.monotonic()
-                if not await box.reserve(self.cfg.backpressure_wait):
-                    reason = "closing" if box.closed else "busy"
-                    raise Refuse(
-                        503,
-                        reason,
-                        f"receiver {reason}: inbox of {channel!r} is full"
-                        if reason == "busy"
-                        else "receiver is closing",
-                    )
+                await self.reserve(box, channel, total)
                 waited = time.monotonic() - t0
-                part = state.partial = Partial(msg_id, chunks, total)
+                part = state.partial = Partial(msg_id, chunks, total, loop.time())
                 if self.cfg.reject_nonfinite and total >= INLINE_BYTES:
                     part.scan = FiniteScan(part.buffer)
             elif part is None or part.msg_id != msg_id or chunk != part.next_chunk:
@@ -312,16 +492,40 @@ class HttpServer:
                     "chunk headers disagree with the message's "
                     f"first chunk (chunks {chunks}, total {total}, offset {offset})",
                 )
-            t_read = time.monotonic()
-            hasher = hashlib.sha256() if self.verifier is not None else None
+            claim = part.claim(body.abort, loop.time())  # revokes a stalled older reader
             if part.scan is not None:
                 part.scan.rewind(offset)  # a chunk received again: forget its earlier bytes
+        # the body is read without the lock: a retry of this chunk may take it over meanwhile
+        t_read = time.monotonic()
+        try:
+            hasher = hashlib.sha256() if self.verifier is not None else None
+            if isinstance(body, PlainBody):
+                body.claim = claim
             path = await body.begin(part.buffer, offset, length, part.scan)  # bulk: 101 here
             self.requests[path] = self.requests.get(path, 0) + 1
-            await read_into(body, part.buffer, offset, length, hasher, part.scan)
-            if hasher is not None:
-                if hasher.hexdigest() != h.get(auth.BODY_SHA):
-                    raise Refuse(401, "unauthenticated", "body digest does not match")
+            await read_into(
+                body,
+                part.buffer,
+                offset,
+                length,
+                hasher,
+                part.scan,
+                idle=self.cfg.body_idle_timeout,
+                claim=claim,
+            )
+            if hasher is not None and hasher.hexdigest() != h.get(auth.BODY_SHA):
+                raise Refuse(401, "unauthenticated", "body digest does not match")
+        except BaseException:
+            part.unclaim(claim, loop.time())
+            raise
+        async with state.lock:
+            part.unclaim(claim, loop.time())
+            if state.partial is not part or not claim.live:
+                raise Refuse(
+                    409,
+                    "superseded",
+                    f"chunk {chunk} of message {msg_id} was taken over by a newer request",
+                )
             stats = self.stats(sender)
             stats.bytes += length
             stats.busy_seconds += time.monotonic() - t_read
@@ -332,18 +536,95 @@ class HttpServer:
             state.partial = None
             try:
                 frame = await self.check_frame(sender, channel, msg_id, part.buffer, part.scan)
+                self.check_admission(frame)
             except BaseException:
                 box.unreserve()
+                self.budget.release(part.total)
                 raise
-            box.deliver(frame)
+            self.deliver(box, key, frame, part.total)
             state.next_id = msg_id + 1
             stats.frames += 1
             return Reply(200, "ok", waited)
 
+    async def reserve(self, box: Inbox[Frame], channel: str, total: int) -> None:
+        """An inbox slot and ``total`` bytes of the budget for a new message, each waited for
+        up to ``backpressure_wait``; `Refuse` (503) when either stays unavailable."""
+        wait = self.cfg.backpressure_wait
+        if not await box.reserve(wait):
+            if box.closed:
+                raise Refuse(503, "closing", "receiver is closing")
+            raise Refuse(503, "busy", f"receiver busy: inbox of {channel!r} is full")
+        if not await self.budget.acquire(total, wait):
+            box.unreserve()
+            raise Refuse(
+                503,
+                "busy",
+                f"receiver busy: {self.budget.held} of its inbound_budget="
+                f"{self.budget.capacity} bytes are held; a message of {total} bytes waits",
+            )
+
     def drop_partial(self, sender: str, channel: str, state: StreamState) -> None:
-        if state.partial is not None:
+        """Forget ``state``'s partial message: its reader (if any) is cut off, its inbox slot
+        and budget bytes are given back."""
+        part = state.partial
+        if part is not None:
             state.partial = None
+            if part.reader is not None:
+                part.reader.revoke()
             self.inbox(sender, channel).unreserve()
+            self.budget.release(part.total)
+
+    def _sweep_every(self) -> float:
+        return max(0.05, min(self.cfg.partial_timeout / 4, 5.0))
+
+    def _sweep(self) -> None:
+        """Drop partial messages nobody has read into for ``partial_timeout`` s (runs every
+        `_sweep_every` s while serving)."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for (sender, channel), state in list(self.streams.items()):
+            part = state.partial
+            if (
+                part is not None
+                and part.reader is None
+                and now - part.touched >= self.cfg.partial_timeout
+            ):
+                self.drop_partial(sender, channel, state)
+                self.dropped_partials += 1
+                self.quiet.info(
+                    "%s: dropped message %d from %r on %r: idle for partial_timeout=%g s with "
+                    "%d of %d bytes",
+                    self.cfg.name,
+                    part.msg_id,
+                    sender,
+                    channel,
+                    self.cfg.partial_timeout,
+                    part.filled,
+                    part.total,
+                )
+        self._sweeper = loop.call_later(self._sweep_every(), self._sweep)
+
+    def check_stream(self, sender: str, channel: str) -> None:
+        """The ``admit_stream`` hook (403 naming the field)."""
+        if self.admit_stream is None:
+            return
+        try:
+            self.admit_stream(sender, channel)
+        except FrameError as exc:
+            field = exc.field if isinstance(exc, AdmissionError) else "channel"
+            raise Refuse(403, "not_admitted", str(exc), field=field) from None
+
+    def check_admission(self, frame: Frame) -> None:
+        """The ``admit_frame`` hook (422 naming the field)."""
+        if self.admit_frame is None:
+            return
+        try:
+            self.admit_frame(frame)
+        except FrameError as exc:
+            field = exc.field if isinstance(exc, AdmissionError) else ""
+            raise Refuse(
+                422, "not_admitted", f"frame refused at admission: {exc}", field=field
+            ) from None
 
     async def check_frame(
         self,
@@ -405,6 +686,8 @@ class HttpServer:
             sender = self.authenticate(request, BYE_PATH)
         except Refuse as r:
             return self.refusal(r).response()
+        if request.content_length:
+            return self.refusal(Refuse(400, "malformed", "a goodbye has no body")).response()
         await self.forget_incarnation(sender, request.headers.get(H_INC, ""))
         return web.Response(text="bye")
 
@@ -421,9 +704,13 @@ class HttpServer:
                 box.close()
 
     async def handle_health(self, request: web.Request) -> web.Response:
-        return web.json_response(
-            {"status": "ok", "party": self.cfg.name, "incarnation": self.incarnation}
-        )
+        """Liveness for anyone; this party's name and incarnation only for a peer that proves
+        who it is (signed request, or client certificate)."""
+        if self.caller_is_peer(request, HEALTH_PATH):
+            return web.json_response(
+                {"status": "ok", "party": self.cfg.name, "incarnation": self.incarnation}
+            )
+        return web.json_response({"status": "ok"})
 
     async def handle_metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -444,3 +731,12 @@ class HttpServer:
             ),
             None,
         )
+
+
+def _cert(request: web.Request) -> Any:
+    transport = request.transport
+    return transport.get_extra_info("peercert") if transport is not None else None
+
+
+async def _hide_banner(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers["Server"] = SERVER_NAME

@@ -19,7 +19,8 @@ class HttpTransport:
     """One party's HTTP endpoint. Implements `tandem.transports.base.Transport`.
 
     Use ``async with HttpTransport(cfg) as t`` (or ``await t.start()`` / ``await t.aclose()``).
-    ``spec_hash`` and ``validator`` are plain attributes, settable after negotiation.
+    ``spec_hash``, ``validator``, ``admit_stream`` and ``admit_frame`` are plain attributes,
+    settable after negotiation (the application's admission checks; see `HttpServer`).
     """
 
     def __init__(self, config: HttpConfig) -> None:
@@ -62,7 +63,7 @@ class HttpTransport:
             return
         self._closed = True
         self._server.close()
-        await self._client.close(self._peers.values())
+        await self._client.close(self._peers.items())
         await self._server.stop()
 
     # -- the Transport protocol --------------------------------------------------------------
@@ -104,6 +105,32 @@ class HttpTransport:
     @validator.setter
     def validator(self, value: Callable[[Frame], None] | None) -> None:
         self._server.validator = value
+
+    @property
+    def admit_stream(self) -> Callable[[str, str], None] | None:
+        """Called with ``(sender, channel)`` of each inbound request head, before its body is
+        read or memory reserved; raise `AdmissionError` (or `FrameError`) to refuse it (403)."""
+        return self._server.admit_stream
+
+    @admit_stream.setter
+    def admit_stream(self, value: Callable[[str, str], None] | None) -> None:
+        self._server.admit_stream = value
+
+    @property
+    def admit_frame(self) -> Callable[[Frame], None] | None:
+        """Called on the event loop with each complete inbound frame that passed every other
+        check, just before it is delivered; raise `AdmissionError` naming the field (or
+        `FrameError`) to refuse it (422). Nothing is awaited between it and the delivery."""
+        return self._server.admit_frame
+
+    @admit_frame.setter
+    def admit_frame(self, value: Callable[[Frame], None] | None) -> None:
+        self._server.admit_frame = value
+
+    @property
+    def incarnation(self) -> str:
+        """This process's random identity (what signed requests to it are bound to)."""
+        return self._server.incarnation
 
     def add_peer(self, name: str, url: str) -> None:
         """Address ``name`` at ``url`` (``http(s)://host:port``); replaces an older URL."""

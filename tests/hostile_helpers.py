@@ -1,0 +1,231 @@
+"""Scaffolding of the hostile-network tests (tests/test_hostile_*.py): two real parties
+(`tandem.parties.split.standalone.run_party`, negotiation, training, export) over HTTP on
+loopback, in this process, with an attack running beside them; and the hand-made requests an
+attacker sends.
+
+Every attack is bounded (a count or a deadline) and stops by itself; the parties must then
+finish with the parameters of a run nobody attacked, bit for bit (`assert_same_params`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp  # noqa: E402
+import numpy as np  # noqa: E402
+
+if __name__ == "__main__":  # run as an attacker process: tests/ is not on the path yet
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from party_helpers import Job  # noqa: E402
+from tandem.transports import auth, codec  # noqa: E402
+from tandem.transports.base import Frame  # noqa: E402
+from tandem.transports.http import FRAME_PATH  # noqa: E402
+
+SECRET = b"s3cret"
+ACT = "act/bottom_follower->top"  # the follower's activations, into the leader
+GRAD = "grad/bottom_follower->top"  # the leader's gradients, into the follower
+
+
+def make_job(folder: Path, tweak: Callable[[Job], None] | None = None) -> Job:
+    """A two-party job (2 epochs of 4 batches, 2 groups); ``tweak(job)`` edits its configs."""
+    job = Job(folder, epochs=2, every=4)
+    for role in ("leader", "follower"):
+        job.cfg[role]["wait"] = 30.0
+    if tweak is not None:
+        tweak(job)
+    job.write()
+    return job
+
+
+async def run_pair(
+    job: Job,
+    attack: Callable[[Job, asyncio.Event], Awaitable[Any]] | None = None,
+    timeout: float = 120.0,
+) -> tuple[dict[str, Any], Any]:
+    """Run both parties of ``job`` to the end, with ``attack(job, finished)`` beside them;
+    returns ``({role: result}, attack's result)``. ``finished`` is set once both parties
+    are done; the attack must stop by itself (bounded in count and time, or once
+    ``finished`` is set) and is awaited. Either party failing fails the call."""
+    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.standalone import run_party
+
+    cfgs = {r: load_party_config(job.path(r)) for r in ("leader", "follower")}
+    finished = asyncio.Event()
+    async with asyncio.timeout(timeout):
+        async with asyncio.TaskGroup() as tg:
+            parties = {r: tg.create_task(run_party(cfgs[r])) for r in ("follower", "leader")}
+            hit = tg.create_task(attack(job, finished)) if attack is not None else None
+            await asyncio.wait(parties.values())
+            finished.set()
+    return {r: t.result() for r, t in parties.items()}, None if hit is None else hit.result()
+
+
+def assert_same_params(job: Job, ref: Job) -> None:
+    """Both parties exported exactly the reference run's parameters."""
+    for role in ("leader", "follower"):
+        got, want = job.exported(role), ref.exported(role)
+        assert got.keys() == want.keys()
+        for name in want:  # bit for bit: same ops on the same values in the same order
+            assert np.array_equal(got[name], want[name]), f"{role} {name} differs"
+
+
+def assert_done(results: Mapping[str, Any]) -> None:
+    for role, out in results.items():
+        assert out["status"] == "done", (role, out)
+
+
+async def wait_healthy(url: str, timeout: float = 30.0) -> None:
+    """Until ``url``'s ``/healthz`` answers 200 (bounded)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    async with aiohttp.ClientSession() as s:
+        while True:
+            try:
+                async with s.get(url + "/healthz", timeout=aiohttp.ClientTimeout(total=1)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+            if loop.time() > deadline:
+                raise AssertionError(f"{url} never answered /healthz")
+            await asyncio.sleep(0.05)
+
+
+async def incarnation(url: str, name: str, caller: str, secret: bytes = SECRET) -> str:
+    """The process incarnation party ``name`` at ``url`` names to its peer ``caller``."""
+    headers = {"X-Tandem-Sender": caller}
+    auth.sign(secret, "GET", "/healthz", headers, auth.EMPTY_SHA, receiver=name)
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url + "/healthz", headers=headers) as r:
+            return (await r.json())["incarnation"]
+
+
+def frame_request(
+    *,
+    receiver: str,
+    to: str,
+    sender: str,
+    sender_inc: str,
+    channel: str,
+    msg_id: int,
+    frame: Frame,
+    spec: str = "",
+    secret: bytes | None = SECRET,
+    clock: Callable[[], float] | None = None,
+) -> tuple[dict[str, str], bytes]:
+    """``(headers, body)`` of a one-chunk frame request as ``sender`` would send it to
+    ``receiver`` (process ``to``), signed with ``secret`` (None: unsigned)."""
+    body = codec.encode(
+        frame.replace(sender=sender, channel=channel, msg_id=msg_id, spec_hash=spec)
+    )
+    headers = {
+        "X-Tandem-Sender": sender,
+        "X-Tandem-Incarnation": sender_inc,
+        "X-Tandem-Channel": channel,
+        "X-Tandem-Msg-Id": str(msg_id),
+        "X-Tandem-Chunk": "0",
+        "X-Tandem-Chunks": "1",
+        "X-Tandem-Offset": "0",
+        "X-Tandem-Total": str(len(body)),
+        "X-Tandem-Spec": spec,
+    }
+    if secret is not None:
+        kw: dict[str, Any] = {"receiver": receiver, "to": to}
+        if clock is not None:
+            kw["clock"] = clock
+        auth.sign(secret, "POST", FRAME_PATH, headers, auth.body_digest([body]), **kw)
+    return headers, body
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, headers: Mapping[str, str], body: bytes
+) -> tuple[int, str]:
+    async with session.post(url + FRAME_PATH, data=body, headers=dict(headers)) as r:
+        return r.status, await r.text()
+
+
+def field_of(text: str) -> str:
+    """The ``field`` a refusal's JSON body names ("" when none)."""
+    try:
+        return str(json.loads(text).get("field", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def spec_hash(job: Job) -> str:
+    """The spec hash the two parties of ``job`` will agree on."""
+    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.session import leader_spec
+
+    cfg = load_party_config(job.path("leader"))
+    return leader_spec(cfg, cfg.load_data()).spec_hash()
+
+
+def rss_mb(pid: int | str = "self") -> float:
+    """Resident set size of process ``pid`` in MiB (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS in /proc status")
+
+
+async def hold_heads(url: str, count: int, until: asyncio.Event, limit: float) -> int:
+    """Keep ``count`` connections to ``url`` open, each sending an unfinished request head a
+    byte at a time; reopen what the server closes, until ``until`` is set or ``limit`` s
+    pass. Returns how many connections were opened in all."""
+    host, port = url.split("//")[1].split(":")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit
+    opened = 0
+
+    async def one() -> None:
+        nonlocal opened
+        while not until.is_set() and loop.time() < deadline:
+            try:
+                reader, writer = await asyncio.open_connection(host, int(port))
+            except OSError:
+                await asyncio.sleep(0.05)
+                continue
+            opened += 1
+            try:
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                while not until.is_set() and loop.time() < deadline:
+                    try:
+                        if await asyncio.wait_for(reader.read(1), 0.5) == b"":
+                            break  # closed by the server: open another
+                    except TimeoutError:
+                        writer.write(b"a")  # one more byte of a head that never ends
+            except OSError:
+                pass
+            finally:
+                writer.transport.abort()
+
+    await asyncio.gather(*(one() for _ in range(count)))
+    return opened
+
+
+async def _hold_heads_until_terminated(url: str, count: int, limit: float) -> int:
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    return await hold_heads(url, count, stop, limit)
+
+
+if __name__ == "__main__":
+    # ``python tests/hostile_helpers.py hold-heads URL COUNT SECONDS``: the slow-loris attacker
+    # as a process of its own; prints how many connections it opened when it stops (SIGTERM,
+    # or after SECONDS)
+    if sys.argv[1:2] != ["hold-heads"] or len(sys.argv) != 5:
+        raise SystemExit("usage: hostile_helpers.py hold-heads URL COUNT SECONDS")
+    opened = asyncio.run(
+        _hold_heads_until_terminated(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    )
+    print("opened", opened, flush=True)
