@@ -163,10 +163,12 @@ def field_of(text: str) -> str:
 def spec_hash(job: Job) -> str:
     """The spec hash the two parties of ``job`` will agree on."""
     from tandem.parties.split.party_config import load_party_config
-    from tandem.parties.split.session import leader_spec
+    from tandem.parties.split.session import describe_data, leader_spec
 
     cfg = load_party_config(job.path("leader"))
-    return leader_spec(cfg, cfg.load_data()).spec_hash()
+    follower = load_party_config(job.path("follower"))
+    described = {follower.name: describe_data(follower.load_data())}
+    return leader_spec(cfg, cfg.load_data(), described).spec_hash()
 
 
 def rss_mb(pid: int | str = "self") -> float:

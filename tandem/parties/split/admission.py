@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 import numpy as np
 
 from tandem.engine.microbatch import chunk_bounds, fit_chunks, group_bounds
+from tandem.engine.plan import make_plans
 from tandem.engine.topology import FEATURES
 from tandem.errors import AdmissionError
 from tandem.transports.base import Frame
@@ -206,6 +207,15 @@ class PlanAdmission:
         self.reads_features = any(
             FEATURES in s.inputs for s in party.topology.stages_of(party.name)
         )
+        #: the pipeline's channels (every party's activations and gradients): the ones this
+        #: check polices; others (e.g. an application's own channel on a shared transport) are
+        #: the transport's stream policy's to admit or refuse
+        self.channels = frozenset(
+            channel
+            for mode in ("train", "eval")
+            for plan in make_plans(party.topology, 1, mode=mode).values()
+            for _, channel, _m in plan.recv_op
+        )
 
     # -- what the party is about to run ------------------------------------------------------
     def announce(self, b: int, rows: int, n: int, c: int, mode: str) -> Batch:
@@ -233,7 +243,8 @@ class PlanAdmission:
             if frame.sender == self.party.topology.label_owner and not self.party.is_leader:
                 self._command(frame)
             return
-        self._message(frame)
+        if frame.channel in self.channels:
+            self._message(frame)
 
     def _command(self, frame: Frame) -> None:
         """A command of the leader to this follower (`SplitParty.serve` runs it)."""
@@ -323,19 +334,21 @@ class PlanAdmission:
             )
         a = frame.arrays[0]
         lo, hi = batch.bounds[m]
-        if a.ndim != 2 or a.shape[0] != hi - lo:
+        if a.ndim < 1 or a.shape[0] != hi - lo:
             raise AdmissionError(
                 f"{list(a.shape)} on {ch!r}, micro-batch {m} of batch {b}: its group has "
                 f"{hi - lo} rows",
                 field="rows",
             )
         src = ch.partition("/")[2].partition("->")[0]
-        width = self.party.handler.out_dims.get(src)
-        if a.dtype != np.float32 or (width is not None and a.shape[1] != width):
-            raise AdmissionError(
-                f"{a.dtype}{list(a.shape)} on {ch!r}; expected float32[{hi - lo}, {width}]",
-                field="shape",
-            )
+        handler = self.party.handler
+        if src in handler.out_dims:  # the stage's cut: its dtype and shape after the rows
+            dtype, shape = handler.out_dtypes[src], handler.cut_shape(src)
+            if a.dtype.name != dtype or tuple(a.shape[1:]) != shape:
+                raise AdmissionError(
+                    f"{a.dtype.name}{list(a.shape)} on {ch!r}; expected {dtype}{[hi - lo, *shape]}",
+                    field="shape",
+                )
         self.admitted[(ch, b)] = expect + 1
 
 
