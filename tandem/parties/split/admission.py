@@ -33,23 +33,46 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
 import numpy as np
 
 from tandem.engine.microbatch import chunk_bounds, fit_chunks, group_bounds
-from tandem.engine.plan import make_plans
-from tandem.engine.topology import FEATURES
+from tandem.engine.plan import Plan, make_plans
+from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import AdmissionError
 from tandem.transports.base import Frame
 
 if TYPE_CHECKING:
-    from .party import SplitParty
     from .spec import TaskSpec
+
+
+class AdmittingParty(Protocol):
+    """What the plan check reads of its `tandem.parties.split.party.SplitParty`."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def topology(self) -> Topology: ...
+    @property
+    def config(self) -> Any: ...
+    @property
+    def datasets(self) -> Mapping[str, Any]: ...
+    @property
+    def handler(self) -> Any: ...
+
+    @property
+    def is_leader(self) -> bool: ...
+    @property
+    def batches_done(self) -> int: ...
+    def plan(self, n: int, mode: str, chunks: int = 1) -> Plan: ...
+
 
 CTL = "ctl"
 #: commands a follower takes from its leader once its party runs (`SplitParty.serve`)
-LEADER_COMMANDS = frozenset({"batch", "stop"})
+#: what a running follower takes from its leader (`SplitParty.serve`): batches, the end, and
+#: keeping and restoring the best parameters (early stopping, `reporting`)
+LEADER_COMMANDS = frozenset({"batch", "stop", "keep", "restore_kept"})
 
 
 def negotiation_streams(me: str, leader: str, peers: Iterable[str]) -> Callable[[str, str], None]:
@@ -200,7 +223,7 @@ class PlanAdmission:
     """`admit_frame` of one `SplitParty` (see the module docstring). Called on the event loop;
     raises `AdmissionError` naming the field."""
 
-    def __init__(self, party: SplitParty) -> None:
+    def __init__(self, party: AdmittingParty) -> None:
         self.party = party
         self.batches: dict[int, Batch] = {}
         self.admitted: dict[tuple[str, int], int] = {}
