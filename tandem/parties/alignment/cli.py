@@ -21,10 +21,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import csv
-import json
 import os
 import sys
 import time
+
+from tandem.parties.progress import emit_result
 
 from .aligned_file import write_aligned
 from .errors import AlignmentError
@@ -168,7 +169,7 @@ async def run(args: argparse.Namespace) -> int:
     }
     if len(peers) > 1:
         summary["pairwise"] = dict(res.pairwise)
-    print(json.dumps(summary), flush=True)
+    emit_result(summary)
     return 0
 
 

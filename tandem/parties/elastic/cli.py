@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem._extras import needs, require
 from tandem.errors import TandemError
+from tandem.parties.progress import emit_result
 
 from .errors import ConfigError, NotWelcomedError
 
@@ -249,7 +250,7 @@ async def _coordinator(args) -> int:
         result["test_accuracy"] = round(right / sum(t["rows"] for t in tested), 4)
     if summary["exports"]:
         result["exports"] = summary["exports"]
-    print(json.dumps(result), flush=True)
+    emit_result(result)
     return 0
 
 
@@ -361,7 +362,7 @@ async def _worker(args) -> int:
             await worker.run()
         except NotWelcomedError as exc:
             return _fail(exc)
-        print(json.dumps({"worker": cfg["name"], "batches": worker.done}), flush=True)
+        emit_result({"worker": cfg["name"], "batches": worker.done})
     return 0
 
 
@@ -480,7 +481,7 @@ async def _demo(args) -> int:
     if args.plot:
         await asyncio.to_thread(_plot, args.plot, summary, list(cluster.coordinator.events))
         result["plot"] = args.plot
-    print(json.dumps(result))
+    emit_result(result)
     return 0 if result["exactly_once"] else 1
 
 

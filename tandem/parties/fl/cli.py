@@ -21,6 +21,7 @@ from typing import Any
 import orjson
 
 from tandem.errors import TandemError
+from tandem.parties.progress import emit_result
 
 from . import presets
 from .data import load_federated_digits
@@ -97,7 +98,7 @@ def _logging(verbose: bool) -> None:
 
 
 def _result(summary: dict[str, Any]) -> int:
-    print(orjson.dumps(summary).decode(), flush=True)
+    emit_result(summary)
     return 0
 
 

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import sys
+
+from tandem.parties.progress import emit_result
 
 
 def register(sub) -> None:
@@ -110,5 +111,5 @@ async def party_command(args) -> int:
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
-    print(json.dumps(result), flush=True)
+    emit_result(result)
     return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tandem.engine.data import epoch_batches
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower
 from tandem.engine.trace import Trace, plot_gantt
+from tandem.parties.progress import emit_result
 from tandem.transports.memory import MemoryNetwork
 
 from .party import SplitConfig, SplitParty
@@ -196,5 +196,5 @@ async def demo_command(args) -> int:
         progress=not args.quiet,
         chunks=args.chunks,
     )
-    print(json.dumps(result))
+    emit_result(result)
     return 0 if result["test_accuracy"] >= 0.9 else 1

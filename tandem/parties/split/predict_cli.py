@@ -42,6 +42,7 @@ import numpy as np
 
 from tandem.parties.alignment import aligned_file
 from tandem.parties.alignment.errors import AlignmentError
+from tandem.parties.progress import emit_result
 
 from .inference import InferenceError, check_rows
 
@@ -117,7 +118,7 @@ async def predict_command(args: argparse.Namespace) -> int:
         return 1
     except (TandemError, OSError, ExceptionGroup) as exc:
         return report_error("tandem predict", exc)
-    print(json.dumps(summary), flush=True)
+    emit_result(summary)
     return 0
 
 
