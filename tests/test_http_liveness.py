@@ -68,6 +68,27 @@ async def test_a_restarted_peer_ends_the_wait_and_its_new_frames_flow(http_pair)
         await b2.aclose()
 
 
+async def test_a_restarted_peer_that_does_not_know_us_yet_ends_the_wait():
+    """Like a restarted FL server: it admits its clients as they send (``admit_unknown``), so
+    its ``/healthz`` names no incarnation to a client that has not sent to it yet."""
+    server_cfg = {"admit_unknown": True, "admit_names": frozenset({"a"})}
+    async with HttpTransport(cfg("b", **server_cfg)) as b:
+        port = int(b.url.rsplit(":", 1)[1])
+        async with HttpTransport(cfg("a", peer_timeout=30.0, peers={"b": b.url})) as a:
+            await a.send("b", "up", Frame(meta={"hello": 1}))  # b admits a, and can answer it
+            assert (await b.recv("a", "up")).meta == {"hello": 1}
+            await b.send("a", "c", Frame(meta={"i": 0}))
+            assert (await a.recv("b", "c")).meta == {"i": 0}  # a knows b's incarnation
+            await crash(b)
+            async with HttpTransport(cfg("b", port=port, **server_cfg)) as b2:
+                with pytest.raises(TransportClosedError, match="restarted"):
+                    await asyncio.wait_for(a.recv("b", "c"), 10)
+                await a.send("b", "up", Frame(meta={"hello": 2}))  # re-signed for b2: admitted
+                assert (await asyncio.wait_for(b2.recv("a", "up"), 10)).meta == {"hello": 2}
+                await b2.send("a", "c", Frame(meta={"i": 7}))
+                assert (await asyncio.wait_for(a.recv("b", "c"), 10)).meta == {"i": 7}
+
+
 async def test_a_peer_never_heard_from_is_waited_for():
     async with HttpTransport(cfg("a", peer_timeout=0.3, peers={"b": "http://127.0.0.1:9"})) as a:
         with pytest.raises(TimeoutError):

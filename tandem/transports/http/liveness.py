@@ -1,9 +1,12 @@
 """Loss detection on the receiving side (``HttpConfig.peer_timeout``): a `recv` waiting on an
 empty inbox probes the peer's ``GET /healthz`` every ``min(1, peer_timeout / 3)`` s. A peer
-that answers no probe for ``peer_timeout`` s, or answers with another incarnation (a restarted
-process), is taken as having said goodbye: its inboxes close and the waiting `recv` raises
-`TransportClosedError` once the frames it had sent are drained. A peer never heard from is not
-probed (it may not have started yet); a live peer that is merely silent is waited for.
+that answers no probe for ``peer_timeout`` s, or answers as another process, is taken as having
+said goodbye: its inboxes close and the waiting `recv` raises `TransportClosedError` once the
+frames it had sent are drained. Another process is one that names another incarnation, or one
+that names none: ``/healthz`` names it only to a caller it knows as a peer, and the process we
+heard from knows us (it sent to us), so an anonymous answer comes from a restarted process that
+has not admitted us yet (``admit_unknown``). A peer never heard from is not probed (it may not
+have started yet); a live peer that is merely silent is waited for.
 """
 
 from __future__ import annotations
@@ -61,7 +64,12 @@ async def check_alive(
     try:
         inc = await client.probe(peer, url, probe_timeout)
         server.down_since.pop(peer, None)
-        if inc is not None and inc != known:
+        if inc is None:
+            gone = (
+                f"peer {peer!r} restarted (a new process answers at its address and does not "
+                f"know {server.cfg.name!r} yet)"
+            )
+        elif inc != known:
             gone = f"peer {peer!r} restarted (a new process answers at its address)"
     except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
         since = server.down_since.setdefault(peer, loop.time())
