@@ -40,8 +40,12 @@ async def next_frame(
         return None
     every = min(1.0, peer_timeout / 3)
     while True:
-        try:  # Inbox.get is cancel-safe: a timed-out wait loses no frame
-            return await asyncio.wait_for(box.get(), every)
+        # asyncio.timeout, not wait_for: wait_for (Python 3.11) runs the get in a task of its
+        # own and returns its result when a cancellation of ours arrives as it completes,
+        # losing the cancellation. Inbox.get is cancel-safe: a timed-out wait loses no frame.
+        try:
+            async with asyncio.timeout(every):
+                return await box.get()
         except TimeoutError:
             await check_alive(server, client, peer, url, every, peer_timeout)
 
