@@ -53,9 +53,10 @@ os.environ.setdefault(
     "XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 )
 
-from bench.elastic_windows import efficiencies, run_windows  # noqa: E402
 from tandem.parties.elastic.local import LocalCluster  # noqa: E402
 from tandem.parties.elastic.spec import ModelSpec, make_dataset  # noqa: E402
+
+from .elastic_windows import efficiencies, run_windows  # noqa: E402
 
 SPEC = ModelSpec(sizes=(64, 512, 512, 8), optimizer="adam", lr=0.003, batch_size=128, seed=0)
 KILL_EVERY, JOIN_AFTER = 12, 6  # churn: a kill every 12 T, a fresh worker 6 T after it
@@ -138,7 +139,7 @@ async def _windows(
     shards = make_dataset(2, args.rows, SPEC, seed=0)
     cluster: Any
     if http:
-        from bench.elastic_http import HttpCluster
+        from .elastic_http import HttpCluster
 
         cluster = HttpCluster(
             SPEC, shards, interval=args.interval, workers=4, spares=churn_windows, on_change=mode
