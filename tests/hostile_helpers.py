@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
@@ -178,56 +177,3 @@ def rss_mb(pid: int | str = "self") -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS in /proc status")
-
-
-async def hold_heads(url: str, count: int, until: asyncio.Event, limit: float) -> int:
-    """Keep ``count`` connections to ``url`` open, each sending an unfinished request head a
-    byte at a time; reopen what the server closes, until ``until`` is set or ``limit`` s
-    pass. Returns how many connections were opened in all."""
-    host, port = url.split("//")[1].split(":")
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit
-    opened = 0
-
-    async def one() -> None:
-        nonlocal opened
-        while not until.is_set() and loop.time() < deadline:
-            try:
-                reader, writer = await asyncio.open_connection(host, int(port))
-            except OSError:
-                await asyncio.sleep(0.05)
-                continue
-            opened += 1
-            try:
-                writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-                while not until.is_set() and loop.time() < deadline:
-                    try:
-                        if await asyncio.wait_for(reader.read(1), 0.5) == b"":
-                            break  # closed by the server: open another
-                    except TimeoutError:
-                        writer.write(b"a")  # one more byte of a head that never ends
-            except OSError:
-                pass
-            finally:
-                writer.transport.abort()
-
-    await asyncio.gather(*(one() for _ in range(count)))
-    return opened
-
-
-async def _hold_heads_until_terminated(url: str, count: int, limit: float) -> int:
-    stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    return await hold_heads(url, count, stop, limit)
-
-
-if __name__ == "__main__":
-    # ``python tests/hostile_helpers.py hold-heads URL COUNT SECONDS``: the slow-loris attacker
-    # as a process of its own; prints how many connections it opened when it stops (SIGTERM,
-    # or after SECONDS)
-    if sys.argv[1:2] != ["hold-heads"] or len(sys.argv) != 5:
-        raise SystemExit("usage: hostile_helpers.py hold-heads URL COUNT SECONDS")
-    opened = asyncio.run(
-        _hold_heads_until_terminated(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
-    )
-    print("opened", opened, flush=True)

@@ -66,12 +66,14 @@ async def test_slow_loris_beyond_the_cap_under_ulimit_1024(tmp_path, hostile_ref
         # down this loop's /healthz polls
         attacker = await asyncio.create_subprocess_exec(
             sys.executable,
-            str(Path(__file__).parent / "hostile_helpers.py"),
-            "hold-heads",
+            "-m",
+            "bench.hostile",
+            "--loris",
             job.url("follower"),
             "1000",
             "90",
             stdout=asyncio.subprocess.PIPE,
+            cwd=Path(__file__).resolve().parents[1],
         )
         done = asyncio.Event()
 
