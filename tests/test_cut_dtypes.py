@@ -340,3 +340,49 @@ async def test_http_carries_a_bfloat16_cut_and_refuses_another(http_pair):
     nan[0, 0, 0] = np.nan
     with pytest.raises(FrameError, match="NaN or Inf"):
         await a.send("B", "act/bottom->top", Frame(arrays=(nan,)))
+
+
+# -- the receiver's NaN/Inf check covers the 16-bit floats ----------------------------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_all_finite_of_16_bit_floats_agrees_with_isfinite(dtype):
+    """Bit test of `scan.all_finite` against ``np.isfinite(a).all()``: NaN and Inf of both signs
+    anywhere (first, last, across a piece boundary of the test), and the largest finite values,
+    which must pass."""
+    from tandem.transports.http.scan import _BITS_STEP, all_finite, is_float
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    assert is_float(dt)
+    n = 2 * _BITS_STEP + 5
+    big = np.full(n, ml_dtypes.finfo(dt).max, dt)
+    big[::2] = -big[::2]
+    cases = [np.zeros(n, dt), big, np.zeros(1, dt)]
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, _BITS_STEP - 1, _BITS_STEP, n - 1):
+            a = np.ones(n, dt)
+            a[pos] = bad
+            cases.append(a)
+    for a in cases:
+        assert all_finite(a.reshape(-1, 1)) == bool(np.isfinite(a.astype(np.float32)).all())
+
+
+async def test_http_receiver_refuses_a_bfloat16_nan_without_a_validator(http_pair):
+    """The transport's own check (no spec validator installed): a bfloat16 tensor holding
+    NaN is refused (422), in a small frame and in one large enough to be scanned while its
+    body arrives; finite ones arrive bit for bit."""
+    from tandem.transports.http import HttpConfig
+
+    def config(name, **kw):
+        return HttpConfig(name=name, secret=b"k" * 32, retry_timeout=0.5, **kw)
+
+    a, b = await http_pair(config, names=("A", "B"))
+    for rows in (3, 1 << 16):  # 96 bytes; 2 MiB
+        cut = (np.arange(rows * 16, dtype=np.float32).reshape(rows, 4, 4) % 7).astype(
+            ml_dtypes.bfloat16
+        )
+        await a.send("B", "c", Frame(arrays=(cut,)))
+        assert (await b.recv("A", "c")).arrays[0].tobytes() == cut.tobytes()
+        bad = cut.copy()
+        bad[-1, 3, 3] = np.nan
+        with pytest.raises(FrameError, match="NaN or Inf"):
+            await a.send("B", "c", Frame(arrays=(bad,)))
+    assert b.refused == {"nonfinite": 2}
