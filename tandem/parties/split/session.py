@@ -335,12 +335,18 @@ async def connect(
                     )
                     negotiating.step = step  # (a follower learns it from `start`)
                 else:
+                    # (built in a thread: describing the cuts builds this party's models)
+                    told = (
+                        None
+                        if check is not None
+                        else await asyncio.to_thread(describe_data, data, cfg)
+                    )
                     agreed, step = await negotiate.answer(
                         transport,
                         leader,
                         check=check or follower_check(cfg, data, refusals),
                         checkpoints=lambda h: [s for s, d in held.items() if d == h],
-                        describe=None if check is not None else lambda: describe_data(data, cfg),
+                        describe=None if told is None else lambda: told,
                     )
         except TimeoutError:
             raise PartyStartError(
