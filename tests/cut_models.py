@@ -1,17 +1,20 @@
 """Stage models whose cut tensor is not a float32 matrix: a bottom giving ``dtype[rows, *shape]``
-and a top flattening it. Factories (``tests.cut_models:bottom`` / ``:top``), so an export can
-rebuild them."""
+and a top flattening it, as plain JAX pairs (`bottom`, `top`, `flat_top` reading several
+inputs) and through the adapters (`equinox_bottom`, `linen_top`). Factories
+(``tests.cut_models:<name>``), so an export can rebuild them."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from tandem.engine.kernels import StageModel, derive_stage
 from tandem.engine.models import mlp_apply, mlp_init
-from tandem.parties.models import factory_spec
+from tandem.parties.models import factory_spec, from_equinox, from_flax_linen
 
 
 def bottom(features: int, shape: Sequence[int], dtype: str, hidden: int = 8) -> StageModel:
@@ -43,3 +46,68 @@ def top(shape: Sequence[int], dtype: str, hidden: int = 6, out: int = 1) -> Stag
 
     kwargs = {"shape": shape, "dtype": dtype, "hidden": hidden, "out": out}
     return derive_stage(init, apply, [(shape, dtype)], factory_spec("tests.cut_models:top", kwargs))
+
+
+def flat_top(inputs: Sequence[Any], hidden: int = 6, out: int = 1) -> StageModel:
+    """Reads one input per ``[shape, dtype]`` of ``inputs`` (a feature matrix is ``[[d],
+    "float32"]``), flattens each to float32, concatenates them, MLP with linear logits."""
+    cuts = [([int(d) for d in shape], str(dtype)) for shape, dtype in inputs]
+    width = sum(math.prod(shape) for shape, _ in cuts)
+
+    def init(key):
+        return mlp_init(key, [width, hidden, out])
+
+    def apply(params, *zs):
+        flat = [z.reshape(z.shape[0], -1).astype(jnp.float32) for z in zs]
+        return mlp_apply(params, jnp.concatenate(flat, axis=-1), activate_last=False)
+
+    kwargs = {"inputs": [[shape, dtype] for shape, dtype in cuts], "hidden": hidden, "out": out}
+    return derive_stage(init, apply, cuts, factory_spec("tests.cut_models:flat_top", kwargs))
+
+
+def equinox_bottom(
+    features: int, shape: Sequence[int], dtype: str, hidden: int = 8, seed: int = 0
+) -> StageModel:
+    """An Equinox MLP per example, ``features -> hidden -> prod(shape)`` with a tanh, its output
+    reshaped to ``shape`` and cast to ``dtype`` (`from_equinox` derives the cut from it)."""
+    import equinox as eqx
+
+    shape = [int(d) for d in shape]
+
+    class Bottom(eqx.Module):
+        mlp: eqx.nn.MLP
+
+        def __call__(self, x):
+            return self.mlp(x).reshape(shape).astype(dtype)
+
+    mlp = eqx.nn.MLP(
+        features,
+        math.prod(shape),
+        hidden,
+        depth=1,
+        final_activation=jnp.tanh,
+        key=jax.random.PRNGKey(seed),
+    )
+    kwargs = {"features": features, "shape": shape, "dtype": dtype, "hidden": hidden, "seed": seed}
+    return from_equinox(
+        Bottom(mlp), [features], reference="tests.cut_models:equinox_bottom", kwargs=kwargs
+    )
+
+
+def linen_top(shape: Sequence[int], dtype: str, hidden: int = 6, out: int = 1) -> StageModel:
+    """A Flax linen top reading a ``dtype[rows, *shape]`` cut: flattened to float32, then
+    ``Dense(hidden)``, relu, ``Dense(out)`` (linear logits)."""
+    import flax.linen as nn
+
+    shape = [int(d) for d in shape]
+
+    class Top(nn.Module):
+        @nn.compact
+        def __call__(self, z):
+            flat = z.reshape(z.shape[0], -1).astype(jnp.float32)
+            return nn.Dense(out)(nn.relu(nn.Dense(hidden)(flat)))
+
+    kwargs = {"shape": shape, "dtype": dtype, "hidden": hidden, "out": out}
+    return from_flax_linen(
+        Top(), [(shape, dtype)], out, reference="tests.cut_models:linen_top", kwargs=kwargs
+    )

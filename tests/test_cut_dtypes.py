@@ -16,6 +16,7 @@ import pytest
 from tandem.engine.kernels import StageModel, binary_logistic, derive_stage
 from tandem.engine.topology import two_party
 from tandem.errors import ConfigError, FrameError, ShapeError
+from tandem.parties.models import from_functions, load_factory
 from tandem.parties.split import SplitConfig, SplitParty, inference
 from tandem.parties.split.negotiate import spec_validator
 from tandem.parties.split.spec import TaskSpec, build_spec
@@ -73,8 +74,8 @@ def reference(models, params, x, y, batches):
     return params
 
 
-def run(shape, dtype, n, record=None):
-    models = models_for(shape, dtype)
+def run(shape, dtype, n, record=None, models=None):
+    models = models or models_for(shape, dtype)
     a, b, x, y = make_parties(models, models)
     init = {**a.params, **b.params}
     if record is not None:
@@ -153,6 +154,88 @@ def test_training_matches_n1_and_plain_jax(case):
     }
     for leaf in jax.tree_util.tree_leaves(final_n1):
         assert np.asarray(leaf).dtype == np.float32  # parameters and their updates stay float32
+
+
+def adapted_models(shape, dtype):
+    """An Equinox bottom and a Flax linen top whose cut is ``dtype[rows, *shape]``, built by
+    their factories (so an export names them)."""
+    kw = {"shape": list(shape), "dtype": dtype}
+    return {
+        "bottom": load_factory("tests.cut_models:equinox_bottom", {"features": FEATS, **kw}),
+        "top": load_factory("tests.cut_models:linen_top", kw),
+    }
+
+
+async def test_a_float16_cut_through_the_equinox_and_flax_adapters(tmp_path):
+    """The adapters read the cut from the module (float16 [rows, 3, 2]); training gives n = 4
+    what it gives n = 1 and what plain JAX gives, the cut crossing in its dtype and shape; an
+    export serves the in-process model's predictions."""
+    shape, dtype = (3, 2), "float16"
+    tol = float(np.finfo(np.float16).eps)
+    models = adapted_models(shape, dtype)
+    assert (models["bottom"].out_shape, models["bottom"].out_dtype) == (shape, dtype)
+    assert (models["bottom"].out_dim, models["top"].in_dims) == (6, (6,))
+    seen: list = []
+    init, final_n1, _, x, y, batches = await asyncio.to_thread(run, shape, dtype, 1, seen, models)
+    _, final_n4, *_ = await asyncio.to_thread(run, shape, dtype, 4, None, models)
+    assert_close(final_n4, final_n1, tol)
+    assert_close(final_n1, reference(models, init, x, y, batches), tol)
+    assert (
+        max(
+            float(np.max(np.abs(np.asarray(u) - np.asarray(v))))
+            for u, v in zip(
+                jax.tree_util.tree_leaves(init), jax.tree_util.tree_leaves(final_n1), strict=True
+            )
+        )
+        > 10 * tol
+    )
+    assert {(ch, dt, s[1:]) for ch, dt, s in seen} == {
+        ("act/bottom->top", dtype, shape),
+        ("grad/bottom->top", dtype, shape),
+    }
+
+    a, b, *_ = make_parties(models, models)
+    new = np.random.default_rng(6).normal(size=(9, FEATS)).astype(np.float32)
+    a.datasets["new"] = new
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(a.serve())
+        await b.fit(2)
+        ref = await b.predict("new", len(new), batch_size=4)
+        await b.stop()
+    for p in (a, b):
+        desc = await inference.export_party(p, tmp_path / f"{p.name}.safetensors")
+        assert desc["cuts"] == {"bottom": {"shape": list(shape), "dtype": dtype}}
+    am = await inference.load_model(tmp_path, "A")
+    bm = await inference.load_model(tmp_path, "B")
+    assert am.models["bottom"].spec["factory"] == "tests.cut_models:equinox_bottom"
+    net = MemoryNetwork()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(inference.serve(net.endpoint("A"), am, new))
+        out = await inference.predict(net.endpoint("B"), bm, rows=len(new), batch_size=4)
+    np.testing.assert_array_equal(out.outputs, ref)
+
+
+def test_adapters_take_shaped_inputs_and_check_the_output():
+    """``in_dims`` entries may be ``(shape, dtype)``; the output's rank and dtype are read, and
+    a dtype that cannot cross a cut is refused naming the adapter."""
+    shape = (4, 8)
+
+    def init(key):
+        return {"w": jnp.ones((32, 2))}
+
+    def apply(p, z):
+        return (z.reshape(z.shape[0], -1).astype(jnp.float32) @ p["w"]).astype(jnp.bfloat16)
+
+    m = from_functions(init, apply, [(shape, "bfloat16")])
+    assert (m.in_dims, m.out_shape, m.out_dtype, m.out_dim) == ((32,), (2,), "bfloat16", 2)
+    with pytest.raises(ConfigError, match=r"from_functions: apply\(init\(key\), \*inputs\) fails"):
+        from_functions(init, apply, [(shape[::-1], "float16"), 3])
+    with pytest.raises(ConfigError, match="from_functions: out_dtype 'int32' is not a cut dtype"):
+        from_functions(init, lambda p, z: apply(p, z).astype(jnp.int32), [(shape, "bfloat16")])
+    with pytest.raises(ConfigError, match=r"out_dim is 3 but apply returns \[4, 8\] per row"):
+        from_functions(init, lambda p, z: z, [(shape, "bfloat16")], 3)
+    with pytest.raises(ConfigError, match="in_dims .*give a width"):
+        from_functions(init, apply, [((4, 8), "int8")])
 
 
 @pytest.mark.parametrize(
@@ -340,3 +423,49 @@ async def test_http_carries_a_bfloat16_cut_and_refuses_another(http_pair):
     nan[0, 0, 0] = np.nan
     with pytest.raises(FrameError, match="NaN or Inf"):
         await a.send("B", "act/bottom->top", Frame(arrays=(nan,)))
+
+
+# -- the receiver's NaN/Inf check covers the 16-bit floats ----------------------------------------
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_all_finite_of_16_bit_floats_agrees_with_isfinite(dtype):
+    """Bit test of `scan.all_finite` against ``np.isfinite(a).all()``: NaN and Inf of both signs
+    anywhere (first, last, across a piece boundary of the test), and the largest finite values,
+    which must pass."""
+    from tandem.transports.http.scan import _BITS_STEP, all_finite, is_float
+
+    dt = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else np.float16)
+    assert is_float(dt)
+    n = 2 * _BITS_STEP + 5
+    big = np.full(n, ml_dtypes.finfo(dt).max, dt)
+    big[::2] = -big[::2]
+    cases = [np.zeros(n, dt), big, np.zeros(1, dt)]
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, _BITS_STEP - 1, _BITS_STEP, n - 1):
+            a = np.ones(n, dt)
+            a[pos] = bad
+            cases.append(a)
+    for a in cases:
+        assert all_finite(a.reshape(-1, 1)) == bool(np.isfinite(a.astype(np.float32)).all())
+
+
+async def test_http_receiver_refuses_a_bfloat16_nan_without_a_validator(http_pair):
+    """The transport's own check (no spec validator installed): a bfloat16 tensor holding
+    NaN is refused (422), in a small frame and in one large enough to be scanned while its
+    body arrives; finite ones arrive bit for bit."""
+    from tandem.transports.http import HttpConfig
+
+    def config(name, **kw):
+        return HttpConfig(name=name, secret=b"k" * 32, retry_timeout=0.5, **kw)
+
+    a, b = await http_pair(config, names=("A", "B"))
+    for rows in (3, 1 << 16):  # 96 bytes; 2 MiB
+        cut = (np.arange(rows * 16, dtype=np.float32).reshape(rows, 4, 4) % 7).astype(
+            ml_dtypes.bfloat16
+        )
+        await a.send("B", "c", Frame(arrays=(cut,)))
+        assert (await b.recv("A", "c")).arrays[0].tobytes() == cut.tobytes()
+        bad = cut.copy()
+        bad[-1, 3, 3] = np.nan
+        with pytest.raises(FrameError, match="NaN or Inf"):
+            await a.send("B", "c", Frame(arrays=(bad,)))
+    assert b.refused == {"nonfinite": 2}

@@ -110,10 +110,66 @@ def _sizes(shape: Any) -> tuple[int, ...]:
     return tuple(operator.index(d) for d in shape)
 
 
+#: One input of a stage, as `derive_stage` and `check_inputs` take it: a width (a
+#: ``float32[rows, width]`` matrix, e.g. feature columns) or ``(shape after the rows, dtype)``
+#: (another stage's output: its ``out_shape`` and ``out_dtype``).
+StageInput = int | tuple[Sequence[int], str]
+_PROBE_ROWS = 2  # rows of the abstract inputs: 2, so a row axis cannot pass for a size 1 axis
+
+
+def input_structs(
+    inputs: Sequence[StageInput], rows: int
+) -> tuple[list[jax.ShapeDtypeStruct], list[int], str]:
+    """``(abstract arrays of ``rows`` rows, flat widths, how to name the inputs in a message)``;
+    `ConfigError` for an input that is neither a positive width nor ``(positive sizes, a cut
+    dtype)``."""
+    structs, widths, names = [], [], []
+    for i, x in enumerate(inputs):
+        shape: tuple[int, ...]
+        try:
+            if isinstance(x, bool):  # not a width, though Python counts it as an int
+                shape, dtype = (), ""
+            elif isinstance(x, (tuple, list)):
+                raw_shape, dtype = x
+                shape = _sizes(raw_shape)
+            else:
+                shape, dtype = (operator.index(x),), "float32"
+        except (TypeError, ValueError):
+            shape, dtype = (), ""
+        if not shape or min(shape) < 1 or dtype not in CUT_DTYPES:
+            raise ConfigError(
+                f"input {i} is {x!r}; give a width (int) or (shape after the rows, dtype) with "
+                f"positive sizes and a dtype of {list(CUT_DTYPES)}, e.g. ((4, 8), 'bfloat16')"
+            )
+        structs.append(jax.ShapeDtypeStruct((rows, *shape), jnp.dtype(dtype)))
+        widths.append(math.prod(shape))
+        names.append(f"{dtype}[rows, {', '.join(str(d) for d in shape)}]")
+    if all(isinstance(x, int) for x in inputs):
+        return structs, widths, f"inputs of widths {widths}"
+    return structs, widths, f"inputs {', '.join(names)}"
+
+
+def _abstract_output(
+    init: Callable[[jax.Array], Any], apply: Callable[..., jax.Array], inputs: Sequence[StageInput]
+) -> tuple[Any, list[int]]:
+    """``jax.eval_shape`` of ``apply(init(key), *inputs)`` on 2 rows (no compute), and the
+    inputs' flat widths; `ConfigError` when it fails."""
+    structs, widths, named = input_structs(inputs, _PROBE_ROWS)
+    try:
+        out = jax.eval_shape(
+            lambda key, *xs: apply(init(key), *xs), jax.random.PRNGKey(0), *structs
+        )
+    except Exception as exc:
+        raise ConfigError(
+            f"apply(init(key), *inputs) fails on {named}: {type(exc).__name__}: {exc}"
+        ) from exc
+    return out, widths
+
+
 def derive_stage(
     init: Callable[[jax.Array], Any],
     apply: Callable[..., jax.Array],
-    inputs: Sequence[int | tuple[Sequence[int], str]],
+    inputs: Sequence[StageInput],
     spec: Mapping[str, Any] | None = None,
 ) -> StageModel:
     """The `StageModel` of ``(init, apply)`` with ``out_dim``, ``out_shape`` and ``out_dtype``
@@ -124,26 +180,13 @@ def derive_stage(
     ``out_dtype``). Raises `ConfigError` when ``apply`` fails on such inputs or does not return
     one ``[rows, ...]`` array of a dtype in `CUT_DTYPES`.
     """
-    rows = 2
-    structs, in_dims = [], []
-    for x in inputs:
-        shape, dtype = ((int(x),), "float32") if isinstance(x, int) else (tuple(x[0]), x[1])
-        structs.append(jax.ShapeDtypeStruct((rows, *shape), jnp.dtype(dtype)))
-        in_dims.append(math.prod(shape))
-    try:
-        out = jax.eval_shape(
-            lambda key, *xs: apply(init(key), *xs), jax.random.PRNGKey(0), *structs
-        )
-    except Exception as exc:
-        raise ConfigError(
-            f"apply(init(key), *inputs) fails on inputs {[str(s) for s in structs]}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    out, in_dims = _abstract_output(init, apply, inputs)
     got = getattr(out, "shape", None)
-    if got is None or len(got) < 2 or got[0] != rows:
+    if got is None or len(got) < 2 or got[0] != _PROBE_ROWS:
         raise ConfigError(
-            "apply must return one [rows, ...] array (rank 2 or more, rows first), got "
-            f"{jax.tree_util.tree_map(lambda a: a.shape, out)} for {rows} rows"
+            "apply must return one [rows, ...] array (rank 2 or more, rows first; e.g. one "
+            "[batch, out_dim] array), got "
+            f"{jax.tree_util.tree_map(lambda a: a.shape, out)} for {_PROBE_ROWS} rows"
         )
     out_shape = tuple(int(d) for d in got[1:])
     return StageModel(
@@ -155,6 +198,23 @@ def derive_stage(
         out_shape=out_shape,
         out_dtype=jnp.dtype(out.dtype).name,
     )
+
+
+def check_inputs(model: StageModel, inputs: Sequence[StageInput]) -> None:
+    """`ConfigError` unless ``model`` takes ``inputs`` (as in `derive_stage`) and returns the
+    output it declares (``out_dtype[rows, *out_shape]``), checked abstractly (no compute).
+
+    Use it where a stage built over flat widths (``in_dims``) is to read another stage's cut
+    of another shape or dtype: the message says what fails."""
+    out, _ = _abstract_output(model.init, model.apply, inputs)
+    got = getattr(out, "shape", None)
+    want = (_PROBE_ROWS, *(model.out_shape or ()))
+    if got is None or tuple(got) != want or jnp.dtype(out.dtype).name != model.out_dtype:
+        seen = jax.tree_util.tree_map(lambda a: f"{a.dtype}{list(a.shape)}", out)
+        raise ConfigError(
+            f"on these inputs apply returns {seen} for {_PROBE_ROWS} rows, but the stage "
+            f"declares {model.out_dtype}{list(want)}"
+        )
 
 
 def mlp_stage(

@@ -1,9 +1,16 @@
 """Adapters: a plain JAX function pair, a Flax (linen, nnx) or an Equinox model as a `StageModel`.
 
 Every adapter returns a `tandem.engine.kernels.StageModel` (``init(key) -> params``,
-``apply(params, *inputs) -> [batch, out_dim]``) that the engine jits and differentiates like the
-built-ins. Each checks the model once, abstractly (`jax.eval_shape`, no compute): ``apply`` on
-``in_dims``-wide inputs must give ``[batch, out_dim]`` (``out_dim`` is inferred when not given).
+``apply(params, *inputs) -> output``) that the engine jits and differentiates like the
+built-ins. Each checks the model once, abstractly (`jax.eval_shape`, no compute), and reads its
+output from that: one ``[batch, ...]`` array of any rank >= 2 and any cut dtype (float32,
+bfloat16, float16) gives the model's ``out_shape`` (after the batch), ``out_dtype`` and
+``out_dim`` (the flat width ``prod(out_shape)``; when given, it must agree).
+
+Inputs (``in_dims``, one entry per input): a width ``d`` is a ``float32[batch, d]`` matrix
+(feature columns, or another stage's float32 matrix output); ``(shape, dtype)`` is a
+``dtype[batch, *shape]`` array, e.g. ``((4, 8), "bfloat16")`` for a top stage reading a bottom
+whose cut is bfloat16 of shape ``[batch, 4, 8]``.
 
 Parameters: `from_functions` hands the engine the pytree the user's ``init`` returns. The Flax
 and Equinox adapters hand it nested dicts named by each parameter's path
@@ -31,20 +38,18 @@ import jax
 import jax.numpy as jnp
 
 from tandem._extras import needs
-from tandem.engine.kernels import StageModel
+from tandem.engine.kernels import StageInput, StageModel, derive_stage, input_structs
 from tandem.errors import ConfigError
 
-from .builtin import _positive_int, _positive_ints
+from .builtin import _positive_int
 from .factory import factory_spec
 from .naming import NamedTree
-
-_PROBE_KEY_SEED = 0
 
 
 def from_functions(
     init: Callable[[jax.Array], Any],
     apply: Callable[..., jax.Array],
-    in_dims: Sequence[int],
+    in_dims: Sequence[StageInput],
     out_dim: int | None = None,
     *,
     reference: str | None = None,
@@ -62,26 +67,26 @@ def from_functions(
 
 def from_flax_linen(
     module: Any,
-    in_dims: Sequence[int],
+    in_dims: Sequence[StageInput],
     out_dim: int | None = None,
     *,
     reference: str | None = None,
     kwargs: Mapping[str, Any] | None = None,
 ) -> StageModel:
-    """A `flax.linen.Module` whose ``__call__`` takes one ``[batch, in_dims[i]]`` array per input.
+    """A `flax.linen.Module` whose ``__call__`` takes one array per input (``in_dims``, see the
+    module docstring).
 
-    ``init(key)`` is ``module.init(key, *zeros of one row)``; ``apply`` is ``module.apply``. All
-    the module's variable collections are parameters; collections other than ``"params"`` (e.g.
-    ``batch_stats``) get zero gradients, so use modules that do not mutate them
-    (``BatchNorm(use_running_average=True)``, deterministic ``Dropout``).
+    ``init(key)`` is ``module.init(key, *zeros of one row of each input)``; ``apply`` is
+    ``module.apply``. All the module's variable collections are parameters; collections other
+    than ``"params"`` (e.g. ``batch_stats``) get zero gradients, so use modules that do not
+    mutate them (``BatchNorm(use_running_average=True)``, deterministic ``Dropout``).
     """
     linen = _optional("flax.linen", "flax")
     if not isinstance(module, linen.Module):
         raise ConfigError(f"from_flax_linen takes a flax.linen.Module, got {type(module).__name__}")
-    dims = _positive_ints("in_dims", in_dims, allow_empty=False)
-    rows = tuple(jnp.zeros((1, d), jnp.float32) for d in dims)
     what = f"flax linen {type(module).__name__}"
-    abstract = jax.eval_shape(module.init, jax.random.PRNGKey(_PROBE_KEY_SEED), *rows)
+    rows = tuple(jnp.zeros(a.shape, a.dtype) for a in _structs(in_dims, what, rows=1))
+    abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), *rows)
     names = NamedTree(abstract, what=what)
 
     def init(key: jax.Array) -> dict[str, Any]:
@@ -90,12 +95,12 @@ def from_flax_linen(
     def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
         return module.apply(names.restore(params), *xs)
 
-    return _checked(init, apply, dims, out_dim, reference, kwargs, what)
+    return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
 
 
 def from_flax_nnx(
     module: Any,
-    in_dims: Sequence[int],
+    in_dims: Sequence[StageInput],
     out_dim: int | None = None,
     *,
     reference: str | None = None,
@@ -131,7 +136,7 @@ def from_flax_nnx(
 
 def from_equinox(
     module: Any,
-    in_dims: Sequence[int],
+    in_dims: Sequence[StageInput],
     out_dim: int | None = None,
     *,
     per_example: bool = True,
@@ -171,40 +176,41 @@ def from_equinox(
 def _checked(
     init: Callable[[jax.Array], Any],
     apply: Callable[..., jax.Array],
-    in_dims: Sequence[int],
+    in_dims: Sequence[StageInput],
     out_dim: int | None,
     reference: str | None,
     kwargs: Mapping[str, Any] | None,
     what: str,
 ) -> StageModel:
-    """The `StageModel`, after checking abstractly that ``apply`` maps ``in_dims`` to
-    ``[batch, out_dim]`` (inferring ``out_dim`` when None)."""
-    dims = _positive_ints("in_dims", in_dims, allow_empty=False)
+    """The `StageModel`, its output read from ``apply`` on ``in_dims`` abstractly
+    (`tandem.engine.kernels.derive_stage`), ``out_dim`` (when given) checked against it."""
+    _structs(in_dims, what, rows=2)
     if reference is None and kwargs is not None:
         raise ConfigError(f"{what}: kwargs describe a factory call; give reference= as well")
     spec = None if reference is None else factory_spec(reference, kwargs)
-    rows = tuple(jax.ShapeDtypeStruct((2, d), jnp.float32) for d in dims)
     try:
-        out = jax.eval_shape(
-            lambda key, *xs: apply(init(key), *xs), jax.random.PRNGKey(_PROBE_KEY_SEED), *rows
-        )
-    except ConfigError:
-        raise
-    except Exception as exc:
+        model = derive_stage(init, apply, list(in_dims), spec)
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: {exc}") from exc.__cause__
+    if out_dim is not None and _positive_int("out_dim", out_dim) != model.out_dim:
+        shape = list(model.out_shape or ())
+        got = f"{shape[0]} columns" if len(shape) == 1 else f"{shape} per row ({model.out_dim})"
+        raise ConfigError(f"{what}: out_dim is {out_dim} but apply returns {got}")
+    return model
+
+
+def _structs(in_dims: Sequence[StageInput], what: str, rows: int) -> list[jax.ShapeDtypeStruct]:
+    """The abstract inputs of ``rows`` rows; `ConfigError` naming the adapter for a bad
+    ``in_dims`` (none, or an entry neither a width nor ``(shape, dtype)``)."""
+    if isinstance(in_dims, (str, bytes)) or not isinstance(in_dims, Sequence) or not in_dims:
         raise ConfigError(
-            f"{what}: apply(init(key), *inputs) fails on inputs of widths {list(dims)}: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
-    shape = getattr(out, "shape", None)
-    if shape is None or len(shape) != 2 or shape[0] != 2:
-        raise ConfigError(
-            f"{what}: apply must return one [batch, out_dim] array, got "
-            f"{jax.tree_util.tree_map(lambda a: a.shape, out)} for a batch of 2"
+            f"{what}: in_dims must list one entry per input (a width, or (shape, dtype)), got "
+            f"{in_dims!r}"
         )
-    width = int(shape[1])
-    if out_dim is not None and _positive_int("out_dim", out_dim) != width:
-        raise ConfigError(f"{what}: out_dim is {out_dim} but apply returns {width} columns")
-    return StageModel(init, apply, dims, width, spec)
+    try:
+        return input_structs(list(in_dims), rows)[0]
+    except ConfigError as exc:
+        raise ConfigError(f"{what}: in_dims {list(in_dims)!r}: {exc}") from None
 
 
 def _optional(module: str, extra: str) -> ModuleType:

@@ -4,7 +4,7 @@ Protocol (every message a `Frame` on channel ``ctl``; the leader's to each follo
 replies back; docs/parties.md#negotiation)::
 
     leader -> follower   {"cmd": "describe"}                        # training only (`gather`)
-    follower -> leader   {"cmd": "data", "data": {"features", "fingerprint"}}
+    follower -> leader   {"cmd": "data", "data": {"features", "fingerprint", "cuts"}}
     leader -> follower   {"cmd": "propose", "spec": TaskSpec.to_dict()}
                      or  {"cmd": "abort", "reasons": [...]}   # the leader cannot start
     follower -> leader   {"cmd": "accept", "checkpoints": [steps saved under this spec]}
@@ -147,8 +147,9 @@ async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> d
 
 async def gather(transport: Transport, followers: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Leader, before building a training spec: ask every follower to describe its data
-    (``{"cmd": "describe"}``); returns ``{follower: {"features", "fingerprint"}}`` as each
-    answered (``{}`` from a party with nothing to describe)."""
+    (``{"cmd": "describe"}``); returns ``{follower: {"features", "fingerprint", "cuts"}}`` as
+    each answered (`tandem.parties.split.session.describe_data`; ``{}`` from a party with
+    nothing to describe)."""
     for peer in followers:
         await transport.send(peer, CTL, Frame(meta={"cmd": "describe"}))
     out = {}

@@ -48,6 +48,7 @@ This module is the stable entry point other commands build on (e.g. ``tandem pre
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import ssl
 import tomllib
@@ -56,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from tandem.engine.kernels import StageModel, mlp_stage
+from tandem.engine.kernels import StageModel, check_inputs, mlp_stage
 from tandem.engine.topology import BUILTIN, FEATURES, Stage, Topology
 from tandem.errors import ConfigError
 from tandem.parties import data as tabular
@@ -397,19 +398,29 @@ class PartyConfig:
         return _load_data(self)
 
     def stage_widths(
-        self, features: Mapping[str, int], vocab: Sequence[int] = ()
+        self,
+        features: Mapping[str, int],
+        vocab: Sequence[int] = (),
+        cuts: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """``{stage: {"in_dims", "out_dim", "sizes"}}`` of every stage, given the feature count
-        of every feature-holding party (``vocab``: this party's categorical code counts); an own
+        of every feature-holding party (``vocab``: this party's categorical code counts); a
         stage whose output is not a float32 matrix adds its ``out_shape`` and ``out_dtype``.
 
-        This party's own stages are built (`stage_models`); another party's stage is known by
-        its output width only: ``[model.<stage>] out``, else ``cut`` (``out`` for the loss
-        stage). ``sizes`` (MLP layer sizes) is given for a stage using the uniform MLP
-        (``hidden``): one of this party's without a table, or any stage when this config has
-        no per-stage table at all; else None (the owner's model is its own business)."""
+        This party's own stages are built (`stage_model`); another party's stage is known by
+        its output width: ``[model.<stage>] out``, else ``cut`` (``out`` for the loss stage),
+        and by the shape and dtype its owner describes in ``cuts`` (``{stage: {"shape",
+        "dtype"}}``, see `own_cuts`), recorded when their product is that width (else the
+        owner refuses the width in negotiation). ``sizes`` (MLP layer sizes) is given for a
+        stage using the uniform MLP (``hidden``): one of this party's without a table, or any
+        stage when this config has no per-stage table at all; else None (the owner's model is
+        its own business).
+
+        Raises `PartyConfigError` when a feature count is unknown, a model cannot be built, or
+        an own stage cannot read the cut of a stage it reads (`check_cut_inputs`)."""
         topo, m = self.topology(), self.model
         uniform = not m.stages
+        cuts = cuts or {}
         out: dict[str, dict[str, Any]] = {}
         for s in topo.topological_order():
             in_dims = []
@@ -428,11 +439,17 @@ class PartyConfig:
             if own:
                 model = self.stage_model(s.name, in_dims, vocab)
                 width = model.out_dim
-                if len(model.out_shape or ()) > 1 or model.out_dtype != "float32":
-                    cut = {"out_shape": list(model.out_shape or ()), "out_dtype": model.out_dtype}
+                shape, dtype = list(model.out_shape or ()), model.out_dtype
+                self.check_cut_inputs(s, model, out)
             else:
-                table = m.stages.get(s.name, {})
-                width = int(table.get("out", m.out if s.loss else m.cut))
+                width = self.declared_width(s)
+                described = cuts.get(s.name, {})
+                shape = [int(d) for d in described.get("shape", [width])]
+                dtype = str(described.get("dtype", "float32"))
+                if math.prod(shape) != width:
+                    shape, dtype = [width], "float32"
+            if len(shape) > 1 or dtype != "float32":
+                cut = {"out_shape": shape, "out_dtype": dtype}
             mlp_sized = s.name not in m.stages if own else uniform
             out[s.name] = {
                 "in_dims": in_dims,
@@ -441,6 +458,73 @@ class PartyConfig:
                 **cut,
             }
         return {s.name: out[s.name] for s in topo.stages}
+
+    def declared_width(self, stage: Stage) -> int:
+        """The output width this config gives another party's ``stage``: ``[model.<stage>]
+        out``, else ``cut`` (``out`` for the loss stage)."""
+        m = self.model
+        table = m.stages.get(stage.name, {})
+        return int(table.get("out", m.out if stage.loss else m.cut))
+
+    def check_cut_inputs(
+        self, stage: Stage, model: StageModel, widths: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        """`PartyConfigError` unless this party's ``stage`` (its ``model``) reads the outputs
+        ``widths`` records for the stages it takes (a stage's ``out_shape``/``out_dtype``,
+        float32 matrices when absent), checked abstractly when one is not a float32 matrix;
+        the message names the stage, its owner, the cut's shape and dtype, and the fix."""
+        inputs: list[Any] = []
+        odd = []
+        for i, name in enumerate(stage.inputs):
+            if name == FEATURES:
+                inputs.append(int(model.in_dims[i]))
+                continue
+            shape, dtype = cut_of(widths[name])
+            inputs.append((shape, dtype))
+            if len(shape) > 1 or dtype != "float32":
+                odd.append(name)
+        if not odd:
+            return
+        try:
+            check_inputs(model, inputs)
+        except ConfigError as exc:
+            topo = self.topology()
+            read = ", ".join(
+                f"the cut of stage {n!r} of {topo.by_name[n].owner!r}, "
+                f"{cut_of(widths[n])[1]}[rows, {', '.join(map(str, cut_of(widths[n])[0]))}]"
+                for n in odd
+            )
+            raise PartyConfigError(
+                f"{self.path}: stage {stage.name!r} of {self.name!r} cannot read {read}: "
+                f"its model's {str(exc).rstrip('.')}. Give {stage.name!r} a model that takes "
+                f"that shape and dtype ([model.{stage.name}]: a factory can flatten and cast "
+                "it, see docs/models.md#cut-tensors), or make that stage output a float32 "
+                "[rows, width] matrix"
+            ) from None
+
+    def own_cuts(self, features: int | None, vocab: Sequence[int] = ()) -> dict[str, Any]:
+        """``{stage: {"shape", "dtype"}}``: the output per row of each of this party's stages,
+        as its model gives it, for the stages whose inputs' widths this party knows (its own
+        features; the widths its config gives other parties' stages, `declared_width`). What
+        a follower describes to the leader before the proposal (`stage_widths`' ``cuts``). A
+        stage whose model cannot be built is left out: the proposal's check says why."""
+        widths: dict[str, int | None] = {}
+        out: dict[str, Any] = {}
+        for s in self.topology().topological_order():
+            if s.owner != self.name:
+                widths[s.name] = self.declared_width(s)
+                continue
+            dims = [features if i == FEATURES else widths[i] for i in s.inputs]
+            widths[s.name] = None
+            if any(d is None for d in dims):
+                continue
+            try:
+                model = self.stage_model(s.name, [int(d) for d in dims if d is not None], vocab)
+            except ConfigError:
+                continue
+            widths[s.name] = model.out_dim
+            out[s.name] = model.cut
+        return out
 
     def stage_model(self, stage: str, in_dims: Sequence[int], vocab: Sequence[int] = ()):
         """The `StageModel` of this party's ``stage`` over inputs of widths ``in_dims``: its

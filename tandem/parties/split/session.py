@@ -34,12 +34,13 @@ import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from tandem.engine.topology import CUT_DTYPES
 from tandem.errors import ConfigError, TandemError
 
 from . import negotiate
 from .admission import NegotiationAdmission, negotiation_streams
 from .party_config import PartyConfig, PartyConfigError, PartyData
-from .spec import TaskSpec, build_spec
+from .spec import TaskSpec, build_spec, cut_of
 
 
 class PartyStartError(TandemError):
@@ -71,10 +72,15 @@ def leader_spec(
     cfg: PartyConfig, data: PartyData, described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> TaskSpec:
     """The training task spec the leader proposes: every feature party's column count
-    (``[schema]``, else what it ``described``), the stage widths (`PartyConfig.stage_widths`),
+    (``[schema]``, else what it ``described``), the stage widths (`PartyConfig.stage_widths`,
+    with the shape and dtype of each follower stage's output as its owner ``described`` it),
     ``[train]`` hyper-parameters (+ ``checkpoint.every``), the security settings, the
     alignment, the sizes of the test and validation splits, the ``[data.split]`` and every
-    party's data fingerprint."""
+    party's data fingerprint.
+
+    Raises `PartyConfigError` when a feature count is unknown, a follower described a cut
+    that is malformed or of a stage it does not own, or one of this party's stages cannot
+    read a cut it is given (`PartyConfig.check_cut_inputs`)."""
     if data.samples is None:
         raise PartyConfigError(f"{cfg.path}: the leader holds no training rows")
     described = described or {}
@@ -97,7 +103,7 @@ def leader_spec(
         cfg.topology(),
         features=features,
         samples=data.samples,
-        stage_widths=cfg.stage_widths(features, data.vocab),
+        stage_widths=cfg.stage_widths(features, data.vocab, described_cuts(cfg, described)),
         hyper=cfg.hyper(),
         security=cfg.security(),
         alignment=data.alignment,
@@ -108,25 +114,82 @@ def leader_spec(
     )
 
 
-def describe_data(data: PartyData) -> dict[str, Any]:
-    """What a follower tells the leader about its data before the proposal (JSON)."""
-    return {"features": data.features, "fingerprint": data.fingerprint}
+def describe_data(data: PartyData, cfg: PartyConfig | None = None) -> dict[str, Any]:
+    """What a follower tells the leader before the proposal (JSON): its feature count, data
+    fingerprint and, given its ``cfg``, ``cuts``: the shape after the rows and the dtype of
+    each of its stages' outputs (`PartyConfig.own_cuts`), so the leader's spec carries a cut
+    its own configuration cannot describe (e.g. a factory model's bfloat16 [rows, 4, 8])."""
+    out: dict[str, Any] = {"features": data.features, "fingerprint": data.fingerprint}
+    if cfg is not None:
+        out["cuts"] = cfg.own_cuts(data.features, data.vocab)
+    return out
+
+
+def described_cuts(
+    cfg: PartyConfig, described: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """``{stage: {"shape", "dtype"}}`` from every follower's description (`describe_data`),
+    checked: each stage is the describing party's own, its shape positive sizes, its dtype a
+    cut dtype; `PartyConfigError` naming the party and the value otherwise."""
+    topo = cfg.topology()
+    out: dict[str, dict[str, Any]] = {}
+    for party, desc in described.items():
+        cuts = desc.get("cuts") or {}
+        if not isinstance(cuts, Mapping):
+            raise PartyConfigError(
+                f"{party!r} described its cuts as {cuts!r:.80}; expected a table of stage -> "
+                "{shape, dtype}: are both parties running the same Tandem version?"
+            )
+        for stage, cut in cuts.items():
+            owner = topo.by_name[stage].owner if stage in topo.by_name else None
+            if owner != party:
+                raise PartyConfigError(
+                    f"{party!r} described the cut of stage {stage!r}, which "
+                    + ("is not in the topology" if owner is None else f"belongs to {owner!r}")
+                    + f"; a party describes its own stages only ({cfg.path}'s topology: "
+                    f"{[s.name for s in topo.stages_of(party)]} are {party!r}'s)"
+                )
+            shape = _sizes(cut.get("shape")) if isinstance(cut, Mapping) else None
+            dtype = cut.get("dtype") if isinstance(cut, Mapping) else None
+            if shape is None or dtype not in CUT_DTYPES:
+                raise PartyConfigError(
+                    f"{party!r} described the cut of stage {stage!r} as {cut!r:.120}; a cut "
+                    f"is {{shape: [positive sizes after the rows], dtype: one of "
+                    f"{list(CUT_DTYPES)}}}"
+                )
+            out[stage] = {"shape": shape, "dtype": str(dtype)}
+    return out
+
+
+def _sizes(value: Any) -> list[int] | None:
+    """``value`` if it is a non-empty JSON list of positive ints, else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    if not all(type(d) is int and d > 0 for d in value):
+        return None
+    return list(value)
 
 
 def follower_check(
     cfg: PartyConfig, data: PartyData, refusals: Sequence[str] = ()
 ) -> Callable[[TaskSpec], list[str]]:
     """``check(spec) -> reasons`` of a follower: ``refusals`` (its own reasons not to start),
-    then `TaskSpec.check_local` against its data, its own stages' widths, topology, security
-    and alignment, plus the test and validation splits' sizes, the ``[data.split]`` and its
+    then `TaskSpec.check_local` against its data, its own stages' widths and cuts (each
+    able to read the cuts the spec gives the stages it reads), topology, security and
+    alignment, plus the test and validation splits' sizes, the ``[data.split]`` and its
     data fingerprint."""
 
     def check(spec: TaskSpec) -> list[str]:
         features = {p: int(d["features"]) for p, d in spec.datasets.items()}
         if data.features is not None:
             features[cfg.name] = data.features
+        theirs = {
+            name: dict(zip(("shape", "dtype"), cut_of(st), strict=True))
+            for name, st in spec.stages.items()
+            if st.get("owner") != cfg.name
+        }
         try:
-            widths = cfg.stage_widths(features, data.vocab)
+            widths = cfg.stage_widths(features, data.vocab, theirs)
         except PartyConfigError as exc:
             return [*refusals, str(exc)]
         own: dict[str, dict[str, Any]] = {}
@@ -272,12 +335,18 @@ async def connect(
                     )
                     negotiating.step = step  # (a follower learns it from `start`)
                 else:
+                    # (built in a thread: describing the cuts builds this party's models)
+                    told = (
+                        None
+                        if check is not None
+                        else await asyncio.to_thread(describe_data, data, cfg)
+                    )
                     agreed, step = await negotiate.answer(
                         transport,
                         leader,
                         check=check or follower_check(cfg, data, refusals),
                         checkpoints=lambda h: [s for s, d in held.items() if d == h],
-                        describe=None if check is not None else lambda: describe_data(data),
+                        describe=None if told is None else lambda: told,
                     )
         except TimeoutError:
             raise PartyStartError(
@@ -340,5 +409,6 @@ __all__ = [
     "leader_spec",
     "follower_check",
     "describe_data",
+    "described_cuts",
     "wait_for_peers",
 ]

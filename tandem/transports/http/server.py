@@ -68,7 +68,7 @@ from .protocol import (
     spec_text,
 )
 from .quietlog import QuietLog
-from .scan import FiniteScan, all_finite
+from .scan import FiniteScan, all_finite, is_float
 from .streams import Partial, StreamState
 
 log = logging.getLogger(__name__)
@@ -665,7 +665,7 @@ class HttpServer:
         again)."""
         if self.cfg.reject_nonfinite:
             for i, a in enumerate(frame.arrays):
-                if a.dtype.kind in "fc" and a.size:
+                if is_float(a.dtype) and a.size:
                     finite = known.get(i) if known else None
                     if not (all_finite(a) if finite is None else finite):
                         raise Refuse(
