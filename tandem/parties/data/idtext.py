@@ -1,0 +1,136 @@
+"""Sample ids held as UTF-8 bytes back to back, without a Python object per id.
+
+An `IdText` of ``n`` ids is two numpy arrays: ``data`` (uint8), the UTF-8 bytes of every id in
+row order, and ``offsets`` (int64, ``n + 1`` entries, ``offsets[0] == 0``), where id ``i`` is
+``data[offsets[i]:offsets[i + 1]]``. Millions of ids cost their bytes plus 8 bytes each, where
+an object array of str costs about 60 bytes more per id. Every operation the loader needs
+(hashing, reordering, comparing, sorting in canonical byte order) works on the two arrays a
+chunk of rows at a time; `to_objects` builds the str objects only when asked.
+
+Invariants: ``offsets`` is non-decreasing, starts at 0 and ends at ``len(data)``; every id is
+valid UTF-8 (it came from str or from Arrow text).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+_CHUNK = 1 << 16  # rows gathered at a time: bounds the index temporaries to a few MB
+
+
+class IdText:
+    """``n`` ids as ``offsets`` and ``data`` (see the module docstring)."""
+
+    __slots__ = ("data", "offsets")
+
+    def __init__(self, offsets: np.ndarray, data: np.ndarray) -> None:
+        self.offsets = np.asarray(offsets, np.int64)
+        self.data = np.asarray(data, np.uint8)
+
+    @classmethod
+    def from_strings(cls, ids: Iterable[str]) -> IdText:
+        """The ids of an iterable (or object array) of str."""
+        encoded = [s.encode("utf-8") for s in ids]
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), np.int64, count=len(encoded)), out=offsets[1:])
+        return cls(offsets, np.frombuffer(b"".join(encoded), np.uint8))
+
+    @classmethod
+    def from_arrow(cls, chunks: Iterable[Any]) -> IdText:
+        """The ids of pyarrow string arrays (chunks in row order) without nulls."""
+        import pyarrow as pa
+
+        lengths: list[np.ndarray] = []
+        datas: list[np.ndarray] = []
+        for chunk in chunks:
+            array = chunk.cast(pa.large_string())
+            if isinstance(array, pa.ChunkedArray):
+                array = array.combine_chunks()
+            _, offset_buffer, data_buffer = array.buffers()
+            offsets = np.frombuffer(offset_buffer, np.int64)[
+                array.offset : array.offset + len(array) + 1
+            ]
+            lengths.append(np.diff(offsets))
+            data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else None
+            datas.append(np.empty(0, np.uint8) if data is None else data[offsets[0] : offsets[-1]])
+        all_lengths = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+        offsets = np.zeros(len(all_lengths) + 1, np.int64)
+        np.cumsum(all_lengths, out=offsets[1:])
+        data = np.concatenate(datas) if datas else np.empty(0, np.uint8)
+        return cls(offsets, data)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def lengths(self) -> np.ndarray:
+        """The UTF-8 byte length of every id (int64)."""
+        return np.diff(self.offsets)
+
+    def item(self, i: int) -> str:
+        """Id ``i`` as str."""
+        return self.data[self.offsets[i] : self.offsets[i + 1]].tobytes().decode("utf-8")
+
+    def take(self, rows: np.ndarray) -> IdText:
+        """The ids at positions ``rows`` (int array, or a boolean mask), in that order."""
+        rows = np.asarray(rows)
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        lengths = self.offsets[rows + 1] - self.offsets[rows]
+        offsets = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        data = np.empty(int(offsets[-1]), np.uint8)
+        for start in range(0, len(rows), _CHUNK):
+            stop = min(start + _CHUNK, len(rows))
+            begin, end = int(offsets[start]), int(offsets[stop])
+            shift = self.offsets[rows[start:stop]] - offsets[start:stop]
+            data[begin:end] = self.data[
+                np.repeat(shift, lengths[start:stop]) + np.arange(begin, end, dtype=np.int64)
+            ]
+        return IdText(offsets, data)
+
+    def to_objects(self) -> np.ndarray:
+        """The ids as an object array of str."""
+        text = self.data.tobytes()
+        out = np.empty(len(self), object)
+        bounds = self.offsets.tolist()
+        for i in range(len(self)):
+            out[i] = text[bounds[i] : bounds[i + 1]].decode("utf-8")
+        return out
+
+    def first_difference(self, other: IdText) -> int | None:
+        """The first position where ``other`` (of the same length) holds another id, or None."""
+        if len(other) != len(self):
+            raise ValueError(f"comparing {len(self)} ids with {len(other)}")
+        differ = self.lengths() != other.lengths()
+        first = int(np.argmax(differ)) if differ.any() else len(self)
+        end = int(self.offsets[first])  # the bytes before ``first`` line up in both arrays
+        unequal = np.flatnonzero(self.data[:end] != other.data[:end])
+        if unequal.size:
+            first = int(np.searchsorted(self.offsets, unequal[0], side="right")) - 1
+        return None if first == len(self) else first
+
+    def sort_order(self) -> np.ndarray:
+        """The stable order (int64 positions) that sorts the ids by their UTF-8 bytes, the
+        canonical order `tandem align` uses."""
+        try:
+            import pyarrow as pa
+            import pyarrow.compute as pc
+        except ImportError:
+            keys = np.array([s.encode("utf-8") for s in self.to_objects()], dtype=object)
+            return np.argsort(keys, kind="stable").astype(np.int64)
+        buffers = [None, pa.py_buffer(self.offsets), pa.py_buffer(self.data)]
+        array = pa.Array.from_buffers(pa.large_binary(), len(self), buffers)
+        return np.asarray(pc.sort_indices(array).to_numpy(), np.int64)
+
+    def chunks(self, size: int = _CHUNK) -> Iterable[tuple[np.ndarray, bytes]]:
+        """``(lengths, bytes)`` of ``size`` consecutive ids at a time, in row order."""
+        for start in range(0, len(self), size):
+            stop = min(start + size, len(self))
+            begin, end = int(self.offsets[start]), int(self.offsets[stop])
+            yield np.diff(self.offsets[start : stop + 1]), self.data[begin:end].tobytes()
+
+
+__all__ = ["IdText"]
