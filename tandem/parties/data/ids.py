@@ -72,7 +72,9 @@ def first_duplicate(
     ``id_hashes(ids)`` when the caller has it already."""
     hashes = id_hashes(ids) if hashes is None else hashes
     order = np.argsort(hashes, kind="stable")
-    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    ordered = hashes[order]
+    same = np.flatnonzero(ordered[1:] == ordered[:-1])
+    del ordered
     text = ids.item if isinstance(ids, IdText) else ids.__getitem__
     for k in same:  # hash collisions are checked on the text itself
         a, b = int(order[k]), int(order[k + 1])

@@ -39,27 +39,35 @@ class IdText:
         return cls(offsets, np.frombuffer(b"".join(encoded), np.uint8))
 
     @classmethod
-    def from_arrow(cls, chunks: Iterable[Any]) -> IdText:
-        """The ids of pyarrow string arrays (chunks in row order) without nulls."""
-        import pyarrow as pa
+    def from_arrow(cls, text: Any) -> IdText:
+        """The ids of a pyarrow string array or chunked array without nulls."""
+        chunks = text.chunks if hasattr(text, "chunks") else [text]
+        return cls.concatenate([cls._from_arrow_array(chunk) for chunk in chunks])
 
-        lengths: list[np.ndarray] = []
-        datas: list[np.ndarray] = []
-        for chunk in chunks:
-            array = chunk.cast(pa.large_string())
-            if isinstance(array, pa.ChunkedArray):
-                array = array.combine_chunks()
-            _, offset_buffer, data_buffer = array.buffers()
-            offsets = np.frombuffer(offset_buffer, np.int64)[
-                array.offset : array.offset + len(array) + 1
-            ]
-            lengths.append(np.diff(offsets))
-            data = np.frombuffer(data_buffer, np.uint8) if data_buffer is not None else None
-            datas.append(np.empty(0, np.uint8) if data is None else data[offsets[0] : offsets[-1]])
-        all_lengths = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
-        offsets = np.zeros(len(all_lengths) + 1, np.int64)
-        np.cumsum(all_lengths, out=offsets[1:])
-        data = np.concatenate(datas) if datas else np.empty(0, np.uint8)
+    @classmethod
+    def _from_arrow_array(cls, array: Any) -> IdText:
+        _, offset_buffer, data_buffer = array.buffers()
+        wide = str(array.type) == "large_string"
+        offsets = np.frombuffer(offset_buffer, np.int64 if wide else np.int32)
+        offsets = offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
+        start, stop = int(offsets[0]), int(offsets[-1])
+        if stop == start:
+            return cls(offsets - start, np.empty(0, np.uint8))
+        return cls(offsets - start, np.frombuffer(data_buffer, np.uint8)[start:stop].copy())
+
+    @classmethod
+    def concatenate(cls, parts: list[IdText]) -> IdText:
+        """The ids of ``parts`` one after the other."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.zeros(sum(len(p) for p in parts) + 1, np.int64)
+        data = np.empty(sum(len(p.data) for p in parts), np.uint8)
+        row = 0
+        for part in parts:
+            base = offsets[row]
+            offsets[row + 1 : row + len(part) + 1] = part.offsets[1:] + base
+            data[base : base + len(part.data)] = part.data
+            row += len(part)
         return cls(offsets, data)
 
     def __len__(self) -> int:

@@ -177,19 +177,12 @@ def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[IdText, np.ndarray, An
     if cfg.id_column is None:
         rows = np.arange(table.num_rows, dtype=np.int64)
         return IdText.from_strings(rows.astype(str).tolist()), rows, None
-    column = table[cfg.id_column]
-    missing = column.first_missing()
+    ids, missing = table.id_text(cfg.id_column)
     if missing is not None:
         raise DataError(
             f"{cfg.source!r}: id column {cfg.id_column!r} has no value at row {missing}; "
             "every row needs an id: fill it in or remove the row"
         )
-    text = column.arrow_text
-    if text is None:
-        ids = IdText.from_strings(column.values)
-    else:
-        ids = IdText.from_arrow(text.chunks if hasattr(text, "chunks") else [text])
-    del column, text
     alignment = None
     rows = np.arange(table.num_rows, dtype=np.int64)
     if cfg.aligned is not None:

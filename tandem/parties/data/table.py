@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import io
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,7 @@ import numpy as np
 from tandem._extras import needs
 
 from .errors import DataError
+from .idtext import IdText
 
 SUFFIXES = (".csv", ".parquet", ".npz")
 MISSING_TEXT = ("", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
@@ -79,25 +80,46 @@ class Column:
 class Table:
     """The columns read from ``source`` (in file order) and every column name the file has.
 
-    A table from `open_table` may read its columns on demand: ``reader(name)`` reads one
-    column of ``kinds`` (each access reads it again; nothing is kept), so a caller that takes
-    one column at a time holds one column at a time."""
+    A table from `open_table` may read its columns on demand: ``pieces(name)`` yields one
+    column of ``kinds`` as pyarrow arrays in row order, and indexing stitches them into a
+    `Column` (each access reads it again; nothing is kept), so a caller that takes one
+    column at a time holds one column at a time. ``text`` names the columns read as text."""
 
     source: str
     columns: dict[str, Column]
     available: tuple[str, ...]
     num_rows: int
     kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    reader: Callable[[str], Column] | None = None
+    pieces: Callable[[str], Iterator[Any]] | None = None
+    text: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Column:
         if name in self.columns:
             return self.columns[name]
-        if self.reader is not None and name in self.kinds:
-            return self.reader(name)
+        if self.pieces is not None and name in self.kinds:
+            as_text = name in self.text
+            kind = self.kinds[name]
+            return _stitch(self.source, name, self.pieces(name), self.num_rows, kind, as_text)
         raise DataError(
             f"{self.source!r} has no column {name!r}; its columns are {list(self.available)}"
         )
+
+    def id_text(self, name: str) -> tuple[IdText, int | None]:
+        """Column ``name`` as text (`IdText`, missing cells as "") and its first missing row
+        (or None); an on-demand column is converted a piece at a time."""
+        if self.pieces is None or name not in self.kinds:
+            column = self[name]
+            text = column.arrow_text
+            ids = IdText.from_strings(column.values) if text is None else IdText.from_arrow(text)
+            return ids, column.first_missing()
+        parts, first, start = [], None, 0
+        for piece in self.pieces(name):
+            column = _text(name, piece)
+            if first is None and column.missing is not None:
+                first = start + int(np.argmax(column.missing))
+            parts.append(IdText.from_arrow(column.arrow_text))
+            start += len(piece)
+        return IdText.concatenate(parts), first
 
     def kind(self, name: str) -> str:
         """The kind of column ``name`` (`KINDS`), without reading it where the format says."""
@@ -156,25 +178,23 @@ def open_table(
         raise DataError(f"{url!r} is not a readable Parquet file: {exc}") from None
     names = _check_columns(url, schema.names, columns)
     kinds = {n: "string" if n in text else _arrow_kind(url, n, schema.field(n).type) for n in names}
-    reader = functools.partial(_read_parquet_column, url, tuple(text), num_rows, kinds)
-    return Table(url, {}, tuple(schema.names), num_rows, kinds, reader)
+    pieces = functools.partial(_parquet_pieces, url)
+    return Table(url, {}, tuple(schema.names), num_rows, kinds, pieces, tuple(text))
 
 
 _BATCH_ROWS = 1 << 16  # rows decoded at a time when a Parquet column is read
 
 
-def _read_parquet_column(
-    url: str, text: tuple[str, ...], num_rows: int, kinds: Mapping[str, str], name: str
-) -> Column:
+def _parquet_pieces(url: str, name: str) -> Iterator[Any]:
+    """Column ``name`` of a Parquet file as pyarrow arrays of `_BATCH_ROWS` rows, in order."""
     pa = _pyarrow(url)
     import fsspec
     import pyarrow.parquet as pq
 
     try:
         with fsspec.open(url, "rb") as f:
-            batches = pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS, columns=[name])
-            pieces = (b.column(0) for b in batches)
-            return _stitch(url, name, pieces, num_rows, kinds[name], name in text)
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS, columns=[name]):
+                yield batch.column(0)
     except FileNotFoundError:
         raise DataError(f"{url!r}: no such file; check data.source") from None
     except pa.ArrowException as exc:
