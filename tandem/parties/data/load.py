@@ -124,6 +124,7 @@ def load_party_data(
         if order is not None:
             ids, rows = ids.take(order), rows[order]
             split = Split(split.train[order], split.validation[order], split.test[order])
+        del order
         preprocessing, features = fit_transform(table, cfg, train_rows, rows, packed=packed)
         labels = None
         if cfg.label_column is not None and loss is not None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -325,9 +325,8 @@ def _fit_numeric(
 ) -> tuple[float, float, float]:
     """``(fill, mean, std)`` of a numeric column on the training rows."""
     name = column.name
-    values = column.values[train_rows].astype(np.float64)
+    values = np.asarray(column.values[train_rows], np.float64)  # a fresh copy: filled below
     missing = None if column.missing is None else column.missing[train_rows]
-    present = values if missing is None else values[~missing]
     if cfg.missing == "error" and missing is not None and missing.any():
         _refuse_missing(source, name, int(train_rows[np.argmax(missing)]))
     finite = np.isfinite(values) | (False if missing is None else missing)
@@ -337,6 +336,7 @@ def _fit_numeric(
     fill = 0.0
     if cfg.missing == "mean":
         # Fitted whatever the training rows hold: other rows may miss values they do not.
+        present = values if missing is None else values[~missing]
         if not present.size:
             raise DataError(
                 f"{source!r}: column {name!r} has no value in any training row, "
@@ -366,6 +366,9 @@ def _fit_categorical(
     text = column.arrow_text
     if text is not None:
         return _arrow_vocabulary(text, keep)
+    if column.kind == "int":  # the union of each chunk's values: the same sorted set
+        parts = [np.unique(column.values[keep[i : i + _ROWS]]) for i in range(0, len(keep), _ROWS)]
+        return _vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
     return _vocabulary(column.kind, column.values[keep])
 
 
@@ -377,23 +380,28 @@ def _transform_numeric(
     missing_rule: str,
     out: np.ndarray,
 ) -> None:
-    """Write the features of ``rows`` of a numeric column into ``out``."""
+    """Write the features of ``rows`` of a numeric column into ``out``, a chunk of rows at a
+    time; the errors are those of the whole column (a missing cell before a non-finite one)."""
     fill, mean, std = fitted
     _require_numeric(source, column)
-    values = column.values if rows is None else column.values[rows]
-    values = values.astype(np.float64, copy=rows is None)
-    if column.missing is not None:
-        missing = column.missing if rows is None else column.missing[rows]
-        if missing_rule == "error" and missing.any():
-            _refuse_missing(source, column.name, _row(rows, missing))
-        values[missing] = fill
-    finite = np.isfinite(values)
-    if not finite.all():
-        bad = _row(rows, ~finite)
-        _refuse_non_finite(source, column.name, bad, column.values[bad])
-    values -= mean
-    values /= std
-    out[:] = values
+    missing = column.missing
+    if missing is not None and missing_rule == "error":
+        selected = missing if rows is None else missing[rows]
+        if selected.any():
+            _refuse_missing(source, column.name, _row(rows, selected))
+    for chunk in _chunks(len(out)):
+        take = chunk if rows is None else rows[chunk]
+        values = column.values[take].astype(np.float64)
+        if missing is not None:
+            values[missing[take]] = fill
+        finite = np.isfinite(values)
+        if not finite.all():
+            bad = chunk.start + int(np.argmin(finite))
+            bad = bad if rows is None else int(rows[bad])
+            _refuse_non_finite(source, column.name, bad, column.values[bad])
+        values -= mean
+        values /= std
+        out[chunk] = values
 
 
 def _transform_categorical(
@@ -404,21 +412,33 @@ def _transform_categorical(
     missing_rule: str,
     out: np.ndarray,
 ) -> None:
-    """Write the codes of ``rows`` of a categorical column into ``out``."""
+    """Write the codes of ``rows`` of a categorical column into ``out``, a chunk of rows at a
+    time; the errors are those of the whole column."""
     column = _categorical_column(source, column)
+    missing = column.missing
+    if missing is not None and missing_rule == "error":
+        selected = missing if rows is None else missing[rows]
+        if selected.any():
+            _refuse_missing(source, column.name, _row(rows, selected))
     text = column.arrow_text
-    if text is not None:
-        codes = _arrow_encode(vocabulary, text)
-        codes = codes if rows is None else codes[rows]
-    else:
-        values = column.values if rows is None else column.values[rows]
-        codes = _encode(vocabulary, column.kind, values)
-    if column.missing is not None:
-        missing = column.missing if rows is None else column.missing[rows]
-        if missing_rule == "error" and missing.any():
-            _refuse_missing(source, column.name, _row(rows, missing))
-        codes[missing] = 0
-    out[:] = codes
+    every = _arrow_encode(vocabulary, text) if text is not None else None
+    for chunk in _chunks(len(out)):
+        take = chunk if rows is None else rows[chunk]
+        if every is not None:
+            codes = every[take]
+        else:
+            codes = _encode(vocabulary, column.kind, column.values[take])
+        if missing is not None:
+            codes[missing[take]] = 0
+        out[chunk] = codes
+
+
+_ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB
+
+
+def _chunks(n: int) -> Iterator[slice]:
+    for start in range(0, n, _ROWS):
+        yield slice(start, min(start + _ROWS, n))
 
 
 def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
@@ -427,9 +447,11 @@ def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    unique = pc.unique(text.take(pa.array(rows, pa.int64())))
-    if isinstance(unique, pa.ChunkedArray):
-        unique = unique.combine_chunks()
+    parts = []
+    for start in range(0, len(rows), _ROWS):
+        part = pc.unique(text.take(pa.array(rows[start : start + _ROWS], pa.int64())))
+        parts.append(part.combine_chunks() if isinstance(part, pa.ChunkedArray) else part)
+    unique = pc.unique(pa.concat_arrays(parts)) if parts else pa.array([], pa.string())
     return Vocabulary("string", tuple(unique.take(pc.sort_indices(unique)).to_pylist()))
 
 

@@ -112,14 +112,19 @@ class Table:
             text = column.arrow_text
             ids = IdText.from_strings(column.values) if text is None else IdText.from_arrow(text)
             return ids, column.first_missing()
-        parts, first, start = [], None, 0
+        offsets = np.zeros(self.num_rows + 1, np.int64)
+        datas: list[np.ndarray] = []
+        first, start = None, 0
         for piece in self.pieces(name):
             column = _text(name, piece)
             if first is None and column.missing is not None:
                 first = start + int(np.argmax(column.missing))
-            parts.append(IdText.from_arrow(column.arrow_text))
-            start += len(piece)
-        return IdText.concatenate(parts), first
+            part = IdText.from_arrow(column.arrow_text)
+            offsets[start + 1 : start + len(part) + 1] = part.offsets[1:] + offsets[start]
+            datas.append(part.data)
+            start += len(part)
+        _release_arrow_memory()
+        return IdText(offsets, np.concatenate(datas) if datas else np.empty(0, np.uint8)), first
 
     def kind(self, name: str) -> str:
         """The kind of column ``name`` (`KINDS`), without reading it where the format says."""
@@ -234,7 +239,16 @@ def _stitch(
         return Column(name, kind, cells, missing)
     if values is None:
         values = np.empty(0, np.float64 if kind == "float" else np.int64)
+    _release_arrow_memory()
     return Column(name, kind, values, missing)
+
+
+def _release_arrow_memory() -> None:
+    """Hand pyarrow's cached free memory back to the system: its pool keeps the pages of the
+    decode buffers of a column read a batch at a time, which are not needed again."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def _arrow_kind(url: str, name: str, t: Any) -> str:
