@@ -6,6 +6,8 @@ rows of a table with the same columns (training, test, or new data at prediction
 `Features`. Fitting never transforms anything itself: the training features are
 ``state.transform(table, rows)`` like every other, so prediction applies exactly what training
 did. ``to_json()``/``from_json()`` carry the state in an export as JSON (never pickle).
+`fit_transform` is the two in one pass over the columns, a column at a time, with the same
+state, features and first error (the loader's path, for tables larger than memory).
 
 The rules (docs/data.md states them for users):
 

@@ -16,9 +16,14 @@
 In every format a NaN in a float column is missing. CSV and Parquet need pyarrow (the
 ``tandem[parquet]`` extra); it is imported only when such a file is read.
 
+`open_table(url, columns=None)` is `read_table` for a loader that takes one column at a time:
+a Parquet file's columns are read on demand, by record batches, so the whole file is never in
+memory at once (docs/design.md, "Data larger than memory"); other formats are read whole.
+
 Invariants of a `Column`: ``values`` has one entry per row; int columns are int64, float
-columns float64, string columns an object array of str; a missing cell holds 0, NaN or ""
-and is True in ``missing`` (None when no cell is missing).
+columns float64, string columns an object array of str (built on first use from ``cells``
+when pyarrow read the text); a missing cell holds 0, NaN or "" and is True in ``missing``
+(None when no cell is missing).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ fingerprint) and lays the result out as the split party holds it:
 * the feature matrix is float32 ``[rows, numeric + categorical]``: the numeric features, then
   the categorical codes as whole floats (the layout `tandem.parties.models.embedding_mlp`
   reads: its last ``len(vocab)`` columns are codes);
-* ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order;
+* ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order,
+  as slices of the one matrix the loader wrote (``group_by_part``, ``packed``): no copies;
 * rows are paired across parties by id, never by position. With ``aligned`` the order is the
   `tandem align` file's; with only ``id_column`` the rows are sorted by canonical id (the
   order `tandem align` uses) and the alignment recorded in the task spec is the size and
@@ -69,7 +70,8 @@ def load_table_data(
     if by_id:
         alignment = {"size": len(ds.id_text), "commitment": id_commitment(ds.id_text)}
     x = ds.features.packed
-    assert x is not None  # packed=True
+    if x is None:
+        raise TypeError("load_party_data(packed=True) returned unpacked features")
     parts = _part_slices(ds)
     fields: dict[str, Any] = {
         "train": x[parts["train"]],
