@@ -6,7 +6,8 @@
 For each size n, the parent writes a click-through-style party table as Parquet (seeded): a
 string id column, a 0/1 label, 13 dense float columns and 13 categorical columns (integer and
 text in turn, Zipf-like frequencies, vocabularies from 10**3 to 10**5), in row groups of 128k
-rows. A child process (``--child``) imports the split party's loader, notes its RSS
+rows. A child process (``--child``) imports the split party's loader, tunes the C allocator
+as the ``tandem`` command does (`tandem.parties.cli.allocator.tune_allocator`), notes its RSS
 (``baseline_mb``: interpreter and libraries), loads the table as the split party does
 (`tandem.parties.split.party_data.load_table_data`: ids, split, fit, transform, labels,
 fingerprint, final layout) and reports its peak RSS (VmHWM), wall and CPU seconds, and the
@@ -66,9 +67,11 @@ def _status_mb(key: str) -> float:
 def _child(path: str) -> dict:
     import resource
 
+    from tandem.parties.cli.allocator import tune_allocator
     from tandem.parties.data import parse_data_config
     from tandem.parties.split.party_data import load_table_data
 
+    tune_allocator()  # as the tandem command does before a party loads its data
     baseline = _status_mb("VmRSS")
     cfg = parse_data_config(
         {

@@ -89,6 +89,7 @@ def small_chunks(monkeypatch):
     with them, so every boundary case is crossed."""
     monkeypatch.setattr(table_module, "_BATCH_ROWS", 100)
     monkeypatch.setattr(preprocess_module, "_ROWS", 77)
+    monkeypatch.setattr(preprocess_module, "_TEXT_ROWS", 91)
 
 
 @pytest.mark.parametrize("chunks", ["default", "small"])

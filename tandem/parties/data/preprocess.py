@@ -423,11 +423,12 @@ def _transform_categorical(
         if selected.any():
             _refuse_missing(source, column.name, _row(rows, selected))
     text = column.arrow_text
-    every = _arrow_encode(vocabulary, text) if text is not None else None
-    for chunk in _chunks(len(out)):
+    known = None if text is None else _arrow_vocabulary_text(vocabulary)
+    # pyarrow builds its lookup table on each call: text takes bigger chunks
+    for chunk in _chunks(len(out), _ROWS if text is None else _TEXT_ROWS):
         take = chunk if rows is None else rows[chunk]
-        if every is not None:
-            codes = every[take]
+        if text is not None:
+            codes = _arrow_encode(known, _arrow_take(text, take))
         else:
             codes = _encode(vocabulary, column.kind, column.values[take])
         if missing is not None:
@@ -436,11 +437,13 @@ def _transform_categorical(
 
 
 _ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB
+_TEXT_ROWS = 1 << 18  # the same for text, looked up by pyarrow
 
 
-def _chunks(n: int) -> Iterator[slice]:
-    for start in range(0, n, _ROWS):
-        yield slice(start, min(start + _ROWS, n))
+def _chunks(n: int, size: int = 0) -> Iterator[slice]:
+    size = size or _ROWS
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
 
 
 def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
@@ -457,13 +460,26 @@ def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
     return Vocabulary("string", tuple(unique.take(pc.sort_indices(unique)).to_pylist()))
 
 
-def _arrow_encode(vocabulary: Vocabulary, text: Any) -> np.ndarray:
-    """int32 codes of every cell of a pyarrow text column, as `_encode` gives them (values
-    compared as text)."""
+def _arrow_vocabulary_text(vocabulary: Vocabulary) -> Any:
+    """The vocabulary's values as pyarrow text (values compared as text, as `_encode` does)."""
     import pyarrow as pa
+
+    return pa.array([str(v) for v in vocabulary.values], pa.string())
+
+
+def _arrow_take(text: Any, take: slice | np.ndarray) -> Any:
+    import pyarrow as pa
+
+    if isinstance(take, slice):
+        return text.slice(take.start, take.stop - take.start)
+    return text.take(pa.array(take, pa.int64()))
+
+
+def _arrow_encode(known: Any, text: Any) -> np.ndarray:
+    """int32 codes of pyarrow text cells against ``known`` (`_arrow_vocabulary_text`): ``i + 1``
+    for ``known[i]``, 0 for anything else, as `_encode` gives them."""
     import pyarrow.compute as pc
 
-    known = pa.array([str(v) for v in vocabulary.values], pa.string())
     at = pc.fill_null(pc.index_in(text, value_set=known), -1)
     return np.add(at.to_numpy(), 1, dtype=np.int32)
 

@@ -102,6 +102,7 @@ class Table:
         if name in self.columns:
             return self.columns[name]
         if self.pieces is not None and name in self.kinds:
+            _release_arrow_memory()  # what the caller dropped since the last column, first
             as_text = name in self.text
             kind = self.kinds[name]
             return _stitch(self.source, name, self.pieces(name), self.num_rows, kind, as_text)
