@@ -17,7 +17,7 @@ from tandem.parties.data import (
 from tandem.parties.data import preprocess as preprocess_module
 from tandem.parties.data import table as table_module
 from tandem.parties.data.ids import id_hashes
-from tandem.parties.data.idtext import IdText
+from tandem.parties.data.idtext import IdText, IdTextBuilder
 from tandem.parties.split.party_data import id_commitment, load_table_data
 
 pa = pytest.importorskip("pyarrow")
@@ -214,3 +214,20 @@ def test_fingerprint_of_id_text_equals_that_of_str_ids(tmp_path):
     train = ds.split.rows("train")
     args = (ds.features, ds.labels, ds.preprocessing, train)
     assert fingerprint(ds.id_text, *args) == fingerprint(ds.ids, *args) == ds.fingerprint
+
+
+def test_id_text_builder_grows_its_buffer_as_ids_get_longer():
+    ids = [
+        f"{i}" * (1 + i // 50) for i in range(400)
+    ]  # later ids are longer: the guess falls short
+    builder = IdTextBuilder(len(ids))
+    array = pa.array(ids)
+    for start in range(0, len(ids), 37):
+        builder.append(array.slice(start, 37))
+    built = builder.build()
+    assert built.to_objects().tolist() == ids
+    assert built.offsets[-1] == len(built.data) == sum(len(i) for i in ids)
+    with pytest.raises(ValueError, match="399 ids appended, 400 expected"):
+        short = IdTextBuilder(400)
+        short.append(array.slice(0, 399))
+        short.build()

@@ -46,14 +46,8 @@ class IdText:
 
     @classmethod
     def _from_arrow_array(cls, array: Any) -> IdText:
-        _, offset_buffer, data_buffer = array.buffers()
-        wide = str(array.type) == "large_string"
-        offsets = np.frombuffer(offset_buffer, np.int64 if wide else np.int32)
-        offsets = offsets[array.offset : array.offset + len(array) + 1].astype(np.int64)
-        start, stop = int(offsets[0]), int(offsets[-1])
-        if stop == start:
-            return cls(offsets - start, np.empty(0, np.uint8))
-        return cls(offsets - start, np.frombuffer(data_buffer, np.uint8)[start:stop].copy())
+        offsets, data = arrow_views(array)
+        return cls(offsets - offsets[0], data.copy())
 
     @classmethod
     def concatenate(cls, parts: list[IdText]) -> IdText:
@@ -141,4 +135,54 @@ class IdText:
             yield np.diff(self.offsets[start : stop + 1]), self.data[begin:end].tobytes()
 
 
-__all__ = ["IdText"]
+def arrow_views(array: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets, data)`` of a pyarrow string array without nulls, as numpy views of its
+    buffers (no copy): id ``i`` is ``data[offsets[i] - offsets[0]:offsets[i + 1] - offsets[0]]``;
+    ``offsets`` is int32 or int64, as the array's type says."""
+    _, offset_buffer, data_buffer = array.buffers()
+    wide = str(array.type) == "large_string"
+    offsets = np.frombuffer(offset_buffer, np.int64 if wide else np.int32)
+    offsets = offsets[array.offset : array.offset + len(array) + 1]
+    start, stop = int(offsets[0]), int(offsets[-1])
+    if stop == start:
+        return offsets, np.empty(0, np.uint8)
+    return offsets, np.frombuffer(data_buffer, np.uint8)[start:stop]
+
+
+class IdTextBuilder:
+    """Builds an `IdText` of a known number of ids from pyarrow string arrays appended in
+    order, writing straight into preallocated offsets and a byte buffer grown as needed (the
+    result may view a buffer up to an eighth larger than its bytes)."""
+
+    def __init__(self, n: int) -> None:
+        self._n = n
+        self._offsets = np.zeros(n + 1, np.int64)
+        self._data = np.empty(0, np.uint8)
+        self._rows = 0
+
+    def append(self, array: Any) -> None:
+        """Append the ids of a pyarrow string array (or chunked array) without nulls."""
+        for chunk in array.chunks if hasattr(array, "chunks") else [array]:
+            offsets, data = arrow_views(chunk)
+            used = int(self._offsets[self._rows])
+            need = used + len(data)
+            if need > len(self._data):
+                rows = self._rows + len(chunk)
+                guess = need * self._n // max(rows, 1) + need // 8
+                grown = np.empty(max(need, guess, len(self._data) * 3 // 2), np.uint8)
+                grown[:used] = self._data[:used]
+                self._data = grown
+            self._data[used:need] = data
+            end = self._rows + len(chunk)
+            self._offsets[self._rows + 1 : end + 1] = offsets[1:]
+            self._offsets[self._rows + 1 : end + 1] += used - int(offsets[0])
+            self._rows = end
+
+    def build(self) -> IdText:
+        """The ids appended so far (there must be ``n``)."""
+        if self._rows != self._n:
+            raise ValueError(f"{self._rows} ids appended, {self._n} expected")
+        return IdText(self._offsets, self._data[: int(self._offsets[self._n])])
+
+
+__all__ = ["IdText", "IdTextBuilder", "arrow_views"]

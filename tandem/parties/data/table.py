@@ -39,7 +39,7 @@ import numpy as np
 from tandem._extras import needs
 
 from .errors import DataError
-from .idtext import IdText
+from .idtext import IdText, IdTextBuilder
 
 SUFFIXES = (".csv", ".parquet", ".npz")
 MISSING_TEXT = ("", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
@@ -118,19 +118,16 @@ class Table:
             text = column.arrow_text
             ids = IdText.from_strings(column.values) if text is None else IdText.from_arrow(text)
             return ids, column.first_missing()
-        offsets = np.zeros(self.num_rows + 1, np.int64)
-        datas: list[np.ndarray] = []
+        builder = IdTextBuilder(self.num_rows)
         first, start = None, 0
         for piece in self.pieces(name):
             column = _text(name, piece)
             if first is None and column.missing is not None:
                 first = start + int(np.argmax(column.missing))
-            part = IdText.from_arrow(column.arrow_text)
-            offsets[start + 1 : start + len(part) + 1] = part.offsets[1:] + offsets[start]
-            datas.append(part.data)
-            start += len(part)
+            builder.append(column.arrow_text)
+            start += len(piece)
         _release_arrow_memory()
-        return IdText(offsets, np.concatenate(datas) if datas else np.empty(0, np.uint8)), first
+        return builder.build(), first
 
     def kind(self, name: str) -> str:
         """The kind of column ``name`` (`KINDS`), without reading it where the format says."""
