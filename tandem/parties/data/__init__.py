@@ -8,8 +8,8 @@ saved `Preprocessing` (``to_json``/``from_json``) to new rows at prediction. doc
 user's guide.
 
 Modules: `config` (the keys), `table` (readers), `preprocess` (features, encoding, missing
-values, scaling), `ids` and `split` (the id hash and the split), `labels`, `fingerprint`,
-`load` (the entry points), `errors`.
+values, scaling), `idtext` (ids as UTF-8 bytes), `ids` and `split` (the id hash and the
+split), `labels`, `fingerprint`, `load` (the entry points), `errors`.
 """
 
 from .config import DataConfig, SplitConfig, parse_data_config

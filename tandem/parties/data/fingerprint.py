@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .idtext import IdText
 from .preprocess import Features, Preprocessing
 
 VERSION = b"tandem-data-fingerprint/1\n"
@@ -30,15 +31,16 @@ _CHUNK = 1 << 16  # rows hashed at a time
 
 
 def fingerprint(
-    ids: np.ndarray,
+    ids: np.ndarray | IdText,
     features: Features,
     labels: np.ndarray | None,
     preprocessing: Preprocessing,
     rows: np.ndarray | None = None,
 ) -> str:
     """The hex SHA-256 described in the module docstring, of the positions ``rows`` (default
-    all) of ``ids``, ``features`` and ``labels``: the same as hashing ``ids[rows]`` and so on,
-    without holding a copy of the selected rows (they are hashed a chunk at a time)."""
+    all) of ``ids`` (an array of str or an `IdText`: the same digest), ``features`` and
+    ``labels``: the same as hashing ``ids[rows]`` and so on, without holding a copy of the
+    selected rows (they are hashed a chunk at a time)."""
     selected = np.arange(len(ids)) if rows is None else np.asarray(rows, np.int64)
     arrays = {"numeric": (features.numeric, "<f4"), "categorical": (features.categorical, "<i4")}
     if labels is not None:
@@ -54,12 +56,19 @@ def fingerprint(
     digest = hashlib.sha256(VERSION)
     digest.update(json.dumps(header, sort_keys=True, separators=(",", ":")).encode("utf-8"))
     chunks = [selected[i : i + _CHUNK] for i in range(0, len(selected), _CHUNK)]
-    for chunk in chunks:
-        part = ids[chunk]
-        lengths = np.fromiter(map(len, map(str.encode, part)), np.int64, count=len(part))
-        digest.update(np.ascontiguousarray(lengths, "<i8").data)
-    for chunk in chunks:
-        digest.update("".join(ids[chunk]).encode("utf-8"))
+    if isinstance(ids, IdText):
+        lengths = ids.lengths()
+        for chunk in chunks:
+            digest.update(np.ascontiguousarray(lengths[chunk], "<i8").data)
+        for chunk in chunks:
+            digest.update(ids.take(chunk).data.data)
+    else:
+        for chunk in chunks:
+            part = ids[chunk]
+            lengths = np.fromiter(map(len, map(str.encode, part)), np.int64, count=len(part))
+            digest.update(np.ascontiguousarray(lengths, "<i8").data)
+        for chunk in chunks:
+            digest.update("".join(ids[chunk]).encode("utf-8"))
     for array, dtype in arrays.values():
         for chunk in chunks:
             digest.update(np.ascontiguousarray(array[chunk], np.dtype(dtype)).data)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .idtext import IdText
+
 _P = np.uint64(0x100000001B3)
-_CHUNK = 1 << 18  # ids hashed at a time: bounds the temporary arrays to a few tens of MB
+_CHUNK = 1 << 16  # ids hashed at a time: bounds the temporary arrays to a few MB
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
@@ -23,9 +25,16 @@ def splitmix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def id_hashes(ids: np.ndarray) -> np.ndarray:
-    """uint64 hash of every id (an array of str), by the rule in the module docstring."""
+def id_hashes(ids: np.ndarray | IdText) -> np.ndarray:
+    """uint64 hash of every id (an array of str, or an `IdText`), by the rule in the module
+    docstring."""
     out = np.empty(len(ids), np.uint64)
+    if isinstance(ids, IdText):
+        start = 0
+        for lengths, text in ids.chunks(_CHUNK):
+            out[start : start + len(lengths)] = _hash_utf8(np.frombuffer(text, np.uint8), lengths)
+            start += len(lengths)
+        return out
     for start in range(0, len(ids), _CHUNK):
         out[start : start + _CHUNK] = _hash_chunk(ids[start : start + _CHUNK])
     return out
@@ -37,9 +46,14 @@ def _hash_chunk(ids: np.ndarray) -> np.ndarray:
     lengths = np.fromiter(map(len, ids), np.int64, count=len(ids))
     if data.size != len(text):  # some id is not ASCII: count bytes, not characters
         lengths = np.fromiter(map(len, map(str.encode, ids)), np.int64, count=len(ids))
-    offsets = np.zeros(len(ids) + 1, np.int64)
+    return _hash_utf8(data, lengths)
+
+
+def _hash_utf8(data: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The hashes of ids whose UTF-8 bytes ``data`` lie back to back, ``lengths`` bytes each."""
+    offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    longest = int(lengths.max()) if len(ids) else 0
+    longest = int(lengths.max()) if len(lengths) else 0
     powers = np.ones(max(longest, 1), np.uint64)
     if longest > 1:
         powers[1:] = np.cumprod(np.full(longest - 1, _P, np.uint64))
@@ -52,17 +66,20 @@ def _hash_chunk(ids: np.ndarray) -> np.ndarray:
 
 
 def first_duplicate(
-    ids: np.ndarray, hashes: np.ndarray | None = None
+    ids: np.ndarray | IdText, hashes: np.ndarray | None = None
 ) -> tuple[str, int, int] | None:
     """``(id, first row, second row)`` of an id that occurs twice, or None. ``hashes`` is
     ``id_hashes(ids)`` when the caller has it already."""
     hashes = id_hashes(ids) if hashes is None else hashes
     order = np.argsort(hashes, kind="stable")
-    same = np.flatnonzero(hashes[order][1:] == hashes[order][:-1])
+    ordered = hashes[order]
+    same = np.flatnonzero(ordered[1:] == ordered[:-1])
+    del ordered
+    text = ids.item if isinstance(ids, IdText) else ids.__getitem__
     for k in same:  # hash collisions are checked on the text itself
         a, b = int(order[k]), int(order[k + 1])
-        if ids[a] == ids[b]:
-            return str(ids[a]), min(a, b), max(a, b)
+        if text(a) == text(b):
+            return str(text(a)), min(a, b), max(a, b)
     return None
 
 

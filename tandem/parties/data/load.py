@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -26,25 +27,27 @@ from .config import DataConfig
 from .errors import DataError
 from .fingerprint import fingerprint
 from .ids import first_duplicate, id_hashes
+from .idtext import IdText
 from .labels import labels_for_loss
-from .preprocess import Features, Preprocessing, fit
+from .preprocess import Features, Preprocessing, fit_transform
 from .split import Split, assign_split
-from .table import Table, read_table
+from .table import Table, open_table
 
 
 @dataclasses.dataclass(frozen=True)
 class PartyDataset:
     """One party's training data, every array in the same row order (the aligned order when
-    ``data.aligned`` is set, else the file's).
+    ``data.aligned`` is set, else the file's, unless `load_party_data` was asked to reorder).
 
-    ``ids`` (str objects) and ``rows`` (int64 data rows of the source) identify the rows;
-    ``features`` holds float32 numeric features and int32 categorical codes (0 = unseen or
-    missing); ``labels`` (label party only) are float32 for "binary"/"mse", int32 for
-    "softmax"; ``split`` masks the rows; ``fingerprint`` covers the training rows and the
+    ``id_text`` (the ids' UTF-8 bytes, `IdText`; ``ids`` builds str objects from it on first
+    use) and ``rows`` (int64 data rows of the source) identify the rows; ``features`` holds
+    float32 numeric features and int32 categorical codes (0 = unseen or missing);
+    ``labels`` (label party only) are float32 for "binary"/"mse", int32 for "softmax";
+    ``split`` masks the rows; ``fingerprint`` covers the training rows and the
     preprocessing; ``alignment`` is ``{"size", "commitment"}`` of the aligned file, or None.
     """
 
-    ids: np.ndarray
+    id_text: IdText
     rows: np.ndarray
     features: Features
     labels: np.ndarray | None
@@ -52,6 +55,11 @@ class PartyDataset:
     preprocessing: Preprocessing
     fingerprint: str
     alignment: dict[str, Any] | None = None
+
+    @functools.cached_property
+    def ids(self) -> np.ndarray:
+        """The ids as an object array of str."""
+        return self.id_text.to_objects()
 
     def part(self, name: str) -> tuple[Features, np.ndarray | None]:
         """``(features, labels)`` of the rows in ``name`` ("train", "validation", "test")."""
@@ -71,12 +79,28 @@ class NewData:
 
 
 def load_party_data(
-    cfg: DataConfig, *, loss: str | None = None, out: int | None = None
+    cfg: DataConfig,
+    *,
+    loss: str | None = None,
+    out: int | None = None,
+    sort_by_id: bool = False,
+    group_by_part: bool = False,
+    packed: bool = False,
 ) -> PartyDataset:
     """Load one party's training data as described in the module docstring.
 
     ``loss`` ("binary", "softmax", "mse") and ``out`` (the class count, for "softmax") are
-    required when ``cfg.label_column`` is set: the labels are checked against them."""
+    required when ``cfg.label_column`` is set: the labels are checked against them.
+
+    The rows come in the aligned (or file) order, or, with ``sort_by_id`` and no
+    ``cfg.aligned``, sorted by the UTF-8 bytes of their ids (`tandem align`'s order); with
+    ``group_by_part``, the training rows first, then validation, then test, each in that
+    order, so every part is a contiguous slice. Neither changes the preprocessing (fitted on
+    the training rows in source order) nor the fingerprint of a given training-row order.
+    ``packed`` returns `Features` packed as `allocate_features` says.
+
+    A Parquet source is read one column at a time (`open_table`): what is held at once is
+    the ids (`IdText`), the row bookkeeping, the preallocated features and one column."""
     if cfg.label_column is not None and loss is None:
         raise DataError(
             f"{cfg.where}: data.label_column is set, so load_party_data needs the loss the "
@@ -94,8 +118,14 @@ def load_party_data(
         if duplicate is not None:
             _refuse_duplicate(cfg, rows, *duplicate)
         split = assign_split(ids, cfg.split, hashes=hashes)
-        preprocessing = fit(table, cfg, rows[split.train])
-        features = preprocessing.transform(table, rows)
+        del hashes
+        train_rows = rows[split.train]
+        order = _order(ids, split, by_id=sort_by_id and cfg.aligned is None, by_part=group_by_part)
+        if order is not None:
+            ids, rows = ids.take(order), rows[order]
+            split = Split(split.train[order], split.validation[order], split.test[order])
+        del order
+        preprocessing, features = fit_transform(table, cfg, train_rows, rows, packed=packed)
         labels = None
         if cfg.label_column is not None and loss is not None:
             labels = labels_for_loss(
@@ -105,6 +135,20 @@ def load_party_data(
         train = split.rows("train")
         digest = fingerprint(ids, features, labels, preprocessing, train)
     return PartyDataset(ids, rows, features, labels, split, preprocessing, digest, alignment)
+
+
+def _order(ids: IdText, split: Split, *, by_id: bool, by_part: bool) -> np.ndarray | None:
+    """The positions that put the rows in the order `load_party_data` documents, or None to
+    keep them."""
+    if not (by_id or by_part):
+        return None
+    order = ids.sort_order() if by_id else np.arange(len(ids), dtype=np.int64)
+    if by_part:
+        part = np.full(len(order), 2, np.int8)
+        part[split.train[order]] = 0
+        part[split.validation[order]] = 1
+        order = order[np.argsort(part, kind="stable")]
+    return order
 
 
 def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
@@ -121,32 +165,29 @@ def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
         if duplicate is not None:
             _refuse_duplicate(cfg, rows, *duplicate)
         features = preprocessing.transform(table, rows)
-    return NewData(ids, rows, features, alignment)
+    return NewData(ids.to_objects(), rows, features, alignment)
 
 
 def _read(cfg: DataConfig, columns: list[str] | None) -> Table:
     text = (cfg.id_column,) if cfg.id_column is not None else ()
-    return read_table(cfg.source, columns, text=text)
+    return open_table(cfg.source, columns, text=text)
 
 
-def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[np.ndarray, np.ndarray, Any]:
+def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[IdText, np.ndarray, Any]:
     """The ids and data rows to use, in order, and the aligned file's spec fields (or None)."""
     if cfg.id_column is None:
         rows = np.arange(table.num_rows, dtype=np.int64)
-        return rows.astype(str).astype(object), rows, None
-    column = table[cfg.id_column]
-    missing = column.first_missing()
+        return IdText.from_strings(rows.astype(str).tolist()), rows, None
+    ids, missing = table.id_text(cfg.id_column)
     if missing is not None:
         raise DataError(
             f"{cfg.source!r}: id column {cfg.id_column!r} has no value at row {missing}; "
             "every row needs an id: fill it in or remove the row"
         )
     alignment = None
-    if cfg.aligned is None:
-        rows = np.arange(table.num_rows, dtype=np.int64)
-        ids = column.values
-    else:
-        rows, ids, alignment = _aligned(cfg, cfg.aligned, column.values)
+    rows = np.arange(table.num_rows, dtype=np.int64)
+    if cfg.aligned is not None:
+        rows, ids, alignment = _aligned(cfg, cfg.aligned, ids)
     return ids, rows, alignment
 
 
@@ -158,7 +199,7 @@ def _refuse_duplicate(cfg: DataConfig, rows: np.ndarray, value: str, a: int, b: 
     )
 
 
-def _aligned(cfg: DataConfig, path: str, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, Any]:
+def _aligned(cfg: DataConfig, path: str, ids: IdText) -> tuple[np.ndarray, IdText, Any]:
     from tandem.parties.alignment.aligned_file import read_aligned
     from tandem.parties.alignment.errors import AlignmentError
 
@@ -172,16 +213,15 @@ def _aligned(cfg: DataConfig, path: str, ids: np.ndarray) -> tuple[np.ndarray, n
             f"data.aligned {path!r} refers to row {int(rows.max())} but {cfg.source!r} "
             f"has {len(ids)} rows; align the same file you train on (tandem align --ids)"
         )
-    expected = np.asarray(aligned.ids, dtype=object)
-    differ = np.flatnonzero(ids[rows] != expected)
-    if differ.size:
-        k = int(differ[0])
+    kept = ids.take(rows)
+    k = kept.first_difference(IdText.from_strings(str(i) for i in aligned.ids))
+    if k is not None:
         raise DataError(
             f"data.aligned {path!r} says row {int(rows[k])} of {cfg.source!r} has id "
-            f"{expected[k]!r}, but column {cfg.id_column!r} holds {ids[rows[k]]!r} there; run "
-            "tandem align again on this file"
+            f"{aligned.ids[k]!r}, but column {cfg.id_column!r} holds {kept.item(k)!r} there; "
+            "run tandem align again on this file"
         )
-    return rows, ids[rows], aligned.spec_fields()
+    return rows, kept, aligned.spec_fields()
 
 
 @contextlib.contextmanager

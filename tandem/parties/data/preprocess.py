@@ -6,6 +6,8 @@ rows of a table with the same columns (training, test, or new data at prediction
 `Features`. Fitting never transforms anything itself: the training features are
 ``state.transform(table, rows)`` like every other, so prediction applies exactly what training
 did. ``to_json()``/``from_json()`` carry the state in an export as JSON (never pickle).
+`fit_transform` is the two in one pass over the columns, a column at a time, with the same
+state, features and first error (the loader's path, for tables larger than memory).
 
 The rules (docs/data.md states them for users):
 
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NoReturn
 
 import numpy as np
@@ -61,10 +63,14 @@ class Vocabulary:
 @dataclasses.dataclass(frozen=True)
 class Features:
     """Model inputs of some rows: ``numeric`` float32 (rows, len(numeric)) and ``categorical``
-    int32 codes (rows, len(categorical)); both C-contiguous."""
+    int32 codes (rows, len(categorical)); both C-contiguous. When ``packed`` is set (see
+    `allocate_features`), the two are instead column views of that one float32 matrix
+    ``[numeric | codes]`` and ``categorical`` holds the codes as whole float32 numbers (exact:
+    codes stay below 2**24)."""
 
     numeric: np.ndarray
     categorical: np.ndarray
+    packed: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,38 +166,17 @@ class Preprocessing:
         text in a numeric column, or has a missing or non-finite value it may not fill."""
         self._check_columns(table)
         n = table.num_rows if rows is None else len(rows)
-        numeric = np.empty((n, len(self.numeric)), np.float32)
+        features = allocate_features(n, len(self.numeric), len(self.categorical))
         for j, name in enumerate(self.numeric):
-            column = table[name]
-            _require_numeric(table.source, column)
-            values = column.values if rows is None else column.values[rows]
-            values = values.astype(np.float64, copy=rows is None)
-            if column.missing is not None:
-                missing = column.missing if rows is None else column.missing[rows]
-                if self.missing == "error" and missing.any():
-                    _refuse_missing(table.source, name, _row(rows, missing))
-                values[missing] = self.fill[j]
-            finite = np.isfinite(values)
-            if not finite.all():
-                bad = _row(rows, ~finite)
-                _refuse_non_finite(table.source, name, bad, column.values[bad])
-            values -= self.mean[j]
-            values /= self.std[j]
-            numeric[:, j] = values
-        categorical = np.empty((n, len(self.categorical)), np.int32)
+            fitted = (self.fill[j], self.mean[j], self.std[j])
+            out = features.numeric[:, j]
+            _transform_numeric(table.source, table[name], rows, fitted, self.missing, out)
         for j, (name, vocabulary) in enumerate(
             zip(self.categorical, self.vocabularies, strict=True)
         ):
-            column = _categorical_column(table.source, table[name])
-            values = column.values if rows is None else column.values[rows]
-            codes = _encode(vocabulary, column.kind, values)
-            if column.missing is not None:
-                missing = column.missing if rows is None else column.missing[rows]
-                if self.missing == "error" and missing.any():
-                    _refuse_missing(table.source, name, _row(rows, missing))
-                codes[missing] = 0
-            categorical[:, j] = codes
-        return Features(numeric, categorical)
+            out = features.categorical[:, j]
+            _transform_categorical(table.source, table[name], rows, vocabulary, self.missing, out)
+        return features
 
     def _check_columns(self, table: Table) -> None:
         absent = [c for c in self.columns if c not in table.available]
@@ -232,72 +217,271 @@ def feature_columns(table: Table, cfg: DataConfig) -> tuple[tuple[str, ...], tup
     categorical = tuple(c for c in features if c in cfg.categorical)
     numeric = tuple(c for c in features if c not in cfg.categorical)
     for name in numeric:
-        _require_numeric(table.source, table[name])
+        if table.kind(name) == "string":
+            _require_numeric(table.source, table[name])
     return numeric, categorical
 
 
 def fit(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> Preprocessing:
     """Fit the preprocessing of ``cfg`` on the data rows ``train_rows`` of ``table`` only."""
+    _require_training_rows(table, train_rows)
+    numeric, categorical = feature_columns(table, cfg)
+    stats = [_fit_numeric(table.source, table[name], train_rows, cfg) for name in numeric]
+    vocabularies = [
+        _fit_categorical(table.source, table[name], train_rows, cfg.missing) for name in categorical
+    ]
+    return _state(cfg, numeric, categorical, stats, vocabularies)
+
+
+def fit_transform(
+    table: Table,
+    cfg: DataConfig,
+    train_rows: np.ndarray,
+    rows: np.ndarray,
+    *,
+    packed: bool = False,
+) -> tuple[Preprocessing, Features]:
+    """``(state, state.transform(table, rows))`` with ``state = fit(table, cfg, train_rows)``:
+    the same state, features and first error, but each column of ``table`` is taken once
+    (fitted, then transformed straight into the preallocated features) and dropped before
+    the next, so a table that reads its columns on demand holds one column at a time.
+    ``packed`` allocates the features as `allocate_features` says."""
+    _require_training_rows(table, train_rows)
+    numeric, categorical = feature_columns(table, cfg)
+    features = allocate_features(len(rows), len(numeric), len(categorical), packed=packed)
+    # A transform error waits until every column is fitted: fit errors come first, as when
+    # fit and transform run one after the other.
+    deferred: DataError | None = None
+    stats = []
+    for j, name in enumerate(numeric):
+        column = table[name]
+        stats.append(_fit_numeric(table.source, column, train_rows, cfg))
+        if deferred is None:
+            try:
+                out = features.numeric[:, j]
+                _transform_numeric(table.source, column, rows, stats[-1], cfg.missing, out)
+            except DataError as exc:
+                deferred = exc
+        del column
+    vocabularies = []
+    for j, name in enumerate(categorical):
+        column = table[name]
+        vocabularies.append(_fit_categorical(table.source, column, train_rows, cfg.missing))
+        if deferred is None:
+            try:
+                out = features.categorical[:, j]
+                _transform_categorical(
+                    table.source, column, rows, vocabularies[-1], cfg.missing, out
+                )
+            except DataError as exc:
+                deferred = exc
+        del column
+    state = _state(cfg, numeric, categorical, stats, vocabularies)
+    if deferred is not None:
+        state._check_columns(table)
+        raise deferred
+    return state, features
+
+
+def allocate_features(n: int, numeric: int, categorical: int, *, packed: bool = False) -> Features:
+    """Uninitialised `Features` for ``n`` rows. ``packed``: both are column views of one
+    float32 matrix ``[numeric | codes]`` (`Features.packed`), the codes as whole floats."""
+    if not packed:
+        return Features(np.empty((n, numeric), np.float32), np.empty((n, categorical), np.int32))
+    matrix = np.empty((n, numeric + categorical), np.float32)
+    return Features(matrix[:, :numeric], matrix[:, numeric:], matrix)
+
+
+def _require_training_rows(table: Table, train_rows: np.ndarray) -> None:
     if len(train_rows) == 0:
         raise DataError(
             f"no training rows in {table.source!r}; lower data.split.test and "
             "data.split.validation, or check data.aligned"
         )
-    numeric, categorical = feature_columns(table, cfg)
-    fills, means, stds = [], [], []
-    for name in numeric:
-        column = table[name]
-        values = column.values[train_rows].astype(np.float64)
-        missing = None if column.missing is None else column.missing[train_rows]
-        present = values if missing is None else values[~missing]
-        if cfg.missing == "error" and missing is not None and missing.any():
-            _refuse_missing(table.source, name, int(train_rows[np.argmax(missing)]))
-        finite = np.isfinite(values) | (False if missing is None else missing)
-        if not finite.all():
-            row = int(train_rows[np.argmin(finite)])
-            _refuse_non_finite(table.source, name, row, column.values[row])
-        fill = 0.0
-        if cfg.missing == "mean":
-            # Fitted whatever the training rows hold: other rows may miss values they do not.
-            if not present.size:
-                raise DataError(
-                    f"{table.source!r}: column {name!r} has no value in any training row, "
-                    "so it has no mean; fill it in, or leave it out of data.features"
-                )
-            fill = float(present.mean())
-        if missing is not None:
-            values[missing] = fill
-        mean, std = 0.0, 1.0
-        if cfg.scale == "standard":
-            mean = float(values.mean())
-            spread = float(values.std())
-            std = spread if spread > 0 and np.isfinite(spread) else 1.0
-        fills.append(fill)
-        means.append(mean)
-        stds.append(std)
-    vocabularies = []
-    for name in categorical:
-        column = _categorical_column(table.source, table[name])
-        values = column.values[train_rows]
-        if column.missing is not None:
-            missing = column.missing[train_rows]
-            if cfg.missing == "error" and missing.any():
-                _refuse_missing(table.source, name, int(train_rows[np.argmax(missing)]))
-            values = values[~missing]
-        vocabularies.append(_vocabulary(column.kind, values))
+
+
+def _state(
+    cfg: DataConfig,
+    numeric: tuple[str, ...],
+    categorical: tuple[str, ...],
+    stats: list[tuple[float, float, float]],
+    vocabularies: list[Vocabulary],
+) -> Preprocessing:
     return Preprocessing(
         numeric=numeric,
         categorical=categorical,
         missing=cfg.missing,
         scale=cfg.scale,
-        fill=tuple(fills),
-        mean=tuple(means),
-        std=tuple(stds),
+        fill=tuple(s[0] for s in stats),
+        mean=tuple(s[1] for s in stats),
+        std=tuple(s[2] for s in stats),
         vocabularies=tuple(vocabularies),
         id_column=cfg.id_column,
         label_column=cfg.label_column,
         all_columns=cfg.features is None,
     )
+
+
+def _fit_numeric(
+    source: str, column: Column, train_rows: np.ndarray, cfg: DataConfig
+) -> tuple[float, float, float]:
+    """``(fill, mean, std)`` of a numeric column on the training rows."""
+    name = column.name
+    values = np.asarray(column.values[train_rows], np.float64)  # a fresh copy: filled below
+    missing = None if column.missing is None else column.missing[train_rows]
+    if cfg.missing == "error" and missing is not None and missing.any():
+        _refuse_missing(source, name, int(train_rows[np.argmax(missing)]))
+    finite = np.isfinite(values) | (False if missing is None else missing)
+    if not finite.all():
+        row = int(train_rows[np.argmin(finite)])
+        _refuse_non_finite(source, name, row, column.values[row])
+    fill = 0.0
+    if cfg.missing == "mean":
+        # Fitted whatever the training rows hold: other rows may miss values they do not.
+        present = values if missing is None else values[~missing]
+        if not present.size:
+            raise DataError(
+                f"{source!r}: column {name!r} has no value in any training row, "
+                "so it has no mean; fill it in, or leave it out of data.features"
+            )
+        fill = float(present.mean())
+    if missing is not None:
+        values[missing] = fill
+    mean, std = 0.0, 1.0
+    if cfg.scale == "standard":
+        mean = float(values.mean())
+        spread = float(values.std())
+        std = spread if spread > 0 and np.isfinite(spread) else 1.0
+    return fill, mean, std
+
+
+def _fit_categorical(
+    source: str, column: Column, train_rows: np.ndarray, missing_rule: str
+) -> Vocabulary:
+    column = _categorical_column(source, column)
+    keep = train_rows
+    if column.missing is not None:
+        missing = column.missing[train_rows]
+        if missing_rule == "error" and missing.any():
+            _refuse_missing(source, column.name, int(train_rows[np.argmax(missing)]))
+        keep = train_rows[~missing]
+    text = column.arrow_text
+    if text is not None:
+        return _arrow_vocabulary(text, keep)
+    if column.kind == "int":  # the union of each chunk's values: the same sorted set
+        parts = [np.unique(column.values[keep[i : i + _ROWS]]) for i in range(0, len(keep), _ROWS)]
+        return _vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
+    return _vocabulary(column.kind, column.values[keep])
+
+
+def _transform_numeric(
+    source: str,
+    column: Column,
+    rows: np.ndarray | None,
+    fitted: tuple[float, float, float],
+    missing_rule: str,
+    out: np.ndarray,
+) -> None:
+    """Write the features of ``rows`` of a numeric column into ``out``, a chunk of rows at a
+    time; the errors are those of the whole column (a missing cell before a non-finite one)."""
+    fill, mean, std = fitted
+    _require_numeric(source, column)
+    missing = column.missing
+    if missing is not None and missing_rule == "error":
+        selected = missing if rows is None else missing[rows]
+        if selected.any():
+            _refuse_missing(source, column.name, _row(rows, selected))
+    for chunk in _chunks(len(out)):
+        take = chunk if rows is None else rows[chunk]
+        values = column.values[take].astype(np.float64)
+        if missing is not None:
+            values[missing[take]] = fill
+        finite = np.isfinite(values)
+        if not finite.all():
+            bad = chunk.start + int(np.argmin(finite))
+            bad = bad if rows is None else int(rows[bad])
+            _refuse_non_finite(source, column.name, bad, column.values[bad])
+        values -= mean
+        values /= std
+        out[chunk] = values
+
+
+def _transform_categorical(
+    source: str,
+    column: Column,
+    rows: np.ndarray | None,
+    vocabulary: Vocabulary,
+    missing_rule: str,
+    out: np.ndarray,
+) -> None:
+    """Write the codes of ``rows`` of a categorical column into ``out``, a chunk of rows at a
+    time; the errors are those of the whole column."""
+    column = _categorical_column(source, column)
+    missing = column.missing
+    if missing is not None and missing_rule == "error":
+        selected = missing if rows is None else missing[rows]
+        if selected.any():
+            _refuse_missing(source, column.name, _row(rows, selected))
+    text = column.arrow_text
+    known = None if text is None else _arrow_vocabulary_text(vocabulary)
+    # pyarrow builds its lookup table on each call: text takes bigger chunks
+    for chunk in _chunks(len(out), _ROWS if text is None else _TEXT_ROWS):
+        take = chunk if rows is None else rows[chunk]
+        if text is not None:
+            codes = _arrow_encode(known, _arrow_take(text, take))
+        else:
+            codes = _encode(vocabulary, column.kind, column.values[take])
+        if missing is not None:
+            codes[missing[take]] = 0
+        out[chunk] = codes
+
+
+_ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB
+_TEXT_ROWS = 1 << 18  # the same for text, looked up by pyarrow
+
+
+def _chunks(n: int, size: int = 0) -> Iterator[slice]:
+    size = size or _ROWS
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))
+
+
+def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
+    """The vocabulary of the cells ``rows`` of a pyarrow text column: sorted by code point
+    (pyarrow sorts UTF-8 by bytes, the same order), as `_vocabulary` sorts str."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    parts = []
+    for start in range(0, len(rows), _ROWS):
+        part = pc.unique(text.take(pa.array(rows[start : start + _ROWS], pa.int64())))
+        parts.append(part.combine_chunks() if isinstance(part, pa.ChunkedArray) else part)
+    unique = pc.unique(pa.concat_arrays(parts)) if parts else pa.array([], pa.string())
+    return Vocabulary("string", tuple(unique.take(pc.sort_indices(unique)).to_pylist()))
+
+
+def _arrow_vocabulary_text(vocabulary: Vocabulary) -> Any:
+    """The vocabulary's values as pyarrow text (values compared as text, as `_encode` does)."""
+    import pyarrow as pa
+
+    return pa.array([str(v) for v in vocabulary.values], pa.string())
+
+
+def _arrow_take(text: Any, take: slice | np.ndarray) -> Any:
+    import pyarrow as pa
+
+    if isinstance(take, slice):
+        return text.slice(take.start, take.stop - take.start)
+    return text.take(pa.array(take, pa.int64()))
+
+
+def _arrow_encode(known: Any, text: Any) -> np.ndarray:
+    """int32 codes of pyarrow text cells against ``known`` (`_arrow_vocabulary_text`): ``i + 1``
+    for ``known[i]``, 0 for anything else, as `_encode` gives them."""
+    import pyarrow.compute as pc
+
+    at = pc.fill_null(pc.index_in(text, value_set=known), -1)
+    return np.add(at.to_numpy(), 1, dtype=np.int32)
 
 
 def _vocabulary(kind: str, values: np.ndarray) -> Vocabulary:
@@ -382,4 +566,12 @@ def _refuse_missing(source: str, name: str, row: int) -> NoReturn:
     )
 
 
-__all__ = ["Features", "Preprocessing", "Vocabulary", "feature_columns", "fit"]
+__all__ = [
+    "Features",
+    "Preprocessing",
+    "Vocabulary",
+    "allocate_features",
+    "feature_columns",
+    "fit",
+    "fit_transform",
+]

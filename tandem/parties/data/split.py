@@ -17,6 +17,7 @@ import numpy as np
 
 from .config import SplitConfig
 from .ids import id_hashes, splitmix64
+from .idtext import IdText
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,16 +33,18 @@ class Split:
         return np.flatnonzero(getattr(self, part))
 
 
-def uniforms(ids: np.ndarray, seed: int, *, hashes: np.ndarray | None = None) -> np.ndarray:
-    """float64 in [0, 1) per id (an array of str), by the rule in the module docstring.
-    ``hashes`` is ``id_hashes(ids)`` when the caller has it already."""
+def uniforms(
+    ids: np.ndarray | IdText, seed: int, *, hashes: np.ndarray | None = None
+) -> np.ndarray:
+    """float64 in [0, 1) per id (an array of str, or an `IdText`), by the rule in the module
+    docstring. ``hashes`` is ``id_hashes(ids)`` when the caller has it already."""
     hashes = id_hashes(ids) if hashes is None else hashes
     key = splitmix64(np.array([seed], np.uint64))
     return (splitmix64(hashes ^ key) >> np.uint64(11)) * (1.0 / (1 << 53))
 
 
 def assign_split(
-    ids: np.ndarray, config: SplitConfig, *, hashes: np.ndarray | None = None
+    ids: np.ndarray | IdText, config: SplitConfig, *, hashes: np.ndarray | None = None
 ) -> Split:
     """The split of ``ids`` under ``config`` (see the module docstring); ``hashes`` as in
     `uniforms`."""

@@ -16,16 +16,22 @@
 In every format a NaN in a float column is missing. CSV and Parquet need pyarrow (the
 ``tandem[parquet]`` extra); it is imported only when such a file is read.
 
+`open_table(url, columns=None)` is `read_table` for a loader that takes one column at a time:
+a Parquet file's columns are read on demand, by record batches, so the whole file is never in
+memory at once (docs/design.md, "Data larger than memory"); other formats are read whole.
+
 Invariants of a `Column`: ``values`` has one entry per row; int columns are int64, float
-columns float64, string columns an object array of str; a missing cell holds 0, NaN or ""
-and is True in ``missing`` (None when no cell is missing).
+columns float64, string columns an object array of str (built on first use from ``cells``
+when pyarrow read the text); a missing cell holds 0, NaN or "" and is True in ``missing``
+(None when no cell is missing).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -33,6 +39,7 @@ import numpy as np
 from tandem._extras import needs
 
 from .errors import DataError
+from .idtext import IdText, IdTextBuilder
 
 SUFFIXES = (".csv", ".parquet", ".npz")
 MISSING_TEXT = ("", "NA", "N/A", "NaN", "nan", "null", "NULL", "None")
@@ -41,12 +48,27 @@ KINDS = ("int", "float", "string")
 
 @dataclasses.dataclass(frozen=True)
 class Column:
-    """One column: ``kind`` in `KINDS`, ``values`` and the ``missing`` mask (see the module)."""
+    """One column: ``kind`` in `KINDS`, its ``cells`` and the ``missing`` mask (see the
+    module). ``cells`` is the numpy array of ``values``, or for text read by pyarrow a pyarrow
+    string array (missing cells as ""), so encoders can work on it without a Python object
+    per cell; ``values`` builds the numpy array from it on first use."""
 
     name: str
     kind: str
-    values: np.ndarray
+    cells: Any
     missing: np.ndarray | None = None
+
+    @functools.cached_property
+    def values(self) -> np.ndarray:
+        """The cells as numpy (int64, float64, or an object array of str)."""
+        if isinstance(self.cells, np.ndarray):
+            return self.cells
+        return self.cells.to_numpy(zero_copy_only=False).astype(object, copy=False)
+
+    @property
+    def arrow_text(self) -> Any | None:
+        """The pyarrow string array of a text column read by pyarrow, else None."""
+        return None if isinstance(self.cells, np.ndarray) else self.cells
 
     def first_missing(self, rows: np.ndarray | None = None) -> int | None:
         """The first data row (among ``rows``, default all) whose cell is missing, or None."""
@@ -61,20 +83,57 @@ class Column:
 
 @dataclasses.dataclass(frozen=True)
 class Table:
-    """The columns read from ``source`` (in file order) and every column name the file has."""
+    """The columns read from ``source`` (in file order) and every column name the file has.
+
+    A table from `open_table` may read its columns on demand: ``pieces(name)`` yields one
+    column of ``kinds`` as pyarrow arrays in row order, and indexing stitches them into a
+    `Column` (each access reads it again; nothing is kept), so a caller that takes one
+    column at a time holds one column at a time. ``text`` names the columns read as text."""
 
     source: str
     columns: dict[str, Column]
     available: tuple[str, ...]
     num_rows: int
+    kinds: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pieces: Callable[[str], Iterator[Any]] | None = None
+    text: tuple[str, ...] = ()
 
     def __getitem__(self, name: str) -> Column:
-        try:
+        if name in self.columns:
             return self.columns[name]
-        except KeyError:
-            raise DataError(
-                f"{self.source!r} has no column {name!r}; its columns are {list(self.available)}"
-            ) from None
+        if self.pieces is not None and name in self.kinds:
+            _release_arrow_memory()  # what the caller dropped since the last column, first
+            as_text = name in self.text
+            kind = self.kinds[name]
+            return _stitch(self.source, name, self.pieces(name), self.num_rows, kind, as_text)
+        raise DataError(
+            f"{self.source!r} has no column {name!r}; its columns are {list(self.available)}"
+        )
+
+    def id_text(self, name: str) -> tuple[IdText, int | None]:
+        """Column ``name`` as text (`IdText`, missing cells as "") and its first missing row
+        (or None); an on-demand column is converted a piece at a time."""
+        if self.pieces is None or name not in self.kinds:
+            column = self[name]
+            text = column.arrow_text
+            ids = IdText.from_strings(column.values) if text is None else IdText.from_arrow(text)
+            return ids, column.first_missing()
+        builder = IdTextBuilder(self.num_rows)
+        first, start = None, 0
+        for piece in self.pieces(name):
+            column = _text(name, piece)
+            if first is None and column.missing is not None:
+                first = start + int(np.argmax(column.missing))
+            builder.append(column.arrow_text)
+            start += len(piece)
+        _release_arrow_memory()
+        return builder.build(), first
+
+    def kind(self, name: str) -> str:
+        """The kind of column ``name`` (`KINDS`), without reading it where the format says."""
+        if name in self.kinds:
+            return self.kinds[name]
+        return self[name].kind
 
 
 def read_table(
@@ -100,6 +159,115 @@ def read_table(
             return _read_npz(url, f, columns, text)
     except FileNotFoundError:
         raise DataError(f"{url!r}: no such file; check data.source") from None
+
+
+def open_table(
+    url: str, columns: Sequence[str] | None = None, *, text: Sequence[str] = ()
+) -> Table:
+    """`read_table`, except that a Parquet file is not read here: its schema is, and each
+    column is read when the table is indexed, by record batches into one preallocated array
+    (int64 or float64; text stays pyarrow text), so the whole file is never in memory at
+    once. Other formats are read whole, as `read_table` does. The columns and errors are
+    those of `read_table`."""
+    if not url.lower().endswith(".parquet"):
+        return read_table(url, columns, text=text)
+    pa = _pyarrow(url)
+    import fsspec
+    import pyarrow.parquet as pq
+
+    try:
+        with fsspec.open(url, "rb") as f:
+            file = pq.ParquetFile(f)
+            schema = file.schema_arrow
+            num_rows = file.metadata.num_rows
+    except FileNotFoundError:
+        raise DataError(f"{url!r}: no such file; check data.source") from None
+    except pa.ArrowException as exc:
+        raise DataError(f"{url!r} is not a readable Parquet file: {exc}") from None
+    names = _check_columns(url, schema.names, columns)
+    kinds = {n: "string" if n in text else _arrow_kind(url, n, schema.field(n).type) for n in names}
+    pieces = functools.partial(_parquet_pieces, url)
+    return Table(url, {}, tuple(schema.names), num_rows, kinds, pieces, tuple(text))
+
+
+_BATCH_ROWS = 1 << 16  # rows decoded at a time when a Parquet column is read
+
+
+def _parquet_pieces(url: str, name: str) -> Iterator[Any]:
+    """Column ``name`` of a Parquet file as pyarrow arrays of `_BATCH_ROWS` rows, in order."""
+    pa = _pyarrow(url)
+    import fsspec
+    import pyarrow.parquet as pq
+
+    try:
+        with fsspec.open(url, "rb") as f:
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=_BATCH_ROWS, columns=[name]):
+                yield batch.column(0)
+    except FileNotFoundError:
+        raise DataError(f"{url!r}: no such file; check data.source") from None
+    except pa.ArrowException as exc:
+        raise DataError(f"{url!r} is not a readable Parquet file: {exc}") from None
+
+
+def _stitch(
+    url: str, name: str, pieces: Iterable[Any], num_rows: int, kind: str, as_text: bool
+) -> Column:
+    """One column from its pyarrow pieces in row order: each piece is converted as
+    `_arrow_column` (or `_text`) converts a whole column, into one preallocated array."""
+    values: np.ndarray | None = None
+    texts: list[Any] = []
+    missing: np.ndarray | None = None
+    start = 0
+    for piece in pieces:
+        column = _text(name, piece) if as_text else _arrow_column(name, piece, url)
+        stop = start + len(piece)
+        if column.missing is not None:
+            if missing is None:
+                missing = np.zeros(num_rows, bool)
+            missing[start:stop] = column.missing
+        if column.arrow_text is not None:
+            texts.append(column.arrow_text)
+        else:
+            if values is None:
+                values = np.empty(num_rows, column.values.dtype)
+            values[start:stop] = column.values
+        start = stop
+    import pyarrow as pa
+
+    if kind == "string":
+        cells = pa.chunked_array(
+            [c for t in texts for c in (t.chunks if isinstance(t, pa.ChunkedArray) else [t])],
+            type=pa.string(),
+        )
+        return Column(name, kind, cells, missing)
+    if values is None:
+        values = np.empty(0, np.float64 if kind == "float" else np.int64)
+    _release_arrow_memory()
+    return Column(name, kind, values, missing)
+
+
+def _release_arrow_memory() -> None:
+    """Hand pyarrow's cached free memory back to the system: its pool keeps the pages of the
+    decode buffers of a column read a batch at a time, which are not needed again."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+
+
+def _arrow_kind(url: str, name: str, t: Any) -> str:
+    """The `KINDS` entry of a column of pyarrow type ``t``, or the refusal `_arrow_column`
+    gives."""
+    import pyarrow.types as pt
+
+    if pt.is_dictionary(t):
+        t = t.value_type
+    if pt.is_integer(t) or pt.is_boolean(t):
+        return "int"
+    if pt.is_floating(t) or pt.is_decimal(t):
+        return "float"
+    if pt.is_string(t) or pt.is_large_string(t):
+        return "string"
+    raise DataError(_unsupported_type(url, name, t))
 
 
 def _pyarrow(url: str) -> Any:
@@ -184,8 +352,9 @@ def _text(name: str, chunked: Any) -> Column:
 
     chunked = pc.cast(chunked, pa.string())
     missing = _null_mask(chunked)
-    values = pc.fill_null(chunked, "").to_numpy(zero_copy_only=False).astype(object, copy=False)
-    return Column(name, "string", values, missing)
+    return Column(
+        name, "string", pc.fill_null(chunked, "") if missing is not None else chunked, missing
+    )
 
 
 def _null_mask(chunked: Any) -> np.ndarray | None:
@@ -214,7 +383,11 @@ def _arrow_column(name: str, chunked: Any, url: str = "") -> Column:
         return _float_column(name, values)
     if pt.is_string(t) or pt.is_large_string(t):
         return _text(name, chunked)
-    raise DataError(
+    raise DataError(_unsupported_type(url, name, t))
+
+
+def _unsupported_type(url: str, name: str, t: Any) -> str:
+    return (
         f"{url!r}: column {name!r} has type {t}, which is not a number or text; convert it "
         "to a number or a string before training (or leave it out of data.features)"
     )
@@ -300,4 +473,4 @@ def _numpy_column(url: str, name: str, array: np.ndarray, as_text: bool) -> Colu
     )
 
 
-__all__ = ["Column", "Table", "read_table", "SUFFIXES", "MISSING_TEXT", "KINDS"]
+__all__ = ["Column", "Table", "open_table", "read_table", "SUFFIXES", "MISSING_TEXT", "KINDS"]

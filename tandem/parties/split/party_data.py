@@ -7,7 +7,8 @@ fingerprint) and lays the result out as the split party holds it:
 * the feature matrix is float32 ``[rows, numeric + categorical]``: the numeric features, then
   the categorical codes as whole floats (the layout `tandem.parties.models.embedding_mlp`
   reads: its last ``len(vocab)`` columns are codes);
-* ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order;
+* ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order,
+  as slices of the one matrix the loader wrote (``group_by_part``, ``packed``): no copies;
 * rows are paired across parties by id, never by position. With ``aligned`` the order is the
   `tandem align` file's; with only ``id_column`` the rows are sorted by canonical id (the
   order `tandem align` uses) and the alignment recorded in the task spec is the size and
@@ -27,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from tandem.parties.alignment.ids import canonical, commitment
+from tandem.parties.alignment.ids import DOMAIN
 from tandem.parties.data import DataConfig, DataError, PartyDataset, load_party_data
-from tandem.parties.data.fingerprint import fingerprint
+from tandem.parties.data.idtext import IdText
 
 #: Column names that usually hold sample ids; named in the refusal of a table without ids.
 _ID_LIKE = re.compile(r"(^|[_\s-])(id|ids|key|uuid)$|^id_|(?<=[a-z])Id$", re.IGNORECASE)
@@ -56,14 +57,22 @@ def load_table_data(
         )
     if table.id_column is None:
         raise DataError(_no_ids_message(table))
-    ds = load_party_data(table, loss=loss if labels else None, out=out)
+    by_id = table.aligned is None
+    ds = load_party_data(
+        table,
+        loss=loss if labels else None,
+        out=out,
+        sort_by_id=by_id,
+        group_by_part=True,
+        packed=True,
+    )
     alignment = ds.alignment
-    if table.aligned is None:
-        ds, alignment = key_by_ids(ds)
-    x = np.concatenate(
-        [ds.features.numeric, ds.features.categorical.astype(np.float32)], axis=1
-    ).astype(np.float32, copy=False)
-    parts = {p: ds.split.rows(p) for p in ("train", "validation", "test")}
+    if by_id:
+        alignment = {"size": len(ds.id_text), "commitment": id_commitment(ds.id_text)}
+    x = ds.features.packed
+    if x is None:
+        raise TypeError("load_party_data(packed=True) returned unpacked features")
+    parts = _part_slices(ds)
     fields: dict[str, Any] = {
         "train": x[parts["train"]],
         "test": x[parts["test"]],
@@ -83,34 +92,39 @@ def load_table_data(
     return fields
 
 
-def key_by_ids(ds: PartyDataset) -> tuple[PartyDataset, dict[str, Any]]:
-    """``ds`` with its rows sorted by canonical id, its fingerprint recomputed over that order,
-    and ``{"size", "commitment"}`` of every id (the commitment `tandem align` would give if
-    every party held exactly these ids)."""
-    keys = np.array([canonical(i) for i in ds.ids], dtype=object)
-    order = np.argsort(keys, kind="stable")
-    features = type(ds.features)(
-        np.ascontiguousarray(ds.features.numeric[order]),
-        np.ascontiguousarray(ds.features.categorical[order]),
-    )
-    labels = None if ds.labels is None else ds.labels[order]
-    split = type(ds.split)(
-        train=ds.split.train[order],
-        validation=ds.split.validation[order],
-        test=ds.split.test[order],
-    )
-    ids = ds.ids[order]
-    digest = fingerprint(ids, features, labels, ds.preprocessing, split.rows("train"))
-    sorted_ds = dataclasses.replace(
-        ds,
-        ids=ids,
-        rows=ds.rows[order],
-        features=features,
-        labels=labels,
-        split=split,
-        fingerprint=digest,
-    )
-    return sorted_ds, {"size": len(ids), "commitment": commitment(keys[order])}
+def _part_slices(ds: PartyDataset) -> dict[str, slice]:
+    """The rows of each part of a dataset loaded with ``group_by_part``: contiguous slices, so
+    each part's arrays are views of the one feature matrix, not copies."""
+    n_train, n_validation = int(ds.split.train.sum()), int(ds.split.validation.sum())
+    return {
+        "train": slice(0, n_train),
+        "validation": slice(n_train, n_train + n_validation),
+        "test": slice(n_train + n_validation, len(ds.rows)),
+    }
+
+
+def id_commitment(ids: IdText) -> str:
+    """``commitment`` of every id in canonical order (the commitment `tandem align` would give
+    if every party held exactly these ids), a chunk of ids at a time."""
+    order = ids.sort_order()
+    digest = hashlib.sha256(DOMAIN + b"commitment/")
+    for start in range(0, len(order), _CHUNK):
+        part = ids.take(order[start : start + _CHUNK])
+        lengths = part.lengths()
+        record = 4 + lengths  # u32 little-endian length, then the bytes (as `commitment`)
+        begins = np.zeros(len(part), np.int64)
+        np.cumsum(record[:-1], out=begins[1:])
+        out = np.empty(int(record.sum()), np.uint8)
+        out[(begins[:, None] + np.arange(4)).ravel()] = (
+            lengths.astype("<u4").view(np.uint8).reshape(-1, 4).ravel()
+        )
+        owner = np.repeat(np.arange(len(part), dtype=np.int64), lengths)
+        out[np.arange(len(part.data), dtype=np.int64) + 4 * (owner + 1)] = part.data
+        digest.update(out.data)
+    return digest.hexdigest()
+
+
+_CHUNK = 1 << 16  # ids hashed at a time by `id_commitment`
 
 
 def arrays_fingerprint(arrays: dict[str, np.ndarray | None]) -> str:
@@ -158,4 +172,4 @@ def _id_like_columns(table: DataConfig) -> list[str]:
     return [c for c in names if _ID_LIKE.search(c)]
 
 
-__all__ = ["arrays_fingerprint", "key_by_ids", "load_table_data"]
+__all__ = ["arrays_fingerprint", "id_commitment", "load_table_data"]
