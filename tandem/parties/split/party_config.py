@@ -87,6 +87,9 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "capacity": (int,),
     "policy": (str,),
     "chunks": (int,),
+    # cut-layer compression (`tandem.parties.split.compress`): the leader's, in the task spec
+    "compress": (str,),
+    "compress_topk": (float, int),
     # reporting (`tandem.parties.split.reporting`): the leader's alone, not in the task spec
     "monitor": (str,),
     "patience": (int,),
@@ -341,8 +344,9 @@ class PartyConfig:
         """The leader's `SplitConfig` from [train] (defaults for keys not given)."""
         train = dict(self.train)
         train.pop("eval_batch_size", None)
-        if "learning_rate" in train:
-            train["learning_rate"] = float(train["learning_rate"])
+        for key in ("learning_rate", "compress_topk"):
+            if key in train:
+                train[key] = float(train[key])
         try:
             return split_config_from(train)
         except ConfigError as exc:
@@ -387,6 +391,7 @@ class PartyConfig:
                 "chunks",
             )
         }
+        out.update(sc.compressor.spec_fields())  # nothing for "none"
         out["eval_batch_size"] = int(self.train.get("eval_batch_size", max(sc.batch_size, 256)))
         out["checkpoint_every"] = self.checkpoint.every
         return out
