@@ -219,6 +219,10 @@ class SplitParty:
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        #: Bytes of the activations and gradients this party sent, per peer, over every batch:
+        #: the arrays of each message as encoded by the cut compressor, without frame headers
+        #: (the transport's ``sent_stats`` counts whole frames, commands included).
+        self.cut_bytes: collections.Counter[str] = collections.Counter()
         self._batch_waiters: list[asyncio.Future] = []
         #: when the current training batch's command was issued, and the link counters then
         self._tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]] = (0.0, {})
@@ -295,6 +299,7 @@ class SplitParty:
         self._batch += 1
         self._trained += train
         self.last_stats = stats
+        self.cut_bytes.update(stats.sent_bytes)
         self._wake_batch_waiters()
         return stats
 

@@ -96,6 +96,8 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "min_delta": (float, int),
     "restore_best": (bool,),
 }
+#: the [train] keys a follower may state: it checks them against the leader's spec
+FOLLOWER_TRAIN_KEYS = ("compress", "compress_topk")
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {
         "role": (str,),
@@ -574,11 +576,16 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
                 f"{path}: schema.{k} must be a positive feature count, got {v!r}"
             )
     train = dict(raw.get("train", {}))
-    if role == "follower" and (train or schema):
+    # a follower may state the cut compression it trains with: it then refuses a spec that
+    # says otherwise (`compress.mismatch_reasons`); the rest of [train] is the leader's
+    if role == "follower" and (set(train) - set(FOLLOWER_TRAIN_KEYS) or schema):
         raise PartyConfigError(
             f"{path}: [train] and [schema] are the leader's (it proposes them in the task "
-            "spec); remove them from the follower's config"
+            f"spec); remove them from the follower's config (a follower's [train] may hold "
+            f"only {list(FOLLOWER_TRAIN_KEYS)})"
         )
+    if role == "follower" and train:
+        _check_compress(train, path)
     log_table = raw.get("log", {})
     if role == "follower" and log_table:
         raise PartyConfigError(
@@ -869,6 +876,15 @@ def _check_stage_tables(cfg: PartyConfig, topo: Topology) -> None:
                 raise PartyConfigError(
                     f"{cfg.path}: model.{stage}.out must be a positive int, got {out!r}"
                 )
+
+
+def _check_compress(train: Mapping[str, Any], path: str) -> None:
+    from .compress import from_hyper
+
+    try:
+        from_hyper(train)
+    except ConfigError as exc:
+        raise PartyConfigError(f"{path}: [train] {exc}") from None
 
 
 def split_config_from(hyper: Mapping[str, Any]):
