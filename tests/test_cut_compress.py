@@ -344,3 +344,10 @@ def test_party_configs_check_compression_values(tmp_path):
     job.write()
     with pytest.raises(PartyConfigError, match="are the leader's"):
         load_party_config(job.path("shop"))
+
+
+def test_bench_wan_offers_every_compressor():
+    from bench.wan import COMPRESS_KINDS, build_parser
+
+    assert COMPRESS_KINDS == KINDS
+    assert build_parser().parse_args(["--compress", "bfloat16"]).compress == "bfloat16"
