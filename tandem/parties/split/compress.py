@@ -83,10 +83,15 @@ class Feedback:
         return int(self.residual.nbytes)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
-        """The residuals of samples ``ids`` (a copy), growing the table to hold them."""
+        """The residuals of samples ``ids`` (a copy), growing the table to hold them.
+
+        Invariant: ``len(residual)`` is the largest id seen + 1."""
         top = int(ids.max()) + 1 if len(ids) else 0
         if top > len(self.residual):
-            grown = np.zeros((max(top, 2 * len(self.residual)), self.width), np.float32)
+            # exactly to the largest id: shuffled batches reach near the last row within the
+            # first few, so this copies a few times per run, and the table never holds more
+            # rows than the training set
+            grown = np.zeros((top, self.width), np.float32)
             grown[: len(self.residual)] = self.residual
             self.residual = grown
         return self.residual[ids]
