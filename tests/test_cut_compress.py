@@ -394,3 +394,16 @@ def test_chunked_messages_are_compressed_per_message(kind):
     feedback = parties["B"].handler.feedback["grad/bottom->top"]
     assert feedback is not None and feedback.residual.shape == (24, 3)
     assert np.abs(feedback.residual).max() > 0  # lossy: something was fed back
+
+
+def test_bench_compress_curve_reports_every_run_against_exact():
+    from bench.compress import curve
+
+    out = asyncio.run(
+        curve((("none", 0.1), ("bfloat16", 0.1)), rows=400, features=4, epochs=1, cut=8)
+    )
+    exact, bf16 = out["runs"]
+    assert exact["bytes_ratio"] == 1.0 and exact["d_auc"] == 0.0
+    assert bf16["bytes_ratio"] == 2.0 and bf16["fraction"] is None
+    assert bf16["frame_bytes"] < exact["frame_bytes"]
+    assert bf16["d_auc"] == bf16["test_auc"] - exact["test_auc"]
