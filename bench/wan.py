@@ -57,6 +57,12 @@ loopback) carrying every connection between the parties; ``rtt_via`` says which,
 is the round trip measured through the path (docs/wan-bench.md, "Round-trip delay").
 * ``speedup = sequential_s / pipelined_s`` (target >= 1.7); ``efficiency = bound_s /
   pipelined_s`` (target >= 0.85).
+
+**Compression** (``--compress bfloat16|int8|topk``): both parties send every activation and
+gradient through that cut compressor in every phase (``[train] compress``); the workload is
+still sized on the exact float32 cut bytes, so a compressed run at the same seed times the same
+model as an exact one, and its link terms shrink with the bytes; ``workload.compress`` says
+which.
 """
 
 from __future__ import annotations
@@ -434,6 +440,9 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # options main forwards to both processes
+#: `tandem.parties.split.compress.KINDS`, spelled out: importing the split package here would
+#: load JAX in the main process, which only sets up the link
+COMPRESS_KINDS = ("none", "bfloat16", "int8", "topk")
 _FORWARDED = (
     "batch_size",
     "batches",
@@ -449,6 +458,7 @@ _FORWARDED = (
     "rate_mbit",
     "rtt_ms",
     "trace",
+    "compress",
 )
 
 
@@ -552,6 +562,9 @@ class Workload:
     top_hidden: int
     seed: int
     chunks: int = 1  # messages per group in the pipelined phases (the sequential sends whole)
+    #: cut compression of every phase (`tandem.parties.split.compress`); ``cut_bytes`` stays
+    #: the exact float32 size, so sizing picks the same model as an exact run's
+    compress: str = "none"
 
     @property
     def rows(self) -> int:
@@ -587,6 +600,7 @@ class Workload:
             learning_rate=1e-3,
             loss="binary",
             chunks=self.chunks,
+            compress=self.compress,
         )
         if name == A:
             return SplitParty(
@@ -826,6 +840,7 @@ async def leader_main(args: argparse.Namespace) -> int:
             top_hidden=args.top_hidden,
             seed=args.seed,
             chunks=args.chunks,
+            compress=args.compress,
         )
         # 1. the path's round trip and the link's goodput
         rtt_s = await measure_rtt(host, peer["probe_port"])
@@ -1040,6 +1055,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="messages per group in the pipelined runs (1: whole groups)",
+    )
+    p.add_argument(
+        "--compress",
+        default="none",
+        choices=COMPRESS_KINDS,
+        help="cut-layer compression of every phase, as [train] compress (none: exact)",
     )
     p.add_argument(
         "--trace",

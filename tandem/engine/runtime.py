@@ -42,19 +42,24 @@ from .plan import Kind, Op, Plan
 from .policy import DEFAULT_BACKPRESSURE, PRIORITY, Backpressure, Policy, ReadySet, as_policy
 from .trace import Trace, TraceEvent
 
+#: what one message carries: an array, or a tuple of arrays sent in one frame
+Payload = np.ndarray | tuple[np.ndarray, ...]
+
 
 class OpHandler(Protocol):
     """What the runtime calls to execute a plan's ops (e.g.
     `tandem.parties.split.stages.StageHandler`)."""
 
-    def compute(self, op: Op) -> Mapping[tuple[str, int], np.ndarray]:
-        """Run compute op ``op`` (on the lane thread); return ``{(channel, mb): array}`` for
-        each of its sends (``plan.successors[op]`` of kind ``S``)."""
+    def compute(self, op: Op) -> Mapping[tuple[str, int], Payload]:
+        """Run compute op ``op`` (on the lane thread); return ``{(channel, mb): payload}`` for
+        each of its sends (``plan.successors[op]`` of kind ``S``): an array, or a tuple of
+        arrays that travel in one frame (e.g. a compressed tensor and its scales)."""
         ...
 
-    def receive(self, op: Op, array: np.ndarray) -> None:
-        """Store the array of arrived message ``op`` (on the loop thread); raise `ShapeError`
-        if it is not what the plan expects."""
+    def receive(self, op: Op, array: Payload) -> None:
+        """Store the payload of arrived message ``op`` (on the loop thread): its array when
+        the frame carries one, else the tuple of its arrays; raise `ShapeError` if it is not
+        what the plan expects."""
         ...
 
 
@@ -67,9 +72,17 @@ class BatchStats:
     max_outbound: int = 0
 
 
-def message(batch: int, op: Op, array: np.ndarray) -> Frame:
-    """The frame carrying the tensor of send ``op`` of batch ``batch``."""
-    return Frame(meta={"b": batch, "m": op.mb}, arrays=(array,))
+def message(batch: int, op: Op, payload: Payload) -> Frame:
+    """The frame carrying the payload of send ``op`` of batch ``batch``."""
+    arrays = payload if isinstance(payload, tuple) else (payload,)
+    return Frame(meta={"b": batch, "m": op.mb}, arrays=arrays)
+
+
+def payload_nbytes(payload: Payload) -> int:
+    """Bytes of the arrays of ``payload``."""
+    if isinstance(payload, tuple):
+        return sum(int(a.nbytes) for a in payload)
+    return int(payload.nbytes)
 
 
 #: sends a party's runtime keeps in flight per peer (`PartyRuntime._send_lane`)
@@ -283,7 +296,7 @@ class PartyRuntime:
         st: _BatchState,
         peer: str,
         op: Op,
-        array: np.ndarray,
+        array: Payload,
         batch: int,
         stats: BatchStats,
         window: asyncio.Semaphore,
@@ -295,7 +308,7 @@ class PartyRuntime:
         finally:
             window.release()
         end = st.clock()
-        nbytes = int(array.nbytes)
+        nbytes = payload_nbytes(array)
         stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
         if self.trace is not None:  # on the wire from when the frame before it left
             self.trace.add(
@@ -323,15 +336,16 @@ class PartyRuntime:
         for m in range(count):
             frame = await self.transport.recv(peer, channel)
             got_b, got_m = frame.meta.get("b"), frame.meta.get("m")
-            if got_b != batch or got_m != m or len(frame.arrays) != 1:
+            if got_b != batch or got_m != m or not frame.arrays:
                 raise ShapeError(
                     f"{st.plan.party!r} expected micro-batch {m} of batch {batch} on {channel!r} "
-                    f"from {peer!r} with one tensor, got batch={got_b} mb={got_m} with "
+                    f"from {peer!r} with a tensor, got batch={got_b} mb={got_m} with "
                     f"{len(frame.arrays)} tensors; the parties' plans disagree (same topology "
                     "and n_groups on both sides?)"
                 )
             op = st.plan.recv_op[(peer, channel, m)]
-            handler.receive(op, frame.arrays[0])
+            arrays = frame.arrays
+            handler.receive(op, arrays[0] if len(arrays) == 1 else tuple(arrays))
             with st.lock:
                 self._complete(st, op, None)
                 if st.waiting:
@@ -343,7 +357,7 @@ class PartyRuntime:
         self,
         st: _BatchState,
         op: Op,
-        outputs: Mapping[tuple[str, int], np.ndarray] | None,
+        outputs: Mapping[tuple[str, int], Payload] | None,
         enqueue: Callable[[asyncio.Queue, tuple], None] | None = None,
     ) -> None:
         """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies

@@ -21,7 +21,8 @@ Three layers, each installed where its knowledge lives; the transport only calls
   indices its plan can run; an activation or gradient must carry a batch id the party is
   running or about to run (one that uses the channel), the next micro-batch index of that
   channel in that batch, and one ``float32[rows, width]`` tensor with exactly the rows of its
-  group (part) and the width of its source stage.
+  group (part) and the width of its source stage (with cut compression, the arrays of the
+  negotiated compressor's layout of that tensor, `tandem.parties.split.compress`).
 
 Invariant (`PlanAdmission`): for every announced batch ``b`` and inbound channel ``ch``,
 ``admitted[(ch, b)]`` frames were accepted, with micro-batch indices ``0 .. admitted - 1`` in
@@ -351,9 +352,14 @@ class PlanAdmission:
                 + (f" (of 0..{count - 1})" if expect < count else f": all {count} arrived"),
                 field="m",
             )
-        if len(frame.arrays) != 1:
+        handler = self.party.handler
+        compressor = handler.compressor
+        want = len(compressor.layout(1, (1,), "float32"))
+        if len(frame.arrays) != want:
             raise AdmissionError(
-                f"{ch!r} messages carry one tensor, got {len(frame.arrays)}", field="arrays"
+                f"{ch!r} messages carry {want} array{'s' if want > 1 else ''} with "
+                f"compress={compressor.kind!r}, got {len(frame.arrays)}",
+                field="arrays",
             )
         a = frame.arrays[0]
         lo, hi = batch.bounds[m]
@@ -364,12 +370,12 @@ class PlanAdmission:
                 field="rows",
             )
         src = ch.partition("/")[2].partition("->")[0]
-        handler = self.party.handler
         if src in handler.out_dims:  # the stage's cut: its dtype and shape after the rows
             dtype, shape = handler.out_dtypes[src], handler.cut_shape(src)
-            if a.dtype.name != dtype or tuple(a.shape[1:]) != shape:
+            if compressor.check(frame.arrays, shape, dtype):
+                got = " + ".join(f"{x.dtype.name}{list(x.shape)}" for x in frame.arrays)
                 raise AdmissionError(
-                    f"{a.dtype.name}{list(a.shape)} on {ch!r}; expected {dtype}{[hi - lo, *shape]}",
+                    f"{got} on {ch!r}; expected {compressor.describe(hi - lo, shape, dtype)}",
                     field="shape",
                 )
         self.admitted[(ch, b)] = expect + 1

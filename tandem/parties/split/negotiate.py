@@ -33,6 +33,7 @@ from tandem.errors import FrameError, TandemError
 from tandem.transports.base import Frame, Transport
 
 from .admission import spec_streams
+from .compress import from_hyper
 from .spec import SpecError, TaskSpec
 
 CTL = "ctl"
@@ -57,6 +58,8 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
       refused too (numpy float kinds are the transport's own check);
     * ``ctl``: no array, or one ``int64`` row-index vector of at most ``max_rows`` rows from
       the leader (commands); replies from followers carry no arrays;
+    * with cut compression in the spec (``hyper["compress"]``), the arrays of the
+      compressor's layout of that tensor instead (`tandem.parties.split.compress`);
     * any other channel is refused.
     """
     shapes = spec.channel_shapes()
@@ -66,6 +69,25 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
         senders[f"grad/{e['src']}->{e['dst']}"] = e["dst_party"]
     max_rows = spec.max_rows
     nonfinite = bool(spec.security.get("reject_nonfinite"))
+    compressor = from_hyper(spec.hyper)
+
+    def _check_compressed(frame: Frame, ch: str, dtype: str, shape: tuple[int, ...]) -> None:
+        arrays = frame.arrays
+        wrong = compressor.check(arrays, shape, dtype)
+        if not wrong and not 1 <= arrays[0].shape[0] <= max_rows:
+            wrong = ["rows"]
+        if wrong:
+            got = " + ".join(f"{a.dtype.name}{list(a.shape)}" for a in arrays)
+            raise FrameError(
+                f"payload on {ch!r} is {got}; with compress={compressor.kind!r} the spec says "
+                f"{compressor.describe('rows', shape, dtype)} with 1 <= rows <= {max_rows}: "
+                f"its {' and '.join(wrong)} differ"
+            )
+        if nonfinite and any(a.dtype.name == "bfloat16" for a in arrays):
+            if not all(np.isfinite(a).all() for a in arrays if a.dtype.name == "bfloat16"):
+                raise FrameError(
+                    f"tensor on {ch!r} contains NaN or Inf (reject_nonfinite is set in the spec)"
+                )
 
     def validate(frame: Frame) -> None:
         ch = frame.channel
@@ -92,6 +114,9 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
         dtype, shape = shapes[ch]
         if frame.sender and senders.get(ch) and frame.sender != senders[ch]:
             raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {senders[ch]!r})")
+        if not compressor.exact:
+            _check_compressed(frame, ch, dtype, shape)
+            return
         if len(frame.arrays) != 1:
             raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
         a = frame.arrays[0]

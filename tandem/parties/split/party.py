@@ -49,6 +49,7 @@ from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
 from .admission import PlanAdmission
+from .compress import CutCompressor
 from .metrics import Metric, metric_names, task_metrics
 from .stages import StageHandler
 
@@ -65,7 +66,10 @@ class SplitConfig:
     group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
     worth of messages (a party queues up to ``capacity * chunks`` frames). ``policy``: the name
     of a built-in scheduling policy (`tandem.engine.policy.POLICIES`), which the task spec
-    records; each batch runs with the policy named when it starts.
+    records; each batch runs with the policy named when it starts. ``compress``: how cut
+    messages travel (`tandem.parties.split.compress.KINDS`; ``"none"``, the default, trains
+    exactly), ``compress_topk`` the share of each row ``"topk"`` sends; the task spec records
+    both, and every party must use the leader's.
     """
 
     batch_size: int = 64
@@ -79,6 +83,8 @@ class SplitConfig:
     threshold: int = 4
     capacity: int = 8
     policy: str = "priority"
+    compress: str = "none"
+    compress_topk: float = 0.1
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -96,6 +102,12 @@ class SplitConfig:
         get_loss(self.loss)
         Backpressure(self.threshold, self.capacity)
         as_policy(self.policy)
+        self.compressor  # noqa: B018 - checks compress and compress_topk now
+
+    @property
+    def compressor(self) -> CutCompressor:
+        """The cut-layer compressor ``compress`` and ``compress_topk`` name."""
+        return CutCompressor(self.compress, self.compress_topk)
 
     def make_optimizer(self) -> optax.GradientTransformation:
         return OPTIMIZERS[self.optimizer](self.learning_rate)
@@ -184,6 +196,7 @@ class SplitParty:
             loss=get_loss(self.config.loss) if self.is_leader else None,
             key=jax.random.PRNGKey(self.config.seed),
             params=params,
+            compressor=self.config.compressor,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
         self._plans: dict[tuple[int, str, int], Plan] = {}
@@ -206,6 +219,10 @@ class SplitParty:
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        #: Bytes of the activations and gradients this party sent, per peer, over every batch:
+        #: the arrays of each message as encoded by the cut compressor, without frame headers
+        #: (the transport's ``sent_stats`` counts whole frames, commands included).
+        self.cut_bytes: collections.Counter[str] = collections.Counter()
         self._batch_waiters: list[asyncio.Future] = []
         #: when the current training batch's command was issued, and the link counters then
         self._tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]] = (0.0, {})
@@ -263,7 +280,12 @@ class SplitParty:
         if self.is_leader and train:
             labels = self._require_labels(dataset)[idx]
         self.handler.begin(
-            self._rows(dataset, idx), labels, group_bounds(len(idx), n), train=train, chunks=chunks
+            self._rows(dataset, idx),
+            labels,
+            group_bounds(len(idx), n),
+            train=train,
+            chunks=chunks,
+            row_ids=idx,
         )
         runtime.trace, runtime.policy = self.trace, as_policy(self.config.policy)
         runtime.bp = self.config.backpressure.scaled(chunks)
@@ -277,6 +299,7 @@ class SplitParty:
         self._batch += 1
         self._trained += train
         self.last_stats = stats
+        self.cut_bytes.update(stats.sent_bytes)
         self._wake_batch_waiters()
         return stats
 

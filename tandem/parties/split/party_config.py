@@ -88,12 +88,17 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "capacity": (int,),
     "policy": (str,),
     "chunks": (int,),
+    # cut-layer compression (`tandem.parties.split.compress`): the leader's, in the task spec
+    "compress": (str,),
+    "compress_topk": (float, int),
     # reporting (`tandem.parties.split.reporting`): the leader's alone, not in the task spec
     "monitor": (str,),
     "patience": (int,),
     "min_delta": (float, int),
     "restore_best": (bool,),
 }
+#: the [train] keys a follower may state: it checks them against the leader's spec
+FOLLOWER_TRAIN_KEYS = ("compress", "compress_topk")
 SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "": {
         "role": (str,),
@@ -342,8 +347,9 @@ class PartyConfig:
         """The leader's `SplitConfig` from [train] (defaults for keys not given)."""
         train = dict(self.train)
         train.pop("eval_batch_size", None)
-        if "learning_rate" in train:
-            train["learning_rate"] = float(train["learning_rate"])
+        for key in ("learning_rate", "compress_topk"):
+            if key in train:
+                train[key] = float(train[key])
         try:
             return split_config_from(train)
         except ConfigError as exc:
@@ -388,6 +394,7 @@ class PartyConfig:
                 "chunks",
             )
         }
+        out.update(sc.compressor.spec_fields())  # nothing for "none"
         out["eval_batch_size"] = int(self.train.get("eval_batch_size", max(sc.batch_size, 256)))
         out["checkpoint_every"] = self.checkpoint.every
         return out
@@ -653,11 +660,16 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
                 f"{path}: schema.{k} must be a positive feature count, got {v!r}"
             )
     train = dict(raw.get("train", {}))
-    if role == "follower" and (train or schema):
+    # a follower may state the cut compression it trains with: it then refuses a spec that
+    # says otherwise (`compress.mismatch_reasons`); the rest of [train] is the leader's
+    if role == "follower" and (set(train) - set(FOLLOWER_TRAIN_KEYS) or schema):
         raise PartyConfigError(
             f"{path}: [train] and [schema] are the leader's (it proposes them in the task "
-            "spec); remove them from the follower's config"
+            f"spec); remove them from the follower's config (a follower's [train] may hold "
+            f"only {list(FOLLOWER_TRAIN_KEYS)})"
         )
+    if role == "follower" and train:
+        _check_compress(train, path)
     log_table = raw.get("log", {})
     if role == "follower" and log_table:
         raise PartyConfigError(
@@ -948,6 +960,15 @@ def _check_stage_tables(cfg: PartyConfig, topo: Topology) -> None:
                 raise PartyConfigError(
                     f"{cfg.path}: model.{stage}.out must be a positive int, got {out!r}"
                 )
+
+
+def _check_compress(train: Mapping[str, Any], path: str) -> None:
+    from .compress import from_hyper
+
+    try:
+        from_hyper(train)
+    except ConfigError as exc:
+        raise PartyConfigError(f"{path}: [train] {exc}") from None
 
 
 def split_config_from(hyper: Mapping[str, Any]):

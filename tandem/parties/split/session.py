@@ -39,6 +39,7 @@ from tandem.errors import ConfigError, TandemError
 
 from . import negotiate
 from .admission import NegotiationAdmission, negotiation_streams
+from .compress import mismatch_reasons
 from .party_config import PartyConfig, PartyConfigError, PartyData
 from .spec import TaskSpec, build_spec, cut_of
 
@@ -212,6 +213,7 @@ def follower_check(
             topology=cfg.topology().to_dict(),
         )
         hyper = spec.hyper
+        reasons += mismatch_reasons(cfg.name, hyper, cfg.train)
         for part, rows in (("test", data.test), ("validation", data.validation)):
             want = int(hyper.get(f"{part}_samples", 0))
             have = 0 if rows is None else len(rows)

@@ -24,7 +24,9 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   and validation splits every party must hold when the leader evaluates; the latter recorded
   when not 0), ``split`` (``{"test", "validation", "seed"}`` of the parties' ``[data.split]``,
   recorded for table sources) and ``fingerprints`` (party -> the fingerprint of its training
-  data and preprocessing, recorded when known);
+  data and preprocessing, recorded when known), ``compress`` and, for ``"topk"``,
+  ``compress_topk`` (cut-layer compression, `tandem.parties.split.compress`; recorded when not
+  ``"none"``: act and grad messages then carry that compressor's layout of the tensor);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
@@ -49,6 +51,8 @@ import orjson
 
 from tandem.engine.topology import CUT_DTYPES, FEATURES, Topology
 from tandem.errors import ConfigError
+
+from .compress import from_hyper
 
 SPEC_FORMAT = "tandem-task-spec"
 SPEC_VERSION = 1
@@ -389,6 +393,8 @@ def build_spec(
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
             # recorded only when not 1, so specs without chunks hash as before
             **({} if int(hyper.get("chunks", 1)) == 1 else {"chunks": int(hyper["chunks"])}),
+            # cut compression: recorded only when not "none", so exact specs hash as before
+            **from_hyper(hyper).spec_fields(),
             **({"validation_samples": int(validation_samples)} if validation_samples else {}),
             **({} if split is None else {"split": dict(split)}),
             **({} if not fingerprints else {"fingerprints": dict(fingerprints)}),

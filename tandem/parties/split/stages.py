@@ -10,6 +10,12 @@ With ``chunks = c > 1`` (`tandem.engine.plan`) messages are parts of groups: a p
 group sends each output as ``c`` row slices and concatenates the ``c`` parts it receives before
 the op that consumes them; the loss party computes per part.
 
+Cut compression (`tandem.parties.split.compress`): with a compressor other than ``"none"``
+every outgoing message is encoded (`_scatter`) and every arriving one checked and decoded
+(`receive`); gradients carry per-sample error feedback keyed by the batch's row ids
+(``begin(row_ids=...)``), whose residuals this handler keeps across batches, one table per
+gradient channel. With ``"none"`` messages are the tensors themselves, as without it.
+
 Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
 gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
 ``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
@@ -31,6 +37,8 @@ from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
 
+from .compress import CutCompressor, Feedback, payload_arrays
+
 
 class StageHandler:
     """Implements `tandem.engine.runtime.OpHandler` for the stages ``party`` owns in
@@ -46,8 +54,12 @@ class StageHandler:
         loss=None,
         key: jax.Array | None = None,
         params: Mapping[str, Any] | None = None,
+        compressor: CutCompressor | None = None,
     ) -> None:
         self.topology = topology
+        #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
+        self.compressor = compressor or CutCompressor()
+        self.feedback: dict[str, Feedback | None] = {}
         self.party = party
         self.stages = {s.name: s for s in topology.stages_of(party)}
         missing = [s for s in self.stages if s not in models]
@@ -110,9 +122,13 @@ class StageHandler:
         *,
         train: bool,
         chunks: int = 1,
+        row_ids: np.ndarray | None = None,
     ) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
-        the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows)."""
+        the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows).
+        ``row_ids``: the training-set ids of the batch's rows, which key the gradients' error
+        feedback (none without them)."""
+        self.row_ids = None if row_ids is None or not train else np.asarray(row_ids)
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
         self.features = (
@@ -165,14 +181,35 @@ class StageHandler:
         return np.concatenate([self.inbox.pop((channel, j)) for j in range(k, k + self.per_op)])
 
     def _scatter(self, channel: str, m: int, array, out: dict) -> None:
-        """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``."""
-        if self.per_op == 1:
-            out[(channel, m)] = np.asarray(array)
+        """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
+        (each encoded by the compressor unless it is ``"none"``)."""
+        if self.compressor.exact:
+            if self.per_op == 1:
+                out[(channel, m)] = np.asarray(array)
+                return
+            host, base = np.asarray(array), self.bounds[m][0]
+            for j in range(m * self.per_op, (m + 1) * self.per_op):
+                lo, hi = self.msg_bounds[j]
+                out[(channel, j)] = host[lo - base : hi - base]
             return
         host, base = np.asarray(array), self.bounds[m][0]
         for j in range(m * self.per_op, (m + 1) * self.per_op):
             lo, hi = self.msg_bounds[j]
-            out[(channel, j)] = host[lo - base : hi - base]
+            out[(channel, j)] = self._encode(channel, host[lo - base : hi - base], lo, hi)
+
+    def _encode(self, channel: str, x: np.ndarray, lo: int, hi: int):
+        """The payload of batch rows ``lo:hi`` (tensor ``x``) on ``channel``; gradients of a
+        training batch with row ids use (and update) the channel's feedback residuals."""
+        ids, state = None, None
+        if channel.startswith("grad/") and self.row_ids is not None:
+            ids = self.row_ids[lo:hi]
+            if channel not in self.feedback:
+                self.feedback[channel] = self.compressor.init(x.shape[1:])
+            state = self.feedback[channel]
+        payload, state = self.compressor.encode(state, x, ids)
+        if ids is not None:
+            self.feedback[channel] = state
+        return payload
 
     def _acc(self, stage: str):
         """The stage's gradient accumulator for this batch (zeros before its first backward)."""
@@ -254,10 +291,11 @@ class StageHandler:
         shape = self.out_shapes.get(stage, ())
         return shape if len(shape) > 1 else (self.out_dims[stage],)
 
-    def receive(self, op: Op, array: np.ndarray) -> None:
+    def receive(self, op: Op, array) -> None:
         """Store a peer's message after checking it is ``dtype[rows of the message, *shape]``
-        of the stage whose output (activation) or its cotangent (gradient) it carries;
-        `ShapeError` naming the field that differs otherwise."""
+        of the stage whose output (activation) or its cotangent (gradient) it carries (the
+        compressor's layout of it, which is then decoded); `ShapeError` naming the field that
+        differs otherwise."""
         kind, _, edge = op.channel.partition("/")
         src, _, dst = edge.partition("->")
         lo, hi = self.msg_bounds[op.mb]
@@ -267,6 +305,9 @@ class StageHandler:
                 f"stage {src!r}; pass a StageModel for every stage of the topology"
             )
         dtype, expected = self.out_dtypes[src], (hi - lo, *self.cut_shape(src))
+        if not self.compressor.exact:
+            self._receive_encoded(op, array, dtype, expected)
+            return
         wrong = [
             field
             for field, ok in (
@@ -284,6 +325,22 @@ class StageHandler:
                 f"of {src!r} (output shape and dtype)."
             )
         self.inbox[(op.channel, op.mb)] = array  # host array; the consuming kernel takes it as is
+
+    def _receive_encoded(self, op: Op, payload, dtype: str, expected: tuple[int, ...]) -> None:
+        arrays = payload_arrays(payload)
+        c = self.compressor
+        got = " + ".join(f"{a.dtype.name}{list(a.shape)}" for a in arrays)
+        wrong = c.check(arrays, expected[1:], dtype)
+        if not wrong and arrays[0].shape[0] != expected[0]:
+            wrong = ["rows"]
+        if wrong:
+            raise ShapeError(
+                f"{self.party!r} received {got} on {op.channel!r} micro-batch {op.mb}; with "
+                f"compress={c.kind!r} expected {c.describe(expected[0], expected[1:], dtype)}: "
+                f"its {' and '.join(wrong)} differ. Check that both parties use the same model "
+                "and the same negotiated compression."
+            )
+        self.inbox[(op.channel, op.mb)] = c.decode(payload, expected[1:], dtype)
 
     def predictions(self) -> np.ndarray:
         """The loss stage's logits of the bound batch, in row order."""

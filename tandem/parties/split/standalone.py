@@ -190,6 +190,8 @@ async def run_party(
         else:
             result = await _follow(session, st, party, stop)
         result.update(_traffic(session))
+        result["cut_bytes_sent"] = dict(party.cut_bytes)
+        result["compress"] = party.config.compress
         if st.discarded:  # newer than the agreed step: replaced by the replayed batches
             result["discarded_checkpoints"] = st.discarded
         if st.trace is not None:
