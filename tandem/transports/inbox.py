@@ -66,6 +66,16 @@ class Inbox(Generic[T]):
         self.reserved += 1
         return True
 
+    def try_reserve(self, keep_free: int = 0) -> bool:
+        """Take one slot now if one is free with ``keep_free`` more slots left free after it
+        (without waiting); False otherwise."""
+        if self.closed:
+            return False
+        if len(self.items) + self.reserved + 1 + keep_free > self.capacity:
+            return False
+        self.reserved += 1
+        return True
+
     def unreserve(self) -> None:
         """Give back a reserved slot that will not be filled."""
         self.reserved -= 1

@@ -1,7 +1,12 @@
 """The sending half of the HTTP transport: chunked frame requests, retry with backoff, the
 mapping of refusals to exceptions, goodbyes and liveness probes.
 
-One message at a time per (peer, channel), ids counting from 0 per sender incarnation; a chunk
+Up to ``send_window`` messages in flight per (peer, channel): ids count from 0 per sender
+incarnation in the order `send` is called, and each concurrent `send` posts its message at
+once (a chunked message waits for the ones before it and holds back the ones after it); the
+receiver delivers them in id order. Every request names the stream's *base* (its lowest
+unsettled id) so the receiver skips the ids of cancelled sends instead of waiting for them. A
+`send` returns once the receiver has delivered its message to its inbox, in order. A chunk
 is retried with exponential backoff and seeded jitter on connection loss, 503 and an attempt
 that makes no progress for ``read_timeout`` seconds (a frozen peer), until ``retry_timeout``
 seconds without reaching the peer (`PeerUnavailableError`); a peer that is busy but alive is
@@ -40,6 +45,7 @@ from .config import HttpConfig
 from .protocol import (
     BYE_PATH,
     FRAME_PATH,
+    H_BASE,
     H_CHANNEL,
     H_CHUNK,
     H_CHUNKS,
@@ -61,13 +67,58 @@ from .protocol import (
 
 
 class _OutStream:
-    """Sending state of one (peer, channel): one message at a time, ids in order."""
+    """Sending state of one (peer, channel): ids in call order, at most ``window`` unsettled.
 
-    __slots__ = ("lock", "next_id")
+    Invariant: ``pending`` holds the ids assigned and not yet settled (acknowledged, refused
+    or abandoned); a message starts only when its id is below ``min(pending) + window``, it
+    is not chunked or is the lowest pending id, and no chunked message before it is pending.
+    """
+
+    __slots__ = ("next_id", "pending", "chunked", "_waiters")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
         self.next_id = 0
+        self.pending: set[int] = set()
+        self.chunked: set[int] = set()  # pending ids of messages of several chunks
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def assign(self, chunked: bool) -> int:
+        msg_id = self.next_id
+        self.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
+        self.pending.add(msg_id)
+        if chunked:
+            self.chunked.add(msg_id)
+        return msg_id
+
+    def base(self) -> int:
+        """The lowest unsettled id (every id below it was acknowledged or abandoned)."""
+        return min(self.pending, default=self.next_id)
+
+    def may_start(self, msg_id: int, window: int) -> bool:
+        base = self.base()
+        if msg_id - base >= window:
+            return False
+        if msg_id in self.chunked:
+            return msg_id == base
+        return not any(k < msg_id for k in self.chunked)
+
+    async def turn(self, msg_id: int, window: int) -> None:
+        """Wait until ``msg_id`` may start (see the invariant)."""
+        loop = asyncio.get_running_loop()
+        while not self.may_start(msg_id, window):
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                self._waiters.remove(fut)
+
+    def settle(self, msg_id: int) -> None:
+        self.pending.discard(msg_id)
+        self.chunked.discard(msg_id)
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
 
 
 #: consecutive 421 answers (misdirected: signed for another incarnation) a request may get
@@ -98,6 +149,7 @@ class HttpClient:
         self.peer_incarnations: dict[str, str] = {}  # what our signatures are bound to
         self._rng = random.Random(config.seed)
         self._out: dict[tuple[str, str], _OutStream] = {}
+        self._busy_until: dict[str, float] = {}  # peer -> end of the latest answered request
         self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
         self._bulk_ssl: ssl.SSLContext | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -140,20 +192,23 @@ class HttpClient:
             raise TransportClosedError(f"transport of {self.cfg.name!r} is closed")
 
     async def send(self, peer: str, url: str, channel: str, frame: Frame) -> None:
-        """Deliver ``frame`` to ``peer`` at ``url``; returns once the peer has queued it."""
+        """Deliver ``frame`` to ``peer`` at ``url``; returns once the peer has delivered it to
+        its inbox, after every message sent before it on ``channel``. Concurrent calls on one
+        channel keep up to ``send_window`` messages in flight, in call order (the id is taken
+        before the first suspension)."""
+        self._check_open()
         out = self._out.setdefault((peer, channel), _OutStream())
-        async with out.lock:
-            self._check_open()
-            msg_id = out.next_id
-            out.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
-            frame = frame.replace(
-                sender=self.cfg.name,
-                channel=channel,
-                msg_id=msg_id,
-                spec_hash=self.spec_hash or frame.spec_hash,
-            )
-            chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
-            total = sum(chunking.total_size(v) for _, v in chunks)
+        msg_id = out.next_id  # taken below, before anything is awaited
+        frame = frame.replace(
+            sender=self.cfg.name,
+            channel=channel,
+            msg_id=msg_id,
+            spec_hash=self.spec_hash or frame.spec_hash,
+        )
+        chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
+        total = sum(chunking.total_size(v) for _, v in chunks)
+        out.assign(chunked=len(chunks) > 1)
+        try:
             routing = {
                 H_SENDER: self.cfg.name,
                 H_INC: self.incarnation,
@@ -164,16 +219,21 @@ class HttpClient:
                 H_SPEC: frame.spec_hash,
                 H_REPLY: self.cfg.advertise_url or self.reply_url,
             }
+            await out.turn(msg_id, self.cfg.send_window)
+            self._check_open()
             digests: dict[int, str] = {}
             i = 0
             while i < len(chunks):
-                i = await self._post_chunk(peer, url, routing, chunks, i, digests)
+                i = await self._post_chunk(peer, url, out, routing, chunks, i, digests)
             self.stats(peer).frames += 1
+        finally:
+            out.settle(msg_id)
 
     async def _post_chunk(
         self,
         peer: str,
         url: str,
+        out: _OutStream,
         routing: dict[str, str],
         chunks: list[tuple[int, list[memoryview]]],
         i: int,
@@ -193,6 +253,7 @@ class HttpClient:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
             headers = dict(routing)
             headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+            headers[H_BASE] = str(out.base())
             if use_bulk:
                 headers["Content-Length"] = "0"
                 headers[H_LENGTH] = str(size)
@@ -229,7 +290,11 @@ class HttpClient:
             if answer.status == 200:
                 stats = self.stats(peer)
                 stats.bytes += size
-                stats.busy_seconds += max(loop.time() - t0 - answer.waited, 0.0)
+                # concurrent requests overlap: count the time the link was busy once
+                now = loop.time()
+                start = max(t0, self._busy_until.get(peer, t0))
+                stats.busy_seconds += max(now - start - answer.waited, 0.0)
+                self._busy_until[peer] = max(now, self._busy_until.get(peer, now))
                 return i + 1
             if answer.status == 503:
                 if answer.reason == "closing":  # the peer is shutting down: like a lost link
