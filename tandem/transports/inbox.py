@@ -56,6 +56,9 @@ class Inbox(Generic[T]):
         """Take one slot, waiting up to ``timeout`` s for one to free (None: no limit).
 
         False, with no slot taken, on timeout or when the inbox is (or becomes) closed."""
+        if self.has_slot() and not self.closed:  # the common case: no timer to arm
+            self.reserved += 1
+            return True
         try:
             async with asyncio.timeout(timeout):
                 await self._wait(lambda: self.has_slot() or self.closed)

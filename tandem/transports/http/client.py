@@ -377,6 +377,24 @@ class HttpClient:
         progress: no body piece written, or no answer after the last one."""
         loop = asyncio.get_running_loop()
         idle = self.cfg.read_timeout
+        cfg = self.cfg
+        if (
+            not use_bulk
+            and cfg.shape_bandwidth is None
+            and not cfg.shape_latency
+            and chunking.total_size(views) <= cfg.write_piece_bytes
+        ):
+            # one socket write: the body goes as bytes (no per-piece generator or watchdog
+            # pushes; a small body costs less to join than to stream)
+            async with asyncio.timeout(idle):
+                data = views[0] if len(views) == 1 else b"".join(views)
+                async with self.session.post(url + FRAME_PATH, headers=headers, data=data) as resp:
+                    return Answer(
+                        resp.status,
+                        await resp.text(),
+                        seconds(resp.headers.get(H_WAIT)),
+                        resp.headers.get(H_REASON, ""),
+                    )
         async with asyncio.timeout(loop.time() + idle) as watchdog:
             body = _progress(self._body(peer, views), watchdog, idle)
             if use_bulk:
