@@ -174,3 +174,31 @@ async def test_a_chunked_message_goes_alone_and_keeps_its_place(http_pair):
     for i, size in enumerate(sizes):
         f = await b.recv("a", CH)
         assert f.meta["i"] == i and f.arrays[0].shape == (size,) and (f.arrays[0] == i).all()
+
+
+async def test_bodies_of_one_stream_take_the_wire_one_after_the_other():
+    from tandem.transports.http.client import _WireTurn
+
+    lock = asyncio.Lock()
+    order: list[str] = []
+
+    async def pieces(tag: str):
+        for i in range(3):
+            order.append(f"{tag}{i}")
+            yield memoryview(b"x")
+
+    first, second = _WireTurn(lock), _WireTurn(lock)
+    a, b = first.hold(pieces("a")), second.hold(pieces("b"))
+    await anext(a)  # the first body took the wire
+    b_first = asyncio.create_task(anext(b))
+    await asyncio.sleep(0)
+    assert not b_first.done()  # the second waits for the wire
+    async for _ in a:
+        pass
+    await b_first
+    assert order == ["a0", "a1", "a2", "b0"]
+    second.end()  # the attempt ended mid-body: the wire is free again
+    assert not lock.locked()
+    late = _WireTurn(lock)
+    late.end()  # an attempt that ended before its first piece never takes the wire
+    assert [p async for p in late.hold(pieces("c"))] == [] and not lock.locked()

@@ -74,9 +74,10 @@ class _OutStream:
     is not chunked or is the lowest pending id, and no chunked message before it is pending.
     """
 
-    __slots__ = ("next_id", "pending", "chunked", "_waiters")
+    __slots__ = ("next_id", "pending", "chunked", "wire", "_waiters")
 
     def __init__(self) -> None:
+        self.wire = asyncio.Lock()  # one request body at a time on the way out (`_WireTurn`)
         self.next_id = 0
         self.pending: set[int] = set()
         self.chunked: set[int] = set()  # pending ids of messages of several chunks
@@ -119,6 +120,41 @@ class _OutStream:
         for fut in self._waiters:
             if not fut.done():
                 fut.set_result(None)
+
+
+class _WireTurn:
+    """One attempt's turn to write its body on its stream's wire: taken when the body's first
+    piece is asked for, given back after its last one, or when the attempt ends (whichever
+    comes first). Bodies of one stream thus leave one after the other, in the order their
+    requests reach the socket, while their answers are awaited together: a window keeps the
+    wire busy without splitting it between messages (the first one finishes first)."""
+
+    __slots__ = ("lock", "held", "over")
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.lock = lock
+        self.held = False
+        self.over = False  # the attempt ended: a late first piece must not take the wire
+
+    async def hold(self, pieces: AsyncIterator[memoryview]) -> AsyncIterator[memoryview]:
+        await self.lock.acquire()
+        self.held = True
+        try:
+            if self.over:
+                return
+            async for piece in pieces:
+                yield piece
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.lock.release()
+
+    def end(self) -> None:
+        self.over = True
+        self.release()
 
 
 #: consecutive 421 answers (misdirected: signed for another incarnation) a request may get
@@ -279,7 +315,7 @@ class HttpClient:
             t0 = loop.time()
             self.requests[path] = self.requests.get(path, 0) + 1
             try:
-                answer = await self._post(peer, url, headers, views, use_bulk)
+                answer = await self._post(peer, url, out, headers, views, use_bulk)
             except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
                 # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
                 deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
@@ -371,7 +407,13 @@ class HttpClient:
         return True
 
     async def _post(
-        self, peer: str, url: str, headers: dict[str, str], views: list[memoryview], use_bulk: bool
+        self,
+        peer: str,
+        url: str,
+        out: _OutStream,
+        headers: dict[str, str],
+        views: list[memoryview],
+        use_bulk: bool,
     ) -> Answer:
         """One attempt. It fails with `TimeoutError` when ``read_timeout`` seconds pass without
         progress: no body piece written, or no answer after the last one."""
@@ -380,6 +422,7 @@ class HttpClient:
         cfg = self.cfg
         if (
             not use_bulk
+            and len(out.pending) == 1  # alone on its stream: no wire turn to wait for
             and cfg.shape_bandwidth is None
             and not cfg.shape_latency
             and chunking.total_size(views) <= cfg.write_piece_bytes
@@ -395,18 +438,22 @@ class HttpClient:
                         seconds(resp.headers.get(H_WAIT)),
                         resp.headers.get(H_REASON, ""),
                     )
-        async with asyncio.timeout(loop.time() + idle) as watchdog:
-            body = _progress(self._body(peer, views), watchdog, idle)
-            if use_bulk:
-                ctx = self._bulk_context() if url.startswith("https://") else None
-                return await bulk.post_bulk(peer, url, headers, body, ctx)
-            async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
-                return Answer(
-                    resp.status,
-                    await resp.text(),
-                    seconds(resp.headers.get(H_WAIT)),
-                    resp.headers.get(H_REASON, ""),
-                )
+        turn = _WireTurn(out.wire)
+        try:
+            async with asyncio.timeout(loop.time() + idle) as watchdog:
+                body = _progress(turn.hold(self._body(peer, views)), watchdog, idle)
+                if use_bulk:
+                    ctx = self._bulk_context() if url.startswith("https://") else None
+                    return await bulk.post_bulk(peer, url, headers, body, ctx)
+                async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
+                    return Answer(
+                        resp.status,
+                        await resp.text(),
+                        seconds(resp.headers.get(H_WAIT)),
+                        resp.headers.get(H_REASON, ""),
+                    )
+        finally:
+            turn.end()
 
     def _bulk_context(self) -> ssl.SSLContext:
         """TLS context of bulk connections to https peers (made once: loading the system's
