@@ -12,7 +12,10 @@ process, sends the same 64 MiB payloads over both, in the same run:
   copies: the fairest baseline);
 * ``http_MBps``: 64 MiB float32 frames via `HttpTransport.send` (receiver drains with recv);
 * ``http_hmac_MBps``: the same with HMAC authentication (SHA-256 of every body, both sides);
-* ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead).
+* ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead:
+  each send waits for the receiver's answer before the next starts);
+* ``small_frame_windowed_us``: the same frames with ``HttpConfig.send_window`` sends of the
+  channel in flight at once (the engine's way), mean time per frame;
 * ``http_requests``: the plain-HTTP sender's requests by path (``bulk``: the 64 MiB bodies,
   upgraded and received outside aiohttp's parser; ``plain``: small frames and each frame's
   short last chunk); ``--no-bulk`` sends everything as plain POSTs.
@@ -45,6 +48,7 @@ from tandem.transports.http import HttpConfig, HttpTransport
 
 MiB = 1 << 20
 SECRET = b"bench-secret"
+WINDOW = HttpConfig.send_window  # concurrent sends of the windowed small-frame variant
 
 
 def _raw_server() -> socket.socket:
@@ -109,7 +113,7 @@ async def _receiver() -> int:
         async with asyncio.TaskGroup() as tg:
             tg.create_task(_raw_sink(raw))
             for t in (plain, signed):
-                for ch in ("big", "small"):
+                for ch in ("big", "small", "small_windowed"):
                     tg.create_task(drain(t, ch))
             await until_stdin_closes()
             raise asyncio.CancelledError
@@ -158,6 +162,26 @@ async def _small_us(t: HttpTransport, n: int) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
+async def _small_windowed_us(t: HttpTransport, n: int, depth: int) -> float:
+    """Mean time per 4 KiB frame when ``depth`` sends of the channel are in flight at once (as
+    the engine's send lanes issue them; the transport's send window keeps their order)."""
+    small = Frame(arrays=(np.zeros(1024, np.float32),))
+    slots = asyncio.Semaphore(depth)
+
+    async def one() -> None:
+        try:
+            await t.send("rx", "small_windowed", small)
+        finally:
+            slots.release()
+
+    t0 = time.perf_counter()
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(n):
+            await slots.acquire()
+            tg.create_task(one())
+    return (time.perf_counter() - t0) / n * 1e6
+
+
 def _log(msg: str) -> None:
     print(f"[bench.transport] {msg}", file=sys.stderr, flush=True)
 
@@ -196,13 +220,18 @@ async def _sender(args: argparse.Namespace) -> dict:
                 await send()
             for t in (plain, signed):
                 await _small_us(t, 20)
+            await _small_windowed_us(plain, 20, WINDOW)
             # rounds interleave the variants, so load drifting on a shared machine hits all
-            runs: dict[str, list[float]] = {k: [] for k in (*senders, "small_us", "small_hmac_us")}
+            runs: dict[str, list[float]] = {
+                k: [] for k in (*senders, "small_us", "small_hmac_us", "small_windowed_us")
+            }
             for r in range(args.rounds):
                 for key, send in senders.items():
                     runs[key].append(await _throughput(send, big.nbytes, args.repeats))
                 runs["small_us"].append(await _small_us(plain, args.small))
                 runs["small_hmac_us"].append(await _small_us(signed, args.small))
+                small_windowed = await _small_windowed_us(plain, args.small, WINDOW)
+                runs["small_windowed_us"].append(small_windowed)
                 _log(
                     f"round {r + 1}/{args.rounds}: "
                     + ", ".join(f"{k} {v[-1]:.1f}" for k, v in runs.items())
@@ -231,6 +260,7 @@ async def _sender(args: argparse.Namespace) -> dict:
         "http_hmac_MBps": round(med["http_hmac"], 1),
         "small_frame_us": round(med["small_us"], 1),
         "small_frame_hmac_us": round(med["small_hmac_us"], 1),
+        "small_frame_windowed_us": round(med["small_windowed_us"], 1),
         "http_requests": requests,
         "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],

@@ -119,9 +119,11 @@ def frame_request(
     spec: str = "",
     secret: bytes | None = SECRET,
     clock: Callable[[], float] | None = None,
+    base: int | None = None,
 ) -> tuple[dict[str, str], bytes]:
     """``(headers, body)`` of a one-chunk frame request as ``sender`` would send it to
-    ``receiver`` (process ``to``), signed with ``secret`` (None: unsigned)."""
+    ``receiver`` (process ``to``), signed with ``secret`` (None: unsigned); ``base``: the
+    sender's lowest unsettled id (None: no such header, the receiver takes ``msg_id``)."""
     body = codec.encode(
         frame.replace(sender=sender, channel=channel, msg_id=msg_id, spec_hash=spec)
     )
@@ -136,6 +138,8 @@ def frame_request(
         "X-Tandem-Total": str(len(body)),
         "X-Tandem-Spec": spec,
     }
+    if base is not None:
+        headers["X-Tandem-Base"] = str(base)
     if secret is not None:
         kw: dict[str, Any] = {"receiver": receiver, "to": to}
         if clock is not None:

@@ -25,6 +25,7 @@ def test_bench_transport_tiny(capsys):
         "http_hmac_MBps",
         "small_frame_us",
         "small_frame_hmac_us",
+        "small_frame_windowed_us",
     ):
         assert math.isfinite(r[key]) and r[key] > 0, key
     assert all(len(v) == 2 for v in r["runs"].values())

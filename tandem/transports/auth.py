@@ -3,8 +3,8 @@ per-sender replay protection. Pure (no asyncio).
 
 The signer covers a version tag, the key id, the HTTP method, the path, the receiver's name and
 incarnation, every ``X-Tandem-*`` routing header listed in `SIGNED_HEADERS` (sender,
-incarnation, channel, message id, chunk, offset, total, spec hash, reply URL), a timestamp, a
-random nonce and the SHA-256 of the body::
+incarnation, channel, message id, base id, chunk, offset, total, spec hash, reply URL), a
+timestamp, a random nonce and the SHA-256 of the body::
 
     mac = HMAC-SHA256(key[key_id], "\\n".join([VERSION, key_id, method, path, receiver, to,
                                                *routing values, ts, nonce, body_sha]))
@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 
 from tandem.errors import AuthenticationError
 
-VERSION = "tandem-hmac-2"
+VERSION = "tandem-hmac-3"
 
 #: Routing headers covered by the signature, in canonical order (missing ones sign as "").
 SIGNED_HEADERS = (
@@ -51,6 +51,7 @@ SIGNED_HEADERS = (
     "X-Tandem-Incarnation",
     "X-Tandem-Channel",
     "X-Tandem-Msg-Id",
+    "X-Tandem-Base",
     "X-Tandem-Chunk",
     "X-Tandem-Chunks",
     "X-Tandem-Offset",

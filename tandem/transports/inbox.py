@@ -56,12 +56,25 @@ class Inbox(Generic[T]):
         """Take one slot, waiting up to ``timeout`` s for one to free (None: no limit).
 
         False, with no slot taken, on timeout or when the inbox is (or becomes) closed."""
+        if self.has_slot() and not self.closed:  # the common case: no timer to arm
+            self.reserved += 1
+            return True
         try:
             async with asyncio.timeout(timeout):
                 await self._wait(lambda: self.has_slot() or self.closed)
         except TimeoutError:
             return False
         if self.closed:
+            return False
+        self.reserved += 1
+        return True
+
+    def try_reserve(self, keep_free: int = 0) -> bool:
+        """Take one slot now if one is free with ``keep_free`` more slots left free after it
+        (without waiting); False otherwise."""
+        if self.closed:
+            return False
+        if len(self.items) + self.reserved + 1 + keep_free > self.capacity:
             return False
         self.reserved += 1
         return True

@@ -60,6 +60,13 @@ class ByteBudget:
                 self._wake()  # a later waiter may fit now that this one left the line
         return granted
 
+    def try_acquire(self, n: int) -> bool:
+        """Take ``n`` bytes now if they fit and nobody waits; False (nothing taken) otherwise."""
+        if self._waiters or not self.fits(n):
+            return False
+        self._take(n)
+        return True
+
     def release(self, n: int) -> None:
         """Give back ``n`` bytes taken by `acquire`."""
         self.held -= n

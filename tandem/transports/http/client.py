@@ -1,7 +1,12 @@
 """The sending half of the HTTP transport: chunked frame requests, retry with backoff, the
 mapping of refusals to exceptions, goodbyes and liveness probes.
 
-One message at a time per (peer, channel), ids counting from 0 per sender incarnation; a chunk
+Up to ``send_window`` messages in flight per (peer, channel): ids count from 0 per sender
+incarnation in the order `send` is called, and each concurrent `send` posts its message at
+once (a chunked message waits for the ones before it and holds back the ones after it); the
+receiver delivers them in id order. Every request names the stream's *base* (its lowest
+unsettled id) so the receiver skips the ids of cancelled sends instead of waiting for them. A
+`send` returns once the receiver has delivered its message to its inbox, in order. A chunk
 is retried with exponential backoff and seeded jitter on connection loss, 503 and an attempt
 that makes no progress for ``read_timeout`` seconds (a frozen peer), until ``retry_timeout``
 seconds without reaching the peer (`PeerUnavailableError`); a peer that is busy but alive is
@@ -40,6 +45,7 @@ from .config import HttpConfig
 from .protocol import (
     BYE_PATH,
     FRAME_PATH,
+    H_BASE,
     H_CHANNEL,
     H_CHUNK,
     H_CHUNKS,
@@ -61,13 +67,94 @@ from .protocol import (
 
 
 class _OutStream:
-    """Sending state of one (peer, channel): one message at a time, ids in order."""
+    """Sending state of one (peer, channel): ids in call order, at most ``window`` unsettled.
 
-    __slots__ = ("lock", "next_id")
+    Invariant: ``pending`` holds the ids assigned and not yet settled (acknowledged, refused
+    or abandoned); a message starts only when its id is below ``min(pending) + window``, it
+    is not chunked or is the lowest pending id, and no chunked message before it is pending.
+    """
+
+    __slots__ = ("next_id", "pending", "chunked", "wire", "_waiters")
 
     def __init__(self) -> None:
-        self.lock = asyncio.Lock()
+        self.wire = asyncio.Lock()  # one request body at a time on the way out (`_WireTurn`)
         self.next_id = 0
+        self.pending: set[int] = set()
+        self.chunked: set[int] = set()  # pending ids of messages of several chunks
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def assign(self, chunked: bool) -> int:
+        msg_id = self.next_id
+        self.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
+        self.pending.add(msg_id)
+        if chunked:
+            self.chunked.add(msg_id)
+        return msg_id
+
+    def base(self) -> int:
+        """The lowest unsettled id (every id below it was acknowledged or abandoned)."""
+        return min(self.pending, default=self.next_id)
+
+    def may_start(self, msg_id: int, window: int) -> bool:
+        base = self.base()
+        if msg_id - base >= window:
+            return False
+        if msg_id in self.chunked:
+            return msg_id == base
+        return not any(k < msg_id for k in self.chunked)
+
+    async def turn(self, msg_id: int, window: int) -> None:
+        """Wait until ``msg_id`` may start (see the invariant)."""
+        loop = asyncio.get_running_loop()
+        while not self.may_start(msg_id, window):
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.append(fut)
+            try:
+                await fut
+            finally:
+                self._waiters.remove(fut)
+
+    def settle(self, msg_id: int) -> None:
+        self.pending.discard(msg_id)
+        self.chunked.discard(msg_id)
+        for fut in self._waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class _WireTurn:
+    """One attempt's turn to write its body on its stream's wire: taken when the body's first
+    piece is asked for, given back after its last one, or when the attempt ends (whichever
+    comes first). Bodies of one stream thus leave one after the other, in the order their
+    requests reach the socket, while their answers are awaited together: a window keeps the
+    wire busy without splitting it between messages (the first one finishes first)."""
+
+    __slots__ = ("lock", "held", "over")
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.lock = lock
+        self.held = False
+        self.over = False  # the attempt ended: a late first piece must not take the wire
+
+    async def hold(self, pieces: AsyncIterator[memoryview]) -> AsyncIterator[memoryview]:
+        await self.lock.acquire()
+        self.held = True
+        try:
+            if self.over:
+                return
+            async for piece in pieces:
+                yield piece
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.lock.release()
+
+    def end(self) -> None:
+        self.over = True
+        self.release()
 
 
 #: consecutive 421 answers (misdirected: signed for another incarnation) a request may get
@@ -98,6 +185,7 @@ class HttpClient:
         self.peer_incarnations: dict[str, str] = {}  # what our signatures are bound to
         self._rng = random.Random(config.seed)
         self._out: dict[tuple[str, str], _OutStream] = {}
+        self._busy_until: dict[str, float] = {}  # peer -> end of the latest answered request
         self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
         self._bulk_ssl: ssl.SSLContext | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -140,20 +228,23 @@ class HttpClient:
             raise TransportClosedError(f"transport of {self.cfg.name!r} is closed")
 
     async def send(self, peer: str, url: str, channel: str, frame: Frame) -> None:
-        """Deliver ``frame`` to ``peer`` at ``url``; returns once the peer has queued it."""
+        """Deliver ``frame`` to ``peer`` at ``url``; returns once the peer has delivered it to
+        its inbox, after every message sent before it on ``channel``. Concurrent calls on one
+        channel keep up to ``send_window`` messages in flight, in call order (the id is taken
+        before the first suspension)."""
+        self._check_open()
         out = self._out.setdefault((peer, channel), _OutStream())
-        async with out.lock:
-            self._check_open()
-            msg_id = out.next_id
-            out.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
-            frame = frame.replace(
-                sender=self.cfg.name,
-                channel=channel,
-                msg_id=msg_id,
-                spec_hash=self.spec_hash or frame.spec_hash,
-            )
-            chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
-            total = sum(chunking.total_size(v) for _, v in chunks)
+        msg_id = out.next_id  # taken below, before anything is awaited
+        frame = frame.replace(
+            sender=self.cfg.name,
+            channel=channel,
+            msg_id=msg_id,
+            spec_hash=self.spec_hash or frame.spec_hash,
+        )
+        chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
+        total = sum(chunking.total_size(v) for _, v in chunks)
+        out.assign(chunked=len(chunks) > 1)
+        try:
             routing = {
                 H_SENDER: self.cfg.name,
                 H_INC: self.incarnation,
@@ -164,16 +255,21 @@ class HttpClient:
                 H_SPEC: frame.spec_hash,
                 H_REPLY: self.cfg.advertise_url or self.reply_url,
             }
+            await out.turn(msg_id, self.cfg.send_window)
+            self._check_open()
             digests: dict[int, str] = {}
             i = 0
             while i < len(chunks):
-                i = await self._post_chunk(peer, url, routing, chunks, i, digests)
+                i = await self._post_chunk(peer, url, out, routing, chunks, i, digests)
             self.stats(peer).frames += 1
+        finally:
+            out.settle(msg_id)
 
     async def _post_chunk(
         self,
         peer: str,
         url: str,
+        out: _OutStream,
         routing: dict[str, str],
         chunks: list[tuple[int, list[memoryview]]],
         i: int,
@@ -193,6 +289,7 @@ class HttpClient:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
             headers = dict(routing)
             headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+            headers[H_BASE] = str(out.base())
             if use_bulk:
                 headers["Content-Length"] = "0"
                 headers[H_LENGTH] = str(size)
@@ -218,7 +315,7 @@ class HttpClient:
             t0 = loop.time()
             self.requests[path] = self.requests.get(path, 0) + 1
             try:
-                answer = await self._post(peer, url, headers, views, use_bulk)
+                answer = await self._post(peer, url, out, headers, views, use_bulk)
             except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
                 # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
                 deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
@@ -229,7 +326,11 @@ class HttpClient:
             if answer.status == 200:
                 stats = self.stats(peer)
                 stats.bytes += size
-                stats.busy_seconds += max(loop.time() - t0 - answer.waited, 0.0)
+                # concurrent requests overlap: count the time the link was busy once
+                now = loop.time()
+                start = max(t0, self._busy_until.get(peer, t0))
+                stats.busy_seconds += max(now - start - answer.waited, 0.0)
+                self._busy_until[peer] = max(now, self._busy_until.get(peer, now))
                 return i + 1
             if answer.status == 503:
                 if answer.reason == "closing":  # the peer is shutting down: like a lost link
@@ -306,24 +407,53 @@ class HttpClient:
         return True
 
     async def _post(
-        self, peer: str, url: str, headers: dict[str, str], views: list[memoryview], use_bulk: bool
+        self,
+        peer: str,
+        url: str,
+        out: _OutStream,
+        headers: dict[str, str],
+        views: list[memoryview],
+        use_bulk: bool,
     ) -> Answer:
         """One attempt. It fails with `TimeoutError` when ``read_timeout`` seconds pass without
         progress: no body piece written, or no answer after the last one."""
         loop = asyncio.get_running_loop()
         idle = self.cfg.read_timeout
-        async with asyncio.timeout(loop.time() + idle) as watchdog:
-            body = _progress(self._body(peer, views), watchdog, idle)
-            if use_bulk:
-                ctx = self._bulk_context() if url.startswith("https://") else None
-                return await bulk.post_bulk(peer, url, headers, body, ctx)
-            async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
-                return Answer(
-                    resp.status,
-                    await resp.text(),
-                    seconds(resp.headers.get(H_WAIT)),
-                    resp.headers.get(H_REASON, ""),
-                )
+        cfg = self.cfg
+        if (
+            not use_bulk
+            and len(out.pending) == 1  # alone on its stream: no wire turn to wait for
+            and cfg.shape_bandwidth is None
+            and not cfg.shape_latency
+            and chunking.total_size(views) <= cfg.write_piece_bytes
+        ):
+            # one socket write: the body goes as bytes (no per-piece generator or watchdog
+            # pushes; a small body costs less to join than to stream)
+            async with asyncio.timeout(idle):
+                data = views[0] if len(views) == 1 else b"".join(views)
+                async with self.session.post(url + FRAME_PATH, headers=headers, data=data) as resp:
+                    return Answer(
+                        resp.status,
+                        await resp.text(),
+                        seconds(resp.headers.get(H_WAIT)),
+                        resp.headers.get(H_REASON, ""),
+                    )
+        turn = _WireTurn(out.wire)
+        try:
+            async with asyncio.timeout(loop.time() + idle) as watchdog:
+                body = _progress(turn.hold(self._body(peer, views)), watchdog, idle)
+                if use_bulk:
+                    ctx = self._bulk_context() if url.startswith("https://") else None
+                    return await bulk.post_bulk(peer, url, headers, body, ctx)
+                async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
+                    return Answer(
+                        resp.status,
+                        await resp.text(),
+                        seconds(resp.headers.get(H_WAIT)),
+                        resp.headers.get(H_REASON, ""),
+                    )
+        finally:
+            turn.end()
 
     def _bulk_context(self) -> ssl.SSLContext:
         """TLS context of bulk connections to https peers (made once: loading the system's

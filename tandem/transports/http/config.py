@@ -9,6 +9,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ..base import Frame
 
+#: the largest `HttpConfig.send_window` (each message in a window holds a connection)
+MAX_SEND_WINDOW = 256
+
 
 @dataclasses.dataclass
 class HttpConfig:
@@ -56,7 +59,14 @@ class HttpConfig:
         process, network split without a reset).
       max_frame_bytes: larger frames are refused with 413.
       reject_nonfinite: refuse float/complex tensors containing NaN or Inf with 422.
-      chunk_bytes: messages larger than this travel as several requests.
+      chunk_bytes: messages larger than this travel as several requests (such a message is
+        sent alone: it waits for the messages before it and holds back the ones after it).
+      send_window: messages of one (peer, channel) in flight at once (1..256): concurrent
+        `send` calls on a channel each post their message without waiting for the previous
+        one's answer, so a link with a long round trip carries several at a time. As a
+        receiver: how many messages of one stream it holds ahead of the next one in order
+        (each in an inbox slot, delivered strictly in id order); further ones are refused
+        (503 ``ahead``) and their senders wait.
       spec_hash: when non-empty, stamped on outgoing frames; inbound frames must match (409).
       validator: called with each decoded inbound frame; raise `FrameError` to refuse it (422).
       retry_timeout: seconds a send keeps retrying an unreachable peer before
@@ -120,6 +130,7 @@ class HttpConfig:
     max_frame_bytes: int = 1 << 31
     reject_nonfinite: bool = True
     chunk_bytes: int = 64 << 20
+    send_window: int = 8
     spec_hash: str = ""
     validator: Callable[[Frame], None] | None = None
     retry_timeout: float = 30.0
@@ -149,6 +160,11 @@ class HttpConfig:
             problems.append(f"capacity must be >= 1 frame, got {self.capacity}")
         if self.chunk_bytes < 1:
             problems.append(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if not (isinstance(self.send_window, int) and 1 <= self.send_window <= MAX_SEND_WINDOW):
+            problems.append(
+                f"send_window must be an int in 1..{MAX_SEND_WINDOW} messages, "
+                f"got {self.send_window!r}"
+            )
         if self.bulk_min_bytes is not None and not (
             isinstance(self.bulk_min_bytes, int) and self.bulk_min_bytes >= 1
         ):

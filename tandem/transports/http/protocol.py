@@ -21,6 +21,9 @@ H_SENDER = "X-Tandem-Sender"
 H_INC = "X-Tandem-Incarnation"  # random per sender process
 H_CHANNEL = "X-Tandem-Channel"
 H_ID = "X-Tandem-Msg-Id"
+#: the sender's lowest unsettled message id on the stream: every id below it was acknowledged
+#: or abandoned (a cancelled send), so the receiver need not wait for the missing ones
+H_BASE = "X-Tandem-Base"
 H_CHUNK = "X-Tandem-Chunk"
 H_CHUNKS = "X-Tandem-Chunks"
 H_OFFSET = "X-Tandem-Offset"

@@ -49,6 +49,7 @@ from .protocol import (
     BULK_PROTOCOL,
     BYE_PATH,
     FRAME_PATH,
+    H_BASE,
     H_CHANNEL,
     H_CHUNK,
     H_CHUNKS,
@@ -69,14 +70,16 @@ from .protocol import (
 )
 from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite, is_float
-from .streams import Partial, StreamState
+from .streams import Held, Partial, StreamState
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "tandem"  # the ``Server`` header: no software or version banner
 MAX_STREAMS = 1024  # (sender, channel) streams a receiver keeps state for
 #: refusals that are part of the protocol's normal flow, not logged
-QUIET_REASONS = frozenset({"busy", "closing", "misdirected", "out_of_order", "too_many_peers"})
+QUIET_REASONS = frozenset(
+    {"ahead", "busy", "closing", "evicted", "misdirected", "out_of_order", "too_many_peers"}
+)
 
 AdmitStream = Callable[[str, str], None]
 AdmitFrame = Callable[[Frame], None]
@@ -224,6 +227,8 @@ class HttpServer:
         self.closed = True
         for box in self.inboxes.values():
             box.close()
+        for state in self.streams.values():
+            state.wake()
 
     async def stop(self) -> None:
         """Stop accepting, close every connection, drop partial messages."""
@@ -237,7 +242,7 @@ class HttpServer:
         if self.listener is not None:
             self.listener.abort_all()
         for (sender, channel), state in list(self.streams.items()):
-            self.drop_partial(sender, channel, state)
+            self.drop_pending(sender, channel, state)
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -449,52 +454,81 @@ class HttpServer:
             if len(self.streams) >= MAX_STREAMS:
                 raise Refuse(503, "busy", f"receiver keeps {MAX_STREAMS} streams at most")
             state = self.streams[key] = StreamState()
+        base = int_header(h, H_BASE) if H_BASE in h else msg_id
+        if base > msg_id:
+            raise Refuse(
+                400, "malformed", f"header {H_BASE} ({base}) is above the message id ({msg_id})"
+            )
         loop = asyncio.get_running_loop()
         waited = 0.0
         async with state.lock:  # admission: bounded by backpressure_wait, never a body read
-            if state.incarnation != inc:  # a (re)started sender: fresh de-duplication state
+            if state.incarnation != inc:  # a (re)started sender: fresh ordering state
                 self.lost.pop(sender, None)
                 self.down_since.pop(sender, None)
                 if state.incarnation:
                     self.retired.setdefault(sender, set()).add(state.incarnation)
-                self.drop_partial(sender, channel, state)
+                self.drop_pending(sender, channel, state)
                 state.incarnation, state.next_id = inc, None
+                state.refused.clear()
                 box = self.inbox(sender, channel)
                 if box.closed and not self.closed:
                     box.reopen()
             if state.next_id is not None and msg_id < state.next_id:
                 return Reply(200, "duplicate")
+            state.refused.pop(msg_id, None)  # sent again after a refusal: judged afresh
+            # where the stream stands once the ids the sender settled are skipped
+            next_id = max(base, state.next_id if state.next_id is not None else base)
             box = self.inbox(sender, channel)
-            part = state.partial
-            if part is not None and part.msg_id == msg_id and chunk < part.next_chunk:
-                return Reply(200, "duplicate")
-            if chunk == 0 and not (part is not None and part.msg_id == msg_id):
-                self.drop_partial(sender, channel, state)  # abandoned older message
-                t0 = time.monotonic()
-                await self.reserve(box, channel, total)
-                waited = time.monotonic() - t0
-                part = state.partial = Partial(msg_id, chunks, total, loop.time())
-                if self.cfg.reject_nonfinite and total >= INLINE_BYTES:
-                    part.scan = FiniteScan(part.buffer)
-            elif part is None or part.msg_id != msg_id or chunk != part.next_chunk:
-                expect = part.next_chunk if part is not None and part.msg_id == msg_id else 0
-                raise Refuse(
-                    409,
-                    "out_of_order",
-                    f"chunk {chunk} of message {msg_id} is out of order; expected chunk {expect}",
-                    expect_chunk=expect,
-                )
-            if part.chunks != chunks or part.total != total or offset != part.filled:
-                self.drop_partial(sender, channel, state)
-                raise Refuse(
-                    400,
-                    "malformed",
-                    "chunk headers disagree with the message's "
-                    f"first chunk (chunks {chunks}, total {total}, offset {offset})",
-                )
-            claim = part.claim(body.abort, loop.time())  # revokes a stalled older reader
-            if part.scan is not None:
-                part.scan.rewind(offset)  # a chunk received again: forget its earlier bytes
+            held = state.ready.get(msg_id)
+            complete = held is not None
+            if held is not None:
+                held.base = max(held.base, base)
+                self.advance(key, state)
+            else:
+                if msg_id - next_id >= self.cfg.send_window:
+                    raise Refuse(
+                        503,
+                        "ahead",
+                        f"message {msg_id} on {channel!r} is send_window="
+                        f"{self.cfg.send_window} or more ahead of message {next_id}, the next "
+                        "in order; it is accepted once the messages before it are delivered",
+                    )
+                part = state.partials.get(msg_id)
+                if part is not None and chunk < part.next_chunk:
+                    return Reply(200, "duplicate")
+                if chunk == 0 and part is None:
+                    t0 = time.monotonic()
+                    if msg_id > next_id:
+                        self.reserve_ahead(box, state, next_id, msg_id, chunks, total)
+                    else:
+                        await self.reserve(box, channel, total)
+                    waited = time.monotonic() - t0
+                    part = state.partials[msg_id] = Partial(msg_id, chunks, total, loop.time())
+                    if self.cfg.reject_nonfinite and total >= INLINE_BYTES:
+                        part.scan = FiniteScan(part.buffer)
+                elif part is None or chunk != part.next_chunk:
+                    expect = part.next_chunk if part is not None else 0
+                    raise Refuse(
+                        409,
+                        "out_of_order",
+                        f"chunk {chunk} of message {msg_id} is out of order; expected chunk "
+                        f"{expect}",
+                        expect_chunk=expect,
+                    )
+                if part.chunks != chunks or part.total != total or offset != part.filled:
+                    self.drop_partial(sender, channel, state, msg_id)
+                    raise Refuse(
+                        400,
+                        "malformed",
+                        "chunk headers disagree with the message's "
+                        f"first chunk (chunks {chunks}, total {total}, offset {offset})",
+                    )
+                claim = part.claim(body.abort, loop.time())  # revokes a stalled older reader
+                if part.scan is not None:
+                    part.scan.rewind(offset)  # a chunk received again: forget its earlier bytes
+        if complete:  # a retry of a message waiting in the reorder buffer: no body to read
+            return await self.await_turn(state, inc, msg_id, waited)
+        assert part is not None  # admitted above: the message is not complete yet
         # the body is read without the lock: a retry of this chunk may take it over meanwhile
         t_read = time.monotonic()
         try:
@@ -520,7 +554,7 @@ class HttpServer:
             raise
         async with state.lock:
             part.unclaim(claim, loop.time())
-            if state.partial is not part or not claim.live:
+            if state.partials.get(msg_id) is not part or not claim.live:
                 raise Refuse(
                     409,
                     "superseded",
@@ -533,22 +567,104 @@ class HttpServer:
             part.next_chunk += 1
             if part.next_chunk < part.chunks:
                 return Reply(200, "chunk", waited)
-            state.partial = None
+            del state.partials[msg_id]
             try:
                 frame = await self.check_frame(sender, channel, msg_id, part.buffer, part.scan)
-                self.check_admission(frame)
             except BaseException:
                 box.unreserve()
                 self.budget.release(part.total)
                 raise
-            self.deliver(box, key, frame, part.total)
-            state.next_id = msg_id + 1
-            stats.frames += 1
-            return Reply(200, "ok", waited)
+            if state.incarnation != inc or (state.next_id is not None and msg_id < state.next_id):
+                box.unreserve()  # the stream moved on while the frame was checked
+                self.budget.release(part.total)
+                raise Refuse(409, "superseded", f"message {msg_id} was settled meanwhile")
+            state.ready[msg_id] = Held(frame, part.total, base)
+            self.advance(key, state)
+        return await self.await_turn(state, inc, msg_id, waited)
+
+    def advance(self, key: tuple[str, str], state: StreamState) -> None:
+        """Deliver from ``ready`` in id order, each frame after the ``admit_frame`` hook; when
+        ``next_id`` is missing, the lowest held message whose base is its own id (its sender
+        settled every id before it) is delivered instead, skipping the missing ids (their
+        partial messages are dropped). A frame the hook refuses leaves its id unused (as any
+        refusal does: its sender may send that id again) and its refusal in ``refused`` for
+        the request waiting on it. Wakes the waiting requests. Call with ``state.lock`` held."""
+        nid, woke = state.next_id, False
+        while state.ready:
+            if nid is not None and nid in state.ready:
+                k = nid
+            else:
+                settled = [k for k, h in state.ready.items() if h.base == k]
+                k = min(settled, default=-1)
+                if k < 0 or (nid is not None and k < nid):
+                    break
+            held = state.ready.pop(k)
+            box = self.inbox(*key)
+            woke = True
+            try:
+                self.check_admission(held.frame)
+            except Refuse as r:
+                box.unreserve()
+                self.budget.release(held.size)
+                state.refused[k] = r
+                continue
+            for gone in [j for j in state.partials if j < k]:
+                self.drop_partial(key[0], key[1], state, gone)
+            self.deliver(box, key, held.frame, held.size)
+            self.stats(key[0]).frames += 1
+            nid = k + 1
+        if nid != state.next_id:
+            state.next_id = nid
+            if nid is not None:
+                for k in [k for k in state.refused if k < nid]:
+                    del state.refused[k]
+        if woke:
+            state.wake()
+
+    async def await_turn(self, state: StreamState, inc: str, msg_id: int, waited: float) -> Reply:
+        """Wait (up to ``backpressure_wait``) until complete message ``msg_id`` is delivered or
+        refused in order; 503 ``ahead`` when the messages before it are still missing (the
+        sender retries, with no body to read again), 503 ``evicted`` when it was dropped to
+        make room (the sender sends it again)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.cfg.backpressure_wait
+        while True:
+            if state.incarnation != inc:
+                raise Refuse(410, "retired", f"incarnation {inc} was replaced meanwhile")
+            refusal = state.refused.pop(msg_id, None)
+            if refusal is not None:
+                raise refusal
+            nid = state.next_id
+            if nid is not None and msg_id < nid:
+                return Reply(200, "ok", waited)
+            if msg_id not in state.ready:
+                raise Refuse(
+                    503,
+                    "evicted",
+                    f"message {msg_id} was dropped from the reorder buffer to make room for "
+                    f"message {nid} before it; send it again",
+                )
+            if self.closed:
+                raise Refuse(503, "closing", "receiver is closing")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise Refuse(
+                    503, "ahead", f"message {msg_id} waits for message {nid}, the next in order"
+                )
+            fut: asyncio.Future[None] = loop.create_future()
+            state.waiters.append(fut)
+            try:
+                async with asyncio.timeout(remaining):
+                    await fut
+            except TimeoutError:
+                pass
+            finally:
+                state.waiters.remove(fut)
 
     async def reserve(self, box: Inbox[Frame], channel: str, total: int) -> None:
-        """An inbox slot and ``total`` bytes of the budget for a new message, each waited for
-        up to ``backpressure_wait``; `Refuse` (503) when either stays unavailable."""
+        """An inbox slot and ``total`` bytes of the budget for the next message in order, each
+        waited for up to ``backpressure_wait``; `Refuse` (503) when either stays unavailable
+        (then messages held ahead of their turn are dropped, so the retry finds room)."""
         wait = self.cfg.backpressure_wait
         if not await box.reserve(wait):
             if box.closed:
@@ -556,6 +672,7 @@ class HttpServer:
             raise Refuse(503, "busy", f"receiver busy: inbox of {channel!r} is full")
         if not await self.budget.acquire(total, wait):
             box.unreserve()
+            self.evict_ahead()
             raise Refuse(
                 503,
                 "busy",
@@ -563,16 +680,72 @@ class HttpServer:
                 f"{self.budget.capacity} bytes are held; a message of {total} bytes waits",
             )
 
-    def drop_partial(self, sender: str, channel: str, state: StreamState) -> None:
-        """Forget ``state``'s partial message: its reader (if any) is cut off, its inbox slot
+    def reserve_ahead(
+        self,
+        box: Inbox[Frame],
+        state: StreamState,
+        nid: int,
+        msg_id: int,
+        chunks: int,
+        total: int,
+    ) -> None:
+        """An inbox slot and ``total`` bytes for a message ahead of its turn, taken only now
+        and only where they leave a slot for every missing id before it and keep messages held
+        ahead to half the budget (so the next message in order always finds room); else 503
+        ``ahead`` (its sender waits and retries)."""
+        if chunks > 1:
+            raise Refuse(
+                503, "ahead", f"chunked message {msg_id} is received once {nid} is delivered"
+            )
+        missing = msg_id - nid - state.reserved_between(nid, msg_id)
+        if not box.try_reserve(keep_free=missing):
+            if box.closed:
+                raise Refuse(503, "closing", "receiver is closing")
+            raise Refuse(
+                503, "ahead", f"inbox slots are kept for the messages before {msg_id} (from {nid})"
+            )
+        held_ahead = sum(st.ahead_bytes() for st in self.streams.values())
+        if held_ahead + total > self.budget.capacity // 2 or not self.budget.try_acquire(total):
+            box.unreserve()
+            raise Refuse(
+                503, "ahead", f"budget bytes are kept for the messages before {msg_id} (from {nid})"
+            )
+
+    def evict_ahead(self) -> None:
+        """Drop every message held ahead of its turn (their senders send them again)."""
+        for (sender, channel), state in list(self.streams.items()):
+            nid = state.next_id
+            if nid is None:
+                continue
+            for k in [k for k in state.partials if k > nid]:
+                self.drop_partial(sender, channel, state, k)
+            evicted = [k for k in state.ready if k > nid]
+            for k in evicted:
+                held = state.ready.pop(k)
+                self.inbox(sender, channel).unreserve()
+                self.budget.release(held.size)
+            if evicted:
+                state.wake()
+
+    def drop_partial(self, sender: str, channel: str, state: StreamState, msg_id: int) -> None:
+        """Forget partial message ``msg_id`` (if any): its reader is cut off, its inbox slot
         and budget bytes are given back."""
-        part = state.partial
+        part = state.partials.pop(msg_id, None)
         if part is not None:
-            state.partial = None
             if part.reader is not None:
                 part.reader.revoke()
             self.inbox(sender, channel).unreserve()
             self.budget.release(part.total)
+
+    def drop_pending(self, sender: str, channel: str, state: StreamState) -> None:
+        """Forget every message of ``state`` not yet delivered (partial or waiting its turn)."""
+        for k in list(state.partials):
+            self.drop_partial(sender, channel, state, k)
+        for held in state.ready.values():
+            self.inbox(sender, channel).unreserve()
+            self.budget.release(held.size)
+        state.ready.clear()
+        state.wake()
 
     def _sweep_every(self) -> float:
         return max(0.05, min(self.cfg.partial_timeout / 4, 5.0))
@@ -583,13 +756,10 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         now = loop.time()
         for (sender, channel), state in list(self.streams.items()):
-            part = state.partial
-            if (
-                part is not None
-                and part.reader is None
-                and now - part.touched >= self.cfg.partial_timeout
-            ):
-                self.drop_partial(sender, channel, state)
+            for part in list(state.partials.values()):
+                if part.reader is not None or now - part.touched < self.cfg.partial_timeout:
+                    continue
+                self.drop_partial(sender, channel, state, part.msg_id)
                 self.dropped_partials += 1
                 self.quiet.info(
                     "%s: dropped message %d from %r on %r: idle for partial_timeout=%g s with "
@@ -698,7 +868,7 @@ class HttpServer:
         for (s, channel), state in list(self.streams.items()):
             if s == sender and state.incarnation == inc:
                 async with state.lock:
-                    self.drop_partial(s, channel, state)
+                    self.drop_pending(s, channel, state)
         for (s, _), box in list(self.inboxes.items()):
             if s == sender:
                 box.close()
