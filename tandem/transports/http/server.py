@@ -667,8 +667,15 @@ class HttpServer:
         (then messages held ahead of their turn are dropped, so the retry finds room)."""
         wait = self.cfg.backpressure_wait
         if not await box.reserve(wait):
-            if box.closed:
+            if self.closed:
                 raise Refuse(503, "closing", "receiver is closing")
+            if box.closed:  # the sender said goodbye: nobody here reads its channels any more
+                raise Refuse(
+                    410,
+                    "retired",
+                    f"channel {channel!r} of this sender was closed by its goodbye; the "
+                    "receiver no longer reads it (restart the receiver's session to talk again)",
+                )
             raise Refuse(503, "busy", f"receiver busy: inbox of {channel!r} is full")
         if not await self.budget.acquire(total, wait):
             box.unreserve()
