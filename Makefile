@@ -17,9 +17,11 @@ demo: $(BIN)/python
 	$(BIN)/python -m pip install -q -e '.[demo,plot]'
 	$(BIN)/tandem demo
 
-# lint, format, types, then the whole suite; the first failure stops it
+# lint, format, types, then the whole suite on TEST_WORKERS pytest-xdist processes (CI has 2
+# cores; an idle worker takes half of a busy one's queue); the first failing step stops it
+TEST_WORKERS ?= 2
 test: install lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 lint: install
 	$(BIN)/ruff check .

@@ -967,6 +967,8 @@ async def hold_heads(url: str, count: int, seconds: float) -> int:
                         if await asyncio.wait_for(reader.read(1), 0.5) == b"":
                             break
                     except TimeoutError:
+                        if writer.is_closing():  # closed by the peer as the wait timed out
+                            break
                         writer.write(b"a")
             except OSError:
                 pass

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from party_helpers import ROOT, Proc, free_port
+from party_helpers import ROOT, Proc
+from ports import free_port
 from tandem.parties.fl.data import write_digits_csvs
 
 CLIENTS = ("bank_a", "bank_b", "bank_c", "bank_d")

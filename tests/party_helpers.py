@@ -12,7 +12,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 ROWS, TEST_ROWS, F_LEADER, F_FOLLOWER = 64, 24, 4, 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(cond: Callable[[], Any], timeout: float, what: str, poll: float = 0.02) -> Any:

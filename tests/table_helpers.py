@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from party_helpers import ROOT, Proc, free_port
+from party_helpers import ROOT, Proc
+from ports import free_port
 
 
 def toml(table: dict[str, Any], prefix: str = "") -> str:

@@ -4,15 +4,9 @@ import argparse
 import asyncio
 import csv
 import json
-import socket
 
+from ports import free_port
 from tandem.parties.alignment import cli, ecdh
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def parse(argv):

@@ -7,6 +7,7 @@ iproute2 and are skipped otherwise: the link is removed when the benchmark is te
 namespaces left by a killed run are swept up.
 """
 
+import fcntl
 import json
 import math
 import os
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,6 +43,8 @@ TINY = [
     "2",
     "--rate-mbit",
     "10",
+    "--probe-mib",  # the goodput probe between namespaces: 1 MiB each way takes ~1 s at 10 Mbit/s
+    "1",
 ]
 KEYS = (
     "sequential_s",
@@ -85,9 +89,24 @@ def _can_make_namespaces() -> bool:
         return False
 
 
-needs_netns = pytest.mark.skipif(
+_netns_allowed = pytest.mark.skipif(
     not _can_make_namespaces(), reason="needs root, iproute2 and permission to make namespaces"
 )
+
+
+def needs_netns(test):
+    """Skipped without root and iproute2; run holding `netns_lock`."""
+    return pytest.mark.usefixtures("netns_lock")(_netns_allowed(test))
+
+
+@pytest.fixture
+def netns_lock():
+    """One namespace test at a time on this machine, whichever xdist worker or pytest session
+    runs it: a benchmark started with ``--link netns`` sweeps up the namespaces of dead pids,
+    so it would delete the one `test_stale_namespaces_swept` has just made for its own sweep."""
+    with open(Path(tempfile.gettempdir()) / "tandem-netns-tests.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 @pytest.mark.slow

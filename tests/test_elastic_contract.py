@@ -15,6 +15,7 @@ import tomllib
 import numpy as np
 import pytest
 
+from ports import free_ports
 from tandem.parties.data import Preprocessing, load_new_data, parse_data_config
 from tandem.parties.elastic import kernels as K
 from tandem.parties.elastic.data_server import DataServer
@@ -22,7 +23,7 @@ from tandem.parties.elastic.errors import ConfigError
 from tandem.parties.elastic.party_data import STAGE, export_model, load_party_shard
 from tandem.parties.split.inference import load_model_sync
 from tandem.transports.memory import MemoryNetwork
-from test_elastic_http import _free_ports, _toml
+from test_elastic_http import _toml
 
 
 def _table(path, rows: int, seed: int) -> None:
@@ -147,7 +148,7 @@ async def test_a_data_server_evaluates_its_test_rows_and_exports(tmp_path):
 
 @pytest.mark.slow
 def test_elastic_training_over_http_on_csv_tables_exports_a_usable_model(tmp_path):
-    pc, p0, p1, pw0, pw1 = _free_ports(5)
+    pc, p0, p1, pw0, pw1 = free_ports(5)
     url = lambda p: f"http://127.0.0.1:{p}"  # noqa: E731
     common = dict(host="127.0.0.1", secret="s", coordinator=url(pc))
     export = tmp_path / "out" / "model.safetensors"

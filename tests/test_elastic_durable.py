@@ -14,13 +14,14 @@ import time
 import numpy as np
 import pytest
 
+from ports import free_ports
 from tandem.parties.elastic.errors import CheckpointError, JournalError
 from tandem.parties.elastic.journal import Journal
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.param_server import ParamServer
 from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard
 from tandem.parties.elastic.store import CheckpointStore
-from test_elastic_http import _free_ports, _toml
+from test_elastic_http import _toml
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
 
@@ -121,7 +122,7 @@ class Run:
         (tmp_path / "model.json").write_text(json.dumps(SPEC.to_dict()))
         for i, shard in enumerate(self.shards):
             save_shard(shard, str(tmp_path / f"shard{i}.npz"))
-        pc, p0, p1, pw0, pw1 = _free_ports(5)
+        pc, p0, p1, pw0, pw1 = free_ports(5)
         url = lambda p: f"http://127.0.0.1:{p}"  # noqa: E731
         common = dict(host="127.0.0.1", secret="s3cret", coordinator=url(pc))
         self.cfg = {

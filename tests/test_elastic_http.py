@@ -15,13 +15,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from ports import free_ports
 from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard
 
 SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
@@ -34,16 +34,6 @@ GATED = (
     "sys.stdin.readline()\n"
     "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n"
 )
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _toml(path, **entries) -> str:
@@ -65,7 +55,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
     (tmp_path / "model.json").write_text(json.dumps(SPEC.to_dict()))
     for i, shard in enumerate(shards):
         save_shard(shard, str(tmp_path / f"shard{i}.npz"))
-    pc, p0, p1, pw0, pw1, pw2 = _free_ports(6)
+    pc, p0, p1, pw0, pw1, pw2 = free_ports(6)
     url = lambda p: f"http://127.0.0.1:{p}"  # noqa: E731
     secret = "test-secret"
     common = dict(host="127.0.0.1", secret=secret, coordinator=url(pc))

@@ -308,13 +308,17 @@ def test_connection_dropped_mid_body_is_retried_and_delivered_once(run):
 
 def test_cancelled_bulk_send_leaves_nothing_running(run):
     async def scenario():
-        # paced to 20 MB/s: the 8 MiB body takes ~0.4 s, cancelled after 0.1 s
+        # paced to 20 MB/s: the 8 MiB body takes ~0.4 s, cancelled once the receiver has
+        # taken the request (however long a loaded machine takes to get there)
         a, b = await open_pair(cfg, {"shape_bandwidth": 20e6, "write_piece_bytes": 1 << 16})
         try:
             before = asyncio.all_tasks()
             x = tensor(8 * MiB)
             sending = asyncio.ensure_future(a.send("b", "c", Frame(arrays=(x,))))
-            await asyncio.sleep(0.1)
+            for _ in range(1000):
+                if bulk(b, "received") or sending.done():
+                    break
+                await asyncio.sleep(0.01)
             assert not sending.done()
             sending.cancel()
             with pytest.raises(asyncio.CancelledError):

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from party_helpers import free_port
+from ports import free_port
 from table_helpers import TableJob
 
 pytestmark = pytest.mark.slow

@@ -13,6 +13,7 @@ import json
 import numpy as np
 import pytest
 
+from ports import free_port
 from table_helpers import TableJob, toml, write_tables
 from tandem.errors import ConfigError
 from tandem.parties.split import predict_cli
@@ -203,7 +204,7 @@ async def test_resuming_after_the_data_changed_is_refused_naming_fresh(trained, 
         assert isinstance(results[name], Exception), results[name]
     assert "--fresh" in str(results["shop"]) and "changed since checkpoint" in str(results["shop"])
     assert "--fresh" in str(results["bank"])  # the follower's refusal reaches the leader
-    again.ports = {p: __import__("party_helpers").free_port() for p in again.parties}
+    again.ports = {p: free_port() for p in again.parties}
     for name in again.parties:
         again.cfg[name]["listen"]["port"] = again.ports[name]
         again.cfg[name]["peers"] = {q: again.url(q) for q in again.cfg[name]["peers"]}

@@ -14,7 +14,6 @@ import csv
 import dataclasses
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -23,6 +22,7 @@ import numpy as np
 import pytest
 
 import tandem.parties.split.export
+from ports import free_port
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower, two_party
 from tandem.parties.split import SplitConfig, SplitParty, inference, predict_cli
@@ -404,14 +404,8 @@ async def test_bad_inputs_name_the_problem_and_the_fix(trained, tmp_path):
 
 
 # -- the command line ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _configs(trained: Trained, folder) -> dict[str, str]:
-    pl, pf = _free_port(), _free_port()
+    pl, pf = free_port(), free_port()
     train = os.path.join(trained.root, "train.npz")
     common = f'secret = "s3"\n[model]\ntopology = "leader_follower"\ncut = {CUT}\n'
     files = {}

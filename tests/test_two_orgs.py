@@ -16,7 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from party_helpers import ROOT, free_port
+from party_helpers import ROOT
+from ports import free_port
 
 pytestmark = pytest.mark.slow
 PORTS = ("8601", "8602", "8711", "8712")
