@@ -200,7 +200,11 @@ def generate(work: Workload, out: Path) -> dict[str, Any]:
                 take = order[lo : lo + work.row_group]
                 chunk = pa.table(
                     {
-                        k: (v.take(pa.array(take)) if isinstance(v, pa.Array) else v[take])
+                        k: (
+                            v.take(pa.array(take))
+                            if isinstance(v, (pa.Array, pa.ChunkedArray))
+                            else v[take]
+                        )
                         for k, v in columns.items()
                     }
                 )
