@@ -129,7 +129,7 @@ def log(msg: str) -> None:
 # -- processes -------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Child:
-    """One OS process; `finish` waits with ``os.wait4`` so its own peak RSS is known."""
+    """One OS process; `poll` reaps it with ``os.wait4``, so its own peak RSS is known."""
 
     name: str
     popen: subprocess.Popen
