@@ -5,8 +5,11 @@ import asyncio
 import csv
 import json
 
+import pytest
+
 from ports import free_port
 from tandem.parties.alignment import cli, ecdh
+from tandem.parties.alignment.errors import AlignmentError
 
 
 def parse(argv):
@@ -147,3 +150,17 @@ async def test_align_command_times_out_without_peer(tmp_path, capsys):
     )
     assert await args.func(args) == 1
     assert "no result from B after 0.3 s" in capsys.readouterr().err
+
+
+def test_read_ids_takes_a_parquet_column_as_text(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"n": [7, 8, 9], "cid": ["007", "c2", "c3"]}), path)
+    assert cli.read_ids(str(path), "cid") == ["007", "c2", "c3"]
+    assert cli.read_ids(str(path), None) == ["7", "8", "9"]  # the first column, as text
+    with pytest.raises(AlignmentError, match="has no column\\(s\\) \\['nope'\\]"):
+        cli.read_ids(str(path), "nope")
+    pq.write_table(pa.table({"cid": ["a", None]}), path)
+    with pytest.raises(AlignmentError, match="'cid' has no value at row 1"):
+        cli.read_ids(str(path), "cid")

@@ -1,4 +1,5 @@
-"""``tandem align``: private sample alignment over HTTP, ids from a CSV column.
+"""``tandem align``: private sample alignment over HTTP, ids from a column of a CSV or Parquet
+table.
 
 Run one command per party (each serves on its own port). The leader names every follower
 (``--peer`` once per follower), each follower names the leader only::
@@ -10,8 +11,8 @@ Run one command per party (each serves on its own port). The leader names every 
 
 With K followers the leader runs the PSI with each and sends each follower its positions of
 the ids they all share (`tandem.parties.alignment.multi`). Each party writes ``row,id`` lines
-(row = 0-based data row of the CSV, header excluded) in the agreed order, and prints one JSON
-summary line with the intersection size and commitment for the task spec. The shared HMAC
+(row = 0-based data row of the table, a CSV's header excluded) in the agreed order, and prints
+one JSON summary line with the intersection size and commitment for the task spec. The shared HMAC
 secret comes from the environment variable named by ``--secret-env``
 (default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned.
 """
@@ -53,7 +54,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to serve on")
     p.add_argument("--port", type=int, default=0, help="port to serve on (0 = any free port)")
-    p.add_argument("--ids", required=True, help="CSV file with a header row")
+    p.add_argument(
+        "--ids",
+        required=True,
+        help="the table holding the ids: a CSV file with a header row, or .parquet / .npz",
+    )
     p.add_argument("--column", default=None, help="id column name (default: the first)")
     p.add_argument("--out", required=True, help="CSV to write the aligned rows to")
     p.add_argument(
@@ -73,7 +78,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_ids(path: str, column: str | None) -> list[str]:
-    """The values of ``column`` (default: the first) of the CSV at ``path``."""
+    """The values of ``column`` (default: the first) of the table at ``path``: a CSV read
+    here cell by cell as text; a ``.parquet`` or ``.npz`` file through the shared reader
+    (`tandem.parties.data.read_table`, the id column read as text exactly as `tandem party`
+    reads it)."""
+    if path.lower().endswith((".parquet", ".npz")):
+        return _table_ids(path, column)
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -91,6 +101,27 @@ def read_ids(path: str, column: str | None) -> list[str]:
                 raise AlignmentError(f"{path!r} line {line_no} has no value in column {idx}")
             ids.append(row[idx])
         return ids
+
+
+def _table_ids(path: str, column: str | None) -> list[str]:
+    from tandem.parties.data import DataError, read_table
+
+    try:
+        if column is None:
+            available = read_table(path, []).available
+            if not available:
+                raise AlignmentError(f"{path!r} has no columns: expected a column of ids")
+            column = available[0]
+        ids = read_table(path, [column], text=[column])[column]
+    except DataError as exc:
+        raise AlignmentError(f"--ids: {exc}") from None
+    row = ids.first_missing()
+    if row is not None:
+        raise AlignmentError(
+            f"{path!r}: id column {column!r} has no value at row {row} (0-based data row); "
+            "every row needs an id"
+        )
+    return ids.values.tolist()
 
 
 async def run(args: argparse.Namespace) -> int:

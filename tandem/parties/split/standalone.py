@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -128,7 +129,9 @@ async def run_party(
     wrong secret, unreachable peer, bad checkpoint, changed data, peer left mid-batch).
     """
     stop = stop or asyncio.Event()
+    loading = time.perf_counter()
     data = await asyncio.to_thread(cfg.load_data)
+    load_seconds = time.perf_counter() - loading
     st = _State()
     if cfg.checkpoint.dir:
         st.store = CheckpointStore(
@@ -192,6 +195,7 @@ async def run_party(
         result.update(_traffic(session))
         result["cut_bytes_sent"] = dict(party.cut_bytes)
         result["compress"] = party.config.compress
+        result["load_seconds"] = round(load_seconds, 3)
         if st.discarded:  # newer than the agreed step: replaced by the replayed batches
             result["discarded_checkpoints"] = st.discarded
         if st.trace is not None:

@@ -1,0 +1,615 @@
+"""Split learning at scale: the click-through workload of `bench.ctr`, trained end to end
+through the user's path, against the same model trained centrally.
+
+``python -m bench.scale --json [--sizes 100k,1M,4M] [--followers 1] [--compress none]``
+prints ONE JSON line on stdout (progress on stderr). For each size it:
+
+1. generates the workload (`bench.ctr`: Parquet tables in row groups, cached in
+   ``--work-dir/<rows>-k<followers>-s<seed>-v<vocab range>``);
+2. aligns the parties with ``tandem align`` (one process per party, ids read from the Parquet
+   files) when ``rows <= --align-max`` (``align_s``: the slowest party's time inside the PSI);
+   larger sizes key the parties by id (every party holds every id);
+3. trains with one ``tandem party`` process per party over HTTP on 127.0.0.1 (HMAC-signed):
+   the parties read their Parquet tables, preprocess, negotiate, train ``--epochs`` epochs,
+   validate, test and print their JSON line;
+4. up to ``--reference-max`` rows (default 1M; above it these keys are null), trains the
+   *same composed model* (the parties' bottoms and top, built from the same TOMLs,
+   same initialisation keys, optimizer, batch size and batch order) in this process with plain
+   JAX + optax on the same preprocessed data (`centralized`), and the leader's bottom + a top
+   over it alone (`leader_only`).
+
+**Per size** (``sizes[<rows>]``):
+
+* ``rows_per_s``: training rows ÷ seconds of the last epoch, from the leader's history
+  (``SplitParty.fit``'s epoch time: training batches only, no data loading, compilation (the
+  first epoch has it) or validation); ``epoch_s`` the same seconds; ``load_s`` each party's
+  reading and preprocessing time (its ``load_seconds``); ``wall_s`` the processes' wall time;
+* ``rss_mb``: each party's peak resident set (``ru_maxrss`` of ``os.wait4`` on that process);
+  ``data_mb``: each party's *data bytes*: its rows × (dense columns as float32 + categorical
+  columns as int32 codes) + the labels as float32 on the leader — the columns at their
+  in-memory training dtype, every row it holds (training, validation and test); ``state_mb``:
+  its parameters and optimizer state (float32 parameters, Adam's two moments: 3 × 4 bytes per
+  parameter); ``rss_vs_data``: rss ÷ (data + state);
+* ``params``: the parameter count of the whole model (per stage in ``params_by_stage``): the
+  embedding tables have one row per category the training rows hold, so it grows with size;
+* ``auc_joint`` (the parties' ``test_auc``), ``auc_centralized``, ``auc_leader_only``, on the
+  same test rows; ``centralized_rows_per_s`` (last epoch, like ``rows_per_s``);
+  ``vs_centralized`` = rows_per_s ÷ centralized_rows_per_s;
+* ``link_bytes``: bytes the leader sent plus received (all peers); with ``--compress X``
+  (X != none) a second party run with ``[train] compress = X`` gives ``compressed``
+  (``auc``, ``rows_per_s``, ``link_bytes``) and ``link_bytes_ratio`` = exact ÷ compressed.
+
+**Top-level keys**: ``vs_centralized`` (at 1M rows; target >= 0.8), ``rows_per_s_4m_vs_100k``
+(4M ÷ 100k; target >= 0.9), ``rss_vs_data`` (largest party ratio at the largest size; target
+<= 2), ``auc_joint``, ``auc_leader_only`` and ``auc_vs_centralized`` (|joint - centralized|;
+target <= 0.002) at the reference size (1M when run, else the largest), ``link_bytes_ratio``
+there with ``--compress``; ``params``; ``loadavg`` (``os.getloadavg()`` at the end); ``cpus``.
+A size not run gives null for the keys that need it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import ctr
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE_ROWS = 1_000_000
+
+
+def parse_size(text: str) -> int:
+    """``"100k"`` -> 100000, ``"4M"`` -> 4000000, ``"3000"`` -> 3000."""
+    t = text.strip().lower()
+    scale = {"k": 1_000, "m": 1_000_000}.get(t[-1:], 1)
+    number = t[:-1] if scale != 1 else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 100k, 1M, 3000)") from None
+    if value < 100:
+        raise argparse.ArgumentTypeError(f"size {text!r} is below 100 rows")
+    return value
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How each size is run (`main`'s flags)."""
+
+    followers: int = 1
+    seed: int = 0
+    batch_size: int = 4096
+    epochs: int = 2
+    learning_rate: float = 0.002
+    #: fixed: every distinct micro-batch size compiles every kernel again, which an automatic
+    #: n exploring sizes pays inside the timed epochs (docs/scale-bench.md)
+    groups: int | str = 2
+    compress: str = "none"
+    align_max: int = 200_000
+    reference_max: int = 1_000_000
+    trace: bool = False
+    timeout: float = 1800.0
+    vocab: tuple[int, ...] = tuple(ctr.vocab_sizes())
+
+    def train(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "epochs": self.epochs,
+            "groups": self.groups,
+            "learning_rate": self.learning_rate,
+            "seed": self.seed,
+        }
+
+
+def log(msg: str) -> None:
+    """One progress line on stderr (stdout carries the JSON line only)."""
+    from tandem.parties.progress import progress_bar
+
+    with progress_bar(enabled=False) as bar:
+        bar.console.print(f"bench.scale: {msg}", highlight=False, markup=False)
+
+
+# -- processes -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Child:
+    """One OS process; `poll` reaps it with ``os.wait4``, so its own peak RSS is known."""
+
+    name: str
+    popen: subprocess.Popen
+    out: Path
+    err: Path
+    started: float
+    rc: int | None = None
+    maxrss_kb: int = 0
+    ended: float = 0.0
+
+    def poll(self) -> bool:
+        if self.rc is not None:
+            return True
+        pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        self.rc = os.waitstatus_to_exitcode(status)
+        self.popen.returncode = self.rc
+        self.maxrss_kb = usage.ru_maxrss
+        self.ended = time.perf_counter()
+        return True
+
+    def result(self) -> dict[str, Any] | None:
+        lines = [ln for ln in self.out.read_text().splitlines() if ln.startswith("{")]
+        return json.loads(lines[-1]) if lines else None
+
+    def tail(self) -> str:
+        return self.err.read_text(errors="replace")[-3000:]
+
+
+def launch(name: str, argv: list[str], folder: Path, env: dict[str, str]) -> Child:
+    out, err = folder / f"{name}.out", folder / f"{name}.err"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "tandem", *argv], cwd=folder, stdout=fo, stderr=fe, env=env
+        )
+    return Child(name, popen, out, err, time.perf_counter())
+
+
+def wait_all(children: list[Child], timeout: float) -> None:
+    """Wait for every child; on a failure or past ``timeout`` kill the rest and raise
+    SystemExit naming the process and its stderr tail."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not all(c.poll() for c in children):
+            failed = [c for c in children if c.rc not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                who = failed[0] if failed else next(c for c in children if c.rc is None)
+                why = f"exited with {who.rc}" if failed else f"still running after {timeout} s"
+                raise SystemExit(f"bench.scale: {who.name} {why}; its stderr:\n{who.tail()}")
+            time.sleep(0.2)
+        failed = [c for c in children if c.rc != 0]
+        if failed:
+            raise SystemExit(
+                f"bench.scale: {failed[0].name} exited with {failed[0].rc}; its stderr:\n"
+                f"{failed[0].tail()}"
+            )
+    finally:
+        for c in children:
+            if c.rc is None:
+                c.popen.kill()
+                c.poll() or c.popen.wait()
+
+
+def child_env(secret: str) -> dict[str, str]:
+    path = os.environ.get("PYTHONPATH")
+    return {
+        **os.environ,
+        "TANDEM_SECRET": secret,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT) + (os.pathsep + path if path else ""),
+    }
+
+
+def align(work: ctr.Workload, folder: Path, secret: str, timeout: float) -> float:
+    """``tandem align`` for every party (ids from its Parquet file); the slowest party's
+    seconds inside the alignment."""
+    leader, followers = work.parties[0], work.parties[1:]
+    ports = {p: free_port() for p in work.parties}
+    env = child_env(secret)
+    children = []
+    for p in work.parties:
+        peers = followers if p == leader else [leader]
+        argv = ["align", "--name", p, "--role", "leader" if p == leader else "follower"]
+        argv += ["--port", str(ports[p]), "--ids", f"{p}.parquet", "--column", "id"]
+        argv += ["--out", f"{p}_aligned.csv", "--wait", "300"]
+        for q in peers:
+            argv += ["--peer", f"{q}=http://127.0.0.1:{ports[q]}"]
+        children.append(launch(f"align_{p}", argv, folder, env))
+    wait_all(children, timeout)
+    summaries = [c.result() or {} for c in children]
+    sizes = {s.get("intersection_size") for s in summaries}
+    if sizes != {work.rows}:
+        raise SystemExit(f"bench.scale: alignment kept {sizes} rows, expected {work.rows}")
+    return max(float(s["seconds"]) for s in summaries)
+
+
+def train_parties(
+    work: ctr.Workload,
+    folder: Path,
+    settings: Settings,
+    *,
+    aligned: bool,
+    secret: str,
+    compress: str | None = None,
+    tag: str = "",
+) -> dict[str, Any]:
+    """One ``tandem party`` process per party; their JSON lines, peak RSS, wall seconds and
+    the leader's history."""
+    urls = {p: f"http://127.0.0.1:{free_port()}" for p in work.parties}
+    extra = {"compress": compress} if compress else None
+    paths = ctr.write_configs(
+        work, folder, urls=urls, train=settings.train(), aligned=aligned, extra_train=extra
+    )
+    env = child_env(secret)
+    history = folder / f"history_{work.parties[0]}.jsonl"
+    history.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    trace = ["--trace", str(folder / f"trace{tag}")] if settings.trace else []
+    children = [
+        launch(f"party_{p}{tag}", ["party", "--config", str(paths[p]), *trace], folder, env)
+        for p in reversed(work.parties)
+    ]
+    wait_all(children, settings.timeout)
+    results = {c.name.removeprefix("party_").removesuffix(tag): c.result() for c in children}
+    for name, res in results.items():
+        if not res or res.get("status") != "done":
+            raise SystemExit(f"bench.scale: party {name} did not finish: {res}")
+    epochs = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
+    return {
+        "results": results,
+        "rss_kb": {c.name.removeprefix("party_").removesuffix(tag): c.maxrss_kb for c in children},
+        "wall_s": time.perf_counter() - t0,
+        "history": epochs,
+    }
+
+
+def check_compress_supported(work: ctr.Workload, folder: Path, settings: Settings) -> None:
+    """Refuse ``--compress`` before any run when this checkout's ``tandem party`` has no
+    ``[train] compress`` key."""
+    from tandem.errors import ConfigError
+    from tandem.parties.split.party_config import load_party_config
+
+    urls = {p: "http://127.0.0.1:1" for p in work.parties}
+    probe = folder / "compress_probe"
+    probe.mkdir(exist_ok=True)
+    for p in work.parties:
+        (probe / f"{p}.parquet").touch()
+    paths = ctr.write_configs(
+        work,
+        probe,
+        urls=urls,
+        train=settings.train(),
+        extra_train={"compress": settings.compress},
+    )
+    os.environ.setdefault("TANDEM_SECRET", "probe")
+    try:
+        load_party_config(paths[work.parties[0]])
+    except ConfigError as exc:
+        raise SystemExit(
+            f"bench.scale: --compress {settings.compress}: this checkout's `tandem party` does "
+            f"not accept [train] compress ({exc}); run without --compress, or on a branch with "
+            "cut-layer compression"
+        ) from None
+
+
+# -- the centralized reference ------------------------------------------------------------------
+def centralized(
+    work: ctr.Workload, folder: Path, settings: Settings, *, train: bool = True
+) -> dict[str, Any]:
+    """The composed model and the leader-only model trained in this process (module
+    docstring); data, models, initial parameters, optimizer and batches exactly as the
+    parties build them from their TOMLs. Without ``train`` only the data is loaded and the
+    models built (parameter counts, rows held); ``joint`` and ``leader_only`` are None."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from tandem.engine.data import epoch_batches
+    from tandem.engine.kernels import get_loss
+    from tandem.parties.models import mlp
+    from tandem.parties.split.metrics import roc_auc
+    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.stages import _stable_hash
+
+    os.environ.setdefault("TANDEM_SECRET", "centralized")  # the TOMLs name it; nothing is sent
+    configs = {p: load_party_config(folder / f"{p}.toml") for p in work.parties}
+    data = {p: configs[p].load_data() for p in work.parties}
+    leader = work.parties[0]
+    topo = configs[leader].topology()
+    top = topo.by_name["top"]
+    models = {}
+    for p in work.parties:
+        stage = f"bottom_{p}"
+        models[stage] = configs[p].stage_model(stage, [data[p].train.shape[1]], data[p].vocab)
+    models["top"] = configs[leader].stage_model("top", [ctr.CUT] * len(top.inputs))
+    models["top_alone"] = mlp([ctr.CUT], list(ctr.TOP_HIDDEN), 1, activate_last=False)
+    key = jax.random.PRNGKey(settings.seed)
+    init = {
+        s: m.init(jax.random.fold_in(key, _stable_hash("top" if s == "top_alone" else s)))
+        for s, m in models.items()
+    }
+    loss = get_loss("binary")
+    y = data[leader].y_train
+    y_test = data[leader].y_test
+    n_params = {
+        s: int(sum(np.size(a) for a in jax.tree_util.tree_leaves(init[s])))
+        for s in models
+        if s != "top_alone"
+    }
+
+    def run(stages: list[str], inputs: list[str]) -> dict[str, Any]:
+        """Train ``stages`` (bottoms in the top's input order, then the top)."""
+        bottoms, head = stages[:-1], stages[-1]
+        optimizer = optax.adam(settings.learning_rate)
+        params = {s: jax.tree_util.tree_map(jnp.array, init[s]) for s in stages}
+        opt_state = optimizer.init(params)
+
+        def forward(params, xs):
+            zs = [models[b].apply(params[b], x) for b, x in zip(bottoms, xs, strict=True)]
+            return models[head].apply(params[head], *zs)
+
+        def objective(params, xs, labels):
+            return jnp.sum(loss(forward(params, xs), labels)) / labels.shape[0]
+
+        @jax.jit
+        def step(params, opt_state, xs, labels):
+            value, grads = jax.value_and_grad(objective)(params, xs, labels)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state, value
+
+        predict = jax.jit(forward)
+        seconds = []
+        for epoch in range(settings.epochs):
+            t0 = time.perf_counter()
+            for idx in epoch_batches(len(y), settings.batch_size, epoch, settings.seed):
+                xs = [data[p].train[idx] for p in inputs]
+                params, opt_state, value = step(params, opt_state, xs, y[idx])
+            jax.block_until_ready(params)
+            seconds.append(time.perf_counter() - t0)
+        scores = []
+        for lo in range(0, len(y_test), settings.batch_size):
+            xs = [data[p].test[lo : lo + settings.batch_size] for p in inputs]
+            scores.append(np.asarray(predict(params, xs)).reshape(-1))
+        auc = roc_auc(np.concatenate(scores), y_test)
+        return {"rows_per_s": len(y) / seconds[-1], "epoch_s": seconds, "auc": auc}
+
+    order = [str(s) for s in top.inputs]
+    joint = alone = None
+    if train:
+        joint = run([*order, "top"], [s.removeprefix("bottom_") for s in order])
+        alone = run([f"bottom_{leader}", "top_alone"], [leader])
+    rows = {p: len(data[p].train) + len(data[p].test) + len(data[p].validation) for p in data}
+    return {
+        "joint": joint,
+        "leader_only": alone,
+        "params_by_stage": n_params,
+        "rows_held": rows,
+        "train_rows": len(y),
+    }
+
+
+# -- one size ---------------------------------------------------------------------------------
+def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
+    work = ctr.Workload(rows, settings.followers, settings.seed, vocab=settings.vocab)
+    vocab = f"v{min(settings.vocab)}-{max(settings.vocab)}"
+    folder = work_dir / f"{rows}-k{settings.followers}-s{settings.seed}-{vocab}"
+    if not (folder / "workload.json").exists():
+        log(f"{rows} rows: generating the workload in {folder}")
+        t0 = time.perf_counter()
+        ctr.generate(work, folder)
+        log(f"{rows} rows: generated in {time.perf_counter() - t0:.1f} s")
+    manifest = json.loads((folder / "workload.json").read_text())
+    if settings.compress != "none":
+        check_compress_supported(work, folder, settings)
+    secret = secrets.token_hex(16)
+    align_s = None
+    aligned = rows <= settings.align_max
+    if aligned:
+        log(f"{rows} rows: tandem align ({len(work.parties)} processes)")
+        align_s = align(work, folder, secret, settings.timeout)
+        log(f"{rows} rows: aligned in {align_s:.1f} s")
+    log(f"{rows} rows: tandem party x {len(work.parties)} over HTTP")
+    exact = train_parties(work, folder, settings, aligned=aligned, secret=secret)
+    lead = exact["results"][work.parties[0]]
+    last = exact["history"][-1]
+    log(f"{rows} rows: trained, last epoch {last['seconds']:.1f} s, test auc {lead['test_auc']}")
+    compressed = None
+    if settings.compress != "none":
+        log(f"{rows} rows: again with [train] compress = {settings.compress!r}")
+        compressed = train_parties(
+            work,
+            folder,
+            settings,
+            aligned=aligned,
+            secret=secret,
+            compress=settings.compress,
+            tag="_compressed",
+        )
+    reference = rows <= settings.reference_max
+    log(
+        f"{rows} rows: "
+        + (
+            "centralized reference (plain JAX + optax)"
+            if reference
+            else "loading the data for the byte counts (no centralized reference at this size)"
+        )
+    )
+    ref = centralized(work, folder, settings, train=reference)
+    joint, alone = ref["joint"] or {}, ref["leader_only"] or {}
+    train_rows = ref["train_rows"]
+    rows_per_s = train_rows / last["seconds"]
+    layout = work.columns()
+    state_bytes = {
+        p: 12 * ref["params_by_stage"][f"bottom_{p}"]
+        + (12 * ref["params_by_stage"]["top"] if p == work.parties[0] else 0)
+        for p in work.parties
+    }
+    data_bytes = {
+        p: ref["rows_held"][p] * 4 * (len(layout[p][0]) + len(layout[p][1]))
+        + (4 * ref["rows_held"][p] if p == work.parties[0] else 0)
+        for p in work.parties
+    }
+    rss = {p: 1024 * kb for p, kb in exact["rss_kb"].items()}
+    entry: dict[str, Any] = {
+        "rows": rows,
+        "train_rows": train_rows,
+        "aligned_by": "tandem align" if aligned else "id",
+        "align_s": None if align_s is None else round(align_s, 2),
+        "rows_per_s": round(rows_per_s, 1),
+        "epoch_s": [round(e["seconds"], 3) for e in exact["history"]],
+        "load_s": {p: r.get("load_seconds") for p, r in exact["results"].items()},
+        "wall_s": round(exact["wall_s"], 2),
+        "n_groups": lead.get("n_groups"),
+        "rss_mb": {p: round(v / 2**20, 1) for p, v in rss.items()},
+        "data_mb": {p: round(v / 2**20, 1) for p, v in data_bytes.items()},
+        "state_mb": {p: round(v / 2**20, 1) for p, v in state_bytes.items()},
+        "rss_vs_data": {p: round(rss[p] / (data_bytes[p] + state_bytes[p]), 3) for p in rss},
+        "params": sum(ref["params_by_stage"].values()),
+        "params_by_stage": ref["params_by_stage"],
+        "auc_joint": lead.get("test_auc"),
+        "auc_centralized": joint.get("auc"),
+        "auc_leader_only": alone.get("auc"),
+        "bayes_auc": manifest["bayes_auc"],
+        "centralized_rows_per_s": round(joint["rows_per_s"], 1) if joint else None,
+        "centralized_epoch_s": [round(s, 3) for s in joint.get("epoch_s", [])],
+        "vs_centralized": round(rows_per_s / joint["rows_per_s"], 3) if joint else None,
+        "link_bytes": _link_bytes(lead),
+    }
+    if compressed is not None:
+        c_lead = compressed["results"][work.parties[0]]
+        entry["compressed"] = {
+            "compress": settings.compress,
+            "auc": c_lead.get("test_auc"),
+            "rows_per_s": round(train_rows / compressed["history"][-1]["seconds"], 1),
+            "link_bytes": _link_bytes(c_lead),
+        }
+        entry["link_bytes_ratio"] = round(entry["link_bytes"] / max(_link_bytes(c_lead), 1), 3)
+        if c_lead.get("test_auc") is not None and lead.get("test_auc") is not None:
+            entry["compressed"]["auc_delta"] = round(c_lead["test_auc"] - lead["test_auc"], 5)
+    return entry
+
+
+def _link_bytes(result: dict[str, Any]) -> int:
+    return sum(result.get("bytes_sent", {}).values()) + sum(
+        result.get("bytes_received", {}).values()
+    )
+
+
+def summarize(entries: dict[int, dict[str, Any]], settings: Settings) -> dict[str, Any]:
+    """The top-level keys of the JSON line (module docstring)."""
+    ref_rows = REFERENCE_ROWS if REFERENCE_ROWS in entries else max(entries)
+    ref = entries[ref_rows]
+    biggest = entries[max(entries)]
+    small, large = entries.get(100_000), entries.get(4_000_000)
+    out: dict[str, Any] = {
+        "bench": "scale",
+        "transport": "http-loopback",
+        "followers": settings.followers,
+        "compress": settings.compress,
+        "settings": dataclasses.asdict(settings) | {"vocab": None},
+        "reference_rows": ref_rows,
+        "vs_centralized": entries[REFERENCE_ROWS]["vs_centralized"]
+        if REFERENCE_ROWS in entries
+        else None,
+        "rows_per_s_4m_vs_100k": round(large["rows_per_s"] / small["rows_per_s"], 3)
+        if small and large
+        else None,
+        "rss_vs_data": max(biggest["rss_vs_data"].values()),
+        "auc_joint": ref["auc_joint"],
+        "auc_centralized": ref["auc_centralized"],
+        "auc_leader_only": ref["auc_leader_only"],
+        "auc_vs_centralized": None
+        if ref["auc_joint"] is None or ref["auc_centralized"] is None
+        else round(abs(ref["auc_joint"] - ref["auc_centralized"]), 5),
+        "params": ref["params"],
+        "sizes": {str(k): v for k, v in sorted(entries.items())},
+        "cpus": os.cpu_count(),
+        "loadavg": list(os.getloadavg()),
+    }
+    if "link_bytes_ratio" in ref:
+        out["link_bytes_ratio"] = ref["link_bytes_ratio"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the JSON line only (stdout)")
+    ap.add_argument(
+        "--sizes",
+        type=lambda s: [parse_size(x) for x in s.split(",") if x.strip()],
+        default=[100_000, 1_000_000],
+        help="comma-separated row counts (default 100k,1M; add 4M for rows_per_s_4m_vs_100k)",
+    )
+    ap.add_argument("--followers", type=int, default=1, choices=(1, 2, 3))
+    ap.add_argument(
+        "--compress",
+        default="none",
+        choices=("none", "bfloat16", "int8", "topk"),
+        help="also train with [train] compress = X and report link_bytes_ratio",
+    )
+    ap.add_argument("--batch-size", type=int, default=Settings.batch_size)
+    ap.add_argument("--epochs", type=int, default=Settings.epochs)
+    ap.add_argument("--learning-rate", type=float, default=Settings.learning_rate)
+    ap.add_argument(
+        "--groups", default="2", help="micro-batches per batch: an int (default 2) or 'auto'"
+    )
+    ap.add_argument(
+        "--align-max",
+        type=parse_size,
+        default=Settings.align_max,
+        help="run `tandem align` up to this many rows (larger sizes key the parties by id)",
+    )
+    ap.add_argument(
+        "--reference-max",
+        type=parse_size,
+        default=Settings.reference_max,
+        help="train the centralized and leader-only references up to this many rows",
+    )
+    ap.add_argument("--vocab-max", type=int, default=100_000, help="largest vocabulary")
+    ap.add_argument("--vocab-min", type=int, default=1_000, help="smallest vocabulary")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="each party writes a Chrome trace of a few batches into <work dir>/<size>/trace",
+    )
+    ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
+    ap.add_argument(
+        "--work-dir",
+        default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tandem-bench-scale"),
+        help="where the generated workloads are cached",
+    )
+    args = ap.parse_args(argv)
+    groups: int | str = args.groups if args.groups == "auto" else int(args.groups)
+    settings = Settings(
+        followers=args.followers,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        epochs=args.epochs,
+        learning_rate=args.learning_rate,
+        groups=groups,
+        compress=args.compress,
+        align_max=args.align_max,
+        reference_max=args.reference_max,
+        timeout=args.timeout,
+        trace=args.trace,
+        vocab=tuple(ctr.vocab_sizes(args.vocab_min, args.vocab_max)),
+    )
+    work_dir = Path(args.work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for rows in args.sizes:
+        entries[rows] = run_size(rows, settings, work_dir)
+        log(json.dumps(entries[rows]))
+    from tandem.parties.progress import emit_result
+
+    emit_result(summarize(entries, settings))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Smoke test of `bench.scale` at a tiny size through the real path: `bench.ctr` writes the
+Parquet tables, `tandem align` and `tandem party` run as OS processes over HTTP, and the
+centralized reference trains in this process. Checks the keys and that the joint model beats
+the leader alone (the throughput targets are the benchmark's business, not a test's)."""
+
+import math
+
+import pytest
+
+from bench import ctr
+from bench.scale import Settings, parse_size, run_size, summarize
+
+pytestmark = pytest.mark.slow
+
+ENTRY_KEYS = {
+    "rows",
+    "train_rows",
+    "aligned_by",
+    "align_s",
+    "rows_per_s",
+    "epoch_s",
+    "load_s",
+    "rss_mb",
+    "data_mb",
+    "state_mb",
+    "rss_vs_data",
+    "params",
+    "params_by_stage",
+    "auc_joint",
+    "auc_centralized",
+    "auc_leader_only",
+    "centralized_rows_per_s",
+    "vs_centralized",
+    "link_bytes",
+}
+TOP_KEYS = {
+    "vs_centralized",
+    "rows_per_s_4m_vs_100k",
+    "rss_vs_data",
+    "auc_joint",
+    "auc_leader_only",
+    "auc_vs_centralized",
+    "params",
+    "sizes",
+    "loadavg",
+}
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("100k", "1M", "4m", "3000", "2.5k")] == [
+        100_000,
+        1_000_000,
+        4_000_000,
+        3000,
+        2500,
+    ]
+
+
+@pytest.mark.timeout(600)  # four processes importing JAX, and compiles, on a loaded 2-core machine
+def test_bench_scale_tiny(tmp_path):
+    pytest.importorskip("pyarrow")
+    settings = Settings(
+        batch_size=1000,
+        epochs=4,
+        groups=1,
+        learning_rate=0.01,
+        vocab=tuple(ctr.vocab_sizes(10, 100)),
+        timeout=240.0,
+    )
+    entry = run_size(6000, settings, tmp_path)
+    out = summarize({6000: entry}, settings)
+    assert ENTRY_KEYS <= set(entry)
+    assert TOP_KEYS <= set(out)
+    assert entry["aligned_by"] == "tandem align" and entry["align_s"] > 0
+    assert set(entry["rss_mb"]) == {"leader", "follower"}
+    assert all(v > 0 for v in entry["rss_mb"].values())
+    assert entry["rows_per_s"] > 0 and entry["centralized_rows_per_s"] > 0
+    assert len(entry["epoch_s"]) == 4
+    # one micro-batch per batch: the pipelined run is the centralized one up to float order
+    assert out["auc_vs_centralized"] < 0.01
+    assert out["auc_joint"] > out["auc_leader_only"]
+    assert math.isfinite(out["rss_vs_data"]) and out["params"] == entry["params"]
+    # every embedding table has one row per category seen in training (+ code 0)
+    assert entry["params_by_stage"]["bottom_leader"] > 16 * 13 * 10
