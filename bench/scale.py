@@ -24,7 +24,7 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
   (``SplitParty.fit``'s epoch time: training batches only, no data loading, compilation (the
   first epoch has it) or validation); ``epoch_s`` the same seconds; ``load_s`` each party's
   reading and preprocessing time (its ``load_seconds``); ``wall_s`` the processes' wall time;
-* ``rss_mb``: each party's peak resident set (``ru_maxrss`` of ``os.wait4`` on that process);
+* ``rss_mb``: each party's peak resident set (``peak_rss_mb`` of its JSON line: its VmHWM);
   ``data_mb``: each party's *data bytes*: its rows × (dense columns as float32 + categorical
   columns as int32 codes) + the labels as float32 on the leader — the columns at their
   in-memory training dtype, every row it holds (training, validation and test); ``state_mb``:
@@ -129,7 +129,7 @@ def log(msg: str) -> None:
 # -- processes -------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Child:
-    """One OS process; `poll` reaps it with ``os.wait4``, so its own peak RSS is known."""
+    """One OS process, reaped by `poll`."""
 
     name: str
     popen: subprocess.Popen
@@ -137,18 +137,16 @@ class Child:
     err: Path
     started: float
     rc: int | None = None
-    maxrss_kb: int = 0
     ended: float = 0.0
 
     def poll(self) -> bool:
         if self.rc is not None:
             return True
-        pid, status, usage = os.wait4(self.popen.pid, os.WNOHANG)
+        pid, status = os.waitpid(self.popen.pid, os.WNOHANG)
         if pid == 0:
             return False
         self.rc = os.waitstatus_to_exitcode(status)
         self.popen.returncode = self.rc
-        self.maxrss_kb = usage.ru_maxrss
         self.ended = time.perf_counter()
         return True
 
@@ -261,7 +259,10 @@ def train_parties(
     epochs = [json.loads(line) for line in history.read_text().splitlines() if line.strip()]
     return {
         "results": results,
-        "rss_kb": {c.name.removeprefix("party_").removesuffix(tag): c.maxrss_kb for c in children},
+        # the party's own VmHWM: wait4's ru_maxrss would include this process's RSS at fork
+        "rss_bytes": {
+            name: int(res["peak_rss_mb"] * 2**20) for name, res in results.items() if res
+        },
         "wall_s": time.perf_counter() - t0,
         "history": epochs,
     }
@@ -453,7 +454,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         + (4 * ref["rows_held"][p] if p == work.parties[0] else 0)
         for p in work.parties
     }
-    rss = {p: 1024 * kb for p, kb in exact["rss_kb"].items()}
+    rss = exact["rss_bytes"]
     entry: dict[str, Any] = {
         "rows": rows,
         "train_rows": train_rows,

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
+from tandem.parties.memory import peak_rss_bytes
 
 from .checkpoint import CheckpointStore
 from .inference import export_party
@@ -196,6 +197,7 @@ async def run_party(
         result["cut_bytes_sent"] = dict(party.cut_bytes)
         result["compress"] = party.config.compress
         result["load_seconds"] = round(load_seconds, 3)
+        result["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
         if st.discarded:  # newer than the agreed step: replaced by the replayed batches
             result["discarded_checkpoints"] = st.discarded
         if st.trace is not None:
