@@ -224,9 +224,10 @@ class _Session:
                 "oversize_header",
                 f"record channel of {head.channel_len} bytes (1..{framewire.MAX_CHANNEL_BYTES})",
             )
-        limit = min(MAX_RECORD_BODY, cfg.max_frame_bytes)
-        if head.body_len > limit:
-            raise _Closed("too_large", f"record body of {head.body_len} bytes exceeds {limit}")
+        if head.body_len > MAX_RECORD_BODY:  # below it, max_frame_bytes is judged as for a POST
+            raise _Closed(
+                "too_large", f"record body of {head.body_len} bytes exceeds {MAX_RECORD_BODY}"
+            )
         try:
             async with asyncio.timeout(cfg.body_idle_timeout):
                 rest = await self.reader.readexactly(head.channel_len + head.body_len + TAG_BYTES)
