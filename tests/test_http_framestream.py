@@ -49,6 +49,18 @@ async def test_a_window_of_sends_on_several_channels_keeps_each_channel_in_order
         assert [(await b.recv("a", ch)).meta["i"] for _ in range(16)] == list(range(16))
 
 
+async def test_a_stream_the_receiver_closed_when_idle_is_opened_again(http_pair):
+    a, b = await http_pair(config, b_kw={"keepalive_timeout": 0.1})
+    await a.send("b", CH, small(0))
+    first = a._client._streams["b"]
+    while not first.reader.at_eof():  # the receiver closes the idle stream
+        await asyncio.sleep(0.01)
+    await a.send("b", CH, small(1))
+    assert a._client._streams["b"] is not first
+    assert a._client.requests["stream"] == 2 and a._client.retries.get("b", 0) == 0
+    assert [(await b.recv("a", CH)).meta["i"] for _ in range(2)] == [0, 1]
+
+
 async def test_a_peer_that_offers_no_stream_gets_posts(http_pair):
     a, b = await http_pair(config, b_kw={"frame_streams": False})
     for i in range(3):

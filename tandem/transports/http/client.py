@@ -392,6 +392,8 @@ class HttpClient:
             async with self._stream_opening.setdefault(peer, asyncio.Lock()):
                 stream = self._streams.get(peer)
                 if stream is None or not stream.usable:
+                    if stream is not None:
+                        stream.close()
                     opened = await self._open_stream(peer, url)
                     if isinstance(opened, Answer):
                         if opened.status == 421:

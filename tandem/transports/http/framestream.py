@@ -51,7 +51,11 @@ class FrameStream:
 
     @property
     def usable(self) -> bool:
-        return self.error is None and not self.writer.transport.is_closing()
+        return (
+            self.error is None
+            and not self.writer.transport.is_closing()
+            and not self.reader.at_eof()  # the receiver ended it (idle): asyncio half-closes
+        )
 
     async def send(
         self, channel: str, msg_id: int, base: int, body: Sequence[bytes | memoryview]
@@ -119,6 +123,7 @@ class FrameStream:
         if self.error is None:
             self.error = ConnectionResetError(f"frame stream to {self.peer!r} lost: {why}")
             self.writer.transport.abort()
+            self.writer.close()
             for fut in self.waiting.values():
                 if not fut.done():
                     fut.set_exception(self.error)
