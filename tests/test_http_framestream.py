@@ -15,7 +15,7 @@ from tandem.transports import auth
 from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport, framewire
 from tandem.transports.http.framestream import FrameStream, open_stream
-from tandem.transports.http.framewire import ACK, RECORD, TAG_BYTES
+from tandem.transports.http.framewire import RECORD
 from tandem.transports.http.protocol import H_INC, H_SENDER, STREAM_PATH
 
 CH = "c"
@@ -53,7 +53,7 @@ async def test_a_stream_the_receiver_closed_when_idle_is_opened_again(http_pair)
     a, b = await http_pair(config, b_kw={"keepalive_timeout": 0.1})
     await a.send("b", CH, small(0))
     first = a._client._streams["b"]
-    while not first.reader.at_eof():  # the receiver closes the idle stream
+    while first.error is None:  # the receiver closes the idle stream
         await asyncio.sleep(0.01)
     await a.send("b", CH, small(1))
     assert a._client._streams["b"] is not first
@@ -112,21 +112,25 @@ def encoded(a: HttpTransport, i: int) -> bytes:
     return b"".join(bytes(p) for p in codec.encode_parts(frame))
 
 
-async def closed_by_receiver(stream: FrameStream) -> bytes:
-    """What the receiver writes before closing the stream (it must close it)."""
+async def closed_by_receiver(stream: FrameStream) -> None:
+    """Until the receiver closes the stream (it must, without answering)."""
+    acks = stream.ack_seq
     try:
         async with asyncio.timeout(5):
-            return await stream.reader.read()
+            while stream.error is None:
+                await asyncio.sleep(0.005)
     finally:
         stream.close()
+    assert "the receiver closed the stream" in str(stream.error)
+    assert stream.ack_seq == acks
 
 
 async def test_a_forged_record_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
     forged = framewire.record(b"not the key" * 3, 0, CH, 0, 0, [encoded(a, 0)])
-    stream.writer.write(forged)
-    assert await closed_by_receiver(stream) == b""
+    stream.transport.write(forged)
+    await closed_by_receiver(stream)
     assert b.refused.get("unauthenticated") == 1
     assert b._server.inboxes.get(("a", CH)) is None or not b._server.inboxes[("a", CH)].items
 
@@ -135,11 +139,10 @@ async def test_a_replayed_record_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
     rec = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
-    stream.writer.write(rec)
-    ack = await stream.reader.readexactly(ACK.size + len("ok") + TAG_BYTES)
-    assert framewire.AckHead(*ACK.unpack(ack[: ACK.size])).status == 200
-    stream.writer.write(rec)  # the second copy is record 1: its tag is record 0's
-    assert await closed_by_receiver(stream) == b""
+    answer = await stream.send(CH, 0, 0, [encoded(a, 0)])
+    assert (answer.status, answer.text) == (200, "ok")
+    stream.transport.write(rec)  # record 0 again, as record 1: its tag is record 0's
+    await closed_by_receiver(stream)
     assert b.refused.get("unauthenticated") == 1
     assert (await b.recv("a", CH)).meta["i"] == 0
     assert len(b._server.inboxes[("a", CH)].items) == 0
@@ -150,8 +153,8 @@ async def test_reordered_records_are_refused_and_close_the_stream(http_pair):
     stream = await handshake(a, b)
     r0 = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
     r1 = framewire.record(stream.key, 1, CH, 1, 0, [encoded(a, 1)])
-    stream.writer.write(r1 + r0)
-    assert await closed_by_receiver(stream) == b""
+    stream.transport.write(r1 + r0)
+    await closed_by_receiver(stream)
     assert b.refused.get("unauthenticated") == 1
     assert b._server.inboxes.get(("a", CH)) is None or not b._server.inboxes[("a", CH)].items
 
@@ -160,8 +163,8 @@ async def test_a_record_moved_to_another_stream_is_refused(http_pair):
     a, b = await http_pair(config)
     one, other = await handshake(a, b), await handshake(a, b)
     assert one.key != other.key
-    other.writer.write(framewire.record(one.key, 0, CH, 0, 0, [encoded(a, 0)]))
-    assert await closed_by_receiver(other) == b""
+    other.transport.write(framewire.record(one.key, 0, CH, 0, 0, [encoded(a, 0)]))
+    await closed_by_receiver(other)
     assert b.refused.get("unauthenticated") == 1
     one.close()
 
@@ -169,12 +172,12 @@ async def test_a_record_moved_to_another_stream_is_refused(http_pair):
 async def test_an_oversize_header_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
-    stream.writer.write(RECORD.pack(framewire.MAX_CHANNEL_BYTES + 1, 4, 0, 0))
-    assert await closed_by_receiver(stream) == b""
+    stream.transport.write(RECORD.pack(framewire.MAX_CHANNEL_BYTES + 1, 4, 0, 0))
+    await closed_by_receiver(stream)
     assert b.refused.get("oversize_header") == 1
     stream2 = await handshake(a, b)
-    stream2.writer.write(RECORD.pack(1, framewire.MAX_RECORD_BODY + 1, 0, 0))
-    assert await closed_by_receiver(stream2) == b""
+    stream2.transport.write(RECORD.pack(1, framewire.MAX_RECORD_BODY + 1, 0, 0))
+    await closed_by_receiver(stream2)
     assert b.refused.get("too_large") == 1
 
 

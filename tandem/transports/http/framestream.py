@@ -2,10 +2,10 @@
 
 `open_stream` makes the handshake (a signed ``POST /tandem/v1/stream`` on a connection of its
 own, answered ``101``); `FrameStream.send` writes one record and waits for its ack. There is no
-reader task: the senders waiting for acks take turns reading them (`FrameStream._await`), each
-resolving whichever sender an ack answers, so nothing runs once no send is waiting. Any error
-(connection loss, a bad ack, ``read_timeout`` without an ack) closes the stream and fails every
-send waiting on it with `ConnectionResetError`; their callers retry, on a new stream or a POST.
+reader task: the stream is the connection's protocol and resolves each send as its ack arrives.
+Any error (connection loss, the receiver closing the stream, a bad ack, ``read_timeout``
+without an ack) closes the stream and fails every send waiting on it with
+`ConnectionResetError`; their callers retry, on a new stream or a POST.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import ssl
 import string
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 from tandem.errors import TransportError
 
@@ -26,36 +27,32 @@ from .protocol import H_REASON, H_STREAM_NONCE, H_WAIT, STREAM_PATH, Answer, sec
 OUTSTANDING = 64  # records of one stream awaiting their acks at once (more sends wait)
 
 
-class FrameStream:
-    """An open stream to one peer. Invariants: ``seq`` is the number of records written (the
-    next record's seq), ``ack_seq`` the number of acks read; ``waiting`` maps the seq of each
-    record whose sender still waits to that sender's future; once ``error`` is set the
-    connection is closed and every later `send` raises it."""
+class FrameStream(asyncio.Protocol):
+    """An open stream to one peer, and the protocol of its connection once upgraded: acks are
+    parsed as they arrive (`data_received`) and resolve the sends they answer.
+
+    Invariants: ``seq`` is the number of records written (the next record's seq), ``ack_seq``
+    the number of acks read; ``waiting`` maps the seq of each record whose sender still waits
+    to that sender's future; once ``error`` is set the connection is closed and every later
+    `send` raises it. ``_buf`` holds less than one ack (its head and at most
+    `framewire.MAX_ACK_TEXT` + 271 bytes)."""
 
     def __init__(
-        self,
-        peer: str,
-        key: bytes,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        read_timeout: float,
+        self, peer: str, key: bytes, writer: asyncio.StreamWriter, read_timeout: float
     ) -> None:
-        self.peer, self.key, self.reader, self.writer = peer, key, reader, writer
+        self.peer, self.key = peer, key
+        self.writer = writer  # kept: a StreamWriter closes its transport when collected
+        self.transport = cast(asyncio.Transport, writer.transport)
         self.read_timeout = read_timeout
         self.seq = self.ack_seq = 0
         self.waiting: dict[int, asyncio.Future[Answer]] = {}
         self.error: ConnectionResetError | None = None
         self._slots = asyncio.Semaphore(OUTSTANDING)
-        self._read = asyncio.Lock()
-        self._ack_head: bytes | None = None  # an ack head read whose rest is not yet in
+        self._buf = bytearray()
 
     @property
     def usable(self) -> bool:
-        return (
-            self.error is None
-            and not self.writer.transport.is_closing()
-            and not self.reader.at_eof()  # the receiver ended it (idle): asyncio half-closes
-        )
+        return self.error is None and not self.transport.is_closing()
 
     async def send(
         self, channel: str, msg_id: int, base: int, body: Sequence[bytes | memoryview]
@@ -64,65 +61,65 @@ class FrameStream:
         async with self._slots:
             if self.error is not None:
                 raise self.error
-            if self.writer.transport.is_closing():
-                raise self.fail("the receiver closed the frame stream")
             seq = self.seq
             data = framewire.record(self.key, seq, channel, msg_id, base, body)
             self.seq += 1
             fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
             self.waiting[seq] = fut
             try:
-                self.writer.write(data)  # whole: a cancelled send leaves no partial record
-                if self.writer.transport.get_write_buffer_size() > HEAD_LIMIT:
-                    async with asyncio.timeout(self.read_timeout):
-                        await self.writer.drain()
-                return await self._await(fut)
+                self.transport.write(data)  # whole: a cancelled send leaves no partial record
+                async with asyncio.timeout(self.read_timeout):
+                    return await fut
             except TimeoutError:
-                raise self.fail(f"no progress for read_timeout={self.read_timeout:g} s") from None
+                raise self.fail(f"no answer for read_timeout={self.read_timeout:g} s") from None
             finally:
                 del self.waiting[seq]
                 if fut.done() and not fut.cancelled():
-                    fut.exception()  # retrieved: raised above, or by `fail` to this waiter
+                    fut.exception()  # retrieved: raised above, or set by `fail` for this send
 
-    async def _await(self, fut: asyncio.Future[Answer]) -> Answer:
-        while not fut.done():
-            async with self._read:
-                if fut.done():
-                    break
-                if self.error is not None:
-                    raise self.error
-                try:
-                    async with asyncio.timeout(self.read_timeout):
-                        await self._read_ack()
-                except (OSError, EOFError, TransportError) as exc:
-                    raise self.fail(f"{type(exc).__name__}: {exc}") from None
-        return fut.result()
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        try:
+            while len(buf) >= ACK.size:
+                head = AckHead(*ACK.unpack_from(buf))
+                if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
+                    raise TransportError(f"malformed ack (record {head.seq})")
+                end = ACK.size + head.reason_len + head.text_len + TAG_BYTES
+                if len(buf) < end:
+                    return
+                raw = bytes(buf[:end])
+                del buf[:end]
+                self._resolve(head, raw)
+        except TransportError as exc:
+            self.fail(f"{exc} from {self.peer!r}")
 
-    async def _read_ack(self) -> None:
-        """Read one ack (resumable: a head read by a cancelled reader is kept) and resolve the
-        send it answers."""
-        if self._ack_head is None:
-            self._ack_head = await self.reader.readexactly(ACK.size)
-        head = AckHead(*ACK.unpack(self._ack_head))
-        if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
-            raise TransportError(f"malformed ack from {self.peer!r} (record {head.seq})")
-        rest = await self.reader.readexactly(head.reason_len + head.text_len + TAG_BYTES)
-        raw, self._ack_head = self._ack_head, None
-        tag = framewire.ack_tag(self.key, self.ack_seq, raw, rest[:-TAG_BYTES])
-        if not framewire.same_tag(rest[-TAG_BYTES:], tag):
-            raise TransportError(f"ack {self.ack_seq} from {self.peer!r} has a bad tag")
+    def _resolve(self, head: AckHead, raw: bytes) -> None:
+        tag = framewire.ack_tag(self.key, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])
+        if not framewire.same_tag(raw[-TAG_BYTES:], tag):
+            raise TransportError(f"ack {self.ack_seq} has a bad tag")
         self.ack_seq += 1
-        reason = rest[: head.reason_len].decode("utf-8", "replace")
-        text = rest[head.reason_len : -TAG_BYTES].decode("utf-8", "replace")
         fut = self.waiting.get(head.seq)
         if fut is not None and not fut.done():
+            start = ACK.size + head.reason_len
+            reason = raw[ACK.size : start].decode("utf-8", "replace")
+            text = raw[start:-TAG_BYTES].decode("utf-8", "replace")
             fut.set_result(Answer(head.status, text, float(head.waited), reason))
 
+    def eof_received(self) -> bool:
+        self.fail("the receiver closed the stream")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(f"connection lost ({exc})" if exc else "connection closed")
+
+    # ----------------------------------------------------------------------------------------
     def fail(self, why: str) -> ConnectionResetError:
         """Close the stream; every waiting send fails with the returned error."""
         if self.error is None:
             self.error = ConnectionResetError(f"frame stream to {self.peer!r} lost: {why}")
-            self.writer.transport.abort()
+            self.transport.abort()
             self.writer.close()
             for fut in self.waiting.values():
                 if not fut.done():
@@ -131,12 +128,12 @@ class FrameStream:
 
     def close(self) -> None:
         """Close the connection (the receiver sees the stream end between records)."""
-        self.writer.close()
         if self.error is None:
             self.error = ConnectionResetError(f"frame stream to {self.peer!r} closed")
             for fut in self.waiting.values():
                 if not fut.done():
                     fut.set_exception(self.error)
+        self.writer.close()
 
 
 async def open_stream(
@@ -189,4 +186,6 @@ async def open_stream(
         writer.transport.abort()
         raise
     key = framewire.stream_key(*key_material, nonce)
-    return FrameStream(peer, key, reader, writer, read_timeout)
+    stream = FrameStream(peer, key, writer, read_timeout)
+    stream.transport.set_protocol(stream)  # no ack can precede a record: nothing is buffered
+    return stream
