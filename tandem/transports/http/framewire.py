@@ -98,7 +98,7 @@ def record(
     return b"".join([*parts, _tag(key, b"c", seq, parts)])
 
 
-def record_tag(key: bytes, seq: int, head: bytes, rest: bytes | memoryview) -> bytes:
+def record_tag(key: bytes, seq: int, head: bytes | memoryview, rest: bytes | memoryview) -> bytes:
     """The tag record ``seq`` must carry (``rest``: its channel and body)."""
     return _tag(key, b"c", seq, (head, rest))
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .server import HttpServer
 
 OUTSTANDING = 64  # records of one stream admitted at once (each may wait for its turn)
-READ_LIMIT = 1 << 16  # the stream's read buffer pauses reading past twice this
+READ_LIMIT = 1 << 16  # bytes buffered beyond the largest record before reading pauses
 
 
 class RecordBody:
@@ -58,29 +58,6 @@ class RecordBody:
 
     def respond(self, reply: Reply) -> web.StreamResponse:
         return reply.response()
-
-
-class _StreamProtocol(asyncio.Protocol):
-    """The connection's protocol once upgraded: bytes into a bounded `asyncio.StreamReader`.
-    ``connection_lost`` is passed on to aiohttp's handler (``owner``) so that it forgets the
-    connection, as for a bulk body."""
-
-    def __init__(self, reader: asyncio.StreamReader, owner: asyncio.BaseProtocol) -> None:
-        self.reader, self.owner = reader, owner
-
-    def data_received(self, data: bytes) -> None:
-        self.reader.feed_data(data)
-
-    def eof_received(self) -> bool:
-        self.reader.feed_eof()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if exc is None:
-            self.reader.feed_eof()
-        else:
-            self.reader.set_exception(ConnectionResetError(f"stream connection lost ({exc})"))
-        self.owner.connection_lost(exc)
 
 
 class _Closed(Exception):
@@ -124,7 +101,6 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         h.get(auth.NONCE, ""),
         stream_nonce,
     )
-    reader = asyncio.StreamReader(limit=READ_LIMIT)
     resp = web.StreamResponse(
         status=101,
         headers={
@@ -134,8 +110,8 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         },
     )
     resp.force_close()
-    transport.set_protocol(_StreamProtocol(reader, transport.get_protocol()))
-    reader.set_transport(transport)
+    session = _Session(server, sender, inc, key, transport, transport.get_protocol())
+    transport.set_protocol(session)
     try:
         await resp.prepare(request)
     except BaseException:
@@ -145,16 +121,20 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         transport.resume_reading()
     server.frame_streams.add(transport)
     try:
-        await _Session(server, sender, inc, key, reader, transport).run()
+        await session.run()
     finally:
         server.frame_streams.discard(transport)
     return resp
 
 
-class _Session:
-    """One upgraded stream: reads records in order, admits up to `OUTSTANDING` at once, acks
-    each verdict. Invariant: ``seq`` is the number of records accepted so far (the next
-    record's seq), ``ack_seq`` the number of acks written."""
+class _Session(asyncio.Protocol):
+    """One upgraded stream, and its connection's protocol: records are parsed as bytes arrive
+    (`data_received`), each admitted in a task of `run`'s TaskGroup, each verdict acked.
+
+    Invariants: ``seq`` is the number of records accepted (the next record's seq),
+    ``ack_seq`` the number of acks written; ``_buf`` holds less than one whole record while
+    fewer than `OUTSTANDING` records are being admitted (reading pauses otherwise, and while
+    ``_buf`` exceeds `READ_LIMIT` beyond the largest record)."""
 
     def __init__(
         self,
@@ -162,38 +142,45 @@ class _Session:
         sender: str,
         inc: str,
         key: bytes,
-        reader: asyncio.StreamReader,
         transport: asyncio.Transport,
+        owner: asyncio.BaseProtocol,
     ) -> None:
         self.server, self.sender, self.inc, self.key = server, sender, inc, key
-        self.reader, self.transport = reader, transport
+        self.transport, self.owner = transport, owner
         self.seq = self.ack_seq = 0
+        self.admitting = 0
+        self._buf = bytearray()
+        self._head: RecordHead | None = None
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._over: asyncio.Future[None] | None = None
+        self._paused = False
+        loop = asyncio.get_running_loop()
+        self._last = loop.time()  # the latest byte received
+        self._timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> None:
-        slots = asyncio.Semaphore(OUTSTANDING)
-        tasks: set[asyncio.Task[None]] = set()
+        """Until the stream ends; records admitted meanwhile finish (or are cancelled when a
+        record failed a check) before this returns."""
+        loop = asyncio.get_running_loop()
+        self._over = loop.create_future()
+        self._timer = loop.call_later(self._idle_limit(), self._check_idle)
         try:
             async with asyncio.TaskGroup() as tg:
-                while True:
-                    try:
-                        record = await self.next_record()
-                    except _Closed as c:
-                        self.refuse(c)
-                        for t in tasks:
-                            t.cancel()
-                        return
-                    if record is None:
-                        return
-                    await slots.acquire()
-                    task = tg.create_task(self.admit(self.seq, *record, slots))
-                    tasks.add(task)
-                    task.add_done_callback(tasks.discard)
-                    self.seq += 1
+                self._tg = tg
+                self._parse()
+                await self._over
         finally:
+            self._timer.cancel()
             if not self.transport.is_closing():
                 self.transport.close()
 
-    def refuse(self, c: _Closed) -> None:
+    def _end(self) -> None:
+        if self._over is not None and not self._over.done():
+            self._over.set_result(None)
+
+    def _close(self, c: _Closed) -> None:
+        """A record failed a check: abort the connection, drop the records being admitted."""
         server = self.server
         server.refused[c.reason] = server.refused.get(c.reason, 0) + 1
         server.quiet.info(
@@ -204,21 +191,79 @@ class _Session:
             c.text,
         )
         self.transport.abort()
+        for t in self._tasks:
+            t.cancel()
+        self._buf.clear()
+        self._end()
 
-    async def next_record(self) -> tuple[RecordHead, str, memoryview] | None:
-        """The next record (head, channel, body), its tag checked; None when the stream
-        ends between records (closed by the sender, lost, or idle)."""
-        cfg = self.server.cfg
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        self._last = asyncio.get_running_loop().time()
+        self._buf += data
+        self._parse()
+
+    def eof_received(self) -> bool:
+        if self._buf:
+            self._close(_Closed("disconnected", "stream ended inside a record"))
+        self._end()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+        self.owner.connection_lost(exc)
+
+    # ----------------------------------------------------------------------------------------
+    def _parse(self) -> None:
+        """Take every whole record from ``_buf`` while admission slots are free."""
+        if self._tg is None or self.transport.is_closing():
+            return  # before `run` (bytes that came with the 101's sending): kept for it
+        buf = self._buf
         try:
-            async with asyncio.timeout(cfg.keepalive_timeout):
-                raw = await self.reader.readexactly(RECORD.size)
-        except asyncio.IncompleteReadError as exc:
-            if exc.partial:
-                raise _Closed("malformed", "stream ended inside a record head") from None
-            return None
-        except (TimeoutError, ConnectionError):
-            return None
-        head = RecordHead(*RECORD.unpack(raw))
+            while self.admitting < OUTSTANDING:
+                head = self._head
+                if head is None:
+                    if len(buf) < RECORD.size:
+                        break
+                    head = self._head = self._check_head(RecordHead(*RECORD.unpack_from(buf)))
+                end = RECORD.size + head.channel_len + head.body_len + TAG_BYTES
+                if len(buf) < end:
+                    break
+                record = memoryview(bytes(buf[:end]))
+                del buf[:end]
+                self._head = None
+                tag = framewire.record_tag(
+                    self.key, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
+                )
+                if not framewire.same_tag(record[-TAG_BYTES:], tag):
+                    raise _Closed(
+                        "unauthenticated",
+                        f"record {self.seq} has a bad tag (forged, replayed, reordered or "
+                        "from another stream)",
+                    )
+                ch_end = RECORD.size + head.channel_len
+                try:
+                    channel = bytes(record[RECORD.size : ch_end]).decode()
+                except UnicodeDecodeError:
+                    raise _Closed("malformed", "record channel is not UTF-8") from None
+                self.admitting += 1
+                task = self._tg.create_task(
+                    self._admit(self.seq, head, channel, record[ch_end:-TAG_BYTES])
+                )
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                self.seq += 1
+        except _Closed as c:
+            self._close(c)
+            return
+        full = self.admitting >= OUTSTANDING or len(buf) > MAX_RECORD_BODY + READ_LIMIT
+        if full and not self._paused:
+            self._paused = True
+            self.transport.pause_reading()
+        elif not full and self._paused:
+            self._paused = False
+            self.transport.resume_reading()
+
+    def _check_head(self, head: RecordHead) -> RecordHead:
         if not 0 < head.channel_len <= framewire.MAX_CHANNEL_BYTES:
             raise _Closed(
                 "oversize_header",
@@ -228,33 +273,27 @@ class _Session:
             raise _Closed(
                 "too_large", f"record body of {head.body_len} bytes exceeds {MAX_RECORD_BODY}"
             )
-        try:
-            async with asyncio.timeout(cfg.body_idle_timeout):
-                rest = await self.reader.readexactly(head.channel_len + head.body_len + TAG_BYTES)
-        except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-            raise _Closed("disconnected", "stream ended inside a record") from None
-        view = memoryview(rest)
-        tag = framewire.record_tag(self.key, self.seq, raw, view[:-TAG_BYTES])
-        if not framewire.same_tag(view[-TAG_BYTES:], tag):
-            raise _Closed(
-                "unauthenticated",
-                f"record {self.seq} has a bad tag (forged, replayed, reordered or from "
-                "another stream)",
-            )
-        try:
-            channel = bytes(view[: head.channel_len]).decode()
-        except UnicodeDecodeError:
-            raise _Closed("malformed", "record channel is not UTF-8") from None
-        return head, channel, view[head.channel_len : -TAG_BYTES]
+        return head
 
-    async def admit(
-        self,
-        seq: int,
-        head: RecordHead,
-        channel: str,
-        body: memoryview,
-        slots: asyncio.Semaphore,
-    ) -> None:
+    def _idle_limit(self) -> float:
+        cfg = self.server.cfg
+        return cfg.body_idle_timeout if self._buf else cfg.keepalive_timeout
+
+    def _check_idle(self) -> None:
+        """The stream ends after ``keepalive_timeout`` without a record (none being admitted),
+        or ``body_idle_timeout`` without a byte inside a record."""
+        loop = asyncio.get_running_loop()
+        due = self._last + self._idle_limit()
+        if loop.time() >= due and (self._buf or self.admitting == 0):
+            if self._buf:
+                self._close(_Closed("body_timeout", "no byte of a record for body_idle_timeout"))
+            else:
+                self.transport.close()
+                self._end()
+            return
+        self._timer = loop.call_later(max(due - loop.time(), 0.01), self._check_idle)
+
+    async def _admit(self, seq: int, head: RecordHead, channel: str, body: memoryview) -> None:
         """Judge record ``seq`` as a POSTed single-chunk message, then ack the verdict."""
         from .server import MessageHead  # the server imports this module
 
@@ -278,11 +317,14 @@ class _Session:
                 )
                 server.refused["internal"] = server.refused.get("internal", 0) + 1
                 reply = Reply(500, "internal error (see the receiver's log)")
-            self.write_ack(seq, reply)
+            self._ack(seq, reply)
         finally:
-            slots.release()
+            self.admitting -= 1
+            self._last = asyncio.get_running_loop().time()
+            if self._paused or self._buf:
+                self._parse()
 
-    def write_ack(self, seq: int, reply: Reply) -> None:
+    def _ack(self, seq: int, reply: Reply) -> None:
         if self.transport.is_closing():
             return
         data = framewire.ack(
