@@ -307,15 +307,6 @@ class HttpClient:
         while True:
             if self.closed:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
-            headers = dict(routing)
-            headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
-            headers[H_BASE] = str(out.base())
-            if use_bulk:
-                headers["Content-Length"] = "0"
-                headers[H_LENGTH] = str(size)
-            else:
-                headers["Content-Length"] = str(size)
-                headers["Content-Type"] = "application/octet-stream"
             if cfg.secret and peer not in self.peer_incarnations:
                 try:  # whom to sign for: the peer's process, named by its /healthz
                     await self._learn(peer, url)
@@ -334,6 +325,15 @@ class HttpClient:
                     continue
                 answer = streamed
             else:
+                headers = dict(routing)
+                headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+                headers[H_BASE] = str(out.base())
+                if use_bulk:
+                    headers["Content-Length"] = "0"
+                    headers[H_LENGTH] = str(size)
+                else:
+                    headers["Content-Length"] = str(size)
+                    headers["Content-Type"] = "application/octet-stream"
                 if cfg.secret:
                     if i not in digests:
                         digests[i] = (

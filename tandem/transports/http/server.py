@@ -72,7 +72,7 @@ from .protocol import (
 from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite, is_float
 from .streams import Held, Partial, StreamState
-from .streamserve import serve_stream
+from .streamserve import RecordBody, serve_stream
 
 log = logging.getLogger(__name__)
 
@@ -577,7 +577,8 @@ class HttpServer:
                 length,
                 hasher,
                 part.scan,
-                idle=self.cfg.body_idle_timeout,
+                # a stream record's body is already in memory: nothing can stall
+                idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
             if hasher is not None and hasher.hexdigest() != digest:
