@@ -216,3 +216,31 @@ async def test_a_stream_lost_mid_window_is_resent_exactly_once_in_order(http_pai
     assert b._server.stats("a").frames == 8
     assert a._client.requests["stream"] > 8  # the ones cut off went again
     assert len(b._server.inboxes[("a", CH)].items) == 0
+
+
+async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
+    """A receiver (or a network attacker) answering with an ack whose tag is wrong: the send
+    never takes it for a verdict; the stream is closed and the send fails to be retried."""
+    nonce = "ab" * framewire.NONCE_BYTES
+
+    async def fake_receiver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+            b"Upgrade: tandem-stream/1\r\nX-Tandem-Stream-Nonce: " + nonce.encode() + b"\r\n\r\n"
+        )
+        await reader.readexactly(RECORD.size)
+        writer.write(framewire.ack(b"wrong key", 0, 0, 200, "", "ok", 0.0))
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(fake_receiver, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        headers = {H_SENDER: "a", H_INC: "inc", "Content-Length": "0"}
+        material = (SECRET, "a", "inc", "b", "", "")
+        stream = await open_stream("b", f"http://127.0.0.1:{port}", headers, material, None, 5.0)
+        assert isinstance(stream, FrameStream)
+        with pytest.raises(ConnectionResetError, match="bad tag"):
+            await stream.send(CH, 0, 0, [b"x" * 64])
+        assert not stream.usable
