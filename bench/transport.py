@@ -18,7 +18,8 @@ process, sends the same 64 MiB payloads over both, in the same run:
   channel in flight at once (the engine's way), mean time per frame;
 * ``http_requests``: the plain-HTTP sender's requests by path (``bulk``: the 64 MiB bodies,
   upgraded and received outside aiohttp's parser; ``plain``: small frames and each frame's
-  short last chunk); ``--no-bulk`` sends everything as plain POSTs.
+  short last chunk; ``stream``: records on a frame stream); ``--no-bulk`` sends everything as
+  plain POSTs; ``--frame-streams`` sends small frames on frame streams (both parties).
 
 The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; ``repeats``
 messages each, after one untimed warm-up message per variant); medians over the rounds are
@@ -88,11 +89,14 @@ async def _raw_sink(srv: socket.socket) -> None:
         conn.close()
 
 
-async def _receiver() -> int:
+async def _receiver(frame_streams: bool) -> int:
     raw = _raw_server()
-    plain = await HttpTransport(HttpConfig(name="rx", peers={"tx": "http://127.0.0.1:9"})).start()
+    peers = {"tx": "http://127.0.0.1:9"}
+    plain = await HttpTransport(
+        HttpConfig(name="rx", peers=peers, frame_streams=frame_streams)
+    ).start()
     signed = await HttpTransport(
-        HttpConfig(name="rx", secret=SECRET, peers={"tx": "http://127.0.0.1:9"})
+        HttpConfig(name="rx", secret=SECRET, peers=peers, frame_streams=frame_streams)
     ).start()
     print(
         json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url, "signed": signed.url}),
@@ -189,7 +193,8 @@ def _log(msg: str) -> None:
 async def _sender(args: argparse.Namespace) -> dict:
     load_start = list(os.getloadavg())
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.transport", "--role", "receiver"],
+        [sys.executable, "-m", "bench.transport", "--role", "receiver"]
+        + (["--frame-streams"] if args.frame_streams else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -204,7 +209,8 @@ async def _sender(args: argparse.Namespace) -> dict:
         big = np.random.default_rng(0).standard_normal(args.mib * MiB // 4, dtype=np.float32)
         raw = _RawSender(addr["raw_port"], memoryview(big).cast("B"))
         frame = Frame(arrays=(big,))
-        bulk = {"bulk_min_bytes": None} if args.no_bulk else {}
+        bulk: dict = {"bulk_min_bytes": None} if args.no_bulk else {}
+        bulk["frame_streams"] = args.frame_streams
         async with (
             HttpTransport(HttpConfig(name="tx", peers={"rx": addr["plain"]}, **bulk)) as plain,
             HttpTransport(
@@ -262,6 +268,7 @@ async def _sender(args: argparse.Namespace) -> dict:
         "small_frame_hmac_us": round(med["small_hmac_us"], 1),
         "small_frame_windowed_us": round(med["small_windowed_us"], 1),
         "http_requests": requests,
+        "frame_streams": args.frame_streams,
         "runs": {k: [round(x, 1) for x in v] for k, v in runs.items()},
         "loop": type(asyncio.get_running_loop()).__module__.split(".")[0],
         "load": {
@@ -289,13 +296,18 @@ def main(argv: list[str] | None = None) -> int:
         help="send every HTTP request as a plain POST (bulk_min_bytes=None)",
     )
     p.add_argument(
+        "--frame-streams",
+        action="store_true",
+        help="small frames on frame streams (HttpConfig.frame_streams=True, both parties)",
+    )
+    p.add_argument(
         "--role", choices=["sender", "receiver"], default="sender", help=argparse.SUPPRESS
     )
     args = p.parse_args(argv)
     from tandem.parties.cli import run_async
 
     if args.role == "receiver":
-        return run_async(_receiver)
+        return run_async(lambda: _receiver(args.frame_streams))
     if not args.json:
         print(
             f"sending {args.repeats} x {args.mib} MiB over a raw socket and HTTP ...",

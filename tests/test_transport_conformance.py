@@ -38,8 +38,10 @@ class HttpHarness:
     """Two HTTP parties on loopback; small chunks so that every test also exercises chunking.
 
     ``path`` picks how bodies travel: "plain" (every request a POST with its body; the chunks
-    stay below ``bulk_min_bytes``) or "bulk" (``bulk_min_bytes=1``: every request upgraded, its
-    body received outside aiohttp). `close` checks that no request took the other path."""
+    stay below ``bulk_min_bytes``), "bulk" (``bulk_min_bytes=1``: every request upgraded, its
+    body received outside aiohttp) or "stream" (``frame_streams=True``: small frames as records
+    on a frame stream, chunked ones POSTed). `close` checks that no request took the bulk path
+    (plain, stream) or the plain path (bulk)."""
 
     capacity = CAPACITY
 
@@ -61,6 +63,7 @@ class HttpHarness:
             backoff_base=0.005,
             backoff_max=0.05,
             bulk_min_bytes=1 if self.path == "bulk" else 1 << 20,
+            frame_streams=self.path == "stream",
         )
 
     async def pair(self):
@@ -81,7 +84,7 @@ class HttpHarness:
     async def close(self):
         for t in self.made:
             await t.aclose()
-        other = "plain" if self.path == "bulk" else "bulk"
+        other = {"bulk": "plain", "plain": "bulk", "stream": "bulk"}[self.path]
         for t in self.made:  # a silent fall-back to the other path would show here
             assert not any(n for (_, p), n in t.frame_requests.items() if p == other), (
                 t.name,
@@ -116,3 +119,18 @@ class TestHttpBulkTransport(TransportConformance):
         assert sum(t.frame_requests.get(("received", "bulk"), 0) for t in h.made) > 0 or not any(
             t.frame_requests for t in h.made
         )
+
+
+class TestHttpStreamTransport(TransportConformance):
+    """The same suite with small frames on frame streams."""
+
+    #: tests whose every frame is chunked (too large for a stream record): POSTs only
+    POST_ONLY = frozenset({"test_large_frames"})
+
+    @pytest.fixture
+    async def harness(self, request):
+        h = HttpHarness("stream")
+        yield h
+        await h.close()
+        sent = {p for t in h.made for (d, p), n in t.frame_requests.items() if d == "sent" and n}
+        assert "stream" in sent or not sent or request.node.name in self.POST_ONLY, sent

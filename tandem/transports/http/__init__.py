@@ -12,8 +12,9 @@ within caps and timeouts), `budget` (the one bound on inbound bytes), `quietlog`
 rate-limited line per refusal), `body` and `bulk` (how a request's body is read: a plain POST
 through aiohttp, or the bulk path's raw upgraded connection), `scan` (the incremental NaN/Inf
 check), `streams` (de-duplication state), `liveness` (loss of a silent peer), `metrics`
-(``GET /metrics``), `protocol` (paths, headers, answers), and `transport`, the `HttpTransport`
-facade over a client and a server.
+(``GET /metrics``), `protocol` (paths, headers, answers), `framewire`, `framestream` and
+`streamserve` (frame streams: the format, the sending and the receiving side), and
+`transport`, the `HttpTransport` facade over a client and a server.
 
 Wire protocol (docs/transports.md has the full description):
 
@@ -26,6 +27,8 @@ Wire protocol (docs/transports.md has the full description):
   body, 421 signed for another process of this party, 503 busy (no inbox slot or budget after
   ``backpressure_wait``) or closing (``X-Tandem-Reason`` tells which). Requests of at
   least ``bulk_min_bytes`` take the bulk path (`bulk`).
+* ``POST /tandem/v1/stream`` — with ``frame_streams``: a signed handshake upgraded to
+  ``tandem-stream/1``, then small frames as tagged records, each answered by a tagged ack.
 * ``POST /tandem/v1/bye`` — the sender closed: recv from it raises once its frames are drained.
 * ``GET /healthz`` (liveness; the party's name and incarnation only to a peer that signs the
   request or presents its certificate) and ``GET /metrics`` (Prometheus text); no

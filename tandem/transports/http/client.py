@@ -40,8 +40,10 @@ from tandem.errors import (
 from .. import auth, chunking, codec
 from ..base import Frame, LinkStats
 from ..shaping import LinkShape, LinkShaper
-from . import bulk
+from . import bulk, framewire
 from .config import HttpConfig
+from .framestream import FrameStream, open_stream
+from .framewire import MAX_RECORD_BODY
 from .protocol import (
     BYE_PATH,
     FRAME_PATH,
@@ -61,6 +63,7 @@ from .protocol import (
     H_WAIT,
     HEALTH_PATH,
     INLINE_BYTES,
+    STREAM_PATH,
     Answer,
     seconds,
 )
@@ -157,6 +160,9 @@ class _WireTurn:
         self.release()
 
 
+#: seconds a peer that did not upgrade a frame stream handshake gets POSTs before the next try
+STREAM_RETRY_AFTER = 30.0
+
 #: consecutive 421 answers (misdirected: signed for another incarnation) a request may get
 MAX_REBINDS = 3
 
@@ -188,6 +194,9 @@ class HttpClient:
         self._busy_until: dict[str, float] = {}  # peer -> end of the latest answered request
         self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
         self._bulk_ssl: ssl.SSLContext | None = None
+        self._streams: dict[str, FrameStream] = {}  # peer -> its frame stream (`framestream`)
+        self._stream_opening: dict[str, asyncio.Lock] = {}  # one handshake per peer at a time
+        self._no_stream_until: dict[str, float] = {}  # peer -> loop time to try a stream again
         self._session: aiohttp.ClientSession | None = None
         self._closed_event: asyncio.Event | None = None
 
@@ -216,6 +225,8 @@ class HttpClient:
         self.closed = True
         if self._closed_event is not None:
             self._closed_event.set()
+        for stream in self._streams.values():
+            stream.close()
         if self._session is not None:
             await asyncio.gather(*(self._say_bye(peer, url) for peer, url in peer_urls))
             await self._session.close()
@@ -280,6 +291,15 @@ class HttpClient:
         offset, views = chunks[i]
         size = chunking.total_size(views)
         use_bulk = cfg.bulk_min_bytes is not None and size >= cfg.bulk_min_bytes
+        use_stream = (
+            cfg.frame_streams
+            and not use_bulk
+            and len(chunks) == 1
+            and size <= MAX_RECORD_BODY
+            and len(routing[H_CHANNEL].encode()) <= framewire.MAX_CHANNEL_BYTES
+            and cfg.shape_bandwidth is None
+            and not cfg.shape_latency
+        )
         path = "bulk" if use_bulk else "plain"
         loop = asyncio.get_running_loop()
         deadline: float | None = None
@@ -287,39 +307,48 @@ class HttpClient:
         while True:
             if self.closed:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
-            headers = dict(routing)
-            headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
-            headers[H_BASE] = str(out.base())
-            if use_bulk:
-                headers["Content-Length"] = "0"
-                headers[H_LENGTH] = str(size)
-            else:
-                headers["Content-Length"] = str(size)
-                headers["Content-Type"] = "application/octet-stream"
-            if cfg.secret:
-                if peer not in self.peer_incarnations:
-                    try:  # whom to sign for: the peer's process, named by its /healthz
-                        await self._learn(peer, url)
-                    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                        deadline, attempt = await self._unreachable(
-                            peer, url, exc, deadline, attempt
-                        )
-                        continue
-                if i not in digests:
-                    digests[i] = (
-                        auth.body_digest(views)
-                        if size < INLINE_BYTES
-                        else await asyncio.to_thread(auth.body_digest, views)
-                    )
-                self._sign("POST", FRAME_PATH, peer, headers, digests[i])
+            if cfg.secret and peer not in self.peer_incarnations:
+                try:  # whom to sign for: the peer's process, named by its /healthz
+                    await self._learn(peer, url)
+                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
+                    continue
             t0 = loop.time()
-            self.requests[path] = self.requests.get(path, 0) + 1
-            try:
-                answer = await self._post(peer, url, out, headers, views, use_bulk)
-            except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
-                # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
-                deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
-                continue
+            if use_stream:
+                try:
+                    streamed = await self._stream_send(peer, url, routing, out.base(), views)
+                except (OSError, TimeoutError, EOFError) as exc:
+                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
+                    continue
+                if streamed is None:  # the peer offers no frame stream: POST
+                    use_stream = False
+                    continue
+                answer = streamed
+            else:
+                headers = dict(routing)
+                headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+                headers[H_BASE] = str(out.base())
+                if use_bulk:
+                    headers["Content-Length"] = "0"
+                    headers[H_LENGTH] = str(size)
+                else:
+                    headers["Content-Length"] = str(size)
+                    headers["Content-Type"] = "application/octet-stream"
+                if cfg.secret:
+                    if i not in digests:
+                        digests[i] = (
+                            auth.body_digest(views)
+                            if size < INLINE_BYTES
+                            else await asyncio.to_thread(auth.body_digest, views)
+                        )
+                    self._sign("POST", FRAME_PATH, peer, headers, digests[i])
+                self.requests[path] = self.requests.get(path, 0) + 1
+                try:
+                    answer = await self._post(peer, url, out, headers, views, use_bulk)
+                except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
+                    # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
+                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
+                    continue
             if answer.status == 421 and rebinds < MAX_REBINDS and self._rebind(peer, answer):
                 rebinds += 1  # signed for a process that is not (or no more) there: re-sign
                 continue
@@ -348,6 +377,57 @@ class HttpClient:
                     return err.index  # the receiver lost the message's start: resend in order
                 raise FrameError(str(err))
             raise err
+
+    async def _stream_send(
+        self, peer: str, url: str, routing: dict[str, str], base: int, views: list[memoryview]
+    ) -> Answer | None:
+        """One attempt on ``peer``'s frame stream (opened first when there is none): the
+        receiver's answer; the handshake's answer when it was refused as misdirected (421: the
+        caller re-signs); None when the peer offers no stream (the caller POSTs)."""
+        loop = asyncio.get_running_loop()
+        stream = self._streams.get(peer)
+        if stream is None or not stream.usable:
+            if loop.time() < self._no_stream_until.get(peer, 0.0):
+                return None
+            async with self._stream_opening.setdefault(peer, asyncio.Lock()):
+                stream = self._streams.get(peer)
+                if stream is None or not stream.usable:
+                    if stream is not None:
+                        stream.close()
+                    opened = await self._open_stream(peer, url)
+                    if isinstance(opened, Answer):
+                        if opened.status == 421:
+                            return opened
+                        self._no_stream_until[peer] = loop.time() + STREAM_RETRY_AFTER
+                        return None
+                    if self.closed:
+                        opened.close()
+                        raise TransportClosedError(f"transport of {self.cfg.name!r} closed")
+                    stream = self._streams[peer] = opened
+        self.requests["stream"] = self.requests.get("stream", 0) + 1
+        return await stream.send(routing[H_CHANNEL], int(routing[H_ID]), base, views)
+
+    async def _open_stream(self, peer: str, url: str) -> FrameStream | Answer:
+        """The signed handshake of a frame stream to ``peer`` (docs/transports.md)."""
+        cfg = self.cfg
+        headers = {
+            H_SENDER: cfg.name,
+            H_INC: self.incarnation,
+            H_REPLY: cfg.advertise_url or self.reply_url,
+            "Content-Length": "0",
+        }
+        if cfg.secret:
+            self._sign("POST", STREAM_PATH, peer, headers, auth.EMPTY_SHA)
+        material = (
+            cfg.secret or b"",
+            cfg.name,
+            self.incarnation,
+            peer,
+            headers.get(auth.TO, ""),
+            headers.get(auth.NONCE, ""),
+        )
+        ctx = self._bulk_context() if url.startswith("https://") else None
+        return await open_stream(peer, url, headers, material, ctx, cfg.read_timeout)
 
     def _sign(
         self, method: str, path: str, peer: str, headers: dict[str, str], digest: str

@@ -12,7 +12,8 @@ from .server import HttpServer
 def frame_requests(client: HttpClient, server: HttpServer) -> dict[tuple[str, str], int]:
     """Frame requests by ``(direction, path)``: ``("sent", "bulk")`` counts bulk attempts
     (retries included), ``("received", "bulk")`` bulk bodies the server accepted and started to
-    read (answered 101); likewise ``"plain"`` for ordinary POST bodies."""
+    read (answered 101); likewise ``"plain"`` for ordinary POST bodies and ``"stream"`` for records
+    on frame streams."""
     counts = {("sent", path): n for path, n in client.requests.items()}
     counts.update({("received", path): n for path, n in server.requests.items()})
     return counts

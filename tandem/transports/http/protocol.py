@@ -14,6 +14,7 @@ from aiohttp import web
 
 FRAME_PATH = "/tandem/v1/frame"
 BYE_PATH = "/tandem/v1/bye"
+STREAM_PATH = "/tandem/v1/stream"  # the handshake of a frame stream (`framewire`)
 HEALTH_PATH = "/healthz"
 METRICS_PATH = "/metrics"
 
@@ -33,6 +34,7 @@ H_REPLY = "X-Tandem-Reply-To"  # the sender's own base URL (lets `admit_unknown`
 H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
 H_LENGTH = "X-Tandem-Length"  # body length of a bulk request (its own Content-Length is 0)
 H_REASON = "X-Tandem-Reason"  # why a request was refused (a `Refuse.reason`)
+H_STREAM_NONCE = "X-Tandem-Stream-Nonce"  # the receiver's random value in a stream's 101
 
 BULK_PROTOCOL = "tandem-frame/1"  # the Upgrade token of the bulk path (see `bulk`)
 

@@ -29,7 +29,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 import orjson
@@ -63,6 +63,7 @@ from .protocol import (
     HEALTH_PATH,
     INLINE_BYTES,
     METRICS_PATH,
+    STREAM_PATH,
     Refuse,
     Reply,
     int_header,
@@ -71,6 +72,7 @@ from .protocol import (
 from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite, is_float
 from .streams import Held, Partial, StreamState
+from .streamserve import RecordBody, serve_stream
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,20 @@ QUIET_REASONS = frozenset(
 
 AdmitStream = Callable[[str, str], None]
 AdmitFrame = Callable[[Frame], None]
+
+
+class MessageHead(NamedTuple):
+    """Where one chunk of a message belongs (from a request's headers or a stream record)."""
+
+    sender: str
+    channel: str
+    incarnation: str
+    msg_id: int
+    chunk: int
+    chunks: int
+    offset: int
+    total: int
+    base: int
 
 
 class _RequestHandler(web.RequestHandler):
@@ -167,6 +183,7 @@ class HttpServer:
         self.requests: dict[str, int] = {}  # path (plain|bulk) -> bodies accepted for reading
         self.lost: dict[str, str] = {}  # peer -> why it was taken as gone (see `liveness`)
         self.down_since: dict[str, float] = {}  # peer -> loop time its probes began failing
+        self.frame_streams: set[asyncio.Transport] = set()  # upgraded connections (`streamserve`)
         self.dropped_partials = 0  # partial messages dropped after partial_timeout
         self.rebinds = 0  # 421 answers: signed for another incarnation (not refusals)
         self.runner: web.AppRunner | None = None
@@ -182,6 +199,8 @@ class HttpServer:
         app = web.Application(client_max_size=1 << 20, middlewares=[self._track])
         app.router.add_post(FRAME_PATH, self.handle_frame)
         app.router.add_post(BYE_PATH, self.handle_bye)
+        if cfg.frame_streams:
+            app.router.add_post(STREAM_PATH, self.handle_stream)
         app.router.add_get(HEALTH_PATH, self.handle_health)
         app.router.add_get(METRICS_PATH, self.handle_metrics)
         app.on_response_prepare.append(_hide_banner)
@@ -235,6 +254,8 @@ class HttpServer:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        for transport in list(self.frame_streams):
+            transport.abort()  # their sessions end at once instead of delaying the shutdown
         if self.listener is not None:
             await self.listener.stop()
         if self.runner is not None:
@@ -423,6 +444,20 @@ class HttpServer:
             int_header(h, k) for k in (H_ID, H_CHUNK, H_CHUNKS, H_OFFSET, H_TOTAL)
         )
         length = body.length()
+        digest = h.get(auth.BODY_SHA, "") if self.verifier is not None else None
+        base = int_header(h, H_BASE) if H_BASE in h else msg_id
+        head = MessageHead(sender, channel, inc, msg_id, chunk, chunks, offset, total, base)
+        return await self.receive_message(head, length, h.get(H_SPEC, ""), body, digest)
+
+    async def receive_message(
+        self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
+    ) -> Reply:
+        """Admission, reading and delivery of one chunk of an authenticated sender's message,
+        whichever way it came (a POST, a bulk body, or a frame stream's record). ``spec``: the
+        spec hash the request names (None: only the decoded frame's is checked); ``digest``:
+        the body's expected SHA-256 (None: the body is authenticated otherwise, or not at
+        all without a secret)."""
+        sender, channel, inc, msg_id, chunk, chunks, offset, total, base = head
         if total > self.cfg.max_frame_bytes:
             raise Refuse(
                 413,
@@ -443,8 +478,7 @@ class HttpServer:
                 f"inconsistent chunk headers: chunk {chunk} of {chunks}, offset "
                 f"{offset} + length {length} > total {total}",
             )
-        spec = h.get(H_SPEC, "")
-        if self.spec_hash and spec != self.spec_hash:
+        if spec is not None and self.spec_hash and spec != self.spec_hash:
             raise Refuse(409, "spec_mismatch", spec_text(spec, self.spec_hash))
         if inc in self.retired.get(sender, ()):
             raise Refuse(410, "retired", f"incarnation {inc} of {sender!r} has closed")
@@ -454,7 +488,6 @@ class HttpServer:
             if len(self.streams) >= MAX_STREAMS:
                 raise Refuse(503, "busy", f"receiver keeps {MAX_STREAMS} streams at most")
             state = self.streams[key] = StreamState()
-        base = int_header(h, H_BASE) if H_BASE in h else msg_id
         if base > msg_id:
             raise Refuse(
                 400, "malformed", f"header {H_BASE} ({base}) is above the message id ({msg_id})"
@@ -532,7 +565,7 @@ class HttpServer:
         # the body is read without the lock: a retry of this chunk may take it over meanwhile
         t_read = time.monotonic()
         try:
-            hasher = hashlib.sha256() if self.verifier is not None else None
+            hasher = hashlib.sha256() if digest is not None else None
             if isinstance(body, PlainBody):
                 body.claim = claim
             path = await body.begin(part.buffer, offset, length, part.scan)  # bulk: 101 here
@@ -544,10 +577,11 @@ class HttpServer:
                 length,
                 hasher,
                 part.scan,
-                idle=self.cfg.body_idle_timeout,
+                # a stream record's body is already in memory: nothing can stall
+                idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
-            if hasher is not None and hasher.hexdigest() != h.get(auth.BODY_SHA):
+            if hasher is not None and hasher.hexdigest() != digest:
                 raise Refuse(401, "unauthenticated", "body digest does not match")
         except BaseException:
             part.unclaim(claim, loop.time())
@@ -857,6 +891,10 @@ class HttpServer:
                 self.validator(frame)
             except FrameError as exc:
                 raise Refuse(422, "invalid", f"frame refused by validator: {exc}") from None
+
+    async def handle_stream(self, request: web.Request) -> web.StreamResponse:
+        """``POST /tandem/v1/stream``: a frame stream (`streamserve`)."""
+        return await serve_stream(self, request)
 
     async def handle_bye(self, request: web.Request) -> web.Response:
         try:

@@ -1,0 +1,191 @@
+"""The sending side of a frame stream (``tandem-stream/1``, wire format in `framewire`).
+
+`open_stream` makes the handshake (a signed ``POST /tandem/v1/stream`` on a connection of its
+own, answered ``101``); `FrameStream.send` writes one record and waits for its ack. There is no
+reader task: the stream is the connection's protocol and resolves each send as its ack arrives.
+Any error (connection loss, the receiver closing the stream, a bad ack, ``read_timeout``
+without an ack) closes the stream and fails every send waiting on it with
+`ConnectionResetError`; their callers retry, on a new stream or a POST.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import string
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from typing import cast
+
+from tandem.errors import TransportError
+
+from . import framewire
+from .bulk import CONNECT_TIMEOUT, HEAD_LIMIT, read_response_head, read_response_text, request_head
+from .framewire import ACK, TAG_BYTES, AckHead
+from .protocol import H_REASON, H_STREAM_NONCE, H_WAIT, STREAM_PATH, Answer, seconds
+
+OUTSTANDING = 64  # records of one stream awaiting their acks at once (more sends wait)
+
+
+class FrameStream(asyncio.Protocol):
+    """An open stream to one peer, and the protocol of its connection once upgraded: acks are
+    parsed as they arrive (`data_received`) and resolve the sends they answer.
+
+    Invariants: ``seq`` is the number of records written (the next record's seq), ``ack_seq``
+    the number of acks read; ``waiting`` maps the seq of each record whose sender still waits
+    to that sender's future; once ``error`` is set the connection is closed and every later
+    `send` raises it. ``_buf`` holds less than one ack (its head and at most
+    `framewire.MAX_ACK_TEXT` + 271 bytes)."""
+
+    def __init__(
+        self, peer: str, key: bytes, writer: asyncio.StreamWriter, read_timeout: float
+    ) -> None:
+        self.peer, self.key = peer, key
+        self.writer = writer  # kept: a StreamWriter closes its transport when collected
+        self.transport = cast(asyncio.Transport, writer.transport)
+        self.read_timeout = read_timeout
+        self.seq = self.ack_seq = 0
+        self.waiting: dict[int, asyncio.Future[Answer]] = {}
+        self.error: ConnectionResetError | None = None
+        self._slots = asyncio.Semaphore(OUTSTANDING)
+        self._buf = bytearray()
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and not self.transport.is_closing()
+
+    async def send(
+        self, channel: str, msg_id: int, base: int, body: Sequence[bytes | memoryview]
+    ) -> Answer:
+        """Write one record and return the receiver's verdict (as a POST's `Answer`)."""
+        async with self._slots:
+            if self.error is not None:
+                raise self.error
+            seq = self.seq
+            data = framewire.record(self.key, seq, channel, msg_id, base, body)
+            self.seq += 1
+            fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+            self.waiting[seq] = fut
+            try:
+                self.transport.write(data)  # whole: a cancelled send leaves no partial record
+                async with asyncio.timeout(self.read_timeout):
+                    return await fut
+            except TimeoutError:
+                raise self.fail(f"no answer for read_timeout={self.read_timeout:g} s") from None
+            finally:
+                del self.waiting[seq]
+                if fut.done() and not fut.cancelled():
+                    fut.exception()  # retrieved: raised above, or set by `fail` for this send
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        buf = self._buf
+        buf += data
+        try:
+            while len(buf) >= ACK.size:
+                head = AckHead(*ACK.unpack_from(buf))
+                if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
+                    raise TransportError(f"malformed ack (record {head.seq})")
+                end = ACK.size + head.reason_len + head.text_len + TAG_BYTES
+                if len(buf) < end:
+                    return
+                raw = bytes(buf[:end])
+                del buf[:end]
+                self._resolve(head, raw)
+        except TransportError as exc:
+            self.fail(f"{exc} from {self.peer!r}")
+
+    def _resolve(self, head: AckHead, raw: bytes) -> None:
+        tag = framewire.ack_tag(self.key, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])
+        if not framewire.same_tag(raw[-TAG_BYTES:], tag):
+            raise TransportError(f"ack {self.ack_seq} has a bad tag")
+        self.ack_seq += 1
+        fut = self.waiting.get(head.seq)
+        if fut is not None and not fut.done():
+            start = ACK.size + head.reason_len
+            reason = raw[ACK.size : start].decode("utf-8", "replace")
+            text = raw[start:-TAG_BYTES].decode("utf-8", "replace")
+            fut.set_result(Answer(head.status, text, float(head.waited), reason))
+
+    def eof_received(self) -> bool:
+        self.fail("the receiver closed the stream")
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(f"connection lost ({exc})" if exc else "connection closed")
+
+    # ----------------------------------------------------------------------------------------
+    def fail(self, why: str) -> ConnectionResetError:
+        """Close the stream; every waiting send fails with the returned error."""
+        if self.error is None:
+            self.error = ConnectionResetError(f"frame stream to {self.peer!r} lost: {why}")
+            self.transport.abort()
+            self.writer.close()
+            for fut in self.waiting.values():
+                if not fut.done():
+                    fut.set_exception(self.error)
+        return self.error
+
+    def close(self) -> None:
+        """Close the connection (the receiver sees the stream end between records)."""
+        if self.error is None:
+            self.error = ConnectionResetError(f"frame stream to {self.peer!r} closed")
+            for fut in self.waiting.values():
+                if not fut.done():
+                    fut.set_exception(self.error)
+        self.writer.close()
+
+
+async def open_stream(
+    peer: str,
+    url: str,
+    headers: Mapping[str, str],
+    key_material: tuple[bytes, str, str, str, str, str],
+    ssl_context: ssl.SSLContext | None,
+    read_timeout: float,
+) -> FrameStream | Answer:
+    """The handshake with ``peer`` at ``url`` (``headers``: the signed request's); the open
+    `FrameStream`, or the receiver's `Answer` when it does not upgrade (a refusal, or a peer
+    that offers no streams). ``key_material``: (secret, sender, sender incarnation, receiver,
+    receiver incarnation, request nonce), with the receiver's stream nonce the stream key.
+    Connection problems raise `OSError`/`EOFError`/`TimeoutError`."""
+    u = urllib.parse.urlsplit(url)
+    host = u.hostname or ""
+    https = u.scheme == "https"
+    port = u.port or (443 if https else 80)
+    ctx = (ssl_context or ssl.create_default_context()) if https else None
+    head = request_head(
+        "POST",
+        STREAM_PATH,
+        u.netloc,
+        {**headers, "Connection": "Upgrade", "Upgrade": framewire.STREAM_PROTOCOL},
+    )
+    async with asyncio.timeout(CONNECT_TIMEOUT):
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=ctx, server_hostname=host if ctx else None, limit=HEAD_LIMIT
+        )
+    try:
+        writer.write(head)
+        async with asyncio.timeout(read_timeout):
+            status, _, rh = await read_response_head(reader)
+            if status != 101:
+                text = await read_response_text(reader, rh)
+                writer.close()
+                return Answer(
+                    status, text, seconds(rh.get(H_WAIT.lower())), rh.get(H_REASON.lower(), "")
+                )
+        if rh.get("upgrade", "").strip().lower() != framewire.STREAM_PROTOCOL:
+            raise TransportError(f"peer {peer!r} answered 101 without a frame stream")
+        nonce = rh.get(H_STREAM_NONCE.lower(), "")
+        if len(nonce) != 2 * framewire.NONCE_BYTES or not set(nonce) <= set(string.hexdigits):
+            raise TransportError(f"peer {peer!r} named no valid stream nonce ({nonce[:40]!r})")
+    except asyncio.LimitOverrunError:
+        writer.transport.abort()
+        raise TransportError(f"peer {peer!r} sent an oversized stream handshake") from None
+    except BaseException:
+        writer.transport.abort()
+        raise
+    key = framewire.stream_key(*key_material, nonce)
+    stream = FrameStream(peer, key, writer, read_timeout)
+    stream.transport.set_protocol(stream)  # no ack can precede a record: nothing is buffered
+    return stream

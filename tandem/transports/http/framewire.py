@@ -1,0 +1,123 @@
+"""The wire format of a frame stream (``tandem-stream/1``): a persistent, authenticated
+connection per (sender, receiver) that carries small frames without an HTTP request each
+(docs/transports.md, "Frame streams"). Pure: no asyncio.
+
+After the handshake (a signed ``POST /tandem/v1/stream`` answered ``101``), both ends derive
+the stream key::
+
+    key = HMAC-SHA256(secret[key_id], "tandem-stream/1" \\n sender \\n sender incarnation
+                      \\n receiver \\n receiver incarnation \\n request nonce \\n stream nonce)
+
+(``request nonce``: the handshake signature's single-use nonce; ``stream nonce``: the random
+value the receiver names in its 101; no secret: the empty key, integrity without
+authentication, as an unsigned request.) Each record the sender writes::
+
+    head (RECORD: channel length u16, body length u32, msg id u64, base u64; little-endian)
+    channel (UTF-8)  body (one codec-encoded frame)  tag (16 bytes)
+    tag = HMAC-SHA256(key, "c" + record seq u64 + head + channel + body)[:16]
+
+and each answer (ack) of the receiver::
+
+    head (ACK: record seq u64, status u16, reason length u8, text length u16, wait f32)
+    reason  text  tag = HMAC-SHA256(key, "s" + ack seq u64 + head + reason + text)[:16]
+
+``record seq`` / ``ack seq`` count the records / acks of this stream from 0 and are never
+sent: a record replayed, reordered, reflected or moved to another stream fails its tag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import struct
+from collections.abc import Sequence
+from typing import NamedTuple
+
+STREAM_PROTOCOL = "tandem-stream/1"  # the Upgrade token of a frame stream
+RECORD = struct.Struct("<HIQQ")  # channel length, body length, msg id, base
+ACK = struct.Struct("<QHBHf")  # record seq, status, reason length, text length, wait
+TAG_BYTES = 16
+MAX_CHANNEL_BYTES = 256  # a longer channel name is an oversize header: the stream closes
+MAX_ACK_TEXT = 4096  # the most text bytes an ack carries (longer refusals are cut)
+NONCE_BYTES = 16
+MAX_RECORD_BODY = 1 << 20  # the largest frame a stream carries (larger ones are POSTed)
+
+
+class RecordHead(NamedTuple):
+    channel_len: int
+    body_len: int
+    msg_id: int
+    base: int
+
+
+class AckHead(NamedTuple):
+    seq: int
+    status: int
+    reason_len: int
+    text_len: int
+    waited: float
+
+
+def stream_key(
+    secret: bytes,
+    sender: str,
+    sender_inc: str,
+    receiver: str,
+    receiver_inc: str,
+    request_nonce: str,
+    stream_nonce: str,
+) -> bytes:
+    """The key of one stream; both ends derive it from the handshake (see the module)."""
+    fields = (STREAM_PROTOCOL, sender, sender_inc, receiver, receiver_inc)
+    msg = "\n".join((*fields, request_nonce, stream_nonce)).encode()
+    return hmac.new(secret, msg, hashlib.sha256).digest()
+
+
+def _tag(key: bytes, direction: bytes, seq: int, parts: Sequence[bytes | memoryview]) -> bytes:
+    h = hmac.new(key, direction + seq.to_bytes(8, "little"), hashlib.sha256)
+    for p in parts:
+        h.update(p)
+    return h.digest()[:TAG_BYTES]
+
+
+def record(
+    key: bytes,
+    seq: int,
+    channel: str,
+    msg_id: int,
+    base: int,
+    body: Sequence[bytes | memoryview],
+) -> bytes:
+    """Record number ``seq`` of a stream: head, channel, body, tag (one buffer, one write)."""
+    ch = channel.encode()
+    if len(ch) > MAX_CHANNEL_BYTES:
+        raise ValueError(f"channel name of {len(ch)} bytes exceeds {MAX_CHANNEL_BYTES}")
+    size = sum(len(b) for b in body)
+    head = RECORD.pack(len(ch), size, msg_id, base)
+    parts = [head, ch, *body]
+    return b"".join([*parts, _tag(key, b"c", seq, parts)])
+
+
+def record_tag(key: bytes, seq: int, head: bytes | memoryview, rest: bytes | memoryview) -> bytes:
+    """The tag record ``seq`` must carry (``rest``: its channel and body)."""
+    return _tag(key, b"c", seq, (head, rest))
+
+
+def ack(
+    key: bytes, ack_seq: int, seq: int, status: int, reason: str, text: str, waited: float
+) -> bytes:
+    """Ack number ``ack_seq`` of a stream, answering record ``seq``."""
+    r = reason.encode()[:255]
+    t = text.encode()[:MAX_ACK_TEXT]
+    head = ACK.pack(seq, status, len(r), len(t), waited)
+    parts = [head, r, t]
+    return b"".join([*parts, _tag(key, b"s", ack_seq, parts)])
+
+
+def ack_tag(key: bytes, ack_seq: int, head: bytes, rest: bytes) -> bytes:
+    """The tag ack ``ack_seq`` must carry (``rest``: its reason and text)."""
+    return _tag(key, b"s", ack_seq, (head, rest))
+
+
+def same_tag(a: bytes | memoryview, b: bytes) -> bool:
+    return hmac.compare_digest(bytes(a), b)

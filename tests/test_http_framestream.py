@@ -1,0 +1,246 @@
+"""Frame streams (``tandem-stream/1``): small frames on one authenticated connection per peer.
+Records delivered in order through the same admission as a POST; forged, replayed, reordered,
+moved and oversize records refused with the stream closed; a stream lost mid-window resent
+exactly once, in order; a peer that offers no stream gets POSTs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from hostile_helpers import SECRET
+from tandem.transports import auth
+from tandem.transports.base import Frame
+from tandem.transports.http import HttpConfig, HttpTransport, framewire
+from tandem.transports.http.framestream import FrameStream, open_stream
+from tandem.transports.http.framewire import RECORD
+from tandem.transports.http.protocol import H_INC, H_SENDER, STREAM_PATH
+
+CH = "c"
+
+
+def config(name: str, **kw) -> HttpConfig:
+    kw.setdefault("secret", SECRET)
+    kw.setdefault("frame_streams", True)
+    return HttpConfig(name, **kw)
+
+
+def small(i: int) -> Frame:
+    return Frame(meta={"i": i}, arrays=(np.full(1024, i, np.float32),))
+
+
+async def test_small_frames_take_the_stream_in_order(http_pair):
+    a, b = await http_pair(config)
+    for i in range(20):
+        await a.send("b", CH, small(i))
+    got = [(await b.recv("a", CH)).meta["i"] for _ in range(20)]
+    assert got == list(range(20))
+    assert a._client.requests.get("stream") == 20
+    assert "plain" not in a._client.requests
+    assert b._server.requests.get("stream") == 20
+
+
+async def test_a_window_of_sends_on_several_channels_keeps_each_channel_in_order(http_pair):
+    a, b = await http_pair(config)
+    await asyncio.gather(*(a.send("b", ch, small(i)) for i in range(16) for ch in ("x", "y")))
+    for ch in ("x", "y"):
+        assert [(await b.recv("a", ch)).meta["i"] for _ in range(16)] == list(range(16))
+
+
+async def test_a_stream_the_receiver_closed_when_idle_is_opened_again(http_pair):
+    a, b = await http_pair(config, b_kw={"keepalive_timeout": 0.1})
+    await a.send("b", CH, small(0))
+    first = a._client._streams["b"]
+    while first.error is None:  # the receiver closes the idle stream
+        await asyncio.sleep(0.01)
+    await a.send("b", CH, small(1))
+    assert a._client._streams["b"] is not first
+    assert a._client.requests["stream"] == 2 and a._client.retries.get("b", 0) == 0
+    assert [(await b.recv("a", CH)).meta["i"] for _ in range(2)] == [0, 1]
+
+
+async def test_a_peer_that_offers_no_stream_gets_posts(http_pair):
+    a, b = await http_pair(config, b_kw={"frame_streams": False})
+    for i in range(3):
+        await a.send("b", CH, small(i))
+    assert [(await b.recv("a", CH)).meta["i"] for _ in range(3)] == [0, 1, 2]
+    assert a._client.requests.get("plain") == 3
+    assert "stream" not in a._client.requests
+
+
+async def test_stream_frames_pass_the_same_admission_as_posts(http_pair):
+    a, b = await http_pair(config, b_kw={"spec_hash": "theirs"})
+    from tandem.errors import FrameError
+
+    with pytest.raises(FrameError, match="spec"):
+        await a.send("b", CH, small(0))
+    assert b.refused.get("spec_mismatch") == 1
+
+    def no_odd(frame: Frame) -> None:
+        from tandem.errors import AdmissionError
+
+        if frame.meta["i"] % 2:
+            raise AdmissionError("odd frames are not admitted", field="meta.i")
+
+    b._server.spec_hash = ""
+    b._server.admit_frame = no_odd
+    await a.send("b", CH, small(2))
+    with pytest.raises(FrameError, match="odd"):
+        await a.send("b", CH, small(3))
+    assert (await b.recv("a", CH)).meta["i"] == 2
+
+
+# -- hostile records ---------------------------------------------------------------------------
+
+
+async def handshake(a: HttpTransport, b: HttpTransport) -> FrameStream:
+    """A stream opened by hand from ``a``'s identity (as `HttpClient._open_stream` does)."""
+    client = a._client
+    if "b" not in client.peer_incarnations:
+        client.peer_incarnations["b"] = b.incarnation
+    stream = await client._open_stream("b", b.url)
+    assert isinstance(stream, FrameStream)
+    return stream
+
+
+def encoded(a: HttpTransport, i: int) -> bytes:
+    from tandem.transports import codec
+
+    frame = small(i).replace(sender="a", channel=CH, msg_id=i)
+    return b"".join(bytes(p) for p in codec.encode_parts(frame))
+
+
+async def closed_by_receiver(stream: FrameStream) -> None:
+    """Until the receiver closes the stream (it must, without answering)."""
+    acks = stream.ack_seq
+    try:
+        async with asyncio.timeout(5):
+            while stream.error is None:
+                await asyncio.sleep(0.005)
+    finally:
+        stream.close()
+    assert "the receiver closed the stream" in str(stream.error)
+    assert stream.ack_seq == acks
+
+
+async def test_a_forged_record_is_refused_and_closes_the_stream(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    forged = framewire.record(b"not the key" * 3, 0, CH, 0, 0, [encoded(a, 0)])
+    stream.transport.write(forged)
+    await closed_by_receiver(stream)
+    assert b.refused.get("unauthenticated") == 1
+    assert b._server.inboxes.get(("a", CH)) is None or not b._server.inboxes[("a", CH)].items
+
+
+async def test_a_replayed_record_is_refused_and_closes_the_stream(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    rec = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
+    answer = await stream.send(CH, 0, 0, [encoded(a, 0)])
+    assert (answer.status, answer.text) == (200, "ok")
+    stream.transport.write(rec)  # record 0 again, as record 1: its tag is record 0's
+    await closed_by_receiver(stream)
+    assert b.refused.get("unauthenticated") == 1
+    assert (await b.recv("a", CH)).meta["i"] == 0
+    assert len(b._server.inboxes[("a", CH)].items) == 0
+
+
+async def test_reordered_records_are_refused_and_close_the_stream(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    r0 = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
+    r1 = framewire.record(stream.key, 1, CH, 1, 0, [encoded(a, 1)])
+    stream.transport.write(r1 + r0)
+    await closed_by_receiver(stream)
+    assert b.refused.get("unauthenticated") == 1
+    assert b._server.inboxes.get(("a", CH)) is None or not b._server.inboxes[("a", CH)].items
+
+
+async def test_a_record_moved_to_another_stream_is_refused(http_pair):
+    a, b = await http_pair(config)
+    one, other = await handshake(a, b), await handshake(a, b)
+    assert one.key != other.key
+    other.transport.write(framewire.record(one.key, 0, CH, 0, 0, [encoded(a, 0)]))
+    await closed_by_receiver(other)
+    assert b.refused.get("unauthenticated") == 1
+    one.close()
+
+
+async def test_an_oversize_header_is_refused_and_closes_the_stream(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    stream.transport.write(RECORD.pack(framewire.MAX_CHANNEL_BYTES + 1, 4, 0, 0))
+    await closed_by_receiver(stream)
+    assert b.refused.get("oversize_header") == 1
+    stream2 = await handshake(a, b)
+    stream2.transport.write(RECORD.pack(1, framewire.MAX_RECORD_BODY + 1, 0, 0))
+    await closed_by_receiver(stream2)
+    assert b.refused.get("too_large") == 1
+
+
+async def test_an_unsigned_or_replayed_handshake_is_refused(http_pair):
+    a, b = await http_pair(config)
+    headers = {H_SENDER: "a", H_INC: a.incarnation, "Content-Length": "0"}
+    material = (b"", "a", a.incarnation, "b", "", "")
+    answer = await open_stream("b", b.url, headers, material, None, 5.0)
+    assert not isinstance(answer, FrameStream) and answer.status == 401
+    auth.sign(SECRET, "POST", STREAM_PATH, headers, auth.EMPTY_SHA, receiver="b", to=b.incarnation)
+    first = await open_stream("b", b.url, dict(headers), material, None, 5.0)
+    assert isinstance(first, FrameStream)
+    again = await open_stream("b", b.url, dict(headers), material, None, 5.0)
+    assert not isinstance(again, FrameStream) and again.status == 401
+    first.close()
+
+
+async def test_a_stream_lost_mid_window_is_resent_exactly_once_in_order(http_pair):
+    # an inbox of 2: the window's later records wait for a slot when the stream is cut
+    a, b = await http_pair(
+        config,
+        a_kw={"backoff_base": 0.001},
+        b_kw={"capacity": 2, "backpressure_wait": 5.0},
+    )
+    sends = asyncio.gather(*(a.send("b", CH, small(i)) for i in range(8)))
+    while (
+        len(b._server.inboxes.get(("a", CH), ()).items if ("a", CH) in b._server.inboxes else ())
+        < 2
+    ):
+        await asyncio.sleep(0.005)
+    (cut,) = b._server.frame_streams
+    cut.abort()
+    got = [(await b.recv("a", CH)).meta["i"] for _ in range(8)]
+    await sends
+    assert got == list(range(8))
+    assert b._server.stats("a").frames == 8
+    assert a._client.requests["stream"] > 8  # the ones cut off went again
+    assert len(b._server.inboxes[("a", CH)].items) == 0
+
+
+async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
+    """A receiver (or a network attacker) answering with an ack whose tag is wrong: the send
+    never takes it for a verdict; the stream is closed and the send fails to be retried."""
+    nonce = "ab" * framewire.NONCE_BYTES
+
+    async def fake_receiver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+            b"Upgrade: tandem-stream/1\r\nX-Tandem-Stream-Nonce: " + nonce.encode() + b"\r\n\r\n"
+        )
+        await reader.readexactly(RECORD.size)
+        writer.write(framewire.ack(b"wrong key", 0, 0, 200, "", "ok", 0.0))
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(fake_receiver, "127.0.0.1", 0)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        headers = {H_SENDER: "a", H_INC: "inc", "Content-Length": "0"}
+        material = (SECRET, "a", "inc", "b", "", "")
+        stream = await open_stream("b", f"http://127.0.0.1:{port}", headers, material, None, 5.0)
+        assert isinstance(stream, FrameStream)
+        with pytest.raises(ConnectionResetError, match="bad tag"):
+            await stream.send(CH, 0, 0, [b"x" * 64])
+        assert not stream.usable
