@@ -55,7 +55,9 @@ def test_send_window_is_validated():
 
 
 async def test_a_message_arriving_early_waits_for_the_one_before_it(http_pair):
-    a, b = await http_pair(config)
+    # a long backpressure_wait: the held message must still be waiting when 0 arrives, however
+    # slowly a loaded machine runs this test
+    a, b = await http_pair(config, b_kw={"backpressure_wait": 30.0})
     async with aiohttp.ClientSession() as s:
         early = asyncio.create_task(post(s, b.url, *raw(b, 1, base=0)))
         await held(b, 1)
