@@ -14,7 +14,7 @@ from tandem.engine import simulator as S
 from tandem.engine.lanes import VirtualLane
 from tandem.engine.plan import LOCAL_ONLY, Kind
 from tandem.engine.policy import Backpressure, ReadySet, choose
-from tandem.engine.runtime import SEND_DEPTH, PartyRuntime, message
+from tandem.engine.runtime import SEND_DEPTH, PartyRuntime, message, send_depth
 from tandem.engine.testing import Deadlock, run_virtual
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.engine.trace import Trace
@@ -345,3 +345,51 @@ def test_the_send_lane_offers_the_next_frame_while_one_is_on_the_wire():
         assert t.most <= SEND_DEPTH
         for channel, ms in t.order.items():
             assert ms == sorted(ms), channel
+
+
+class WindowedCountingTransport(CountingTransport):
+    """A `CountingTransport` that says it keeps ``window`` sends of a channel in flight."""
+
+    def __init__(self, inner, window):
+        super().__init__(inner)
+        self.window = window
+
+    def send_window(self, peer):
+        return self.window
+
+
+@pytest.mark.parametrize("window,expected", [(1, 1), (3, 3), (64, 8)])
+def test_the_send_lane_fills_the_transports_window_up_to_the_outbound_capacity(window, expected):
+    """Over a transport with a send window the lane hands over a window of frames at once (a
+    link then carries a window per round trip), never more than the outbound capacity, and
+    each channel's frames still in queue order."""
+    plans = P.make_plans(two_party("A", "B"), 12, seed=0)
+    bp = Backpressure(threshold=4, capacity=8)
+
+    async def main():
+        net = MemoryNetwork(capacity=16)
+        net.shape("A", "B", bandwidth=1e4, both=True)  # frames queue for the link
+        transports = {p: WindowedCountingTransport(net.endpoint(p), window) for p in plans}
+        async with asyncio.TaskGroup() as tg:
+            for p, pl in plans.items():
+                rt = PartyRuntime(transports[p], VirtualLane(lambda op: 1e-4), backpressure=bp)
+                tg.create_task(rt.run(pl, FakeHandler(pl), 0))
+        return transports
+
+    transports = run_virtual(main())
+    assert transports["A"].most == expected
+    for t in transports.values():
+        assert t.most <= expected
+        for channel, ms in t.order.items():
+            assert ms == sorted(ms), channel
+
+
+def test_send_depth_is_the_window_per_channel_capped_by_capacity_else_send_depth():
+    class Windowed:
+        def send_window(self, peer):
+            return 4
+
+    assert send_depth(Windowed(), "B", channels=1, capacity=8) == 4  # type: ignore[arg-type]
+    assert send_depth(Windowed(), "B", channels=3, capacity=8) == 8  # type: ignore[arg-type]
+    assert send_depth(object(), "B", channels=3, capacity=8) == SEND_DEPTH  # type: ignore[arg-type]
+    assert send_depth(object(), "B", channels=1, capacity=1) == 1  # type: ignore[arg-type]

@@ -12,7 +12,9 @@ Per batch, inside one `asyncio.TaskGroup`:
   With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
   tests run it on a virtual clock);
 * one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
-  the next frame waiting behind the one on the wire (``SEND_DEPTH``);
+  up to `send_depth` frames handed over at once: the transport's send window where it has one
+  (so a link carries a window of frames per round trip, not one), else the next frame waiting
+  behind the one on the wire (``SEND_DEPTH``);
 * one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
 
 Invariants: the batch's bookkeeping (`_BatchState`: readiness, the ready set, the outbound
@@ -36,7 +38,7 @@ from typing import Protocol
 import numpy as np
 
 from tandem.errors import EngineError, ShapeError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import Frame, Transport, WindowedTransport
 
 from .plan import Kind, Op, Plan
 from .policy import DEFAULT_BACKPRESSURE, PRIORITY, Backpressure, Policy, ReadySet, as_policy
@@ -85,8 +87,24 @@ def payload_nbytes(payload: Payload) -> int:
     return int(payload.nbytes)
 
 
-#: sends a party's runtime keeps in flight per peer (`PartyRuntime._send_lane`)
+#: sends a party's runtime keeps in flight per peer over a transport that gives no send window
 SEND_DEPTH = 2
+
+
+def send_depth(transport: Transport, peer: str, channels: int, capacity: int) -> int:
+    """Frames a send lane hands ``transport`` at once for ``peer``, over ``channels`` channels.
+
+    A `WindowedTransport` keeps ``send_window(peer)`` sends of each channel in flight and a send
+    returns only once its frame is delivered, so the lane offers that many per channel: fewer
+    would leave the link idle for a round trip after every ``depth`` frames. Other transports
+    get `SEND_DEPTH` (the next frame waits behind the one on the wire). Never more than
+    ``capacity``: frames in flight count in the outbound queue, whose capacity bounds memory
+    (`Backpressure`), so the depth adds no buffer of its own."""
+    if isinstance(transport, WindowedTransport):
+        depth = transport.send_window(peer) * channels
+    else:
+        depth = SEND_DEPTH
+    return max(1, min(depth, capacity))
 
 
 class _BatchState:
@@ -277,13 +295,14 @@ class PartyRuntime:
     async def _send_lane(
         self, st: _BatchState, peer: str, count: int, batch: int, stats: BatchStats
     ) -> None:
-        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
-        ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
+        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to `send_depth`
+        at once: the next frame is already waiting when the wire frees, so queued
         frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the
         loop gets round to them. Each send is a task of its own, started in queue order, so a
         transport that serialises a channel's sends (both do) keeps their order."""
         queue = st.queues[peer]
-        window = asyncio.Semaphore(SEND_DEPTH)
+        channels = len({op.channel for op in st.plan.sends if op.peer == peer})
+        window = asyncio.Semaphore(send_depth(self.transport, peer, channels, self.bp.capacity))
         sent = [float("-inf")]  # end of the latest completed send: a trace's wire start
         async with asyncio.TaskGroup() as tg:
             for _ in range(count):
