@@ -459,6 +459,8 @@ _FORWARDED = (
     "rtt_ms",
     "trace",
     "compress",
+    "chunks",
+    "send_window",
 )
 
 
@@ -705,6 +707,7 @@ def _transport(args: argparse.Namespace, name: str, peers: dict[str, str]):
             secret=secret.encode(),
             shape_bandwidth=args.shape_Bps,
             retry_timeout=60.0,
+            send_window=args.send_window,
         )
     )
 
@@ -953,6 +956,7 @@ async def leader_main(args: argparse.Namespace) -> int:
         "bound_round_trips_s": round_trips_s,
         "rtt_requested_ms": args.rtt_ms,
         "rtt_ms": rtt_s * 1e3,
+        "send_window": args.send_window,
         "sweep": {str(n): s for n, s in sweep_s.items()},
         "best_fixed_n": best,
         "auto_vs_best": (sweep_s[best] / pipe_s) if best is not None else None,
@@ -1057,6 +1061,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="messages per group in the pipelined runs (1: whole groups)",
     )
     p.add_argument(
+        "--send-window",
+        type=int,
+        default=8,
+        help="HttpConfig.send_window of both parties: messages of a channel in flight (8)",
+    )
+    p.add_argument(
         "--compress",
         default="none",
         choices=COMPRESS_KINDS,
@@ -1082,7 +1092,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("batch_size", "batches", "repeats", "d_in", "cut", "top_hidden", "probe_mib"):
+    for name in (
+        "batch_size",
+        "batches",
+        "repeats",
+        "d_in",
+        "cut",
+        "top_hidden",
+        "probe_mib",
+        "chunks",
+        "send_window",
+    ):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if not args.tbf_latency_ms > 0:

@@ -271,3 +271,14 @@ def test_size_workload_search(monkeypatch):
     (got, c), calls = run(lambda h: noisy.get(h, 0.6))
     assert len(calls) <= 4 and got.hidden in calls
     assert c == min((noisy.get(h, 0.6) for h in calls), key=lambda t: abs(math.log(0.35 / t)))
+
+
+def test_party_options_reach_both_processes():
+    """The options a leader or follower process reads are forwarded to both (``--chunks``
+    and ``--send-window`` were once left out, so the leader ran with their defaults)."""
+    import bench.wan as wan
+
+    args = wan.build_parser().parse_args(["--chunks", "3", "--send-window", "5"])
+    forwarded = {k for k in vars(args) if k in wan._FORWARDED}
+    assert {"chunks", "send_window", "rtt_ms", "compress", "hidden"} <= forwarded
+    assert args.chunks == 3 and args.send_window == 5

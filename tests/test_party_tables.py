@@ -90,6 +90,19 @@ def test_config_errors_name_the_key_and_the_accepted_values(tmp_path):
         load_party_config(job.path("bank"))
 
 
+def test_http_send_window_is_a_toml_key_checked_against_its_range(tmp_path):
+    job = _config(tmp_path)
+    job.cfg["bank"]["http"] = {"send_window": 16}
+    job.write()
+    assert load_party_config(job.path("bank")).transport().send_window("shop") == 16
+    assert load_party_config(job.path("shop")).transport().send_window("bank") == 8  # default
+    for bad, match in [(0, r"http.send_window must be > 0"), (257, r"at most 256 messages")]:
+        job.cfg["bank"]["http"]["send_window"] = bad
+        job.write()
+        with pytest.raises(PartyConfigError, match=match):
+            load_party_config(job.path("bank"))
+
+
 def test_star_with_named_followers_and_typed_arguments(tmp_path):
     parties = ["bank", "shop", "telco", "media"]
     job = TableJob(tmp_path, parties, topology={"kind": "star", "followers": parties[1:]})

@@ -14,12 +14,13 @@ from tandem.engine import simulator as S
 from tandem.engine.lanes import VirtualLane
 from tandem.engine.plan import LOCAL_ONLY, Kind
 from tandem.engine.policy import Backpressure, ReadySet, choose
-from tandem.engine.runtime import SEND_DEPTH, PartyRuntime, message
+from tandem.engine.runtime import SEND_DEPTH, LinkDepth, PartyRuntime, message, send_depth
 from tandem.engine.testing import Deadlock, run_virtual
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, PlanError
 from tandem.transports import MemoryNetwork, codec
+from tandem.transports.base import LinkStats
 from tests.split_helpers import topologies
 
 WIDTH = 8
@@ -345,3 +346,99 @@ def test_the_send_lane_offers_the_next_frame_while_one_is_on_the_wire():
         assert t.most <= SEND_DEPTH
         for channel, ms in t.order.items():
             assert ms == sorted(ms), channel
+
+
+class RoundTripTransport(CountingTransport):
+    """A windowed transport over a memory endpoint whose sends cross a wire of ``bandwidth``
+    bytes/s one body at a time, then return a round trip ``rtt`` later (as an HTTP send returns
+    with its answer); ``window`` sends of a channel in flight."""
+
+    def __init__(self, inner, window, bandwidth, rtt):
+        super().__init__(inner)
+        self.window, self.bw, self.rtt = window, bandwidth, rtt
+        self.wire = asyncio.Lock()
+        self.stats = LinkStats()
+
+    def send_window(self, peer):
+        return self.window
+
+    def sent_stats(self, peer):
+        return self.stats
+
+    async def send(self, peer, channel, frame):
+        self.order.setdefault(channel, []).append(frame.meta["m"])
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            async with self.wire:
+                await asyncio.sleep(frame.nbytes / self.bw)
+                self.stats.bytes += frame.nbytes
+                self.stats.busy_seconds += frame.nbytes / self.bw
+            await asyncio.sleep(self.rtt)
+            await self.inner.send(peer, channel, frame)
+        finally:
+            self.in_flight -= 1
+
+
+@pytest.mark.parametrize(
+    "window,rtt,expected", [(8, 0.0, 2), (8, 0.01, 4), (3, 0.01, 3), (64, 1.0, 8)]
+)
+def test_the_send_lane_covers_the_round_trip_up_to_window_and_capacity(window, rtt, expected):
+    """Over a windowed transport the lane starts at `SEND_DEPTH`; once a send measured the
+    round trip, it keeps ``1 + ceil(rtt * bandwidth / frame bytes)`` frames in flight (the
+    wire stays busy during each answer's trip), at least `SEND_DEPTH`, at most the window and
+    the outbound capacity; each channel's frames still go in queue order."""
+    plans = P.make_plans(two_party("A", "B"), 12, seed=0)
+    bp = Backpressure(threshold=4, capacity=8)
+    frame_bytes = WIDTH * 4
+    bandwidth = frame_bytes / 0.004  # 4 ms a frame on the wire: rtt 10 ms -> 1 + 3 frames
+
+    async def main():
+        net = MemoryNetwork(capacity=16)
+        transports = {p: RoundTripTransport(net.endpoint(p), window, bandwidth, rtt) for p in plans}
+        runtimes = {
+            p: PartyRuntime(transports[p], VirtualLane(lambda op: 1e-4), backpressure=bp)
+            for p in plans
+        }
+        mosts = []
+        for batch in range(2):
+            for t in transports.values():
+                t.most, t.order = 0, {}
+            async with asyncio.TaskGroup() as tg:
+                for p, pl in plans.items():
+                    tg.create_task(runtimes[p].run(pl, FakeHandler(pl), batch))
+            mosts.append(transports["A"].most)
+        return transports, mosts
+
+    transports, mosts = run_virtual(main())
+    assert mosts[1] == expected and mosts[0] <= expected
+    for t in transports.values():
+        assert t.most <= expected
+        for channel, ms in t.order.items():
+            assert ms == sorted(ms), channel
+
+
+def test_send_depth_covers_the_bandwidth_delay_product_within_window_and_capacity():
+    class Windowed:
+        def send_window(self, peer):
+            return 4
+
+    w = Windowed()
+    link = {"round_trip": 0.05, "bandwidth": 1e6}  # 50 kB in flight
+    assert send_depth(w, "B", 1, 8) == SEND_DEPTH  # type: ignore[arg-type]  # not measured yet
+    assert send_depth(w, "B", 1, 8, frame_bytes=25_000, **link) == 3  # type: ignore[arg-type]
+    assert send_depth(w, "B", 1, 8, frame_bytes=1_000, **link) == 4  # type: ignore[arg-type]
+    assert send_depth(w, "B", 3, 8, frame_bytes=1_000, **link) == 8  # type: ignore[arg-type]
+    assert send_depth(w, "B", 1, 8, frame_bytes=10**9, **link) == SEND_DEPTH  # type: ignore[arg-type]
+    assert send_depth(object(), "B", 3, 8, frame_bytes=1_000, **link) == SEND_DEPTH  # type: ignore[arg-type]
+    assert send_depth(w, "B", 1, 1, frame_bytes=1_000, **link) == 1  # type: ignore[arg-type]
+
+
+def test_link_depth_takes_the_least_round_trip_of_idle_sends():
+    link = LinkDepth()
+    assert link.round_trip is None
+    link.sample(0.5, 1000, None)  # no bandwidth measured: no sample
+    assert link.round_trip is None
+    for seconds in (0.30, 0.12, 0.5):
+        link.sample(seconds, 1000, 1e4)  # 0.1 s on the wire
+    assert link.round_trip == pytest.approx(0.02)

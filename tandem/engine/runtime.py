@@ -12,7 +12,9 @@ Per batch, inside one `asyncio.TaskGroup`:
   With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
   tests run it on a virtual clock);
 * one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
-  the next frame waiting behind the one on the wire (``SEND_DEPTH``);
+  up to `send_depth` frames handed over at once: the transport's send window where it has one
+  (so a link carries a window of frames per round trip, not one), else the next frame waiting
+  behind the one on the wire (``SEND_DEPTH``);
 * one **receiver** per inbound (peer, channel) turns arriving frames into completed ``R`` ops.
 
 Invariants: the batch's bookkeeping (`_BatchState`: readiness, the ready set, the outbound
@@ -28,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -36,7 +39,7 @@ from typing import Protocol
 import numpy as np
 
 from tandem.errors import EngineError, ShapeError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import Frame, Transport, WindowedTransport
 
 from .plan import Kind, Op, Plan
 from .policy import DEFAULT_BACKPRESSURE, PRIORITY, Backpressure, Policy, ReadySet, as_policy
@@ -85,8 +88,74 @@ def payload_nbytes(payload: Payload) -> int:
     return int(payload.nbytes)
 
 
-#: sends a party's runtime keeps in flight per peer (`PartyRuntime._send_lane`)
+#: sends a party's runtime keeps in flight per peer over a transport that gives no send window
 SEND_DEPTH = 2
+
+
+#: round-trip samples a runtime keeps per peer; `LinkDepth` uses their minimum
+ROUND_TRIP_SAMPLES = 8
+
+
+def send_depth(
+    transport: Transport,
+    peer: str,
+    channels: int,
+    capacity: int,
+    *,
+    round_trip: float | None = None,
+    bandwidth: float | None = None,
+    frame_bytes: int = 0,
+) -> int:
+    """Frames a send lane hands ``transport`` at once for ``peer``, over ``channels`` channels.
+
+    A `WindowedTransport` keeps ``send_window(peer)`` sends of each channel in flight and a send
+    returns only once its frame is delivered, so a lane that offers ``d`` frames at once leaves
+    the wire idle unless ``d - 1`` frames cover a round trip: the depth is
+    ``1 + ceil(round_trip * bandwidth / frame_bytes)`` (the link's bandwidth-delay product in
+    frames of this size), at least `SEND_DEPTH` and at most the window. No deeper: every frame
+    in flight holds a request of its own, and more of them than the round trip needs only
+    burst the wire. Until the round trip and bandwidth are measured, and over other
+    transports, `SEND_DEPTH` (the next frame waits behind the one on the wire). Never more than
+    ``capacity``: frames in flight count in the outbound queue, whose capacity bounds memory
+    (`Backpressure`), so the depth adds no buffer of its own."""
+    depth = SEND_DEPTH
+    if isinstance(transport, WindowedTransport):
+        window = transport.send_window(peer) * channels
+        if round_trip is not None and bandwidth and frame_bytes > 0:
+            cover = 1 + math.ceil(max(round_trip, 0.0) * bandwidth / frame_bytes)
+            depth = min(max(cover, SEND_DEPTH), window)
+        else:
+            depth = min(depth, window)
+    return max(1, min(depth, capacity))
+
+
+class LinkDepth:
+    """What a runtime learns of one peer's link across batches, for `send_depth`: the round
+    trip of a send, sampled from sends offered while none to that peer was in flight (their
+    time minus their bytes' time on the wire at the transport's measured bandwidth), estimated
+    by the minimum of the last `ROUND_TRIP_SAMPLES` (queueing and load only add time)."""
+
+    def __init__(self) -> None:
+        self.samples: collections.deque[float] = collections.deque(maxlen=ROUND_TRIP_SAMPLES)
+
+    def sample(self, seconds: float, nbytes: int, bandwidth: float | None) -> None:
+        """Record an idle-lane send of ``nbytes`` that took ``seconds``."""
+        if bandwidth:
+            self.samples.append(max(seconds - nbytes / bandwidth, 0.0))
+
+    @property
+    def round_trip(self) -> float | None:
+        return min(self.samples) if self.samples else None
+
+
+class _SendLaneState:
+    """One send lane's frames handed to the transport and not yet returned (``in_flight``,
+    guarded by ``cond``), and the end of the latest completed send (a trace's wire start)."""
+
+    def __init__(self) -> None:
+        self.cond = asyncio.Condition()
+        self.in_flight = 0
+        self.sent = float("-inf")
 
 
 class _BatchState:
@@ -143,6 +212,7 @@ class PartyRuntime:
         self.trace = trace
         self.counters: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self.links: dict[str, LinkDepth] = {}  # per peer, kept across batches
 
     async def run(
         self,
@@ -277,19 +347,40 @@ class PartyRuntime:
     async def _send_lane(
         self, st: _BatchState, peer: str, count: int, batch: int, stats: BatchStats
     ) -> None:
-        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to
-        ``SEND_DEPTH`` at once: the next frame is already waiting when the wire frees, so queued
+        """Hand ``peer``'s outbound frames to the transport in FIFO order, up to `send_depth`
+        at once: the next frame is already waiting when the wire frees, so queued
         frames leave no idle wire between them (as in `tandem.engine.simulator`) however late the
         loop gets round to them. Each send is a task of its own, started in queue order, so a
         transport that serialises a channel's sends (both do) keeps their order."""
         queue = st.queues[peer]
-        window = asyncio.Semaphore(SEND_DEPTH)
-        sent = [float("-inf")]  # end of the latest completed send: a trace's wire start
+        channels = len({op.channel for op in st.plan.sends if op.peer == peer})
+        link = self.links.setdefault(peer, LinkDepth())
+        lane = _SendLaneState()
         async with asyncio.TaskGroup() as tg:
             for _ in range(count):
                 op, array = await queue.get()
-                await window.acquire()
-                tg.create_task(self._send_one(st, peer, op, array, batch, stats, window, sent))
+                nbytes = payload_nbytes(array)
+                depth = send_depth(
+                    self.transport,
+                    peer,
+                    channels,
+                    self.bp.capacity,
+                    round_trip=link.round_trip,
+                    bandwidth=self._bandwidth(peer),
+                    frame_bytes=nbytes,
+                )
+                async with lane.cond:
+                    while lane.in_flight >= depth:
+                        await lane.cond.wait()
+                    lane.in_flight += 1
+                    idle = lane.in_flight == 1
+                tg.create_task(self._send_one(st, peer, op, array, batch, stats, lane, idle))
+
+    def _bandwidth(self, peer: str) -> float | None:
+        try:
+            return self.transport.sent_stats(peer).bandwidth()
+        except (AttributeError, KeyError):  # a transport that keeps no counters for the peer
+            return None
 
     async def _send_one(
         self,
@@ -299,16 +390,20 @@ class PartyRuntime:
         array: Payload,
         batch: int,
         stats: BatchStats,
-        window: asyncio.Semaphore,
-        sent: list[float],
+        lane: _SendLaneState,
+        idle: bool,
     ) -> None:
+        offered = st.clock()
         try:
-            offered = st.clock()
             await self.transport.send(peer, op.channel, message(batch, op, array))
         finally:
-            window.release()
+            async with lane.cond:
+                lane.in_flight -= 1
+                lane.cond.notify_all()
         end = st.clock()
         nbytes = payload_nbytes(array)
+        if idle:
+            self.links[peer].sample(end - offered, nbytes, self._bandwidth(peer))
         stats.sent_bytes[peer] = stats.sent_bytes.get(peer, 0) + nbytes
         if self.trace is not None:  # on the wire from when the frame before it left
             self.trace.add(
@@ -317,12 +412,12 @@ class PartyRuntime:
                     f"send->{peer}",
                     str(op),
                     op.mb,
-                    max(offered, min(sent[0], end)),
+                    max(offered, min(lane.sent, end)),
                     end,
                     nbytes,
                 )
             )
-        sent[0] = max(sent[0], end)
+        lane.sent = max(lane.sent, end)
         with st.lock:
             st.outbound -= 1
             self._complete(st, op, None)

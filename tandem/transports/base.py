@@ -110,3 +110,15 @@ class Transport(Protocol):
     async def aclose(self) -> None:
         """Close every link; idempotent."""
         ...
+
+
+@runtime_checkable
+class WindowedTransport(Protocol):
+    """An optional hint a transport may give beside `Transport`: how many sends of one
+    (peer, channel) it keeps in flight at once (each `send` returning when its frame is
+    delivered). A sender that hands it fewer at once pays a round trip per that many frames;
+    handing it more only makes them wait inside the transport."""
+
+    def send_window(self, peer: str) -> int:
+        """Sends of one channel to ``peer`` the transport keeps in flight at once (>= 1)."""
+        ...

@@ -24,7 +24,7 @@ config file's folder. Keys (docs/parties.md#configuration has the full table)::
     [http]        inbound_budget, partial_timeout, header_timeout, body_idle_timeout,
                   keepalive_timeout, max_connections, max_connections_per_address,
                   read_timeout, backpressure_wait, max_nonces (docs/security.md lists their
-                  defaults)
+                  defaults), send_window (messages of a channel in flight, docs/transports.md)
     [data]        the party's table (`tandem.parties.data.parse_data_config`: source,
                   id_column, label_column, features, categorical, missing, scale, aligned,
                   [data.split] test/validation/seed; docs/data.md), or a pre-split source:
@@ -124,6 +124,7 @@ SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "read_timeout": (float, int),
         "backpressure_wait": (float, int),
         "max_nonces": (int,),
+        "send_window": (int,),
     },
     "data": {},  # checked by `_data_config` (a table, or a pre-split source)
     "topology": {},  # checked by `_topology_table`
@@ -710,6 +711,13 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     for key, value in http.items():
         if value <= 0:
             raise PartyConfigError(f"{path}: http.{key} must be > 0, got {value}")
+    from tandem.transports.http.config import MAX_SEND_WINDOW
+
+    if http.get("send_window", 1) > MAX_SEND_WINDOW:
+        raise PartyConfigError(
+            f"{path}: http.send_window must be at most {MAX_SEND_WINDOW} messages (each holds a "
+            f"connection while in flight), got {http['send_window']}"
+        )
     if http.get("inbound_budget", 1 << 62) < sec.get("max_frame_bytes", 1 << 31):
         raise PartyConfigError(
             f"{path}: http.inbound_budget ({http['inbound_budget']} bytes) must hold one frame "

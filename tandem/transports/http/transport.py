@@ -75,6 +75,11 @@ class HttpTransport:
     def peers(self) -> tuple[str, ...]:
         return tuple(self._peers)
 
+    def send_window(self, peer: str) -> int:
+        """`tandem.transports.base.WindowedTransport`: ``HttpConfig.send_window``, the same
+        for every peer."""
+        return self._cfg.send_window
+
     @property
     def url(self) -> str:
         """Base URL this transport serves on (valid after `start`; with ``port=0`` it names
