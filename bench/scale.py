@@ -101,9 +101,10 @@ class Settings:
     #: fixed: every distinct micro-batch size compiles every kernel again, which an automatic
     #: n exploring sizes pays inside the timed epochs (docs/scale-bench.md)
     groups: int | str = 2
-    #: "shared": each party's XLA uses every CPU; "one": party i runs its kernels on one thread
-    #: pinned to CPU i mod cpus (`party_env`)
-    party_threads: str = "shared"
+    #: "one": party i runs its kernels on one thread pinned to CPU i mod cpus, so parties on
+    #: one machine do not contend for its cores; "shared": each party's XLA uses every CPU
+    #: (`party_env`)
+    party_threads: str = "one"
     compress: str = "none"
     align_max: int = 200_000
     reference_max: int = 1_000_000
@@ -607,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
         "--party-threads",
         choices=("shared", "one"),
         default=Settings.party_threads,
-        help="shared: each party's XLA uses every CPU; one: each party computes on one "
-        "thread pinned to its own CPU",
+        help="one (default): each party computes on one thread pinned to its own CPU; "
+        "shared: each party's XLA uses every CPU",
     )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
