@@ -101,6 +101,10 @@ class Settings:
     #: fixed: every distinct micro-batch size compiles every kernel again, which an automatic
     #: n exploring sizes pays inside the timed epochs (docs/scale-bench.md)
     groups: int | str = 2
+    #: "one": party i runs its kernels on one thread pinned to CPU i mod cpus, so parties on
+    #: one machine do not contend for its cores; "shared": each party's XLA uses every CPU
+    #: (`party_env`)
+    party_threads: str = "one"
     compress: str = "none"
     align_max: int = 200_000
     reference_max: int = 1_000_000
@@ -202,6 +206,27 @@ def child_env(secret: str) -> dict[str, str]:
     }
 
 
+#: XLA's CPU flags that run every kernel on the calling thread (the party's compute lane)
+ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+
+
+def party_env(env: dict[str, str], index: int, party_threads: str) -> dict[str, str]:
+    """The environment of the ``index``-th party process.
+
+    ``"shared"`` leaves it as is (XLA's thread pools use every CPU, as in a user's default
+    run). ``"one"`` runs the party's kernels on its compute lane's thread and pins its Python
+    threads to CPU ``index`` mod the CPUs allowed (``TANDEM_PYTHON_CPU``), so parties sharing
+    a machine do not contend for the same cores.
+    """
+    if party_threads == "shared":
+        return env
+    from tandem.parties.cli.affinity import thread_cpus
+
+    cpus = sorted(thread_cpus())
+    flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), ONE_THREAD_XLA_FLAGS) if f)
+    return {**env, "XLA_FLAGS": flags, "TANDEM_PYTHON_CPU": str(cpus[index % len(cpus)])}
+
+
 def align(work: ctr.Workload, folder: Path, secret: str, timeout: float) -> float:
     """``tandem align`` for every party (ids from its Parquet file); the slowest party's
     seconds inside the alignment."""
@@ -243,12 +268,13 @@ def train_parties(
         work, folder, urls=urls, train=settings.train(), aligned=aligned, extra_train=extra
     )
     env = child_env(secret)
+    envs = {p: party_env(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
     history = folder / f"history_{work.parties[0]}.jsonl"
     history.unlink(missing_ok=True)
     t0 = time.perf_counter()
     trace = ["--trace", str(folder / f"trace{tag}")] if settings.trace else []
     children = [
-        launch(f"party_{p}{tag}", ["party", "--config", str(paths[p]), *trace], folder, env)
+        launch(f"party_{p}{tag}", ["party", "--config", str(paths[p]), *trace], folder, envs[p])
         for p in reversed(work.parties)
     ]
     wait_all(children, settings.timeout)
@@ -578,6 +604,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="each party writes a Chrome trace of a few batches into <work dir>/<size>/trace",
     )
+    ap.add_argument(
+        "--party-threads",
+        choices=("shared", "one"),
+        default=Settings.party_threads,
+        help="one (default): each party computes on one thread pinned to its own CPU; "
+        "shared: each party's XLA uses every CPU",
+    )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
         "--work-dir",
@@ -593,6 +626,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs,
         learning_rate=args.learning_rate,
         groups=groups,
+        party_threads=args.party_threads,
         compress=args.compress,
         align_max=args.align_max,
         reference_max=args.reference_max,
