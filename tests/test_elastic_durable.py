@@ -196,7 +196,7 @@ class Run:
 
     def finish(self) -> dict:
         coord = self.procs["coordinator"]
-        out, _ = coord.communicate(timeout=90)
+        out, _ = coord.communicate(timeout=240)
         assert coord.returncode == 0, out
         for name in ("w0", "w1", "ds0", "ds1"):  # the others rode the restart out
             rest, _ = self.procs[name].communicate(timeout=30)

@@ -116,7 +116,8 @@ class RssPeak:
 async def test_partial_uploads_across_streams_stay_within_the_budget():
     """50 signed uploads on 50 channels, each declaring 64 MiB and sending 48 MiB before
     closing: at most ``inbound_budget`` bytes are ever held (the others get 503 before their
-    body), the process grows by at most the budget plus a constant (64 MiB), the abandoned
+    body), the process grows by at most the budget plus what is in flight per connection
+    plus a constant, the abandoned
     partial messages are dropped after ``partial_timeout`` (the budget is whole again), and a
     frame sent afterwards is delivered."""
     budget = 256 * MiB
@@ -150,7 +151,11 @@ async def test_partial_uploads_across_streams_stay_within_the_budget():
                 )
             )
         grown = rss.peak - base
-        assert grown <= budget / MiB + 64, f"grew {grown:.0f} MiB over {base:.0f} MiB"
+        # the budget, plus per connection one 1 MiB piece in flight on each side (the attacker
+        # runs in this process: its transport keeps a piece the socket has not taken yet, the
+        # receiver reads one), plus a constant; far below the 2.4 GiB the attackers send
+        allowance = budget / MiB + UPLOADS * 2 + 64
+        assert grown <= allowance, f"grew {grown:.0f} MiB over {base:.0f} MiB"
         assert statuses.count(503) >= UPLOADS - budget // DECLARED, statuses
         held = _held(rx)
         assert 0 < held <= budget  # abandoned partial messages, until partial_timeout

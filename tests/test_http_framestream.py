@@ -222,8 +222,17 @@ async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
     """A receiver (or a network attacker) answering with an ack whose tag is wrong: the send
     never takes it for a verdict; the stream is closed and the send fails to be retried."""
     nonce = "ab" * framewire.NONCE_BYTES
+    served = asyncio.Event()
 
     async def fake_receiver(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await fake_answers(reader, writer)
+        finally:
+            writer.close()
+            await writer.wait_closed()
+            served.set()
+
+    async def fake_answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(
             b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
@@ -232,7 +241,6 @@ async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
         await reader.readexactly(RECORD.size)
         writer.write(framewire.ack(b"wrong key", 0, 0, 200, "", "ok", 0.0))
         await reader.read()
-        writer.close()
 
     server = await asyncio.start_server(fake_receiver, "127.0.0.1", 0)
     async with server:
@@ -244,3 +252,5 @@ async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
         with pytest.raises(ConnectionResetError, match="bad tag"):
             await stream.send(CH, 0, 0, [b"x" * 64])
         assert not stream.usable
+        async with asyncio.timeout(10):  # the fake receiver saw the stream closed and ended
+            await served.wait()

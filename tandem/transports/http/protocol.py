@@ -126,3 +126,17 @@ def spec_text(got: str, mine: str) -> str:
         f"frame spec hash {got!r} differs from this party's {mine!r}; both parties must "
         "negotiate the same task spec"
     )
+
+
+class MessageHead(NamedTuple):
+    """Where one chunk of a message belongs (from a request's headers or a stream record)."""
+
+    sender: str
+    channel: str
+    incarnation: str
+    msg_id: int
+    chunk: int
+    chunks: int
+    offset: int
+    total: int
+    base: int

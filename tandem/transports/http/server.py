@@ -29,7 +29,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import aiohttp
 import orjson
@@ -64,6 +64,7 @@ from .protocol import (
     INLINE_BYTES,
     METRICS_PATH,
     STREAM_PATH,
+    MessageHead,
     Refuse,
     Reply,
     int_header,
@@ -85,20 +86,6 @@ QUIET_REASONS = frozenset(
 
 AdmitStream = Callable[[str, str], None]
 AdmitFrame = Callable[[Frame], None]
-
-
-class MessageHead(NamedTuple):
-    """Where one chunk of a message belongs (from a request's headers or a stream record)."""
-
-    sender: str
-    channel: str
-    incarnation: str
-    msg_id: int
-    chunk: int
-    chunks: int
-    offset: int
-    total: int
-    base: int
 
 
 class _RequestHandler(web.RequestHandler):

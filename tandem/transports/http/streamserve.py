@@ -17,17 +17,41 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from aiohttp import web
 
 from .. import auth
 from . import framewire
+from .body import Body
+from .config import HttpConfig
 from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead
-from .protocol import H_INC, H_STREAM_NONCE, STREAM_PATH, Refuse, Reply
+from .protocol import H_INC, H_STREAM_NONCE, STREAM_PATH, MessageHead, Refuse, Reply
+from .quietlog import QuietLog
 
-if TYPE_CHECKING:
-    from .server import HttpServer
+
+class HttpServer(Protocol):
+    """What a frame stream needs of the receiver that upgraded it (`server.HttpServer`): its
+    authentication, admission and refusal counting, the same a POSTed frame goes through."""
+
+    cfg: HttpConfig
+    closed: bool
+    frame_streams: set[asyncio.Transport]
+    quiet: QuietLog
+    refused: dict[str, int]
+    retired: dict[str, set[str]]
+    verifier: Any
+
+    def authenticate(self, request: web.Request, path: str) -> str: ...
+
+    def check_stream(self, sender: str, channel: str) -> None: ...
+
+    async def receive_message(
+        self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
+    ) -> Reply: ...
+
+    def refusal(self, r: Refuse) -> Reply: ...
+
 
 OUTSTANDING = 64  # records of one stream admitted at once (each may wait for its turn)
 READ_LIMIT = 1 << 16  # bytes buffered beyond the largest record before reading pauses
@@ -295,8 +319,6 @@ class _Session(asyncio.Protocol):
 
     async def _admit(self, seq: int, head: RecordHead, channel: str, body: memoryview) -> None:
         """Judge record ``seq`` as a POSTed single-chunk message, then ack the verdict."""
-        from .server import MessageHead  # the server imports this module
-
         server = self.server
         try:
             try:
