@@ -9,6 +9,7 @@ upgraded). Sending side: `post_bulk` and the small HTTP/1.1 helpers it needs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ssl
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
@@ -211,6 +212,64 @@ class BulkSink(asyncio.BufferedProtocol):
 # -- the sending side ------------------------------------------------------------------------
 
 
+@dataclasses.dataclass
+class Upgraded:
+    """A connection the receiver switched to ``protocol`` (``101``); ``headers`` its answer's."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    headers: dict[str, str]
+
+
+async def request_upgrade(
+    peer: str,
+    url: str,
+    path: str,
+    protocol: str,
+    headers: Mapping[str, str],
+    ssl_context: ssl.SSLContext | None,
+) -> Upgraded | Answer:
+    """Open a connection to ``peer`` at ``url`` (TLS with ``ssl_context`` for https peers) and
+    ask for ``Upgrade: protocol`` on ``path`` with ``headers`` (the signed request's, no
+    body): the `Upgraded` connection, or the receiver's `Answer` when it answers otherwise (the
+    connection then closed). A 101 to another protocol raises `TransportError`, an oversized
+    answer head too; connection problems raise `OSError`/`EOFError`/`TimeoutError`. Any error
+    or cancellation aborts the connection: nothing is left open but what is returned."""
+    u = urllib.parse.urlsplit(url)
+    host = u.hostname or ""
+    https = u.scheme == "https"
+    port = u.port or (443 if https else 80)
+    ctx = (ssl_context or ssl.create_default_context()) if https else None
+    head = request_head(
+        "POST", path, u.netloc, {**headers, "Connection": "Upgrade", "Upgrade": protocol}
+    )
+    async with asyncio.timeout(CONNECT_TIMEOUT):
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=ctx, server_hostname=host if ctx else None, limit=HEAD_LIMIT
+        )
+    try:
+        writer.write(head)
+        status, _, rh = await read_response_head(reader)
+        if status != 101:
+            text = await read_response_text(reader, rh)
+            writer.close()
+            return Answer(
+                status, text, seconds(rh.get(H_WAIT.lower())), rh.get(H_REASON.lower(), "")
+            )
+        if rh.get("upgrade", "").strip().lower() != protocol:
+            raise TransportError(
+                f"peer {peer!r} answered 101 without upgrading to {protocol} "
+                f"({rh.get('upgrade')!r})"
+            )
+    except asyncio.LimitOverrunError:
+        writer.transport.abort()
+        raise TransportError(f"peer {peer!r} sent an oversized {protocol} answer") from None
+    except BaseException:
+        writer.transport.abort()
+        raise
+    return Upgraded(reader, writer, rh)
+
+
 async def post_bulk(
     peer: str,
     url: str,
@@ -227,42 +286,18 @@ async def post_bulk(
     on any error or cancellation (nothing is left running). Connection problems raise
     `OSError`/`EOFError`/`TimeoutError` (retried by the caller); a reply that is not this
     protocol raises `TransportError`."""
-    u = urllib.parse.urlsplit(url)
-    host = u.hostname or ""
-    https = u.scheme == "https"
-    port = u.port or (443 if https else 80)
-    ctx = (ssl_context or ssl.create_default_context()) if https else None
-    head = request_head(
-        "POST",
-        FRAME_PATH,
-        u.netloc,
-        {**headers, "Connection": "Upgrade", "Upgrade": BULK_PROTOCOL},
-    )
-    async with asyncio.timeout(CONNECT_TIMEOUT):
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=ctx, server_hostname=host if ctx else None, limit=HEAD_LIMIT
-        )
+    upgraded = await request_upgrade(peer, url, FRAME_PATH, BULK_PROTOCOL, headers, ssl_context)
+    if isinstance(upgraded, Answer):
+        if upgraded.status == 200 and upgraded.text != "duplicate":
+            # accepted without reading a body: a receiver that ignores the upgrade
+            raise TransportError(
+                f"peer {peer!r} does not support the bulk path ({BULK_PROTOCOL}): "
+                "update it, or set bulk_min_bytes=None on this sender"
+            )
+        return upgraded
+    reader, writer = upgraded.reader, upgraded.writer
     done = False
     try:
-        _write(writer, head)
-        status, _, rh = await read_response_head(reader)
-        if status != 101:
-            text = await read_response_text(reader, rh)
-            if status == 200 and text != "duplicate":
-                # accepted without reading a body: a receiver that ignores the upgrade
-                raise TransportError(
-                    f"peer {peer!r} does not support the bulk path ({BULK_PROTOCOL}): "
-                    "update it, or set bulk_min_bytes=None on this sender"
-                )
-            done = True
-            return Answer(
-                status, text, seconds(rh.get(H_WAIT.lower())), rh.get(H_REASON.lower(), "")
-            )
-        if rh.get("upgrade", "").strip().lower() != BULK_PROTOCOL:
-            raise TransportError(
-                f"peer {peer!r} answered 101 without upgrading to "
-                f"{BULK_PROTOCOL} ({rh.get('upgrade')!r})"
-            )
         async for piece in body:
             _write(writer, piece)
             await writer.drain()

@@ -13,16 +13,15 @@ from __future__ import annotations
 import asyncio
 import ssl
 import string
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import cast
 
 from tandem.errors import TransportError
 
 from . import framewire
-from .bulk import CONNECT_TIMEOUT, HEAD_LIMIT, read_response_head, read_response_text, request_head
+from .bulk import CONNECT_TIMEOUT, request_upgrade
 from .framewire import ACK, TAG_BYTES, AckHead
-from .protocol import H_REASON, H_STREAM_NONCE, H_WAIT, STREAM_PATH, Answer, seconds
+from .protocol import H_STREAM_NONCE, STREAM_PATH, Answer
 
 OUTSTANDING = 64  # records of one stream awaiting their acks at once (more sends wait)
 
@@ -149,42 +148,17 @@ async def open_stream(
     that offers no streams). ``key_material``: (secret, sender, sender incarnation, receiver,
     receiver incarnation, request nonce), with the receiver's stream nonce the stream key.
     Connection problems raise `OSError`/`EOFError`/`TimeoutError`."""
-    u = urllib.parse.urlsplit(url)
-    host = u.hostname or ""
-    https = u.scheme == "https"
-    port = u.port or (443 if https else 80)
-    ctx = (ssl_context or ssl.create_default_context()) if https else None
-    head = request_head(
-        "POST",
-        STREAM_PATH,
-        u.netloc,
-        {**headers, "Connection": "Upgrade", "Upgrade": framewire.STREAM_PROTOCOL},
-    )
-    async with asyncio.timeout(CONNECT_TIMEOUT):
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=ctx, server_hostname=host if ctx else None, limit=HEAD_LIMIT
+    async with asyncio.timeout(read_timeout + CONNECT_TIMEOUT):
+        upgraded = await request_upgrade(
+            peer, url, STREAM_PATH, framewire.STREAM_PROTOCOL, headers, ssl_context
         )
-    try:
-        writer.write(head)
-        async with asyncio.timeout(read_timeout):
-            status, _, rh = await read_response_head(reader)
-            if status != 101:
-                text = await read_response_text(reader, rh)
-                writer.close()
-                return Answer(
-                    status, text, seconds(rh.get(H_WAIT.lower())), rh.get(H_REASON.lower(), "")
-                )
-        if rh.get("upgrade", "").strip().lower() != framewire.STREAM_PROTOCOL:
-            raise TransportError(f"peer {peer!r} answered 101 without a frame stream")
-        nonce = rh.get(H_STREAM_NONCE.lower(), "")
-        if len(nonce) != 2 * framewire.NONCE_BYTES or not set(nonce) <= set(string.hexdigits):
-            raise TransportError(f"peer {peer!r} named no valid stream nonce ({nonce[:40]!r})")
-    except asyncio.LimitOverrunError:
+    if isinstance(upgraded, Answer):
+        return upgraded
+    writer = upgraded.writer
+    nonce = upgraded.headers.get(H_STREAM_NONCE.lower(), "")
+    if len(nonce) != 2 * framewire.NONCE_BYTES or not set(nonce) <= set(string.hexdigits):
         writer.transport.abort()
-        raise TransportError(f"peer {peer!r} sent an oversized stream handshake") from None
-    except BaseException:
-        writer.transport.abort()
-        raise
+        raise TransportError(f"peer {peer!r} named no valid stream nonce ({nonce[:40]!r})")
     key = framewire.stream_key(*key_material, nonce)
     stream = FrameStream(peer, key, writer, read_timeout)
     stream.transport.set_protocol(stream)  # no ack can precede a record: nothing is buffered
