@@ -123,41 +123,7 @@ def test_unknown_values_are_config_errors_listing_the_accepted():
 
 
 def test_spec_records_compression_only_when_set():
-    from tandem.engine.topology import two_party
-    from tandem.parties.split.spec import build_spec
-
-    def spec(**hyper):
-        base = {
-            "batch_size": 8,
-            "eval_batch_size": 8,
-            "groups": 1,
-            "learning_rate": 0.1,
-            "optimizer": "sgd",
-            "loss": "binary",
-            "epochs": 1,
-            "seed": 0,
-            "threshold": 2,
-            "capacity": 8,
-            "policy": "priority",
-            "checkpoint_every": 0,
-        }
-        return build_spec(
-            two_party(),
-            features={"A": 3},
-            samples=16,
-            stage_widths={
-                "bottom": {"in_dims": [3], "out_dim": 4},
-                "top": {"in_dims": [4], "out_dim": 1},
-            },
-            hyper={**base, **hyper},
-            security={
-                "auth": "none",
-                "tls": False,
-                "max_frame_bytes": 1 << 20,
-                "reject_nonfinite": False,
-            },
-        )
-
+    spec = _two_party_spec
     exact = spec()
     assert spec(compress="none").spec_hash() == exact.spec_hash()
     int8 = spec(compress="int8")
