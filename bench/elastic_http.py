@@ -17,13 +17,13 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from bench.ports import free_port
 from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
 from tandem.parties.elastic.data_server import DataServer
 from tandem.parties.elastic.spec import ModelSpec, Shard
@@ -39,11 +39,6 @@ GATED = (
     "sys.exit(tandem.parties.cli.main(sys.argv[1:]))\n"
 )
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class HttpCluster:
@@ -75,7 +70,7 @@ class HttpCluster:
         entries = {
             "name": name,
             "host": "127.0.0.1",
-            "port": _free_port(),
+            "port": free_port(),
             "secret": SECRET.decode(),
             "coordinator": coordinator_url,
             "heartbeat": self.interval / 3,

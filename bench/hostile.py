@@ -67,6 +67,8 @@ import aiohttp
 import numpy as np
 import orjson
 
+from bench.ports import free_port
+
 MiB = 1 << 20
 SECRET = b"s3cret"
 ACT, GRAD = "act/bottom_follower->top", "grad/bottom_follower->top"
@@ -106,14 +108,6 @@ def _toml(table: dict[str, Any]) -> str:
     return "\n".join(top) + "\n" + "\n".join(subs) + "\n"
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Job:
     """Two party configs in ``folder`` (data generated from ``seed``), with fresh ports."""
 
@@ -133,7 +127,7 @@ class Job:
             y_test=y[ROWS:],
         )
         np.savez(folder / "follower.npz", x_train=xf[:ROWS], x_test=xf[ROWS:])
-        self.ports = {"leader": _free_port(), "follower": _free_port()}
+        self.ports = {"leader": free_port(), "follower": free_port()}
         self.scheme = "http"
 
         def common(role: str) -> dict[str, Any]:
