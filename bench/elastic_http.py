@@ -40,7 +40,6 @@ GATED = (
 )
 
 
-
 class HttpCluster:
     def __init__(
         self,
