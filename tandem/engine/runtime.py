@@ -178,6 +178,15 @@ class _BatchState:
         self.queues: dict[str, asyncio.Queue] = {}
         self.wake = asyncio.Event()
         self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
+        #: compute ops with a send among their successors, not yet run; ``produced`` is set
+        #: (on the loop) once none is left: every frame of the batch is then queued or sent
+        self.producers = frozenset(
+            op for op in plan.key if any(s.kind is Kind.SEND for s in plan.successors[op])
+        )
+        self.producers_left = len(self.producers)
+        self.produced = asyncio.Event()
+        if not self.producers:
+            self.produced.set()
         for op, k in plan.indegree.items():
             if k == 0 and op.kind is not Kind.SEND and op.kind is not Kind.RECV:
                 self.ready.add(op)
@@ -221,6 +230,7 @@ class PartyRuntime:
         batch: int,
         *,
         computed: Callable[[BatchStats], Awaitable[None]] | None = None,
+        produced: Callable[[BatchStats], Awaitable[None]] | None = None,
     ) -> BatchStats:
         """Execute every op of ``plan`` once; returns when all sends have been handed over.
 
@@ -228,7 +238,15 @@ class PartyRuntime:
         (``stats.compute`` is final), while the batch's last sends may still be on the wire:
         a leader announces its next batch there, so that the command travels beside the last
         gradients instead of a round trip after them. The batch returns once the hook and the
-        sends are done; an exception from the hook fails the batch like any other."""
+        sends are done; an exception from the hook fails the batch like any other.
+
+        ``produced(stats)`` is awaited on the loop, the same way, once every compute op whose
+        result is sent has run (its frames are queued): the ops left are local-only (a
+        backward whose input gradients stay here, an update), and ``stats.compute`` counts
+        only the ops run so far. It comes before ``computed``, or with it when the last op
+        sends. A leader whose next command depends on nothing this batch still computes
+        announces it there: its followers then find it waiting when their update is done,
+        whatever the leader's own local-only ops still take."""
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
         st = _BatchState(plan, self.policy)
@@ -248,6 +266,8 @@ class PartyRuntime:
             for (peer, channel), count in recv_channels.items():
                 tg.create_task(self._receiver(st, handler, peer, channel, count, batch))
             tg.create_task(self._compute_lane(st, handler, batch, stats, computed))
+            if produced is not None:
+                tg.create_task(self._when_produced(st, stats, produced))
         stats.wall = st.clock() - t0
         stats.ops = len(plan.ops)
         stats.max_outbound = st.max_outbound
@@ -281,6 +301,23 @@ class PartyRuntime:
         if computed is not None:
             await computed(stats)
 
+    async def _when_produced(
+        self,
+        st: _BatchState,
+        stats: BatchStats,
+        produced: Callable[[BatchStats], Awaitable[None]],
+    ) -> None:
+        await st.produced.wait()
+        await produced(stats)
+
+    def _ran_producer(self, st: _BatchState, op: Op) -> bool:
+        """Count compute op ``op`` as run (caller holds ``st.lock``); true when it was the
+        batch's last op whose result is sent."""
+        if op not in st.producers:
+            return False
+        st.producers_left -= 1
+        return st.producers_left == 0
+
     async def _compute_ops(
         self, st: _BatchState, handler: OpHandler, batch: int, stats: BatchStats
     ) -> None:
@@ -295,8 +332,13 @@ class PartyRuntime:
                     st.stop = True
                     st.cond.notify_all()
 
+            def all_produced() -> None:  # from the lane thread, after the op's sends' enqueue
+                loop.call_soon_threadsafe(st.produced.set)
+
             await self.lane.run(
-                None, lambda: self._drive(st, handler, stats, enqueue), on_cancel=stop
+                None,
+                lambda: self._drive(st, handler, stats, enqueue, all_produced),
+                on_cancel=stop,
             )
             return
         loop = asyncio.get_running_loop()
@@ -314,6 +356,8 @@ class PartyRuntime:
             with st.lock:
                 st.compute_left -= 1
                 self._complete(st, op, outputs)
+                if self._ran_producer(st, op):
+                    st.produced.set()
 
     def _drive(
         self,
@@ -321,6 +365,7 @@ class PartyRuntime:
         handler: OpHandler,
         stats: BatchStats,
         enqueue: Callable,
+        all_produced: Callable[[], None],
     ) -> None:
         """The compute loop of one batch, on the lane's thread (``lane.drives_batches``).
         Returns when every compute op ran, or early once ``st.stop`` is set (cancellation)."""
@@ -343,6 +388,8 @@ class PartyRuntime:
             with st.lock:
                 st.compute_left -= 1
                 self._complete(st, op, outputs, enqueue)
+                if self._ran_producer(st, op):
+                    all_produced()
 
     async def _send_lane(
         self, st: _BatchState, peer: str, count: int, batch: int, stats: BatchStats

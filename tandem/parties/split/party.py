@@ -273,6 +273,7 @@ class SplitParty:
         dataset: str,
         chunks: int = 1,
         computed: Callable[[BatchStats], Awaitable[None]] | None = None,
+        produced: Callable[[BatchStats], Awaitable[None]] | None = None,
     ) -> BatchStats:
         n = max(1, min(n, len(idx)))
         train = mode == "train"
@@ -292,7 +293,11 @@ class SplitParty:
         self.in_batch = True
         try:
             stats = await runtime.run(
-                self.plan(n, mode, chunks), self.handler, self._batch, computed=computed
+                self.plan(n, mode, chunks),
+                self.handler,
+                self._batch,
+                computed=computed,
+                produced=produced,
             )
         finally:
             self.in_batch = False
@@ -406,6 +411,7 @@ class SplitParty:
         start_batch: int = 0,
         after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
         after_epoch: Callable[[EpochResult], Awaitable[bool | None]] | None = None,
+        announce_ahead: bool | None = None,
     ) -> list[EpochResult]:
         """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
 
@@ -419,14 +425,24 @@ class SplitParty:
         after that epoch (early stopping). It may run batches (`evaluate`): the training lane
         is idle meanwhile.
 
-        Announcing ahead: without ``after_batch``, the command of the next batch is sent once
-        the leader's compute for the current one has run (`PartyRuntime.run`'s ``computed``),
-        while its last gradients are still on their way, so a follower finds it waiting when
-        its update is done: one round trip per batch fewer on a long link. With
-        ``after_batch`` each command waits for the hook, which may stop training (a command
-        sent cannot be taken back); with ``after_epoch``, an epoch's first command waits for
-        it. The tuner's wall of a batch is the time from its command to the next one's
-        (without announcing ahead: to the batch's end).
+        Announcing ahead: the command of the next batch is sent while the current one runs,
+        so a follower finds it waiting when its update is done: one round trip per batch
+        fewer on a long link. With a fixed ``groups`` it leaves once the leader's last op
+        whose result is sent has run (`PartyRuntime.run`'s ``produced``: its own backward
+        and updates may still be running), with ``"auto"`` once all its compute for the
+        batch has run (``computed``), since the tuner picks the next ``n`` from it.
+        ``announce_ahead``: None (the default) announces ahead only without ``after_batch``,
+        where each command otherwise waits for the hook (which may stop training, and a
+        command sent cannot be taken back); True announces ahead with the hook too, and a
+        true answer from it then stops training after the batch already announced, for which
+        the hook is awaited as well (its answer no longer matters): every party still runs
+        every batch commanded, once, in order; False never announces ahead. The hook always
+        runs between two batches of the leader: batch ``b``'s update is done and ``b + 1``'s
+        compute has not begun, so its parameters, optimizer state, ``step`` and ``loss_sum``
+        are batch ``b``'s (a follower may meanwhile run ``b + 1``'s forward, which changes
+        none of them). With ``after_epoch``, an epoch's first command waits for it. The
+        tuner's wall of a batch is the time from its command to the next one's (without
+        announcing ahead: to the batch's end).
         """
         self._require_leader("fit")
         self._require_labels(dataset)
@@ -457,6 +473,11 @@ class SplitParty:
         async with ThreadLane(f"tandem-{self.name}") as lane, asyncio.TaskGroup() as tg:
             runtime = self._runtime(lane)
             stop = False
+            #: ``after_batch`` asked to stop while the next batch was announced: run it, then stop
+            stopping = False
+            ahead_ok = after_batch is None if announce_ahead is None else announce_ahead
+            #: the next command needs nothing of this batch's compute (no tuner to feed)
+            fixed_n = self.config.groups != "auto"
             #: the next batch's command, announced while the batch before it drained
             ahead: tuple[int, int, asyncio.Task] | None = None
             for epoch in range(first, last):
@@ -476,22 +497,32 @@ class SplitParty:
                         n, c, sent = ahead
                         ahead = None
                         await sent
-                    nxt = following(epoch, i) if after_batch is None else None
-                    computed = None if nxt is None else _Announce(self, tg, len(idx), nxt, dataset)
+                    nxt = following(epoch, i) if ahead_ok and not stopping else None
+                    announce = None if nxt is None else _Announce(self, tg, len(idx), nxt, dataset)
                     stats = await self._run_batch(
-                        runtime, idx, n, "train", dataset, c, computed=computed
+                        runtime,
+                        idx,
+                        n,
+                        "train",
+                        dataset,
+                        c,
+                        computed=None if fixed_n else announce,
+                        produced=announce if fixed_n else None,
                     )
-                    if computed is None:
+                    if announce is None:
                         self._retune(stats.compute, len(idx))
                     else:
-                        ahead = computed.ahead
+                        ahead = announce.ahead
                     total += self.handler.loss_sum * len(idx)
                     rows += len(idx)
                     if on_batch is not None:
                         on_batch(epoch, i + 1, self.handler.loss_sum)
-                    if after_batch is not None and await after_batch(epoch, i + 1):
-                        stop = True
-                        break
+                    if after_batch is not None:
+                        asked = bool(await after_batch(epoch, i + 1))
+                        if stopping or (asked and ahead is None):
+                            stop = True
+                            break
+                        stopping = asked
                 result = EpochResult(
                     epoch,
                     total / max(rows, 1),
@@ -721,10 +752,11 @@ class SplitParty:
 
 
 class _Announce:
-    """The hook (`PartyRuntime.run`'s ``computed``) by which a leader's `SplitParty.fit`, once
-    a training batch of ``rows`` rows ran its compute, re-tunes ``n`` and sends the command of
-    the next training batch ``nxt = (epoch, i, row indices)`` as a task of ``tg``; ``ahead``
-    then holds (n, chunks, that task).
+    """The hook (`PartyRuntime.run`'s ``computed``, or ``produced`` with a fixed ``n``) by
+    which a leader's `SplitParty.fit`, once a training batch of ``rows`` rows ran its compute
+    (or its last op whose result is sent), re-tunes ``n`` and sends the command of the next
+    training batch ``nxt = (epoch, i, row indices)`` as a task of ``tg``; ``ahead`` then holds
+    (n, chunks, that task).
 
     The command then reaches the followers beside the batch's last gradients, so a follower
     starts the next batch as soon as its update is done instead of a round trip later.

@@ -259,6 +259,9 @@ async def _lead(
             start_batch=batch0,
             after_batch=after_batch,
             after_epoch=reporter.after_epoch,
+            # a stop (signal, a follower leaving) lands one batch later, and the hook's
+            # checkpoint still sees batch b's state (`SplitParty.fit`, "Announcing ahead")
+            announce_ahead=True,
         )
         async with reporter.opened(epoch0):
             with _peer_left(cfg.name, party, st):
