@@ -44,7 +44,7 @@ from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import AdmissionError
 from tandem.transports.base import Frame
 
-from .command_rows import RowsDecoder
+from .command_rows import RowsDecoder, row_count
 
 if TYPE_CHECKING:
     from .spec import TaskSpec
@@ -297,9 +297,7 @@ class PlanAdmission:
         n, c, mode, data = meta.get("n"), meta.get("c", 1), meta.get("mode"), meta.get("data")
         if not isinstance(data, str):
             raise AdmissionError(f"dataset {data!r} is not a name", field="data")
-        table = party.datasets.get(data)
-        idx = party.command_rows.decode(meta, frame.arrays, None if table is None else len(table))
-        rows = int(idx.shape[0])
+        rows = row_count(meta, frame.arrays)  # the form checked; nothing drawn yet
         if not _is_int(n) or not 1 <= n <= rows:
             raise AdmissionError(f"n={n!r} groups for {rows} rows; expected 1..{rows}", field="n")
         want_c = fit_chunks(rows, n, party.config.chunks)
@@ -311,12 +309,14 @@ class PlanAdmission:
             )
         if mode not in ("train", "eval"):
             raise AdmissionError(f"mode {mode!r}; expected 'train' or 'eval'", field="mode")
-        if party.datasets or self.reads_features:
-            if table is None:
-                raise AdmissionError(
-                    f"{party.name!r} holds no dataset {data!r} (it holds {sorted(party.datasets)})",
-                    field="data",
-                )
+        table = party.datasets.get(data)
+        if table is None and (party.datasets or self.reads_features):
+            raise AdmissionError(
+                f"{party.name!r} holds no dataset {data!r} (it holds {sorted(party.datasets)})",
+                field="data",
+            )
+        idx = party.command_rows.decode(meta, frame.arrays, None if table is None else len(table))
+        if table is not None:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= len(table):
                 raise AdmissionError(
