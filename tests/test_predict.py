@@ -263,6 +263,12 @@ async def test_each_party_reads_only_its_own_export_and_receives_activations(tra
     assert received["follower"] and {f.channel for f in received["follower"]} == {"ctl"}
     for f in received["follower"]:
         assert all(a.dtype == np.int64 and a.ndim == 1 and a.max() < NEW for a in f.arrays)
+    # prediction walks the new rows in order: each batch command names a range, no array
+    batches = [f for f in received["follower"] if f.meta.get("cmd") == "batch"]
+    assert all(not f.arrays for f in batches)
+    assert [f.meta["rows"]["range"] for f in batches] == [
+        [lo, min(lo + BATCH, NEW)] for lo in range(0, NEW, BATCH)
+    ]
     # leader: the follower's negotiation replies (no arrays) and cut-layer activations
     acts = [f for f in received["leader"] if f.channel != "ctl"]
     assert {f.channel for f in acts} == {"act/bottom_follower->top"}

@@ -14,15 +14,17 @@ Three layers, each installed where its knowledge lives; the transport only calls
 * `NegotiationAdmission` (`session.connect`, until the party exists): ``ctl`` commands of the
   negotiation protocol only, in their order (a follower takes ``propose``, then ``start`` or
   ``abort``, then the first ``batch`` at the agreed step), never a tensor but the first
-  batch's row indices; on the spec's channels only a first message (micro-batch 0 of the
+  batch's rows; on the spec's channels only a first message (micro-batch 0 of the
   first batch);
 * `PlanAdmission` (`SplitParty`): each frame against the batches the party runs. A follower's
-  batch command must carry the next batch id, a group count, chunks, mode, dataset and row
-  indices its plan can run; an activation or gradient must carry a batch id the party is
-  running or about to run (one that uses the channel), the next micro-batch index of that
-  channel in that batch, and one ``float32[rows, width]`` tensor with exactly the rows of its
-  group (part) and the width of its source stage (with cut compression, the arrays of the
-  negotiated compressor's layout of that tensor, `tandem.parties.split.compress`).
+  batch command must carry the next batch id, a group count, chunks, mode, dataset and rows its
+  plan can run (`tandem.parties.split.command_rows`: a list, a range, or a draw of the seeded
+  shuffle that the follower repeats and checks against the leader's digest); an activation or
+  gradient must carry a batch id the party is running or about to run (one that uses the
+  channel), the next micro-batch index of that channel in that batch, and one
+  ``float32[rows, width]`` tensor with exactly the rows of its group (part) and the width of
+  its source stage (with cut compression, the arrays of the negotiated compressor's layout of
+  that tensor, `tandem.parties.split.compress`).
 
 Invariant (`PlanAdmission`): for every announced batch ``b`` and inbound channel ``ch``,
 ``admitted[(ch, b)]`` frames were accepted, with micro-batch indices ``0 .. admitted - 1`` in
@@ -36,13 +38,13 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard
 
-import numpy as np
-
 from tandem.engine.microbatch import chunk_bounds, fit_chunks, group_bounds
 from tandem.engine.plan import Plan, make_plans
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import AdmissionError
 from tandem.transports.base import Frame
+
+from .command_rows import RowsDecoder, row_count
 
 if TYPE_CHECKING:
     from .spec import TaskSpec
@@ -61,6 +63,8 @@ class AdmittingParty(Protocol):
     def datasets(self) -> Mapping[str, Any]: ...
     @property
     def handler(self) -> Any: ...
+    @property
+    def command_rows(self) -> RowsDecoder: ...
 
     @property
     def is_leader(self) -> bool: ...
@@ -290,19 +294,10 @@ class PlanAdmission:
                 f"batch command for batch {b!r}; {party.name!r} expects batch {expect} next",
                 field="b",
             )
-        if len(frame.arrays) != 1:
-            raise AdmissionError(
-                f"a batch command carries one row-index array, got {len(frame.arrays)}",
-                field="idx",
-            )
-        idx = frame.arrays[0]
-        if idx.dtype != np.int64 or idx.ndim != 1 or idx.shape[0] < 1:
-            raise AdmissionError(
-                f"row indices are {idx.dtype}{list(idx.shape)}; expected int64[rows >= 1]",
-                field="idx",
-            )
-        rows = int(idx.shape[0])
         n, c, mode, data = meta.get("n"), meta.get("c", 1), meta.get("mode"), meta.get("data")
+        if not isinstance(data, str):
+            raise AdmissionError(f"dataset {data!r} is not a name", field="data")
+        rows = row_count(meta, frame.arrays)  # the form checked; nothing drawn yet
         if not _is_int(n) or not 1 <= n <= rows:
             raise AdmissionError(f"n={n!r} groups for {rows} rows; expected 1..{rows}", field="n")
         want_c = fit_chunks(rows, n, party.config.chunks)
@@ -314,15 +309,14 @@ class PlanAdmission:
             )
         if mode not in ("train", "eval"):
             raise AdmissionError(f"mode {mode!r}; expected 'train' or 'eval'", field="mode")
-        if not isinstance(data, str):
-            raise AdmissionError(f"dataset {data!r} is not a name", field="data")
-        if party.datasets or self.reads_features:
-            table = party.datasets.get(data)
-            if table is None:
-                raise AdmissionError(
-                    f"{party.name!r} holds no dataset {data!r} (it holds {sorted(party.datasets)})",
-                    field="data",
-                )
+        table = party.datasets.get(data)
+        if table is None and (party.datasets or self.reads_features):
+            raise AdmissionError(
+                f"{party.name!r} holds no dataset {data!r} (it holds {sorted(party.datasets)})",
+                field="data",
+            )
+        idx = party.command_rows.decode(meta, frame.arrays, None if table is None else len(table))
+        if table is not None:
             lo, hi = int(idx.min()), int(idx.max())
             if lo < 0 or hi >= len(table):
                 raise AdmissionError(

@@ -33,6 +33,7 @@ from tandem.errors import FrameError, TandemError
 from tandem.transports.base import Frame, Transport
 
 from .admission import spec_streams
+from .command_rows import row_count
 from .compress import from_hyper
 from .spec import SpecError, TaskSpec
 
@@ -56,8 +57,9 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
       source (act) or destination (grad) party; the message names the field that differs
       (dtype, shape, rows); with ``reject_nonfinite`` a bfloat16 tensor holding NaN or Inf is
       refused too (numpy float kinds are the transport's own check);
-    * ``ctl``: no array, or one ``int64`` row-index vector of at most ``max_rows`` rows from
-      the leader (commands); replies from followers carry no arrays;
+    * ``ctl``: commands of the leader naming at most ``max_rows`` rows (one narrow index array,
+      a range or a draw: `tandem.parties.split.command_rows`); replies from followers name no
+      rows and carry no arrays;
     * with cut compression in the spec (``hyper["compress"]``), the arrays of the
       compressor's layout of that tensor instead (`tandem.parties.split.compress`);
     * any other channel is refused.
@@ -92,18 +94,18 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
     def validate(frame: Frame) -> None:
         ch = frame.channel
         if ch == CTL:
-            if not frame.arrays:
+            if not frame.arrays and frame.meta.get("rows") is None:
                 return
-            if frame.sender != leader or len(frame.arrays) != 1:
+            if frame.sender != leader or len(frame.arrays) > 1:
                 raise FrameError(
-                    f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} "
-                    "arrays; only the leader's commands carry one index array"
+                    f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} arrays "
+                    f"{'and rows ' if frame.meta.get('rows') is not None else ''}; only the "
+                    "leader's commands name rows, with at most one index array"
                 )
-            a = frame.arrays[0]
-            if a.dtype != np.int64 or a.ndim != 1 or not 1 <= a.shape[0] <= max_rows:
+            rows = row_count(frame.meta, frame.arrays)
+            if not 1 <= rows <= max_rows:
                 raise FrameError(
-                    f"ctl index array is {a.dtype}{list(a.shape)}; the spec allows "
-                    f"int64[1..{max_rows}]"
+                    f"a command names {rows} rows; the spec allows 1..{max_rows} per batch"
                 )
             return
         if ch not in shapes:

@@ -49,6 +49,7 @@ from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import Frame, Transport
 
 from .admission import PlanAdmission
+from .command_rows import Draw, RowsDecoder, encode_rows
 from .compress import CutCompressor
 from .metrics import Metric, metric_names, task_metrics
 from .stages import StageHandler
@@ -229,6 +230,8 @@ class SplitParty:
         #: Checks every inbound frame against the batches this party runs before its transport
         #: accepts it (where the transport takes such a hook, e.g. `HttpTransport`), so a
         #: frame its plan cannot take is refused to its sender instead of failing the batch.
+        #: Turns the rows a leader's batch command names back into indices (follower).
+        self.command_rows = RowsDecoder()
         self.admission = PlanAdmission(self)
         if hasattr(transport, "admit_frame"):
             transport.admit_frame = self.admission
@@ -356,14 +359,21 @@ class SplitParty:
 
     # -- leader -----------------------------------------------------------------------------
     async def _start_batch(
-        self, idx: np.ndarray, n: int, mode: str, dataset: str, **meta: Any
+        self,
+        idx: np.ndarray,
+        n: int,
+        mode: str,
+        dataset: str,
+        draw: Draw | None = None,
+        **meta: Any,
     ) -> tuple[int, int]:
-        """Leader: tell every follower to run rows ``idx`` of ``dataset``; returns the group
+        """Leader: tell every follower to run rows ``idx`` of ``dataset`` (``draw``: where
+        they come from, for a batch of the seeded shuffle, `command_rows`); returns the group
         count and chunks the batch uses (``n`` clamped to the rows, `chunks_for`), which the
         command carries, for the leader's own `_run_batch`."""
         n, c, cmd = self._batch_command(self._batch, len(idx), n, mode, dataset, **meta)
         self.admission.announce(self._batch, len(idx), n, c, mode)
-        await self._command(cmd, idx)
+        await self._command(cmd, idx, draw)
         return n, c
 
     def _batch_command(
@@ -378,8 +388,15 @@ class SplitParty:
         n = max(1, min(n, rows))
         return n, self.chunks_for(rows, n)
 
-    async def _command(self, meta: dict, idx: np.ndarray | None = None) -> None:
-        arrays = () if idx is None else (np.asarray(idx, np.int64),)
+    async def _command(
+        self, meta: dict, idx: np.ndarray | None = None, draw: Draw | None = None
+    ) -> None:
+        """Send command ``meta`` to every follower, naming rows ``idx`` when given in their
+        smallest form (`command_rows.encode_rows`)."""
+        arrays: tuple[np.ndarray, ...] = ()
+        if idx is not None:
+            rows, arrays = encode_rows(idx, draw)
+            meta = {**meta, **rows}
         meta = {**meta, "run": self.run_id}
         for peer in self.followers:
             await self.transport.send(peer, CTL, Frame(meta=meta, arrays=arrays))
@@ -491,14 +508,22 @@ class SplitParty:
                     if ahead is None:
                         self._tune_mark = (time.perf_counter(), self._link_counters())
                         n, c = await self._start_batch(
-                            idx, self.n_groups, "train", dataset, epoch=epoch, i=i
+                            idx,
+                            self.n_groups,
+                            "train",
+                            dataset,
+                            self._draw(n_rows, epoch, i),
+                            epoch=epoch,
+                            i=i,
                         )
                     else:
                         n, c, sent = ahead
                         ahead = None
                         await sent
                     nxt = following(epoch, i) if ahead_ok and not stopping else None
-                    announce = None if nxt is None else _Announce(self, tg, len(idx), nxt, dataset)
+                    announce = (
+                        None if nxt is None else _Announce(self, tg, len(idx), nxt, dataset, n_rows)
+                    )
                     stats = await self._run_batch(
                         runtime,
                         idx,
@@ -534,6 +559,10 @@ class SplitParty:
                 if stop or (after_epoch is not None and await after_epoch(result)):
                     break
         return self.history[-epochs:] if epochs else []
+
+    def _draw(self, n_rows: int, epoch: int, i: int) -> Draw:
+        """Where batch ``i`` of ``epoch`` of `fit` over ``n_rows`` rows comes from."""
+        return Draw(n_rows, self.config.batch_size, self.config.seed, epoch, i)
 
     def _link_counters(self) -> dict[tuple[str, str], tuple[int, float]]:
         out = {}
@@ -693,7 +722,7 @@ class SplitParty:
                 if cmd == "restore_kept":
                     self._restore_kept()
                     continue
-                if cmd != "batch" or len(frame.arrays) != 1:
+                if cmd != "batch":
                     raise EngineError(
                         f"{self.name!r} got an unknown command from {leader!r}: {dict(frame.meta)}"
                     )
@@ -703,12 +732,17 @@ class SplitParty:
                         f"started batch {frame.meta.get('b')}; restart both parties"
                     )
                 self.n_groups = int(frame.meta["n"])
+                dataset = str(frame.meta["data"])
+                table = self.datasets.get(dataset)
+                idx = self.command_rows.decode(
+                    frame.meta, frame.arrays, None if table is None else len(table)
+                )
                 await self._run_batch(
                     runtime,
-                    np.asarray(frame.arrays[0]),
+                    idx,
                     self.n_groups,
                     str(frame.meta["mode"]),
-                    str(frame.meta["data"]),
+                    dataset,
                     int(frame.meta.get("c", 1)),
                 )
                 count += 1
@@ -770,8 +804,10 @@ class _Announce:
         rows: int,
         nxt: tuple[int, int, np.ndarray],
         dataset: str,
+        n_rows: int,
     ) -> None:
         self.party, self.tg, self.rows, self.nxt, self.dataset = party, tg, rows, nxt, dataset
+        self.n_rows = n_rows
         self.ahead: tuple[int, int, asyncio.Task] | None = None
 
     async def __call__(self, stats: BatchStats) -> None:
@@ -789,7 +825,8 @@ class _Announce:
             i=i,
         )
         party.admission.announce(party.batches_done + 1, len(idx), n, c, "train")
-        self.ahead = (n, c, self.tg.create_task(party._command(cmd, idx)))
+        draw = party._draw(self.n_rows, epoch, i)
+        self.ahead = (n, c, self.tg.create_task(party._command(cmd, idx, draw)))
 
 
 __all__ = ["SplitParty", "SplitConfig", "EpochResult"]
