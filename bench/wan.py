@@ -236,6 +236,65 @@ class NetnsLink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def counters(self) -> dict[str, dict[str, Any]]:
+        """Per party: its veth end's qdisc counters (``tc -s qdisc``: packets sent, dropped)
+        and its namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``), totals
+        since the namespaces were made; and the namespace's TCP congestion control."""
+        out: dict[str, dict[str, Any]] = {}
+        for party in (B, A):
+            run = [*self.prefix(party)]
+            try:
+                qdisc = subprocess.run(
+                    [*run, "tc", "-s", "qdisc", "show", "dev", self.dev[party]],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=True,
+                ).stdout
+                snmp = subprocess.run(
+                    [
+                        *run,
+                        "cat",
+                        "/proc/net/snmp",
+                        "/proc/net/netstat",
+                        "/proc/sys/net/ipv4/tcp_congestion_control",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=True,
+                ).stdout
+            except (OSError, subprocess.SubprocessError) as exc:
+                out[party] = {"error": str(exc)}
+                continue
+            sent = [int(v) for v in re.findall(r"Sent \d+ bytes (\d+) pkt", qdisc)]
+            dropped = [int(v) for v in re.findall(r"dropped (\d+)", qdisc)]
+            lines = snmp.splitlines()
+            tcp: dict[str, int] = {}
+            for head, vals in zip(lines[:-1], lines[1:], strict=False):
+                names, values = head.split(), vals.split()
+                if names[:1] == values[:1] and names[0] in ("Tcp:", "TcpExt:"):
+                    if not values[1].lstrip("-").isdigit():
+                        continue
+                    tcp.update(zip(names[1:], map(int, values[1:]), strict=True))
+            keep = (
+                "OutSegs",
+                "RetransSegs",
+                "TCPTimeouts",
+                "TCPLossProbes",
+                "TCPFastRetrans",
+                "TCPSpuriousRTOs",
+                "ActiveOpens",
+                "PassiveOpens",
+            )
+            out[party] = {
+                "qdisc_sent_pkts": max(sent, default=0),
+                "qdisc_dropped_pkts": max(dropped, default=0),
+                "tcp": {k: tcp[k] for k in keep if k in tcp},
+                "tcp_congestion_control": lines[-1].strip() if lines else None,
+            }
+        return out
+
     def describe(self) -> dict[str, Any]:
         out = {
             "kind": "netns-veth-tbf",
@@ -401,6 +460,8 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"the {what} process exited with code {code}")
         if relay is not None:
             relay.close()
+        if link is not None:
+            result["link_counters"] = link.counters()
         result["rtt_via"] = rtt_via
         if netem_reason is not None:
             result["rtt_relay_reason"] = f"netem unavailable: {netem_reason}"
