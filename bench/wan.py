@@ -10,7 +10,10 @@ by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate
 container without ``CAP_NET_ADMIN``), both processes run on 127.0.0.1 and each `HttpTransport`
 paces its outgoing bodies to the same rate (``HttpConfig.shape_bandwidth``):
 ``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` /
-``--link loopback`` force one. Namespaces are removed on every exit path (try/finally,
+``--link loopback`` force one. Every connection across the veth pair uses ``--tcp-cc``
+(cubic by default, a route attribute; ``tcp_congestion_control`` in the JSON), and
+``link_counters`` holds each end's qdisc drops and each namespace's TCP retransmission
+counters for the run. Namespaces are removed on every exit path (try/finally,
 Ctrl-C, SIGTERM); the role processes die with main (``PR_SET_PDEATHSIG``), and namespaces of
 a SIGKILLed run are swept by the next run.
 
