@@ -10,7 +10,10 @@ by a veth pair whose two ends are shaped with ``tc qdisc add dev X root tbf rate
 container without ``CAP_NET_ADMIN``), both processes run on 127.0.0.1 and each `HttpTransport`
 paces its outgoing bodies to the same rate (``HttpConfig.shape_bandwidth``):
 ``link = {"kind": "loopback-shaped", ..., "fallback_reason": ...}``. ``--link netns`` /
-``--link loopback`` force one. Namespaces are removed on every exit path (try/finally,
+``--link loopback`` force one. Every connection across the veth pair uses ``--tcp-cc``
+(cubic by default, a route attribute; ``tcp_congestion_control`` in the JSON), and
+``link_counters`` holds each end's qdisc drops and each namespace's TCP retransmission
+counters for the run. Namespaces are removed on every exit path (try/finally,
 Ctrl-C, SIGTERM); the role processes die with main (``PR_SET_PDEATHSIG``), and namespaces of
 a SIGKILLed run are swept by the next run.
 
@@ -104,6 +107,11 @@ class LinkSetupError(RuntimeError):
     """The namespaces/veth/tbf link could not be built (the caller may fall back)."""
 
 
+def default_burst(rate_Bps: float) -> int:
+    """tbf's bucket: at least 64 KiB (one GSO segment train), else ~2 ms at ``rate_Bps``."""
+    return int(max(64 * 1024, rate_Bps * 0.002))
+
+
 class NetnsLink:
     """Two network namespaces joined by a veth pair, both ends shaped by ``tbf``.
 
@@ -111,16 +119,22 @@ class NetnsLink:
     whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
 
     def __init__(
-        self, rate_mbit: float, *, latency_ms: float = 5.0, tag: str | None = None
+        self,
+        rate_mbit: float,
+        *,
+        latency_ms: float = 5.0,
+        burst: int | None = None,
+        tcp_cc: str | None = None,
+        tag: str | None = None,
     ) -> None:
         tag = tag or str(os.getpid())
         self.rate_mbit = rate_mbit
+        self.tcp_cc = tcp_cc  # None: the namespaces keep the kernel's default
         self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
         self.dev = {B: f"tw{tag}l"[:15], A: f"tw{tag}f"[:15]}
         self.ip = {B: "10.213.0.1", A: "10.213.0.2"}
         rate_Bps = rate_mbit * 1e6 / 8
-        # burst: at least 64 KiB (one GSO segment train), else ~2 ms at line rate
-        self.burst = int(max(64 * 1024, rate_Bps * 0.002))
+        self.burst = burst if burst is not None else default_burst(rate_Bps)
         # latency: the longest a packet may wait in the shaper's queue (its buffer size)
         self.tbf = [
             "rate",
@@ -156,10 +170,41 @@ class NetnsLink:
                 self._ip(
                     "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", *self.tbf
                 )
+                if self.tcp_cc is not None:
+                    self._set_congestion_control(party)
         except BaseException:
             self.close()
             raise
         return self
+
+    def _set_congestion_control(self, party: str) -> None:
+        """Every connection over the veth uses ``tcp_cc``: a route attribute (``congctl``),
+        because a namespace's sysctl offers only the host's ``tcp_allowed_congestion_control``."""
+        ns, dev = self.ns[party], self.dev[party]
+        try:
+            self._ip(
+                *("-n", ns, "route", "replace", "10.213.0.0/30", "dev", dev),
+                *("proto", "kernel", "scope", "link", "src", self.ip[party]),
+                *("congctl", str(self.tcp_cc)),
+            )
+        except LinkSetupError as exc:
+            raise LinkSetupError(
+                f"{exc} (is `{self.tcp_cc}` in /proc/sys/net/ipv4/"
+                "tcp_available_congestion_control? --tcp-cc default keeps the kernel's)"
+            ) from None
+
+    def congestion_control(self) -> str:
+        """The congestion control of connections over the veth: ``tcp_cc``, or the
+        namespaces' default when none was set."""
+        if self.tcp_cc is not None:
+            return self.tcp_cc
+        got = subprocess.run(
+            [*self.prefix(B), "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        return got.stdout.strip() or "unknown"
 
     def add_delay(self, one_way_ms: float) -> str | None:
         """Put ``netem delay`` in front of each end's ``tbf`` (``netem`` as the root qdisc,
@@ -236,11 +281,64 @@ class NetnsLink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def counters(self) -> dict[str, dict[str, Any]]:
+        """Per party: its veth end's qdisc counters (``tc -s qdisc``: packets sent, dropped)
+        and its namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``), totals
+        since the namespaces were made (connections on loopback included)."""
+        out: dict[str, dict[str, Any]] = {}
+        for party in (B, A):
+            run = [*self.prefix(party)]
+            try:
+                qdisc = subprocess.run(
+                    [*run, "tc", "-s", "qdisc", "show", "dev", self.dev[party]],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=True,
+                ).stdout
+                snmp = subprocess.run(
+                    [*run, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                    capture_output=True,
+                    text=True,
+                    timeout=20,
+                    check=True,
+                ).stdout
+            except (OSError, subprocess.SubprocessError) as exc:
+                out[party] = {"error": str(exc)}
+                continue
+            sent = [int(v) for v in re.findall(r"Sent \d+ bytes (\d+) pkt", qdisc)]
+            dropped = [int(v) for v in re.findall(r"dropped (\d+)", qdisc)]
+            lines = snmp.splitlines()
+            tcp: dict[str, int] = {}
+            for head, vals in zip(lines, lines[1:], strict=False):
+                names, values = head.split(), vals.split()
+                if names[:1] == values[:1] and names[0] in ("Tcp:", "TcpExt:"):
+                    if not values[1].lstrip("-").isdigit():
+                        continue
+                    tcp.update(zip(names[1:], map(int, values[1:]), strict=True))
+            keep = (
+                "OutSegs",
+                "RetransSegs",
+                "TCPTimeouts",
+                "TCPLossProbes",
+                "TCPFastRetrans",
+                "TCPSpuriousRTOs",
+                "ActiveOpens",
+                "PassiveOpens",
+            )
+            out[party] = {
+                "qdisc_sent_pkts": max(sent, default=0),
+                "qdisc_dropped_pkts": max(dropped, default=0),
+                "tcp": {k: tcp[k] for k in keep if k in tcp},
+            }
+        return out
+
     def describe(self) -> dict[str, Any]:
         out = {
             "kind": "netns-veth-tbf",
             "rate_mbit": self.rate_mbit,
             "tc": "tbf " + " ".join(self.tbf),
+            "tcp_congestion_control": self.congestion_control(),
             "namespaces": list(self.ns.values()),
         }
         if self.netem is not None:
@@ -308,6 +406,14 @@ class _RelayProcess:
         self.proc.wait(timeout=20)
 
 
+def _host_congestion_control() -> str:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
 def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
     line = proc.stdout.readline()
     if not line:
@@ -335,7 +441,12 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             if stale := NetnsLink.remove_stale():
                 _log("main", f"removed namespaces left by killed runs: {stale}")
             try:
-                link = NetnsLink(args.rate_mbit, latency_ms=args.tbf_latency_ms).__enter__()
+                link = NetnsLink(
+                    args.rate_mbit,
+                    latency_ms=args.tbf_latency_ms,
+                    burst=args.tbf_burst,
+                    tcp_cc=None if args.tcp_cc == "default" else args.tcp_cc,
+                ).__enter__()
             except LinkSetupError as exc:
                 if args.link == "netns":
                     raise
@@ -401,9 +512,14 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
                 raise RuntimeError(f"the {what} process exited with code {code}")
         if relay is not None:
             relay.close()
+        if link is not None:
+            result["link_counters"] = link.counters()
         result["rtt_via"] = rtt_via
         if netem_reason is not None:
             result["rtt_relay_reason"] = f"netem unavailable: {netem_reason}"
+        result["tcp_congestion_control"] = (
+            link.congestion_control() if link is not None else _host_congestion_control()
+        )
         result["link"] = {
             **(
                 link.describe()
@@ -1019,6 +1135,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=5.0,
         help="tbf queue size, as the longest wait in it (5 ms, an AQM-like queue; "
         "50 shows a bloated FIFO)",
+    )
+    p.add_argument(
+        "--tbf-burst",
+        type=int,
+        default=None,
+        help="tbf bucket in bytes (default: 2 ms at the rate, at least 64 KiB)",
+    )
+    p.add_argument(
+        "--tcp-cc",
+        default="cubic",
+        help="TCP congestion control of every connection over the veth pair (cubic; "
+        "'default': the kernel's; others in /proc/sys/net/ipv4/"
+        "tcp_available_congestion_control); no effect on loopback",
     )
     p.add_argument(
         "--rtt-ms",

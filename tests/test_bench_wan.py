@@ -195,6 +195,62 @@ def test_netns_link_removed_on_error():
 
 
 @needs_netns
+def test_netns_link_congestion_control_and_counters():
+    """``tcp_cc`` is the congestion control of a connection across the veth pair, in both
+    directions' namespaces; `counters` reads each end's qdisc and its namespace's TCP."""
+    with NetnsLink(10.0, tcp_cc="reno", tag=f"c{os.getpid()}") as link:
+        assert link.congestion_control() == "reno"
+        assert link.describe()["tcp_congestion_control"] == "reno"
+        server = subprocess.Popen(
+            [*link.prefix("A"), sys.executable, "-c", _CC_SERVER, link.ip["A"]],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert server.stdout.readline().strip() == "listening"
+            client = subprocess.run(
+                [*link.prefix("B"), sys.executable, "-c", _CC_CLIENT, link.ip["A"]],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            )
+            out, _ = server.communicate(timeout=30)
+        finally:
+            if server.poll() is None:
+                server.kill()
+                server.communicate()
+        assert client.stdout.strip() == "reno"  # the connecting side
+        assert out.strip() == "reno"  # the accepting side
+        counters = link.counters()
+        for party in ("A", "B"):
+            assert counters[party]["qdisc_sent_pkts"] > 0
+            assert counters[party]["tcp"]["ActiveOpens" if party == "B" else "PassiveOpens"] >= 1
+
+
+@needs_netns
+def test_netns_link_unknown_congestion_control():
+    link = NetnsLink(10.0, tcp_cc="no-such-cc", tag=f"u{os.getpid()}")
+    with pytest.raises(LinkSetupError, match="tcp_available_congestion_control"):
+        link.__enter__()
+    assert not set(link.ns.values()) & _namespaces()
+
+
+_CC_SERVER = """
+import socket, sys
+s = socket.create_server((sys.argv[1], 5201))
+print("listening", flush=True)
+c, _ = s.accept()
+print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
+"""
+_CC_CLIENT = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], 5201), timeout=10)
+print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
+"""
+
+
+@needs_netns
 def test_stale_namespaces_swept():
     dead = subprocess.Popen(["true"])
     dead.wait()
