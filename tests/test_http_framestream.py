@@ -6,6 +6,8 @@ exactly once, in order; a peer that offers no stream gets POSTs."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 
 import numpy as np
 import pytest
@@ -254,3 +256,15 @@ async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
         assert not stream.usable
         async with asyncio.timeout(10):  # the fake receiver saw the stream closed and ended
             await served.wait()
+
+
+@pytest.mark.parametrize("key_len", [0, 32, 64, 65, 200])
+def test_stream_mac_is_hmac_sha256(key_len: int) -> None:
+    """The precomputed tag is exactly the HMAC-SHA256 the wire format names, whatever the key
+    length (longer than a block: hashed first), and split parts tag as their concatenation."""
+    key = bytes(range(256))[:key_len]
+    mac = framewire.StreamMac(key)
+    msg = bytes(range(256)) * 20
+    expected = hmac.new(key, b"c" + (7).to_bytes(8, "little") + msg, hashlib.sha256).digest()
+    assert mac.tag(b"c", 7, [msg[:5], memoryview(msg)[5:]]) == expected[: framewire.TAG_BYTES]
+    assert mac.tag(b"s", 7, [msg]) != mac.tag(b"c", 7, [msg])

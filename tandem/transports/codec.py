@@ -50,15 +50,26 @@ _ALLOWED_KINDS = frozenset("biufc")
 EXTENSION_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
-def _wire_dtype(dtype: np.dtype) -> np.dtype:
+def _wire(dtype: np.dtype) -> tuple[np.dtype, str]:
+    """``(wire dtype, its header token)`` of an array's ``dtype``, from `_WIRE` after the
+    first time (numpy's ``dtype.name`` alone costs microseconds, and a small frame's encoding
+    is dominated by such lookups)."""
+    known = _WIRE.get(dtype)
+    if known is not None:
+        return known
     if dtype.name in EXTENSION_DTYPES and dtype == EXTENSION_DTYPES[dtype.name]:
-        return dtype
-    if dtype.kind not in _ALLOWED_KINDS:
+        wire = dtype
+    elif dtype.kind not in _ALLOWED_KINDS:
         raise FrameError(
             f"dtype {dtype!r} cannot travel: only bool, integer, float (bfloat16 included) and "
             "complex arrays are supported (convert strings/objects to numeric arrays first)"
         )
-    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    else:
+        wire = dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    known = (wire, dtype_token(wire))
+    if len(_WIRE) < _CACHE_LIMIT:
+        _WIRE[dtype] = known
+    return known
 
 
 def dtype_token(dtype: np.dtype) -> str:
@@ -68,6 +79,10 @@ def dtype_token(dtype: np.dtype) -> str:
 
 
 def _parse_dtype(token: Any, i: int) -> np.dtype:
+    if isinstance(token, str):
+        known = _PARSED.get(token)
+        if known is not None:
+            return known
     if isinstance(token, str) and token in EXTENSION_DTYPES:
         return EXTENSION_DTYPES[token]
     try:
@@ -76,17 +91,24 @@ def _parse_dtype(token: Any, i: int) -> np.dtype:
         raise FrameError(f"array {i}: unknown dtype {token!r}") from None
     if dt.kind not in _ALLOWED_KINDS or dt.byteorder == ">":
         raise FrameError(f"array {i}: dtype {token!r} is not allowed on the wire")
+    if isinstance(token, str) and len(_PARSED) < _CACHE_LIMIT:
+        _PARSED[token] = dt
     return dt
+
+
+#: dtypes (and header tokens) seen so far, with what encoding (decoding) makes of them; a
+#: bounded memo of pure functions (at most `_CACHE_LIMIT` entries each: tokens come from peers)
+_WIRE: dict[np.dtype, tuple[np.dtype, str]] = {}
+_PARSED: dict[str, np.dtype] = {}
+_CACHE_LIMIT = 256
 
 
 def header_of(frame: Frame) -> dict[str, Any]:
     """The JSON header describing ``frame`` (without the buffers)."""
     arrays = []
     for a in frame.arrays:
-        dt = _wire_dtype(np.asarray(a).dtype)
-        arrays.append(
-            {"dtype": dtype_token(dt), "shape": list(np.shape(a)), "nbytes": int(a.nbytes)}
-        )
+        _, token = _wire(np.asarray(a).dtype)
+        arrays.append({"dtype": token, "shape": list(np.shape(a)), "nbytes": int(a.nbytes)})
     return {
         "sender": frame.sender,
         "channel": frame.channel,
@@ -107,7 +129,8 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     header = _pad(header)
     parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
     for a in frame.arrays:
-        arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
+        wire, _ = _wire(np.asarray(a).dtype)
+        arr = np.ascontiguousarray(a, dtype=wire)
         if arr.nbytes:
             # extension dtypes export no buffer format of their own: send their bytes
             raw = arr.reshape(-1).view(np.uint8) if arr.dtype.kind == "V" else arr

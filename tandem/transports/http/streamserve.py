@@ -25,7 +25,7 @@ from .. import auth
 from . import framewire
 from .body import Body
 from .config import HttpConfig
-from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead
+from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead, StreamMac
 from .protocol import H_INC, H_STREAM_NONCE, STREAM_PATH, MessageHead, Refuse, Reply
 from .quietlog import QuietLog
 
@@ -170,6 +170,7 @@ class _Session(asyncio.Protocol):
         owner: asyncio.BaseProtocol,
     ) -> None:
         self.server, self.sender, self.inc, self.key = server, sender, inc, key
+        self.mac = StreamMac(key)
         self.transport, self.owner = transport, owner
         self.seq = self.ack_seq = 0
         self.admitting = 0
@@ -256,7 +257,7 @@ class _Session(asyncio.Protocol):
                 del buf[:end]
                 self._head = None
                 tag = framewire.record_tag(
-                    self.key, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
+                    self.mac, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
                 )
                 if not framewire.same_tag(record[-TAG_BYTES:], tag):
                     raise _Closed(
@@ -350,7 +351,7 @@ class _Session(asyncio.Protocol):
         if self.transport.is_closing():
             return
         data = framewire.ack(
-            self.key, self.ack_seq, seq, reply.status, reply.reason, reply.text, reply.waited or 0.0
+            self.mac, self.ack_seq, seq, reply.status, reply.reason, reply.text, reply.waited or 0.0
         )
         self.ack_seq += 1
         self.transport.write(data)
