@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hostile_helpers import SECRET
+from tandem.errors import AuthenticationError
 from tandem.transports import auth
 from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport, framewire
@@ -61,6 +62,20 @@ async def test_a_stream_the_receiver_closed_when_idle_is_opened_again(http_pair)
     assert a._client._streams["b"] is not first
     assert a._client.requests["stream"] == 2 and a._client.retries.get("b", 0) == 0
     assert [(await b.recv("a", CH)).meta["i"] for _ in range(2)] == [0, 1]
+
+
+async def test_a_refused_frame_counts_once_and_its_handshake_apart(http_pair):
+    """A sender with the wrong secret: its handshake is refused, then its POST; the frame
+    counts once among refused requests, the handshake among refused handshakes."""
+    a, b = await http_pair(config, a_kw={"secret": b"not the secret"})
+    with pytest.raises(AuthenticationError):
+        await a.send("b", CH, small(0))
+    assert b.refused == {"unauthenticated": 1}
+    assert b.refused_handshakes == {"unauthenticated": 1}
+    assert (
+        'tandem_refused_stream_handshakes_total{party="b",reason="unauthenticated"} 1'
+        in b.metrics_text()
+    )
 
 
 async def test_a_peer_that_offers_no_stream_gets_posts(http_pair):

@@ -167,6 +167,9 @@ class HttpServer:
         self.retired: dict[str, set[str]] = {}  # sender -> incarnations that said goodbye
         self.received: dict[str, LinkStats] = {}
         self.refused: dict[str, int] = {}  # reason -> refused requests
+        # reason -> refused frame stream handshakes: no frame travels on a handshake, and its
+        # sender POSTs the frame next (refused again, and counted in ``refused``, if it must be)
+        self.refused_handshakes: dict[str, int] = {}
         self.requests: dict[str, int] = {}  # path (plain|bulk) -> bodies accepted for reading
         self.lost: dict[str, str] = {}  # peer -> why it was taken as gone (see `liveness`)
         self.down_since: dict[str, float] = {}  # peer -> loop time its probes began failing
@@ -285,9 +288,13 @@ class HttpServer:
         self.held[key].append(size)
         box.deliver(frame)
 
-    def refusal(self, r: Refuse) -> Reply:
+    def refusal(self, r: Refuse, *, handshake: bool = False) -> Reply:
+        """The answer to refusal ``r``, counted by reason: in ``refused_handshakes`` for a
+        frame stream handshake (``handshake``), in ``refused`` otherwise, so that a frame
+        refused on the handshake and again on its POST counts once."""
         if r.status != 421:  # 421 is how a sender learns whom to sign for (`rebinds`)
-            self.refused[r.reason] = self.refused.get(r.reason, 0) + 1
+            counter = self.refused_handshakes if handshake else self.refused
+            counter[r.reason] = counter.get(r.reason, 0) + 1
         if r.reason not in QUIET_REASONS:
             self.quiet.info(
                 "%s: refused request (%d %s): %s", self.cfg.name, r.status, r.reason, r.text

@@ -39,6 +39,7 @@ class HttpServer(Protocol):
     frame_streams: set[asyncio.Transport]
     quiet: QuietLog
     refused: dict[str, int]
+    refused_handshakes: dict[str, int]
     retired: dict[str, set[str]]
     verifier: Any
 
@@ -50,7 +51,7 @@ class HttpServer(Protocol):
         self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
     ) -> Reply: ...
 
-    def refusal(self, r: Refuse) -> Reply: ...
+    def refusal(self, r: Refuse, *, handshake: bool = False) -> Reply: ...
 
 
 OUTSTANDING = 64  # records of one stream admitted at once (each may wait for its turn)
@@ -108,7 +109,7 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         if request.content_length:
             raise Refuse(400, "malformed", "a stream handshake carries no body")
     except Refuse as r:
-        return server.refusal(r).response()
+        return server.refusal(r, handshake=True).response()
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client left before the upgrade")
@@ -180,7 +181,7 @@ class _Session(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._over: asyncio.Future[None] | None = None
         self._paused = False
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._last = loop.time()  # the latest byte received
         self._timer: asyncio.TimerHandle | None = None
 
@@ -223,7 +224,7 @@ class _Session(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        self._last = asyncio.get_running_loop().time()
+        self._last = self._loop.time()
         self._buf += data
         self._parse()
 
@@ -343,7 +344,7 @@ class _Session(asyncio.Protocol):
             self._ack(seq, reply)
         finally:
             self.admitting -= 1
-            self._last = asyncio.get_running_loop().time()
+            self._last = self._loop.time()
             if self._paused or self._buf:
                 self._parse()
 
