@@ -178,21 +178,17 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
         raise FrameError(f"frame header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FrameError("frame header must be a JSON object")
-    for key, kind in (
-        ("sender", str),
-        ("channel", str),
-        ("id", int),
-        ("spec", str),
-        ("meta", dict),
-        ("arrays", list),
-    ):
-        if key not in header:
-            raise FrameError(f"frame header is missing field {key!r}")
-        if not isinstance(header[key], kind) or isinstance(header[key], bool):
-            got = type(header[key]).__name__
-            raise FrameError(f"frame header field {key!r} must be {kind.__name__}, got {got}")
+    # orjson makes exact types (bool is no int subclass there): one `is` test per field
+    # accepts a well-formed header; the loop below names the first problem otherwise
+    if any(type(header.get(key)) is not kind for key, kind in _HEADER_FIELDS):
+        for key, kind in _HEADER_FIELDS:
+            if key not in header:
+                raise FrameError(f"frame header is missing field {key!r}")
+            if not isinstance(header[key], kind) or isinstance(header[key], bool):
+                got = type(header[key]).__name__
+                raise FrameError(f"frame header field {key!r} must be {kind.__name__}, got {got}")
     for i, spec in enumerate(header["arrays"]):
-        if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "nbytes"}:
+        if not isinstance(spec, dict) or spec.keys() != _ARRAY_FIELDS:
             raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
         dt = _parse_dtype(spec["dtype"], i)
         shape = spec["shape"]
@@ -217,6 +213,17 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
                 f"{shape} ({expected} bytes)"
             )
     return header
+
+
+_HEADER_FIELDS = (
+    ("sender", str),
+    ("channel", str),
+    ("id", int),
+    ("spec", str),
+    ("meta", dict),
+    ("arrays", list),
+)
+_ARRAY_FIELDS = {"dtype", "shape", "nbytes"}
 
 
 def payload_size(header: dict[str, Any]) -> int:
