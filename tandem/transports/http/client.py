@@ -286,11 +286,11 @@ class HttpClient:
         if out is None:
             out = self._out[(peer, channel)] = _OutStream()
         msg_id = out.next_id  # taken below, before anything is awaited
-        frame = frame.replace(
-            sender=cfg.name,
-            channel=channel,
-            msg_id=msg_id,
-            spec_hash=self.spec_hash or frame.spec_hash,
+        spec = self.spec_hash or frame.spec_hash
+        frame = (
+            Frame(cfg.name, channel, msg_id, spec, frame.meta, frame.arrays)
+            if type(frame) is Frame  # a subclass keeps its own fields: `replace` copies them
+            else frame.replace(sender=cfg.name, channel=channel, msg_id=msg_id, spec_hash=spec)
         )
         chunks = chunking.split(codec.encode_parts(frame), cfg.chunk_bytes)
         out.assign(chunked=len(chunks) > 1)
