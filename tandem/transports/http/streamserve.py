@@ -47,6 +47,8 @@ class HttpServer(Protocol):
 
     def check_stream(self, sender: str, channel: str) -> None: ...
 
+    def receive_now(self, head: MessageHead, body: memoryview) -> Reply | None: ...
+
     async def receive_message(
         self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
     ) -> Reply: ...
@@ -154,7 +156,8 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
 
 class _Session(asyncio.Protocol):
     """One upgraded stream, and its connection's protocol: records are parsed as bytes arrive
-    (`data_received`), each admitted in a task of `run`'s TaskGroup, each verdict acked.
+    (`data_received`), each judged on the spot when its admission awaits nothing
+    (`HttpServer.receive_now`), else in a task of `run`'s TaskGroup; each verdict acked.
 
     Invariants: ``seq`` is the number of records accepted (the next record's seq),
     ``ack_seq`` the number of acks written; ``_buf`` holds less than one whole record while
@@ -271,13 +274,20 @@ class _Session(asyncio.Protocol):
                     channel = bytes(record[RECORD.size : ch_end]).decode()
                 except UnicodeDecodeError:
                     raise _Closed("malformed", "record channel is not UTF-8") from None
-                self.admitting += 1
-                task = self._tg.create_task(
-                    self._admit(self.seq, head, channel, record[ch_end:-TAG_BYTES])
+                seq = self.seq
+                self.seq += 1
+                msg = MessageHead(
+                    self.sender, channel, self.inc, head.msg_id, 0, 1, 0, head.body_len, head.base
                 )
+                body = record[ch_end:-TAG_BYTES]
+                reply = self._receive_now(msg, body)
+                if reply is not None:
+                    self._ack(seq, reply)
+                    continue
+                self.admitting += 1
+                task = self._tg.create_task(self._admit(seq, msg, body))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-                self.seq += 1
         except _Closed as c:
             self._close(c)
             return
@@ -319,34 +329,45 @@ class _Session(asyncio.Protocol):
             return
         self._timer = loop.call_later(max(due - loop.time(), 0.01), self._check_idle)
 
-    async def _admit(self, seq: int, head: RecordHead, channel: str, body: memoryview) -> None:
-        """Judge record ``seq`` as a POSTed single-chunk message, then ack the verdict."""
+    def _receive_now(self, msg: MessageHead, body: memoryview) -> Reply | None:
+        """The verdict on a record judged on the spot (`HttpServer.receive_now`, after the
+        checks `_admit` would make first); None when its admission must wait (then `_admit`
+        runs it in a task)."""
         server = self.server
         try:
+            if server.closed:
+                raise Refuse(503, "closing", "receiver is closing")
+            server.check_stream(self.sender, msg.channel)
+            return server.receive_now(msg, body)
+        except Exception as exc:
+            return self._refusal(exc)
+
+    async def _admit(self, seq: int, msg: MessageHead, body: memoryview) -> None:
+        """Judge record ``seq`` as a POSTed single-chunk message (its head and the stream
+        admission hook already passed `_receive_now`), then ack the verdict."""
+        try:
             try:
-                if server.closed:
-                    raise Refuse(503, "closing", "receiver is closing")
-                server.check_stream(self.sender, channel)
-                msg = MessageHead(
-                    self.sender, channel, self.inc, head.msg_id, 0, 1, 0, head.body_len, head.base
+                reply = await self.server.receive_message(
+                    msg, msg.total, None, RecordBody(body, self.transport), None
                 )
-                reply = await server.receive_message(
-                    msg, head.body_len, None, RecordBody(body, self.transport), None
-                )
-            except Refuse as r:
-                reply = server.refusal(r)
-            except Exception as exc:  # the server keeps serving; report and move on
-                server.quiet.error(
-                    "%s: internal error on a frame stream", server.cfg.name, exc_info=exc
-                )
-                server.refused["internal"] = server.refused.get("internal", 0) + 1
-                reply = Reply(500, "internal error (see the receiver's log)")
+            except Exception as exc:
+                reply = self._refusal(exc)
             self._ack(seq, reply)
         finally:
             self.admitting -= 1
             self._last = self._loop.time()
             if self._paused or self._buf:
                 self._parse()
+
+    def _refusal(self, exc: Exception) -> Reply:
+        """The answer to a record's refusal, or to an internal error (reported: the server
+        keeps serving)."""
+        server = self.server
+        if isinstance(exc, Refuse):
+            return server.refusal(exc)
+        server.quiet.error("%s: internal error on a frame stream", server.cfg.name, exc_info=exc)
+        server.refused["internal"] = server.refused.get("internal", 0) + 1
+        return Reply(500, "internal error (see the receiver's log)")
 
     def _ack(self, seq: int, reply: Reply) -> None:
         if self.transport.is_closing():
