@@ -186,6 +186,26 @@ async def test_a_record_moved_to_another_stream_is_refused(http_pair):
     one.close()
 
 
+async def test_records_split_across_reads_or_sharing_one_are_each_admitted_in_order(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    records = [framewire.record(stream.key, i, CH, i, 0, [encoded(a, i)]) for i in range(4)]
+    stream.seq = len(records)  # written by hand below: the acks answer these
+    wire = b"".join(records)
+    cut = len(records[0]) + 10  # record 0 whole with the start of record 1, then the rest
+    pieces = [wire[:cut], wire[cut : cut + 3], wire[cut + 3 : cut + 40], wire[cut + 40 :]]
+    for piece in pieces:
+        stream.transport.write(piece)
+        await asyncio.sleep(0.01)  # (separate reads or not: the records are the same)
+    async with asyncio.timeout(5):
+        for i in range(len(records)):
+            assert (await b.recv("a", CH)).meta["i"] == i
+        while stream.ack_seq < len(records):
+            await asyncio.sleep(0.005)
+    assert stream.error is None and not b.refused
+    stream.close()
+
+
 async def test_an_oversize_header_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)

@@ -228,8 +228,11 @@ class _Session(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         self._last = self._loop.time()
-        self._buf += data
-        self._parse()
+        if self._buf:
+            self._buf += data
+            self._parse()
+        else:
+            self._parse(data)
 
     def eof_received(self) -> bool:
         if self._buf:
@@ -242,23 +245,34 @@ class _Session(asyncio.Protocol):
         self.owner.connection_lost(exc)
 
     # ----------------------------------------------------------------------------------------
-    def _parse(self) -> None:
-        """Take every whole record from ``_buf`` while admission slots are free."""
-        if self._tg is None or self.transport.is_closing():
-            return  # before `run` (bytes that came with the 101's sending): kept for it
+    def _parse(self, fresh: bytes | None = None) -> None:
+        """Take every whole record from ``_buf`` while admission slots are free; ``fresh``:
+        bytes just received while ``_buf`` was empty, whose records are taken without a copy
+        (what is left of them is kept in ``_buf``)."""
         buf = self._buf
+        if self._tg is None or self.transport.is_closing():
+            if fresh is not None:
+                buf += fresh
+            return  # before `run` (bytes that came with the 101's sending): kept for it
+        src = buf if fresh is None else fresh
+        pos = 0
         try:
             while self.admitting < OUTSTANDING:
+                left = len(src) - pos
                 head = self._head
                 if head is None:
-                    if len(buf) < RECORD.size:
+                    if left < RECORD.size:
                         break
-                    head = self._head = self._check_head(RecordHead(*RECORD.unpack_from(buf)))
+                    head = RecordHead(*RECORD.unpack_from(src, pos))
+                    head = self._head = self._check_head(head)
                 end = RECORD.size + head.channel_len + head.body_len + TAG_BYTES
-                if len(buf) < end:
+                if left < end:
                     break
-                record = memoryview(bytes(buf[:end]))
-                del buf[:end]
+                # a record of immutable bytes is a view of them; one of _buf, a copy (_buf moves)
+                record = memoryview(src)[pos : pos + end]
+                if fresh is None:
+                    record = memoryview(bytes(record))
+                pos += end
                 self._head = None
                 tag = framewire.record_tag(
                     self.mac, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
@@ -291,6 +305,10 @@ class _Session(asyncio.Protocol):
         except _Closed as c:
             self._close(c)
             return
+        if fresh is None:
+            del buf[:pos]
+        elif pos < len(fresh):
+            buf += memoryview(fresh)[pos:]
         full = self.admitting >= OUTSTANDING or len(buf) > MAX_RECORD_BODY + READ_LIMIT
         if full and not self._paused:
             self._paused = True
