@@ -179,8 +179,17 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(header, dict):
         raise FrameError("frame header must be a JSON object")
     # orjson makes exact types (bool is no int subclass there): one `is` test per field
-    # accepts a well-formed header; the loop below names the first problem otherwise
-    if any(type(header.get(key)) is not kind for key, kind in _HEADER_FIELDS):
+    # (`_HEADER_FIELDS`) accepts a well-formed header; the loop below names the first problem
+    # otherwise
+    get = header.get
+    if not (
+        type(get("sender")) is str
+        and type(get("channel")) is str
+        and type(get("id")) is int
+        and type(get("spec")) is str
+        and type(get("meta")) is dict
+        and type(get("arrays")) is list
+    ):
         for key, kind in _HEADER_FIELDS:
             if key not in header:
                 raise FrameError(f"frame header is missing field {key!r}")
@@ -192,27 +201,36 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
             raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
         dt = _parse_dtype(spec["dtype"], i)
         shape = spec["shape"]
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        if not _is_shape(shape):
             raise FrameError(f"array {i}: shape must be a list of non-negative ints, got {shape!r}")
         if len(shape) > MAX_NDIM:
             raise FrameError(f"array {i}: {len(shape)} dimensions; at most {MAX_NDIM} travel")
         # exact (Python ints): an int64 product wraps around, and numpy refuses any shape
         # whose nonzero extents multiply past its index range, even with a zero extent
-        extent = math.prod(max(d, 1) for d in shape) * dt.itemsize
+        count = math.prod(shape)
+        extent = (count if count else math.prod(max(d, 1) for d in shape)) * dt.itemsize
         if extent > MAX_EXTENT:
             raise FrameError(
                 f"array {i}: shape {shape[:8]!r}{'...' if len(shape) > 8 else ''} of "
                 f"{dt.str} overflows 64-bit sizes"
             )
-        expected = math.prod(shape) * dt.itemsize
+        expected = count * dt.itemsize
         if spec["nbytes"] != expected:
             raise FrameError(
                 f"array {i}: nbytes {spec['nbytes']} does not match dtype {dt.str} and shape "
                 f"{shape} ({expected} bytes)"
             )
     return header
+
+
+def _is_shape(shape: Any) -> bool:
+    """A list of non-negative ints (orjson's exact types: a JSON ``true`` is a bool, no int)."""
+    if type(shape) is not list:
+        return False
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return False
+    return True
 
 
 _HEADER_FIELDS = (
@@ -237,7 +255,9 @@ def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | by
         arr = np.frombuffer(
             buf, dtype=_parse_dtype(spec["dtype"], 0), count=-1 if spec["nbytes"] else 0
         )
-        arrays.append(arr.reshape(spec["shape"]))
+        shape = spec["shape"]
+        # frombuffer's result is 1-D already: a one-dimension shape (checked) needs no reshape
+        arrays.append(arr if len(shape) == 1 and shape[0] == arr.size else arr.reshape(shape))
     return Frame(
         sender=header["sender"],
         channel=header["channel"],
