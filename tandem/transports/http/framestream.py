@@ -97,12 +97,19 @@ class FrameStream(asyncio.Protocol):
     # -- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if not buf and len(data) >= ACK.size:
+            head = AckHead(*ACK.unpack_from(data))
+            if len(data) == ACK.size + head.reason_len + head.text_len + TAG_BYTES:
+                try:  # the common case, one whole ack: no copy through the buffer
+                    self._check_head(head)
+                    self._resolve(head, data)
+                except TransportError as exc:
+                    self.fail(f"{exc} from {self.peer!r}")
+                return
         buf += data
         try:
             while len(buf) >= ACK.size:
-                head = AckHead(*ACK.unpack_from(buf))
-                if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
-                    raise TransportError(f"malformed ack (record {head.seq})")
+                head = self._check_head(AckHead(*ACK.unpack_from(buf)))
                 end = ACK.size + head.reason_len + head.text_len + TAG_BYTES
                 if len(buf) < end:
                     return
@@ -111,6 +118,11 @@ class FrameStream(asyncio.Protocol):
                 self._resolve(head, raw)
         except TransportError as exc:
             self.fail(f"{exc} from {self.peer!r}")
+
+    def _check_head(self, head: AckHead) -> AckHead:
+        if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
+            raise TransportError(f"malformed ack (record {head.seq})")
+        return head
 
     def _resolve(self, head: AckHead, raw: bytes) -> None:
         tag = framewire.ack_tag(self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])

@@ -697,14 +697,15 @@ class HttpServer:
                 self.budget.release(held.size)
                 state.refused[k] = r
                 continue
-            for gone in [j for j in state.partials if j < k]:
-                self.drop_partial(key[0], key[1], state, gone)
+            if state.partials:
+                for gone in [j for j in state.partials if j < k]:
+                    self.drop_partial(key[0], key[1], state, gone)
             self.deliver(box, key, held.frame, held.size)
             self.stats(key[0]).frames += 1
             nid = k + 1
         if nid != state.next_id:
             state.next_id = nid
-            if nid is not None:
+            if nid is not None and state.refused:
                 for k in [k for k in state.refused if k < nid]:
                     del state.refused[k]
         if woke:
