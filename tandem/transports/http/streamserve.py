@@ -348,9 +348,9 @@ class _Session(asyncio.Protocol):
         self._timer = loop.call_later(max(due - loop.time(), 0.01), self._check_idle)
 
     def _receive_now(self, msg: MessageHead, body: memoryview) -> Reply | None:
-        """The verdict on a record judged on the spot (`HttpServer.receive_now`, after the
-        checks `_admit` would make first); None when its admission must wait (then `_admit`
-        runs it in a task)."""
+        """The verdict on a record, judged on the spot: the receiver closing (503), the
+        ``admit_stream`` hook (403), then `HttpServer.receive_now`; None when its admission
+        must wait (then `_admit` runs it in a task)."""
         server = self.server
         try:
             if server.closed:
