@@ -17,9 +17,10 @@ process, sends the same 64 MiB payloads over both, in the same run:
 * ``small_frame_windowed_us``: the same frames with ``HttpConfig.send_window`` sends of the
   channel in flight at once (the engine's way), mean time per frame;
 * ``http_requests``: the plain-HTTP sender's requests by path (``bulk``: the 64 MiB bodies,
-  upgraded and received outside aiohttp's parser; ``plain``: small frames and each frame's
-  short last chunk; ``stream``: records on a frame stream); ``--no-bulk`` sends everything as
-  plain POSTs; ``--frame-streams`` sends small frames on frame streams (both parties).
+  upgraded and received outside aiohttp's parser; ``stream``: small frames as records on a
+  frame stream, `HttpConfig`'s default; ``plain``: each large frame's short last chunk, and
+  the small frames with ``--no-frame-streams``); ``--no-bulk`` sends everything as plain
+  POSTs (``--no-frame-streams`` as well for the small frames).
 
 The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; ``repeats``
 messages each, after one untimed warm-up message per variant); medians over the rounds are
@@ -194,7 +195,7 @@ async def _sender(args: argparse.Namespace) -> dict:
     load_start = list(os.getloadavg())
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.transport", "--role", "receiver"]
-        + (["--frame-streams"] if args.frame_streams else []),
+        + (["--frame-streams"] if args.frame_streams else ["--no-frame-streams"]),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -297,8 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument(
         "--frame-streams",
-        action="store_true",
-        help="small frames on frame streams (HttpConfig.frame_streams=True, both parties)",
+        action=argparse.BooleanOptionalAction,
+        default=HttpConfig.frame_streams,
+        help="small frames on frame streams (HttpConfig.frame_streams, both parties; default "
+        "%(default)s); --no-frame-streams: POSTs only",
     )
     p.add_argument(
         "--role", choices=["sender", "receiver"], default="sender", help=argparse.SUPPRESS

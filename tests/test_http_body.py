@@ -20,7 +20,7 @@ from tandem.transports import codec
 from tandem.transports.base import Frame
 from tandem.transports.http import FRAME_PATH
 from tandem.transports.http.body import HASH_STEP, PlainBody, read_into, wait_uncancelled
-from tandem.transports.http.scan import FiniteScan
+from tandem.transports.http.scan import FiniteScan, all_finite
 from test_http_bulk import bulk_post
 from test_http_security import cfg, signed
 
@@ -362,3 +362,17 @@ async def test_a_resent_chunk_is_judged_on_its_new_bytes(http_pair, path):
         assert status == 422 and "NaN or Inf" in text
     assert b.refused == {"unauthenticated": 2, "nonfinite": 1}
     assert b.frame_requests[("received", path)] == 8
+
+
+@pytest.mark.parametrize("size", [1, 1000, (1 << 13) + 1, 1 << 15])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_all_finite_is_isfinite_on_small_and_large_arrays(size: int, dtype) -> None:
+    """Both of `all_finite`'s ways (small arrays at once, large ones by their sum): finite
+    values whose sum overflows are finite; one NaN or Inf anywhere is not."""
+    big = np.full(size, np.finfo(np.dtype(dtype).type(0).real.dtype).max / 2, dtype)
+    assert all_finite(big) and all_finite(np.zeros(size, dtype))
+    for bad in (np.nan, np.inf, -np.inf):
+        for pos in (0, size - 1):
+            x = np.zeros(size, dtype)
+            x[pos] = bad
+            assert not all_finite(x), (bad, pos)

@@ -6,11 +6,14 @@ exactly once, in order; a peer that offers no stream gets POSTs."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 
 import numpy as np
 import pytest
 
 from hostile_helpers import SECRET
+from tandem.errors import AuthenticationError
 from tandem.transports import auth
 from tandem.transports.base import Frame
 from tandem.transports.http import HttpConfig, HttpTransport, framewire
@@ -59,6 +62,20 @@ async def test_a_stream_the_receiver_closed_when_idle_is_opened_again(http_pair)
     assert a._client._streams["b"] is not first
     assert a._client.requests["stream"] == 2 and a._client.retries.get("b", 0) == 0
     assert [(await b.recv("a", CH)).meta["i"] for _ in range(2)] == [0, 1]
+
+
+async def test_a_refused_frame_counts_once_and_its_handshake_apart(http_pair):
+    """A sender with the wrong secret: its handshake is refused, then its POST; the frame
+    counts once among refused requests, the handshake among refused handshakes."""
+    a, b = await http_pair(config, a_kw={"secret": b"not the secret"})
+    with pytest.raises(AuthenticationError):
+        await a.send("b", CH, small(0))
+    assert b.refused == {"unauthenticated": 1}
+    assert b.refused_handshakes == {"unauthenticated": 1}
+    assert (
+        'tandem_refused_stream_handshakes_total{party="b",reason="unauthenticated"} 1'
+        in b.metrics_text()
+    )
 
 
 async def test_a_peer_that_offers_no_stream_gets_posts(http_pair):
@@ -169,6 +186,26 @@ async def test_a_record_moved_to_another_stream_is_refused(http_pair):
     one.close()
 
 
+async def test_records_split_across_reads_or_sharing_one_are_each_admitted_in_order(http_pair):
+    a, b = await http_pair(config)
+    stream = await handshake(a, b)
+    records = [framewire.record(stream.key, i, CH, i, 0, [encoded(a, i)]) for i in range(4)]
+    stream.seq = len(records)  # written by hand below: the acks answer these
+    wire = b"".join(records)
+    cut = len(records[0]) + 10  # record 0 whole with the start of record 1, then the rest
+    pieces = [wire[:cut], wire[cut : cut + 3], wire[cut + 3 : cut + 40], wire[cut + 40 :]]
+    for piece in pieces:
+        stream.transport.write(piece)
+        await asyncio.sleep(0.01)  # (separate reads or not: the records are the same)
+    async with asyncio.timeout(5):
+        for i in range(len(records)):
+            assert (await b.recv("a", CH)).meta["i"] == i
+        while stream.ack_seq < len(records):
+            await asyncio.sleep(0.005)
+    assert stream.error is None and not b.refused
+    stream.close()
+
+
 async def test_an_oversize_header_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
@@ -254,3 +291,15 @@ async def test_a_forged_ack_closes_the_stream_and_the_send_retries():
         assert not stream.usable
         async with asyncio.timeout(10):  # the fake receiver saw the stream closed and ended
             await served.wait()
+
+
+@pytest.mark.parametrize("key_len", [0, 32, 64, 65, 200])
+def test_stream_mac_is_hmac_sha256(key_len: int) -> None:
+    """The precomputed tag is exactly the HMAC-SHA256 the wire format names, whatever the key
+    length (longer than a block: hashed first), and split parts tag as their concatenation."""
+    key = bytes(range(256))[:key_len]
+    mac = framewire.StreamMac(key)
+    msg = bytes(range(256)) * 20
+    expected = hmac.new(key, b"c" + (7).to_bytes(8, "little") + msg, hashlib.sha256).digest()
+    assert mac.tag(b"c", 7, [msg[:5], memoryview(msg)[5:]]) == expected[: framewire.TAG_BYTES]
+    assert mac.tag(b"s", 7, [msg]) != mac.tag(b"c", 7, [msg])

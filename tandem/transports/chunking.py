@@ -24,12 +24,14 @@ def split(parts: Sequence[Buffer], chunk_bytes: int) -> list[tuple[int, list[mem
     Always returns at least one chunk (possibly of zero bytes)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    views = [byte_view(part) for part in parts]
+    if sum(len(v) for v in views) <= chunk_bytes:  # one chunk: the parts as they are
+        return [(0, [v for v in views if len(v)])]
     chunks: list[tuple[int, list[memoryview]]] = []
     cur: list[memoryview] = []
     cur_len = 0
     offset = 0
-    for part in parts:
-        mv = byte_view(part)
+    for mv in views:
         while len(mv):
             take = min(len(mv), chunk_bytes - cur_len)
             cur.append(mv[:take])

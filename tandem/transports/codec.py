@@ -50,15 +50,26 @@ _ALLOWED_KINDS = frozenset("biufc")
 EXTENSION_DTYPES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16)}
 
 
-def _wire_dtype(dtype: np.dtype) -> np.dtype:
+def _wire(dtype: np.dtype) -> tuple[np.dtype, str]:
+    """``(wire dtype, its header token)`` of an array's ``dtype``, from `_WIRE` after the
+    first time (numpy's ``dtype.name`` alone costs microseconds, and a small frame's encoding
+    is dominated by such lookups)."""
+    known = _WIRE.get(dtype)
+    if known is not None:
+        return known
     if dtype.name in EXTENSION_DTYPES and dtype == EXTENSION_DTYPES[dtype.name]:
-        return dtype
-    if dtype.kind not in _ALLOWED_KINDS:
+        wire = dtype
+    elif dtype.kind not in _ALLOWED_KINDS:
         raise FrameError(
             f"dtype {dtype!r} cannot travel: only bool, integer, float (bfloat16 included) and "
             "complex arrays are supported (convert strings/objects to numeric arrays first)"
         )
-    return dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    else:
+        wire = dtype.newbyteorder("<") if dtype.byteorder == ">" else dtype
+    known = (wire, dtype_token(wire))
+    if len(_WIRE) < _CACHE_LIMIT:
+        _WIRE[dtype] = known
+    return known
 
 
 def dtype_token(dtype: np.dtype) -> str:
@@ -68,6 +79,10 @@ def dtype_token(dtype: np.dtype) -> str:
 
 
 def _parse_dtype(token: Any, i: int) -> np.dtype:
+    if isinstance(token, str):
+        known = _PARSED.get(token)
+        if known is not None:
+            return known
     if isinstance(token, str) and token in EXTENSION_DTYPES:
         return EXTENSION_DTYPES[token]
     try:
@@ -76,17 +91,24 @@ def _parse_dtype(token: Any, i: int) -> np.dtype:
         raise FrameError(f"array {i}: unknown dtype {token!r}") from None
     if dt.kind not in _ALLOWED_KINDS or dt.byteorder == ">":
         raise FrameError(f"array {i}: dtype {token!r} is not allowed on the wire")
+    if isinstance(token, str) and len(_PARSED) < _CACHE_LIMIT:
+        _PARSED[token] = dt
     return dt
+
+
+#: dtypes (and header tokens) seen so far, with what encoding (decoding) makes of them; a
+#: bounded memo of pure functions (at most `_CACHE_LIMIT` entries each: tokens come from peers)
+_WIRE: dict[np.dtype, tuple[np.dtype, str]] = {}
+_PARSED: dict[str, np.dtype] = {}
+_CACHE_LIMIT = 256
 
 
 def header_of(frame: Frame) -> dict[str, Any]:
     """The JSON header describing ``frame`` (without the buffers)."""
     arrays = []
     for a in frame.arrays:
-        dt = _wire_dtype(np.asarray(a).dtype)
-        arrays.append(
-            {"dtype": dtype_token(dt), "shape": list(np.shape(a)), "nbytes": int(a.nbytes)}
-        )
+        _, token = _wire(np.asarray(a).dtype)
+        arrays.append({"dtype": token, "shape": list(np.shape(a)), "nbytes": int(a.nbytes)})
     return {
         "sender": frame.sender,
         "channel": frame.channel,
@@ -107,7 +129,8 @@ def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     header = _pad(header)
     parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
     for a in frame.arrays:
-        arr = np.ascontiguousarray(a, dtype=_wire_dtype(np.asarray(a).dtype))
+        wire, _ = _wire(np.asarray(a).dtype)
+        arr = np.ascontiguousarray(a, dtype=wire)
         if arr.nbytes:
             # extension dtypes export no buffer format of their own: send their bytes
             raw = arr.reshape(-1).view(np.uint8) if arr.dtype.kind == "V" else arr
@@ -155,45 +178,70 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
         raise FrameError(f"frame header is not valid JSON: {exc}") from None
     if not isinstance(header, dict):
         raise FrameError("frame header must be a JSON object")
-    for key, kind in (
-        ("sender", str),
-        ("channel", str),
-        ("id", int),
-        ("spec", str),
-        ("meta", dict),
-        ("arrays", list),
+    # orjson makes exact types (bool is no int subclass there): one `is` test per field
+    # (`_HEADER_FIELDS`) accepts a well-formed header; the loop below names the first problem
+    # otherwise
+    get = header.get
+    if not (
+        type(get("sender")) is str
+        and type(get("channel")) is str
+        and type(get("id")) is int
+        and type(get("spec")) is str
+        and type(get("meta")) is dict
+        and type(get("arrays")) is list
     ):
-        if key not in header:
-            raise FrameError(f"frame header is missing field {key!r}")
-        if not isinstance(header[key], kind) or isinstance(header[key], bool):
-            got = type(header[key]).__name__
-            raise FrameError(f"frame header field {key!r} must be {kind.__name__}, got {got}")
+        for key, kind in _HEADER_FIELDS:
+            if key not in header:
+                raise FrameError(f"frame header is missing field {key!r}")
+            if not isinstance(header[key], kind) or isinstance(header[key], bool):
+                got = type(header[key]).__name__
+                raise FrameError(f"frame header field {key!r} must be {kind.__name__}, got {got}")
     for i, spec in enumerate(header["arrays"]):
-        if not isinstance(spec, dict) or set(spec) != {"dtype", "shape", "nbytes"}:
+        if not isinstance(spec, dict) or spec.keys() != _ARRAY_FIELDS:
             raise FrameError(f"array {i}: descriptor must have exactly dtype, shape, nbytes")
         dt = _parse_dtype(spec["dtype"], i)
         shape = spec["shape"]
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-        ):
+        if not _is_shape(shape):
             raise FrameError(f"array {i}: shape must be a list of non-negative ints, got {shape!r}")
         if len(shape) > MAX_NDIM:
             raise FrameError(f"array {i}: {len(shape)} dimensions; at most {MAX_NDIM} travel")
         # exact (Python ints): an int64 product wraps around, and numpy refuses any shape
         # whose nonzero extents multiply past its index range, even with a zero extent
-        extent = math.prod(max(d, 1) for d in shape) * dt.itemsize
+        count = math.prod(shape)
+        extent = (count if count else math.prod(max(d, 1) for d in shape)) * dt.itemsize
         if extent > MAX_EXTENT:
             raise FrameError(
                 f"array {i}: shape {shape[:8]!r}{'...' if len(shape) > 8 else ''} of "
                 f"{dt.str} overflows 64-bit sizes"
             )
-        expected = math.prod(shape) * dt.itemsize
+        expected = count * dt.itemsize
         if spec["nbytes"] != expected:
             raise FrameError(
                 f"array {i}: nbytes {spec['nbytes']} does not match dtype {dt.str} and shape "
                 f"{shape} ({expected} bytes)"
             )
     return header
+
+
+def _is_shape(shape: Any) -> bool:
+    """A list of non-negative ints (orjson's exact types: a JSON ``true`` is a bool, no int)."""
+    if type(shape) is not list:
+        return False
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return False
+    return True
+
+
+_HEADER_FIELDS = (
+    ("sender", str),
+    ("channel", str),
+    ("id", int),
+    ("spec", str),
+    ("meta", dict),
+    ("arrays", list),
+)
+_ARRAY_FIELDS = {"dtype", "shape", "nbytes"}
 
 
 def payload_size(header: dict[str, Any]) -> int:
@@ -207,7 +255,9 @@ def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | by
         arr = np.frombuffer(
             buf, dtype=_parse_dtype(spec["dtype"], 0), count=-1 if spec["nbytes"] else 0
         )
-        arrays.append(arr.reshape(spec["shape"]))
+        shape = spec["shape"]
+        # frombuffer's result is 1-D already: a one-dimension shape (checked) needs no reshape
+        arrays.append(arr if len(shape) == 1 and shape[0] == arr.size else arr.reshape(shape))
     return Frame(
         sender=header["sender"],
         channel=header["channel"],

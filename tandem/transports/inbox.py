@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -43,7 +43,7 @@ class Inbox(Generic[T]):
         self.on_take = on_take  # called with each item as a consumer takes it
         # insertion-ordered: waiters wake in the order they began waiting, so producers that
         # queue for a slot take slots in that order
-        self._waiters: dict[asyncio.Future[None], None] = {}
+        self._waiters: dict[asyncio.Future[Any], None] = {}
 
     def __len__(self) -> int:
         """Items waiting to be taken (reserved slots not counted)."""
@@ -108,6 +108,28 @@ class Inbox(Generic[T]):
         await self._wait(lambda: self.items or self.closed)
         return self.pop() if self.items else None
 
+    async def wait_item(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until an item is queued or the inbox is closed; False when
+        the time ran out first. Nothing is taken (`pop` takes the item), so cancelling it, or
+        the time running out, loses nothing."""
+        if self.items or self.closed:
+            return True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not (self.items or self.closed):
+            # a timer that answers the waiter (True) is cheaper than a timeout that cancels us
+            waiter: asyncio.Future[bool | None] = loop.create_future()
+            self._waiters[waiter] = None
+            timer = loop.call_at(deadline, _expire, waiter)
+            try:
+                expired = await waiter
+            finally:
+                del self._waiters[waiter]
+                timer.cancel()
+            if expired and not (self.items or self.closed):
+                return False
+        return True
+
     def close(self) -> None:
         """Refuse new reservations and wake every waiter; queued items stay readable."""
         self.closed = True
@@ -130,3 +152,8 @@ class Inbox(Generic[T]):
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+
+def _expire(waiter: asyncio.Future[bool | None]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)

@@ -9,6 +9,7 @@ stalls (``idle`` seconds without a byte) or whose claim on the message was revok
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -128,12 +129,14 @@ async def read_into(
     step = HASH_STEP if hasher is not None else length  # bytes per wake-up (bulk)
     scanned = offset
     loop = asyncio.get_running_loop()
+    # no watchdog for a body already in memory (idle None): it cannot stall
+    dog = None if idle is None else asyncio.timeout(loop.time() + idle)
     try:
         try:
-            async with asyncio.timeout(None if idle is None else loop.time() + idle) as dog:
+            async with dog or contextlib.nullcontext():
                 while pos < end:
                     pos = await body.fill(view, pos, end, step)
-                    if idle is not None:
+                    if dog is not None and idle is not None:
                         dog.reschedule(loop.time() + idle)
                     if claim is not None and not claim.live:
                         raise ConnectionResetError("a newer request for this chunk took over")

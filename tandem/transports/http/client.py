@@ -160,6 +160,39 @@ class _WireTurn:
         self.release()
 
 
+class _Route:
+    """Where one message goes and what it is: its stream record's fields, and (`headers`,
+    made only for a POST) the routing headers of its requests."""
+
+    __slots__ = ("client", "channel", "msg_id", "chunks", "total", "spec", "channel_fits")
+
+    def __init__(
+        self,
+        client: HttpClient,
+        channel: str,
+        msg_id: int,
+        chunks: list[tuple[int, list[memoryview]]],
+        spec: str,
+    ) -> None:
+        self.client, self.channel, self.msg_id, self.spec = client, channel, msg_id, spec
+        self.chunks = len(chunks)
+        self.total = sum(chunking.total_size(v) for _, v in chunks)
+        self.channel_fits = len(channel.encode()) <= framewire.MAX_CHANNEL_BYTES
+
+    def headers(self) -> dict[str, str]:
+        client = self.client
+        return {
+            H_SENDER: client.cfg.name,
+            H_INC: client.incarnation,
+            H_CHANNEL: self.channel,
+            H_ID: str(self.msg_id),
+            H_CHUNKS: str(self.chunks),
+            H_TOTAL: str(self.total),
+            H_SPEC: self.spec,
+            H_REPLY: client.cfg.advertise_url or client.reply_url,
+        }
+
+
 #: seconds a peer that did not upgrade a frame stream handshake gets POSTs before the next try
 STREAM_RETRY_AFTER = 30.0
 
@@ -197,6 +230,10 @@ class HttpClient:
         self._streams: dict[str, FrameStream] = {}  # peer -> its frame stream (`framestream`)
         self._stream_opening: dict[str, asyncio.Lock] = {}  # one handshake per peer at a time
         self._no_stream_until: dict[str, float] = {}  # peer -> loop time to try a stream again
+        # streams carry no emulated link: shaped sends stay on POSTs (`_paced`)
+        self._stream_eligible = (
+            config.frame_streams and config.shape_bandwidth is None and not config.shape_latency
+        )
         self._session: aiohttp.ClientSession | None = None
         self._closed_event: asyncio.Event | None = None
 
@@ -244,34 +281,28 @@ class HttpClient:
         channel keep up to ``send_window`` messages in flight, in call order (the id is taken
         before the first suspension)."""
         self._check_open()
-        out = self._out.setdefault((peer, channel), _OutStream())
+        cfg = self.cfg
+        out = self._out.get((peer, channel))
+        if out is None:
+            out = self._out[(peer, channel)] = _OutStream()
         msg_id = out.next_id  # taken below, before anything is awaited
-        frame = frame.replace(
-            sender=self.cfg.name,
-            channel=channel,
-            msg_id=msg_id,
-            spec_hash=self.spec_hash or frame.spec_hash,
+        spec = self.spec_hash or frame.spec_hash
+        frame = (
+            Frame(cfg.name, channel, msg_id, spec, frame.meta, frame.arrays)
+            if type(frame) is Frame  # a subclass keeps its own fields: `replace` copies them
+            else frame.replace(sender=cfg.name, channel=channel, msg_id=msg_id, spec_hash=spec)
         )
-        chunks = chunking.split(codec.encode_parts(frame), self.cfg.chunk_bytes)
-        total = sum(chunking.total_size(v) for _, v in chunks)
+        chunks = chunking.split(codec.encode_parts(frame), cfg.chunk_bytes)
         out.assign(chunked=len(chunks) > 1)
         try:
-            routing = {
-                H_SENDER: self.cfg.name,
-                H_INC: self.incarnation,
-                H_CHANNEL: channel,
-                H_ID: str(msg_id),
-                H_CHUNKS: str(len(chunks)),
-                H_TOTAL: str(total),
-                H_SPEC: frame.spec_hash,
-                H_REPLY: self.cfg.advertise_url or self.reply_url,
-            }
-            await out.turn(msg_id, self.cfg.send_window)
+            route = _Route(self, channel, msg_id, chunks, frame.spec_hash)
+            if not out.may_start(msg_id, cfg.send_window):
+                await out.turn(msg_id, cfg.send_window)
             self._check_open()
             digests: dict[int, str] = {}
             i = 0
             while i < len(chunks):
-                i = await self._post_chunk(peer, url, out, routing, chunks, i, digests)
+                i = await self._post_chunk(peer, url, out, route, chunks, i, digests)
             self.stats(peer).frames += 1
         finally:
             out.settle(msg_id)
@@ -281,7 +312,7 @@ class HttpClient:
         peer: str,
         url: str,
         out: _OutStream,
-        routing: dict[str, str],
+        route: _Route,
         chunks: list[tuple[int, list[memoryview]]],
         i: int,
         digests: dict[int, str],
@@ -292,13 +323,11 @@ class HttpClient:
         size = chunking.total_size(views)
         use_bulk = cfg.bulk_min_bytes is not None and size >= cfg.bulk_min_bytes
         use_stream = (
-            cfg.frame_streams
+            self._stream_eligible
             and not use_bulk
             and len(chunks) == 1
             and size <= MAX_RECORD_BODY
-            and len(routing[H_CHANNEL].encode()) <= framewire.MAX_CHANNEL_BYTES
-            and cfg.shape_bandwidth is None
-            and not cfg.shape_latency
+            and route.channel_fits
         )
         path = "bulk" if use_bulk else "plain"
         loop = asyncio.get_running_loop()
@@ -316,7 +345,7 @@ class HttpClient:
             t0 = loop.time()
             if use_stream:
                 try:
-                    streamed = await self._stream_send(peer, url, routing, out.base(), views)
+                    streamed = await self._stream_send(peer, url, route, out.base(), views)
                 except (OSError, TimeoutError, EOFError) as exc:
                     deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
                     continue
@@ -325,7 +354,7 @@ class HttpClient:
                     continue
                 answer = streamed
             else:
-                headers = dict(routing)
+                headers = route.headers()
                 headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
                 headers[H_BASE] = str(out.base())
                 if use_bulk:
@@ -379,7 +408,7 @@ class HttpClient:
             raise err
 
     async def _stream_send(
-        self, peer: str, url: str, routing: dict[str, str], base: int, views: list[memoryview]
+        self, peer: str, url: str, route: _Route, base: int, views: list[memoryview]
     ) -> Answer | None:
         """One attempt on ``peer``'s frame stream (opened first when there is none): the
         receiver's answer; the handshake's answer when it was refused as misdirected (421: the
@@ -405,7 +434,7 @@ class HttpClient:
                         raise TransportClosedError(f"transport of {self.cfg.name!r} closed")
                     stream = self._streams[peer] = opened
         self.requests["stream"] = self.requests.get("stream", 0) + 1
-        return await stream.send(routing[H_CHANNEL], int(routing[H_ID]), base, views)
+        return await stream.send(route.channel, route.msg_id, base, views)
 
     async def _open_stream(self, peer: str, url: str) -> FrameStream | Answer:
         """The signed handshake of a frame stream to ``peer`` (docs/transports.md)."""

@@ -149,7 +149,7 @@ class HttpConfig:
     write_piece_bytes: int = 1 << 20
     read_bufsize: int = 1 << 22
     bulk_min_bytes: int | None = 1 << 20
-    frame_streams: bool = False
+    frame_streams: bool = True
     clock: Callable[[], float] = time.time
     advertise_url: str | None = None
     admit_unknown: bool = False

@@ -4,8 +4,9 @@
 own, answered ``101``); `FrameStream.send` writes one record and waits for its ack. There is no
 reader task: the stream is the connection's protocol and resolves each send as its ack arrives.
 Any error (connection loss, the receiver closing the stream, a bad ack, ``read_timeout``
-without an ack) closes the stream and fails every send waiting on it with
-`ConnectionResetError`; their callers retry, on a new stream or a POST.
+without an ack: one watchdog timer per stream checks the oldest waiting send) closes the
+stream and fails every send waiting on it with `ConnectionResetError`; their callers retry,
+on a new stream or a POST.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tandem.errors import TransportError
 
 from . import framewire
 from .bulk import CONNECT_TIMEOUT, request_upgrade
-from .framewire import ACK, TAG_BYTES, AckHead
+from .framewire import ACK, TAG_BYTES, AckHead, StreamMac
 from .protocol import H_STREAM_NONCE, STREAM_PATH, Answer
 
 OUTSTANDING = 64  # records of one stream awaiting their acks at once (more sends wait)
@@ -32,20 +33,24 @@ class FrameStream(asyncio.Protocol):
 
     Invariants: ``seq`` is the number of records written (the next record's seq), ``ack_seq``
     the number of acks read; ``waiting`` maps the seq of each record whose sender still waits
-    to that sender's future; once ``error`` is set the connection is closed and every later
-    `send` raises it. ``_buf`` holds less than one ack (its head and at most
-    `framewire.MAX_ACK_TEXT` + 271 bytes)."""
+    to that sender's future and the loop time its record was written (in seq order, so the
+    first entry is the oldest); ``_watchdog`` is armed whenever ``waiting`` is not empty; once
+    ``error`` is set the connection is closed and every later `send` raises it. ``_buf``
+    holds less than one ack (its head and at most `framewire.MAX_ACK_TEXT` + 271 bytes)."""
 
     def __init__(
         self, peer: str, key: bytes, writer: asyncio.StreamWriter, read_timeout: float
     ) -> None:
         self.peer, self.key = peer, key
+        self.mac = StreamMac(key)
         self.writer = writer  # kept: a StreamWriter closes its transport when collected
         self.transport = cast(asyncio.Transport, writer.transport)
         self.read_timeout = read_timeout
         self.seq = self.ack_seq = 0
-        self.waiting: dict[int, asyncio.Future[Answer]] = {}
+        self.waiting: dict[int, tuple[asyncio.Future[Answer], float]] = {}
         self.error: ConnectionResetError | None = None
+        self._loop = asyncio.get_running_loop()
+        self._watchdog: asyncio.TimerHandle | None = None
         self._slots = asyncio.Semaphore(OUTSTANDING)
         self._buf = bytearray()
 
@@ -61,30 +66,50 @@ class FrameStream(asyncio.Protocol):
             if self.error is not None:
                 raise self.error
             seq = self.seq
-            data = framewire.record(self.key, seq, channel, msg_id, base, body)
+            data = framewire.record(self.mac, seq, channel, msg_id, base, body)
             self.seq += 1
-            fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-            self.waiting[seq] = fut
+            loop = self._loop
+            fut: asyncio.Future[Answer] = loop.create_future()
+            self.waiting[seq] = (fut, loop.time())
+            if self._watchdog is None:
+                self._watchdog = loop.call_later(self.read_timeout, self._check_waiting)
             try:
                 self.transport.write(data)  # whole: a cancelled send leaves no partial record
-                async with asyncio.timeout(self.read_timeout):
-                    return await fut
-            except TimeoutError:
-                raise self.fail(f"no answer for read_timeout={self.read_timeout:g} s") from None
+                return await fut
             finally:
                 del self.waiting[seq]
                 if fut.done() and not fut.cancelled():
                     fut.exception()  # retrieved: raised above, or set by `fail` for this send
 
+    def _check_waiting(self) -> None:
+        """The watchdog: fail the stream once its oldest waiting send has had no ack for
+        ``read_timeout`` seconds; re-armed for the oldest one otherwise."""
+        self._watchdog = None
+        if not self.waiting or self.error is not None:
+            return
+        _, written = next(iter(self.waiting.values()))
+        due = written + self.read_timeout
+        if self._loop.time() >= due:
+            self.fail(f"no answer for read_timeout={self.read_timeout:g} s")
+            return
+        self._watchdog = self._loop.call_at(due, self._check_waiting)
+
     # -- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         buf = self._buf
+        if not buf and len(data) >= ACK.size:
+            head = AckHead(*ACK.unpack_from(data))
+            if len(data) == ACK.size + head.reason_len + head.text_len + TAG_BYTES:
+                try:  # the common case, one whole ack: no copy through the buffer
+                    self._check_head(head)
+                    self._resolve(head, data)
+                except TransportError as exc:
+                    self.fail(f"{exc} from {self.peer!r}")
+                return
         buf += data
         try:
             while len(buf) >= ACK.size:
-                head = AckHead(*ACK.unpack_from(buf))
-                if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
-                    raise TransportError(f"malformed ack (record {head.seq})")
+                head = self._check_head(AckHead(*ACK.unpack_from(buf)))
                 end = ACK.size + head.reason_len + head.text_len + TAG_BYTES
                 if len(buf) < end:
                     return
@@ -94,12 +119,18 @@ class FrameStream(asyncio.Protocol):
         except TransportError as exc:
             self.fail(f"{exc} from {self.peer!r}")
 
+    def _check_head(self, head: AckHead) -> AckHead:
+        if head.text_len > framewire.MAX_ACK_TEXT or head.seq >= self.seq:
+            raise TransportError(f"malformed ack (record {head.seq})")
+        return head
+
     def _resolve(self, head: AckHead, raw: bytes) -> None:
-        tag = framewire.ack_tag(self.key, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])
+        tag = framewire.ack_tag(self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])
         if not framewire.same_tag(raw[-TAG_BYTES:], tag):
             raise TransportError(f"ack {self.ack_seq} has a bad tag")
         self.ack_seq += 1
-        fut = self.waiting.get(head.seq)
+        waiter = self.waiting.get(head.seq)
+        fut = waiter[0] if waiter is not None else None
         if fut is not None and not fut.done():
             start = ACK.size + head.reason_len
             reason = raw[ACK.size : start].decode("utf-8", "replace")
@@ -120,19 +151,23 @@ class FrameStream(asyncio.Protocol):
             self.error = ConnectionResetError(f"frame stream to {self.peer!r} lost: {why}")
             self.transport.abort()
             self.writer.close()
-            for fut in self.waiting.values():
-                if not fut.done():
-                    fut.set_exception(self.error)
+            self._fail_waiting()
         return self.error
 
     def close(self) -> None:
         """Close the connection (the receiver sees the stream end between records)."""
         if self.error is None:
             self.error = ConnectionResetError(f"frame stream to {self.peer!r} closed")
-            for fut in self.waiting.values():
-                if not fut.done():
-                    fut.set_exception(self.error)
+            self._fail_waiting()
         self.writer.close()
+
+    def _fail_waiting(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for fut, _ in self.waiting.values():
+            if not fut.done():
+                fut.set_exception(cast(ConnectionResetError, self.error))
 
 
 async def open_stream(

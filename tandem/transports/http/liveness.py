@@ -40,14 +40,11 @@ async def next_frame(
         return None
     every = min(1.0, peer_timeout / 3)
     while True:
-        # asyncio.timeout, not wait_for: wait_for (Python 3.11) runs the get in a task of its
-        # own and returns its result when a cancellation of ours arrives as it completes,
-        # losing the cancellation. Inbox.get is cancel-safe: a timed-out wait loses no frame.
-        try:
-            async with asyncio.timeout(every):
-                return await box.get()
-        except TimeoutError:
-            await check_alive(server, client, peer, url, every, peer_timeout)
+        # Inbox.wait_item takes nothing and arms no cancellation (neither asyncio.timeout's
+        # nor wait_for's): a wait that runs out, or is cancelled, loses no frame
+        if await box.wait_item(every):
+            return box.pop() if len(box) else None
+        await check_alive(server, client, peer, url, every, peer_timeout)
 
 
 async def check_alive(

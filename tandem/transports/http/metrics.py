@@ -70,6 +70,12 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
         "Refused inbound requests by reason",
         [({"party": me, "reason": r}, n) for r, n in sorted(server.refused.items())],
     )
+    lines += metrics.family(
+        "tandem_refused_stream_handshakes_total",
+        "counter",
+        "Refused frame stream handshakes by reason (their senders POST the frame instead)",
+        [({"party": me, "reason": r}, n) for r, n in sorted(server.refused_handshakes.items())],
+    )
     party = {"party": me}
     lines += metrics.family(
         "tandem_inbound_bytes_held",

@@ -4,7 +4,9 @@ and `FiniteScan`, which runs it over a large message's float arrays while the bo
 
 from __future__ import annotations
 
+import cmath
 import logging
+import math
 
 import numpy as np
 
@@ -23,6 +25,9 @@ EXPONENT_BITS_16 = {
 }
 #: 16-bit elements tested at a time: bounds the temporary of `all_finite`'s bit test
 _BITS_STEP = 1 << 16
+#: below this many elements `all_finite` runs ``isfinite`` at once: the sum's error-state
+#: switch costs more than it saves on a small array
+_SUM_MIN_ELEMENTS = 1 << 13
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -159,10 +164,10 @@ def all_finite(a: np.ndarray) -> bool:
     bits = EXPONENT_BITS_16.get(a.dtype)
     if bits is not None:
         return _exponents_finite(a, bits)
-    if a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1) >= 4:
+    if a.size > _SUM_MIN_ELEMENTS and a.dtype.itemsize // (2 if a.dtype.kind == "c" else 1) >= 4:
         with np.errstate(over="ignore", invalid="ignore"):  # overflow/Inf-Inf: expected here
             total = np.add.reduce(a.reshape(-1))
-        if np.isfinite(total):
+        if cmath.isfinite(total) if a.dtype.kind == "c" else math.isfinite(total):
             return True
     return bool(np.isfinite(a).all())
 

@@ -72,7 +72,7 @@ from .protocol import (
 )
 from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite, is_float
-from .streams import Held, Partial, StreamState
+from .streams import Held, Partial, StreamState, message_buffer
 from .streamserve import RecordBody, serve_stream
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,9 @@ class HttpServer:
         self.retired: dict[str, set[str]] = {}  # sender -> incarnations that said goodbye
         self.received: dict[str, LinkStats] = {}
         self.refused: dict[str, int] = {}  # reason -> refused requests
+        # reason -> refused frame stream handshakes: no frame travels on a handshake, and its
+        # sender POSTs the frame next (refused again, and counted in ``refused``, if it must be)
+        self.refused_handshakes: dict[str, int] = {}
         self.requests: dict[str, int] = {}  # path (plain|bulk) -> bodies accepted for reading
         self.lost: dict[str, str] = {}  # peer -> why it was taken as gone (see `liveness`)
         self.down_since: dict[str, float] = {}  # peer -> loop time its probes began failing
@@ -285,9 +288,13 @@ class HttpServer:
         self.held[key].append(size)
         box.deliver(frame)
 
-    def refusal(self, r: Refuse) -> Reply:
+    def refusal(self, r: Refuse, *, handshake: bool = False) -> Reply:
+        """The answer to refusal ``r``, counted by reason: in ``refused_handshakes`` for a
+        frame stream handshake (``handshake``), in ``refused`` otherwise, so that a frame
+        refused on the handshake and again on its POST counts once."""
         if r.status != 421:  # 421 is how a sender learns whom to sign for (`rebinds`)
-            self.refused[r.reason] = self.refused.get(r.reason, 0) + 1
+            counter = self.refused_handshakes if handshake else self.refused
+            counter[r.reason] = counter.get(r.reason, 0) + 1
         if r.reason not in QUIET_REASONS:
             self.quiet.info(
                 "%s: refused request (%d %s): %s", self.cfg.name, r.status, r.reason, r.text
@@ -436,14 +443,11 @@ class HttpServer:
         head = MessageHead(sender, channel, inc, msg_id, chunk, chunks, offset, total, base)
         return await self.receive_message(head, length, h.get(H_SPEC, ""), body, digest)
 
-    async def receive_message(
-        self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
-    ) -> Reply:
-        """Admission, reading and delivery of one chunk of an authenticated sender's message,
-        whichever way it came (a POST, a bulk body, or a frame stream's record). ``spec``: the
-        spec hash the request names (None: only the decoded frame's is checked); ``digest``:
-        the body's expected SHA-256 (None: the body is authenticated otherwise, or not at
-        all without a secret)."""
+    def message_state(
+        self, head: MessageHead, length: int, spec: str | None
+    ) -> tuple[tuple[str, str], StreamState]:
+        """The checks of a message chunk's head, before any lock or memory is taken (sizes,
+        chunk consistency, spec, retired incarnation, base), and its stream's state."""
         sender, channel, inc, msg_id, chunk, chunks, offset, total, base = head
         if total > self.cfg.max_frame_bytes:
             raise Refuse(
@@ -479,20 +483,37 @@ class HttpServer:
             raise Refuse(
                 400, "malformed", f"header {H_BASE} ({base}) is above the message id ({msg_id})"
             )
+        return key, state
+
+    def adopt_incarnation(self, sender: str, channel: str, state: StreamState, inc: str) -> None:
+        """A (re)started sender: fresh ordering state for its new incarnation ``inc`` (the
+        former one is retired). Call with ``state.lock`` held, or with nothing awaited."""
+        self.lost.pop(sender, None)
+        self.down_since.pop(sender, None)
+        if state.incarnation:
+            self.retired.setdefault(sender, set()).add(state.incarnation)
+        self.drop_pending(sender, channel, state)
+        state.incarnation, state.next_id = inc, None
+        state.refused.clear()
+        box = self.inbox(sender, channel)
+        if box.closed and not self.closed:
+            box.reopen()
+
+    async def receive_message(
+        self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
+    ) -> Reply:
+        """Admission, reading and delivery of one chunk of an authenticated sender's message,
+        whichever way it came (a POST, a bulk body, or a frame stream's record). ``spec``: the
+        spec hash the request names (None: only the decoded frame's is checked); ``digest``:
+        the body's expected SHA-256 (None: the body is authenticated otherwise, or not at
+        all without a secret)."""
+        sender, channel, inc, msg_id, chunk, chunks, offset, total, base = head
+        key, state = self.message_state(head, length, spec)
         loop = asyncio.get_running_loop()
         waited = 0.0
         async with state.lock:  # admission: bounded by backpressure_wait, never a body read
-            if state.incarnation != inc:  # a (re)started sender: fresh ordering state
-                self.lost.pop(sender, None)
-                self.down_since.pop(sender, None)
-                if state.incarnation:
-                    self.retired.setdefault(sender, set()).add(state.incarnation)
-                self.drop_pending(sender, channel, state)
-                state.incarnation, state.next_id = inc, None
-                state.refused.clear()
-                box = self.inbox(sender, channel)
-                if box.closed and not self.closed:
-                    box.reopen()
+            if state.incarnation != inc:
+                self.adopt_incarnation(sender, channel, state, inc)
             if state.next_id is not None and msg_id < state.next_id:
                 return Reply(200, "duplicate")
             state.refused.pop(msg_id, None)  # sent again after a refusal: judged afresh
@@ -603,6 +624,53 @@ class HttpServer:
             self.advance(key, state)
         return await self.await_turn(state, inc, msg_id, waited)
 
+    def receive_now(self, head: MessageHead, body: memoryview) -> Reply | None:
+        """`receive_message` for a single-chunk message whose body is already in memory and
+        authenticated (a frame stream's record), judged on the spot when nothing must be
+        awaited: the same checks in the same order, the same verdicts and counters. None, with
+        nothing taken, when it would have to wait: its stream's lock is held, it is not the
+        next message in order, no inbox slot or budget is free at once, or its checks run in a
+        worker thread (large payload, a ``validator``); the caller then runs
+        `receive_message`, which picks up where this left off."""
+        sender, channel, inc, msg_id, _, _, _, total, base = head
+        length = len(body)
+        key, state = self.message_state(head, length, None)
+        if state.lock.locked() or total >= INLINE_BYTES or self.validator is not None:
+            return None
+        # nothing below awaits: the stream's lock would be taken and released untouched
+        if state.incarnation != inc:
+            self.adopt_incarnation(sender, channel, state, inc)
+        if state.next_id is not None and msg_id < state.next_id:
+            return Reply(200, "duplicate")
+        state.refused.pop(msg_id, None)  # sent again after a refusal: judged afresh
+        next_id = max(base, state.next_id if state.next_id is not None else base)
+        if msg_id != next_id or msg_id in state.ready or msg_id in state.partials:
+            return None  # ahead of its turn, or a retry of a message held: it may wait
+        box = self.inbox(sender, channel)
+        if not box.try_reserve():
+            return None
+        if not self.budget.try_acquire(total):
+            box.unreserve()
+            return None
+        t_read = time.monotonic()
+        buffer = message_buffer(total)
+        buffer[:] = body
+        self.requests["stream"] = self.requests.get("stream", 0) + 1
+        stats = self.stats(sender)
+        stats.bytes += length
+        stats.busy_seconds += time.monotonic() - t_read
+        try:
+            frame = self.decode_checked(sender, channel, msg_id, buffer)
+            if self.cfg.reject_nonfinite:  # small arrays, no validator: on the loop
+                self.validate(frame)
+        except BaseException:
+            box.unreserve()
+            self.budget.release(total)
+            raise
+        state.ready[msg_id] = Held(frame, total, base)
+        self.advance(key, state)
+        return self.turn_settled(state, inc, msg_id, 0.0)
+
     def advance(self, key: tuple[str, str], state: StreamState) -> None:
         """Deliver from ``ready`` in id order, each frame after the ``admit_frame`` hook; when
         ``next_id`` is missing, the lowest held message whose base is its own id (its sender
@@ -629,14 +697,15 @@ class HttpServer:
                 self.budget.release(held.size)
                 state.refused[k] = r
                 continue
-            for gone in [j for j in state.partials if j < k]:
-                self.drop_partial(key[0], key[1], state, gone)
+            if state.partials:
+                for gone in [j for j in state.partials if j < k]:
+                    self.drop_partial(key[0], key[1], state, gone)
             self.deliver(box, key, held.frame, held.size)
             self.stats(key[0]).frames += 1
             nid = k + 1
         if nid != state.next_id:
             state.next_id = nid
-            if nid is not None:
+            if nid is not None and state.refused:
                 for k in [k for k in state.refused if k < nid]:
                     del state.refused[k]
         if woke:
@@ -650,21 +719,10 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.backpressure_wait
         while True:
-            if state.incarnation != inc:
-                raise Refuse(410, "retired", f"incarnation {inc} was replaced meanwhile")
-            refusal = state.refused.pop(msg_id, None)
-            if refusal is not None:
-                raise refusal
+            reply = self.turn_settled(state, inc, msg_id, waited)
+            if reply is not None:
+                return reply
             nid = state.next_id
-            if nid is not None and msg_id < nid:
-                return Reply(200, "ok", waited)
-            if msg_id not in state.ready:
-                raise Refuse(
-                    503,
-                    "evicted",
-                    f"message {msg_id} was dropped from the reorder buffer to make room for "
-                    f"message {nid} before it; send it again",
-                )
             if self.closed:
                 raise Refuse(503, "closing", "receiver is closing")
             remaining = deadline - loop.time()
@@ -681,6 +739,29 @@ class HttpServer:
                 pass
             finally:
                 state.waiters.remove(fut)
+
+    def turn_settled(
+        self, state: StreamState, inc: str, msg_id: int, waited: float
+    ) -> Reply | None:
+        """Complete message ``msg_id``'s verdict once it is delivered (200) or refused (its
+        refusal, raised; 410 when its incarnation was replaced, 503 ``evicted`` when it was
+        dropped from the reorder buffer); None while it waits in ``ready`` for its turn."""
+        if state.incarnation != inc:
+            raise Refuse(410, "retired", f"incarnation {inc} was replaced meanwhile")
+        refusal = state.refused.pop(msg_id, None)
+        if refusal is not None:
+            raise refusal
+        nid = state.next_id
+        if nid is not None and msg_id < nid:
+            return Reply(200, "ok", waited)
+        if msg_id not in state.ready:
+            raise Refuse(
+                503,
+                "evicted",
+                f"message {msg_id} was dropped from the reorder buffer to make room for "
+                f"message {nid} before it; send it again",
+            )
+        return None
 
     async def reserve(self, box: Inbox[Frame], channel: str, total: int) -> None:
         """An inbox slot and ``total`` bytes of the budget for the next message in order, each
@@ -832,6 +913,21 @@ class HttpServer:
         buffer: memoryview,
         scan: FiniteScan | None = None,
     ) -> Frame:
+        """The frame in ``buffer``, decoded and checked (`decode_checked`, then NaN/Inf and the
+        ``validator`` hook: in a worker thread for large arrays or any validator)."""
+        frame = self.decode_checked(sender, channel, msg_id, buffer)
+        if self.cfg.reject_nonfinite or self.validator is not None:
+            known = scan.verdicts(frame) if scan is not None else {}
+            unknown = sum(a.nbytes for i, a in enumerate(frame.arrays) if i not in known)
+            if unknown < INLINE_BYTES and self.validator is None:
+                self.validate(frame, known)
+            else:
+                await asyncio.to_thread(self.validate, frame, known)
+        return frame
+
+    def decode_checked(self, sender: str, channel: str, msg_id: int, buffer: memoryview) -> Frame:
+        """The frame in ``buffer``, decoded (bounded by ``max_frame_bytes``), its header
+        agreeing with the request's and its spec hash with the negotiated one."""
         try:
             frame = codec.decode(buffer, max_bytes=self.cfg.max_frame_bytes)
         except PayloadTooLargeError as exc:
@@ -848,13 +944,6 @@ class HttpServer:
             )
         if self.spec_hash and frame.spec_hash != self.spec_hash:
             raise Refuse(409, "spec_mismatch", spec_text(frame.spec_hash, self.spec_hash))
-        if self.cfg.reject_nonfinite or self.validator is not None:
-            known = scan.verdicts(frame) if scan is not None else {}
-            unknown = sum(a.nbytes for i, a in enumerate(frame.arrays) if i not in known)
-            if unknown < INLINE_BYTES and self.validator is None:
-                self.validate(frame, known)
-            else:
-                await asyncio.to_thread(self.validate, frame, known)
         return frame
 
     def validate(self, frame: Frame, known: Mapping[int, bool] | None = None) -> None:

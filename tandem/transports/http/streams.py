@@ -48,6 +48,12 @@ from .protocol import Refuse
 from .scan import FiniteScan
 
 
+def message_buffer(total: int) -> memoryview:
+    """A buffer for a message of ``total`` bytes. np.empty: no zero-fill pass over what is
+    about to be overwritten; writable, so decoded arrays are ordinary writable views of it."""
+    return np.empty(total, dtype=np.uint8).data
+
+
 class Claim:
     """The right of one request to write the next chunk into a partial message; `revoke`
     closes that request's connection (``abort``) so nothing more of it arrives."""
@@ -86,9 +92,7 @@ class Partial:
         self.total = total
         self.next_chunk = 0
         self.filled = 0
-        # np.empty: no zero-fill pass over what is about to be overwritten; writable, so
-        # decoded arrays are ordinary writable views of it.
-        self.buffer: memoryview = np.empty(total, dtype=np.uint8).data
+        self.buffer = message_buffer(total)
         self.scan: FiniteScan | None = None  # NaN/Inf check run over the buffer as it fills
         self.reader: Claim | None = None
         self.touched = now

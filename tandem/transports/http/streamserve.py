@@ -25,7 +25,7 @@ from .. import auth
 from . import framewire
 from .body import Body
 from .config import HttpConfig
-from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead
+from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead, StreamMac
 from .protocol import H_INC, H_STREAM_NONCE, STREAM_PATH, MessageHead, Refuse, Reply
 from .quietlog import QuietLog
 
@@ -39,6 +39,7 @@ class HttpServer(Protocol):
     frame_streams: set[asyncio.Transport]
     quiet: QuietLog
     refused: dict[str, int]
+    refused_handshakes: dict[str, int]
     retired: dict[str, set[str]]
     verifier: Any
 
@@ -46,11 +47,13 @@ class HttpServer(Protocol):
 
     def check_stream(self, sender: str, channel: str) -> None: ...
 
+    def receive_now(self, head: MessageHead, body: memoryview) -> Reply | None: ...
+
     async def receive_message(
         self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
     ) -> Reply: ...
 
-    def refusal(self, r: Refuse) -> Reply: ...
+    def refusal(self, r: Refuse, *, handshake: bool = False) -> Reply: ...
 
 
 OUTSTANDING = 64  # records of one stream admitted at once (each may wait for its turn)
@@ -108,7 +111,7 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         if request.content_length:
             raise Refuse(400, "malformed", "a stream handshake carries no body")
     except Refuse as r:
-        return server.refusal(r).response()
+        return server.refusal(r, handshake=True).response()
     transport = request.transport
     if transport is None or transport.is_closing():
         raise ConnectionResetError("the client left before the upgrade")
@@ -153,7 +156,8 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
 
 class _Session(asyncio.Protocol):
     """One upgraded stream, and its connection's protocol: records are parsed as bytes arrive
-    (`data_received`), each admitted in a task of `run`'s TaskGroup, each verdict acked.
+    (`data_received`), each judged on the spot when its admission awaits nothing
+    (`HttpServer.receive_now`), else in a task of `run`'s TaskGroup; each verdict acked.
 
     Invariants: ``seq`` is the number of records accepted (the next record's seq),
     ``ack_seq`` the number of acks written; ``_buf`` holds less than one whole record while
@@ -170,6 +174,7 @@ class _Session(asyncio.Protocol):
         owner: asyncio.BaseProtocol,
     ) -> None:
         self.server, self.sender, self.inc, self.key = server, sender, inc, key
+        self.mac = StreamMac(key)
         self.transport, self.owner = transport, owner
         self.seq = self.ack_seq = 0
         self.admitting = 0
@@ -179,7 +184,7 @@ class _Session(asyncio.Protocol):
         self._tasks: set[asyncio.Task[None]] = set()
         self._over: asyncio.Future[None] | None = None
         self._paused = False
-        loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._last = loop.time()  # the latest byte received
         self._timer: asyncio.TimerHandle | None = None
 
@@ -222,9 +227,12 @@ class _Session(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
-        self._last = asyncio.get_running_loop().time()
-        self._buf += data
-        self._parse()
+        self._last = self._loop.time()
+        if self._buf:
+            self._buf += data
+            self._parse()
+        else:
+            self._parse(data)
 
     def eof_received(self) -> bool:
         if self._buf:
@@ -237,26 +245,37 @@ class _Session(asyncio.Protocol):
         self.owner.connection_lost(exc)
 
     # ----------------------------------------------------------------------------------------
-    def _parse(self) -> None:
-        """Take every whole record from ``_buf`` while admission slots are free."""
-        if self._tg is None or self.transport.is_closing():
-            return  # before `run` (bytes that came with the 101's sending): kept for it
+    def _parse(self, fresh: bytes | None = None) -> None:
+        """Take every whole record from ``_buf`` while admission slots are free; ``fresh``:
+        bytes just received while ``_buf`` was empty, whose records are taken without a copy
+        (what is left of them is kept in ``_buf``)."""
         buf = self._buf
+        if self._tg is None or self.transport.is_closing():
+            if fresh is not None:
+                buf += fresh
+            return  # before `run` (bytes that came with the 101's sending): kept for it
+        src = buf if fresh is None else fresh
+        pos = 0
         try:
             while self.admitting < OUTSTANDING:
+                left = len(src) - pos
                 head = self._head
                 if head is None:
-                    if len(buf) < RECORD.size:
+                    if left < RECORD.size:
                         break
-                    head = self._head = self._check_head(RecordHead(*RECORD.unpack_from(buf)))
+                    head = RecordHead(*RECORD.unpack_from(src, pos))
+                    head = self._head = self._check_head(head)
                 end = RECORD.size + head.channel_len + head.body_len + TAG_BYTES
-                if len(buf) < end:
+                if left < end:
                     break
-                record = memoryview(bytes(buf[:end]))
-                del buf[:end]
+                # a record of immutable bytes is a view of them; one of _buf, a copy (_buf moves)
+                record = memoryview(src)[pos : pos + end]
+                if fresh is None:
+                    record = memoryview(bytes(record))
+                pos += end
                 self._head = None
                 tag = framewire.record_tag(
-                    self.key, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
+                    self.mac, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
                 )
                 if not framewire.same_tag(record[-TAG_BYTES:], tag):
                     raise _Closed(
@@ -269,16 +288,27 @@ class _Session(asyncio.Protocol):
                     channel = bytes(record[RECORD.size : ch_end]).decode()
                 except UnicodeDecodeError:
                     raise _Closed("malformed", "record channel is not UTF-8") from None
-                self.admitting += 1
-                task = self._tg.create_task(
-                    self._admit(self.seq, head, channel, record[ch_end:-TAG_BYTES])
+                seq = self.seq
+                self.seq += 1
+                msg = MessageHead(
+                    self.sender, channel, self.inc, head.msg_id, 0, 1, 0, head.body_len, head.base
                 )
+                body = record[ch_end:-TAG_BYTES]
+                reply = self._receive_now(msg, body)
+                if reply is not None:
+                    self._ack(seq, reply)
+                    continue
+                self.admitting += 1
+                task = self._tg.create_task(self._admit(seq, msg, body))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
-                self.seq += 1
         except _Closed as c:
             self._close(c)
             return
+        if fresh is None:
+            del buf[:pos]
+        elif pos < len(fresh):
+            buf += memoryview(fresh)[pos:]
         full = self.admitting >= OUTSTANDING or len(buf) > MAX_RECORD_BODY + READ_LIMIT
         if full and not self._paused:
             self._paused = True
@@ -317,40 +347,51 @@ class _Session(asyncio.Protocol):
             return
         self._timer = loop.call_later(max(due - loop.time(), 0.01), self._check_idle)
 
-    async def _admit(self, seq: int, head: RecordHead, channel: str, body: memoryview) -> None:
-        """Judge record ``seq`` as a POSTed single-chunk message, then ack the verdict."""
+    def _receive_now(self, msg: MessageHead, body: memoryview) -> Reply | None:
+        """The verdict on a record, judged on the spot: the receiver closing (503), the
+        ``admit_stream`` hook (403), then `HttpServer.receive_now`; None when its admission
+        must wait (then `_admit` runs it in a task)."""
         server = self.server
         try:
+            if server.closed:
+                raise Refuse(503, "closing", "receiver is closing")
+            server.check_stream(self.sender, msg.channel)
+            return server.receive_now(msg, body)
+        except Exception as exc:
+            return self._refusal(exc)
+
+    async def _admit(self, seq: int, msg: MessageHead, body: memoryview) -> None:
+        """Judge record ``seq`` as a POSTed single-chunk message (its head and the stream
+        admission hook already passed `_receive_now`), then ack the verdict."""
+        try:
             try:
-                if server.closed:
-                    raise Refuse(503, "closing", "receiver is closing")
-                server.check_stream(self.sender, channel)
-                msg = MessageHead(
-                    self.sender, channel, self.inc, head.msg_id, 0, 1, 0, head.body_len, head.base
+                reply = await self.server.receive_message(
+                    msg, msg.total, None, RecordBody(body, self.transport), None
                 )
-                reply = await server.receive_message(
-                    msg, head.body_len, None, RecordBody(body, self.transport), None
-                )
-            except Refuse as r:
-                reply = server.refusal(r)
-            except Exception as exc:  # the server keeps serving; report and move on
-                server.quiet.error(
-                    "%s: internal error on a frame stream", server.cfg.name, exc_info=exc
-                )
-                server.refused["internal"] = server.refused.get("internal", 0) + 1
-                reply = Reply(500, "internal error (see the receiver's log)")
+            except Exception as exc:
+                reply = self._refusal(exc)
             self._ack(seq, reply)
         finally:
             self.admitting -= 1
-            self._last = asyncio.get_running_loop().time()
+            self._last = self._loop.time()
             if self._paused or self._buf:
                 self._parse()
+
+    def _refusal(self, exc: Exception) -> Reply:
+        """The answer to a record's refusal, or to an internal error (reported: the server
+        keeps serving)."""
+        server = self.server
+        if isinstance(exc, Refuse):
+            return server.refusal(exc)
+        server.quiet.error("%s: internal error on a frame stream", server.cfg.name, exc_info=exc)
+        server.refused["internal"] = server.refused.get("internal", 0) + 1
+        return Reply(500, "internal error (see the receiver's log)")
 
     def _ack(self, seq: int, reply: Reply) -> None:
         if self.transport.is_closing():
             return
         data = framewire.ack(
-            self.key, self.ack_seq, seq, reply.status, reply.reason, reply.text, reply.waited or 0.0
+            self.mac, self.ack_seq, seq, reply.status, reply.reason, reply.text, reply.waited or 0.0
         )
         self.ack_seq += 1
         self.transport.write(data)

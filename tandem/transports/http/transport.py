@@ -197,8 +197,15 @@ class HttpTransport:
 
     @property
     def refused(self) -> Mapping[str, int]:
-        """Refused inbound requests by reason (read-only view for tests and tooling)."""
+        """Refused inbound requests by reason (read-only view for tests and tooling); each
+        refused frame counts once (a refused frame stream handshake counts in
+        `refused_handshakes`: its sender then POSTs the frame, judged and counted here)."""
         return dict(self._server.refused)
+
+    @property
+    def refused_handshakes(self) -> Mapping[str, int]:
+        """Refused frame stream handshakes by reason (read-only view)."""
+        return dict(self._server.refused_handshakes)
 
     @property
     def frame_requests(self) -> Mapping[tuple[str, str], int]:
