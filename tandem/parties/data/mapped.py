@@ -9,12 +9,15 @@ them back through a read-only shared mapping of that file:
   `ColumnSpill.release` drops that range from the process once it is written. `to_rows` then
   copies it, a block of rows at a time, into the row-major file the party trains from.
 * `MappedRows` is the party's view of that row-major file: ``gather(idx)`` copies rows out
-  (the micro-batch gather), and every ``budget`` bytes gathered the mapping's pages are
-  dropped from the process (``madvise(MADV_DONTNEED)``; the kernel's page cache keeps them,
-  so the next gather faults them back in from memory, not from the disk).
+  (the micro-batch gather). Its pages are clean copies of the file, which the kernel takes
+  back under memory pressure, so the features need not fit in memory. With a ``budget``
+  (``[data] resident_mb``) the gather also drops them from the process
+  (``madvise(MADV_DONTNEED)``; the page cache keeps them) whenever they grew by that much,
+  which bounds the process's resident set at the price of faulting them in again.
 
-Invariants: the process's resident pages of a mapping stay below its budget plus one gather
-(`MappedRows`) or one column (`ColumnSpill`), whatever the file's size; the bytes are exactly
+Invariants: the process's resident pages of the loader's mapping stay below one column
+(`ColumnSpill`), and with a budget those of a `MappedRows` below about twice the budget,
+whatever the file's size; the bytes are exactly
 those the in-memory path holds (same layout, dtype and row order), so training and the data
 fingerprint do not depend on the option. The files are unlinked as soon as they are mapped
 (POSIX): nothing is left in ``spill_dir`` after an exit, a crash or a kill; where a mapped file
@@ -35,8 +38,8 @@ import numpy as np
 
 from .errors import DataError
 
-#: Bytes `MappedRows.gather` may read between two page drops, by default.
-DEFAULT_BUDGET = 64 << 20
+#: The most one read fault of a file mapping may map into the process: a PMD-sized folio.
+LARGEST_FAULT = 2 << 20
 _BLOCK_ROWS = 1 << 16  # rows copied at a time by `ColumnSpill.to_rows`
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -125,7 +128,7 @@ class MappedRows:
 
     @classmethod
     def from_array(
-        cls, array: np.ndarray, directory: str, *, budget: int = DEFAULT_BUDGET
+        cls, array: np.ndarray, directory: str, *, budget: int | None = None
     ) -> MappedRows:
         """Write ``array`` (float32, 2-d) to a new file in ``directory`` and map it."""
         data = np.ascontiguousarray(array, np.float32)
@@ -140,7 +143,7 @@ class MappedRows:
         return cls._over(mapping, data.shape, budget)
 
     @classmethod
-    def _over(cls, mapping: _Mapping, shape: tuple[int, ...], budget: int) -> MappedRows:
+    def _over(cls, mapping: _Mapping, shape: tuple[int, ...], budget: int | None) -> MappedRows:
         array = np.frombuffer(mapping.map, np.float32, count=int(np.prod(shape)))
         return cls(_Pager(mapping, budget), array.reshape(shape))
 
@@ -162,8 +165,8 @@ class MappedRows:
         return self._view.nbytes
 
     @property
-    def budget(self) -> int:
-        """Bytes gathered between two page drops."""
+    def budget(self) -> int | None:
+        """The resident bytes of the mapping that trigger a drop (None: never dropped)."""
         return self._pager.budget
 
     def __len__(self) -> int:
@@ -183,32 +186,86 @@ class MappedRows:
         return MappedRows(self._pager, self._whole, self._first + lo, max(0, hi - lo))
 
     def gather(self, idx: np.ndarray | slice) -> np.ndarray:
-        """Rows ``idx`` (indices or a slice) as a new in-memory array; counts the bytes read
-        against the budget and drops the mapping's pages when it is spent."""
-        out = np.array(self._view[idx], copy=True)
-        # a row of r bytes lies on at most ceil(r / page) + 1 pages
-        row = self._view.shape[1] * 4
-        self._pager.read(len(out) * (-(-row // mmap.PAGESIZE) + 1) * mmap.PAGESIZE)
-        return out
+        """Rows ``idx`` (indices or a slice) as a new in-memory array; with a budget, read a
+        piece at a time, the mapping's pages dropped whenever the budget is spent."""
+        if isinstance(idx, slice):
+            lo, hi, step = idx.indices(len(self._view))
+            if step == 1:
+                return self._pager.read(self._view, slice(lo, max(lo, hi)))
+            idx = np.arange(lo, hi, step)
+        return self._pager.read(self._view, np.asarray(idx))
 
 
 class _Pager:
-    """Counts the bytes read from one mapping and drops its pages every ``budget`` bytes.
-    Thread-safe: the compute lane and an evaluation may gather from the same file."""
+    """Copies rows out of one mapping; with a ``budget``, keeps the pages those copies map
+    into the process below about twice that many bytes.
 
-    def __init__(self, mapping: _Mapping, budget: int) -> None:
-        if budget < 1:
+    Without a budget (None) nothing is dropped: the mapping's pages are clean copies of the
+    file, which the kernel takes back under memory pressure (and faults in again on the next
+    read), so the data never needs the party's memory to fit, but the process's resident set
+    counts whatever the kernel leaves mapped.
+
+    With a budget, rows are copied a piece at a time and the process's resident file pages
+    (``RssFile``) are read after each piece; once they grew by ``budget`` since the last drop,
+    the mapping's pages are dropped. How much a read fault maps is the kernel's choice (the
+    faulting page and its cached neighbours, or a whole large folio of the page cache: up to
+    2 MiB a row), so the pieces shrink to ``budget`` divided by the most bytes a row was seen
+    to map. Invariant: at most about ``2 * budget`` bytes of the mapping are resident (one
+    budget before a drop, one piece after it). Thread-safe: the compute lane and an
+    evaluation may gather from the same file."""
+
+    def __init__(self, mapping: _Mapping, budget: int | None) -> None:
+        if budget is not None and budget < 1:
             raise ValueError(f"the page budget must be >= 1 byte, got {budget}")
         self.mapping, self.budget = mapping, budget
-        self._read = 0
+        self._per_row = LARGEST_FAULT  # bytes one row read maps, as last seen
+        self._base = _rss_file()  # resident file bytes just after the last drop
         self._lock = threading.Lock()
 
-    def read(self, nbytes: int) -> None:
+    def read(self, matrix: np.ndarray, idx: np.ndarray | slice) -> np.ndarray:
+        """``matrix[idx]`` as a new array (see the class docstring); a slice has step 1."""
+        if self.budget is None:
+            return np.array(matrix[idx], copy=True)
+        n = idx.stop - idx.start if isinstance(idx, slice) else len(idx)
+        out = np.empty((n, *matrix.shape[1:]), matrix.dtype)
         with self._lock:
-            self._read += nbytes
-            if self._read >= self.budget:
-                self.mapping.drop()
-                self._read = 0
+            start = 0
+            while start < n:
+                stop = min(n, start + max(1, self.budget // self._per_row))
+                before = _rss_file()
+                if isinstance(idx, slice):
+                    out[start:stop] = matrix[idx.start + start : idx.start + stop]
+                else:
+                    out[start:stop] = matrix[idx[start:stop]]
+                self._account(before, stop - start, scattered=not isinstance(idx, slice))
+                start = stop
+        return out
+
+    def _account(self, before: int | None, rows: int, *, scattered: bool) -> None:
+        now = _rss_file()
+        if now is None or before is None or self._base is None:  # no /proc: drop every piece
+            self.mapping.drop()
+            return
+        if scattered and rows:
+            # what one row mapped in this piece; halves at most per piece, so one piece of
+            # rows that happened to share pages does not make the next piece overshoot
+            seen = (now - before) // rows
+            self._per_row = min(LARGEST_FAULT, max(seen, self._per_row // 2, mmap.PAGESIZE))
+        if self.budget is not None and now - self._base >= self.budget:
+            self.mapping.drop()
+            self._base = _rss_file()
+
+
+def _rss_file() -> int | None:
+    """This process's resident file-backed bytes (``RssFile``), or None without /proc."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"RssFile:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 class ColumnSpill:
@@ -227,7 +284,7 @@ class ColumnSpill:
         """Drop every page of the mapping from this process (its bytes stay in the file)."""
         self._mapping.drop()
 
-    def to_rows(self, *, budget: int = DEFAULT_BUDGET) -> MappedRows:
+    def to_rows(self, *, budget: int | None = None) -> MappedRows:
         """The matrix as a row-major `MappedRows` in a new file of the same folder, copied a
         block of rows at a time (this mapping's pages dropped after each block)."""
         part = self.matrix
@@ -244,4 +301,4 @@ class ColumnSpill:
         return MappedRows._over(mapping, part.shape, budget)
 
 
-__all__ = ["ColumnSpill", "DEFAULT_BUDGET", "MappedRows", "default_spill_dir"]
+__all__ = ["ColumnSpill", "MappedRows", "default_spill_dir"]

@@ -79,7 +79,8 @@ def load_table_data(
     if x is None:
         raise TypeError("load_party_data(packed=True) returned unpacked features")
     if ds.features.spill is not None:
-        x = ds.features.spill.to_rows()
+        budget = None if table.resident_mb is None else table.resident_mb << 20
+        x = ds.features.spill.to_rows(budget=budget)
     parts = _part_slices(ds)
     fields: dict[str, Any] = {
         "train": _rows(x, parts["train"]),
