@@ -108,8 +108,6 @@ class Settings:
     compress: str = "none"
     #: the parties' ``[data] in_memory``: False (the default) maps their features from a file
     in_memory: bool = False
-    #: the parties' ``[data] resident_mb`` (None: the kernel manages the mapped pages)
-    resident_mb: int | None = None
     align_max: int = 200_000
     reference_max: int = 1_000_000
     trace: bool = False
@@ -118,10 +116,7 @@ class Settings:
 
     def data_keys(self) -> dict[str, Any]:
         """The ``[data]`` keys the parties' TOMLs get on top of the workload's."""
-        keys: dict[str, Any] = {"in_memory": True} if self.in_memory else {}
-        if self.resident_mb is not None:
-            keys["resident_mb"] = self.resident_mb
-        return keys
+        return {"in_memory": True} if self.in_memory else {}
 
     def train(self) -> dict[str, Any]:
         return {
@@ -634,13 +629,6 @@ def main(argv: list[str] | None = None) -> int:
         help="the parties hold their features in memory ([data] in_memory = true) instead "
         "of the default file mapping",
     )
-    ap.add_argument(
-        "--resident-mb",
-        type=int,
-        default=None,
-        help="the parties' [data] resident_mb: drop the mapped features' pages from the "
-        "process whenever this many MiB of them are resident",
-    )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
         "--work-dir",
@@ -659,7 +647,6 @@ def main(argv: list[str] | None = None) -> int:
         party_threads=args.party_threads,
         compress=args.compress,
         in_memory=args.in_memory,
-        resident_mb=args.resident_mb,
         align_max=args.align_max,
         reference_max=args.reference_max,
         timeout=args.timeout,

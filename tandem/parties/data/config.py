@@ -15,7 +15,6 @@
     aligned = "a_aligned.csv"       # optional: the `tandem align --out` file
     in_memory = false               # split learning: false keeps the features in a file
     spill_dir = "/scratch"          # where that file goes (default: the system's temp folder)
-    resident_mb = 256               # optional: at most about twice this much of it resident
 
     [data.split]
     test = 0.2                      # fraction of ids held out for testing
@@ -49,7 +48,6 @@ DATA_KEYS = (
     "split",
     "in_memory",
     "spill_dir",
-    "resident_mb",
 )
 SPLIT_KEYS = ("test", "validation", "seed")
 
@@ -70,8 +68,8 @@ class SplitConfig:
 class DataConfig:
     """A checked ``[data]`` table. ``source`` and ``aligned`` are resolved against the folder
     of the TOML file when they are relative local paths; ``path`` is that TOML file (for
-    messages), or None when the table did not come from a file. ``in_memory``,
-    ``spill_dir`` and ``resident_mb`` say where a split-learning party keeps its packed features
+    messages), or None when the table did not come from a file. ``in_memory`` and
+    ``spill_dir`` say where a split-learning party keeps its packed features
     (`tandem.parties.data.mapped`); federated and elastic parties hold theirs in memory.
 
     Invariants: ``features`` (when given) and ``categorical`` hold no name twice, and neither
@@ -90,7 +88,6 @@ class DataConfig:
     path: str | None = None
     in_memory: bool = False
     spill_dir: str | None = None
-    resident_mb: int | None = None
 
     @property
     def where(self) -> str:
@@ -150,18 +147,6 @@ def parse_data_config(
             f"{where}: data.spill_dir is set but data.in_memory = true keeps the features in "
             "memory; remove one of the two"
         )
-    resident_mb = table.get("resident_mb")
-    if resident_mb is not None:
-        if isinstance(resident_mb, bool) or not isinstance(resident_mb, int) or resident_mb < 1:
-            raise DataError(
-                f"{where}: data.resident_mb must be a whole number of MiB >= 1, got "
-                f"{resident_mb!r} (leave it out to let the kernel manage the mapped pages)"
-            )
-        if in_memory:
-            raise DataError(
-                f"{where}: data.resident_mb bounds the mapped features, but data.in_memory = "
-                "true keeps them in memory; remove one of the two"
-            )
     base = os.path.dirname(os.path.abspath(where)) if path is not None else None
     return DataConfig(
         source=_resolve(source, base),
@@ -176,7 +161,6 @@ def parse_data_config(
         path=where if path is not None else None,
         in_memory=in_memory,
         spill_dir=None if spill_dir is None else _resolve(spill_dir, base),
-        resident_mb=resident_mb,
     )
 
 

@@ -9,19 +9,22 @@ them back through a read-only shared mapping of that file:
   `ColumnSpill.release` drops that range from the process once it is written. `to_rows` then
   copies it, a block of rows at a time, into the row-major file the party trains from.
 * `MappedRows` is the party's view of that row-major file: ``gather(idx)`` copies rows out
-  (the micro-batch gather). Its pages are clean copies of the file, which the kernel takes
-  back under memory pressure, so the features need not fit in memory. With a ``budget``
-  (``[data] resident_mb``) the gather also drops them from the process
-  (``madvise(MADV_DONTNEED)``; the page cache keeps them) whenever they grew by that much,
-  which bounds the process's resident set at the price of faulting them in again.
+  (the micro-batch gather) with positioned reads of the file (``os.preadv``, one per run of
+  consecutive rows), not through the mapping: the rows come from the kernel's page cache
+  straight into the batch, so none of the file's pages is counted in (or held by) the party's
+  resident set, and a file larger than the memory is read back from the disk as needed.
+  Reading through the mapping would instead map whatever the kernel faults in around each
+  row (up to a whole 2 MiB folio of the page cache per row), which a few random batches
+  spread over the whole file. The mapping serves indexing and ``np.asarray`` (inspection),
+  and the gather where positioned reads are missing (Windows).
 
 Invariants: the process's resident pages of the loader's mapping stay below one column
-(`ColumnSpill`), and with a budget those of a `MappedRows` below about twice the budget,
-whatever the file's size; the bytes are exactly
-those the in-memory path holds (same layout, dtype and row order), so training and the data
-fingerprint do not depend on the option. The files are unlinked as soon as they are mapped
-(POSIX): nothing is left in ``spill_dir`` after an exit, a crash or a kill; where a mapped file
-cannot be unlinked (Windows) it is removed when its mapping is closed or collected.
+(`ColumnSpill`), and the gather maps none of the row-major file's pages, whatever the file's
+size; the bytes are exactly those the in-memory path holds (same layout, dtype and row order),
+so training and the data fingerprint do not depend on the option. The files are unlinked as
+soon as they are created and mapped (POSIX): nothing is left in ``spill_dir`` after an exit, a
+crash or a kill; where a mapped file cannot be unlinked (Windows) it is removed when its
+mapping is closed or collected.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import contextlib
 import mmap
 import os
 import tempfile
-import threading
 import weakref
 from typing import Any
 
@@ -38,8 +40,6 @@ import numpy as np
 
 from .errors import DataError
 
-#: The most one read fault of a file mapping may map into the process: a PMD-sized folio.
-LARGEST_FAULT = 2 << 20
 _BLOCK_ROWS = 1 << 16  # rows copied at a time by `ColumnSpill.to_rows`
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
 
@@ -52,7 +52,9 @@ def default_spill_dir() -> str:
 
 class _Mapping:
     """One file (created in ``directory``, ``size`` bytes, unlinked at once where possible),
-    mapped shared; ``drop(lo, hi)`` removes its pages in ``[lo, hi)`` from this process."""
+    mapped shared; ``drop(lo, hi)`` removes its pages in ``[lo, hi)`` from this process. A
+    read-only one keeps its descriptor open (``fd``, closed with the mapping) for positioned
+    reads; a writable one closes it once mapped (``fd`` None)."""
 
     def __init__(self, directory: str, size: int, *, writable: bool, fill=None) -> None:
         try:
@@ -82,9 +84,13 @@ class _Mapping:
                 "in_memory = true"
             ) from None
         finally:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if writable:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
         self.size = size
+        self.fd: int | None = None if writable else fd
+        if self.fd is not None:
+            weakref.finalize(self, _close_fd, self.fd)
         try:
             os.remove(path)  # the mapping keeps the data; the name goes now
         except OSError:  # Windows: a mapped file cannot be removed yet
@@ -103,6 +109,11 @@ class _Mapping:
             self.map.madvise(_DONTNEED, start, stop - start)
 
 
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 def _remove_after(mapping: mmap.mmap, path: str) -> None:
     with contextlib.suppress(BufferError, ValueError):
         mapping.close()
@@ -111,25 +122,23 @@ def _remove_after(mapping: mmap.mmap, path: str) -> None:
 
 
 class MappedRows:
-    """A read-only float32 matrix ``(rows, columns)`` in a file mapping (see the module
-    docstring). ``rows(lo, hi)`` is a part of it sharing the mapping and its budget;
-    ``gather(idx)`` copies rows ``idx`` out (what `tandem.engine.data.BatchRows` calls);
-    indexing (``m[...]``) and ``np.asarray(m)`` give plain views of the mapping, outside the
-    budget (for inspection, not for training loops)."""
+    """A read-only float32 matrix ``(rows, columns)`` in a file (see the module docstring).
+    ``rows(lo, hi)`` is a part of it on the same file; ``gather(idx)`` copies rows ``idx``
+    out with positioned reads (what `tandem.engine.data.BatchRows` calls); indexing
+    (``m[...]``) and ``np.asarray(m)`` give plain views of the file's mapping (for
+    inspection, not for training loops: the pages they touch stay mapped)."""
 
     def __init__(
-        self, pager: _Pager, array: np.ndarray, first: int = 0, count: int | None = None
+        self, mapping: _Mapping, array: np.ndarray, first: int = 0, count: int | None = None
     ) -> None:
-        self._pager = pager
+        self._mapping = mapping
         self._whole = array
         self._first = first
         self._count = len(array) - first if count is None else count
         self._view = array[first : first + self._count]
 
     @classmethod
-    def from_array(
-        cls, array: np.ndarray, directory: str, *, budget: int | None = None
-    ) -> MappedRows:
+    def from_array(cls, array: np.ndarray, directory: str) -> MappedRows:
         """Write ``array`` (float32, 2-d) to a new file in ``directory`` and map it."""
         data = np.ascontiguousarray(array, np.float32)
         if data.ndim != 2:
@@ -140,12 +149,12 @@ class MappedRows:
                 f.write(data.data)
 
         mapping = _Mapping(directory, data.nbytes, writable=False, fill=fill)
-        return cls._over(mapping, data.shape, budget)
+        return cls._over(mapping, data.shape)
 
     @classmethod
-    def _over(cls, mapping: _Mapping, shape: tuple[int, ...], budget: int | None) -> MappedRows:
+    def _over(cls, mapping: _Mapping, shape: tuple[int, ...]) -> MappedRows:
         array = np.frombuffer(mapping.map, np.float32, count=int(np.prod(shape)))
-        return cls(_Pager(mapping, budget), array.reshape(shape))
+        return cls(mapping, array.reshape(shape))
 
     # -- the ndarray surface the party and the session read --------------------------------
     @property
@@ -164,11 +173,6 @@ class MappedRows:
     def nbytes(self) -> int:
         return self._view.nbytes
 
-    @property
-    def budget(self) -> int | None:
-        """The resident bytes of the mapping that trigger a drop (None: never dropped)."""
-        return self._pager.budget
-
     def __len__(self) -> int:
         return self._count
 
@@ -181,91 +185,64 @@ class MappedRows:
         return self._view if dtype is None else self._view.astype(dtype, copy=False)
 
     def rows(self, lo: int, hi: int) -> MappedRows:
-        """Rows ``[lo, hi)`` of this matrix: a `MappedRows` on the same mapping and budget."""
+        """Rows ``[lo, hi)`` of this matrix: a `MappedRows` on the same file."""
         lo, hi = max(0, lo), min(hi, self._count)
-        return MappedRows(self._pager, self._whole, self._first + lo, max(0, hi - lo))
+        return MappedRows(self._mapping, self._whole, self._first + lo, max(0, hi - lo))
 
     def gather(self, idx: np.ndarray | slice) -> np.ndarray:
-        """Rows ``idx`` (indices or a slice) as a new in-memory array; with a budget, read a
-        piece at a time, the mapping's pages dropped whenever the budget is spent."""
+        """Rows ``idx`` (indices in ``[0, len(self))`` or a slice) as a new in-memory array,
+        read from the file with one positioned read per run of consecutive rows; the
+        process maps none of the file's pages doing so. Raises IndexError for a row out of
+        range, as indexing does. Thread-safe (positioned reads share no file offset)."""
         if isinstance(idx, slice):
-            lo, hi, step = idx.indices(len(self._view))
-            if step == 1:
-                return self._pager.read(self._view, slice(lo, max(lo, hi)))
-            idx = np.arange(lo, hi, step)
-        return self._pager.read(self._view, np.asarray(idx))
-
-
-class _Pager:
-    """Copies rows out of one mapping; with a ``budget``, keeps the pages those copies map
-    into the process below about twice that many bytes.
-
-    Without a budget (None) nothing is dropped: the mapping's pages are clean copies of the
-    file, which the kernel takes back under memory pressure (and faults in again on the next
-    read), so the data never needs the party's memory to fit, but the process's resident set
-    counts whatever the kernel leaves mapped.
-
-    With a budget, rows are copied a piece at a time and the process's resident file pages
-    (``RssFile``) are read after each piece; once they grew by ``budget`` since the last drop,
-    the mapping's pages are dropped. How much a read fault maps is the kernel's choice (the
-    faulting page and its cached neighbours, or a whole large folio of the page cache: up to
-    2 MiB a row), so the pieces shrink to ``budget`` divided by the most bytes a row was seen
-    to map. Invariant: at most about ``2 * budget`` bytes of the mapping are resident (one
-    budget before a drop, one piece after it). Thread-safe: the compute lane and an
-    evaluation may gather from the same file."""
-
-    def __init__(self, mapping: _Mapping, budget: int | None) -> None:
-        if budget is not None and budget < 1:
-            raise ValueError(f"the page budget must be >= 1 byte, got {budget}")
-        self.mapping, self.budget = mapping, budget
-        self._per_row = LARGEST_FAULT  # bytes one row read maps, as last seen
-        self._base = _rss_file()  # resident file bytes just after the last drop
-        self._lock = threading.Lock()
-
-    def read(self, matrix: np.ndarray, idx: np.ndarray | slice) -> np.ndarray:
-        """``matrix[idx]`` as a new array (see the class docstring); a slice has step 1."""
-        if self.budget is None:
-            return np.array(matrix[idx], copy=True)
-        n = idx.stop - idx.start if isinstance(idx, slice) else len(idx)
-        out = np.empty((n, *matrix.shape[1:]), matrix.dtype)
-        with self._lock:
-            start = 0
-            while start < n:
-                stop = min(n, start + max(1, self.budget // self._per_row))
-                before = _rss_file()
-                if isinstance(idx, slice):
-                    out[start:stop] = matrix[idx.start + start : idx.start + stop]
-                else:
-                    out[start:stop] = matrix[idx[start:stop]]
-                self._account(before, stop - start, scattered=not isinstance(idx, slice))
-                start = stop
+            lo, hi, step = idx.indices(self._count)
+            if step != 1:
+                return self.gather(np.arange(lo, hi, step))
+            rows = np.arange(lo, max(lo, hi))
+        else:
+            rows = np.asarray(idx)
+            if rows.ndim != 1:
+                return self._view[rows].copy()  # not a batch gather: plain indexing
+            if len(rows) and (rows.min() < -self._count or rows.max() >= self._count):
+                raise IndexError(f"row index out of range for {self._count} rows")
+            rows = np.where(rows < 0, rows + self._count, rows)
+        out = np.empty((len(rows), *self._view.shape[1:]), np.float32)
+        fd = self._mapping.fd
+        if fd is None or not _PREADV or not len(rows):
+            out[...] = self._view[rows]
+            return out
+        _read_rows(fd, self._first + rows, self._view.shape[1] * 4, out)
         return out
 
-    def _account(self, before: int | None, rows: int, *, scattered: bool) -> None:
-        now = _rss_file()
-        if now is None or before is None or self._base is None:  # no /proc: drop every piece
-            self.mapping.drop()
-            return
-        if scattered and rows:
-            # what one row mapped in this piece; halves at most per piece, so one piece of
-            # rows that happened to share pages does not make the next piece overshoot
-            seen = (now - before) // rows
-            self._per_row = min(LARGEST_FAULT, max(seen, self._per_row // 2, mmap.PAGESIZE))
-        if self.budget is not None and now - self._base >= self.budget:
-            self.mapping.drop()
-            self._base = _rss_file()
+
+_PREADV = hasattr(os, "preadv")
+#: the most bytes one positioned read asks for (Linux reads at most about 2 GiB at once)
+_READ_MAX = 1 << 30
 
 
-def _rss_file() -> int | None:
-    """This process's resident file-backed bytes (``RssFile``), or None without /proc."""
-    try:
-        with open("/proc/self/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"RssFile:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+def _read_rows(fd: int, rows: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
+    """Read file rows ``rows`` (each ``row_bytes`` long) into the rows of ``out``, one
+    ``preadv`` per run of consecutive rows (at most ``_READ_MAX`` bytes each)."""
+    flat = memoryview(out).cast("B")
+    starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
+    ends = np.append(starts[1:], len(rows))
+    per_read = max(1, _READ_MAX // max(row_bytes, 1))
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        first = int(rows[s])
+        while s < e:
+            k = min(e - s, per_read)
+            want = k * row_bytes
+            done = 0
+            while done < want:  # a short read (a signal) reads the rest
+                got = os.preadv(
+                    fd,
+                    [flat[s * row_bytes + done : (s + k) * row_bytes]],
+                    first * row_bytes + done,
+                )
+                if got <= 0:
+                    raise OSError(f"the features file ended {want - done} bytes early")
+                done += got
+            s, first = s + k, first + k
 
 
 class ColumnSpill:
@@ -284,7 +261,7 @@ class ColumnSpill:
         """Drop every page of the mapping from this process (its bytes stay in the file)."""
         self._mapping.drop()
 
-    def to_rows(self, *, budget: int | None = None) -> MappedRows:
+    def to_rows(self) -> MappedRows:
         """The matrix as a row-major `MappedRows` in a new file of the same folder, copied a
         block of rows at a time (this mapping's pages dropped after each block)."""
         part = self.matrix
@@ -298,7 +275,7 @@ class ColumnSpill:
                     self.release()
 
         mapping = _Mapping(self.directory, part.shape[0] * columns * 4, writable=False, fill=fill)
-        return MappedRows._over(mapping, part.shape, budget)
+        return MappedRows._over(mapping, part.shape)
 
 
 __all__ = ["ColumnSpill", "MappedRows", "default_spill_dir"]

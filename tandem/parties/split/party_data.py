@@ -79,8 +79,7 @@ def load_table_data(
     if x is None:
         raise TypeError("load_party_data(packed=True) returned unpacked features")
     if ds.features.spill is not None:
-        budget = None if table.resident_mb is None else table.resident_mb << 20
-        x = ds.features.spill.to_rows(budget=budget)
+        x = ds.features.spill.to_rows()
     parts = _part_slices(ds)
     fields: dict[str, Any] = {
         "train": _rows(x, parts["train"]),
