@@ -223,7 +223,7 @@ _READ_MAX = 1 << 30
 def _read_rows(fd: int, rows: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
     """Read file rows ``rows`` (each ``row_bytes`` long) into the rows of ``out``, one
     ``preadv`` per run of consecutive rows (at most ``_READ_MAX`` bytes each)."""
-    flat = memoryview(out).cast("B")
+    flat = out.data.cast("B")
     starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
     ends = np.append(starts[1:], len(rows))
     per_read = max(1, _READ_MAX // max(row_bytes, 1))
