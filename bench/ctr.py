@@ -255,11 +255,13 @@ def party_toml(
     train: dict[str, Any],
     aligned: bool = False,
     extra_train: dict[str, Any] | None = None,
+    extra_data: dict[str, Any] | None = None,
 ) -> str:
     """The TOML of ``party``: its table, the star topology (the leader has a bottom too),
     embedding (dim 16) + MLP bottoms with a cut of 64, an MLP top (leader), and ``train``
     (leader: ``batch_size``, ``epochs``, ``groups``, ``learning_rate``, ``seed``; plus
-    ``extra_train`` keys, e.g. ``compress``). ``urls`` maps every party to its base URL;
+    ``extra_train`` keys, e.g. ``compress``; ``extra_data`` keys go to ``[data]``, e.g.
+    ``in_memory``). ``urls`` maps every party to its base URL;
     ``aligned``: read ``<party>_aligned.csv`` (`tandem align --out`)."""
     leader = work.parties[0]
     followers = work.parties[1:]
@@ -290,6 +292,7 @@ def party_toml(
         *(['label_column = "label"'] if party == leader else []),
         "categorical = [" + ", ".join(f'"{c}"' for c in cats) + "]",
         *([f'aligned = "{party}_aligned.csv"'] if aligned else []),
+        *(f"{k} = {json.dumps(v)}" for k, v in (extra_data or {}).items()),
         "",
         "[data.split]",
         "test = 0.1",
@@ -329,13 +332,22 @@ def write_configs(
     train: dict[str, Any],
     aligned: bool = False,
     extra_train: dict[str, Any] | None = None,
+    extra_data: dict[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``<party>.toml`` for every party into ``out`` (see `party_toml`)."""
     paths = {}
     for p in work.parties:
         paths[p] = out / f"{p}.toml"
         paths[p].write_text(
-            party_toml(work, p, urls=urls, train=train, aligned=aligned, extra_train=extra_train)
+            party_toml(
+                work,
+                p,
+                urls=urls,
+                train=train,
+                aligned=aligned,
+                extra_train=extra_train,
+                extra_data=extra_data,
+            )
         )
     return paths
 

@@ -106,11 +106,17 @@ class Settings:
     #: (`party_env`)
     party_threads: str = "one"
     compress: str = "none"
+    #: the parties' ``[data] in_memory``: False (the default) maps their features from a file
+    in_memory: bool = False
     align_max: int = 200_000
     reference_max: int = 1_000_000
     trace: bool = False
     timeout: float = 1800.0
     vocab: tuple[int, ...] = tuple(ctr.vocab_sizes())
+
+    def data_keys(self) -> dict[str, Any]:
+        """The ``[data]`` keys the parties' TOMLs get on top of the workload's."""
+        return {"in_memory": True} if self.in_memory else {}
 
     def train(self) -> dict[str, Any]:
         return {
@@ -265,7 +271,13 @@ def train_parties(
     urls = {p: f"http://127.0.0.1:{free_port()}" for p in work.parties}
     extra = {"compress": compress} if compress else None
     paths = ctr.write_configs(
-        work, folder, urls=urls, train=settings.train(), aligned=aligned, extra_train=extra
+        work,
+        folder,
+        urls=urls,
+        train=settings.train(),
+        aligned=aligned,
+        extra_train=extra,
+        extra_data=settings.data_keys(),
     )
     env = child_env(secret)
     envs = {p: party_env(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
@@ -611,6 +623,12 @@ def main(argv: list[str] | None = None) -> int:
         help="one (default): each party computes on one thread pinned to its own CPU; "
         "shared: each party's XLA uses every CPU",
     )
+    ap.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="the parties hold their features in memory ([data] in_memory = true) instead "
+        "of the default file mapping",
+    )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
         "--work-dir",
@@ -628,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         groups=groups,
         party_threads=args.party_threads,
         compress=args.compress,
+        in_memory=args.in_memory,
         align_max=args.align_max,
         reference_max=args.reference_max,
         timeout=args.timeout,

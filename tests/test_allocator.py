@@ -35,15 +35,21 @@ def _in_child(env_extra: dict[str, str]) -> str:
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
-def test_sets_both_thresholds_on_glibc():
+def test_sets_both_thresholds_and_the_heaps_on_glibc():
     assert _in_child({}) == str(
-        sorted({"MALLOC_MMAP_THRESHOLD_": 4 << 20, "MALLOC_TRIM_THRESHOLD_": 128 << 20}.items())
+        sorted(
+            {
+                "MALLOC_ARENA_MAX": 2,
+                "MALLOC_MMAP_THRESHOLD_": 4 << 20,
+                "MALLOC_TRIM_THRESHOLD_": 128 << 20,
+            }.items()
+        )
     )
 
 
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 def test_user_environment_wins():
-    got = _in_child({"MALLOC_TRIM_THRESHOLD_": "1000000"})
+    got = _in_child({"MALLOC_TRIM_THRESHOLD_": "1000000", "MALLOC_ARENA_MAX": "4"})
     assert got == str([("MALLOC_MMAP_THRESHOLD_", 4 << 20)])
 
 
@@ -54,10 +60,11 @@ def test_user_environment_wins():
         {"mmap_threshold": -1},
         {"trim_threshold": -5},
         {"trim_threshold": 1 << 31},
+        {"arena_max": 0},
     ],
 )
 def test_refuses_values_glibc_would_refuse(kw):
-    with pytest.raises(ValueError, match="threshold must be"):
+    with pytest.raises(ValueError, match="(threshold|arena_max) must be"):
         tune_allocator(**kw)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import numpy as np
 
 from tandem.errors import ConfigError
@@ -28,9 +30,24 @@ def epoch_batches(
     return [order[i - batch_size : min(i, n_rows)] for i in stops if i - batch_size < n_rows]
 
 
+@runtime_checkable
+class RowSource(Protocol):
+    """A matrix that is not an array in memory (e.g. one in a file mapping): it has a length
+    and a shape and hands out copies of rows by index. ``gather(idx)`` equals
+    ``np.asarray(source)[idx]`` for an index array or a slice."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    def __len__(self) -> int: ...
+
+    def gather(self, idx: np.ndarray | slice) -> np.ndarray: ...
+
+
 class BatchRows:
     """Rows ``idx`` of ``data``, gathered one slice at a time: ``rows[lo:hi]`` is
-    ``data[idx[lo:hi]]`` (a view when those indices are consecutive).
+    ``data[idx[lo:hi]]`` (a view of an array when those indices are consecutive; always a
+    copy from a `RowSource`, through its ``gather``).
 
     A party binds a batch's features this way so the gather happens per micro-batch, in the op
     that reads it (on the compute lane), instead of copying the whole batch on the event loop's
@@ -39,7 +56,7 @@ class BatchRows:
 
     __slots__ = ("data", "idx")
 
-    def __init__(self, data: np.ndarray, idx: np.ndarray) -> None:
+    def __init__(self, data: np.ndarray | RowSource, idx: np.ndarray) -> None:
         self.data, self.idx = data, np.asarray(idx)
 
     def __len__(self) -> int:
@@ -50,5 +67,6 @@ class BatchRows:
             raise TypeError("BatchRows takes a slice of the batch's rows")
         part = self.idx[rows]
         if len(part) and part[-1] - part[0] == len(part) - 1 and np.all(np.diff(part) == 1):
-            return self.data[int(part[0]) : int(part[-1]) + 1]
-        return self.data[part]
+            run = slice(int(part[0]), int(part[-1]) + 1)
+            return self.data.gather(run) if isinstance(self.data, RowSource) else self.data[run]
+        return self.data.gather(part) if isinstance(self.data, RowSource) else self.data[part]

@@ -8,18 +8,24 @@ blocks above the dynamic mmap threshold) and the next read faults fresh zeroed p
 That page churn, not the copying, is the largest cost of the HTTP receiver on a small machine
 (``bench.transport`` measures the receive path; docs/transports.md, "Benchmark").
 
-`tune_allocator` sets two ``mallopt`` parameters so these buffers are recycled in-process:
+`tune_allocator` sets three ``mallopt`` parameters so these buffers are recycled in-process:
 
 * ``M_MMAP_THRESHOLD`` = ``mmap_threshold`` (4 MiB): smaller blocks come from the heap; larger
   ones (whole tensors) are still mapped and unmapped on their own, so their memory returns to
   the system when the tensor dies;
 * ``M_TRIM_THRESHOLD`` = ``trim_threshold`` (128 MiB): the heap is shrunk only when that much
-  is free at its top — the process keeps up to that much idle memory in exchange.
+  is free at its top — the process keeps up to that much idle memory in exchange;
+* ``M_ARENA_MAX`` = ``arena_max`` (2): at most that many heaps. glibc's default (eight per
+  core) gives each thread that frees and allocates (the event loop, the compute lane, XLA's
+  workers, `asyncio.to_thread`) a heap of its own, and each keeps its own idle memory under the
+  trim threshold above; two heaps hold one party's buffers with little lock contention (it has
+  one loop and one compute lane) and keep its resident set near what it uses.
 
 It is process-wide, so the library never calls it by itself: the ``tandem`` command line calls
 it before starting its event loop (`tandem.parties.cli.run_async`), and an application embedding the
 engine may call it once at start-up. A parameter the user already set through glibc's
-environment variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) is left alone.
+environment variables (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``,
+``MALLOC_ARENA_MAX``) is left alone.
 Elsewhere (musl, macOS, Windows) it does nothing and returns an empty dict.
 """
 
@@ -34,8 +40,13 @@ __all__ = ["tune_allocator"]
 
 M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 
-_ENV = {M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_", M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_"}
+_ENV = {
+    M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_",
+    M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_",
+    M_ARENA_MAX: "MALLOC_ARENA_MAX",
+}
 
 
 def _mallopt():
@@ -51,9 +62,11 @@ def _mallopt():
 
 
 def tune_allocator(
-    mmap_threshold: int = 4 << 20, trim_threshold: int = 128 << 20
+    mmap_threshold: int = 4 << 20, trim_threshold: int = 128 << 20, arena_max: int = 2
 ) -> dict[str, int]:
-    """Set glibc's mmap and trim thresholds (see the module docstring); idempotent.
+    """Set glibc's mmap and trim thresholds and its number of heaps (see the module
+    docstring); idempotent. Call it before the process starts threads: a heap made already
+    stays.
 
     Returns the settings applied, by environment-variable name (empty where none could be:
     not glibc, or every one already set in the environment). Raises ValueError for a
@@ -65,11 +78,18 @@ def tune_allocator(
         )
     if not 0 <= trim_threshold < 1 << 31:
         raise ValueError(f"trim_threshold must be in [0, 2 GiB), got {trim_threshold}")
+    if arena_max < 1:
+        raise ValueError(f"arena_max must be at least 1 heap, got {arena_max}")
     mallopt = _mallopt()
     if mallopt is None:
         return {}
     applied = {}
-    for param, value in ((M_MMAP_THRESHOLD, mmap_threshold), (M_TRIM_THRESHOLD, trim_threshold)):
+    settings = (
+        (M_MMAP_THRESHOLD, mmap_threshold),
+        (M_TRIM_THRESHOLD, trim_threshold),
+        (M_ARENA_MAX, arena_max),
+    )
+    for param, value in settings:
         name = _ENV[param]
         if name in os.environ:
             continue  # the user's explicit setting wins

@@ -13,6 +13,8 @@
     missing = "error"               # "error" | "mean" | "zero"
     scale = "standard"              # "standard" | "none"
     aligned = "a_aligned.csv"       # optional: the `tandem align --out` file
+    in_memory = false               # split learning: false keeps the features in a file
+    spill_dir = "/scratch"          # where that file goes (default: the system's temp folder)
 
     [data.split]
     test = 0.2                      # fraction of ids held out for testing
@@ -44,6 +46,8 @@ DATA_KEYS = (
     "scale",
     "aligned",
     "split",
+    "in_memory",
+    "spill_dir",
 )
 SPLIT_KEYS = ("test", "validation", "seed")
 
@@ -64,7 +68,9 @@ class SplitConfig:
 class DataConfig:
     """A checked ``[data]`` table. ``source`` and ``aligned`` are resolved against the folder
     of the TOML file when they are relative local paths; ``path`` is that TOML file (for
-    messages), or None when the table did not come from a file.
+    messages), or None when the table did not come from a file. ``in_memory`` and
+    ``spill_dir`` say where a split-learning party keeps its packed features
+    (`tandem.parties.data.mapped`); federated and elastic parties hold theirs in memory.
 
     Invariants: ``features`` (when given) and ``categorical`` hold no name twice, and neither
     holds ``id_column`` or ``label_column``.
@@ -80,6 +86,8 @@ class DataConfig:
     aligned: str | None = None
     split: SplitConfig = SplitConfig()
     path: str | None = None
+    in_memory: bool = False
+    spill_dir: str | None = None
 
     @property
     def where(self) -> str:
@@ -127,6 +135,18 @@ def parse_data_config(
             f"{where}: data.aligned needs data.id_column, the column whose ids `tandem align` "
             "matched; set data.id_column"
         )
+    in_memory = table.get("in_memory", False)
+    if not isinstance(in_memory, bool):
+        raise DataError(
+            f"{where}: data.in_memory must be true or false, got {in_memory!r} (false, the "
+            "default, keeps a split party's features in a file under data.spill_dir)"
+        )
+    spill_dir = _optional_string(table, "spill_dir", where)
+    if spill_dir is not None and in_memory:
+        raise DataError(
+            f"{where}: data.spill_dir is set but data.in_memory = true keeps the features in "
+            "memory; remove one of the two"
+        )
     base = os.path.dirname(os.path.abspath(where)) if path is not None else None
     return DataConfig(
         source=_resolve(source, base),
@@ -139,6 +159,8 @@ def parse_data_config(
         aligned=None if aligned is None else _resolve(aligned, base),
         split=_split(table.get("split", {}), where),
         path=where if path is not None else None,
+        in_memory=in_memory,
+        spill_dir=None if spill_dir is None else _resolve(spill_dir, base),
     )
 
 

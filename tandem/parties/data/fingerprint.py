@@ -72,6 +72,7 @@ def fingerprint(
     for array, dtype in arrays.values():
         for chunk in chunks:
             digest.update(np.ascontiguousarray(array[chunk], np.dtype(dtype)).data)
+            features.release()  # a spilled matrix holds one chunk at a time
     return digest.hexdigest()
 
 

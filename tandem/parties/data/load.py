@@ -86,6 +86,7 @@ def load_party_data(
     sort_by_id: bool = False,
     group_by_part: bool = False,
     packed: bool = False,
+    spill_dir: str | None = None,
 ) -> PartyDataset:
     """Load one party's training data as described in the module docstring.
 
@@ -97,7 +98,9 @@ def load_party_data(
     ``group_by_part``, the training rows first, then validation, then test, each in that
     order, so every part is a contiguous slice. Neither changes the preprocessing (fitted on
     the training rows in source order) nor the fingerprint of a given training-row order.
-    ``packed`` returns `Features` packed as `allocate_features` says.
+    ``packed`` returns `Features` packed as `allocate_features` says; with ``spill_dir``
+    too, the packed matrix is a file in that folder (`Features.spill`), written and read a
+    column or a chunk of rows at a time.
 
     A Parquet source is read one column at a time (`open_table`): what is held at once is
     the ids (`IdText`), the row bookkeeping, the preallocated features and one column."""
@@ -125,7 +128,9 @@ def load_party_data(
             ids, rows = ids.take(order), rows[order]
             split = Split(split.train[order], split.validation[order], split.test[order])
         del order
-        preprocessing, features = fit_transform(table, cfg, train_rows, rows, packed=packed)
+        preprocessing, features = fit_transform(
+            table, cfg, train_rows, rows, packed=packed, spill_dir=spill_dir
+        )
         labels = None
         if cfg.label_column is not None and loss is not None:
             labels = labels_for_loss(

@@ -41,6 +41,7 @@ import numpy as np
 
 from .config import MISSING, SCALE, DataConfig
 from .errors import DataError
+from .mapped import ColumnSpill
 from .table import Column, Table
 
 FORMAT = 1
@@ -66,11 +67,20 @@ class Features:
     int32 codes (rows, len(categorical)); both C-contiguous. When ``packed`` is set (see
     `allocate_features`), the two are instead column views of that one float32 matrix
     ``[numeric | codes]`` and ``categorical`` holds the codes as whole float32 numbers (exact:
-    codes stay below 2**24)."""
+    codes stay below 2**24). ``spill`` is set when that matrix lives in a file
+    (`tandem.parties.data.mapped.ColumnSpill`, column-major): readers call
+    ``spill.release()`` after each column or chunk of rows they read or write, so the
+    process holds at most that much of it."""
 
     numeric: np.ndarray
     categorical: np.ndarray
     packed: np.ndarray | None = None
+    spill: ColumnSpill | None = None
+
+    def release(self) -> None:
+        """Drop the pages of a spilled matrix read or written so far (no-op in memory)."""
+        if self.spill is not None:
+            self.spill.release()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,15 +250,18 @@ def fit_transform(
     rows: np.ndarray,
     *,
     packed: bool = False,
+    spill_dir: str | None = None,
 ) -> tuple[Preprocessing, Features]:
     """``(state, state.transform(table, rows))`` with ``state = fit(table, cfg, train_rows)``:
     the same state, features and first error, but each column of ``table`` is taken once
     (fitted, then transformed straight into the preallocated features) and dropped before
     the next, so a table that reads its columns on demand holds one column at a time.
-    ``packed`` allocates the features as `allocate_features` says."""
+    ``packed`` and ``spill_dir`` allocate the features as `allocate_features` says."""
     _require_training_rows(table, train_rows)
     numeric, categorical = feature_columns(table, cfg)
-    features = allocate_features(len(rows), len(numeric), len(categorical), packed=packed)
+    features = allocate_features(
+        len(rows), len(numeric), len(categorical), packed=packed, spill_dir=spill_dir
+    )
     # A transform error waits until every column is fitted: fit errors come first, as when
     # fit and transform run one after the other.
     deferred: DataError | None = None
@@ -263,6 +276,7 @@ def fit_transform(
             except DataError as exc:
                 deferred = exc
         del column
+        features.release()
     vocabularies = []
     for j, name in enumerate(categorical):
         column = table[name]
@@ -276,6 +290,7 @@ def fit_transform(
             except DataError as exc:
                 deferred = exc
         del column
+        features.release()
     state = _state(cfg, numeric, categorical, stats, vocabularies)
     if deferred is not None:
         state._check_columns(table)
@@ -283,11 +298,20 @@ def fit_transform(
     return state, features
 
 
-def allocate_features(n: int, numeric: int, categorical: int, *, packed: bool = False) -> Features:
+def allocate_features(
+    n: int, numeric: int, categorical: int, *, packed: bool = False, spill_dir: str | None = None
+) -> Features:
     """Uninitialised `Features` for ``n`` rows. ``packed``: both are column views of one
-    float32 matrix ``[numeric | codes]`` (`Features.packed`), the codes as whole floats."""
+    float32 matrix ``[numeric | codes]`` (`Features.packed`), the codes as whole floats.
+    ``spill_dir`` (with ``packed``): that matrix is a `ColumnSpill` file in that folder."""
     if not packed:
+        if spill_dir is not None:
+            raise ValueError("allocate_features: spill_dir needs packed=True")
         return Features(np.empty((n, numeric), np.float32), np.empty((n, categorical), np.int32))
+    if spill_dir is not None:
+        spill = ColumnSpill(spill_dir, n, numeric + categorical)
+        m = spill.matrix
+        return Features(m[:, :numeric], m[:, numeric:], m, spill)
     matrix = np.empty((n, numeric + categorical), np.float32)
     return Features(matrix[:, :numeric], matrix[:, numeric:], matrix)
 

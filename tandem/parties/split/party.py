@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import optax
 
-from tandem.engine.data import BatchRows, epoch_batches
+from tandem.engine.data import BatchRows, RowSource, epoch_batches
 from tandem.engine.kernels import StageModel, get_loss
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
@@ -150,7 +150,8 @@ class SplitParty:
         widths, to check received tensors).
       transport: the party's transport.
       datasets: ``{"train": X, "test": X_test, ...}`` feature matrices (float32, rows aligned
-        across parties). A party whose stages take no raw features may pass none.
+        across parties), arrays or `tandem.engine.data.RowSource` (rows in a file, gathered
+        per micro-batch). A party whose stages take no raw features may pass none.
       labels: ``{"train": y, ...}``, the leader only.
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
@@ -164,7 +165,7 @@ class SplitParty:
         models: Mapping[str, StageModel],
         transport: Transport,
         *,
-        datasets: Mapping[str, np.ndarray] | None = None,
+        datasets: Mapping[str, np.ndarray | RowSource] | None = None,
         labels: Mapping[str, np.ndarray] | None = None,
         config: SplitConfig | None = None,
         trace: Trace | None = None,
@@ -181,7 +182,10 @@ class SplitParty:
         self.is_leader = topology.label_owner == name
         if name not in topology.parties:
             raise ConfigError(f"party {name!r} owns no stage; parties: {list(topology.parties)}")
-        self.datasets = {k: np.asarray(v, np.float32) for k, v in (datasets or {}).items()}
+        self.datasets: dict[str, np.ndarray | RowSource] = {
+            k: v if isinstance(v, RowSource) else np.asarray(v, np.float32)
+            for k, v in (datasets or {}).items()
+        }
         self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
         #: Identifies this training run: drawn by the leader, carried by every ctl command,
         #: adopted by a follower from the leader's commands; exports record it so inference can

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from tandem.engine.data import RowSource
 from tandem.engine.kernels import StageModel, check_inputs, mlp_stage
 from tandem.engine.topology import BUILTIN, FEATURES, Stage, Topology
 from tandem.errors import ConfigError
@@ -215,15 +216,16 @@ class PartyData:
     ``fingerprint`` (training rows and preprocessing; a pre-split source's arrays are hashed
     instead), ``preprocessing`` (the JSON state the export keeps), ``vocab`` (code counts of
     the categorical columns, the last columns of the features) and ``split`` (its
-    ``{"test", "validation", "seed"}``).
+    ``{"test", "validation", "seed"}``). Its feature matrices are arrays, or with
+    ``[data] in_memory = false`` `tandem.parties.data.mapped.MappedRows` of a file.
     """
 
-    train: np.ndarray | None
-    test: np.ndarray | None = None
+    train: np.ndarray | RowSource | None
+    test: np.ndarray | RowSource | None = None
     y_train: np.ndarray | None = None
     y_test: np.ndarray | None = None
     alignment: dict[str, Any] | None = None
-    validation: np.ndarray | None = None
+    validation: np.ndarray | RowSource | None = None
     y_validation: np.ndarray | None = None
     fingerprint: str | None = None
     preprocessing: dict[str, Any] | None = None
@@ -240,7 +242,7 @@ class PartyData:
             return int(self.train.shape[0])
         return None if self.y_train is None else int(self.y_train.shape[0])
 
-    def datasets(self) -> dict[str, np.ndarray]:
+    def datasets(self) -> dict[str, np.ndarray | RowSource]:
         parts = (("train", self.train), ("test", self.test), ("validation", self.validation))
         return {k: v for k, v in parts if v is not None}
 
@@ -1167,7 +1169,8 @@ def _load_data(cfg: PartyConfig) -> PartyData:
         data = _align(data, d.aligned, cfg.path)
     from .party_data import arrays_fingerprint
 
-    digest = arrays_fingerprint({"x": data.train, "y": data.y_train})
+    x = None if data.train is None else np.asarray(data.train)  # a pre-split source: arrays
+    digest = arrays_fingerprint({"x": x, "y": data.y_train})
     return dataclasses.replace(data, fingerprint=digest)
 
 

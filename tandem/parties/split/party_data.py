@@ -9,6 +9,10 @@ fingerprint) and lays the result out as the split party holds it:
   reads: its last ``len(vocab)`` columns are codes);
 * ``train``, ``validation`` and ``test`` are the rows of each part, in the aligned order,
   as slices of the one matrix the loader wrote (``group_by_part``, ``packed``): no copies;
+* with ``[data] in_memory = false`` (the default) those rows are `MappedRows` of one
+  row-major file under ``spill_dir`` instead of arrays in memory
+  (`tandem.parties.data.mapped`): the party gathers each micro-batch's rows from it and
+  holds a bounded share of its pages; the labels stay in memory;
 * rows are paired across parties by id, never by position. With ``aligned`` the order is the
   `tandem align` file's; with only ``id_column`` the rows are sorted by canonical id (the
   order `tandem align` uses) and the alignment recorded in the task spec is the size and
@@ -31,6 +35,7 @@ import numpy as np
 from tandem.parties.alignment.ids import DOMAIN
 from tandem.parties.data import DataConfig, DataError, PartyDataset, load_party_data
 from tandem.parties.data.idtext import IdText
+from tandem.parties.data.mapped import MappedRows, default_spill_dir
 
 #: Column names that usually hold sample ids; named in the refusal of a table without ids.
 _ID_LIKE = re.compile(r"(^|[_\s-])(id|ids|key|uuid)$|^id_|(?<=[a-z])Id$", re.IGNORECASE)
@@ -65,18 +70,21 @@ def load_table_data(
         sort_by_id=by_id,
         group_by_part=True,
         packed=True,
+        spill_dir=None if table.in_memory else (table.spill_dir or default_spill_dir()),
     )
     alignment = ds.alignment
     if by_id:
         alignment = {"size": len(ds.id_text), "commitment": id_commitment(ds.id_text)}
-    x = ds.features.packed
+    x: np.ndarray | MappedRows | None = ds.features.packed
     if x is None:
         raise TypeError("load_party_data(packed=True) returned unpacked features")
+    if ds.features.spill is not None:
+        x = ds.features.spill.to_rows()
     parts = _part_slices(ds)
     fields: dict[str, Any] = {
-        "train": x[parts["train"]],
-        "test": x[parts["test"]],
-        "validation": x[parts["validation"]],
+        "train": _rows(x, parts["train"]),
+        "test": _rows(x, parts["test"]),
+        "validation": _rows(x, parts["validation"]),
         "alignment": alignment,
         "fingerprint": ds.fingerprint,
         "preprocessing": ds.preprocessing.to_json(),
@@ -90,6 +98,13 @@ def load_table_data(
             y_validation=ds.labels[parts["validation"]],
         )
     return fields
+
+
+def _rows(x: np.ndarray | MappedRows, part: slice) -> np.ndarray | MappedRows:
+    """Rows ``part`` of the packed features: a view, in memory or in the mapped file."""
+    if isinstance(x, MappedRows):
+        return x.rows(part.start, part.stop)
+    return x[part]
 
 
 def _part_slices(ds: PartyDataset) -> dict[str, slice]:

@@ -41,7 +41,7 @@ from typing import Any, TypeVar
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
-from tandem.parties.memory import peak_rss_bytes
+from tandem.parties.memory import peak_rss_bytes, release_free_memory
 
 from .checkpoint import CheckpointStore
 from .inference import export_party
@@ -132,6 +132,7 @@ async def run_party(
     stop = stop or asyncio.Event()
     loading = time.perf_counter()
     data = await asyncio.to_thread(cfg.load_data)
+    await asyncio.to_thread(release_free_memory)  # the loader's temporaries
     load_seconds = time.perf_counter() - loading
     st = _State()
     if cfg.checkpoint.dir:

@@ -1,0 +1,281 @@
+"""Feature matrices kept in a file instead of the process's memory (``[data] in_memory = false``).
+
+A party's packed float32 features (`Features.packed`) can be the largest thing it holds. With
+``in_memory = false`` the loader writes them to a file in ``spill_dir`` and the party reads
+them back through a read-only shared mapping of that file:
+
+* `ColumnSpill` is the loader's output buffer: a column-major ``(columns, rows)`` mapping, so
+  the preprocessing (a column at a time) writes one contiguous range per column and
+  `ColumnSpill.release` drops that range from the process once it is written. `to_rows` then
+  copies it, a block of rows at a time, into the row-major file the party trains from.
+* `MappedRows` is the party's view of that row-major file: ``gather(idx)`` copies rows out
+  (the micro-batch gather) with positioned reads of the file (``os.preadv``, one per run of
+  consecutive rows), not through the mapping: the rows come from the kernel's page cache
+  straight into the batch, so none of the file's pages is counted in (or held by) the party's
+  resident set, and a file larger than the memory is read back from the disk as needed.
+  Reading through the mapping would instead map whatever the kernel faults in around each
+  row (up to a whole 2 MiB folio of the page cache per row), which a few random batches
+  spread over the whole file. The mapping serves indexing and ``np.asarray`` (inspection),
+  and the gather where positioned reads are missing (Windows).
+
+Invariants: the process's resident pages of the loader's mapping stay below one column
+(`ColumnSpill`), and the gather maps none of the row-major file's pages, whatever the file's
+size; the bytes are exactly those the in-memory path holds (same layout, dtype and row order),
+so training and the data fingerprint do not depend on the option. The files are unlinked as
+soon as they are created and mapped (POSIX): nothing is left in ``spill_dir`` after an exit, a
+crash or a kill; where a mapped file cannot be unlinked (Windows) it is removed when its
+mapping is closed or collected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import tempfile
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .errors import DataError
+
+_BLOCK_ROWS = 1 << 16  # rows copied at a time by `ColumnSpill.to_rows`
+_DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+
+
+def default_spill_dir() -> str:
+    """The folder spilled features go to when ``[data] spill_dir`` is not set: the system's
+    temporary folder (``TMPDIR`` where set)."""
+    return tempfile.gettempdir()
+
+
+class _Mapping:
+    """One file (created in ``directory``, ``size`` bytes, unlinked at once where possible),
+    mapped shared; ``drop(lo, hi)`` removes its pages in ``[lo, hi)`` from this process. A
+    read-only one keeps its descriptor open (``fd``, closed with the mapping) for positioned
+    reads; a writable one closes it once mapped (``fd`` None)."""
+
+    def __init__(self, directory: str, size: int, *, writable: bool, fill=None) -> None:
+        try:
+            fd, path = tempfile.mkstemp(prefix="tandem-features-", suffix=".f32", dir=directory)
+        except OSError as exc:
+            raise DataError(
+                f"data.spill_dir {directory!r}: cannot create the features file there ({exc}); "
+                "set [data] spill_dir to a writable folder on a disk with room for the "
+                "features, or in_memory = true"
+            ) from None
+        try:
+            if fill is not None:
+                fill(fd)
+            os.ftruncate(fd, max(size, 1))  # an empty file cannot be mapped
+            self.map = mmap.mmap(
+                fd,
+                max(size, 1),
+                access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ,
+            )
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise DataError(
+                f"data.spill_dir {directory!r}: cannot write {size} bytes of features ({exc}); "
+                "free space there, point [data] spill_dir at a larger disk, or set "
+                "in_memory = true"
+            ) from None
+        finally:
+            if writable:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.size = size
+        self.fd: int | None = None if writable else fd
+        if self.fd is not None:
+            weakref.finalize(self, _close_fd, self.fd)
+        try:
+            os.remove(path)  # the mapping keeps the data; the name goes now
+        except OSError:  # Windows: a mapped file cannot be removed yet
+            weakref.finalize(self, _remove_after, self.map, path)
+
+    def drop(self, lo: int = 0, hi: int | None = None) -> None:
+        """Drop this process's pages of bytes ``[lo, hi)`` (rounded out to whole pages: the
+        mapping is shared, so a dropped page keeps its bytes in the file)."""
+        if _DONTNEED is None or self.size == 0:
+            return
+        hi = self.size if hi is None else hi
+        page = mmap.PAGESIZE
+        start = lo - lo % page
+        stop = min(-(-hi // page) * page, len(self.map))
+        if stop > start:
+            self.map.madvise(_DONTNEED, start, stop - start)
+
+
+def _close_fd(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _remove_after(mapping: mmap.mmap, path: str) -> None:
+    with contextlib.suppress(BufferError, ValueError):
+        mapping.close()
+    with contextlib.suppress(OSError):
+        os.remove(path)
+
+
+class MappedRows:
+    """A read-only float32 matrix ``(rows, columns)`` in a file (see the module docstring).
+    ``rows(lo, hi)`` is a part of it on the same file; ``gather(idx)`` copies rows ``idx``
+    out with positioned reads (what `tandem.engine.data.BatchRows` calls); indexing
+    (``m[...]``) and ``np.asarray(m)`` give plain views of the file's mapping (for
+    inspection, not for training loops: the pages they touch stay mapped)."""
+
+    def __init__(
+        self, mapping: _Mapping, array: np.ndarray, first: int = 0, count: int | None = None
+    ) -> None:
+        self._mapping = mapping
+        self._whole = array
+        self._first = first
+        self._count = len(array) - first if count is None else count
+        self._view = array[first : first + self._count]
+
+    @classmethod
+    def from_array(cls, array: np.ndarray, directory: str) -> MappedRows:
+        """Write ``array`` (float32, 2-d) to a new file in ``directory`` and map it."""
+        data = np.ascontiguousarray(array, np.float32)
+        if data.ndim != 2:
+            raise ValueError(f"MappedRows holds a matrix, got shape {data.shape}")
+
+        def fill(fd: int) -> None:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                f.write(data.data)
+
+        mapping = _Mapping(directory, data.nbytes, writable=False, fill=fill)
+        return cls._over(mapping, data.shape)
+
+    @classmethod
+    def _over(cls, mapping: _Mapping, shape: tuple[int, ...]) -> MappedRows:
+        array = np.frombuffer(mapping.map, np.float32, count=int(np.prod(shape)))
+        return cls(mapping, array.reshape(shape))
+
+    # -- the ndarray surface the party and the session read --------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._view.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._view.dtype
+
+    @property
+    def ndim(self) -> int:
+        return 2
+
+    @property
+    def nbytes(self) -> int:
+        return self._view.nbytes
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        return self._view[key]
+
+    def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
+        if copy:
+            return np.array(self._view, dtype=dtype)
+        return self._view if dtype is None else self._view.astype(dtype, copy=False)
+
+    def rows(self, lo: int, hi: int) -> MappedRows:
+        """Rows ``[lo, hi)`` of this matrix: a `MappedRows` on the same file."""
+        lo, hi = max(0, lo), min(hi, self._count)
+        return MappedRows(self._mapping, self._whole, self._first + lo, max(0, hi - lo))
+
+    def gather(self, idx: np.ndarray | slice) -> np.ndarray:
+        """Rows ``idx`` (indices in ``[0, len(self))`` or a slice) as a new in-memory array,
+        read from the file with one positioned read per run of consecutive rows; the
+        process maps none of the file's pages doing so. Raises IndexError for a row out of
+        range, as indexing does. Thread-safe (positioned reads share no file offset)."""
+        if isinstance(idx, slice):
+            lo, hi, step = idx.indices(self._count)
+            if step != 1:
+                return self.gather(np.arange(lo, hi, step))
+            rows = np.arange(lo, max(lo, hi))
+        else:
+            rows = np.asarray(idx)
+            if rows.ndim != 1:
+                return self._view[rows].copy()  # not a batch gather: plain indexing
+            if len(rows) and (rows.min() < -self._count or rows.max() >= self._count):
+                raise IndexError(f"row index out of range for {self._count} rows")
+            rows = np.where(rows < 0, rows + self._count, rows)
+        out = np.empty((len(rows), *self._view.shape[1:]), np.float32)
+        fd = self._mapping.fd
+        if fd is None or not _PREADV or not len(rows):
+            out[...] = self._view[rows]
+            return out
+        _read_rows(fd, self._first + rows, self._view.shape[1] * 4, out)
+        return out
+
+
+_PREADV = hasattr(os, "preadv")
+#: the most bytes one positioned read asks for (Linux reads at most about 2 GiB at once)
+_READ_MAX = 1 << 30
+
+
+def _read_rows(fd: int, rows: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
+    """Read file rows ``rows`` (each ``row_bytes`` long) into the rows of ``out``, one
+    ``preadv`` per run of consecutive rows (at most ``_READ_MAX`` bytes each)."""
+    flat = out.data.cast("B")
+    starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
+    ends = np.append(starts[1:], len(rows))
+    per_read = max(1, _READ_MAX // max(row_bytes, 1))
+    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+        first = int(rows[s])
+        while s < e:
+            k = min(e - s, per_read)
+            want = k * row_bytes
+            done = 0
+            while done < want:  # a short read (a signal) reads the rest
+                got = os.preadv(
+                    fd,
+                    [flat[s * row_bytes + done : (s + k) * row_bytes]],
+                    first * row_bytes + done,
+                )
+                if got <= 0:
+                    raise OSError(f"the features file ended {want - done} bytes early")
+                done += got
+            s, first = s + k, first + k
+
+
+class ColumnSpill:
+    """The loader's features for ``rows`` rows and ``columns`` columns, column-major in a file
+    mapping (see the module docstring). ``matrix`` is the ``(rows, columns)`` view the
+    preprocessing writes (column ``j`` is contiguous); ``release()`` drops the pages written
+    or read so far; `to_rows` makes the row-major `MappedRows` the party trains from."""
+
+    def __init__(self, directory: str, rows: int, columns: int) -> None:
+        self.directory = directory
+        self._mapping = _Mapping(directory, rows * columns * 4, writable=True)
+        buffer = np.frombuffer(self._mapping.map, np.float32, count=rows * columns)
+        self.matrix = buffer.reshape(columns, rows).T
+
+    def release(self) -> None:
+        """Drop every page of the mapping from this process (its bytes stay in the file)."""
+        self._mapping.drop()
+
+    def to_rows(self) -> MappedRows:
+        """The matrix as a row-major `MappedRows` in a new file of the same folder, copied a
+        block of rows at a time (this mapping's pages dropped after each block)."""
+        part = self.matrix
+        columns = part.shape[1]
+
+        def fill(fd: int) -> None:
+            with os.fdopen(os.dup(fd), "wb") as f:
+                for start in range(0, len(part), _BLOCK_ROWS):
+                    block = np.ascontiguousarray(part[start : start + _BLOCK_ROWS])
+                    f.write(block.data)
+                    self.release()
+
+        mapping = _Mapping(self.directory, part.shape[0] * columns * 4, writable=False, fill=fill)
+        return MappedRows._over(mapping, part.shape)
+
+
+__all__ = ["ColumnSpill", "MappedRows", "default_spill_dir"]
