@@ -499,6 +499,22 @@ class HttpServer:
         if box.closed and not self.closed:
             box.reopen()
 
+    def open_turn(
+        self, sender: str, channel: str, state: StreamState, inc: str, msg_id: int, base: int
+    ) -> Reply | int:
+        """The first admission steps of message ``msg_id`` (both paths take them, in this
+        order): adopt the sender's incarnation ``inc`` if it is new, answer a message below
+        the stream's next id as a duplicate, forget an earlier refusal of it (sent again: it
+        is judged afresh); then the id the stream expects next, once the ids the sender
+        settled (below ``base``) are skipped. Call with ``state.lock`` held, or with nothing
+        awaited."""
+        if state.incarnation != inc:
+            self.adopt_incarnation(sender, channel, state, inc)
+        if state.next_id is not None and msg_id < state.next_id:
+            return Reply(200, "duplicate")
+        state.refused.pop(msg_id, None)
+        return max(base, state.next_id if state.next_id is not None else base)
+
     async def receive_message(
         self, head: MessageHead, length: int, spec: str | None, body: Body, digest: str | None
     ) -> Reply:
@@ -512,13 +528,10 @@ class HttpServer:
         loop = asyncio.get_running_loop()
         waited = 0.0
         async with state.lock:  # admission: bounded by backpressure_wait, never a body read
-            if state.incarnation != inc:
-                self.adopt_incarnation(sender, channel, state, inc)
-            if state.next_id is not None and msg_id < state.next_id:
-                return Reply(200, "duplicate")
-            state.refused.pop(msg_id, None)  # sent again after a refusal: judged afresh
-            # where the stream stands once the ids the sender settled are skipped
-            next_id = max(base, state.next_id if state.next_id is not None else base)
+            turn = self.open_turn(sender, channel, state, inc, msg_id, base)
+            if isinstance(turn, Reply):
+                return turn
+            next_id = turn
             box = self.inbox(sender, channel)
             held = state.ready.get(msg_id)
             complete = held is not None
@@ -638,12 +651,10 @@ class HttpServer:
         if state.lock.locked() or total >= INLINE_BYTES or self.validator is not None:
             return None
         # nothing below awaits: the stream's lock would be taken and released untouched
-        if state.incarnation != inc:
-            self.adopt_incarnation(sender, channel, state, inc)
-        if state.next_id is not None and msg_id < state.next_id:
-            return Reply(200, "duplicate")
-        state.refused.pop(msg_id, None)  # sent again after a refusal: judged afresh
-        next_id = max(base, state.next_id if state.next_id is not None else base)
+        turn = self.open_turn(sender, channel, state, inc, msg_id, base)
+        if isinstance(turn, Reply):
+            return turn
+        next_id = turn
         if msg_id != next_id or msg_id in state.ready or msg_id in state.partials:
             return None  # ahead of its turn, or a retry of a message held: it may wait
         box = self.inbox(sender, channel)
