@@ -125,6 +125,7 @@ class Plan:
                 if op.is_compute
             },
         )
+        object.__setattr__(self, "producers", frozenset(op for op, k in self.fanout.items() if k))
         object.__setattr__(self, "indegree", {op: len(self.deps.get(op, ())) for op in self.ops})
         object.__setattr__(self, "index", {op: i for i, op in enumerate(self.ops)})
         object.__setattr__(
@@ -138,6 +139,8 @@ class Plan:
     distance: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     key: Mapping[Op, tuple[int, int, int]] = dataclasses.field(init=False, repr=False)
     fanout: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
+    #: the compute ops with a send among their successors (``fanout`` above 0)
+    producers: frozenset[Op] = dataclasses.field(init=False, repr=False)
     #: number of dependencies of each op (the runtime copies it per batch)
     indegree: Mapping[Op, int] = dataclasses.field(init=False, repr=False)
     #: the position of each op in ``ops`` (plan order; the FIFO policy's key)

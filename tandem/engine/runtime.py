@@ -178,11 +178,10 @@ class _BatchState:
         self.queues: dict[str, asyncio.Queue] = {}
         self.wake = asyncio.Event()
         self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
-        #: compute ops with a send among their successors, not yet run; ``produced`` is set
-        #: (on the loop) once none is left: every frame of the batch is then queued or sent
-        self.producers = frozenset(
-            op for op in plan.key if any(s.kind is Kind.SEND for s in plan.successors[op])
-        )
+        #: the plan's compute ops whose results are sent, and how many of them have not run;
+        #: ``produced`` is set (on the loop) once none is left: every frame of the batch is
+        #: then queued or sent
+        self.producers = plan.producers
         self.producers_left = len(self.producers)
         self.produced = asyncio.Event()
         if not self.producers:
