@@ -38,6 +38,24 @@ class _HeldUpdates:
         return self.inner.compute(op)
 
 
+async def _one_batch(leader, follower, mode: str, produced) -> None:
+    """The leader runs one ``mode`` batch of 8 rows in 2 groups with the ``produced`` hook,
+    while the follower serves; both stop after it."""
+
+    async def lead():
+        idx = np.arange(8)
+        n, c = await leader._start_batch(idx, 2, mode, "train")
+        async with ThreadLane("lead") as lane:
+            await leader._run_batch(
+                leader._runtime(lane), idx, n, mode, "train", c, produced=produced
+            )
+        await leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        tg.create_task(lead())
+
+
 async def test_produced_fires_before_the_local_only_ops_are_done():
     parties, *_ = make_job(two_party("A", "B"), rows=8, config=SplitConfig(**CFG))
     leader, follower = parties["B"], parties["A"]
@@ -50,18 +68,7 @@ async def test_produced_fires_before_the_local_only_ops_are_done():
         seen.append((loss_ops, leader.op_counts[Kind.UPDATE.value] > 0))
         held.release.set()
 
-    async def lead():
-        idx = np.arange(8)
-        n, c = await leader._start_batch(idx, 2, "train", "train")
-        async with ThreadLane("lead") as lane:
-            await leader._run_batch(
-                leader._runtime(lane), idx, n, "train", "train", c, produced=produced
-            )
-        await leader.stop()
-
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(follower.serve())
-        tg.create_task(lead())
+    await _one_batch(leader, follower, "train", produced)
     assert seen == [(2, False)]  # both losses ran, the update had not
     assert held.in_time == [True]
 
@@ -74,18 +81,7 @@ async def test_produced_fires_at_once_for_a_batch_that_sends_nothing():
     async def produced(stats: BatchStats) -> None:
         fired.append(stats)
 
-    async def lead():
-        idx = np.arange(8)
-        n, c = await leader._start_batch(idx, 2, "eval", "train")  # eval: the leader sends none
-        async with ThreadLane("lead") as lane:
-            await leader._run_batch(
-                leader._runtime(lane), idx, n, "eval", "train", c, produced=produced
-            )
-        await leader.stop()
-
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(follower.serve())
-        tg.create_task(lead())
+    await _one_batch(leader, follower, "eval", produced)  # eval: the leader sends none
     assert len(fired) == 1
 
 
