@@ -19,7 +19,7 @@ from safetensors.numpy import load_file
 
 from table_helpers import TableJob
 from tandem.engine.data import BatchRows
-from tandem.parties.data import DataError, parse_data_config
+from tandem.parties.data import DataError, mapped, parse_data_config
 from tandem.parties.data.mapped import ColumnSpill, MappedRows
 from tandem.parties.data.preprocess import allocate_features
 
@@ -62,15 +62,24 @@ def test_gather_and_views_equal_the_array(tmp_path):
 
 
 @linux_only
-def test_the_gather_maps_none_of_the_file(tmp_path):
+def test_the_gather_holds_at_most_a_window_of_the_file(tmp_path, monkeypatch):
     """64 MiB of rows gathered in random batches, in runs and in batches with repeated and
-    negative indices: the bytes are the array's, and none of the file's pages is mapped into
-    the process (the gather reads, it does not fault); indexing the view does map them."""
+    negative indices: the bytes are the array's; while a gather copies, the process holds at
+    most one window of the file's pages (measured before each drop: the peak), and none
+    once it returns; indexing the view maps pages and keeps them."""
     rows, cols, batch = 1 << 18, 64, 2048  # 256 B rows, 64 MiB in all
     x = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
     order = np.random.default_rng(2).permutation(rows)
     m = MappedRows.from_array(x, str(tmp_path))
     view = np.asarray(m)
+    peaks = []
+    drop = mapped._Mapping.drop
+
+    def measured_drop(self, lo=0, hi=None):
+        peaks.append(_resident_bytes(view))
+        drop(self, lo, hi)
+
+    monkeypatch.setattr(mapped._Mapping, "drop", measured_drop)
     for start in range(0, rows, batch):
         idx = order[start : start + batch]
         assert m.gather(idx).tobytes() == x[idx].tobytes()
@@ -84,6 +93,8 @@ def test_the_gather_maps_none_of_the_file(tmp_path):
     assert m.gather(slice(10, 30, 3)).tobytes() == x[10:30:3].tobytes()
     assert m.gather(np.array([], np.int64)).shape == (0, cols)
     assert _resident_bytes(view) == 0
+    assert len(peaks) > 8 * rows // batch  # a random batch spans every window of the file
+    assert 0 < max(peaks) <= mapped.GATHER_WINDOW + 4 * mapped._HUGE < x.nbytes // 2
     with pytest.raises(IndexError, match="out of range"):
         m.gather(np.array([rows]))
     with pytest.raises(IndexError, match="out of range"):

@@ -9,19 +9,22 @@ them back through a read-only shared mapping of that file:
   `ColumnSpill.release` drops that range from the process once it is written. `to_rows` then
   copies it, a block of rows at a time, into the row-major file the party trains from.
 * `MappedRows` is the party's view of that row-major file: ``gather(idx)`` copies rows out
-  (the micro-batch gather) with positioned reads of the file (``os.preadv``, one per run of
-  consecutive rows), not through the mapping: the rows come from the kernel's page cache
-  straight into the batch, so none of the file's pages is counted in (or held by) the party's
-  resident set, and a file larger than the memory is read back from the disk as needed.
-  Reading through the mapping would instead map whatever the kernel faults in around each
-  row (up to a whole 2 MiB folio of the page cache per row), which a few random batches
-  spread over the whole file. The mapping serves indexing and ``np.asarray`` (inspection),
-  and the gather where positioned reads are missing (Windows).
+  (the micro-batch gather) through the mapping, one window of the file at a time
+  (`GATHER_WINDOW` bytes, in file order), and drops each window's pages from the process as
+  soon as its rows are copied. A page fault maps whatever the kernel maps around the row (its
+  fault-around block, or a whole large folio of the page cache), so a random batch gathered in
+  one go would map most of the file; one window at a time, the file's pages the process holds
+  never exceed about one window, whatever the file's size, and a file larger than the memory
+  is read back from the disk as needed (the mapping is advised random, so a fault reads the
+  rows' pages and no read-around). Copying through the mapping costs a page fault per row
+  (well under a microsecond when the file is in the page cache), against a system call plus
+  the interpreter's dispatch per row for positioned reads.
 
 Invariants: the process's resident pages of the loader's mapping stay below one column
-(`ColumnSpill`), and the gather maps none of the row-major file's pages, whatever the file's
-size; the bytes are exactly those the in-memory path holds (same layout, dtype and row order),
-so training and the data fingerprint do not depend on the option. The files are unlinked as
+(`ColumnSpill`), and the gather holds at most about one window of the row-major file's pages
+at a time and none once it returns, whatever the file's size; the bytes are exactly those the
+in-memory path holds (same layout, dtype and row order), so training and the data fingerprint
+do not depend on the option. The files are unlinked as
 soon as they are created and mapped (POSIX): nothing is left in ``spill_dir`` after an exit, a
 crash or a kill; where a mapped file cannot be unlinked (Windows) it is removed when its
 mapping is closed or collected.
@@ -42,6 +45,11 @@ from .errors import DataError
 
 _BLOCK_ROWS = 1 << 16  # rows copied at a time by `ColumnSpill.to_rows`
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
+_RANDOM = getattr(mmap, "MADV_RANDOM", None)
+#: bytes of the row-major file `MappedRows.gather` maps at a time (module docstring); a
+#: multiple of 2 MiB, the largest block a fault maps on x86-64
+GATHER_WINDOW = 8 << 20
+_HUGE = 2 << 20
 
 
 def default_spill_dir() -> str:
@@ -52,9 +60,9 @@ def default_spill_dir() -> str:
 
 class _Mapping:
     """One file (created in ``directory``, ``size`` bytes, unlinked at once where possible),
-    mapped shared; ``drop(lo, hi)`` removes its pages in ``[lo, hi)`` from this process. A
-    read-only one keeps its descriptor open (``fd``, closed with the mapping) for positioned
-    reads; a writable one closes it once mapped (``fd`` None)."""
+    mapped shared (its descriptor closed once mapped); ``drop(lo, hi)`` removes its pages in
+    ``[lo, hi)`` from this process. A read-only one is advised random: a fault reads the
+    pages it needs, not the file around them."""
 
     def __init__(self, directory: str, size: int, *, writable: bool, fill=None) -> None:
         try:
@@ -75,7 +83,6 @@ class _Mapping:
                 access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ,
             )
         except OSError as exc:
-            os.close(fd)
             with contextlib.suppress(OSError):
                 os.remove(path)
             raise DataError(
@@ -84,13 +91,11 @@ class _Mapping:
                 "in_memory = true"
             ) from None
         finally:
-            if writable:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if not writable and _RANDOM is not None and size:
+            self.map.madvise(_RANDOM)
         self.size = size
-        self.fd: int | None = None if writable else fd
-        if self.fd is not None:
-            weakref.finalize(self, _close_fd, self.fd)
         try:
             os.remove(path)  # the mapping keeps the data; the name goes now
         except OSError:  # Windows: a mapped file cannot be removed yet
@@ -109,11 +114,6 @@ class _Mapping:
             self.map.madvise(_DONTNEED, start, stop - start)
 
 
-def _close_fd(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
 def _remove_after(mapping: mmap.mmap, path: str) -> None:
     with contextlib.suppress(BufferError, ValueError):
         mapping.close()
@@ -124,7 +124,7 @@ def _remove_after(mapping: mmap.mmap, path: str) -> None:
 class MappedRows:
     """A read-only float32 matrix ``(rows, columns)`` in a file (see the module docstring).
     ``rows(lo, hi)`` is a part of it on the same file; ``gather(idx)`` copies rows ``idx``
-    out with positioned reads (what `tandem.engine.data.BatchRows` calls); indexing
+    out a window of the file at a time (what `tandem.engine.data.BatchRows` calls); indexing
     (``m[...]``) and ``np.asarray(m)`` give plain views of the file's mapping (for
     inspection, not for training loops: the pages they touch stay mapped)."""
 
@@ -191,14 +191,13 @@ class MappedRows:
 
     def gather(self, idx: np.ndarray | slice) -> np.ndarray:
         """Rows ``idx`` (indices in ``[0, len(self))`` or a slice) as a new in-memory array,
-        read from the file with one positioned read per run of consecutive rows; the
-        process maps none of the file's pages doing so. Raises IndexError for a row out of
-        range, as indexing does. Thread-safe (positioned reads share no file offset)."""
+        copied through the mapping one `GATHER_WINDOW` of the file at a time, each window's
+        pages dropped once its rows are copied (module docstring). Raises IndexError for a
+        row out of range, as indexing does. Thread-safe (a window another thread drops is
+        faulted in again from the page cache)."""
         if isinstance(idx, slice):
             lo, hi, step = idx.indices(self._count)
-            if step != 1:
-                return self.gather(np.arange(lo, hi, step))
-            rows = np.arange(lo, max(lo, hi))
+            rows = np.arange(lo, hi, step)
         else:
             rows = np.asarray(idx)
             if rows.ndim != 1:
@@ -207,42 +206,26 @@ class MappedRows:
                 raise IndexError(f"row index out of range for {self._count} rows")
             rows = np.where(rows < 0, rows + self._count, rows)
         out = np.empty((len(rows), *self._view.shape[1:]), np.float32)
-        fd = self._mapping.fd
-        if fd is None or not _PREADV or not len(rows):
-            out[...] = self._view[rows]
-            return out
-        _read_rows(fd, self._first + rows, self._view.shape[1] * 4, out)
+        if len(rows):
+            _copy_windows(self._mapping, self._whole, self._first + rows, out)
         return out
 
 
-_PREADV = hasattr(os, "preadv")
-#: the most bytes one positioned read asks for (Linux reads at most about 2 GiB at once)
-_READ_MAX = 1 << 30
-
-
-def _read_rows(fd: int, rows: np.ndarray, row_bytes: int, out: np.ndarray) -> None:
-    """Read file rows ``rows`` (each ``row_bytes`` long) into the rows of ``out``, one
-    ``preadv`` per run of consecutive rows (at most ``_READ_MAX`` bytes each)."""
-    flat = out.data.cast("B")
-    starts = np.flatnonzero(np.diff(rows, prepend=rows[0] - 2) != 1)
-    ends = np.append(starts[1:], len(rows))
-    per_read = max(1, _READ_MAX // max(row_bytes, 1))
-    for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-        first = int(rows[s])
-        while s < e:
-            k = min(e - s, per_read)
-            want = k * row_bytes
-            done = 0
-            while done < want:  # a short read (a signal) reads the rest
-                got = os.preadv(
-                    fd,
-                    [flat[s * row_bytes + done : (s + k) * row_bytes]],
-                    first * row_bytes + done,
-                )
-                if got <= 0:
-                    raise OSError(f"the features file ended {want - done} bytes early")
-                done += got
-            s, first = s + k, first + k
+def _copy_windows(mapping: _Mapping, whole: np.ndarray, rows: np.ndarray, out: np.ndarray) -> None:
+    """``out[k] = whole[rows[k]]`` for every k, in file order one `GATHER_WINDOW` at a time,
+    dropping each window's pages (rounded out to 2 MiB, all a fault may have mapped) after
+    its rows are copied."""
+    row_bytes = whole.strides[0]
+    order = np.argsort(rows, kind="stable")
+    ordered = rows[order].astype(np.int64, copy=False)
+    window = ordered * row_bytes // GATHER_WINDOW
+    cuts = np.flatnonzero(window[1:] != window[:-1]) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(rows)], strict=True):
+        part = ordered[a:b]
+        out[order[a:b]] = whole[part]
+        lo = int(part[0]) * row_bytes
+        hi = (int(part[-1]) + 1) * row_bytes
+        mapping.drop(lo - lo % _HUGE, -(-hi // _HUGE) * _HUGE)
 
 
 class ColumnSpill:
