@@ -54,10 +54,12 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,9 +103,9 @@ class Settings:
     #: fixed: every distinct micro-batch size compiles every kernel again, which an automatic
     #: n exploring sizes pays inside the timed epochs (docs/scale-bench.md)
     groups: int | str = 2
-    #: "one": party i runs its kernels on one thread pinned to CPU i mod cpus, so parties on
-    #: one machine do not contend for its cores; "shared": each party's XLA uses every CPU
-    #: (`party_env`)
+    #: "one": party i's process (kernels included) is confined to CPU i mod cpus, so parties
+    #: on one machine do not contend for its cores; "shared": each party's XLA uses every CPU
+    #: (`party_launch`)
     party_threads: str = "one"
     compress: str = "none"
     #: the parties' ``[data] in_memory``: False (the default) maps their features from a file
@@ -168,11 +170,19 @@ class Child:
         return self.err.read_text(errors="replace")[-3000:]
 
 
-def launch(name: str, argv: list[str], folder: Path, env: dict[str, str]) -> Child:
+def launch(
+    name: str, argv: list[str], folder: Path, env: dict[str, str], prefix: Sequence[str] = ()
+) -> Child:
+    """``tandem <argv>`` in ``folder`` (run under ``prefix``, e.g. ``taskset -c 0``), its
+    output in ``<name>.out`` and ``<name>.err``."""
     out, err = folder / f"{name}.out", folder / f"{name}.err"
     with open(out, "wb") as fo, open(err, "wb") as fe:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "tandem", *argv], cwd=folder, stdout=fo, stderr=fe, env=env
+            [*prefix, sys.executable, "-m", "tandem", *argv],
+            cwd=folder,
+            stdout=fo,
+            stderr=fe,
+            env=env,
         )
     return Child(name, popen, out, err, time.perf_counter())
 
@@ -212,25 +222,35 @@ def child_env(secret: str) -> dict[str, str]:
     }
 
 
-#: XLA's CPU flags that run every kernel on the calling thread (the party's compute lane)
-ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+#: XLA's CPU flag that runs each kernel on the thread that calls it (the party's compute lane)
+#: instead of handing it to XLA's worker pool
+ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 
 
-def party_env(env: dict[str, str], index: int, party_threads: str) -> dict[str, str]:
-    """The environment of the ``index``-th party process.
+def party_launch(
+    env: dict[str, str], index: int, party_threads: str
+) -> tuple[dict[str, str], list[str]]:
+    """The environment and the command prefix of the ``index``-th party process.
 
-    ``"shared"`` leaves it as is (XLA's thread pools use every CPU, as in a user's default
-    run). ``"one"`` runs the party's kernels on its compute lane's thread and pins its Python
-    threads to CPU ``index`` mod the CPUs allowed (``TANDEM_PYTHON_CPU``), so parties sharing
-    a machine do not contend for the same cores.
+    ``"shared"`` leaves both alone (XLA's thread pools use every CPU, as in a user's default
+    run). ``"one"`` confines the whole process (XLA's worker pools, the event loop, the compute
+    lanes) to CPU ``index`` mod the CPUs allowed, with ``taskset -c``, before it starts: XLA
+    then sizes its pools to that one CPU, and with `ONE_THREAD_XLA_FLAGS` runs each kernel
+    on the compute lane's own thread, so parties sharing a machine never contend for a core.
     """
     if party_threads == "shared":
-        return env
+        return env, []
     from tandem.parties.cli.affinity import thread_cpus
 
+    taskset = shutil.which("taskset")
+    if taskset is None:
+        raise SystemExit(
+            "bench.scale: --party-threads one pins each party with taskset (util-linux), which "
+            "is not on PATH; install it or pass --party-threads shared"
+        )
     cpus = sorted(thread_cpus())
     flags = " ".join(f for f in (env.get("XLA_FLAGS", ""), ONE_THREAD_XLA_FLAGS) if f)
-    return {**env, "XLA_FLAGS": flags, "TANDEM_PYTHON_CPU": str(cpus[index % len(cpus)])}
+    return {**env, "XLA_FLAGS": flags}, [taskset, "-c", str(cpus[index % len(cpus)])]
 
 
 def align(work: ctr.Workload, folder: Path, secret: str, timeout: float) -> float:
@@ -280,13 +300,13 @@ def train_parties(
         extra_data=settings.data_keys(),
     )
     env = child_env(secret)
-    envs = {p: party_env(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
+    runs = {p: party_launch(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
     history = folder / f"history_{work.parties[0]}.jsonl"
     history.unlink(missing_ok=True)
     t0 = time.perf_counter()
     trace = ["--trace", str(folder / f"trace{tag}")] if settings.trace else []
     children = [
-        launch(f"party_{p}{tag}", ["party", "--config", str(paths[p]), *trace], folder, envs[p])
+        launch(f"party_{p}{tag}", ["party", "--config", str(paths[p]), *trace], folder, *runs[p])
         for p in reversed(work.parties)
     ]
     wait_all(children, settings.timeout)
@@ -620,8 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         "--party-threads",
         choices=("shared", "one"),
         default=Settings.party_threads,
-        help="one (default): each party computes on one thread pinned to its own CPU; "
-        "shared: each party's XLA uses every CPU",
+        help="one (default): each party process, kernels included, runs on its own CPU "
+        "(taskset); shared: each party's XLA uses every CPU",
     )
     ap.add_argument(
         "--in-memory",

@@ -8,7 +8,14 @@ import math
 import pytest
 
 from bench import ctr
-from bench.scale import ONE_THREAD_XLA_FLAGS, Settings, parse_size, party_env, run_size, summarize
+from bench.scale import (
+    ONE_THREAD_XLA_FLAGS,
+    Settings,
+    parse_size,
+    party_launch,
+    run_size,
+    summarize,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -56,16 +63,20 @@ def test_parse_size():
     ]
 
 
-def test_party_env_one_thread_per_party(monkeypatch):
+def test_party_launch_confines_each_party_to_one_cpu(monkeypatch):
     import bench.scale
 
     monkeypatch.setattr("tandem.parties.cli.affinity.thread_cpus", lambda: {2, 5})
+    monkeypatch.setattr("shutil.which", lambda name: f"/bin/{name}")
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "X": "1"}
-    assert bench.scale.party_env(env, 0, "shared") is env
-    first, second, third = (party_env(env, i, "one") for i in range(3))
+    assert bench.scale.party_launch(env, 0, "shared") == (env, [])
+    (first, pin), *rest = (party_launch(env, i, "one") for i in range(3))
     assert first["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=1 {ONE_THREAD_XLA_FLAGS}"
-    assert [e["TANDEM_PYTHON_CPU"] for e in (first, second, third)] == ["2", "5", "2"]
-    assert first["X"] == "1" and "TANDEM_PYTHON_CPU" not in env
+    assert [pin, *(p for _, p in rest)] == [["/bin/taskset", "-c", c] for c in ("2", "5", "2")]
+    assert first["X"] == "1" and env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    with pytest.raises(SystemExit, match="--party-threads shared"):
+        party_launch(env, 0, "one")
 
 
 @pytest.mark.timeout(600)  # four processes importing JAX, and compiles, on a loaded 2-core machine
