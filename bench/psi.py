@@ -6,11 +6,12 @@
 For each size n, this script starts two party processes (``python -m bench.psi --party ...``):
 the leader holds ids ``id0 .. id{n-1}``, the follower ``id{n/2} .. id{3n/2-1}``. Each serves an
 `HttpTransport` (HMAC-authenticated) on 127.0.0.1, learns the other's URL through this parent,
-runs `tandem.parties.alignment.align` and prints one JSON line: its wall time for the alignment
-(from the start of `align` to its return, pool start-up included), the intersection size and
-commitment, and bytes sent. ``seconds_<n>`` is the slower party's time; ``bytes_<n>`` the encoded
-frame bytes both parties sent (HTTP headers excluded). The run fails unless both parties agree
-and the intersection has exactly n/2 ids.
+waits until the parent has heard that both added each other (a party refuses a frame from a
+sender it has not added), runs `tandem.parties.alignment.align` and prints one JSON line: its
+wall time for the alignment (from the start of `align` to its return, pool start-up included),
+the intersection size and commitment, and bytes sent. ``seconds_<n>`` is the slower party's
+time; ``bytes_<n>`` the encoded frame bytes both parties sent (HTTP headers excluded). The run
+fails unless both parties agree and the intersection has exactly n/2 ids.
 """
 
 from __future__ import annotations
@@ -55,6 +56,11 @@ async def _party(role: str, n: int, secret: bytes, chunk: int) -> dict:
         print(json.dumps({"url": t.url}), flush=True)
         peer_url = (await asyncio.to_thread(sys.stdin.readline)).strip()
         t.add_peer(other, peer_url)
+        # the other party refuses (401) a frame from a sender it has not added yet: wait
+        # until the parent has heard that both know each other
+        print(json.dumps({"ready": True}), flush=True)
+        if (await asyncio.to_thread(sys.stdin.readline)).strip() != "go":
+            raise SystemExit(f"bench.psi: the {role} got no 'go' from its parent")
         t0 = time.perf_counter()
         res = await align(t, other, ids, role=role, rng=None, chunk_size=chunk)
         seconds = time.perf_counter() - t0
@@ -93,6 +99,12 @@ def _run_pair(n: int, chunk: int) -> dict:
         urls = {r: json.loads(p.stdout.readline())["url"] for r, p in procs.items()}
         for role, p in procs.items():
             p.stdin.write(urls["follower" if role == "leader" else "leader"] + "\n")
+            p.stdin.flush()
+        for role, p in procs.items():
+            if not json.loads(p.stdout.readline() or "{}").get("ready"):
+                raise SystemExit(f"bench.psi: the {role} process failed (exit {p.wait()})")
+        for p in procs.values():
+            p.stdin.write("go\n")
             p.stdin.flush()
         results = {}
         for role, p in procs.items():
