@@ -45,6 +45,39 @@ async def test_small_frames_take_the_stream_in_order(http_pair):
     assert b._server.requests.get("stream") == 20
 
 
+async def test_without_a_secret_the_stream_carries_no_tags(http_pair):
+    """Neither party holds a secret: records and acks go untagged (a tag under no secret
+    authenticates nothing), in order, and every byte the receiver read is a record's."""
+    a, b = await http_pair(config, a_kw={"secret": None}, b_kw={"secret": None})
+    for i in range(5):
+        await a.send("b", CH, small(i))
+    assert [(await b.recv("a", CH)).meta["i"] for _ in range(5)] == list(range(5))
+    stream = a._client._streams["b"]
+    assert stream.mac is None and stream.tag_bytes == 0
+    assert a._client.requests.get("stream") == 5
+    body = len(encoded(a, 0))
+    assert b._server.stats("a").bytes == 5 * body  # bodies only: no tags counted as payload
+    rec = framewire.record(None, 0, CH, 0, 0, [encoded(a, 0)])
+    assert len(rec) == RECORD.size + len(CH) + body  # the untagged format has no tag bytes
+
+
+@pytest.mark.parametrize("who", ["sender", "receiver"])
+async def test_a_secret_on_one_side_only_gets_no_stream(http_pair, who):
+    """Tags need a secret on both ends: a sender with one facing a receiver without gets no
+    stream (426 ``stream_tags``) and POSTs; a sender without one is refused by a receiver
+    that has one (401), on the handshake and on the POST."""
+    if who == "sender":
+        a, b = await http_pair(config, b_kw={"secret": None})
+        await a.send("b", CH, small(0))
+        assert (await b.recv("a", CH)).meta["i"] == 0
+        assert "stream" not in a._client.requests and a._client.requests["plain"] == 1
+    else:
+        a, b = await http_pair(config, a_kw={"secret": None})
+        with pytest.raises(AuthenticationError):
+            await a.send("b", CH, small(0))
+        assert b.refused_handshakes.get("unauthenticated", 0) >= 1
+
+
 async def test_a_window_of_sends_on_several_channels_keeps_each_channel_in_order(http_pair):
     a, b = await http_pair(config)
     await asyncio.gather(*(a.send("b", ch, small(i)) for i in range(16) for ch in ("x", "y")))
@@ -155,7 +188,7 @@ async def test_a_forged_record_is_refused_and_closes_the_stream(http_pair):
 async def test_a_replayed_record_is_refused_and_closes_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
-    rec = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
+    rec = framewire.record(stream.mac, 0, CH, 0, 0, [encoded(a, 0)])
     answer = await stream.send(CH, 0, 0, [encoded(a, 0)])
     assert (answer.status, answer.text) == (200, "ok")
     stream.transport.write(rec)  # record 0 again, as record 1: its tag is record 0's
@@ -168,8 +201,8 @@ async def test_a_replayed_record_is_refused_and_closes_the_stream(http_pair):
 async def test_reordered_records_are_refused_and_close_the_stream(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
-    r0 = framewire.record(stream.key, 0, CH, 0, 0, [encoded(a, 0)])
-    r1 = framewire.record(stream.key, 1, CH, 1, 0, [encoded(a, 1)])
+    r0 = framewire.record(stream.mac, 0, CH, 0, 0, [encoded(a, 0)])
+    r1 = framewire.record(stream.mac, 1, CH, 1, 0, [encoded(a, 1)])
     stream.transport.write(r1 + r0)
     await closed_by_receiver(stream)
     assert b.refused.get("unauthenticated") == 1
@@ -179,8 +212,8 @@ async def test_reordered_records_are_refused_and_close_the_stream(http_pair):
 async def test_a_record_moved_to_another_stream_is_refused(http_pair):
     a, b = await http_pair(config)
     one, other = await handshake(a, b), await handshake(a, b)
-    assert one.key != other.key
-    other.transport.write(framewire.record(one.key, 0, CH, 0, 0, [encoded(a, 0)]))
+    assert one.mac.key != other.mac.key
+    other.transport.write(framewire.record(one.mac, 0, CH, 0, 0, [encoded(a, 0)]))
     await closed_by_receiver(other)
     assert b.refused.get("unauthenticated") == 1
     one.close()
@@ -189,7 +222,7 @@ async def test_a_record_moved_to_another_stream_is_refused(http_pair):
 async def test_records_split_across_reads_or_sharing_one_are_each_admitted_in_order(http_pair):
     a, b = await http_pair(config)
     stream = await handshake(a, b)
-    records = [framewire.record(stream.key, i, CH, i, 0, [encoded(a, i)]) for i in range(4)]
+    records = [framewire.record(stream.mac, i, CH, i, 0, [encoded(a, i)]) for i in range(4)]
     stream.seq = len(records)  # written by hand below: the acks answer these
     wire = b"".join(records)
     cut = len(records[0]) + 10  # record 0 whole with the start of record 1, then the rest
@@ -221,7 +254,7 @@ async def test_an_oversize_header_is_refused_and_closes_the_stream(http_pair):
 async def test_an_unsigned_or_replayed_handshake_is_refused(http_pair):
     a, b = await http_pair(config)
     headers = {H_SENDER: "a", H_INC: a.incarnation, "Content-Length": "0"}
-    material = (b"", "a", a.incarnation, "b", "", "")
+    material = (SECRET, "a", a.incarnation, "b", "", "")
     answer = await open_stream("b", b.url, headers, material, None, 5.0)
     assert not isinstance(answer, FrameStream) and answer.status == 401
     auth.sign(SECRET, "POST", STREAM_PATH, headers, auth.EMPTY_SHA, receiver="b", to=b.incarnation)

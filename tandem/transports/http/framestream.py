@@ -22,14 +22,15 @@ from tandem.errors import TransportError
 from . import framewire
 from .bulk import CONNECT_TIMEOUT, request_upgrade
 from .framewire import ACK, TAG_BYTES, AckHead, StreamMac
-from .protocol import H_STREAM_NONCE, STREAM_PATH, Answer
+from .protocol import H_STREAM_NONCE, H_STREAM_TAGS, STREAM_PATH, Answer
 
 OUTSTANDING = 64  # records of one stream awaiting their acks at once (more sends wait)
 
 
 class FrameStream(asyncio.Protocol):
     """An open stream to one peer, and the protocol of its connection once upgraded: acks are
-    parsed as they arrive (`data_received`) and resolve the sends they answer.
+    parsed as they arrive (`data_received`) and resolve the sends they answer. ``mac``: the
+    stream's tags (None: untagged, neither end holds a secret).
 
     Invariants: ``seq`` is the number of records written (the next record's seq), ``ack_seq``
     the number of acks read; ``waiting`` maps the seq of each record whose sender still waits
@@ -39,10 +40,14 @@ class FrameStream(asyncio.Protocol):
     holds less than one ack (its head and at most `framewire.MAX_ACK_TEXT` + 271 bytes)."""
 
     def __init__(
-        self, peer: str, key: bytes, writer: asyncio.StreamWriter, read_timeout: float
+        self,
+        peer: str,
+        mac: StreamMac | None,
+        writer: asyncio.StreamWriter,
+        read_timeout: float,
     ) -> None:
-        self.peer, self.key = peer, key
-        self.mac = StreamMac(key)
+        self.peer, self.mac = peer, mac
+        self.tag_bytes = TAG_BYTES if mac is not None else 0
         self.writer = writer  # kept: a StreamWriter closes its transport when collected
         self.transport = cast(asyncio.Transport, writer.transport)
         self.read_timeout = read_timeout
@@ -99,7 +104,7 @@ class FrameStream(asyncio.Protocol):
         buf = self._buf
         if not buf and len(data) >= ACK.size:
             head = AckHead(*ACK.unpack_from(data))
-            if len(data) == ACK.size + head.reason_len + head.text_len + TAG_BYTES:
+            if len(data) == ACK.size + head.reason_len + head.text_len + self.tag_bytes:
                 try:  # the common case, one whole ack: no copy through the buffer
                     self._check_head(head)
                     self._resolve(head, data)
@@ -110,7 +115,7 @@ class FrameStream(asyncio.Protocol):
         try:
             while len(buf) >= ACK.size:
                 head = self._check_head(AckHead(*ACK.unpack_from(buf)))
-                end = ACK.size + head.reason_len + head.text_len + TAG_BYTES
+                end = ACK.size + head.reason_len + head.text_len + self.tag_bytes
                 if len(buf) < end:
                     return
                 raw = bytes(buf[:end])
@@ -125,16 +130,18 @@ class FrameStream(asyncio.Protocol):
         return head
 
     def _resolve(self, head: AckHead, raw: bytes) -> None:
-        tag = framewire.ack_tag(self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : -TAG_BYTES])
-        if not framewire.same_tag(raw[-TAG_BYTES:], tag):
-            raise TransportError(f"ack {self.ack_seq} has a bad tag")
+        text_end = len(raw) - self.tag_bytes
+        if self.mac is not None:
+            tag = framewire.ack_tag(self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : text_end])
+            if not framewire.same_tag(raw[text_end:], tag):
+                raise TransportError(f"ack {self.ack_seq} has a bad tag")
         self.ack_seq += 1
         waiter = self.waiting.get(head.seq)
         fut = waiter[0] if waiter is not None else None
         if fut is not None and not fut.done():
             start = ACK.size + head.reason_len
             reason = raw[ACK.size : start].decode("utf-8", "replace")
-            text = raw[start:-TAG_BYTES].decode("utf-8", "replace")
+            text = raw[start:text_end].decode("utf-8", "replace")
             fut.set_result(Answer(head.status, text, float(head.waited), reason))
 
     def eof_received(self) -> bool:
@@ -180,9 +187,10 @@ async def open_stream(
 ) -> FrameStream | Answer:
     """The handshake with ``peer`` at ``url`` (``headers``: the signed request's); the open
     `FrameStream`, or the receiver's `Answer` when it does not upgrade (a refusal, or a peer
-    that offers no streams). ``key_material``: (secret, sender, sender incarnation, receiver,
-    receiver incarnation, request nonce), with the receiver's stream nonce the stream key.
-    Connection problems raise `OSError`/`EOFError`/`TimeoutError`."""
+    that offers no streams, or a 426 ``stream_tags`` when its tag setting is not this end's:
+    one side holds a secret and the other none). ``key_material``: (secret, sender, sender
+    incarnation, receiver, receiver incarnation, request nonce), with the receiver's stream
+    nonce the stream key. Connection problems raise `OSError`/`EOFError`/`TimeoutError`."""
     async with asyncio.timeout(read_timeout + CONNECT_TIMEOUT):
         upgraded = await request_upgrade(
             peer, url, STREAM_PATH, framewire.STREAM_PROTOCOL, headers, ssl_context
@@ -194,7 +202,17 @@ async def open_stream(
     if len(nonce) != 2 * framewire.NONCE_BYTES or not set(nonce) <= set(string.hexdigits):
         writer.transport.abort()
         raise TransportError(f"peer {peer!r} named no valid stream nonce ({nonce[:40]!r})")
-    key = framewire.stream_key(*key_material, nonce)
-    stream = FrameStream(peer, key, writer, read_timeout)
+    tags = upgraded.headers.get(H_STREAM_TAGS.lower(), framewire.TAGS_HMAC)
+    if tags != framewire.tags_for(key_material[0]):
+        writer.transport.abort()
+        return Answer(
+            426,
+            f"peer {peer!r} offers a frame stream with tags {tags!r}, this end needs "
+            f"{framewire.tags_for(key_material[0])!r}: give both parties the same secret",
+            0.0,
+            "stream_tags",
+        )
+    mac = framewire.mac_for(tags, framewire.stream_key(*key_material, nonce))
+    stream = FrameStream(peer, mac, writer, read_timeout)
     stream.transport.set_protocol(stream)  # no ack can precede a record: nothing is buffered
     return stream

@@ -9,8 +9,7 @@ the stream key::
                       \\n receiver \\n receiver incarnation \\n request nonce \\n stream nonce)
 
 (``request nonce``: the handshake signature's single-use nonce; ``stream nonce``: the random
-value the receiver names in its 101; no secret: the empty key, integrity without
-authentication, as an unsigned request.) Each record the sender writes::
+value the receiver names in its 101.) Each record the sender writes::
 
     head (RECORD: channel length u16, body length u32, msg id u64, base u64; little-endian)
     channel (UTF-8)  body (one codec-encoded frame)  tag (16 bytes)
@@ -23,6 +22,11 @@ and each answer (ack) of the receiver::
 
 ``record seq`` / ``ack seq`` count the records / acks of this stream from 0 and are never
 sent: a record replayed, reordered, reflected or moved to another stream fails its tag.
+
+Tags authenticate, so they need a secret: a receiver without one (it accepts unsigned
+requests) says ``none`` in its 101's `TAGS_HEADER` and both ends leave the tags out (a mac of
+None below), as an unsigned POST carries no digest; with a secret, ``hmac-sha256-128``. A
+sender whose own setting differs does not use the stream (`tags_for`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ TAG_BYTES = 16
 MAX_CHANNEL_BYTES = 256  # a longer channel name is an oversize header: the stream closes
 MAX_ACK_TEXT = 4096  # the most text bytes an ack carries (longer refusals are cut)
 NONCE_BYTES = 16
+TAGS_HMAC = "hmac-sha256-128"  # records and acks carry tags (the receiver holds a secret)
+TAGS_NONE = "none"  # no tags: a receiver without a secret authenticates nothing
 MAX_RECORD_BODY = 1 << 20  # the largest frame a stream carries (larger ones are POSTed)
 
 
@@ -101,19 +107,30 @@ class StreamMac:
 _BLOCK = 64  # SHA-256's block size: the HMAC key is padded (or first hashed) to it
 
 
+def tags_for(secret: bytes | None) -> str:
+    """The tag setting of a stream end holding ``secret`` (`TAGS_HMAC` or `TAGS_NONE`)."""
+    return TAGS_HMAC if secret else TAGS_NONE
+
+
+def mac_for(tags: str, key: bytes) -> StreamMac | None:
+    """The `StreamMac` of a stream whose tag setting is ``tags`` (None: untagged)."""
+    return StreamMac(key) if tags == TAGS_HMAC else None
+
+
 def _mac(key: bytes | StreamMac) -> StreamMac:
     return key if isinstance(key, StreamMac) else StreamMac(key)
 
 
 def record(
-    key: bytes | StreamMac,
+    key: bytes | StreamMac | None,
     seq: int,
     channel: str,
     msg_id: int,
     base: int,
     body: Sequence[bytes | memoryview],
 ) -> bytes:
-    """Record number ``seq`` of a stream: head, channel, body, tag (one buffer, one write)."""
+    """Record number ``seq`` of a stream: head, channel, body, tag (one buffer, one write);
+    no tag when ``key`` is None (an untagged stream)."""
     ch = channel.encode()
     if len(ch) > MAX_CHANNEL_BYTES:
         raise ValueError(f"channel name of {len(ch)} bytes exceeds {MAX_CHANNEL_BYTES}")
@@ -121,7 +138,8 @@ def record(
     for b in body:
         size += len(b)
     parts = [RECORD.pack(len(ch), size, msg_id, base), ch, *body]
-    parts.append(_mac(key).tag(b"c", seq, parts))
+    if key is not None:
+        parts.append(_mac(key).tag(b"c", seq, parts))
     return b"".join(parts)
 
 
@@ -133,7 +151,7 @@ def record_tag(
 
 
 def ack(
-    key: bytes | StreamMac,
+    key: bytes | StreamMac | None,
     ack_seq: int,
     seq: int,
     status: int,
@@ -141,11 +159,13 @@ def ack(
     text: str,
     waited: float,
 ) -> bytes:
-    """Ack number ``ack_seq`` of a stream, answering record ``seq``."""
+    """Ack number ``ack_seq`` of a stream, answering record ``seq`` (untagged when ``key`` is
+    None)."""
     r = reason.encode()[:255]
     t = text.encode()[:MAX_ACK_TEXT]
     parts = [ACK.pack(seq, status, len(r), len(t), waited), r, t]
-    parts.append(_mac(key).tag(b"s", ack_seq, parts))
+    if key is not None:
+        parts.append(_mac(key).tag(b"s", ack_seq, parts))
     return b"".join(parts)
 
 

@@ -35,6 +35,7 @@ H_WAIT = "X-Tandem-Wait"  # seconds the receiver spent waiting for an inbox slot
 H_LENGTH = "X-Tandem-Length"  # body length of a bulk request (its own Content-Length is 0)
 H_REASON = "X-Tandem-Reason"  # why a request was refused (a `Refuse.reason`)
 H_STREAM_NONCE = "X-Tandem-Stream-Nonce"  # the receiver's random value in a stream's 101
+H_STREAM_TAGS = "X-Tandem-Stream-Tags"  # whether a stream's records and acks carry tags
 
 BULK_PROTOCOL = "tandem-frame/1"  # the Upgrade token of the bulk path (see `bulk`)
 

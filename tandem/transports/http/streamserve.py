@@ -26,7 +26,7 @@ from . import framewire
 from .body import Body
 from .config import HttpConfig
 from .framewire import MAX_RECORD_BODY, RECORD, TAG_BYTES, RecordHead, StreamMac
-from .protocol import H_INC, H_STREAM_NONCE, STREAM_PATH, MessageHead, Refuse, Reply
+from .protocol import H_INC, H_STREAM_NONCE, H_STREAM_TAGS, STREAM_PATH, MessageHead, Refuse, Reply
 from .quietlog import QuietLog
 
 
@@ -117,6 +117,7 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         raise ConnectionResetError("the client left before the upgrade")
     h = request.headers
     secret = server.cfg.keys().get(h.get(auth.KEY_ID, ""), b"") if server.verifier else b""
+    tags = framewire.tags_for(secret)  # no secret: this receiver authenticates nothing
     stream_nonce = secrets.token_hex(framewire.NONCE_BYTES)
     # with a secret, the verifier checked that TO names this process and NONCE is fresh
     key = framewire.stream_key(
@@ -134,10 +135,12 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
             "Connection": "Upgrade",
             "Upgrade": framewire.STREAM_PROTOCOL,
             H_STREAM_NONCE: stream_nonce,
+            H_STREAM_TAGS: tags,
         },
     )
     resp.force_close()
-    session = _Session(server, sender, inc, key, transport, transport.get_protocol())
+    mac = framewire.mac_for(tags, key)
+    session = _Session(server, sender, inc, mac, transport, transport.get_protocol())
     transport.set_protocol(session)
     try:
         await resp.prepare(request)
@@ -159,6 +162,8 @@ class _Session(asyncio.Protocol):
     (`data_received`), each judged on the spot when its admission awaits nothing
     (`HttpServer.receive_now`), else in a task of `run`'s TaskGroup; each verdict acked.
 
+    ``mac``: the stream's tags (None: untagged, the receiver holds no secret).
+
     Invariants: ``seq`` is the number of records accepted (the next record's seq),
     ``ack_seq`` the number of acks written; ``_buf`` holds less than one whole record while
     fewer than `OUTSTANDING` records are being admitted (reading pauses otherwise, and while
@@ -169,12 +174,12 @@ class _Session(asyncio.Protocol):
         server: HttpServer,
         sender: str,
         inc: str,
-        key: bytes,
+        mac: StreamMac | None,
         transport: asyncio.Transport,
         owner: asyncio.BaseProtocol,
     ) -> None:
-        self.server, self.sender, self.inc, self.key = server, sender, inc, key
-        self.mac = StreamMac(key)
+        self.server, self.sender, self.inc, self.mac = server, sender, inc, mac
+        self.tag_bytes = TAG_BYTES if mac is not None else 0
         self.transport, self.owner = transport, owner
         self.seq = self.ack_seq = 0
         self.admitting = 0
@@ -255,6 +260,7 @@ class _Session(asyncio.Protocol):
                 buf += fresh
             return  # before `run` (bytes that came with the 101's sending): kept for it
         src = buf if fresh is None else fresh
+        mac, tag_bytes = self.mac, self.tag_bytes
         pos = 0
         try:
             while self.admitting < OUTSTANDING:
@@ -265,7 +271,9 @@ class _Session(asyncio.Protocol):
                         break
                     head = RecordHead(*RECORD.unpack_from(src, pos))
                     head = self._head = self._check_head(head)
-                end = RECORD.size + head.channel_len + head.body_len + TAG_BYTES
+                ch_end = RECORD.size + head.channel_len
+                body_end = ch_end + head.body_len
+                end = body_end + tag_bytes
                 if left < end:
                     break
                 # a record of immutable bytes is a view of them; one of _buf, a copy (_buf moves)
@@ -274,16 +282,16 @@ class _Session(asyncio.Protocol):
                     record = memoryview(bytes(record))
                 pos += end
                 self._head = None
-                tag = framewire.record_tag(
-                    self.mac, self.seq, record[: RECORD.size], record[RECORD.size : -TAG_BYTES]
-                )
-                if not framewire.same_tag(record[-TAG_BYTES:], tag):
-                    raise _Closed(
-                        "unauthenticated",
-                        f"record {self.seq} has a bad tag (forged, replayed, reordered or "
-                        "from another stream)",
+                if mac is not None:
+                    tag = framewire.record_tag(
+                        mac, self.seq, record[: RECORD.size], record[RECORD.size : body_end]
                     )
-                ch_end = RECORD.size + head.channel_len
+                    if not framewire.same_tag(record[body_end:], tag):
+                        raise _Closed(
+                            "unauthenticated",
+                            f"record {self.seq} has a bad tag (forged, replayed, reordered or "
+                            "from another stream)",
+                        )
                 try:
                     channel = bytes(record[RECORD.size : ch_end]).decode()
                 except UnicodeDecodeError:
@@ -293,7 +301,7 @@ class _Session(asyncio.Protocol):
                 msg = MessageHead(
                     self.sender, channel, self.inc, head.msg_id, 0, 1, 0, head.body_len, head.base
                 )
-                body = record[ch_end:-TAG_BYTES]
+                body = record[ch_end:body_end]
                 reply = self._receive_now(msg, body)
                 if reply is not None:
                     self._ack(seq, reply)
