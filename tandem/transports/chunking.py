@@ -25,7 +25,7 @@ def split(parts: Sequence[Buffer], chunk_bytes: int) -> list[tuple[int, list[mem
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
     views = [byte_view(part) for part in parts]
-    if sum(len(v) for v in views) <= chunk_bytes:  # one chunk: the parts as they are
+    if total_size(views) <= chunk_bytes:  # one chunk: the parts as they are
         return [(0, [v for v in views if len(v)])]
     chunks: list[tuple[int, list[memoryview]]] = []
     cur: list[memoryview] = []
@@ -54,4 +54,7 @@ def pieces(views: Sequence[memoryview], piece_bytes: int) -> Iterator[memoryview
 
 
 def total_size(views: Sequence[memoryview]) -> int:
-    return sum(len(v) for v in views)
+    total = 0
+    for v in views:  # a loop: cheaper than sum() over a generator for the few views a frame has
+        total += len(v)
+    return total

@@ -105,32 +105,41 @@ _CACHE_LIMIT = 256
 
 def header_of(frame: Frame) -> dict[str, Any]:
     """The JSON header describing ``frame`` (without the buffers)."""
-    arrays = []
+    return _described(frame)[0]
+
+
+def _described(frame: Frame) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``frame``'s header and its arrays as they travel (C-contiguous, wire dtype; a view,
+    no copy, when the array is one already): one pass, one dtype lookup per array."""
+    specs, wired = [], []
     for a in frame.arrays:
-        _, token = _wire(np.asarray(a).dtype)
-        arrays.append({"dtype": token, "shape": list(np.shape(a)), "nbytes": int(a.nbytes)})
-    return {
+        a = a if type(a) is np.ndarray else np.asarray(a)
+        wire, token = _wire(a.dtype)
+        specs.append({"dtype": token, "shape": list(a.shape), "nbytes": a.nbytes})
+        wired.append(np.ascontiguousarray(a, dtype=wire))
+    meta = frame.meta
+    header = {
         "sender": frame.sender,
         "channel": frame.channel,
         "id": frame.msg_id,
         "spec": frame.spec_hash,
-        "meta": dict(frame.meta),
-        "arrays": arrays,
+        "meta": meta if type(meta) is dict else dict(meta),
+        "arrays": specs,
     }
+    return header, wired
 
 
 def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     """Encode ``frame`` as a list of buffers to write in order (no copy of array data
     when the arrays are already C-contiguous little-endian)."""
+    header_dict, wired = _described(frame)
     try:
-        header = orjson.dumps(header_of(frame), option=orjson.OPT_SERIALIZE_NUMPY)
+        header = orjson.dumps(header_dict, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise FrameError(f"frame meta is not JSON-serialisable: {exc}") from None
     header = _pad(header)
     parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
-    for a in frame.arrays:
-        wire, _ = _wire(np.asarray(a).dtype)
-        arr = np.ascontiguousarray(a, dtype=wire)
+    for arr in wired:
         if arr.nbytes:
             # extension dtypes export no buffer format of their own: send their bytes
             raw = arr.reshape(-1).view(np.uint8) if arr.dtype.kind == "V" else arr

@@ -176,7 +176,10 @@ class _Route:
     ) -> None:
         self.client, self.channel, self.msg_id, self.spec = client, channel, msg_id, spec
         self.chunks = len(chunks)
-        self.total = sum(chunking.total_size(v) for _, v in chunks)
+        total = 0
+        for _, views in chunks:
+            total += chunking.total_size(views)
+        self.total = total
         self.channel_fits = len(channel.encode()) <= framewire.MAX_CHANNEL_BYTES
 
     def headers(self) -> dict[str, str]:
@@ -269,7 +272,10 @@ class HttpClient:
             await self._session.close()
 
     def stats(self, peer: str) -> LinkStats:
-        return self.sent.setdefault(peer, LinkStats())
+        stats = self.sent.get(peer)
+        if stats is None:
+            stats = self.sent[peer] = LinkStats()
+        return stats
 
     def _check_open(self) -> None:
         if self.closed:

@@ -132,7 +132,9 @@ class FrameStream(asyncio.Protocol):
     def _resolve(self, head: AckHead, raw: bytes) -> None:
         text_end = len(raw) - self.tag_bytes
         if self.mac is not None:
-            tag = framewire.ack_tag(self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : text_end])
+            tag = framewire.ack_tag(
+                self.mac, self.ack_seq, raw[: ACK.size], raw[ACK.size : text_end]
+            )
             if not framewire.same_tag(raw[text_end:], tag):
                 raise TransportError(f"ack {self.ack_seq} has a bad tag")
         self.ack_seq += 1

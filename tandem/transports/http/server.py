@@ -268,7 +268,10 @@ class HttpServer:
                 listener.end(transport)
 
     def stats(self, peer: str) -> LinkStats:
-        return self.received.setdefault(peer, LinkStats())
+        stats = self.received.get(peer)
+        if stats is None:
+            stats = self.received[peer] = LinkStats()
+        return stats
 
     def inbox(self, peer: str, channel: str) -> Inbox[Frame]:
         """The inbox of frames from ``peer`` on ``channel`` (made on first use). Taking a
