@@ -167,8 +167,8 @@ def _pad(header: bytes) -> bytes:
     return header + b" " * pad
 
 
-def parse_prefix(prefix: bytes) -> int:
-    """Validate the 8-byte prefix and return the header length."""
+def parse_prefix(prefix: bytes | memoryview) -> int:
+    """Validate the 8-byte prefix (the start of ``prefix``) and return the header length."""
     if len(prefix) < PREFIX_SIZE:
         raise FrameError(f"frame is truncated: {len(prefix)} bytes, need at least {PREFIX_SIZE}")
     magic, header_len = _PREFIX.unpack_from(prefix)
@@ -254,26 +254,31 @@ _ARRAY_FIELDS = {"dtype", "shape", "nbytes"}
 
 
 def payload_size(header: dict[str, Any]) -> int:
-    return sum(int(s["nbytes"]) for s in header["arrays"])
+    total = 0
+    for spec in header["arrays"]:
+        total += int(spec["nbytes"])
+    return total
 
 
 def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | bytearray]) -> Frame:
     """Build a frame from a validated header and one buffer per array (zero-copy views)."""
     arrays = []
     for spec, buf in zip(header["arrays"], buffers, strict=True):
+        token = spec["dtype"]
+        dt = _PARSED.get(token) if type(token) is str else None
         arr = np.frombuffer(
-            buf, dtype=_parse_dtype(spec["dtype"], 0), count=-1 if spec["nbytes"] else 0
+            buf, dtype=dt or _parse_dtype(token, 0), count=-1 if spec["nbytes"] else 0
         )
         shape = spec["shape"]
         # frombuffer's result is 1-D already: a one-dimension shape (checked) needs no reshape
         arrays.append(arr if len(shape) == 1 and shape[0] == arr.size else arr.reshape(shape))
     return Frame(
-        sender=header["sender"],
-        channel=header["channel"],
-        msg_id=header["id"],
-        spec_hash=header["spec"],
-        meta=header["meta"],
-        arrays=tuple(arrays),
+        header["sender"],
+        header["channel"],
+        header["id"],
+        header["spec"],
+        header["meta"],
+        tuple(arrays),
     )
 
 
@@ -285,7 +290,7 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
             f"frame of {len(view)} bytes exceeds the maximum of {max_bytes}; raise max_frame_bytes "
             "on the receiver or send smaller tensors"
         )
-    header_len = parse_prefix(bytes(view[:PREFIX_SIZE]))
+    header_len = parse_prefix(view)
     end = PREFIX_SIZE + header_len
     if len(view) < end:
         raise FrameError(f"frame is truncated inside the header ({len(view)} < {end} bytes)")

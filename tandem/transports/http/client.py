@@ -350,8 +350,15 @@ class HttpClient:
                     continue
             t0 = loop.time()
             if use_stream:
+                stream = self._streams.get(peer)
                 try:
-                    streamed = await self._stream_send(peer, url, route, out.base(), views)
+                    if stream is not None and stream.usable:  # the common case, inline
+                        self.requests["stream"] = self.requests.get("stream", 0) + 1
+                        streamed: Answer | None = await stream.send(
+                            route.channel, route.msg_id, out.base(), views
+                        )
+                    else:
+                        streamed = await self._stream_send(peer, url, route, out.base(), views)
                 except (OSError, TimeoutError, EOFError) as exc:
                     deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
                     continue
