@@ -78,6 +78,26 @@ async def test_a_secret_on_one_side_only_gets_no_stream(http_pair, who):
         assert b.refused_handshakes.get("unauthenticated", 0) >= 1
 
 
+async def test_a_streamed_frame_holds_writable_aligned_arrays_of_its_own(http_pair):
+    """Each received frame owns its bytes: its arrays are writable, aligned for their dtype
+    (numpy reductions need no copy), and not views of another frame's record."""
+    a, b = await http_pair(config)
+    arrays = (
+        np.arange(7, dtype=np.complex128),
+        np.arange(12, dtype=np.float64).reshape(3, 4),
+        np.arange(5, dtype=np.int16),
+    )
+    for i in range(2):
+        await a.send("b", CH, Frame(meta={"i": i}, arrays=arrays))
+    first, second = (await b.recv("a", CH)), (await b.recv("a", CH))
+    assert a._client.requests.get("stream") == 2
+    for got, want in zip(first.arrays, arrays, strict=True):
+        assert got.dtype == want.dtype and np.array_equal(got, want)
+        assert got.flags.writeable and got.flags.aligned
+    first.arrays[1][0, 0] = -1.0
+    assert second.arrays[1][0, 0] == 0.0
+
+
 async def test_a_window_of_sends_on_several_channels_keeps_each_channel_in_order(http_pair):
     a, b = await http_pair(config)
     await asyncio.gather(*(a.send("b", ch, small(i)) for i in range(16) for ch in ("x", "y")))

@@ -105,12 +105,15 @@ _CACHE_LIMIT = 256
 
 def header_of(frame: Frame) -> dict[str, Any]:
     """The JSON header describing ``frame`` (without the buffers)."""
-    return _described(frame)[0]
+    return _described(frame, frame.sender, frame.channel, frame.msg_id, frame.spec_hash)[0]
 
 
-def _described(frame: Frame) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """``frame``'s header and its arrays as they travel (C-contiguous, wire dtype; a view,
-    no copy, when the array is one already): one pass, one dtype lookup per array."""
+def _described(
+    frame: Frame, sender: str, channel: str, msg_id: int, spec_hash: str
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """``frame``'s header (with these ``sender`` .. ``spec_hash`` fields) and its arrays as
+    they travel (C-contiguous, wire dtype; a view, no copy, when the array is one already):
+    one pass, one dtype lookup per array."""
     specs, wired = [], []
     for a in frame.arrays:
         a = a if type(a) is np.ndarray else np.asarray(a)
@@ -119,10 +122,10 @@ def _described(frame: Frame) -> tuple[dict[str, Any], list[np.ndarray]]:
         wired.append(np.ascontiguousarray(a, dtype=wire))
     meta = frame.meta
     header = {
-        "sender": frame.sender,
-        "channel": frame.channel,
-        "id": frame.msg_id,
-        "spec": frame.spec_hash,
+        "sender": sender,
+        "channel": channel,
+        "id": msg_id,
+        "spec": spec_hash,
         "meta": meta if type(meta) is dict else dict(meta),
         "arrays": specs,
     }
@@ -132,7 +135,15 @@ def _described(frame: Frame) -> tuple[dict[str, Any], list[np.ndarray]]:
 def encode_parts(frame: Frame) -> list[memoryview | bytes]:
     """Encode ``frame`` as a list of buffers to write in order (no copy of array data
     when the arrays are already C-contiguous little-endian)."""
-    header_dict, wired = _described(frame)
+    return encode_parts_as(frame, frame.sender, frame.channel, frame.msg_id, frame.spec_hash)
+
+
+def encode_parts_as(
+    frame: Frame, sender: str, channel: str, msg_id: int, spec_hash: str
+) -> list[memoryview | bytes]:
+    """`encode_parts` of ``frame`` with these header fields instead of its own (what a
+    transport stamps on each send), without building the frame that has them."""
+    header_dict, wired = _described(frame, sender, channel, msg_id, spec_hash)
     try:
         header = orjson.dumps(header_dict, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:

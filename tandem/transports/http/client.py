@@ -102,9 +102,12 @@ class _OutStream:
         base = self.base()
         if msg_id - base >= window:
             return False
-        if msg_id in self.chunked:
+        chunked = self.chunked
+        if not chunked:
+            return True
+        if msg_id in chunked:
             return msg_id == base
-        return not any(k < msg_id for k in self.chunked)
+        return not any(k < msg_id for k in chunked)
 
     async def turn(self, msg_id: int, window: int) -> None:
         """Wait until ``msg_id`` may start (see the invariant)."""
@@ -293,15 +296,15 @@ class HttpClient:
             out = self._out[(peer, channel)] = _OutStream()
         msg_id = out.next_id  # taken below, before anything is awaited
         spec = self.spec_hash or frame.spec_hash
-        frame = (
-            Frame(cfg.name, channel, msg_id, spec, frame.meta, frame.arrays)
-            if type(frame) is Frame  # a subclass keeps its own fields: `replace` copies them
-            else frame.replace(sender=cfg.name, channel=channel, msg_id=msg_id, spec_hash=spec)
-        )
-        chunks = chunking.split(codec.encode_parts(frame), cfg.chunk_bytes)
+        if type(frame) is Frame:  # its header fields stamped as it is encoded
+            parts = codec.encode_parts_as(frame, cfg.name, channel, msg_id, spec)
+        else:  # a subclass keeps its own fields: `replace` copies them
+            frame = frame.replace(sender=cfg.name, channel=channel, msg_id=msg_id, spec_hash=spec)
+            parts = codec.encode_parts(frame)
+        chunks = chunking.split(parts, cfg.chunk_bytes)
         out.assign(chunked=len(chunks) > 1)
         try:
-            route = _Route(self, channel, msg_id, chunks, frame.spec_hash)
+            route = _Route(self, channel, msg_id, chunks, spec)
             if not out.may_start(msg_id, cfg.send_window):
                 await out.turn(msg_id, cfg.send_window)
             self._check_open()

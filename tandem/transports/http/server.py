@@ -72,7 +72,7 @@ from .protocol import (
 )
 from .quietlog import QuietLog
 from .scan import FiniteScan, all_finite, is_float
-from .streams import Held, Partial, StreamState, message_buffer
+from .streams import Held, Partial, StreamState
 from .streamserve import RecordBody, serve_stream
 
 log = logging.getLogger(__name__)
@@ -667,8 +667,9 @@ class HttpServer:
             box.unreserve()
             return None
         t_read = time.monotonic()
-        buffer = message_buffer(total)
-        buffer[:] = body
+        # the record's bytes, copied at once into a writable buffer the frame's arrays view
+        # (a bytearray: malloc's alignment suffices, the codec aligns arrays within it)
+        buffer = memoryview(bytearray(body))
         self.requests["stream"] = self.requests.get("stream", 0) + 1
         stats = self.stats(sender)
         stats.bytes += length
