@@ -682,9 +682,40 @@ class HttpServer:
             box.unreserve()
             self.budget.release(total)
             raise
-        state.ready[msg_id] = Held(frame, total, base)
-        self.advance(key, state)
-        return self.turn_settled(state, inc, msg_id, 0.0)
+        if state.ready or state.partials:
+            state.ready[msg_id] = Held(frame, total, base)
+            self.advance(key, state)
+            return self.turn_settled(state, inc, msg_id, 0.0)
+        return self.deliver_next(key, state, box, frame, total)
+
+    def deliver_next(
+        self,
+        key: tuple[str, str],
+        state: StreamState,
+        box: Inbox[Frame],
+        frame: Frame,
+        size: int,
+    ) -> Reply:
+        """`advance` and `turn_settled` for the message the stream expects next (``box`` slot
+        reserved, ``size`` bytes of the budget taken) when nothing else is held: the frame
+        passes the ``admit_frame`` hook and is delivered (200), or its refusal is raised with
+        its id left unused, as they would do."""
+        try:
+            self.check_admission(frame)
+        except Refuse:
+            box.unreserve()
+            self.budget.release(size)
+            state.wake()
+            raise
+        self.deliver(box, key, frame, size)
+        self.stats(key[0]).frames += 1
+        nid = state.next_id = frame.msg_id + 1
+        if state.refused:
+            for k in [k for k in state.refused if k < nid]:
+                del state.refused[k]
+        if state.waiters:
+            state.wake()
+        return Reply(200, "ok", 0.0)
 
     def advance(self, key: tuple[str, str], state: StreamState) -> None:
         """Deliver from ``ready`` in id order, each frame after the ``admit_frame`` hook; when
