@@ -72,3 +72,35 @@ async def test_a_wake_without_an_item_keeps_waiting_until_the_same_deadline():
     box.unreserve()  # wakes the waiters; still no item
     assert not await waiting
     assert not box._waiters
+
+
+async def test_waits_answered_by_items_share_one_timer():
+    """A channel that waits once per item arms no timer per wait: the deadline timer armed by
+    the first wait serves the later ones (their deadlines are later)."""
+    box: Inbox[int] = Inbox(2)
+    timers = set()
+    for i in range(20):
+        assert box.try_reserve()
+        waiting = asyncio.ensure_future(box.wait_item(30))
+        await asyncio.sleep(0)
+        timers.add(id(box._timer))
+        box.deliver(i)
+        assert await waiting and box.pop() == i
+    assert len(timers) == 1 and box._timer is not None
+    box.close()
+    assert box._timer is None
+
+
+async def test_a_shorter_wait_after_a_longer_one_runs_out_on_its_own_deadline():
+    box: Inbox[int] = Inbox(2)
+    loop = asyncio.get_running_loop()
+    long_wait = asyncio.ensure_future(box.wait_item(60))
+    await asyncio.sleep(0)
+    start = loop.time()
+    assert not await box.wait_item(0.02)
+    assert loop.time() - start < 1.0
+    assert not long_wait.done()
+    # the timer rests on the long wait's deadline now
+    assert box._timer is not None and box._timer.when() > loop.time() + 50
+    box.close()
+    assert await long_wait

@@ -21,11 +21,15 @@ from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
+#: seconds within which a `wait_item` deadline counts as come: event loop timers may fire up
+#: to a millisecond early (uvloop keeps milliseconds), and re-arming for less would spin
+TIMER_SLACK = 1e-3
+
 
 class Inbox(Generic[T]):
     """Bounded FIFO with slot reservation. See the module docstring for the invariant."""
 
-    __slots__ = ("capacity", "items", "reserved", "closed", "on_take", "_waiters")
+    __slots__ = ("capacity", "items", "reserved", "closed", "on_take", "_waiters", "_timer")
 
     def __init__(
         self,
@@ -42,8 +46,12 @@ class Inbox(Generic[T]):
         self.closed = closed
         self.on_take = on_take  # called with each item as a consumer takes it
         # insertion-ordered: waiters wake in the order they began waiting, so producers that
-        # queue for a slot take slots in that order
-        self._waiters: dict[asyncio.Future[Any], None] = {}
+        # queue for a slot take slots in that order; the value is a `wait_item` waiter's
+        # deadline (loop time), None for the others
+        self._waiters: dict[asyncio.Future[Any], float | None] = {}
+        # the one timer of the `wait_item` deadlines: armed for the earliest one or earlier,
+        # re-armed when it fires (not one timer per wait: a busy channel waits per item)
+        self._timer: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
         """Items waiting to be taken (reserved slots not counted)."""
@@ -117,23 +125,48 @@ class Inbox(Generic[T]):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while not (self.items or self.closed):
-            # a timer that answers the waiter (True) is cheaper than a timeout that cancels us
+            # the inbox's timer answers the waiter (True) at its deadline: cheaper than a
+            # timeout that cancels us, and than a timer of its own armed and cancelled per wait
             waiter: asyncio.Future[bool | None] = loop.create_future()
-            self._waiters[waiter] = None
-            timer = loop.call_at(deadline, _expire, waiter)
+            self._waiters[waiter] = deadline
+            timer = self._timer
+            if timer is None or timer.when() > deadline:
+                self._arm(loop, deadline)
             try:
                 expired = await waiter
             finally:
                 del self._waiters[waiter]
-                timer.cancel()
             if expired and not (self.items or self.closed):
                 return False
         return True
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(when, self._expire_due, loop)
+
+    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The timer: answer True to each `wait_item` waiter whose deadline has come, and
+        re-arm for the earliest deadline still ahead (none: the timer rests)."""
+        self._timer = None
+        now, ahead = loop.time() + TIMER_SLACK, None
+        for waiter, deadline in self._waiters.items():
+            if deadline is None or waiter.done():
+                continue
+            if deadline <= now:
+                waiter.set_result(True)
+            elif ahead is None or deadline < ahead:
+                ahead = deadline
+        if ahead is not None:
+            self._arm(loop, ahead)
 
     def close(self) -> None:
         """Refuse new reservations and wake every waiter; queued items stay readable."""
         self.closed = True
         self._wake()
+        if self._timer is not None:  # the woken waiters return: no deadline is left to keep
+            self._timer.cancel()
+            self._timer = None
 
     def reopen(self) -> None:
         """Accept reservations again (a peer came back)."""
@@ -152,8 +185,3 @@ class Inbox(Generic[T]):
         for waiter in self._waiters:
             if not waiter.done():
                 waiter.set_result(None)
-
-
-def _expire(waiter: asyncio.Future[bool | None]) -> None:
-    if not waiter.done():
-        waiter.set_result(True)
