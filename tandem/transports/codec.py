@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
 from typing import Any
 
 import ml_dtypes
@@ -271,28 +270,6 @@ def payload_size(header: dict[str, Any]) -> int:
     return total
 
 
-def frame_from(header: dict[str, Any], buffers: Sequence[bytes | memoryview | bytearray]) -> Frame:
-    """Build a frame from a validated header and one buffer per array (zero-copy views)."""
-    arrays = []
-    for spec, buf in zip(header["arrays"], buffers, strict=True):
-        token = spec["dtype"]
-        dt = _PARSED.get(token) if type(token) is str else None
-        arr = np.frombuffer(
-            buf, dtype=dt or _parse_dtype(token, 0), count=-1 if spec["nbytes"] else 0
-        )
-        shape = spec["shape"]
-        # frombuffer's result is 1-D already: a one-dimension shape (checked) needs no reshape
-        arrays.append(arr if len(shape) == 1 and shape[0] == arr.size else arr.reshape(shape))
-    return Frame(
-        header["sender"],
-        header["channel"],
-        header["id"],
-        header["spec"],
-        header["meta"],
-        tuple(arrays),
-    )
-
-
 def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None) -> Frame:
     """Decode one frame produced by `encode`; raises `FrameError` naming what is wrong."""
     view = memoryview(data)
@@ -306,11 +283,33 @@ def decode(data: bytes | bytearray | memoryview, *, max_bytes: int | None = None
     if len(view) < end:
         raise FrameError(f"frame is truncated inside the header ({len(view)} < {end} bytes)")
     header = parse_header(view[PREFIX_SIZE:end])
-    total = end + payload_size(header)
-    if len(view) != total:
-        raise FrameError(f"frame body is {len(view)} bytes but its header describes {total} bytes")
-    buffers, offset = [], end
+    # the arrays are zero-copy views of ``data``, made in the same pass that checks the body's
+    # length against the header
+    size = len(view)
+    arrays = []
+    offset = end
     for spec in header["arrays"]:
-        buffers.append(view[offset : offset + spec["nbytes"]])
-        offset += spec["nbytes"]
-    return frame_from(header, buffers)
+        nbytes = spec["nbytes"]
+        stop = offset + nbytes
+        if stop > size:
+            break
+        token = spec["dtype"]
+        dt = _PARSED.get(token) if type(token) is str else None
+        arr = np.frombuffer(
+            view[offset:stop], dtype=dt or _parse_dtype(token, 0), count=-1 if nbytes else 0
+        )
+        shape = spec["shape"]
+        # frombuffer's result is 1-D already: a one-dimension shape (checked) needs no reshape
+        arrays.append(arr if len(shape) == 1 and shape[0] == arr.size else arr.reshape(shape))
+        offset = stop
+    if offset != size or len(arrays) != len(header["arrays"]):
+        total = end + payload_size(header)
+        raise FrameError(f"frame body is {size} bytes but its header describes {total} bytes")
+    return Frame(
+        header["sender"],
+        header["channel"],
+        header["id"],
+        header["spec"],
+        header["meta"],
+        tuple(arrays),
+    )
