@@ -146,7 +146,11 @@ def test_mutated_frames_raise_frame_error_or_decode(frame, data):
         | st.lists(
             st.dictionaries(
                 st.sampled_from(["dtype", "shape", "nbytes"]),
-                st.integers(-3, 9) | st.text(max_size=4) | st.lists(st.integers(-2, 4), max_size=3),
+                st.integers(-3, 9)
+                | st.floats(-3, 16)
+                | st.booleans()
+                | st.text(max_size=4)
+                | st.lists(st.integers(-2, 4), max_size=3),
             ),
             max_size=2,
         ),
@@ -160,6 +164,17 @@ def test_malformed_headers_raise_frame_error(header):
         codec.decode(raw)
     except FrameError:
         pass
+
+
+def test_a_size_that_is_no_integer_is_refused_by_name():
+    """``nbytes`` of 16.0 equals 16 but is a float: refused as malformed (400), not an
+    internal error where the body is sliced."""
+    header = codec.header_of(Frame(arrays=(np.arange(4, dtype=np.int32),)))
+    header["arrays"][0]["nbytes"] = 16.0
+    body = codec._pad(orjson.dumps(header))
+    raw = codec._PREFIX.pack(codec.MAGIC, len(body)) + body + np.arange(4, dtype=np.int32).tobytes()
+    with pytest.raises(FrameError, match="array 0: nbytes 16.0"):
+        codec.decode(raw)
 
 
 def test_specific_errors_name_the_problem():

@@ -234,9 +234,9 @@ def parse_header(raw: bytes | memoryview) -> dict[str, Any]:
                 f"{dt.str} overflows 64-bit sizes"
             )
         expected = count * dt.itemsize
-        if spec["nbytes"] != expected:
+        if type(spec["nbytes"]) is not int or spec["nbytes"] != expected:
             raise FrameError(
-                f"array {i}: nbytes {spec['nbytes']} does not match dtype {dt.str} and shape "
+                f"array {i}: nbytes {spec['nbytes']!r} does not match dtype {dt.str} and shape "
                 f"{shape} ({expected} bytes)"
             )
     return header
