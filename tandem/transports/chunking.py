@@ -13,20 +13,23 @@ from collections.abc import Iterator, Sequence
 Buffer = bytes | memoryview
 
 
-def byte_view(part: Buffer) -> memoryview:
-    mv = memoryview(part)
-    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
-
-
 def split(parts: Sequence[Buffer], chunk_bytes: int) -> list[tuple[int, list[memoryview]]]:
     """``[(offset, views), ...]`` covering ``parts`` in order, each at most ``chunk_bytes``.
 
     Always returns at least one chunk (possibly of zero bytes)."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    views = [byte_view(part) for part in parts]
-    if total_size(views) <= chunk_bytes:  # one chunk: the parts as they are
-        return [(0, [v for v in views if len(v)])]
+    views = []
+    total = 0
+    for part in parts:  # byte views of the nonempty parts, and their total, in one pass
+        mv = memoryview(part)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+        if n := len(mv):
+            views.append(mv)
+            total += n
+    if total <= chunk_bytes:  # one chunk: the parts as they are
+        return [(0, views)]
     chunks: list[tuple[int, list[memoryview]]] = []
     cur: list[memoryview] = []
     cur_len = 0

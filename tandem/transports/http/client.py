@@ -182,7 +182,7 @@ class _Route:
         total = 0
         for _, views in chunks:
             total += chunking.total_size(views)
-        self.total = total
+        self.total = total  # of a single chunk: that chunk's size
         self.channel_fits = len(channel.encode()) <= framewire.MAX_CHANNEL_BYTES
 
     def headers(self) -> dict[str, str]:
@@ -329,7 +329,7 @@ class HttpClient:
         """Post chunk ``i`` until acknowledged; returns the index of the next chunk to send."""
         cfg = self.cfg
         offset, views = chunks[i]
-        size = chunking.total_size(views)
+        size = route.total if route.chunks == 1 else chunking.total_size(views)
         use_bulk = cfg.bulk_min_bytes is not None and size >= cfg.bulk_min_bytes
         use_stream = (
             self._stream_eligible
