@@ -90,10 +90,11 @@ class HttpConfig:
         line. Smaller requests (per-message latency matters more there) keep the plain POST.
         None: always plain POST.
       frame_streams: send single-chunk frames below ``bulk_min_bytes`` (and below 1 MiB) on a
-        persistent authenticated frame stream per peer (``tandem-stream/1``: one signed
-        handshake, then records with their own tags and compact acks, no HTTP request per
-        frame), and offer such streams to senders. A peer that does not offer them gets
-        POSTs, as does every frame while the link is shaped. False: POST only.
+        persistent frame stream per peer (``tandem-stream/1``: one signed handshake, then
+        records and compact acks, tagged when both parties hold a ``secret``; no HTTP
+        request per frame), and offer such streams to senders. A peer that does not offer
+        them gets POSTs, as does every frame while the link is shaped (and a peer whose
+        secret setting differs). False: POST only.
       clock: wall clock for signing/verifying (injectable in tests).
       advertise_url: the base URL peers should use to reach this party (sent, signed, as
         ``X-Tandem-Reply-To``); defaults to `HttpTransport.url` (set it when serving on 0.0.0.0
