@@ -117,7 +117,9 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
         raise ConnectionResetError("the client left before the upgrade")
     h = request.headers
     secret = server.cfg.keys().get(h.get(auth.KEY_ID, ""), b"") if server.verifier else b""
-    tags = framewire.tags_for(secret)  # no secret: this receiver authenticates nothing
+    # tagged whenever this receiver authenticates (never downgraded by a key's value); no
+    # secret: it authenticates nothing, and its streams carry no tags
+    tags = framewire.TAGS_HMAC if server.verifier is not None else framewire.TAGS_NONE
     stream_nonce = secrets.token_hex(framewire.NONCE_BYTES)
     # with a secret, the verifier checked that TO names this process and NONCE is fresh
     key = framewire.stream_key(
