@@ -189,3 +189,20 @@ def test_specific_errors_name_the_problem():
         codec.encode(Frame(arrays=(np.array(["a"]),)))
     with pytest.raises(FrameError, match="JSON"):
         codec.encode(Frame(meta={"x": object()}))
+
+
+def test_encoded_size_reads_no_array_data():
+    """The size of a frame whose array is not contiguous is known from its header: nothing is
+    copied to learn it (a shaped memory link asks it of every frame)."""
+    import tracemalloc
+
+    arr = np.zeros((1024, 2048), np.float32)[:, ::2]  # 4 MiB of float32, strided
+    frame = Frame(arrays=(arr,))
+    tracemalloc.start()
+    try:
+        size = codec.encoded_size(frame)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert size == len(codec.encode(frame))
+    assert peak < arr.nbytes // 8

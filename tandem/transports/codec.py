@@ -109,16 +109,15 @@ def header_of(frame: Frame) -> dict[str, Any]:
 
 def _described(
     frame: Frame, sender: str, channel: str, msg_id: int, spec_hash: str
-) -> tuple[dict[str, Any], list[np.ndarray]]:
-    """``frame``'s header (with these ``sender`` .. ``spec_hash`` fields) and its arrays as
-    they travel (C-contiguous, wire dtype; a view, no copy, when the array is one already):
-    one pass, one dtype lookup per array."""
-    specs, wired = [], []
+) -> tuple[dict[str, Any], list[tuple[np.ndarray, np.dtype]]]:
+    """``frame``'s header (with these ``sender`` .. ``spec_hash`` fields), and each array with
+    the dtype it travels as: one pass, one dtype lookup per array, no array data touched."""
+    specs, arrays = [], []
     for a in frame.arrays:
         a = a if type(a) is np.ndarray else np.asarray(a)
         wire, token = _wire(a.dtype)
         specs.append({"dtype": token, "shape": list(a.shape), "nbytes": a.nbytes})
-        wired.append(np.ascontiguousarray(a, dtype=wire))
+        arrays.append((a, wire))
     meta = frame.meta
     header = {
         "sender": sender,
@@ -128,7 +127,7 @@ def _described(
         "meta": meta if type(meta) is dict else dict(meta),
         "arrays": specs,
     }
-    return header, wired
+    return header, arrays
 
 
 def encode_parts(frame: Frame) -> list[memoryview | bytes]:
@@ -142,14 +141,16 @@ def encode_parts_as(
 ) -> list[memoryview | bytes]:
     """`encode_parts` of ``frame`` with these header fields instead of its own (what a
     transport stamps on each send), without building the frame that has them."""
-    header_dict, wired = _described(frame, sender, channel, msg_id, spec_hash)
+    header_dict, arrays = _described(frame, sender, channel, msg_id, spec_hash)
     try:
         header = orjson.dumps(header_dict, option=orjson.OPT_SERIALIZE_NUMPY)
     except TypeError as exc:
         raise FrameError(f"frame meta is not JSON-serialisable: {exc}") from None
     header = _pad(header)
     parts: list[memoryview | bytes] = [_PREFIX.pack(MAGIC, len(header)), header]
-    for arr in wired:
+    for a, wire in arrays:
+        # C-contiguous in the wire dtype: a view, no copy, when the array is one already
+        arr = np.ascontiguousarray(a, dtype=wire)
         if arr.nbytes:
             # extension dtypes export no buffer format of their own: send their bytes
             raw = arr.reshape(-1).view(np.uint8) if arr.dtype.kind == "V" else arr
