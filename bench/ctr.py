@@ -7,6 +7,9 @@ parties' TOML files.
   (float32) and categorical ``C1``..``C13`` (int64 category values);
 * ``follower.parquet`` (``--followers 1``: ``I14``..``I26``, ``C14``..``C26``), or
   ``follower1``..``follower3.parquet`` (``--followers 3``: those columns dealt round-robin);
+* ``<party>_vocabularies.json``: every value each of the party's categorical columns can take
+  (the catalog the values are drawn from), which its TOML declares (``[data] vocabularies``),
+  so each embedding table has ``V_j + 1`` rows whatever rows a run trains on;
 * ``<party>.toml`` for every party (`write_configs`) and ``workload.json`` (the `Workload`
   that made them: rows, vocabularies, seed, the Bayes-optimal AUCs of the generating model).
 
@@ -133,6 +136,7 @@ def _zipf_ranks(rng: np.random.Generator, vocab: int, rows: int, s: float) -> np
 class _PartyDraw:
     dense: dict[int, np.ndarray]
     categorical: dict[int, np.ndarray]  # int64 category values
+    catalog: dict[int, np.ndarray]  # every value column j can take (its declared vocabulary)
     term: np.ndarray  # this party's logit term, float64, unit variance
 
 
@@ -151,6 +155,7 @@ def _draw_party(work: Workload, party_index: int, dense: list[int], cats: list[i
     linear /= max(linear.std(), 1e-9)
     effects = np.zeros(rows)
     out_cats: dict[int, np.ndarray] = {}
+    catalog: dict[int, np.ndarray] = {}
     for j in cats:
         vocab = work.vocab[j]
         ranks = _zipf_ranks(rng, vocab, rows, work.zipf_s)
@@ -159,10 +164,11 @@ def _draw_party(work: Workload, party_index: int, dense: list[int], cats: list[i
         # scrambled category values: the rank is not the value's order
         values = rng.permutation(vocab).astype(np.int64) * 7919 + 1_000_003 * (j + 1)
         out_cats[j] = values[ranks]
+        catalog[j] = values
     if cats:
         effects /= max(effects.std(), 1e-9)
     term = (linear + effects) / math.sqrt(2.0)
-    return _PartyDraw(out_dense, out_cats, term)
+    return _PartyDraw(out_dense, out_cats, catalog, term)
 
 
 def generate(work: Workload, out: Path) -> dict[str, Any]:
@@ -215,8 +221,13 @@ def generate(work: Workload, out: Path) -> dict[str, Any]:
         finally:
             if with_writer is not None:
                 with_writer.close()
+        vocabularies = out / f"{party}_vocabularies.json"
+        vocabularies.write_text(
+            json.dumps({categorical_name(j): draw.catalog[j].tolist() for j in layout[party][1]})
+        )
         files[party] = {
             "file": path.name,
+            "vocabularies": vocabularies.name,
             "dense": [dense_name(j) for j in layout[party][0]],
             "categorical": [categorical_name(j) for j in layout[party][1]],
         }
@@ -291,6 +302,7 @@ def party_toml(
         'id_column = "id"',
         *(['label_column = "label"'] if party == leader else []),
         "categorical = [" + ", ".join(f'"{c}"' for c in cats) + "]",
+        f'vocabularies = "{party}_vocabularies.json"',
         *([f'aligned = "{party}_aligned.csv"'] if aligned else []),
         *(f"{k} = {json.dumps(v)}" for k, v in (extra_data or {}).items()),
         "",

@@ -31,7 +31,8 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
   its parameters and optimizer state (float32 parameters, Adam's two moments: 3 × 4 bytes per
   parameter); ``rss_vs_data``: rss ÷ (data + state);
 * ``params``: the parameter count of the whole model (per stage in ``params_by_stage``): the
-  embedding tables have one row per category the training rows hold, so it grows with size;
+  parties declare their columns' catalogs (``[data] vocabularies``), so the embedding tables
+  have one row per category the workload can draw, and the model is the same at every size;
 * ``auc_joint`` (the parties' ``test_auc``), ``auc_centralized``, ``auc_leader_only``, on the
   same test rows; ``centralized_rows_per_s`` (last epoch, like ``rows_per_s``);
   ``vs_centralized`` = rows_per_s ÷ centralized_rows_per_s;
@@ -456,7 +457,8 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     work = ctr.Workload(rows, settings.followers, settings.seed, vocab=settings.vocab)
     vocab = f"v{min(settings.vocab)}-{max(settings.vocab)}"
     folder = work_dir / f"{rows}-k{settings.followers}-s{settings.seed}-{vocab}"
-    if not (folder / "workload.json").exists():
+    made = ["workload.json", *(f"{p}_vocabularies.json" for p in work.parties)]
+    if not all((folder / name).exists() for name in made):
         log(f"{rows} rows: generating the workload in {folder}")
         t0 = time.perf_counter()
         ctr.generate(work, folder)

@@ -1,5 +1,7 @@
 """`bench.ctr`: the click-through workload split by columns, for one and three followers."""
 
+import json
+
 import pytest
 
 from bench import ctr
@@ -33,3 +35,11 @@ def test_columns_split_between_parties_and_ids_line_them_up(tmp_path, followers)
     assert all(ids[p] != ids["leader"] for p in work.parties[1:])
     # the label depends on every party: all columns predict it better than the leader's
     assert manifest["bayes_auc"] > manifest["bayes_auc_leader_term"] + 0.03
+    # each party declares its columns' catalogs: V_j distinct values holding every table value
+    for p in work.parties:
+        declared = json.loads((tmp_path / manifest["parties"][p]["vocabularies"]).read_text())
+        assert list(declared) == manifest["parties"][p]["categorical"]
+        for name, values in declared.items():
+            j = int(name[1:]) - 1
+            assert len(values) == len(set(values)) == work.vocab[j]
+            assert set(tables[p][name].to_pylist()) <= set(values)

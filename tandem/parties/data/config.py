@@ -10,6 +10,7 @@
     label_column = "churned"        # label party only
     features = ["age", "city"]      # optional; default: every column but id and label
     categorical = ["city"]          # optional; encoded to integer codes, 0 = unseen or missing
+    vocabularies = "codes.json"     # optional: fixed value lists of categorical columns
     missing = "error"               # "error" | "mean" | "zero"
     scale = "standard"              # "standard" | "none"
     aligned = "a_aligned.csv"       # optional: the `tandem align --out` file
@@ -42,6 +43,7 @@ DATA_KEYS = (
     "label_column",
     "features",
     "categorical",
+    "vocabularies",
     "missing",
     "scale",
     "aligned",
@@ -68,8 +70,9 @@ class SplitConfig:
 class DataConfig:
     """A checked ``[data]`` table. ``source`` and ``aligned`` are resolved against the folder
     of the TOML file when they are relative local paths; ``path`` is that TOML file (for
-    messages), or None when the table did not come from a file. ``in_memory`` and
-    ``spill_dir`` say where a split-learning party keeps its packed features
+    messages), or None when the table did not come from a file. ``vocabularies`` (resolved
+    likewise) is a JSON file of declared vocabularies (`tandem.parties.data.declared`).
+    ``in_memory`` and ``spill_dir`` say where a split-learning party keeps its packed features
     (`tandem.parties.data.mapped`); federated and elastic parties hold theirs in memory.
 
     Invariants: ``features`` (when given) and ``categorical`` hold no name twice, and neither
@@ -88,6 +91,7 @@ class DataConfig:
     path: str | None = None
     in_memory: bool = False
     spill_dir: str | None = None
+    vocabularies: str | None = None
 
     @property
     def where(self) -> str:
@@ -127,6 +131,12 @@ def parse_data_config(
                 "list every feature in data.features (categorical ones too), or leave "
                 "data.features out to use every column but the id and the label"
             )
+    vocabularies = _optional_string(table, "vocabularies", where)
+    if vocabularies is not None and not categorical:
+        raise DataError(
+            f"{where}: data.vocabularies is set but data.categorical lists no column; list "
+            "the categorical columns in data.categorical, or remove data.vocabularies"
+        )
     missing = _choice(table, "missing", MISSING, "error", where)
     scale = _choice(table, "scale", SCALE, "standard", where)
     aligned = _optional_string(table, "aligned", where)
@@ -161,6 +171,7 @@ def parse_data_config(
         path=where if path is not None else None,
         in_memory=in_memory,
         spill_dir=None if spill_dir is None else _resolve(spill_dir, base),
+        vocabularies=None if vocabularies is None else _resolve(vocabularies, base),
     )
 
 

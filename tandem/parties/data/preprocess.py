@@ -15,7 +15,9 @@ The rules (docs/data.md states them for users):
   order listed (file order by default). Numeric ones come out as float32 columns of
   `Features.numeric`, categorical ones as int32 columns of `Features.categorical`, each in
   that order.
-* Categorical: the vocabulary is the sorted set of values in the training rows; value
+* Categorical: the vocabulary is the sorted set of values in the training rows, or the
+  column's list in ``cfg.vocabularies`` sorted (`tandem.parties.data.declared`: the list's
+  kind must be the column's, and at least one training value must be in it); value
   ``vocabulary[i]`` has code ``i + 1``; code 0 is reserved for a value not in the vocabulary
   and for a missing cell. Integer and string columns are accepted (and float columns whose
   values are all whole numbers).
@@ -40,6 +42,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from .config import MISSING, SCALE, DataConfig
+from .declared import Declared, read_declared
 from .errors import DataError
 from .mapped import ColumnSpill
 from .table import Column, Table
@@ -237,8 +240,10 @@ def fit(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> Preprocessing:
     _require_training_rows(table, train_rows)
     numeric, categorical = feature_columns(table, cfg)
     stats = [_fit_numeric(table.source, table[name], train_rows, cfg) for name in numeric]
+    declared = _declared(cfg, categorical)
     vocabularies = [
-        _fit_categorical(table.source, table[name], train_rows, cfg.missing) for name in categorical
+        _fit_categorical(table.source, table[name], train_rows, cfg.missing, declared.get(name))
+        for name in categorical
     ]
     return _state(cfg, numeric, categorical, stats, vocabularies)
 
@@ -259,6 +264,7 @@ def fit_transform(
     ``packed`` and ``spill_dir`` allocate the features as `allocate_features` says."""
     _require_training_rows(table, train_rows)
     numeric, categorical = feature_columns(table, cfg)
+    declared = _declared(cfg, categorical)
     features = allocate_features(
         len(rows), len(numeric), len(categorical), packed=packed, spill_dir=spill_dir
     )
@@ -280,7 +286,9 @@ def fit_transform(
     vocabularies = []
     for j, name in enumerate(categorical):
         column = table[name]
-        vocabularies.append(_fit_categorical(table.source, column, train_rows, cfg.missing))
+        vocabularies.append(
+            _fit_categorical(table.source, column, train_rows, cfg.missing, declared.get(name))
+        )
         if deferred is None:
             try:
                 out = features.categorical[:, j]
@@ -379,9 +387,22 @@ def _fit_numeric(
     return fill, mean, std
 
 
+def _declared(cfg: DataConfig, categorical: tuple[str, ...]) -> dict[str, Declared]:
+    """The declared vocabularies of ``cfg.vocabularies`` (none when unset)."""
+    if cfg.vocabularies is None:
+        return {}
+    return read_declared(cfg.vocabularies, categorical, cfg.where)
+
+
 def _fit_categorical(
-    source: str, column: Column, train_rows: np.ndarray, missing_rule: str
+    source: str,
+    column: Column,
+    train_rows: np.ndarray,
+    missing_rule: str,
+    declared: Declared | None = None,
 ) -> Vocabulary:
+    """The vocabulary of a categorical column: its training values, or ``declared`` once
+    checked against them (same kind, at least one training value in it)."""
     column = _categorical_column(source, column)
     keep = train_rows
     if column.missing is not None:
@@ -391,11 +412,38 @@ def _fit_categorical(
         keep = train_rows[~missing]
     text = column.arrow_text
     if text is not None:
-        return _arrow_vocabulary(text, keep)
-    if column.kind == "int":  # the union of each chunk's values: the same sorted set
+        fitted = _arrow_vocabulary(text, keep)
+    elif column.kind == "int":  # the union of each chunk's values: the same sorted set
         parts = [np.unique(column.values[keep[i : i + _ROWS]]) for i in range(0, len(keep), _ROWS)]
-        return _vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
-    return _vocabulary(column.kind, column.values[keep])
+        fitted = _vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
+    else:
+        fitted = _vocabulary(column.kind, column.values[keep])
+    if declared is None:
+        return fitted
+    return _check_declared(source, column.name, fitted, Vocabulary(*declared))
+
+
+def _check_declared(source: str, name: str, fitted: Vocabulary, declared: Vocabulary) -> Vocabulary:
+    """``declared`` when it suits the column whose training values are ``fitted``: a list of
+    numbers for a number column, of text for a text one (a number column's value 7 and the
+    text "07" would never match, and every row would silently get code 0), holding at least
+    one of the training values (none means the list is another column's)."""
+    if fitted.values and declared.kind != fitted.kind:
+        holds, lists = ("numbers", "text") if fitted.kind == "int" else ("text", "numbers")
+        raise DataError(
+            f"{source!r}: categorical column {name!r} holds {holds} but data.vocabularies "
+            f"lists {lists} for it; write its values as JSON {holds} (e.g. "
+            f"{fitted.values[0]!r}), exactly as the column holds them"
+        )
+    if fitted.values:
+        known = set(declared.values)
+        if not any(v in known for v in fitted.values):
+            raise DataError(
+                f"{source!r}: none of the {len(fitted.values)} values of categorical column "
+                f"{name!r} in the training rows (e.g. {fitted.values[0]!r}) is in its list in "
+                "data.vocabularies; check that the list is this column's"
+            )
+    return declared
 
 
 def _transform_numeric(
