@@ -118,6 +118,42 @@ def test_the_loader_buffer_drops_each_column_and_transposes_to_rows(tmp_path):
     assert _resident_bytes(f.spill.matrix) == 0
 
 
+@pytest.mark.parametrize("block_rows", [1000, 1 << 14, 1 << 16])
+def test_to_rows_writes_whole_2_mib_pieces_and_the_same_bytes(tmp_path, monkeypatch, block_rows):
+    # 5 columns: 20-byte rows, so no block of rows ends on a 2 MiB boundary; 1000-row blocks
+    # are smaller than 2 MiB, 2**16-row blocks larger: every write but the last is a whole
+    # number of 2 MiB pieces from an offset that is one, so the page cache can hold 2 MiB
+    # folios.
+    n, columns = 300_001, 5
+    spill = ColumnSpill(str(tmp_path), n, columns)
+    want = np.random.default_rng(4).normal(size=(n, columns)).astype(np.float32)
+    spill.matrix[:] = want
+    writes: list[int] = []
+    real_fdopen = mapped.os.fdopen
+
+    class Recording:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def write(self, data):
+            writes.append(len(data))
+            return self.f.write(data)
+
+    monkeypatch.setattr(mapped, "_BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(mapped.os, "fdopen", lambda *a, **k: Recording(real_fdopen(*a, **k)))
+    rows = spill.to_rows()
+    huge = 2 << 20
+    assert all(w % huge == 0 for w in writes[:-1]) and sum(writes) == n * columns * 4
+    assert writes[-1] == n * columns * 4 % huge
+    assert np.asarray(rows).tobytes() == want.tobytes()
+
+
 def test_no_file_is_left_in_the_spill_dir(tmp_path):
     spill = tmp_path / "spill"
     spill.mkdir()
