@@ -2,9 +2,19 @@
 
 JAX runs on the CPU in tests; the suite must pass on a 2-core machine without an accelerator.
 Hypothesis profiles: `hypothesis_profiles` (``TANDEM_HYPOTHESIS_PROFILE=nightly``).
+
+One JAX compilation cache serves the processes the tests start (`pytest_configure`): every
+`tandem party`, benchmark or worker process inherits ``JAX_COMPILATION_CACHE_DIR``, so a
+kernel compiled in many processes (the same small models, runs restarted after a kill) is
+compiled once; the executables are the ones a fresh compile gives, and the folder is removed
+when the session ends. The test processes themselves keep compiling: the hostile-network
+tests attack parties running in the test's process, and their attacks need the training to
+last as long as it does with its compilations.
 """
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -12,6 +22,26 @@ import hypothesis_profiles  # noqa: F401  (registers and loads the Hypothesis pr
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+
+def pytest_configure(config):
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller's environment is set
+        return
+    if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        folder = tempfile.mkdtemp(prefix="tandem-tests-jax-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = folder
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    # every kernel, however small or quick to compile (JAX's defaults skip those under 1 s)
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_sessionstart(session):
+    # This process (an xdist worker, or the only one) compiles as before: see the docstring.
+    # JAX decides once per process, at its first compilation, whether to use the cache.
+    import jax
+
+    jax.config.update("jax_enable_compilation_cache", False)
 
 
 @pytest.fixture

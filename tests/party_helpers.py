@@ -173,12 +173,19 @@ class Job:
         for role, table in self.cfg.items():
             self.path(role).write_text(toml(table))
 
-    def start(self, role: str, tag: str = "", *, nofile: int | None = None) -> Proc:
-        """Launch ``role``'s party; ``nofile``: its ``RLIMIT_NOFILE`` soft limit."""
+    def start(
+        self, role: str, tag: str = "", *, nofile: int | None = None, compile_cache: bool = True
+    ) -> Proc:
+        """Launch ``role``'s party; ``nofile``: its ``RLIMIT_NOFILE`` soft limit;
+        ``compile_cache=False``: without the session's JAX compilation cache
+        (tests/conftest.py), for a test that needs the run to last as long as it does with
+        its compilations."""
         self.write()
         out = self.folder / f"{role}{tag}.out"
         err = self.folder / f"{role}{tag}.err"
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+        if not compile_cache:
+            env.pop("JAX_COMPILATION_CACHE_DIR", None)
 
         command = [
             sys.executable,

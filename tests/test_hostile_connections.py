@@ -58,7 +58,8 @@ async def test_slow_loris_beyond_the_cap_under_ulimit_1024(tmp_path, hostile_ref
     training finishes, both parties write their checkpoints and export, and the parameters
     are those of the unattacked run."""
     job = make_job(tmp_path)
-    procs = {r: job.start(r, nofile=1024) for r in ("follower", "leader")}
+    # the polls below need the run to last a few seconds: the parties compile their kernels
+    procs = {r: job.start(r, nofile=1024, compile_cache=False) for r in ("follower", "leader")}
     attacker = None
     try:
         await wait_healthy(job.url("follower"), 60)

@@ -263,7 +263,7 @@ class ColumnSpill:
                 for start in range(0, len(part), _BLOCK_ROWS):
                     block = np.ascontiguousarray(part[start : start + _BLOCK_ROWS])
                     self.release()
-                    view = memoryview(block).cast("B")
+                    view = block.data.cast("B")
                     if pending:
                         take = _HUGE - len(pending)
                         pending += view[:take]
