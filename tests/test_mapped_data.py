@@ -29,9 +29,9 @@ linux_only = pytest.mark.skipif(
 )
 
 
-def _resident_bytes(array: np.ndarray) -> int:
-    """Bytes of the mapping holding ``array`` that are resident in this process
-    (``Rss`` of its /proc/self/smaps entry)."""
+def _smaps_field(array: np.ndarray, field: str) -> str:
+    """The value of ``field`` ("Rss", "VmFlags", ...) in the /proc/self/smaps entry of the
+    mapping holding ``array``."""
     address = array.__array_interface__["data"][0]
     with open("/proc/self/smaps", encoding="ascii") as f:
         inside = False
@@ -40,9 +40,23 @@ def _resident_bytes(array: np.ndarray) -> int:
             if "-" in head and not head.endswith(":"):
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 inside = lo <= address < hi
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
+            elif inside and head == f"{field}:":
+                return line.split(":", 1)[1].strip()
     raise AssertionError("the array's mapping is not in /proc/self/smaps")
+
+
+def _resident_bytes(array: np.ndarray) -> int:
+    """Bytes of the mapping holding ``array`` that are resident in this process (``Rss``)."""
+    return int(_smaps_field(array, "Rss").split()[0]) * 1024
+
+
+@linux_only
+def test_the_mapping_keeps_the_default_advice(tmp_path):
+    # advised random ("rr"), the kernel would not credit the dropped pages' accesses, and the
+    # rows read in every batch would be the first pages the page cache's reclaim evicts
+    m = MappedRows.from_array(np.ones((1000, 4), np.float32), str(tmp_path))
+    flags = _smaps_field(np.asarray(m), "VmFlags").split()
+    assert "rd" in flags and "rr" not in flags and "sr" not in flags
 
 
 def test_gather_and_views_equal_the_array(tmp_path):

@@ -15,14 +15,18 @@ them back through a read-only shared mapping of that file:
   fault-around block, or a whole large folio of the page cache), so a random batch gathered in
   one go would map most of the file; one window at a time, the file's pages the process holds
   never exceed about one window, whatever the file's size, and a file larger than the memory
-  is read back from the disk as needed (the mapping is advised random, so a fault reads the
-  rows' pages and no read-around). Copying through the mapping costs a page fault per row
-  (well under a microsecond when the file is in the page cache), against a system call plus
-  the interpreter's dispatch per row for positioned reads. `to_rows` writes the file in whole
-  2 MiB pieces, so a file system with large folios (ext4 and XFS on recent Linux) caches it in
-  2 MiB folios, and one fault maps a whole 2 MiB block (one page-table entry) instead of a
-  page per row plus its fault-around: a 2048-row gather from a 360 MB file faults about 200
-  times, not 2048, and costs about half as much.
+  is read back from the disk as needed. The mapping keeps the kernel's default advice, not
+  ``MADV_RANDOM``: under that advice the kernel does not count a dropped page's accesses
+  (its recency), so the features the party reads all the time look cold to the page cache's
+  reclaim and are the first pages it evicts, to be read back from the disk at the next
+  gather; and the default advice stops reading around a fault by itself once most faults
+  miss (random reads of a file larger than memory). Copying through the mapping costs a
+  page fault per row (well under a microsecond when the file is in the page cache), against
+  a system call plus the interpreter's dispatch per row for positioned reads. `to_rows`
+  writes the file in whole 2 MiB pieces, so a file system with large folios (ext4 and XFS on
+  recent Linux) caches it in 2 MiB folios, and one fault maps a whole 2 MiB block (one
+  page-table entry) instead of a page per row plus its fault-around: a 2048-row gather from
+  a 360 MB file faults about 200 times, not 2048, and costs about half as much.
 
 Invariants: the process's resident pages of the loader's mapping stay below one column
 (`ColumnSpill`), and the gather holds at most about one window of the row-major file's pages
@@ -49,7 +53,6 @@ from .errors import DataError
 
 _BLOCK_ROWS = 1 << 16  # rows copied at a time by `ColumnSpill.to_rows`
 _DONTNEED = getattr(mmap, "MADV_DONTNEED", None)
-_RANDOM = getattr(mmap, "MADV_RANDOM", None)
 #: bytes of the row-major file `MappedRows.gather` maps at a time (module docstring); a
 #: multiple of 2 MiB, the largest block a fault maps on x86-64
 GATHER_WINDOW = 8 << 20
@@ -65,8 +68,8 @@ def default_spill_dir() -> str:
 class _Mapping:
     """One file (created in ``directory``, ``size`` bytes, unlinked at once where possible),
     mapped shared (its descriptor closed once mapped); ``drop(lo, hi)`` removes its pages in
-    ``[lo, hi)`` from this process. A read-only one is advised random: a fault reads the
-    pages it needs, not the file around them."""
+    ``[lo, hi)`` from this process. The advice stays the kernel's default (module
+    docstring)."""
 
     def __init__(self, directory: str, size: int, *, writable: bool, fill=None) -> None:
         try:
@@ -97,8 +100,6 @@ class _Mapping:
         finally:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        if not writable and _RANDOM is not None and size:
-            self.map.madvise(_RANDOM)
         self.size = size
         try:
             os.remove(path)  # the mapping keeps the data; the name goes now
