@@ -33,7 +33,8 @@ async def partial_upload(
     url: str, headers: dict[str, str], body: memoryview, declared: int
 ) -> int | None:
     """POST a body declared ``declared`` bytes long, send ``body`` (less), then close.
-    Returns the status if the server answered meanwhile (a refusal), else None."""
+    Returns the status if the server answered meanwhile (a refusal, after which it may close
+    the connection), else None."""
     host, port = url.split("//")[1].split(":")
     try:
         reader, writer = await asyncio.open_connection(host, int(port))
@@ -46,11 +47,16 @@ async def partial_upload(
         head += [f"Content-Length: {declared}", "Content-Type: application/octet-stream"]
         writer.write(("\r\n".join(head) + "\r\n\r\n").encode())
         answer = asyncio.ensure_future(reader.readline())
-        for pos in range(0, len(body), MiB):
-            if answer.done():
-                break
-            writer.write(body[pos : pos + MiB])
-            await writer.drain()
+        try:
+            for pos in range(0, len(body), MiB):
+                if answer.done():
+                    break
+                writer.write(body[pos : pos + MiB])
+                await writer.drain()
+        except (ConnectionError, OSError):
+            # a receiver closes a refused request's connection once it has answered: the
+            # answer, when there was one, is already read
+            await asyncio.sleep(0)
         if not answer.done():
             await asyncio.sleep(0.05)  # a refusal sent as the body ended
         status = None

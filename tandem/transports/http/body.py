@@ -55,11 +55,26 @@ class Body(Protocol):
 
 
 class PlainBody:
-    """The body of a plain POST: aiohttp's chunks, copied into the frame buffer."""
+    """The body of a plain POST: aiohttp's chunks, copied into the frame buffer.
+
+    From its making until `begin` (or `release`) the connection is not read: a request waiting
+    for admission (the stream's lock, an inbox slot, the byte budget) holds what its first read
+    brought and leaves the rest of its body in the kernel, instead of filling aiohttp's read
+    buffer (up to twice ``read_bufsize``) on every waiting connection."""
 
     def __init__(self, content: Any, content_length: int | None, transport: Any = None) -> None:
         self.content, self.content_length, self.transport = content, content_length, transport
         self.claim: Claim | None = None  # checked before every copy into the frame buffer
+        # paused here only when it was reading: a pause of aiohttp's own is aiohttp's to lift
+        self.paused = transport is not None and transport.is_reading()
+        if self.paused:
+            transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused:
+            self.paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def length(self) -> int:
         if self.content_length is None:
@@ -69,6 +84,7 @@ class PlainBody:
     async def begin(
         self, buf: memoryview, offset: int, length: int, scan: FiniteScan | None
     ) -> str:
+        self.resume()
         return "plain"
 
     async def fill(self, view: memoryview, pos: int, end: int, step: int) -> int:
@@ -87,7 +103,7 @@ class PlainBody:
         return pos + n
 
     def release(self) -> None:
-        pass
+        self.resume()
 
     def abort(self) -> None:
         if self.transport is not None:

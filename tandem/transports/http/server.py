@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -33,7 +34,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from tandem.errors import AdmissionError, AuthenticationError, FrameError, PayloadTooLargeError
 
@@ -79,6 +80,13 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "tandem"  # the ``Server`` header: no software or version banner
 MAX_STREAMS = 1024  # (sender, channel) streams a receiver keeps state for
+#: the only ``Content-Encoding`` a request may declare: Tandem never compresses bodies, so any
+#: other is refused from the headers (415) and its body is never read, let alone inflated
+IDENTITY = frozenset({"", "identity"})
+#: the most of a body left unread by its answer (a refusal, a duplicate) that is read and
+#: dropped so that the caller sees the answer; a longer remainder closes the connection
+DRAIN_BYTES = 256 << 10
+DRAIN_SECONDS = 1.0  # and the longest that takes
 #: refusals that are part of the protocol's normal flow, not logged
 QUIET_REASONS = frozenset(
     {"ahead", "busy", "closing", "evicted", "misdirected", "out_of_order", "too_many_peers"}
@@ -198,8 +206,9 @@ class HttpServer:
             access_log=None,
             read_bufsize=cfg.read_bufsize,
             keepalive_timeout=cfg.keepalive_timeout,
-            lingering_time=min(cfg.header_timeout, 10.0),
+            lingering_time=min(cfg.header_timeout, DRAIN_SECONDS),
             logger=self.quiet,
+            auto_decompress=False,  # a compressed body is refused by `_track`, never inflated
         )
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0, **handler_args)
         await runner.setup()
@@ -257,15 +266,56 @@ class HttpServer:
 
     @web.middleware
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """Tells the listener a connection is inside a request (not evictable, no timers)."""
+        """Every request passes here: a declared ``Content-Encoding`` is refused (415) before
+        anything else, and an answer that leaves more than `DRAIN_BYTES` of the body unread
+        closes the connection (see `_close_unread`). Tells the listener a connection is inside
+        a request (not evictable, no timers)."""
         listener, transport = self.listener, request.transport
         if listener is not None:
             listener.begin(transport)
         try:
-            return await handler(request)
+            encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+            if encoding not in IDENTITY:
+                resp = self.refusal(
+                    Refuse(
+                        415,
+                        "encoding",
+                        f"Content-Encoding {encoding[:40]!r}: Tandem sends bodies "
+                        "uncompressed; send the body as it is, without Content-Encoding",
+                    )
+                ).response()
+            else:
+                resp = await handler(request)
+            if not request.content.is_eof() and resp.status != 101:
+                left = request.content_length
+                if left is None or left > DRAIN_BYTES:
+                    await self._close_unread(request, resp)
+            return resp
         finally:
             if listener is not None:
                 listener.end(transport)
+
+    async def _close_unread(self, request: web.Request, resp: web.StreamResponse) -> None:
+        """Answer ``request`` whose body is mostly unread, then end its connection: the answer
+        and an end of stream are sent, at most `DRAIN_BYTES` more of the body are read and
+        dropped within `DRAIN_SECONDS` (so that a caller still writing sees the answer rather
+        than a reset), and the connection is closed. Nothing else of the body is read."""
+        transport = request.transport
+        await resp.prepare(request)
+        await resp.write_eof()
+        if transport is None or transport.is_closing():
+            return
+        if transport.can_write_eof():
+            transport.write_eof()
+        dropped = 0
+        with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientPayloadError):
+            async with asyncio.timeout(DRAIN_SECONDS):
+                while dropped < DRAIN_BYTES and not request.content.is_eof():
+                    data, _ = await request.content.readchunk()
+                    if not data:
+                        break
+                    dropped += len(data)
+        request.protocol.force_close()
 
     def stats(self, peer: str) -> LinkStats:
         stats = self.received.get(peer)
