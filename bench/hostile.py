@@ -31,7 +31,10 @@ Attack classes (the rows of issue 30's table):
   range or one row, and commands a follower cannot run (expect 422);
 * ``overflow``: a frame whose shape overflows 64 bits (expect 400; 409 before the spec is set);
 * ``malformed``: hundreds of malformed unauthenticated requests (expect 4xx; log lines are
-  counted: at most a few, none with a traceback).
+  counted: at most a few, none with a traceback);
+* ``bomb`` and ``drained``: an outsider's compressed bodies to every route (expect 415) and
+  64 connections of unsigned 48 MiB bodies (expect 401, none of them read beyond a small
+  bound): `bench.hostile_bodies`.
 
 Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest RSS of an
 attacked run's process: both parties and the in-process attackers) and ``rss_budget_mb`` (the
@@ -67,6 +70,7 @@ import aiohttp
 import numpy as np
 import orjson
 
+from bench import hostile_bodies
 from bench.ports import free_port
 
 MiB = 1 << 20
@@ -85,6 +89,8 @@ ATTACKS = (
     "plan",
     "overflow",
     "malformed",
+    "bomb",
+    "drained",
 )
 
 
@@ -914,6 +920,8 @@ ATTACK_FUNCS: dict[str, Callable[[Ctx], Awaitable[dict[str, Any]]]] = {
     "plan": attack_plan,
     "overflow": attack_overflow,
     "malformed": attack_malformed,
+    "bomb": lambda ctx: hostile_bodies.attack_bomb(ctx, _refused),
+    "drained": lambda ctx: hostile_bodies.attack_drained(ctx, _refused),
 }
 
 
