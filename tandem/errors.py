@@ -80,6 +80,21 @@ class PeerUnavailableError(TransportClosedError):
     refused, or the peer is shutting down)."""
 
 
+class PeersUnreachableError(TransportError):
+    """A transport's ``wait_for_peers`` (`tandem.transports.base.PeerWaitingTransport`) ran
+    out of time. ``pending`` maps each peer that is not ready to its address and the last
+    problem seen (``"no answer"`` when none)."""
+
+    def __init__(self, message: str, pending: dict[str, tuple[str, str]]) -> None:
+        super().__init__(message)
+        self.pending = dict(pending)
+
+
+class UnknownTransportError(ConfigError):
+    """No transport is registered for a URL's scheme (`tandem.transports.make_transport`);
+    the message names the scheme and the registered ones."""
+
+
 class EngineError(TandemError):
     """Root of the engine's errors (topologies, plans, scheduling, shapes)."""
 

@@ -99,6 +99,11 @@ class HttpSecurity:
         ``fields`` (host, port, peers, ...) are passed through and may override them."""
         from tandem.transports.http import HttpConfig
 
+        return HttpConfig(name=name, **self.transport_settings(**fields))
+
+    def transport_settings(self, **fields: Any) -> dict[str, Any]:
+        """These settings as `tandem.transports.make_transport` keywords (`HttpConfig`'s
+        fields); ``fields`` (host, port, ...) are added and may override them."""
         server, client = self.ssl_contexts()
         base: dict[str, Any] = {
             "secret": self.secret,
@@ -113,7 +118,7 @@ class HttpSecurity:
             "previous_key_id": self.previous_key_id,
             "max_clock_skew": self.max_clock_skew,
         }
-        return HttpConfig(name=name, **{**base, **fields})
+        return {**base, **fields}
 
 
 def parse_security(

@@ -1,15 +1,38 @@
-"""Transports: how parties exchange frames. Knows nothing of training."""
+"""Transports: how parties exchange frames. Knows nothing of training.
+
+`Transport` is the contract; the optional capabilities (`WindowedTransport`,
+`AdmittingTransport`, `PeerWaitingTransport`, `AddressingTransport`, `MetricsTransport`) are
+Protocols beside it in `base`; `make_transport` builds one by URL scheme (`factory`)."""
 
 from tandem.errors import (
     FrameError,
     PayloadTooLargeError,
+    PeersUnreachableError,
     TandemError,
     TransportClosedError,
     TransportError,
     UnknownPeerError,
+    UnknownTransportError,
 )
 
-from .base import Frame, LinkStats, Transport
+from .base import (
+    AddressingTransport,
+    AdmittingTransport,
+    Frame,
+    LinkStats,
+    MetricsTransport,
+    PeerWaitingTransport,
+    Transport,
+    WindowedTransport,
+)
+from .factory import (
+    TransportBuilder,
+    TransportRequest,
+    make_transport,
+    register_transport,
+    registered_schemes,
+    unregister_transport,
+)
 from .memory import MemoryNetwork, MemoryTransport
 from .shaping import LinkShape
 
@@ -17,6 +40,17 @@ __all__ = [
     "Frame",
     "LinkStats",
     "Transport",
+    "AddressingTransport",
+    "AdmittingTransport",
+    "MetricsTransport",
+    "PeerWaitingTransport",
+    "WindowedTransport",
+    "TransportBuilder",
+    "TransportRequest",
+    "make_transport",
+    "register_transport",
+    "registered_schemes",
+    "unregister_transport",
     "LinkShape",
     "MemoryNetwork",
     "MemoryTransport",
@@ -26,4 +60,6 @@ __all__ = [
     "PayloadTooLargeError",
     "TransportClosedError",
     "UnknownPeerError",
+    "PeersUnreachableError",
+    "UnknownTransportError",
 ]

@@ -19,7 +19,7 @@ A transport connects one local party to named peers. Messages are `Frame`s, addr
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -87,6 +87,12 @@ class Transport(Protocol):
         """Names of the peers this transport can address."""
         ...
 
+    async def start(self) -> Transport:
+        """Begin serving (inside the running loop); returns the transport. A transport is
+        built unstarted (`tandem.transports.make_transport`) and started once; one that is
+        usable from its creation returns at once. `TransportClosedError` after `aclose`."""
+        ...
+
     async def send(self, peer: str, channel: str, frame: Frame) -> None:
         """Deliver ``frame`` to ``peer`` on ``channel``; waits while the peer's buffer is full.
 
@@ -112,13 +118,87 @@ class Transport(Protocol):
         ...
 
 
+# -- optional capabilities ------------------------------------------------------------------
+# A transport implements `Transport` and any of the Protocols below. A caller that uses a
+# capability checks for it with ``isinstance(transport, <Protocol>)`` (each is
+# runtime_checkable) and does without it otherwise; nothing probes a transport with
+# ``hasattr``. docs/transports.md lists which transport implements which.
+
+
 @runtime_checkable
 class WindowedTransport(Protocol):
-    """An optional hint a transport may give beside `Transport`: how many sends of one
-    (peer, channel) it keeps in flight at once (each `send` returning when its frame is
-    delivered). A sender that hands it fewer at once pays a round trip per that many frames;
-    handing it more only makes them wait inside the transport."""
+    """Send window: how many sends of one (peer, channel) the transport keeps in flight at
+    once (each `send` returning when its frame is delivered). A sender that hands it fewer at
+    once pays a round trip per that many frames; handing it more only makes them wait inside
+    the transport. Implemented by `HttpTransport`; the memory transport delivers at once."""
 
     def send_window(self, peer: str) -> int:
         """Sends of one channel to ``peer`` the transport keeps in flight at once (>= 1)."""
+        ...
+
+
+@runtime_checkable
+class AdmittingTransport(Protocol):
+    """Admission hooks: the checks a transport applies to inbound frames before delivering
+    them, refusing the others to their sender (who then sees why) instead of handing them to
+    `recv`. Each attribute may be replaced at any time (e.g. once a task spec is agreed):
+
+    * ``spec_hash``: stamped on outgoing frames when non-empty; an inbound frame of another
+      hash is refused.
+    * ``validator(frame)``: called with each decoded inbound frame; raising `FrameError`
+      refuses it.
+    * ``admit_stream(sender, channel)``: called on each inbound message's routing, before its
+      body is read or memory reserved; raising `AdmissionError` (or `FrameError`) refuses it.
+    * ``admit_frame(frame)``: called on the event loop with each complete inbound frame that
+      passed every other check, just before delivery, with nothing awaited in between;
+      raising `AdmissionError` naming the field (or `FrameError`) refuses it.
+
+    None disables a hook. Implemented by `HttpTransport` (refusals 409, 422, 403 and 422);
+    the memory transport, within one process, checks nothing."""
+
+    spec_hash: str
+    validator: Callable[[Frame], None] | None
+    admit_stream: Callable[[str, str], None] | None
+    admit_frame: Callable[[Frame], None] | None
+
+
+@runtime_checkable
+class PeerWaitingTransport(Protocol):
+    """Peer readiness: a started transport can wait until its peers answer, so that a party
+    starting before the others waits for them instead of failing its first send."""
+
+    async def wait_for_peers(self, timeout: float, peers: Iterable[str] | None = None) -> None:
+        """Return once every peer of ``peers`` (default: all of `Transport.peers`) is ready
+        to receive; `PeersUnreachableError` naming each silent peer and its last problem
+        after ``timeout`` seconds. Call it on a started transport."""
+        ...
+
+
+@runtime_checkable
+class AddressingTransport(Protocol):
+    """Addresses: the transport serves at an `address` its peers can reach, and learns
+    peers' addresses at run time (a peer that tells where it lives, as an FL client's hello
+    or an elastic worker's registration does, becomes addressable). The memory transport
+    needs none: every party of its network is addressable.
+
+    (Members are methods only: ``isinstance`` then checks the class, never calling into an
+    unstarted instance.)"""
+
+    def address(self) -> str:
+        """Where peers reach this started transport, e.g. ``http://10.0.0.1:8712``."""
+        ...
+
+    def add_peer(self, name: str, url: str) -> None:
+        """Address ``name`` at ``url`` (replacing an older address); `ValueError` naming the
+        problem when ``url`` cannot be this transport's."""
+        ...
+
+
+@runtime_checkable
+class MetricsTransport(Protocol):
+    """Metrics source: the transport serves metrics (``GET /metrics`` over HTTP) and appends
+    the application's own lines to them."""
+
+    def add_metrics_source(self, source: Callable[[], str]) -> None:
+        """Append ``source()`` (Prometheus text lines) to every metrics answer."""
         ...

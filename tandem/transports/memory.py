@@ -218,6 +218,12 @@ class MemoryTransport:
         """Configured shape of local -> peer (the tuner's prior before anything is measured)."""
         return self._net._wire(self._name, peer).shape
 
+    async def start(self) -> MemoryTransport:
+        """`Transport.start`: an endpoint is usable from its creation; returns it."""
+        if self.closed:
+            raise TransportClosedError(f"transport of {self._name!r} is closed; make a new one")
+        return self
+
     async def aclose(self) -> None:
         if not self.closed:
             self.closed = True

@@ -126,7 +126,14 @@ def _table_ids(path: str, column: str | None) -> list[str]:
 
 async def run(args: argparse.Namespace) -> int:
     from tandem.errors import TandemError
-    from tandem.transports.http import HttpConfig, HttpTransport
+    from tandem.transports.factory import (
+        addressing,
+        common_scheme,
+        is_transport_url,
+        make_transport,
+        started,
+        url_hint,
+    )
 
     from . import psi  # noqa: F401  (the psi extra is required before anything starts)
     from .multi import align_follower, align_leader
@@ -134,10 +141,10 @@ async def run(args: argparse.Namespace) -> int:
     peers: dict[str, str] = {}
     for given in args.peer:
         peer, sep, url = given.partition("=")
-        if not sep or not peer or not url.startswith(("http://", "https://")):
+        if not sep or not peer or not is_transport_url(url):
             print(
-                f"tandem align: --peer must be NAME=URL (e.g. B=http://127.0.0.1:8602), got "
-                f"{given!r}",
+                f"tandem align: --peer must be NAME=URL with URL {url_hint()} (e.g. "
+                f"B=http://127.0.0.1:8602), got {given!r}",
                 file=sys.stderr,
             )
             return 2
@@ -152,7 +159,8 @@ async def run(args: argparse.Namespace) -> int:
     secret = os.environ.get(args.secret_env)
     try:
         ids = await asyncio.to_thread(read_ids, args.ids, args.column)
-        cfg = HttpConfig(
+        built = make_transport(
+            common_scheme(peers.values()),
             name=args.name,
             host=args.host,
             port=args.port,
@@ -160,9 +168,10 @@ async def run(args: argparse.Namespace) -> int:
             secret=secret.encode() if secret else None,
             retry_timeout=args.wait,
         )
-        async with HttpTransport(cfg) as t:
+        async with started(built) as t:
+            here = addressing(t, "tandem align").address()
             print(
-                f"tandem align: {args.name} serving on {t.url}, {len(ids)} ids, waiting for "
+                f"tandem align: {args.name} serving on {here}, {len(ids)} ids, waiting for "
                 + ", ".join(f"{p} at {u}" for p, u in peers.items()),
                 file=sys.stderr,
                 flush=True,

@@ -104,21 +104,24 @@ def load_config(url: str, required: dict[str, type], optional: dict[str, type]) 
 _TRANSPORT_KEYS = {"name": str, "host": str, "port": int, "secret": str, "advertise_url": str}
 
 
-def _http(cfg: dict[str, Any], peers: dict[str, str], *, admit_unknown: bool = False):
-    from tandem.transports.http import HttpConfig, HttpTransport
+def _transport(cfg: dict[str, Any], peers: dict[str, str], *, admit_unknown: bool = False):
+    """``async with`` this role's started transport, built by `make_transport` for its peers'
+    URL scheme. Elastic roles tell each other where they live: it must have addresses."""
+    from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
     secret = cfg.get("secret")
-    return HttpTransport(
-        HttpConfig(
-            name=cfg["name"],
-            host=cfg.get("host", "127.0.0.1"),
-            port=cfg.get("port", 0),
-            peers=peers,
-            secret=secret.encode() if secret else None,
-            advertise_url=cfg.get("advertise_url"),
-            admit_unknown=admit_unknown,
-        )
+    transport = make_transport(
+        common_scheme(peers.values()),
+        name=cfg["name"],
+        host=cfg.get("host", "127.0.0.1"),
+        port=cfg.get("port", 0),
+        peers=peers,
+        secret=secret.encode() if secret else None,
+        advertise_url=cfg.get("advertise_url"),
+        admit_unknown=admit_unknown,
     )
+    addressing(transport, "an elastic role")
+    return started(transport)
 
 
 def _logging(args) -> None:
@@ -205,7 +208,7 @@ async def _coordinator(args) -> int:
                 flush=True,
             )
 
-    async with _http(cfg, {**cfg["data_servers"], **roster()}, admit_unknown=admit) as t:
+    async with _transport(cfg, {**cfg["data_servers"], **roster()}, admit_unknown=admit) as t:
         coord = Coordinator(t, ccfg, on_progress=progress)
 
         async def refresh() -> None:  # operators add workers to the roster while it runs
@@ -304,7 +307,7 @@ async def _data_server(args) -> int:
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
-    async with _http(cfg, {coord: cfg["coordinator"]}) as t:
+    async with _transport(cfg, {coord: cfg["coordinator"]}) as t:
         ds = DataServer(
             t,
             coordinator=coord,
@@ -346,7 +349,7 @@ async def _worker(args) -> int:
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.get("coordinator_name", "coordinator")
-    async with _http(cfg, {coord: cfg["coordinator"]}) as t:
+    async with _transport(cfg, {coord: cfg["coordinator"]}) as t:
         try:  # the worker checks its own settings; name the file they came from
             worker = Worker(
                 t,

@@ -19,7 +19,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import AddressingTransport, Frame, Transport
 
 from .errors import ProtocolError
 
@@ -41,9 +41,8 @@ def cancelled_meanwhile() -> bool:
 def learn_peer(transport: Transport, name: str, url: str | None) -> None:
     """Teach ``transport`` where ``name`` lives when it can learn peers (HTTP); no-op for the
     memory transport, where every party of the network is already addressable."""
-    add = getattr(transport, "add_peer", None)
-    if url and add is not None and name not in transport.peers:
-        add(name, url)
+    if url and isinstance(transport, AddressingTransport) and name not in transport.peers:
+        transport.add_peer(name, url)
 
 
 def field(frame: Frame, key: str, kind: type | tuple[type, ...]) -> Any:

@@ -203,17 +203,19 @@ async def run_client(
 ) -> dict[str, Any]:
     """Run the client of ``cfg`` until the server says stop (see the module docstring);
     ``on_round(r)`` is called when it has trained for round ``r``, before it replies."""
-    from tandem.transports.http import HttpTransport
+    from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
-    http = cfg.security.http_config(
-        cfg.name,
-        host=cfg.host,
-        port=cfg.port,
+    built = make_transport(
+        common_scheme([cfg.server]),
+        name=cfg.name,
         peers={cfg.server_name: cfg.server},
-        advertise_url=cfg.advertise_url,
+        **cfg.security.transport_settings(
+            host=cfg.host, port=cfg.port, advertise_url=cfg.advertise_url
+        ),
     )
-    async with HttpTransport(http) as transport:
-        link = Connection(transport, cfg, cfg.advertise_url or transport.url)
+    async with started(built) as transport:
+        url = cfg.advertise_url or addressing(transport, "an FL client").address()
+        link = Connection(transport, cfg, url)
         welcome = await connect(link)
         task = Task.from_meta(welcome.get("task"))
         trainer, x, y = await asyncio.to_thread(prepare_client, cfg, task)

@@ -42,6 +42,7 @@ from tandem.engine.kernels import LOSSES
 from tandem.errors import ConfigError
 from tandem.parties.data import DataConfig, parse_data_config
 from tandem.parties.http_security import HttpSecurity, parse_security
+from tandem.transports.factory import is_transport_url, url_hint
 
 from .downlink import MODES
 
@@ -374,9 +375,9 @@ def _url(table: Mapping[str, Any], key: str, path: str, section: str) -> str | N
     value = table.get(key)
     if value is None:
         return None
-    if not value.startswith(("http://", "https://")):
+    if not is_transport_url(value):
         raise FLConfigError(
-            f"{path}: {section}.{key} must be a URL like 'http://127.0.0.1:8780', got {value!r}"
+            f"{path}: {section}.{key} must be {url_hint('http://127.0.0.1:8780')}, got {value!r}"
         )
     return str(value).rstrip("/")
 

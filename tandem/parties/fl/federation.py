@@ -79,21 +79,27 @@ async def run_http_federation(
     """Same as `run_memory_federation`, but every party has its own `HttpTransport` on
     127.0.0.1 (one process, real sockets). Frames over the update limit are refused by the
     server's transport itself (413), so the client's send fails and it is left out."""
-    from tandem.transports.http import HttpConfig, HttpTransport
+    from tandem.transports.base import Transport
+    from tandem.transports.factory import addressing, make_transport, started
+
+    def url(t: Transport) -> str:
+        return addressing(t, "an HTTP federation").address()
 
     names = client_names(len(data.clients))
     async with contextlib.AsyncExitStack() as stack:
         server_t = await stack.enter_async_context(
-            HttpTransport(HttpConfig(name="server", secret=secret))
+            started(make_transport("http", name="server", secret=secret))
         )
         client_ts = [
             await stack.enter_async_context(
-                HttpTransport(HttpConfig(name=n, secret=secret, peers={"server": server_t.url}))
+                started(
+                    make_transport("http", name=n, secret=secret, peers={"server": url(server_t)})
+                )
             )
             for n in names
         ]
         for n, t in zip(names, client_ts, strict=True):
-            server_t.add_peer(n, t.url)
+            addressing(server_t, "an HTTP federation").add_peer(n, url(t))
         clients = [
             FLClient(t, "server", x, y, trainer, seed=i)
             for i, (t, (x, y)) in enumerate(zip(client_ts, data.clients, strict=True))

@@ -34,6 +34,7 @@ import numpy as np
 
 from tandem.errors import TandemError
 from tandem.transports.base import Frame
+from tandem.transports.factory import is_transport_url, url_hint
 
 MODEL = "fl/model"
 UPDATE = "fl/update"
@@ -129,8 +130,8 @@ def check_hello(frame: Frame) -> tuple[int, str | None]:
         raise UpdateError(f"a message on {HELLO!r} must have kind 'hello', got {frame.meta!r}")
     version = _int_field(frame.meta, "version", 0, 2**62)
     url = frame.meta.get("url")
-    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        raise UpdateError(f"hello meta.url must be an http(s) URL or absent, got {url!r}")
+    if url is not None and not is_transport_url(url):
+        raise UpdateError(f"hello meta.url must be {url_hint()}, or absent; got {url!r}")
     return version, url
 
 

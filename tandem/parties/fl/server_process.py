@@ -34,7 +34,7 @@ import numpy as np
 import optax
 
 from tandem.errors import ConfigError, TandemError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import AddressingTransport, Frame, Transport
 
 from . import checkpoint as ckpt
 from . import presets
@@ -167,10 +167,9 @@ class DeployedServer(FLServer):
     async def welcome(self, c: str, version: int, url: str | None) -> None:
         """Answer ``c``'s hello: record where it is and what it holds, send the task, and
         resend its round's message when its round is under way."""
-        add_peer = getattr(self.transport, "add_peer", None)  # memory transports have none
-        if url is not None and add_peer is not None:
-            try:
-                add_peer(c, url)  # it may have restarted elsewhere
+        if url is not None and isinstance(self.transport, AddressingTransport):
+            try:  # (memory transports need no address)
+                self.transport.add_peer(c, url)  # it may have restarted elsewhere
             except ValueError as exc:
                 log.warning("%s: %r gave an unusable URL %r: %s", self.transport.name, c, url, exc)
         reset = version > self.planner.version  # it holds a version this server never made
@@ -238,7 +237,7 @@ async def run_server(
     """Run the server of ``cfg`` to the end (see the module docstring); returns the summary.
 
     ``on_ready(url)`` is called once the server listens; ``on_round`` after every round."""
-    from tandem.transports.http import HttpTransport
+    from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
     from .export import export_global
 
@@ -246,22 +245,25 @@ async def run_server(
     restored = None
     if cfg.checkpoint is not None and not fresh:
         restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
-    http = cfg.security.http_config(
-        cfg.name,
-        host=cfg.host,
-        port=cfg.port,
-        advertise_url=cfg.advertise_url,
-        admit_unknown=True,
-        admit_names=frozenset(cfg.clients),
-        peer_timeout=None,
+    built = make_transport(
+        common_scheme([cfg.advertise_url] if cfg.advertise_url else []),
+        name=cfg.name,
+        **cfg.security.transport_settings(
+            host=cfg.host,
+            port=cfg.port,
+            advertise_url=cfg.advertise_url,
+            admit_unknown=True,
+            admit_names=frozenset(cfg.clients),
+            peer_timeout=None,
+        ),
     )
-    async with HttpTransport(http) as transport:
+    async with started(built) as transport:
         server = DeployedServer(transport, cfg, setup, on_round=on_round)
         if restored is not None:
             ckpt.restore(server, restored, cfg.identity())
         resumed = server.next_round if restored is not None else None
         if on_ready is not None:
-            on_ready(transport.url)
+            on_ready(addressing(transport, "an FL server").address())
         failure: TandemError | None = None
         async with asyncio.TaskGroup() as tg:
             watcher = tg.create_task(server.watch())

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from tandem.errors import FrameError, TandemError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from .admission import spec_streams
 from .command_rows import row_count
@@ -147,15 +147,13 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
 
 def install(transport: Transport, spec: TaskSpec, *, leader: str) -> str:
     """Stamp ``transport`` with the spec hash, the validator and the stream admission of the
-    spec (`admission.spec_streams`), where the transport has them (e.g.
+    spec (`admission.spec_streams`) when it takes admission hooks (`AdmittingTransport`, e.g.
     `tandem.transports.http.HttpTransport`; the memory transport checks none). Returns the
     hash."""
     digest = spec.spec_hash()
-    if hasattr(transport, "spec_hash"):
+    if isinstance(transport, AdmittingTransport):
         transport.spec_hash = digest
-    if hasattr(transport, "validator"):
         transport.validator = spec_validator(spec, leader=leader)
-    if hasattr(transport, "admit_stream"):
         transport.admit_stream = spec_streams(spec, transport.name, leader)
     return digest
 

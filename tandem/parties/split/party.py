@@ -46,7 +46,7 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
@@ -237,7 +237,7 @@ class SplitParty:
         #: Turns the rows a leader's batch command names back into indices (follower).
         self.command_rows = RowsDecoder()
         self.admission = PlanAdmission(self)
-        if hasattr(transport, "admit_frame"):
+        if isinstance(transport, AdmittingTransport):
             transport.admit_frame = self.admission
 
     # -- shared machinery ---------------------------------------------------------------------

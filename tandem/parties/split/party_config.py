@@ -68,6 +68,7 @@ from tandem.parties.http_security import (
     existing_file,
     read_secret,
 )
+from tandem.transports.factory import common_scheme, is_transport_url, url_hint
 
 from .spec import cut_of
 
@@ -318,32 +319,32 @@ class PartyConfig:
         ).ssl_contexts()
 
     def transport(self):
-        """An (unstarted) `tandem.transports.http.HttpTransport` for this party."""
-        from tandem.transports.http import HttpConfig, HttpTransport
+        """An (unstarted) transport for this party, built by `tandem.transports.make_transport`
+        for the scheme of its peers' URLs (``http``/``https``: `HttpTransport`)."""
+        from tandem.transports.factory import make_transport
 
         server, client = self.ssl_contexts()
-        return HttpTransport(
-            HttpConfig(
-                name=self.name,
-                host=self.host,
-                port=self.port,
-                peers=dict(self.peers),
-                secret=self.secret,
-                key_id=self.key_id,
-                previous_secret=self.previous_secret,
-                previous_key_id=self.previous_key_id,
-                max_clock_skew=self.max_clock_skew,
-                peer_identities=self.identities or None,
-                ssl_server=server,
-                ssl_client=client,
-                max_frame_bytes=self.max_frame_bytes,
-                reject_nonfinite=self.reject_nonfinite,
-                retry_timeout=self.retry_timeout,
-                peer_timeout=self.peer_timeout,
-                shape_bandwidth=self.link_bandwidth,
-                shape_latency=self.link_latency,
-                **self.http,
-            )
+        return make_transport(
+            common_scheme(self.peers.values()),
+            name=self.name,
+            host=self.host,
+            port=self.port,
+            peers=dict(self.peers),
+            secret=self.secret,
+            key_id=self.key_id,
+            previous_secret=self.previous_secret,
+            previous_key_id=self.previous_key_id,
+            max_clock_skew=self.max_clock_skew,
+            peer_identities=self.identities or None,
+            ssl_server=server,
+            ssl_client=client,
+            max_frame_bytes=self.max_frame_bytes,
+            reject_nonfinite=self.reject_nonfinite,
+            retry_timeout=self.retry_timeout,
+            peer_timeout=self.peer_timeout,
+            shape_bandwidth=self.link_bandwidth,
+            shape_latency=self.link_latency,
+            **self.http,
         )
 
     def split_config(self):
@@ -645,11 +646,13 @@ def load_party_config(path: str | os.PathLike) -> PartyConfig:
     listen, sec = raw.get("listen", {}), raw.get("security", {})
     peers = {}
     for peer, url in raw.get("peers", {}).items():
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise PartyConfigError(
-                f"{path}: peers.{peer} must be a URL like 'http://127.0.0.1:8712', got {url!r}"
-            )
+        if not is_transport_url(url):
+            raise PartyConfigError(f"{path}: peers.{peer} must be {url_hint()}, got {url!r}")
         peers[peer] = url.rstrip("/")
+    try:
+        common_scheme(peers.values())
+    except ConfigError as exc:
+        raise PartyConfigError(f"{path}: [peers]: {exc}") from None
     if not peers:
         raise PartyConfigError(
             f'{path}: [peers] is empty; add `name = "http://host:port"` for every other party'

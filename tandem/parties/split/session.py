@@ -3,8 +3,10 @@
 `connect(cfg)` does, in order (docs/parties.md#negotiation):
 
 1. load this party's data (`PartyConfig.load_data`, in a thread) unless given;
-2. start its `tandem.transports.http.HttpTransport` on ``[listen]``;
-3. wait until every peer answers ``GET /healthz`` (bounded by the config's ``wait``);
+2. start its transport (`PartyConfig.transport`, built by `tandem.transports.make_transport`
+   from the peers' URL scheme) on ``[listen]``;
+3. wait until the transport reaches every peer (`PeerWaitingTransport`; over HTTP, each
+   answers ``GET /healthz``), bounded by the config's ``wait``;
 4. negotiate the `tandem.parties.split.spec.TaskSpec`: the leader builds it (`leader_spec`) and
    proposes it, a follower checks it against its own data and model (`follower_check`) and
    accepts or refuses with readable reasons; the parties also agree on the newest checkpoint
@@ -35,7 +37,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from typing import Any
 
 from tandem.engine.topology import CUT_DTYPES
-from tandem.errors import ConfigError, TandemError
+from tandem.errors import ConfigError, PeersUnreachableError, TandemError
+from tandem.transports.base import AdmittingTransport, PeerWaitingTransport, Transport
 
 from . import negotiate
 from .admission import NegotiationAdmission, negotiation_streams
@@ -242,41 +245,16 @@ def follower_check(
     return check
 
 
-async def wait_for_peers(cfg: PartyConfig, timeout: float) -> None:
-    """Poll every peer's ``GET /healthz`` until all answer 200; `PartyStartError` naming the
-    silent ones after ``timeout`` seconds."""
-    import aiohttp
-
-    _, client_ssl = cfg.ssl_contexts()
-    pending = dict(cfg.peers)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    last: dict[str, str] = {}
-    connector = aiohttp.TCPConnector(ssl=client_ssl if client_ssl else True)
-    async with aiohttp.ClientSession(connector=connector) as http:
-        while pending:
-            for peer, url in list(pending.items()):
-                try:
-                    async with http.get(
-                        url + "/healthz", timeout=aiohttp.ClientTimeout(total=2.0)
-                    ) as resp:
-                        if resp.status == 200:
-                            del pending[peer]
-                            continue
-                        last[peer] = f"HTTP {resp.status}"
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    last[peer] = f"{type(exc).__name__}: {exc}"
-            if not pending:
-                return
-            if loop.time() >= deadline:
-                raise PartyStartError(
-                    f"{cfg.name!r}: peers not reachable after {timeout:g} s: "
-                    + "; ".join(
-                        f"{p} at {u} ({last.get(p, 'no answer')})" for p, u in pending.items()
-                    )
-                    + ". Start them, or fix [peers] / raise `wait`."
-                )
-            await asyncio.sleep(0.1)
+async def wait_for_peers(cfg: PartyConfig, transport: Transport) -> None:
+    """Wait (up to ``cfg.wait`` s) until the started ``transport`` reaches every peer, where
+    it can tell (`PeerWaitingTransport`; otherwise the negotiation's own bound applies);
+    `PartyStartError` naming the silent ones."""
+    if not isinstance(transport, PeerWaitingTransport):
+        return
+    try:
+        await transport.wait_for_peers(cfg.wait)
+    except PeersUnreachableError as exc:
+        raise PartyStartError(f"{exc}. Start them, or fix [peers] / raise `wait`.") from None
 
 
 async def connect(
@@ -315,11 +293,13 @@ async def connect(
     leader = topology.label_owner
     # until a spec is agreed, only the negotiation's own messages are admitted (its commands in
     # order, until the party's model exists: `SplitParty` installs its plan's checks then)
-    transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
-    negotiating = transport.admit_frame = NegotiationAdmission(cfg.name, leader)
+    negotiating = NegotiationAdmission(cfg.name, leader)
+    if isinstance(transport, AdmittingTransport):
+        transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
+        transport.admit_frame = negotiating
     await transport.start()
     try:
-        await wait_for_peers(cfg, cfg.wait)
+        await wait_for_peers(cfg, transport)
         try:
             async with asyncio.timeout(cfg.wait):
                 agreed: TaskSpec

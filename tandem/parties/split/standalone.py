@@ -42,6 +42,7 @@ from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes, release_free_memory
+from tandem.transports.base import MetricsTransport
 
 from .checkpoint import CheckpointStore
 from .inference import export_party
@@ -172,7 +173,8 @@ async def run_party(
             if party.is_leader:
                 party.run_id = str(r.extra.get("run_id", party.run_id))
                 party.n_groups = int(r.extra.get("n_groups", party.n_groups))
-        session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
+        if isinstance(session.transport, MetricsTransport):
+            session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
 
     session = await _until(
         stop, connect(cfg, data=data, checkpoints=held, prepare=prepare, refusals=refusals)

@@ -6,14 +6,18 @@ Implements `tandem.transports.base.Transport` with the same guarantees as `Memor
         await t.send("c0", "updates", frame); f = await t.recv("c0", "model")
 
 The package follows aiohttp's own split: `config` (`HttpConfig` and its validation), `client`
-(sending, retry, backoff, error mapping), `server` (the aiohttp application, authentication,
-identity and admission, receiving into bounded inboxes), `connections` (accepting connections
-within caps and timeouts), `budget` (the one bound on inbound bytes), `quietlog` (one
+(sending, retry, backoff, error mapping), `server` (the receiving side's lifecycle and what
+every request passes) with `endpoints` (the request handlers), `identity` (authentication,
+certificate identity, admission of unknown peers), `checks` (a frame's checks and the
+admission hooks), `reassembly` (chunks into messages, delivered in order) and `store`
+(streams, bounded inboxes, sweeping), `connections` (accepting connections within caps and
+timeouts), `budget` (the one bound on inbound bytes), `quietlog` (one
 rate-limited line per refusal), `body` and `bulk` (how a request's body is read: a plain POST
 through aiohttp, or the bulk path's raw upgraded connection), `scan` (the incremental NaN/Inf
-check), `streams` (de-duplication state), `liveness` (loss of a silent peer), `metrics`
-(``GET /metrics``), `protocol` (paths, headers, answers), `framewire`, `framestream` and
-`streamserve` (frame streams: the format, the sending and the receiving side), and
+check), `streams` (de-duplication state), `liveness` (peers' readiness, loss of a silent
+peer), `metrics` (``GET /metrics``), `protocol` (paths, headers, answers), `framewire`,
+`framestream` and `streamserve` (frame streams: the format, the sending and the receiving
+side), and
 `transport`, the `HttpTransport` facade over a client and a server.
 
 Wire protocol (docs/transports.md has the full description):

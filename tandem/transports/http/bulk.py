@@ -98,7 +98,7 @@ class BulkBody:
         return start + self.sink.pos
 
     def release(self) -> None:
-        """After `server.HttpServer.receive`: a body not completely received (error,
+        """After `endpoints.Endpoints.receive`: a body not completely received (error,
         cancellation) leaves no connection behind that could still write into the frame
         buffer."""
         sink = self.sink

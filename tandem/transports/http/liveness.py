@@ -1,4 +1,5 @@
-"""Loss detection on the receiving side (``HttpConfig.peer_timeout``): a `recv` waiting on an
+"""Readiness of peers at start (`wait_ready`: ``GET /healthz`` answers 200), and loss
+detection on the receiving side (``HttpConfig.peer_timeout``): a `recv` waiting on an
 empty inbox probes the peer's ``GET /healthz`` every ``min(1, peer_timeout / 3)`` s. A peer
 that answers no probe for ``peer_timeout`` s, or answers as another process, is taken as having
 said goodbye: its inboxes close and the waiting `recv` raises `TransportClosedError` once the
@@ -13,15 +14,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 
 import aiohttp
+
+from tandem.errors import PeersUnreachableError
 
 from ..base import Frame
 from ..inbox import Inbox
 from .client import HttpClient
+from .protocol import HEALTH_PATH
 from .server import HttpServer
 
 log = logging.getLogger(__name__)
+
+#: how long one readiness probe may take, and the pause between rounds of probes
+PROBE_SECONDS = 2.0
+PROBE_PAUSE = 0.1
+
+
+async def wait_ready(
+    name: str, session: aiohttp.ClientSession, peers: Mapping[str, str], timeout: float
+) -> None:
+    """Poll every peer's ``GET /healthz`` (name -> base URL) until each has answered 200 once;
+    `PeersUnreachableError` naming the silent ones, their URLs and last problems, after
+    ``timeout`` seconds. The probes are anonymous: readiness says nothing of identity."""
+    pending = dict(peers)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: dict[str, str] = {}
+    while pending:
+        for peer, url in list(pending.items()):
+            try:
+                async with session.get(
+                    url + HEALTH_PATH, timeout=aiohttp.ClientTimeout(total=PROBE_SECONDS)
+                ) as resp:
+                    if resp.status == 200:
+                        del pending[peer]
+                        continue
+                    last[peer] = f"HTTP {resp.status}"
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                last[peer] = f"{type(exc).__name__}: {exc}"
+        if not pending:
+            return
+        if loop.time() >= deadline:
+            silent = {p: (u, last.get(p, "no answer")) for p, u in pending.items()}
+            raise PeersUnreachableError(
+                f"{name!r}: peers not reachable after {timeout:g} s: "
+                + "; ".join(f"{p} at {u} ({why})" for p, (u, why) in silent.items()),
+                silent,
+            )
+        await asyncio.sleep(PROBE_PAUSE)
 
 
 async def next_frame(

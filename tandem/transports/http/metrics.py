@@ -93,13 +93,13 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
         "tandem_partials_dropped_total",
         "counter",
         "Partial messages dropped after partial_timeout without a reader",
-        [(party, server.dropped_partials)],
+        [(party, server.store.dropped_partials)],
     )
     lines += metrics.family(
         "tandem_signature_rebinds_total",
         "counter",
         "Requests answered 421: correctly signed for another process of this party",
-        [(party, server.rebinds)],
+        [(party, server.gate.rebinds)],
     )
     listener = server.listener
     if listener is not None:

@@ -60,7 +60,7 @@ class FiniteScan:
     still in the CPU cache: summing a cold buffer after the transfer costs about twice as much,
     all of it on the message's critical path (docs/transports.md has the measurements).
 
-    Only `server.HttpServer.validate` reads the verdicts, after the digest (401) and the decoding
+    Only `checks.FrameChecks.validate` reads the verdicts, after the digest (401) and the decoding
     (400) passed, so refusals keep their order; the layout is parsed from the same header
     bytes `codec.decode` reads, and a verdict is used only where the decoded array matches
     it. Before a chunk is received again (after a 401, a lost connection, a cancellation) the

@@ -3,8 +3,8 @@
 `serve_stream` answers ``POST /tandem/v1/stream``: the handshake is authenticated as any
 request (signature bound to this process, certificate identity, retired incarnations), then
 the connection is taken from aiohttp and each record is checked (sizes, tag) and handed to
-`HttpServer.receive_message`, exactly the admission a POSTed frame passes; its verdict goes
-back as an ack. A record that fails a check (oversize head, bad tag: forged, replayed,
+`reassembly.Reassembler.receive_message`, exactly the admission a POSTed frame passes; its
+verdict goes back as an ack. A record that fails a check (oversize head, bad tag: forged, replayed,
 reordered or moved from another stream) closes the stream at once, without an ack; the
 records in flight are dropped with it and their senders send them again.
 
@@ -35,13 +35,15 @@ class HttpServer(Protocol):
     authentication, admission and refusal counting, the same a POSTed frame goes through."""
 
     cfg: HttpConfig
-    closed: bool
     frame_streams: set[asyncio.Transport]
     quiet: QuietLog
     refused: dict[str, int]
     refused_handshakes: dict[str, int]
     retired: dict[str, set[str]]
     verifier: Any
+
+    @property
+    def closed(self) -> bool: ...
 
     def authenticate(self, request: web.Request, path: str) -> str: ...
 
@@ -162,7 +164,7 @@ async def serve_stream(server: HttpServer, request: web.Request) -> web.StreamRe
 class _Session(asyncio.Protocol):
     """One upgraded stream, and its connection's protocol: records are parsed as bytes arrive
     (`data_received`), each judged on the spot when its admission awaits nothing
-    (`HttpServer.receive_now`), else in a task of `run`'s TaskGroup; each verdict acked.
+    (`reassembly.Reassembler.receive_now`), else in a task of `run`'s TaskGroup; each verdict acked.
 
     ``mac``: the stream's tags (None: untagged, the receiver holds no secret).
 
@@ -359,8 +361,8 @@ class _Session(asyncio.Protocol):
 
     def _receive_now(self, msg: MessageHead, body: memoryview) -> Reply | None:
         """The verdict on a record, judged on the spot: the receiver closing (503), the
-        ``admit_stream`` hook (403), then `HttpServer.receive_now`; None when its admission
-        must wait (then `_admit` runs it in a task)."""
+        ``admit_stream`` hook (403), then `reassembly.Reassembler.receive_now`; None when its
+        admission must wait (then `_admit` runs it in a task)."""
         server = self.server
         try:
             if server.closed:

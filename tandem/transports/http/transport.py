@@ -4,7 +4,7 @@ and `server.HttpServer` (receiving)."""
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from tandem.errors import FrameError, TransportClosedError, TransportError, UnknownPeerError
 
@@ -16,7 +16,9 @@ from .server import HttpServer
 
 
 class HttpTransport:
-    """One party's HTTP endpoint. Implements `tandem.transports.base.Transport`.
+    """One party's HTTP endpoint. Implements `tandem.transports.base.Transport` and every
+    optional capability there: `WindowedTransport`, `AdmittingTransport`,
+    `PeerWaitingTransport`, `AddressingTransport` and `MetricsTransport`.
 
     Use ``async with HttpTransport(cfg) as t`` (or ``await t.start()`` / ``await t.aclose()``).
     ``spec_hash``, ``validator``, ``admit_stream`` and ``admit_frame`` are plain attributes,
@@ -89,6 +91,10 @@ class HttpTransport:
         scheme = "https" if self._cfg.ssl_server else "http"
         return f"{scheme}://{self._cfg.host}:{self._port}"
 
+    def address(self) -> str:
+        """`tandem.transports.base.AddressingTransport`: `url`."""
+        return self.url
+
     @property
     def closed(self) -> bool:
         return self._closed
@@ -140,6 +146,13 @@ class HttpTransport:
     def add_peer(self, name: str, url: str) -> None:
         """Address ``name`` at ``url`` (``http(s)://host:port``); replaces an older URL."""
         self._peers[name] = check_peer(self._cfg.name, name, url)
+
+    async def wait_for_peers(self, timeout: float, peers: Iterable[str] | None = None) -> None:
+        """`tandem.transports.base.PeerWaitingTransport`: until each peer's ``GET /healthz``
+        answers 200 (`liveness.wait_ready`); `PeersUnreachableError` after ``timeout`` s."""
+        names = list(self._peers) if peers is None else list(peers)
+        urls = {p: self._check(p) for p in names}
+        await liveness.wait_ready(self.name, self._client.session, urls, timeout)
 
     def add_metrics_source(self, source: Callable[[], str]) -> None:
         """Append ``source()`` (Prometheus text lines) to every ``GET /metrics`` answer."""
