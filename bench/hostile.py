@@ -186,7 +186,7 @@ class Job:
     @staticmethod
     def exported_from(folder: Path) -> dict[str, np.ndarray]:
         """The parameters both parties of the job in ``folder`` exported, by name."""
-        from tandem.parties.split.export import load_stages
+        from tandem.parties.export import load_stages
 
         out: dict[str, np.ndarray] = {}
         for role in ("leader", "follower"):

@@ -219,7 +219,7 @@ class Job:
 
     def exported(self, role: str) -> dict[str, np.ndarray]:
         """The exported tensors of ``role`` by name."""
-        from tandem.parties.split.export import load_stages
+        from tandem.parties.export import load_stages
 
         loaded = load_stages(self.folder / "out" / role / f"{role}.safetensors")
         out: dict[str, np.ndarray] = {}

@@ -10,7 +10,7 @@ import pytest
 
 from tandem.parties.alignment import multi
 from tandem.parties.alignment.errors import AlignmentMismatchError, ProtocolError
-from tandem.parties.alignment.ids import canonical, commitment
+from tandem.parties.data.canonical_ids import canonical, commitment
 from tandem.transports.base import Frame
 from tandem.transports.memory import MemoryNetwork
 

@@ -8,7 +8,6 @@ import time
 import numpy as np
 import pytest
 
-from tandem.parties.alignment.aligned_file import write_aligned
 from tandem.parties.data import (
     DataError,
     Preprocessing,
@@ -16,6 +15,7 @@ from tandem.parties.data import (
     load_party_data,
     parse_data_config,
 )
+from tandem.parties.data.aligned_file import write_aligned
 
 pytest.importorskip("pyarrow")
 

@@ -6,7 +6,6 @@ from the dataset by hand."""
 import numpy as np
 import pytest
 
-from tandem.parties.alignment.ids import canonical, commitment
 from tandem.parties.data import (
     DataError,
     fingerprint,
@@ -16,6 +15,7 @@ from tandem.parties.data import (
 )
 from tandem.parties.data import preprocess as preprocess_module
 from tandem.parties.data import table as table_module
+from tandem.parties.data.canonical_ids import canonical, commitment
 from tandem.parties.data.ids import id_hashes
 from tandem.parties.data.idtext import IdText, IdTextBuilder
 from tandem.parties.split.party_data import id_commitment, load_table_data

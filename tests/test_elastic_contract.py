@@ -107,7 +107,7 @@ def test_the_export_is_split_learnings_format_with_the_preprocessing(tmp_path):
 
 
 def model_description(path) -> dict:
-    from tandem.parties.split.export import read_description
+    from tandem.parties.export import read_description
 
     return read_description(path)
 

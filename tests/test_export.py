@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hypothesis_profiles import examples
 from tandem.engine.models import mlp_init
-from tandem.parties.split.export import (
+from tandem.parties.export import (
     ExportError,
     ExportMismatchError,
     describe,
@@ -106,7 +106,7 @@ def test_corrupt_and_foreign_files_are_refused(tmp_path):
     import safetensors.numpy
 
     safetensors.numpy.save_file({"x": np.zeros(2, np.float32)}, other)
-    with pytest.raises(ExportError, match="not written by tandem.parties.split.export"):
+    with pytest.raises(ExportError, match="not written by tandem.parties.export"):
         load_stages(other)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"not a file")

@@ -160,9 +160,10 @@ def test_aligned_rows_files_need_no_extra(monkeypatch, tmp_path):
     hide(monkeypatch, "cryptography")
     forget(
         monkeypatch,
-        *(f"tandem.parties.alignment.{m}" for m in ("aligned_file", "ids", "ecdh", "psi")),
+        *(f"tandem.parties.data.{m}" for m in ("aligned_file", "canonical_ids")),
+        *(f"tandem.parties.alignment.{m}" for m in ("ecdh", "psi")),
     )
-    from tandem.parties.alignment.aligned_file import read_aligned, write_aligned
+    from tandem.parties.data.aligned_file import read_aligned, write_aligned
 
     path = tmp_path / "a.csv"
     write_aligned(path, [2, 0], ["x", "y"])

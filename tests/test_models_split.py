@@ -14,9 +14,9 @@ import pytest
 
 from tandem.engine.topology import star, two_party
 from tandem.errors import ConfigError
+from tandem.parties.export import save_stages
 from tandem.parties.models import embedding_mlp, load_factory, mlp
 from tandem.parties.split import SplitConfig, SplitParty, inference
-from tandem.parties.split.export import save_stages
 from tandem.parties.split.inference import InferenceError
 from tandem.transports.memory import MemoryNetwork
 

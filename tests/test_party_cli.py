@@ -44,7 +44,7 @@ def test_full_run_trains_evaluates_exports(reference):
     # each party exported only its own stages, stamped with the same run id
     assert {k.split("/")[1] for k in job.exported("leader")} == {"bottom_leader", "top"}
     assert {k.split("/")[1] for k in job.exported("follower")} == {"bottom_follower"}
-    from tandem.parties.split.export import read_description
+    from tandem.parties.export import read_description
 
     descs = [
         read_description(job.folder / "out" / r / f"{r}.safetensors")

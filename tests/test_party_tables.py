@@ -161,7 +161,7 @@ def test_tables_train_and_the_spec_records_split_and_fingerprints(trained):
     assert lead["status"] == fol["status"] == "done"
     assert lead["spec_hash"] == fol["spec_hash"]
     assert lead["test_accuracy"] > 0.8
-    from tandem.parties.split.export import read_description
+    from tandem.parties.export import read_description
     from tandem.parties.split.session import describe_data, leader_spec
 
     shop = load_party_config(job.path("shop")).load_data()

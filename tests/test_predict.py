@@ -21,12 +21,12 @@ import jax
 import numpy as np
 import pytest
 
-import tandem.parties.split.export
+import tandem.parties.export.stages
 from ports import free_port
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower, two_party
+from tandem.parties.export import save_stages
 from tandem.parties.split import SplitConfig, SplitParty, inference, predict_cli
-from tandem.parties.split.export import save_stages
 from tandem.parties.split.inference import InferenceError
 from tandem.parties.split.negotiate import NegotiationError
 from tandem.transports.memory import MemoryNetwork
@@ -219,13 +219,13 @@ PARTY = contextvars.ContextVar("party", default="?")
 
 async def test_each_party_reads_only_its_own_export_and_receives_activations(trained, monkeypatch):
     opened: list[tuple[str, str]] = []
-    real_open = tandem.parties.split.export.safe_open
+    real_open = tandem.parties.export.stages.safe_open
 
     def recording_open(path, *a, **kw):
         opened.append((PARTY.get(), os.fspath(path)))
         return real_open(path, *a, **kw)
 
-    monkeypatch.setattr(tandem.parties.split.export, "safe_open", recording_open)
+    monkeypatch.setattr(tandem.parties.export.stages, "safe_open", recording_open)
     net = MemoryNetwork()
     received: dict[str, list] = {"leader": [], "follower": []}
     endpoints = {}
@@ -649,7 +649,7 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     m = classification_metrics(logits, y_test, "binary")
     assert m["accuracy"] == pytest.approx(lead["test_accuracy"], abs=1e-9)
     assert m["loss"] == pytest.approx(lead["test_loss"], rel=1e-6)
-    from tandem.parties.split.export import read_description
+    from tandem.parties.export import read_description
 
     trained_by = read_description(job.folder / "out" / "leader" / "leader.safetensors")
     summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]

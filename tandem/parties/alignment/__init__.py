@@ -1,7 +1,8 @@
 """Private sample alignment (ECDH-PSI) for split learning: see `psi.align` and docs/alignment.md.
 
-`align` and `AlignedIds` load on first use: the PSI needs the ``psi`` extra, while the
-aligned-rows file (`aligned_file`), which training and prediction read, needs nothing optional.
+`align` and `AlignedIds` load on first use: the PSI needs the ``psi`` extra. The aligned-rows
+file it writes, which training and prediction read, is data: `tandem.parties.data.aligned_file`
+(with the canonical ids and their commitment, `tandem.parties.data.canonical_ids`).
 """
 
 from __future__ import annotations

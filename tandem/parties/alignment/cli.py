@@ -26,9 +26,9 @@ import os
 import sys
 import time
 
+from tandem.parties.data.aligned_file import write_aligned
 from tandem.parties.progress import emit_result
 
-from .aligned_file import write_aligned
 from .errors import AlignmentError
 
 

@@ -33,9 +33,9 @@ import hashlib
 from collections.abc import Sequence
 
 from tandem._extras import needs
+from tandem.parties.data.canonical_ids import DOMAIN, SCHEME, canonical, canonicalise, commitment
 
 from .errors import AlignmentConfigError, ProtocolError
-from .ids import DOMAIN, SCHEME, canonical, canonicalise, commitment
 
 with needs("psi", "private set intersection (tandem align)"):
     import gmpy2

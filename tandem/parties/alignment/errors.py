@@ -1,16 +1,17 @@
-"""Errors of private sample alignment. All derive from `tandem.errors.TandemError`."""
+"""Errors of private sample alignment. All derive from `tandem.errors.TandemError`.
+
+`IdError` (an id that has no canonical encoding) is the data layer's, a
+`tandem.parties.data.DataError`: the PSI raises it, so it is offered here too.
+"""
 
 from __future__ import annotations
 
 from tandem.errors import TandemError
+from tandem.parties.data.errors import IdError
 
 
 class AlignmentError(TandemError):
     """Root of alignment errors."""
-
-
-class IdError(AlignmentError, ValueError):
-    """An id has a type or value that cannot be encoded canonically (the message names it)."""
 
 
 class ProtocolError(AlignmentError):
@@ -26,3 +27,12 @@ class AlignmentMismatchError(AlignmentError):
 
 class AlignmentConfigError(AlignmentError, ValueError):
     """An argument of `align` is out of range (the message names it and the accepted values)."""
+
+
+__all__ = [
+    "AlignmentConfigError",
+    "AlignmentError",
+    "AlignmentMismatchError",
+    "IdError",
+    "ProtocolError",
+]

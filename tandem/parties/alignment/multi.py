@@ -32,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
+from tandem.parties.data.canonical_ids import canonical, commitment
 from tandem.transports.base import Frame, Transport
 
 from .errors import AlignmentMismatchError, ProtocolError
-from .ids import canonical, commitment
 from .psi import align
 
 CH_FINAL = "psi/final"

@@ -9,7 +9,9 @@ user's guide.
 
 Modules: `config` (the keys), `table` (readers), `preprocess` (features, encoding, missing
 values, scaling), `idtext` (ids as UTF-8 bytes), `ids` and `split` (the id hash and the
-split), `labels`, `fingerprint`, `load` (the entry points), `errors`.
+split), `labels`, `fingerprint`, `aligned_file` (the `tandem align --out` file) and
+`canonical_ids` (ids as the PSI encodes them, and their commitment), `load` (the entry
+points), `errors`.
 """
 
 from .config import DataConfig, SplitConfig, parse_data_config

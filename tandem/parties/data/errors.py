@@ -1,4 +1,4 @@
-"""The error of the data layer. It derives from `tandem.errors.ConfigError`: bad data is a
+"""The errors of the data layer. It derives from `tandem.errors.ConfigError`: bad data is a
 setting the user has to change (a file, a column, a `[data]` key)."""
 
 from __future__ import annotations
@@ -14,4 +14,13 @@ class DataError(ConfigError):
     """
 
 
-__all__ = ["DataError"]
+class IdError(DataError, ValueError):
+    """An id has a type or value that cannot be encoded canonically (the message names it)."""
+
+
+class AlignedFileError(DataError):
+    """An aligned-rows file (`tandem align --out`) is missing or malformed (the message names
+    the file and the problem)."""
+
+
+__all__ = ["AlignedFileError", "DataError", "IdError"]

@@ -23,8 +23,9 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from .aligned_file import read_aligned
 from .config import DataConfig
-from .errors import DataError
+from .errors import AlignedFileError, DataError
 from .fingerprint import fingerprint
 from .ids import first_duplicate, id_hashes
 from .idtext import IdText
@@ -205,12 +206,9 @@ def _refuse_duplicate(cfg: DataConfig, rows: np.ndarray, value: str, a: int, b: 
 
 
 def _aligned(cfg: DataConfig, path: str, ids: IdText) -> tuple[np.ndarray, IdText, Any]:
-    from tandem.parties.alignment.aligned_file import read_aligned
-    from tandem.parties.alignment.errors import AlignmentError
-
     try:
         aligned = read_aligned(path)
-    except AlignmentError as exc:
+    except AlignedFileError as exc:
         raise DataError(f"data.aligned: {exc}") from None
     rows = aligned.rows
     if len(rows) and rows.max() >= len(ids):

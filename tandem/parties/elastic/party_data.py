@@ -24,8 +24,8 @@ loss), builds the model with `tandem.parties.models.model_from_toml` over the fe
 (numeric first, then the categorical codes as floats, as `embedding_mlp` expects) and returns
 the training rows as the shard and the test rows for evaluation.
 
-`export_model` writes the trained model in split learning's export format
-(`tandem.parties.split.export`): one stage ``"model"`` owned by the data server, reading its
+`export_model` writes the trained model in the shared export format
+(`tandem.parties.export`): one stage ``"model"`` owned by the data server, reading its
 features, with the model's spec, output width, training id, loss and the preprocessing state,
 so `tandem.parties.split.inference.load_model` rebuilds it and `load_new_data` prepares new rows.
 """
@@ -171,8 +171,8 @@ def export_model(
 ) -> dict[str, Any]:
     """Write the model (flat parameter ``leaves`` of ``spec``) as a one-stage export; returns
     the description written (module docstring). ``preprocessing`` and ``fingerprint`` go to
-    the export's ``data`` field, as split learning's exports record them."""
-    from tandem.parties.split.export import save_stages
+    the export's ``data`` field, as every export records them."""
+    from tandem.parties.export import save_stages
 
     from .kernels import net_for
 

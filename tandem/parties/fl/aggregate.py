@@ -1,6 +1,7 @@
 """Server-side update rule of federated averaging with compression (pure, no asyncio).
 
-Given the weighted aggregate ``g_t`` of the clients' (decompressed) updates:
+Given the combination ``g_t`` of the clients' (decompressed) updates (by the server's
+`tandem.parties.fl.aggregator.Aggregator`, a weighted mean by default):
 
 1. momentum (optional): ``m_t = rho * m_{t-1} + g_t``; the step uses ``m_t``;
 2. scale by the server learning rate;
@@ -19,7 +20,6 @@ applies to the optimizer's update unchanged.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -59,19 +59,6 @@ class ServerState:
     @classmethod
     def zeros(cls, d: int) -> ServerState:
         return cls(jnp.zeros((d,), jnp.float32), jnp.zeros((d,), jnp.float32))
-
-
-def weighted_mean(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
-    """``sum_i w_i u_i / sum_i w_i`` in float32 (the clients' sample counts as weights)."""
-    if not updates:
-        raise ConfigError("cannot aggregate zero updates")
-    total = float(sum(weights))
-    if not total > 0:
-        raise ConfigError(f"aggregation weights must sum to > 0, got {weights}")
-    out = np.zeros_like(np.asarray(updates[0], np.float32))
-    for u, w in zip(updates, weights, strict=True):
-        out += np.float32(w / total) * np.asarray(u, np.float32)
-    return out
 
 
 def server_step(

@@ -4,12 +4,14 @@ Contents (format ``"tandem-fl-server"``, version 1):
 
 * tensors: ``model`` (the flat global model), ``momentum`` and ``residual`` (`ServerState`),
   ``opt/<i>`` (the leaves of the server optimizer's state, in ``jax.tree_util`` order),
+  ``agg/<i>`` (the leaves of the aggregator's state, `FLConfig.aggregator`, likewise),
   ``planner/...`` (`DownlinkPlanner.state`: changed-coordinate masks and the version log);
 * header metadata ``"tandem"``: JSON ``{"format", "version", "identity", "next_round",
-  "known", "resyncs", "reports", "planner", "opt_structure"}``: the configuration it was
-  written with (`ServerConfig.identity`), the first round not yet done, each client's confirmed
-  version, the round reports so far, the planner's scalars and the optimizer state's treedef
-  text.
+  "known", "resyncs", "reports", "planner", "opt_structure", "agg_structure"}``: the
+  configuration it was written with (`ServerConfig.identity`), the first round not yet done,
+  each client's confirmed version, the round reports so far, the planner's scalars and the
+  treedef texts of the optimizer's and the aggregator's states (a checkpoint without
+  ``agg_structure`` holds an aggregator without state, as the default weighted mean).
 
 `save` writes the bytes to a temporary name beside ``location`` and renames it over
 ``location`` (local files: ``os.replace`` after an fsync of the file, then an fsync of the
@@ -70,9 +72,11 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
         "momentum": np.asarray(server.state.momentum, np.float32),
         "residual": np.asarray(server.state.residual, np.float32),
     }
-    leaves, treedef = jax.tree_util.tree_flatten(server.opt_state)
-    for i, leaf in enumerate(leaves):
-        tensors[f"opt/{i}"] = np.asarray(leaf)
+    treedefs = {}
+    for prefix, state in (("opt", server.opt_state), ("agg", server.agg_state)):
+        leaves, treedefs[prefix] = jax.tree_util.tree_flatten(state)
+        for i, leaf in enumerate(leaves):
+            tensors[f"{prefix}/{i}"] = np.asarray(leaf)
     planner_arrays, planner_meta = server.planner.state()
     for name, arr in planner_arrays.items():
         tensors[f"planner/{name}"] = arr
@@ -85,7 +89,8 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
         "resyncs": server.resyncs,
         "reports": [dataclasses.asdict(r) for r in server.reports],
         "planner": planner_meta,
-        "opt_structure": str(treedef),
+        "opt_structure": str(treedefs["opt"]),
+        "agg_structure": str(treedefs["agg"]),
     }
     contiguous = {k: np.array(v, order="C") for k, v in tensors.items()}  # keeps 0-d arrays 0-d
     return safetensors.numpy.save(contiguous, metadata={_META: json.dumps(meta, sort_keys=True)})
@@ -135,17 +140,8 @@ def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> 
                 f"{where}: tensor {name!r} is missing or not float32 ({server.d},); the file "
                 "is damaged: start over with --fresh"
             )
-    template, treedef = jax.tree_util.tree_flatten(server.opt_state)
-    if str(treedef) != ckpt.meta.get("opt_structure"):
-        raise CheckpointError(
-            f"{where}: the server optimizer's state has another structure; start over with --fresh"
-        )
-    leaves = []
-    for i, like in enumerate(template):
-        arr = t.get(f"opt/{i}")
-        if arr is None or arr.shape != np.shape(like) or arr.dtype != np.asarray(like).dtype:
-            raise CheckpointError(f"{where}: optimizer tensor opt/{i} is missing or misshapen")
-        leaves.append(jnp.asarray(arr))
+    opt_state = _state(server.opt_state, ckpt, "opt", "the server optimizer")
+    agg_state = _state(server.agg_state, ckpt, "agg", "the aggregator")
     planner = {k.removeprefix("planner/"): v for k, v in t.items() if k.startswith("planner/")}
     try:
         server.planner.restore(planner, ckpt.meta["planner"])
@@ -156,10 +152,33 @@ def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> 
         raise CheckpointError(f"{where}: metadata is malformed ({exc!r})") from None
     server.model = np.array(t["model"], np.float32, copy=True)
     server.state = ServerState(jnp.asarray(t["momentum"]), jnp.asarray(t["residual"]))
-    server.opt_state = jax.tree_util.tree_unflatten(treedef, leaves)
+    server.opt_state, server.agg_state = opt_state, agg_state
     server.known.update({c: v for c, v in known.items() if c in server.known})
     server.reports = reports
     server.next_round, server.resyncs = next_round, resyncs
+
+
+def _state(template: Any, ckpt: Checkpoint, prefix: str, what: str) -> Any:
+    """The pytree stored under ``<prefix>/<i>`` with ``template``'s structure and leaves'
+    shapes, dtypes and kinds (JAX or NumPy arrays); `CheckpointError` naming ``what`` when it
+    does not fit."""
+    where = f"checkpoint {ckpt.location!r}"
+    like, treedef = jax.tree_util.tree_flatten(template)
+    saved = ckpt.meta.get(f"{prefix}_structure", str(jax.tree_util.tree_structure(())))
+    if str(treedef) != saved:
+        raise CheckpointError(
+            f"{where}: the state of {what} has another structure; start over with --fresh"
+        )
+    leaves = []
+    for i, leaf in enumerate(like):
+        arr = ckpt.tensors.get(f"{prefix}/{i}")
+        if arr is None or arr.shape != np.shape(leaf) or arr.dtype != np.asarray(leaf).dtype:
+            raise CheckpointError(
+                f"{where}: tensor {prefix}/{i} of {what}'s state is missing or misshapen; "
+                "start over with --fresh"
+            )
+        leaves.append(jnp.asarray(arr) if isinstance(leaf, jax.Array) else np.array(arr))
+    return jax.tree_util.tree_unflatten(treedef, leaves)
 
 
 def _metadata(blob: bytes, location: str) -> dict[str, Any]:

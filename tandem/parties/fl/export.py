@@ -1,7 +1,7 @@
-"""The federated global model, exported in split learning's format (a one-stage export).
+"""The federated global model, in the export format every system shares (a one-stage export).
 
 `export_global(path, model_vec, setup, party=...)` writes ``path`` with
-`tandem.parties.split.export.save_stages`: one stage, ``"global"``, owned by the server, on
+`tandem.parties.export.save_stages`: one stage, ``"global"``, owned by the server, on
 the features, carrying the loss; the model spec, its output width, a training id and the loss
 are recorded, so `tandem.parties.split.inference.load_model_sync` rebuilds it like any party's
 export. Its ``data`` field holds the server's preprocessing state
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from tandem.engine.topology import FEATURES, Stage, Topology
-from tandem.parties.split.export import save_stages
+from tandem.parties.export import save_stages
 
 from .compression import unflatten
 from .task import Task

@@ -12,10 +12,12 @@ A round ``r``:
    to past rounds are dropped; an update that fails
    `protocol.check_update` is refused (the reason is in the round report) and the round goes
    on; clients silent at the deadline, or whose link closed, are left out;
-4. aggregate the accepted payloads weighted by sample count, decompress once (rand-k and
-   sketches are linear), apply the server rule off the event loop (`FLConfig.optimizer`, an optax
-   optimizer, through `tandem.parties.fl.aggregate.optax_step`; else the `ServerRule` through
-   `server_step`), record the changed indices for the downlink.
+4. combine the accepted payloads with `FLConfig.aggregator` (a weighted mean by sample count
+   unless told otherwise): a linear aggregator combines the compressed payloads and the server
+   decompresses once (rand-k and sketches are linear); a non-linear one is given each client's
+   decompressed update. Then apply the server rule off the event loop (`FLConfig.optimizer`,
+   an optax optimizer, through `tandem.parties.fl.aggregate.optax_step`; else the `ServerRule`
+   through `server_step`), record the changed indices for the downlink.
 
 Hooks for a server in its own process (`tandem.parties.fl.server_process`): `wait_ready` runs
 before a client is served in a round (wait until it has connected), `after_round` after each
@@ -34,7 +36,7 @@ import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -45,12 +47,10 @@ from tandem.transports.base import Frame, Transport
 
 from . import compression as C
 from . import protocol as P
-from .aggregate import ServerRule, ServerState, optax_step, server_step, weighted_mean
+from .aggregate import ServerRule, ServerState, optax_step, server_step
+from .aggregator import Aggregator, weighted_mean
 from .downlink import DownlinkPlanner
 from .train import LocalTrainer
-
-if TYPE_CHECKING:
-    import jax
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +71,7 @@ class FLConfig:
     eval_every: int = 1
     max_update_bytes: int | None = None
     optimizer: optax.GradientTransformation | None = None
+    aggregator: Aggregator = weighted_mean()
 
     def __post_init__(self) -> None:
         if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):
@@ -128,6 +129,8 @@ class FLServer:
         self.uplink = P.check_uplink(cfg.uplink, self.d)
         self.model = np.array(trainer.init_vec, np.float32, copy=True)
         self.state = ServerState.zeros(self.d)
+        combined = P.expected_shape(self.uplink, self.d) if cfg.aggregator.linear else (self.d,)
+        self.agg_state = cfg.aggregator.init(np.zeros(combined, np.float32))
         self.opt_state = (
             None if cfg.optimizer is None else cfg.optimizer.init(jnp.asarray(self.model))
         )
@@ -309,17 +312,29 @@ class FLServer:
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
         await self._send(c, meta, arrays)
 
+    def _decode(self, payload: np.ndarray, seed: int) -> np.ndarray:
+        """The ``(d,)`` update a payload of this round's uplink stands for."""
+        kind = self.uplink["kind"]
+        if kind == "randk":
+            return np.asarray(C.randk_decompress(payload, seed, self.d))
+        if kind == "sketch":
+            return np.asarray(
+                C.sketch_estimate(payload, seed, self.d, median=self.cfg.sketch_median)
+            )
+        return payload
+
+    def _combine(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> np.ndarray:
+        """The round's update by `FLConfig.aggregator`: decoded once after combining when the
+        aggregator is linear, else each payload decoded first (see `aggregator`)."""
+        rule = self.cfg.aggregator
+        if not rule.linear:
+            payloads = [self._decode(p, seed) for p in payloads]
+        combined, self.agg_state = rule.aggregate(self.agg_state, payloads, weights)
+        return self._decode(combined, seed) if rule.linear else combined
+
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
-        mean = weighted_mean(payloads, weights)
-        kind = self.uplink["kind"]
-        agg: np.ndarray | jax.Array
-        if kind == "randk":
-            agg = C.randk_decompress(mean, seed, self.d)
-        elif kind == "sketch":
-            agg = C.sketch_estimate(mean, seed, self.d, median=self.cfg.sketch_median)
-        else:
-            agg = mean
+        agg = self._combine(payloads, weights, seed)
         if self.cfg.optimizer is None:
             idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
         else:

@@ -58,7 +58,7 @@ def from_functions(
     """A plain JAX pair: ``init(key) -> params`` (a pytree of arrays), ``apply(params, *xs)``.
 
     Both must be pure (no hidden state) and jit-able. For export, ``params`` must be dicts with
-    str keys, lists and tuples of arrays (what `tandem.parties.split.export` stores).
+    str keys, lists and tuples of arrays (what `tandem.parties.export` stores).
     """
     if not callable(init) or not callable(apply):
         raise ConfigError("from_functions needs two callables: init(key) and apply(params, *xs)")

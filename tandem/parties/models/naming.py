@@ -1,6 +1,6 @@
 """Named parameters: any pytree of arrays as nested dicts with str keys, and back.
 
-An export (`tandem.parties.split.export`) stores dicts with str keys, lists, tuples and arrays;
+An export (`tandem.parties.export`) stores dicts with str keys, lists, tuples and arrays;
 the engine's optimizers and accumulators need only a pytree. A Flax or Equinox model's
 parameters are other pytrees (nnx ``State`` of ``Param`` variables, Equinox modules), so the
 adapters hand the engine `NamedTree.named` dicts, keyed by each leaf's path (``{"layers": {"0":

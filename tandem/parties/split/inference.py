@@ -1,6 +1,6 @@
 """Cross-party inference: each party loads only its own export and predicts with its peers.
 
-A party's export (`export_party`: a `tandem.parties.split.export` stages file with the stages'
+A party's export (`export_party`: a `tandem.parties.export` stages file with the stages'
 model specs, the output width of every stage, the training id and the loss) is all it needs:
 `load_model(path, party)` rebuilds its own stages from that file alone. Then::
 
@@ -43,11 +43,11 @@ import numpy as np
 from tandem.engine.kernels import StageModel
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError
+from tandem.parties.export import ExportError, load_stages, save_stages
 from tandem.parties.models import model_from_spec
 from tandem.transports.base import Frame, Transport
 
 from . import negotiate
-from .export import ExportError, load_stages, save_stages
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
 from .spec import TaskSpec, cut_fields, cut_of

@@ -1206,8 +1206,8 @@ def _read_csv(path: str, label: str | None, cfg_path: str):
 
 
 def _align(data: PartyData, aligned: str, cfg_path: str) -> PartyData:
-    from tandem.parties.alignment.aligned_file import read_aligned
-    from tandem.parties.alignment.errors import AlignmentError
+    from tandem.parties.data.aligned_file import read_aligned
+    from tandem.parties.data.errors import AlignedFileError as AlignmentError
 
     try:
         file = read_aligned(aligned)

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from tandem.parties.alignment.ids import DOMAIN
 from tandem.parties.data import DataConfig, DataError, PartyDataset, load_party_data
+from tandem.parties.data.canonical_ids import DOMAIN
 from tandem.parties.data.idtext import IdText
 from tandem.parties.data.mapped import MappedRows, default_spill_dir
 

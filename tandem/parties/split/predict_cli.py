@@ -40,8 +40,8 @@ from typing import Any
 
 import numpy as np
 
-from tandem.parties.alignment import aligned_file
-from tandem.parties.alignment.errors import AlignmentError
+from tandem.parties.data import aligned_file
+from tandem.parties.data.errors import AlignedFileError as AlignmentError
 from tandem.parties.progress import emit_result
 
 from .inference import InferenceError, check_rows
@@ -325,7 +325,7 @@ def _check_preprocessing(cfg, model, state) -> None:
 def _keyed(ids: list[str]) -> tuple[np.ndarray, dict[str, Any]]:
     """The order sorting ``ids`` by canonical id (the order `tandem align` agrees on), and
     ``{"size", "commitment"}`` of the sorted ids."""
-    from tandem.parties.alignment.ids import canonical, commitment
+    from tandem.parties.data.canonical_ids import canonical, commitment
 
     keys = [canonical(i) for i in ids]
     first: dict[bytes, int] = {}

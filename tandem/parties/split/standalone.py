@@ -18,7 +18,7 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
   is aborted: nothing is saved for it, the transport says goodbye, and the last checkpoint
   remains the resume point. Result ``status``: ``"done"``, ``"stopped"`` or ``"aborted"``.
 * **Export** (``export_dir``): ``<export_dir>/<name>.safetensors`` with this party's own stages
-  (`tandem.parties.split.export.save_stages`, with model specs, cut widths, run id and loss).
+  (`tandem.parties.export.save_stages`, with model specs, cut widths, run id and loss).
 * **Reports** (the leader): validation after every epoch, early stopping, the JSONL history and
   TensorBoard files (`tandem.parties.split.reporting.Reporter`); with ``trace_dir``, every
   party's Chrome trace and Gantt picture of a few batches

@@ -1,8 +1,9 @@
 """Sample ids as the PSI sees them: the canonical byte encoding of one id, duplicates
 dropped, and the commitment to an agreed list. Pure: hashlib only.
 
-Kept apart from `ecdh` (the curve work, which needs the ``psi`` extra) so the aligned-rows
-file (`aligned_file`), which training and prediction read, needs no optional dependency.
+Data, not alignment: the PSI (`tandem.parties.alignment`) hashes these encodings, and the
+aligned-rows file (`aligned_file`) and a party's keyed rows (`tandem.parties.split.party_data`)
+commit to its ids with the same `commitment`, without the ``psi`` extra's crypto.
 """
 
 from __future__ import annotations

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import AlignmentError
-from .ids import canonical, commitment
+from .canonical_ids import canonical, commitment
+from .errors import AlignedFileError
 
 HEADER = ["row", "id"]
 
@@ -47,17 +47,17 @@ def write_aligned(path: str | os.PathLike, rows: Sequence[int], ids: Sequence[ob
 
 
 def read_aligned(path: str | os.PathLike) -> AlignedRows:
-    """Read an aligned-rows file; raises `AlignmentError` naming the file and the problem
+    """Read an aligned-rows file; raises `AlignedFileError` naming the file and the problem
     (missing, wrong header, malformed line, negative row)."""
     if not os.path.isfile(path):
-        raise AlignmentError(
+        raise AlignedFileError(
             f"{os.fspath(path)!r}: no such file (write it with `tandem align --out`)"
         )
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header != HEADER:
-            raise AlignmentError(
+            raise AlignedFileError(
                 f"{os.fspath(path)!r} must be the `tandem align --out` CSV "
                 f"(header row,id), got header {header}"
             )
@@ -66,11 +66,11 @@ def read_aligned(path: str | os.PathLike) -> AlignedRows:
         rows = np.asarray([int(r[0]) for r in pairs], np.int64)
         ids = [r[1] for r in pairs]
     except (ValueError, IndexError):
-        raise AlignmentError(
+        raise AlignedFileError(
             f"{os.fspath(path)!r} has a malformed line (expected row,id with an integer row)"
         ) from None
     if len(rows) and rows.min() < 0:
-        raise AlignmentError(f"{os.fspath(path)!r} has a negative row index")
+        raise AlignedFileError(f"{os.fspath(path)!r} has a negative row index")
     return AlignedRows(rows, ids)
 
 

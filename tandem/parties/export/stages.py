@@ -1,5 +1,10 @@
 """Save and load one party's trained stages: safetensors plus a JSON description. No pickle.
 
+The one export format of all three systems: split learning writes each party's stages with it
+(`tandem.parties.split.inference.export_party`), federated learning its global model
+(`tandem.parties.fl.export`), elastic training its model (`tandem.parties.elastic.party_data`);
+`tandem predict` reads any of them.
+
 File format (one ``.safetensors`` file per party, see docs/alignment.md#export):
 
 * tensors: every array leaf of every stage, named ``"<stage>/<path>"`` where path joins the
@@ -144,7 +149,7 @@ def read_description(path: str | os.PathLike) -> dict[str, Any]:
     if _META_KEY not in meta:
         raise ExportError(
             f"{os.fspath(path)!r} has no {_META_KEY!r} description: it was not written by "
-            "tandem.parties.split.export.save_stages"
+            "tandem.parties.export.save_stages"
         )
     try:
         desc = json.loads(meta[_META_KEY])
