@@ -7,8 +7,15 @@ Format (no pickle; docs/parties.md#checkpoints): one safetensors file per checkp
   ``jax.tree_util`` flatten order) and ``o/<stage>/<i>`` (optimizer state leaves, likewise);
 * header metadata key ``"tandem"``: JSON ``{"format": "tandem-checkpoint", "version": 1,
   "party", "spec_hash", "step", "cursor": {"epoch", "batch"}, "extra": {...},
-  "fingerprint": <the party's data fingerprint, or null>,
+  "fingerprint": <the party's data fingerprint, or null>, "finished": bool,
   "structure": {"params": {stage: treedef text}, "opt_state": {stage: treedef text}}}``.
+
+**Finished checkpoints.** A job that completed saves one more checkpoint at its final step with
+``"finished": true``. It is a periodic checkpoint *and more*: ``p/`` and ``o/`` still hold the
+training trajectory at that step (so any reader that ignores the flag resumes correctly), and,
+where the run ended on other parameters than its last (``restore_best``), tensors
+``b/<stage>/<i>`` hold those (the exported ones; same structure as ``p/``). A file without the
+key (older ones) is not finished. Invariant: ``b/`` tensors exist only in a finished file.
 
 The pytree *structure* is not stored as code: `CheckpointStore.load` takes templates (the
 freshly initialised params and optimizer state) and refills their leaves, after checking that
@@ -59,6 +66,10 @@ class Restored:
     cursor: dict[str, int]
     extra: dict[str, Any]
     spec_hash: str
+    #: True for the checkpoint a completed job saved at its end (see the module docstring).
+    finished: bool = False
+    #: A finished run's exported parameters where they differ from ``params`` (best epoch).
+    best: dict[str, Any] | None = None
 
 
 class CheckpointStore:
@@ -89,43 +100,40 @@ class CheckpointStore:
 
     def steps(self, spec_hash: str | None = None) -> list[int]:
         """Steps of the readable checkpoints of this party (for ``spec_hash`` if given)."""
+        return [
+            step
+            for step, meta in self._own_metas()
+            if spec_hash is None or meta.get("spec_hash") == spec_hash
+        ]
+
+    def _own_metas(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(step, description)`` of this party's readable checkpoints, ascending."""
         out = []
         for step in self.all_steps():
             try:
                 meta = self.read_meta(step)
             except CheckpointError:
                 continue
-            if meta.get("party") == self.party and (
-                spec_hash is None or meta.get("spec_hash") == spec_hash
-            ):
-                out.append(step)
+            if meta.get("party") == self.party:
+                out.append((step, meta))
         return out
 
     def index(self) -> dict[int, str]:
         """``{step: spec_hash}`` of this party's readable checkpoints (one pass over the
         folder; lets a caller answer "which steps for hash h?" later without file I/O)."""
-        out = {}
-        for step in self.all_steps():
-            try:
-                meta = self.read_meta(step)
-            except CheckpointError:
-                continue
-            if meta.get("party") == self.party:
-                out[step] = str(meta.get("spec_hash"))
-        return out
+        return {step: str(meta.get("spec_hash")) for step, meta in self._own_metas()}
+
+    def finished(self) -> set[int]:
+        """Steps of this party's *finished* checkpoints (saved by a job that completed)."""
+        return {step for step, meta in self._own_metas() if meta.get("finished") is True}
 
     def fingerprints(self) -> dict[int, str | None]:
         """``{step: data fingerprint}`` of this party's readable checkpoints (None where the
         checkpoint recorded none)."""
-        out = {}
-        for step in self.all_steps():
-            try:
-                meta = self.read_meta(step)
-            except CheckpointError:
-                continue
-            if meta.get("party") == self.party:
-                value = meta.get("fingerprint")
-                out[step] = None if value is None else str(value)
+        out: dict[int, str | None] = {}
+        for step, meta in self._own_metas():
+            value = meta.get("fingerprint")
+            out[step] = None if value is None else str(value)
         return out
 
     def discard_after(self, step: int) -> list[int]:
@@ -170,15 +178,24 @@ class CheckpointStore:
         cursor: Mapping[str, int],
         extra: Mapping[str, Any] | None = None,
         fingerprint: str | None = None,
+        finished: bool = False,
+        best: Mapping[str, Any] | None = None,
     ) -> str:
         """Atomically write checkpoint ``step``; returns its path. See the module docstring.
         ``fingerprint``: the party's data fingerprint, recorded so a resume on changed data
-        is refused."""
+        is refused. ``finished``: this is the final checkpoint of a completed job, ``params``
+        its trajectory's last parameters and ``best`` (if given) the ones it ended on."""
         import jax
 
+        if best is not None and not finished:
+            raise CheckpointError("only a finished checkpoint holds `best` parameters")
         tensors: dict[str, np.ndarray] = {}
         structure: dict[str, dict[str, str]] = {"params": {}, "opt_state": {}}
-        for prefix, key, trees in (("p", "params", params), ("o", "opt_state", opt_state)):
+        groups = [("p", "params", params), ("o", "opt_state", opt_state)]
+        if best is not None:
+            structure["best"] = {}
+            groups.append(("b", "best", best))
+        for prefix, key, trees in groups:
             for stage, tree in trees.items():
                 if "/" in stage:
                     raise CheckpointError(f"stage name {stage!r} must not contain '/'")
@@ -205,6 +222,7 @@ class CheckpointStore:
             "cursor": {k: int(v) for k, v in cursor.items()},
             "extra": dict(extra or {}),
             "fingerprint": fingerprint,
+            "finished": bool(finished),
             "structure": structure,
         }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
@@ -256,13 +274,17 @@ class CheckpointStore:
                 f"{path!r} was saved for task spec {desc.get('spec_hash')!r:.16}"
                 f" but the agreed spec is {spec_hash!r:.16}"
             )
+        finished = desc.get("finished") is True
+        groups = [("p", "params", params_like), ("o", "opt_state", opt_state_like)]
+        if "best" in desc["structure"]:
+            if not finished:
+                raise CheckpointError(f"{path!r} holds best parameters but is not finished")
+            groups.append(("b", "best", params_like))
         out: dict[str, dict[str, Any]] = {"params": {}, "opt_state": {}}
         with safe_open(path, framework="np") as f:
             names = set(f.keys())
-            for prefix, key, templates in (
-                ("p", "params", params_like),
-                ("o", "opt_state", opt_state_like),
-            ):
+            for prefix, key, templates in groups:
+                out.setdefault(key, {})
                 stored = desc["structure"][key]
                 if set(stored) != set(templates):
                     raise CheckpointError(
@@ -300,6 +322,8 @@ class CheckpointStore:
             cursor=dict(desc.get("cursor", {})),
             extra=dict(desc.get("extra", {})),
             spec_hash=str(desc.get("spec_hash")),
+            finished=finished,
+            best=out.get("best"),
         )
 
 
