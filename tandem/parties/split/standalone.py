@@ -11,6 +11,11 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
   and delete their newer ones. A party that saved step k while its peer died before saving k
   thus resumes from the previous common step: no batch is lost or applied twice. ``keep`` is at
   least 2, so that previous step still exists.
+* **Finished** (status ``done``): each party saves a *finished* checkpoint at its final step
+  (the trajectory, the parameters it exports, the leader's summary). A restart that agrees on
+  a step every party finished (`tandem.parties.split.negotiate.Agreement`) trains nothing: it
+  loads the exported parameters, evaluates, exports again (``"resumed": "finished"``,
+  ``"batches_trained": 0`` in the result).
 * **Stop** (``stop`` set, by SIGINT/SIGTERM in the CLI): the leader finishes the current batch
   (within ``grace`` seconds), checkpoints, and sends ``stop`` with the checkpoint step; a
   follower asks the leader to stop (``{"cmd": "leave"}`` on ``ctl``), serves until the
