@@ -387,12 +387,14 @@ def test_restart_of_a_finished_job_trains_nothing_and_exports_the_same(tmp_path)
         assert out["resumed"] == "fresh" and out["batches_trained"] == TOTAL
     lead = first["leader"][1]
     assert lead["early_stopping"]["parameters"] == "best"
-    assert job.checkpoints("leader") == job.checkpoints("follower") == [15, TOTAL]
+    # the newest 2 periodic files, and beside them (another name) the finished one
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]
     from tandem.parties.split.checkpoint import CheckpointStore
 
     for role in ("leader", "follower"):
         store = CheckpointStore(job.folder / "ckpt" / role, party=role)
-        assert store.finished() == {TOTAL}  # the periodic step 15 is not finished
+        assert store.finished() == {TOTAL} and store.all_steps() == [12, 15, TOTAL]
+        assert (job.folder / "ckpt" / role / f"finished-{TOTAL:09d}.safetensors").exists()
         # the best epoch (seeded: 1) was not the last: the finished file holds both sets
         assert lead["best"]["epoch"] < 3 and "best" in store.read_meta(TOTAL)["structure"]
     exported = {r: job.exported(r) for r in ("leader", "follower")}
@@ -413,4 +415,4 @@ def test_restart_of_a_finished_job_trains_nothing_and_exports_the_same(tmp_path)
     again_lead = again["leader"][1]
     for key in ("test_loss", "test_accuracy", "best", "early_stopping", "validation"):
         assert again_lead[key] == lead[key], key
-    assert job.checkpoints("leader") == job.checkpoints("follower") == [15, TOTAL]
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]

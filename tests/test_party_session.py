@@ -5,6 +5,7 @@ agreement, and `CheckpointStore` (atomic save, exact round trip, index/discard, 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -345,6 +346,12 @@ def test_finished_checkpoint_holds_the_trajectory_and_the_best(tmp_path):
     with pytest.raises(CheckpointError, match="only a finished checkpoint"):
         store.save(6, params=params, **common, best=best)
     assert store.finished() == {5} and store.index() == {3: "h", 5: "h"}
+    assert os.path.exists(store.finished_path(5)) and not os.path.exists(store.path(5))
+    os.rename(store.finished_path(5), store.path(5))  # a name that hides what it holds
+    with pytest.raises(CheckpointError, match="disagrees with its name"):
+        store.read_meta(5)
+    assert store.index() == {3: "h"}  # not offered as a periodic checkpoint
+    os.rename(store.path(5), store.finished_path(5))
     fresh_p, fresh_o = _handler_state(seed=1)
     periodic = store.load(3, params_like=fresh_p, opt_state_like=fresh_o)
     assert not periodic.finished and periodic.best is None

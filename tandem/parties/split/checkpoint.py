@@ -10,12 +10,16 @@ Format (no pickle; docs/parties.md#checkpoints): one safetensors file per checkp
   "fingerprint": <the party's data fingerprint, or null>, "finished": bool,
   "structure": {"params": {stage: treedef text}, "opt_state": {stage: treedef text}}}``.
 
-**Finished checkpoints.** A job that completed saves one more checkpoint at its final step with
-``"finished": true``. It is a periodic checkpoint *and more*: ``p/`` and ``o/`` still hold the
-training trajectory at that step (so any reader that ignores the flag resumes correctly), and,
-where the run ended on other parameters than its last (``restore_best``), tensors
-``b/<stage>/<i>`` hold those (the exported ones; same structure as ``p/``). A file without the
-key (older ones) is not finished. Invariant: ``b/`` tensors exist only in a finished file.
+**Finished checkpoints.** A job that completed saves one more checkpoint at its final step,
+``<dir>/finished-<step:09d>.safetensors``, with ``"finished": true`` (the name and the flag
+must agree, or the file is refused as unreadable). It is a periodic checkpoint *and more*:
+``p/`` and ``o/`` still hold the training trajectory at that step (so any reader that ignores
+the flag resumes correctly), and, where the run ended on other parameters than its last
+(``restore_best``), tensors ``b/<stage>/<i>`` hold those (the exported ones; same structure as
+``p/``). A file without the key (older ones) is not finished. Invariant: ``b/`` tensors
+exist only in a finished file. Where a step has both files (``every`` divides the final
+step), the finished one is read. The ``keep`` newest periodic files survive a save, and the
+newest finished one.
 
 The pytree *structure* is not stored as code: `CheckpointStore.load` takes templates (the
 freshly initialised params and optimizer state) and refills their leaves, after checking that
@@ -50,6 +54,7 @@ FORMAT = "tandem-checkpoint"
 VERSION = 1
 _META = "tandem"
 _NAME = re.compile(r"^step-(\d{9})\.safetensors$")
+_FINISHED = re.compile(r"^finished-(\d{9})\.safetensors$")
 
 
 class CheckpointError(EngineError):
@@ -89,14 +94,30 @@ class CheckpointStore:
         self.keep = keep
 
     def path(self, step: int) -> str:
+        """The periodic checkpoint file of ``step``."""
         return os.path.join(self.directory, f"step-{int(step):09d}.safetensors")
 
+    def finished_path(self, step: int) -> str:
+        """The finished checkpoint file of ``step`` (see the module docstring)."""
+        return os.path.join(self.directory, f"finished-{int(step):09d}.safetensors")
+
+    def _file(self, step: int) -> str:
+        """The file read for ``step``: the finished one where it exists."""
+        finished = self.finished_path(step)
+        return finished if os.path.exists(finished) else self.path(step)
+
     # -- listing ---------------------------------------------------------------------------
-    def all_steps(self) -> list[int]:
-        """Steps of every complete checkpoint file in the folder, ascending."""
+    def _named(self, pattern: re.Pattern[str]) -> list[int]:
         if not os.path.isdir(self.directory):
             return []
-        return sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := _NAME.match(n)))
+        return sorted(
+            int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n))
+        )
+
+    def all_steps(self) -> list[int]:
+        """Steps of every complete checkpoint file in the folder (periodic or finished),
+        ascending."""
+        return sorted(set(self._named(_NAME)) | set(self._named(_FINISHED)))
 
     def steps(self, spec_hash: str | None = None) -> list[int]:
         """Steps of the readable checkpoints of this party (for ``spec_hash`` if given)."""
@@ -142,16 +163,19 @@ class CheckpointStore:
         replaced); returns the steps deleted."""
         gone = [s for s in self.all_steps() if s > step]
         for s in gone:
-            try:
-                os.unlink(self.path(s))
-            except FileNotFoundError:
-                pass
+            for path in (self.path(s), self.finished_path(s)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         if gone:
             fsync_dir(self.directory)
         return gone
 
     def read_meta(self, step: int) -> dict[str, Any]:
-        path = self.path(step)
+        """The description of checkpoint ``step`` (its finished file where there is one);
+        `CheckpointError` if it is unreadable, or its flag and name disagree."""
+        path = self._file(step)
         try:
             with safe_open(path, framework="np") as f:
                 meta = f.metadata() or {}
@@ -165,6 +189,11 @@ class CheckpointStore:
             raise CheckpointError(f"{path!r} has no Tandem checkpoint description") from None
         if desc.get("format") != FORMAT or desc.get("version") != VERSION:
             raise CheckpointError(f"{path!r} is not a {FORMAT!r} v{VERSION} file")
+        if (desc.get("finished") is True) != (path != self.path(step)):
+            raise CheckpointError(
+                f"{path!r}: its finished flag ({desc.get('finished')!r}) disagrees with its "
+                "name; it was renamed by hand: delete it, or start over with --fresh"
+            )
         return desc
 
     # -- writing ---------------------------------------------------------------------------
@@ -227,20 +256,22 @@ class CheckpointStore:
         }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
         os.makedirs(self.directory, exist_ok=True)
-        final = self.path(step)
+        final = self.finished_path(step) if finished else self.path(step)
         write_atomic(final, blob)
         self._prune()
         return final
 
     def _prune(self) -> None:
-        steps = self.all_steps()
-        for step in steps[: -self.keep]:
+        periodic, finished = self._named(_NAME), self._named(_FINISHED)
+        old = [self.path(s) for s in periodic[: -self.keep]]
+        old += [self.finished_path(s) for s in finished[:-1]]
+        for path in old:
             try:
-                os.unlink(self.path(step))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         for name in os.listdir(self.directory):
-            if name.startswith(".step-") and name.endswith(".tmp"):
+            if name.startswith((".step-", ".finished-")) and name.endswith(".tmp"):
                 try:
                     os.unlink(os.path.join(self.directory, name))
                 except FileNotFoundError:
@@ -263,7 +294,7 @@ class CheckpointStore:
         import jax
 
         desc = self.read_meta(step)
-        path = self.path(step)
+        path = self._file(step)
         if desc.get("party") != self.party:
             raise CheckpointError(
                 f"{path!r} belongs to party {desc.get('party')!r}, not "

@@ -219,7 +219,7 @@ def _categorical(state: dict[str, Any] | None) -> set[str]:
 def read_inputs(model, args, cfg=None) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
     """(rows, alignment ``{"size", "commitment"}`` or None, ids or None): the rows of
     ``--data`` as the training read them, keyed as the module docstring says."""
-    return read_inputs_counted(model, args, cfg)[:3]  # type: ignore[return-value]
+    return read_inputs_counted(model, args, cfg)[:3]
 
 
 def read_inputs_counted(
