@@ -296,3 +296,34 @@ def test_a_malformed_state_is_refused(edit):
     with pytest.raises(DataError) as info:
         Preprocessing.from_json(data)
     assert "preprocessing state" in str(info.value)
+
+
+def test_transform_counts_filled_cells_and_unseen_categories_per_column():
+    """Rows 4-5 (not fitted on): Lima is unseen in city, branch 9 and 7 in branch; income's
+    NaN at row 5 is filled in. Columns with nothing to count are left out."""
+    state = fitted(missing="mean")
+    features, counts = state.transform_counted(customers())
+    assert counts == {
+        "income": {"missing": 1, "unseen": 0},
+        "city": {"missing": 0, "unseen": 1},
+        "branch": {"missing": 0, "unseen": 2},
+    }
+    np.testing.assert_array_equal(features.numeric, state.transform(customers()).numeric)
+    _, none = state.transform_counted(customers(), np.arange(4))
+    assert none == {}
+
+
+def test_errors_on_new_rows_advise_a_change_of_the_data_not_of_the_saved_state():
+    """Under a saved state (prediction) ``data.missing`` is the export's: the advice is to
+    fix the rows; while fitting, changing the key is the advice."""
+    state = fitted(missing="error", features=["age", "income", "city", "branch"])
+    gap = customers()
+    with pytest.raises(DataError, match='set data.missing = "mean"'):
+        state.transform_counted(gap, np.arange(6))
+    with pytest.raises(DataError, match="fill the value in or remove the row") as info:
+        state.transform_counted(gap, np.arange(6), saved=True)
+    assert "set data.missing" not in str(info.value)
+    text = table(age=["x", "40"], income=[1.0, 2.0], city=["Rome", "Oslo"], branch=[1, 2])
+    with pytest.raises(DataError, match="correct the value") as info:
+        state.transform_counted(text, saved=True)
+    assert "data.categorical" not in str(info.value)

@@ -371,3 +371,48 @@ def test_grace_exceeded_aborts_the_batch_cleanly(tmp_path):
     assert lead["step"] < TOTAL
     assert lead["checkpoint"] == max(job.checkpoints("leader"))
     assert set(job.checkpoints("leader")) & set(job.checkpoints("follower"))
+
+
+def test_restart_of_a_finished_job_trains_nothing_and_exports_the_same(tmp_path):
+    """``every`` = 3 does not divide the 16 steps: the last periodic checkpoint is step 15.
+    The finished job saved a finished checkpoint at 16 (holding the best epoch's parameters
+    beside the last ones); restarting both parties without ``--fresh`` trains no batch and
+    exports bit for bit what the first run exported, and the JSON lines say so."""
+    job = Job(tmp_path, every=3)
+    job.cfg["leader"]["train"].update(patience=10, learning_rate=0.3)  # restore_best: default
+    first = job.run_both()
+    for role in ("leader", "follower"):
+        rc, out, err = first[role]
+        assert rc == 0 and out["status"] == "done", err[-3000:]
+        assert out["resumed"] == "fresh" and out["batches_trained"] == TOTAL
+    lead = first["leader"][1]
+    assert lead["early_stopping"]["parameters"] == "best"
+    # the newest 2 periodic files, and beside them (another name) the finished one
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]
+    from tandem.parties.split.checkpoint import CheckpointStore
+
+    for role in ("leader", "follower"):
+        store = CheckpointStore(job.folder / "ckpt" / role, party=role)
+        assert store.finished() == {TOTAL} and store.all_steps() == [12, 15, TOTAL]
+        assert (job.folder / "ckpt" / role / f"finished-{TOTAL:09d}.safetensors").exists()
+        # the best epoch (seeded: 1) was not the last: the finished file holds both sets
+        assert lead["best"]["epoch"] < 3 and "best" in store.read_meta(TOTAL)["structure"]
+    exported = {r: job.exported(r) for r in ("leader", "follower")}
+    files = {r: (job.folder / "out" / r / f"{r}.safetensors").read_bytes() for r in exported}
+
+    again = job.run_both(tag="-again")
+    for role in ("leader", "follower"):
+        rc, out, err = again[role]
+        assert rc == 0 and out["status"] == "done", err[-3000:]
+        assert out["resumed"] == "finished" and out["batches_trained"] == 0, out
+        assert out["resumed_from"] == out["step"] == TOTAL and out["checkpoint"] == TOTAL
+        got = job.exported(role)
+        assert got.keys() == exported[role].keys()
+        for name, want in exported[role].items():
+            assert np.array_equal(got[name], want), f"{role} {name} differs"
+        path = job.folder / "out" / role / f"{role}.safetensors"
+        assert path.read_bytes() == files[role], f"{role}'s export file changed"
+    again_lead = again["leader"][1]
+    for key in ("test_loss", "test_accuracy", "best", "early_stopping", "validation"):
+        assert again_lead[key] == lead[key], key
+    assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]

@@ -5,6 +5,7 @@ agreement, and `CheckpointStore` (atomic save, exact round trip, index/discard, 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import numpy as np
 import pytest
@@ -141,13 +142,12 @@ async def test_party_metrics_on_the_transport_endpoint(tmp_path):
 
 
 # -- checkpoint agreement -------------------------------------------------------------------------
-async def test_agreement_takes_newest_common_step_in_the_save_window():
-    """The leader saved step 6; the follower died before saving it: both resume from 3."""
+def _tiny_spec():
     from tandem.engine.topology import leader_follower
     from tandem.parties.split.spec import build_spec
 
     topo = leader_follower()
-    spec = build_spec(
+    return build_spec(
         topo,
         features={"leader": 2, "follower": 2},
         samples=8,
@@ -177,6 +177,11 @@ async def test_agreement_takes_newest_common_step_in_the_save_window():
             "reject_nonfinite": True,
         },
     )
+
+
+async def test_agreement_takes_newest_common_step_in_the_save_window():
+    """The leader saved step 6; the follower died before saving it: both resume from 3."""
+    spec = _tiny_spec()
     net = MemoryNetwork()
     lt, ft = net.endpoint("leader"), net.endpoint("follower")
 
@@ -192,6 +197,39 @@ async def test_agreement_takes_newest_common_step_in_the_save_window():
         f = tg.create_task(follower())
         step = await negotiate.propose(lt, ["follower"], spec, checkpoints=[3, 6])
     assert step == f.result() == 3
+
+
+@pytest.mark.parametrize(
+    ("leader_done", "follower_done", "want"),
+    [([6], [6], (6, True)), ([6], [], (6, False)), ([], [6], (6, False)), ([6], [3], (6, False))],
+)
+async def test_agreement_is_finished_only_where_every_party_finished(
+    leader_done, follower_done, want
+):
+    """A finished checkpoint holds the trajectory too: beside another party's periodic one at
+    the same step it is an ordinary resume point; only all-finished means "train nothing"."""
+    spec = _tiny_spec()
+    net = MemoryNetwork()
+    lt, ft = net.endpoint("leader"), net.endpoint("follower")
+
+    async def follower():
+        _, agreed = await negotiate.answer_agreement(
+            ft,
+            "leader",
+            check=lambda s: [],
+            checkpoints=lambda h: [3, 6],
+            finished=lambda h: follower_done,
+        )
+        await negotiate.ready(ft, "leader")
+        return agreed
+
+    async with asyncio.TaskGroup() as tg:
+        f = tg.create_task(follower())
+        agreed = await negotiate.propose_agreement(
+            lt, ["follower"], spec, checkpoints=[3, 6], finished=leader_done
+        )
+    assert (agreed.step, agreed.finished) == want
+    assert f.result() == agreed
 
 
 # -- CheckpointStore ------------------------------------------------------------------------------
@@ -263,7 +301,8 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
 
 # -- stop / grace helpers -------------------------------------------------------------------------
 async def test_with_grace_finishes_aborts_and_raises():
-    from tandem.parties.split.standalone import _until, _with_grace
+    from tandem.parties.split.graceful import until as _until
+    from tandem.parties.split.graceful import with_grace as _with_grace
 
     stop = asyncio.Event()
 
@@ -291,3 +330,34 @@ async def test_with_grace_finishes_aborts_and_raises():
         await _with_grace(asyncio.Event(), 1.0, broken(), [])
     assert await _until(stop, never.wait()) is None  # stop wins
     assert await _until(asyncio.Event(), quick()) == 1
+
+
+def test_finished_checkpoint_holds_the_trajectory_and_the_best(tmp_path):
+    """A finished checkpoint is a periodic one plus a flag and, optionally, the parameters the
+    run ended on: a reader ignoring the flag gets the trajectory; `best` needs `finished`."""
+    import jax
+
+    params, opt = _handler_state()
+    best, _ = _handler_state(seed=2)
+    store = CheckpointStore(tmp_path / "ck", party="leader", keep=3)
+    common = dict(opt_state=opt, spec_hash="h", cursor={"epoch": 0, "batch": 3})
+    store.save(3, params=params, **common)
+    store.save(5, params=params, **common, finished=True, best=best)
+    with pytest.raises(CheckpointError, match="only a finished checkpoint"):
+        store.save(6, params=params, **common, best=best)
+    assert store.finished() == {5} and store.index() == {3: "h", 5: "h"}
+    assert os.path.exists(store.finished_path(5)) and not os.path.exists(store.path(5))
+    os.rename(store.finished_path(5), store.path(5))  # a name that hides what it holds
+    with pytest.raises(CheckpointError, match="disagrees with its name"):
+        store.read_meta(5)
+    assert store.index() == {3: "h"}  # not offered as a periodic checkpoint
+    os.rename(store.path(5), store.finished_path(5))
+    fresh_p, fresh_o = _handler_state(seed=1)
+    periodic = store.load(3, params_like=fresh_p, opt_state_like=fresh_o)
+    assert not periodic.finished and periodic.best is None
+    final = store.load(5, params_like=fresh_p, opt_state_like=fresh_o)
+    assert final.finished and final.best is not None
+    for want, got in ((params, final.params), (best, final.best)):
+        leaves = jax.tree_util.tree_leaves
+        for a, b in zip(leaves(want), leaves(got), strict=True):
+            assert np.array_equal(np.asarray(a), b)

@@ -354,3 +354,56 @@ async def test_predict_refuses_a_config_with_another_preprocessing(trained, tmp_
         job.write()
     err = capsys.readouterr().err
     assert "another preprocessing" in err and "data.scale is 'none'" in err
+
+
+async def test_predict_counts_unseen_categories_and_advises_an_accepted_fix(
+    trained, tmp_path, capsys
+):
+    """An unseen city is coded 0, counted in the JSON line and warned about once per column on
+    stderr; an empty cell under the training's ``data.missing = "error"`` is refused with a fix
+    predict accepts (fill it in), never "set data.missing" (which predict refuses), and once
+    filled in the same command succeeds."""
+    job, _ = trained
+    write_tables(tmp_path, ["bank", "shop"], n=30, seed=5)
+    files = {n: tmp_path / f"{n}.csv" for n in job.parties}
+    with open(files["shop"], newline="") as f:
+        rows = list(csv.reader(f))
+    city = rows[0].index("city")
+    for row in rows[1:4]:
+        row[city] = "berlin"
+    rows[5][rows[0].index("shop_a")] = ""
+    with open(files["shop"], "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    out = tmp_path / "p.csv"
+    alone = _parse(["predict", "--config", str(job.path("shop")), "--data", str(files["shop"])])
+    capsys.readouterr()
+    assert await alone.func(alone) == 2  # refused while reading its rows, before connecting
+    err = capsys.readouterr().err
+    assert "'shop_a' has no value at row 4" in err and "fill the value in" in err
+    assert "set data.missing" not in err, err
+    rows[5][rows[0].index("shop_a")] = "0.5"  # the advice, taken
+    with open(files["shop"], "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    assert await _predict(job, files, out=out) == {"bank": 0, "shop": 0}
+    captured = capsys.readouterr()
+    lines = [json.loads(x) for x in captured.out.splitlines() if x.startswith("{")]
+    shop = next(x for x in lines if x["party"] == "shop")
+    bank = next(x for x in lines if x["party"] == "bank")
+    assert shop["unseen_categories"] == {"city": 3} and shop["filled_missing"] == {}
+    assert bank["unseen_categories"] == {} and bank["filled_missing"] == {}
+    warnings = [x for x in captured.err.splitlines() if "not seen in training" in x]
+    assert warnings == [
+        "tandem predict (shop): column 'city': 3 value(s) not seen in training (code 0)"
+    ]
+
+
+def test_predict_help_lists_every_format_it_reads():
+    import contextlib
+    import io
+
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text), pytest.raises(SystemExit):
+        _parse(["predict", "--help"])
+    flat = " ".join(text.getvalue().split())
+    for fmt in (".csv", ".parquet", ".npz", ".npy", "fsspec URL"):
+        assert fmt in flat, fmt

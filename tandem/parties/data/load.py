@@ -71,12 +71,16 @@ class PartyDataset:
 
 @dataclasses.dataclass(frozen=True)
 class NewData:
-    """Rows to predict on: ``ids``, their data ``rows`` in the source, and their features."""
+    """Rows to predict on: ``ids``, their data ``rows`` in the source, and their features;
+    ``counts``: per feature column where it happened, the cells filled in (``missing``) and
+    the categories outside the training's vocabulary (``unseen``)
+    (`Preprocessing.transform_counted`)."""
 
     ids: np.ndarray
     rows: np.ndarray
     features: Features
     alignment: dict[str, Any] | None = None
+    counts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 def load_party_data(
@@ -170,8 +174,8 @@ def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
         duplicate = None if cfg.id_column is None else first_duplicate(ids)
         if duplicate is not None:
             _refuse_duplicate(cfg, rows, *duplicate)
-        features = preprocessing.transform(table, rows)
-    return NewData(ids.to_objects(), rows, features, alignment)
+        features, counts = preprocessing.transform_counted(table, rows, saved=True)
+    return NewData(ids.to_objects(), rows, features, alignment, counts)
 
 
 def _read(cfg: DataConfig, columns: list[str] | None) -> Table:

@@ -168,7 +168,7 @@ class Preprocessing:
                 raise
             raise DataError(
                 f"preprocessing state is malformed ({type(exc).__name__}: {exc}); it must be "
-                "what Preprocessing.to_json wrote (re-export the model)"
+                "what Preprocessing.to_json wrote (train the model again to write a new export)"
             ) from None
 
     def transform(self, table: Table, rows: np.ndarray | None = None) -> Features:
@@ -177,21 +177,41 @@ class Preprocessing:
         Refuses (`DataError` naming the file, the column, the row and the fix) a table that
         lacks a fitted column, has extra columns when the features were not listed, holds
         text in a numeric column, or has a missing or non-finite value it may not fill."""
-        self._check_columns(table)
+        return self.transform_counted(table, rows)[0]
+
+    def transform_counted(
+        self, table: Table, rows: np.ndarray | None = None, *, saved: bool = False
+    ) -> tuple[Features, dict[str, dict[str, int]]]:
+        """`transform`, and what it could not map as training did, per feature column where
+        it happened: ``{"missing": cells filled in (the fill value, or code 0),
+        "unseen": categorical values outside the vocabulary (code 0)}``.
+
+        ``saved``: this state came from an export (new rows at prediction), so an error's
+        fix names a change of the data, never of a ``[data]`` key the export fixed."""
+        self._check_columns(table, saved)
         n = table.num_rows if rows is None else len(rows)
         features = allocate_features(n, len(self.numeric), len(self.categorical))
+        counts: dict[str, dict[str, int]] = {}
         for j, name in enumerate(self.numeric):
             fitted = (self.fill[j], self.mean[j], self.std[j])
             out = features.numeric[:, j]
-            _transform_numeric(table.source, table[name], rows, fitted, self.missing, out)
+            filled = _transform_numeric(
+                table.source, table[name], rows, fitted, self.missing, out, saved
+            )
+            if filled:
+                counts[name] = {"missing": filled, "unseen": 0}
         for j, (name, vocabulary) in enumerate(
             zip(self.categorical, self.vocabularies, strict=True)
         ):
             out = features.categorical[:, j]
-            _transform_categorical(table.source, table[name], rows, vocabulary, self.missing, out)
-        return features
+            filled, unseen = _transform_categorical(
+                table.source, table[name], rows, vocabulary, self.missing, out, saved
+            )
+            if filled or unseen:
+                counts[name] = {"missing": filled, "unseen": unseen}
+        return features, counts
 
-    def _check_columns(self, table: Table) -> None:
+    def _check_columns(self, table: Table, saved: bool = False) -> None:
         absent = [c for c in self.columns if c not in table.available]
         if absent:
             raise DataError(
@@ -203,10 +223,10 @@ class Preprocessing:
             known = set(self.columns) | {self.id_column, self.label_column}
             extra = [c for c in table.available if c not in known]
             if extra:
+                fix = "" if saved else ", or list the features in data.features"
                 raise DataError(
                     f"{table.source!r} has column(s) {extra} the model was not trained with "
-                    f"(trained on {list(self.columns)}); remove them from the file, or list "
-                    "the features in data.features"
+                    f"(trained on {list(self.columns)}); remove them from the file{fix}"
                 )
 
 
@@ -453,16 +473,20 @@ def _transform_numeric(
     fitted: tuple[float, float, float],
     missing_rule: str,
     out: np.ndarray,
-) -> None:
+    saved: bool = False,
+) -> int:
     """Write the features of ``rows`` of a numeric column into ``out``, a chunk of rows at a
-    time; the errors are those of the whole column (a missing cell before a non-finite one)."""
+    time; returns the cells filled in. The errors are those of the whole column (a missing
+    cell before a non-finite one); ``saved`` as in `Preprocessing.transform_counted`."""
     fill, mean, std = fitted
-    _require_numeric(source, column)
+    _require_numeric(source, column, saved)
     missing = column.missing
-    if missing is not None and missing_rule == "error":
+    filled = 0
+    if missing is not None:
         selected = missing if rows is None else missing[rows]
-        if selected.any():
-            _refuse_missing(source, column.name, _row(rows, selected))
+        filled = int(np.count_nonzero(selected))
+        if missing_rule == "error" and filled:
+            _refuse_missing(source, column.name, _row(rows, selected), saved)
     for chunk in _chunks(len(out)):
         take = chunk if rows is None else rows[chunk]
         values = column.values[take].astype(np.float64)
@@ -472,10 +496,11 @@ def _transform_numeric(
         if not finite.all():
             bad = chunk.start + int(np.argmin(finite))
             bad = bad if rows is None else int(rows[bad])
-            _refuse_non_finite(source, column.name, bad, column.values[bad])
+            _refuse_non_finite(source, column.name, bad, column.values[bad], missing_rule, saved)
         values -= mean
         values /= std
         out[chunk] = values
+    return filled
 
 
 def _transform_categorical(
@@ -485,15 +510,19 @@ def _transform_categorical(
     vocabulary: Vocabulary,
     missing_rule: str,
     out: np.ndarray,
-) -> None:
+    saved: bool = False,
+) -> tuple[int, int]:
     """Write the codes of ``rows`` of a categorical column into ``out``, a chunk of rows at a
-    time; the errors are those of the whole column."""
-    column = _categorical_column(source, column)
+    time; returns ``(missing cells, values outside the vocabulary)``, both coded 0. The
+    errors are those of the whole column."""
+    column = _categorical_column(source, column, saved)
     missing = column.missing
-    if missing is not None and missing_rule == "error":
+    filled = 0
+    if missing is not None:
         selected = missing if rows is None else missing[rows]
-        if selected.any():
-            _refuse_missing(source, column.name, _row(rows, selected))
+        filled = int(np.count_nonzero(selected))
+        if missing_rule == "error" and filled:
+            _refuse_missing(source, column.name, _row(rows, selected), saved)
     text = column.arrow_text
     known = None if text is None else _arrow_vocabulary_text(vocabulary)
     # pyarrow builds its lookup table on each call: text takes bigger chunks
@@ -506,6 +535,8 @@ def _transform_categorical(
         if missing is not None:
             codes[missing[take]] = 0
         out[chunk] = codes
+    zeros = int(np.count_nonzero(out == 0))
+    return filled, zeros - filled
 
 
 _ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB
@@ -581,7 +612,7 @@ def _encode(vocabulary: Vocabulary, kind: str, values: np.ndarray) -> np.ndarray
     )
 
 
-def _categorical_column(source: str, column: Column) -> Column:
+def _categorical_column(source: str, column: Column, saved: bool = False) -> Column:
     """``column`` as an int or string column; a float column only when its values are whole."""
     if column.kind != "float":
         return column
@@ -589,16 +620,20 @@ def _categorical_column(source: str, column: Column) -> Column:
     whole = np.isfinite(present) & (present == np.round(present))
     if not whole.all():
         value = present[np.argmin(whole)]
+        fix = (
+            "correct the value: the model was trained on a category there"
+            if saved
+            else "remove it from data.categorical to use it as a number"
+        )
         raise DataError(
             f"{source!r}: categorical column {column.name!r} holds the fraction {value!r}; a "
-            "categorical column holds integers or text: remove it from data.categorical to "
-            "use it as a number"
+            f"categorical column holds integers or text: {fix}"
         )
     values = np.where(np.isnan(column.values), 0, column.values).astype(np.int64)
     return Column(column.name, "int", values, column.missing)
 
 
-def _require_numeric(source: str, column: Column) -> None:
+def _require_numeric(source: str, column: Column, saved: bool = False) -> None:
     if column.kind != "string":
         return
     present = np.flatnonzero(~column.missing) if column.missing is not None else None
@@ -611,10 +646,13 @@ def _require_numeric(source: str, column: Column) -> None:
         except ValueError:
             example = f" (row {int(row)}: {column.values[row]!r})"
             break
-    raise DataError(
-        f"{source!r}: column {column.name!r} holds text{example}, not numbers; add it to "
-        "data.categorical to encode it as integer codes, or leave it out of data.features"
+    fix = (
+        "correct the value (or remove the row): the model was trained on numbers there"
+        if saved
+        else "add it to data.categorical to encode it as integer codes, or leave it out of "
+        "data.features"
     )
+    raise DataError(f"{source!r}: column {column.name!r} holds text{example}, not numbers; {fix}")
 
 
 def _row(rows: np.ndarray | None, mask: np.ndarray) -> int:
@@ -623,18 +661,38 @@ def _row(rows: np.ndarray | None, mask: np.ndarray) -> int:
     return first if rows is None else int(rows[first])
 
 
-def _refuse_non_finite(source: str, name: str, row: int, value: Any) -> NoReturn:
+def _refuse_non_finite(
+    source: str, name: str, row: int, value: Any, rule: str = "error", saved: bool = False
+) -> NoReturn:
+    if not saved:
+        fix = "correct the value, or leave the cell empty (missing) and set data.missing"
+    elif rule == "error":
+        fix = (
+            "correct the value or remove the row (the model, trained with data.missing = "
+            '"error", takes no empty cell either)'
+        )
+    else:
+        fix = (
+            "correct the value, or leave the cell empty: it is filled in as in training "
+            f"(data.missing = {rule!r})"
+        )
     raise DataError(
         f"{source!r}: column {name!r} holds {value!r} at row {row}; features must be finite "
-        "numbers: correct the value, or leave the cell empty (missing) and set data.missing"
+        f"numbers: {fix}"
     )
 
 
-def _refuse_missing(source: str, name: str, row: int) -> NoReturn:
+def _refuse_missing(source: str, name: str, row: int, saved: bool = False) -> NoReturn:
+    fix = (
+        'fill the value in or remove the row: the model was trained with data.missing = "error", '
+        "so it takes no empty cell (to predict on rows with gaps, train a model with "
+        'data.missing = "mean" or "zero")'
+        if saved
+        else 'fill the value in, or set data.missing = "mean" or "zero"'
+    )
     raise DataError(
         f"{source!r}: column {name!r} has no value at row {row} (0-based data row, header "
-        'excluded) and data.missing = "error"; fill the value in, or set data.missing = '
-        '"mean" or "zero"'
+        f'excluded) and data.missing = "error"; {fix}'
     )
 
 

@@ -207,6 +207,8 @@ class NegotiationAdmission:
             step = frame.meta.get("step", 0)
             if not _is_int(step) or step < 0:
                 raise AdmissionError(f"start at step {step!r}", field="step")
+            if not isinstance(frame.meta.get("finished", False), bool):
+                raise AdmissionError("start's `finished` is not a boolean", field="finished")
             self.phase, self.step = "batch", step
 
 

@@ -7,8 +7,19 @@ Format (no pickle; docs/parties.md#checkpoints): one safetensors file per checkp
   ``jax.tree_util`` flatten order) and ``o/<stage>/<i>`` (optimizer state leaves, likewise);
 * header metadata key ``"tandem"``: JSON ``{"format": "tandem-checkpoint", "version": 1,
   "party", "spec_hash", "step", "cursor": {"epoch", "batch"}, "extra": {...},
-  "fingerprint": <the party's data fingerprint, or null>,
+  "fingerprint": <the party's data fingerprint, or null>, "finished": bool,
   "structure": {"params": {stage: treedef text}, "opt_state": {stage: treedef text}}}``.
+
+**Finished checkpoints.** A job that completed saves one more checkpoint at its final step,
+``<dir>/finished-<step:09d>.safetensors``, with ``"finished": true`` (the name and the flag
+must agree, or the file is refused as unreadable). It is a periodic checkpoint *and more*:
+``p/`` and ``o/`` still hold the training trajectory at that step (so any reader that ignores
+the flag resumes correctly), and, where the run ended on other parameters than its last
+(``restore_best``), tensors ``b/<stage>/<i>`` hold those (the exported ones; same structure as
+``p/``). A file without the key (older ones) is not finished. Invariant: ``b/`` tensors
+exist only in a finished file. Where a step has both files (``every`` divides the final
+step), the finished one is read. The ``keep`` newest periodic files survive a save, and the
+newest finished one.
 
 The pytree *structure* is not stored as code: `CheckpointStore.load` takes templates (the
 freshly initialised params and optimizer state) and refills their leaves, after checking that
@@ -43,6 +54,7 @@ FORMAT = "tandem-checkpoint"
 VERSION = 1
 _META = "tandem"
 _NAME = re.compile(r"^step-(\d{9})\.safetensors$")
+_FINISHED = re.compile(r"^finished-(\d{9})\.safetensors$")
 
 
 class CheckpointError(EngineError):
@@ -59,6 +71,10 @@ class Restored:
     cursor: dict[str, int]
     extra: dict[str, Any]
     spec_hash: str
+    #: True for the checkpoint a completed job saved at its end (see the module docstring).
+    finished: bool = False
+    #: A finished run's exported parameters where they differ from ``params`` (best epoch).
+    best: dict[str, Any] | None = None
 
 
 class CheckpointStore:
@@ -78,54 +94,67 @@ class CheckpointStore:
         self.keep = keep
 
     def path(self, step: int) -> str:
+        """The periodic checkpoint file of ``step``."""
         return os.path.join(self.directory, f"step-{int(step):09d}.safetensors")
 
+    def finished_path(self, step: int) -> str:
+        """The finished checkpoint file of ``step`` (see the module docstring)."""
+        return os.path.join(self.directory, f"finished-{int(step):09d}.safetensors")
+
+    def _file(self, step: int) -> str:
+        """The file read for ``step``: the finished one where it exists."""
+        finished = self.finished_path(step)
+        return finished if os.path.exists(finished) else self.path(step)
+
     # -- listing ---------------------------------------------------------------------------
-    def all_steps(self) -> list[int]:
-        """Steps of every complete checkpoint file in the folder, ascending."""
+    def _named(self, pattern: re.Pattern[str]) -> list[int]:
         if not os.path.isdir(self.directory):
             return []
-        return sorted(int(m.group(1)) for n in os.listdir(self.directory) if (m := _NAME.match(n)))
+        return sorted(
+            int(m.group(1)) for n in os.listdir(self.directory) if (m := pattern.match(n))
+        )
+
+    def all_steps(self) -> list[int]:
+        """Steps of every complete checkpoint file in the folder (periodic or finished),
+        ascending."""
+        return sorted(set(self._named(_NAME)) | set(self._named(_FINISHED)))
 
     def steps(self, spec_hash: str | None = None) -> list[int]:
         """Steps of the readable checkpoints of this party (for ``spec_hash`` if given)."""
+        return [
+            step
+            for step, meta in self._own_metas()
+            if spec_hash is None or meta.get("spec_hash") == spec_hash
+        ]
+
+    def _own_metas(self) -> list[tuple[int, dict[str, Any]]]:
+        """``(step, description)`` of this party's readable checkpoints, ascending."""
         out = []
         for step in self.all_steps():
             try:
                 meta = self.read_meta(step)
             except CheckpointError:
                 continue
-            if meta.get("party") == self.party and (
-                spec_hash is None or meta.get("spec_hash") == spec_hash
-            ):
-                out.append(step)
+            if meta.get("party") == self.party:
+                out.append((step, meta))
         return out
 
     def index(self) -> dict[int, str]:
         """``{step: spec_hash}`` of this party's readable checkpoints (one pass over the
         folder; lets a caller answer "which steps for hash h?" later without file I/O)."""
-        out = {}
-        for step in self.all_steps():
-            try:
-                meta = self.read_meta(step)
-            except CheckpointError:
-                continue
-            if meta.get("party") == self.party:
-                out[step] = str(meta.get("spec_hash"))
-        return out
+        return {step: str(meta.get("spec_hash")) for step, meta in self._own_metas()}
+
+    def finished(self) -> set[int]:
+        """Steps of this party's *finished* checkpoints (saved by a job that completed)."""
+        return {step for step, meta in self._own_metas() if meta.get("finished") is True}
 
     def fingerprints(self) -> dict[int, str | None]:
         """``{step: data fingerprint}`` of this party's readable checkpoints (None where the
         checkpoint recorded none)."""
-        out = {}
-        for step in self.all_steps():
-            try:
-                meta = self.read_meta(step)
-            except CheckpointError:
-                continue
-            if meta.get("party") == self.party:
-                value = meta.get("fingerprint")
-                out[step] = None if value is None else str(value)
+        out: dict[int, str | None] = {}
+        for step, meta in self._own_metas():
+            value = meta.get("fingerprint")
+            out[step] = None if value is None else str(value)
         return out
 
     def discard_after(self, step: int) -> list[int]:
@@ -134,16 +163,19 @@ class CheckpointStore:
         replaced); returns the steps deleted."""
         gone = [s for s in self.all_steps() if s > step]
         for s in gone:
-            try:
-                os.unlink(self.path(s))
-            except FileNotFoundError:
-                pass
+            for path in (self.path(s), self.finished_path(s)):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
         if gone:
             fsync_dir(self.directory)
         return gone
 
     def read_meta(self, step: int) -> dict[str, Any]:
-        path = self.path(step)
+        """The description of checkpoint ``step`` (its finished file where there is one);
+        `CheckpointError` if it is unreadable, or its flag and name disagree."""
+        path = self._file(step)
         try:
             with safe_open(path, framework="np") as f:
                 meta = f.metadata() or {}
@@ -157,6 +189,11 @@ class CheckpointStore:
             raise CheckpointError(f"{path!r} has no Tandem checkpoint description") from None
         if desc.get("format") != FORMAT or desc.get("version") != VERSION:
             raise CheckpointError(f"{path!r} is not a {FORMAT!r} v{VERSION} file")
+        if (desc.get("finished") is True) != (path != self.path(step)):
+            raise CheckpointError(
+                f"{path!r}: its finished flag ({desc.get('finished')!r}) disagrees with its "
+                "name; it was renamed by hand: delete it, or start over with --fresh"
+            )
         return desc
 
     # -- writing ---------------------------------------------------------------------------
@@ -170,15 +207,24 @@ class CheckpointStore:
         cursor: Mapping[str, int],
         extra: Mapping[str, Any] | None = None,
         fingerprint: str | None = None,
+        finished: bool = False,
+        best: Mapping[str, Any] | None = None,
     ) -> str:
         """Atomically write checkpoint ``step``; returns its path. See the module docstring.
         ``fingerprint``: the party's data fingerprint, recorded so a resume on changed data
-        is refused."""
+        is refused. ``finished``: this is the final checkpoint of a completed job, ``params``
+        its trajectory's last parameters and ``best`` (if given) the ones it ended on."""
         import jax
 
+        if best is not None and not finished:
+            raise CheckpointError("only a finished checkpoint holds `best` parameters")
         tensors: dict[str, np.ndarray] = {}
         structure: dict[str, dict[str, str]] = {"params": {}, "opt_state": {}}
-        for prefix, key, trees in (("p", "params", params), ("o", "opt_state", opt_state)):
+        groups = [("p", "params", params), ("o", "opt_state", opt_state)]
+        if best is not None:
+            structure["best"] = {}
+            groups.append(("b", "best", best))
+        for prefix, key, trees in groups:
             for stage, tree in trees.items():
                 if "/" in stage:
                     raise CheckpointError(f"stage name {stage!r} must not contain '/'")
@@ -205,24 +251,27 @@ class CheckpointStore:
             "cursor": {k: int(v) for k, v in cursor.items()},
             "extra": dict(extra or {}),
             "fingerprint": fingerprint,
+            "finished": bool(finished),
             "structure": structure,
         }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
         os.makedirs(self.directory, exist_ok=True)
-        final = self.path(step)
+        final = self.finished_path(step) if finished else self.path(step)
         write_atomic(final, blob)
         self._prune()
         return final
 
     def _prune(self) -> None:
-        steps = self.all_steps()
-        for step in steps[: -self.keep]:
+        periodic, finished = self._named(_NAME), self._named(_FINISHED)
+        old = [self.path(s) for s in periodic[: -self.keep]]
+        old += [self.finished_path(s) for s in finished[:-1]]
+        for path in old:
             try:
-                os.unlink(self.path(step))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         for name in os.listdir(self.directory):
-            if name.startswith(".step-") and name.endswith(".tmp"):
+            if name.startswith((".step-", ".finished-")) and name.endswith(".tmp"):
                 try:
                     os.unlink(os.path.join(self.directory, name))
                 except FileNotFoundError:
@@ -245,7 +294,7 @@ class CheckpointStore:
         import jax
 
         desc = self.read_meta(step)
-        path = self.path(step)
+        path = self._file(step)
         if desc.get("party") != self.party:
             raise CheckpointError(
                 f"{path!r} belongs to party {desc.get('party')!r}, not "
@@ -256,13 +305,17 @@ class CheckpointStore:
                 f"{path!r} was saved for task spec {desc.get('spec_hash')!r:.16}"
                 f" but the agreed spec is {spec_hash!r:.16}"
             )
+        finished = desc.get("finished") is True
+        groups = [("p", "params", params_like), ("o", "opt_state", opt_state_like)]
+        if "best" in desc["structure"]:
+            if not finished:
+                raise CheckpointError(f"{path!r} holds best parameters but is not finished")
+            groups.append(("b", "best", params_like))
         out: dict[str, dict[str, Any]] = {"params": {}, "opt_state": {}}
         with safe_open(path, framework="np") as f:
             names = set(f.keys())
-            for prefix, key, templates in (
-                ("p", "params", params_like),
-                ("o", "opt_state", opt_state_like),
-            ):
+            for prefix, key, templates in groups:
+                out.setdefault(key, {})
                 stored = desc["structure"][key]
                 if set(stored) != set(templates):
                     raise CheckpointError(
@@ -300,6 +353,8 @@ class CheckpointStore:
             cursor=dict(desc.get("cursor", {})),
             extra=dict(desc.get("extra", {})),
             spec_hash=str(desc.get("spec_hash")),
+            finished=finished,
+            best=out.get("best"),
         )
 
 

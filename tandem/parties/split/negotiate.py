@@ -7,10 +7,12 @@ replies back; docs/parties.md#negotiation)::
     follower -> leader   {"cmd": "data", "data": {"features", "fingerprint", "cuts"}}
     leader -> follower   {"cmd": "propose", "spec": TaskSpec.to_dict()}
                      or  {"cmd": "abort", "reasons": [...]}   # the leader cannot start
-    follower -> leader   {"cmd": "accept", "checkpoints": [steps saved under this spec]}
+    follower -> leader   {"cmd": "accept", "checkpoints": [steps saved under this spec],
+                          "finished": [those of them a completed job saved]}
                      or  {"cmd": "refuse", "reasons": ["follower 'B' has 7 feature columns ..."]}
     -- every follower accepted: both sides set transport.spec_hash and the validator --
-    leader -> follower   {"cmd": "start", "step": s}     # s = max common checkpoint, 0 = fresh
+    leader -> follower   {"cmd": "start", "step": s,     # s = max common checkpoint, 0 = fresh
+                          "finished": f}                # f: s is finished on every party
                      or  {"cmd": "abort", "reasons": [...]}   # another follower refused
     follower -> leader   {"cmd": "ready"}  or  {"cmd": "error", "reason": "..."}
 
@@ -19,11 +21,16 @@ on, every frame carries the agreed hash, and the HTTP transport answers 409 to a
 and 422 to a tensor the validator (`spec_validator`) refuses.
 
 Agreement rule: each party lists the steps of the checkpoints it holds for this spec hash; the
-leader picks the largest step held by every party (0 if none) and everyone loads it.
+leader picks the largest step held by every party (0 if none) and everyone loads it. That step
+is *finished* only when every party's checkpoint there is a finished one (its job completed):
+the parties then evaluate and export it without training. One party's finished checkpoint
+with another's periodic one at the same step is an ordinary resume (a finished file holds the
+trajectory too, `tandem.parties.split.checkpoint`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -47,6 +54,16 @@ class NegotiationError(TandemError):
     def __init__(self, message: str, reasons: dict[str, list[str]] | None = None) -> None:
         super().__init__(message)
         self.reasons = reasons or {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """The checkpoint the parties agreed to start from: ``step`` (0 = fresh start), and
+    ``finished``: every party's checkpoint at ``step`` ends a completed job (nothing to
+    train; evaluate and export it). Invariant: ``finished`` implies ``step > 0``."""
+
+    step: int = 0
+    finished: bool = False
 
 
 def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
@@ -198,7 +215,21 @@ async def propose(
     *,
     checkpoints: Iterable[int] = (),
 ) -> int:
-    """Leader: propose ``spec`` to every follower; returns the agreed checkpoint step.
+    """Leader: `propose_agreement` without finished checkpoints; returns the agreed step."""
+    return (await propose_agreement(transport, followers, spec, checkpoints=checkpoints)).step
+
+
+async def propose_agreement(
+    transport: Transport,
+    followers: Sequence[str],
+    spec: TaskSpec,
+    *,
+    checkpoints: Iterable[int] = (),
+    finished: Iterable[int] = (),
+) -> Agreement:
+    """Leader: propose ``spec`` to every follower; returns the agreed checkpoint.
+    ``checkpoints``: the steps this party holds for ``spec``; ``finished``: those of them
+    that are finished (see the module docstring).
 
     Raises `NegotiationError` listing every refusing follower's reasons (training must not
     start), or naming a follower that could not load the agreed checkpoint.
@@ -208,12 +239,14 @@ async def propose(
         await transport.send(peer, CTL, Frame(meta={"cmd": "propose", "spec": body}))
     refused: dict[str, list[str]] = {}
     steps = set(int(s) for s in checkpoints)
+    done = steps & {int(s) for s in finished}
     for peer in followers:
         meta = await _recv_cmd(transport, peer, ("accept", "refuse"))
         if meta["cmd"] == "refuse":
             refused[peer] = [str(r) for r in meta.get("reasons", [])] or ["(no reason given)"]
         else:
             steps &= {int(s) for s in meta.get("checkpoints", [])}
+            done &= {int(s) for s in meta.get("finished", [])}
     if refused:
         flat = [f"{p}: {r}" for p, rs in refused.items() for r in rs]
         install(transport, spec, leader=transport.name)  # accepting followers expect the hash
@@ -224,9 +257,11 @@ async def propose(
             "the task spec was refused, training does not start:\n  " + "\n  ".join(flat), refused
         )
     step = max(steps, default=0)
+    agreed = Agreement(step, step > 0 and step in done)
     install(transport, spec, leader=transport.name)
+    start = {"cmd": "start", "step": step, "finished": agreed.finished}
     for peer in followers:
-        await transport.send(peer, CTL, Frame(meta={"cmd": "start", "step": step}))
+        await transport.send(peer, CTL, Frame(meta=start))
     errors = {}
     for peer in followers:
         meta = await _recv_cmd(transport, peer, ("ready", "error"))
@@ -237,7 +272,7 @@ async def propose(
             "followers could not start: " + "; ".join(f"{p}: {r[0]}" for p, r in errors.items()),
             errors,
         )
-    return step
+    return agreed
 
 
 async def answer(
@@ -248,10 +283,28 @@ async def answer(
     checkpoints: Callable[[str], Iterable[int]] = lambda digest: (),
     describe: Callable[[], dict[str, Any]] | None = None,
 ) -> tuple[TaskSpec, int]:
-    """Follower: wait for the leader's proposal, check it, reply; returns ``(spec, step)``.
+    """Follower: `answer_agreement` without finished checkpoints; returns ``(spec, step)``."""
+    spec, agreed = await answer_agreement(
+        transport, leader, check=check, checkpoints=checkpoints, describe=describe
+    )
+    return spec, agreed.step
+
+
+async def answer_agreement(
+    transport: Transport,
+    leader: str,
+    *,
+    check: Callable[[TaskSpec], list[str]],
+    checkpoints: Callable[[str], Iterable[int]] = lambda digest: (),
+    finished: Callable[[str], Iterable[int]] = lambda digest: (),
+    describe: Callable[[], dict[str, Any]] | None = None,
+) -> tuple[TaskSpec, Agreement]:
+    """Follower: wait for the leader's proposal, check it, reply; returns ``(spec,
+    agreement)``.
 
     ``check(spec)`` returns the refusal reasons ([] = accept); ``checkpoints(spec_hash)`` the
-    steps saved for that spec; ``describe()`` what this party tells a leader asking about its
+    steps saved for that spec, ``finished(spec_hash)`` those of them that are finished;
+    ``describe()`` what this party tells a leader asking about its
     data first (`gather`; ``{}`` when None). After this returns, load checkpoint ``step`` (0 =
     fresh start) and call `ready`. Raises `NegotiationError` when this party refuses or the
     leader aborts.
@@ -281,7 +334,9 @@ async def answer(
         )
     digest = spec.spec_hash()
     saved = sorted(int(s) for s in checkpoints(digest))
-    await transport.send(leader, CTL, Frame(meta={"cmd": "accept", "checkpoints": saved}))
+    done = sorted(set(saved) & {int(s) for s in finished(digest)})
+    accept = {"cmd": "accept", "checkpoints": saved, "finished": done}
+    await transport.send(leader, CTL, Frame(meta=accept))
     install(transport, spec, leader=leader)  # no await since the send: nothing slips in between
     meta = await _recv_cmd(transport, leader, ("start", "abort"))
     if meta["cmd"] == "abort":
@@ -297,7 +352,13 @@ async def answer(
             f"the leader chose checkpoint {step}, which {transport.name!r} "
             f"does not hold (it holds {saved})"
         )
-    return spec, step
+    if meta.get("finished") is True and step not in done:
+        await ready(transport, leader, error=f"checkpoint {step} is not a finished one here")
+        raise NegotiationError(
+            f"the leader takes checkpoint {step} as finished, but {transport.name!r}'s is not "
+            f"(its finished ones: {done}); restart every party"
+        )
+    return spec, Agreement(step, bool(step and meta.get("finished") is True))
 
 
 async def ready(transport: Transport, leader: str, *, error: str | None = None) -> None:
@@ -307,12 +368,15 @@ async def ready(transport: Transport, leader: str, *, error: str | None = None) 
 
 
 __all__ = [
+    "Agreement",
     "NegotiationError",
     "abort",
     "answer",
+    "answer_agreement",
     "gather",
     "install",
     "propose",
+    "propose_agreement",
     "ready",
     "spec_validator",
 ]

@@ -209,6 +209,9 @@ class SplitParty:
         self._trained = 0  # training batches (``step``); ``_batch`` counts eval batches too
         #: Parameters kept by `keep_params` (stage -> pytree, owned copies), or None.
         self.kept_params: dict[str, Any] | None = None
+        #: The parameters `restore_kept` replaced (the training trajectory's newest, which a
+        #: finished checkpoint keeps beside the restored ones), or None before it ran.
+        self.replaced_params: dict[str, Any] | None = None
         #: The leader's micro-batch tuner (settings) and its state; ``tuner_path`` holds the
         #: (n, wall seconds) of every batch the tuner observed.
         self.tuner = GroupTuner(self.config.batch_size)
@@ -671,6 +674,8 @@ class SplitParty:
                 f"{self.name!r} was asked to restore kept parameters but kept none; "
                 "restart both parties"
             )
+        # (the engine's own arrays: no longer in the handler, so no update donates them)
+        self.replaced_params = {s: self.handler.params[s] for s in self.kept_params}
         # copies: the kept ones stay valid if training went on (an update donates its input)
         self.handler.params.update({s: owned_copy(p) for s, p in self.kept_params.items()})
 

@@ -8,9 +8,10 @@ topology; ``[train]`` is not used) and its NEW rows::
 
 Each party loads only its own export (``--export``, default the config's ``export_dir``) and
 reads its rows the way its training did: an export of a ``[data]`` table carries the fitted
-preprocessing state, which is applied to ``--data`` (any table format,
-`tandem.parties.data.load_new_data`); an export of pre-split arrays takes a numeric matrix
-(.csv, .npy, .npz). Rows are paired across parties by id, never silently by position:
+preprocessing state, which is applied to ``--data`` (a table: .csv, .parquet or .npz, at a
+path or fsspec URL, `tandem.parties.data.load_new_data`); an export of pre-split arrays takes
+a numeric matrix (.csv, .npy, .npz). Rows are paired across parties by id, never silently by
+position:
 
 * ``--aligned`` (the `tandem align --out` file of the new rows): those rows, in that order;
 * else ids (``--id-column``, or the training's id column): the rows sorted by id, and the
@@ -23,7 +24,11 @@ Then it connects (`tandem.parties.split.session.connect`) and negotiates an infe
 row count and the same alignment commitment. The leader writes the predictions (``.csv``:
 ``row[,id]`` then ``logit,probability`` for a binary loss, ``logit_k...,class`` for softmax,
 ``output_k...`` otherwise; ``.npy``: the raw outputs) and every party prints one JSON summary
-line. Errors go to stderr with exit code 2 (bad input: config, export, rows) or 1 (refused
+line. What the preprocessing could not map as training did is counted per column: the JSON
+line's ``filled_missing`` (empty cells filled in as ``data.missing`` said in training) and
+``unseen_categories`` (values outside a categorical column's training vocabulary, given the
+reserved code 0), each ``{column: count}``, and one warning line on stderr per affected
+column. Errors go to stderr with exit code 2 (bad input: config, export, rows) or 1 (refused
 negotiation, unreachable peer, timeout).
 """
 
@@ -62,8 +67,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--data",
-        help="new feature rows: .csv with a header row, .npy, or .npz "
-        "(array 'x'); same columns, in the same order, as in training",
+        help="new feature rows. An export trained on a [data] table reads a table with the "
+        "training's columns: .csv (header row), .parquet, or .npz (one 1-D array per column), "
+        "a path or an fsspec URL. An export trained on arrays reads a numeric matrix with the "
+        "training's columns in order: .csv (header row), .npy, or .npz (array 'x')",
     )
     p.add_argument(
         "--id-column",
@@ -144,7 +151,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raise InferenceError(f"--out {args.out!r} must end in .csv or .npy")
     if args.batch_size < 1 or args.groups < 1:
         raise InferenceError("--batch-size and --groups must be >= 1")
-    x, alignment, ids = await asyncio.to_thread(read_inputs, model, args, cfg)
+    x, alignment, ids, counts = await asyncio.to_thread(read_inputs_counted, model, args, cfg)
+    warn_counts(model.party, counts, (model.data or {}).get("preprocessing"))
     x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, args.rows, alignment)
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
@@ -181,18 +189,51 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "export": model.path,
         "export_digest": model.digest,
         "spec_hash": session.spec_hash,
+        "filled_missing": {c: n["missing"] for c, n in counts.items() if n["missing"]},
+        "unseen_categories": {c: n["unseen"] for c, n in counts.items() if n["unseen"]},
         **extra,
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def warn_counts(
+    party: str, counts: dict[str, dict[str, int]], state: dict[str, Any] | None
+) -> None:
+    """One stderr line per feature column with filled-in or unseen cells (`read_inputs_counted`)."""
+    missing = (state or {}).get("missing")
+    for column, n in counts.items():
+        said = []
+        if n["missing"]:
+            how = "code 0" if column in _categorical(state) else f"data.missing = {missing!r}"
+            said.append(f"{n['missing']} empty cell(s) filled in ({how}, as in training)")
+        if n["unseen"]:
+            said.append(f"{n['unseen']} value(s) not seen in training (code 0)")
+        print(f"tandem predict ({party}): column {column!r}: " + "; ".join(said), file=sys.stderr)
+
+
+def _categorical(state: dict[str, Any] | None) -> set[str]:
+    return {str(c.get("name")) for c in (state or {}).get("categorical", [])}
 
 
 # -- files ---------------------------------------------------------------------------------------
 def read_inputs(model, args, cfg=None) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
     """(rows, alignment ``{"size", "commitment"}`` or None, ids or None): the rows of
     ``--data`` as the training read them, keyed as the module docstring says."""
+    return read_inputs_counted(model, args, cfg)[:3]
+
+
+def read_inputs_counted(
+    model, args, cfg=None
+) -> tuple[np.ndarray | None, dict | None, list[str] | None, dict[str, dict[str, int]]]:
+    """`read_inputs`, and the counts of `tandem.parties.data.NewData` (``{}`` for an export
+    of arrays, which has no preprocessing to count)."""
     state = (model.data or {}).get("preprocessing")
     if state is not None:
         return _read_table(model, args, state, cfg)
+    return (*_read_matrix(model, args), {})
+
+
+def _read_matrix(model, args) -> tuple[np.ndarray | None, dict | None, list[str] | None]:
     x, ids = (None, None) if args.data is None else read_rows(args.data, args.id_column)
     if x is None and model.features is not None:
         raise InferenceError(
@@ -218,7 +259,9 @@ def read_inputs(model, args, cfg=None) -> tuple[np.ndarray | None, dict | None, 
     return x, alignment, aligned_ids
 
 
-def _read_table(model, args, state, cfg) -> tuple[np.ndarray, dict | None, list[str] | None]:
+def _read_table(
+    model, args, state, cfg
+) -> tuple[np.ndarray, dict | None, list[str] | None, dict[str, dict[str, int]]]:
     """Rows of an export trained on a ``[data]`` table: the saved preprocessing applied to
     ``--data``; keyed by ``--aligned``, else by the id column."""
     from tandem.parties.data import DataConfig, DataError, Preprocessing, load_new_data
@@ -250,11 +293,11 @@ def _read_table(model, args, state, cfg) -> tuple[np.ndarray, dict | None, list[
         raise InferenceError(f"{model.party!r}'s stages read no features; leave out --data")
     ids = [str(i) for i in new.ids]
     if args.aligned is not None:
-        return x, new.alignment, ids
+        return x, new.alignment, ids, new.counts
     if id_column is None:
-        return x, None, None
+        return x, None, None, new.counts
     order, alignment = _keyed(ids)
-    return x[order], alignment, [ids[i] for i in order]
+    return x[order], alignment, [ids[i] for i in order], new.counts
 
 
 def check_models(cfg, model) -> None:

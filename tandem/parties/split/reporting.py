@@ -18,8 +18,9 @@ Parameters: with ``patience`` set and ``restore_best`` (the default), every part
 of its parameters at each new best epoch (`SplitParty.keep_params`) and `Reporter.finish` puts
 them back (`SplitParty.restore_kept`) before the final evaluation and the export, so the export
 holds the best epoch's model. Without ``patience`` (or with ``restore_best = false``) the
-parameters of the last epoch stay. Checkpoints always hold the training trajectory (the last
-batch's parameters), never the kept ones.
+parameters of the last epoch stay. Checkpoints hold the training trajectory (the last
+batch's parameters); only the finished checkpoint of a completed job holds the restored ones
+beside it (`tandem.parties.split.checkpoint`).
 
 Resuming: `Reporter.start` keeps the history lines of the epochs before the resume point (and
 drops later ones, which the resumed run replays) and rebuilds the early-stopping state from

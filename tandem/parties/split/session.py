@@ -33,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from tandem.engine.topology import CUT_DTYPES
@@ -62,6 +62,8 @@ class Session:
       data: this party's (aligned) data.
       spec: the agreed task spec; ``spec_hash`` its hash, stamped on every frame.
       step: the agreed checkpoint step to resume from (0 = fresh start).
+      finished: the checkpoint at ``step`` ends a completed job on every party: evaluate and
+        export it, train nothing (`tandem.parties.split.negotiate.Agreement`).
     """
 
     config: PartyConfig
@@ -70,6 +72,7 @@ class Session:
     spec: TaskSpec
     spec_hash: str
     step: int
+    finished: bool = False
 
 
 def leader_spec(
@@ -264,6 +267,7 @@ async def connect(
     spec: TaskSpec | None = None,
     check: Callable[[TaskSpec], list[str]] | None = None,
     checkpoints: Mapping[int, str] | None = None,
+    finished: Collection[int] = (),
     prepare: Callable[[Session], Awaitable[None]] | None = None,
     refusals: Sequence[str] = (),
 ) -> Session:
@@ -276,6 +280,8 @@ async def connect(
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
         (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed
         hash count.
+      finished: the steps among ``checkpoints`` that are finished
+        (`tandem.parties.split.checkpoint.CheckpointStore.finished`).
       prepare: awaited with the `Session` once the step is agreed, before training can
         start (a follower's failure here is sent to the leader as the reason).
       refusals: this party's own reasons not to start (e.g. its data changed since its
@@ -309,13 +315,14 @@ async def connect(
                         spec = await _training_spec(cfg, data, transport, followers, refusals)
                     agreed = spec
                     digest = agreed.spec_hash()
-                    step = await negotiate.propose(
+                    agreement = await negotiate.propose_agreement(
                         transport,
                         followers,
                         agreed,
                         checkpoints=[s for s, h in held.items() if h == digest],
+                        finished=finished,
                     )
-                    negotiating.step = step  # (a follower learns it from `start`)
+                    negotiating.step = agreement.step  # (a follower learns it from `start`)
                 else:
                     # (built in a thread: describing the cuts builds this party's models)
                     told = (
@@ -323,11 +330,12 @@ async def connect(
                         if check is not None
                         else await asyncio.to_thread(describe_data, data, cfg)
                     )
-                    agreed, step = await negotiate.answer(
+                    agreed, agreement = await negotiate.answer_agreement(
                         transport,
                         leader,
                         check=check or follower_check(cfg, data, refusals),
                         checkpoints=lambda h: [s for s, d in held.items() if d == h],
+                        finished=lambda h: finished,
                         describe=None if told is None else lambda: told,
                     )
         except TimeoutError:
@@ -335,7 +343,15 @@ async def connect(
                 f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
                 " is every party started with a matching config (same secret, ports)?"
             ) from None
-        session = Session(cfg, transport, data, agreed, agreed.spec_hash(), step)
+        session = Session(
+            cfg,
+            transport,
+            data,
+            agreed,
+            agreed.spec_hash(),
+            agreement.step,
+            agreement.finished,
+        )
         if prepare is not None:
             try:
                 await prepare(session)

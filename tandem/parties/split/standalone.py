@@ -11,6 +11,11 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
   and delete their newer ones. A party that saved step k while its peer died before saving k
   thus resumes from the previous common step: no batch is lost or applied twice. ``keep`` is at
   least 2, so that previous step still exists.
+* **Finished** (status ``done``): each party saves a *finished* checkpoint at its final step
+  (the trajectory, the parameters it exports, the leader's summary). A restart that agrees on
+  a step every party finished (`tandem.parties.split.negotiate.Agreement`) trains nothing: it
+  loads the exported parameters, evaluates, exports again (``"resumed": "finished"``,
+  ``"batches_trained": 0`` in the result).
 * **Stop** (``stop`` set, by SIGINT/SIGTERM in the CLI): the leader finishes the current batch
   (within ``grace`` seconds), checkpoints, and sends ``stop`` with the checkpoint step; a
   follower asks the leader to stop (``{"cmd": "leave"}`` on ``ctl``), serves until the
@@ -35,8 +40,8 @@ import contextlib
 import dataclasses
 import os
 import time
-from collections.abc import Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
@@ -44,7 +49,8 @@ from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes, release_free_memory
 from tandem.transports.base import MetricsTransport
 
-from .checkpoint import CheckpointStore
+from .checkpoint import CheckpointError, CheckpointStore
+from .graceful import leaf, until, with_grace
 from .inference import export_party
 from .negotiate import CTL
 from .observe import party_metrics
@@ -54,8 +60,6 @@ from .party_trace import DEFAULT_BATCHES, BatchTrace
 from .reporting import Reporter, validation_for
 from .session import Session, connect
 from .spec import TaskSpec
-
-T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -68,6 +72,8 @@ class _State:
     cursor: tuple[int, int] = (0, 0)  # (epoch, batches done in it) at the resume point
     discarded: list[int] = dataclasses.field(default_factory=list)
     trace: BatchTrace | None = None  # `run_party(trace_dir=...)`
+    #: a finished checkpoint's leader summary (`_lead`'s report), replayed by a restart
+    report: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def ready_party(self) -> SplitParty:
         """The party, once the session has prepared it (every step after `connect`)."""
@@ -146,6 +152,7 @@ async def run_party(
     elif st.store is not None:
         refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
     held = await asyncio.to_thread(st.store.index) if st.store else {}
+    finished = await asyncio.to_thread(st.store.finished) if st.store else set()
 
     async def prepare(session: Session) -> None:
         st.party = party = await asyncio.to_thread(
@@ -167,8 +174,16 @@ async def run_party(
                 opt_state_like=party.handler.opt_state,
                 spec_hash=session.spec_hash,
             )
-            party.restore(r.params, r.opt_state, r.step)
+            if session.finished and not r.finished:
+                raise CheckpointError(
+                    f"{cfg.name!r}: checkpoint {r.step} was agreed as finished but is not; "
+                    "restart every party"
+                )
+            # a finished job's exported parameters: the best epoch's where it restored them
+            best = r.best if session.finished else None
+            party.restore(r.params if best is None else best, r.opt_state, r.step)
             st.saved = r.step
+            st.report = dict(r.extra.get("report") or {}) if session.finished else {}
             st.cursor = (int(r.cursor.get("epoch", 0)), int(r.cursor.get("batch", 0)))
             if party.is_leader:
                 party.run_id = str(r.extra.get("run_id", party.run_id))
@@ -176,8 +191,16 @@ async def run_party(
         if isinstance(session.transport, MetricsTransport):
             session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
 
-    session = await _until(
-        stop, connect(cfg, data=data, checkpoints=held, prepare=prepare, refusals=refusals)
+    session = await until(
+        stop,
+        connect(
+            cfg,
+            data=data,
+            checkpoints=held,
+            finished=finished,
+            prepare=prepare,
+            refusals=refusals,
+        ),
     )
     if session is None:
         return {
@@ -196,6 +219,10 @@ async def run_party(
             result = await _lead(session, st, party, stop)
         else:
             result = await _follow(session, st, party, stop)
+        result["resumed"] = (
+            "finished" if session.finished else "checkpoint" if session.step else "fresh"
+        )
+        result["batches_trained"] = party.step - session.step
         result.update(_traffic(session))
         result["cut_bytes_sent"] = dict(party.cut_bytes)
         result["compress"] = party.config.compress
@@ -214,6 +241,8 @@ async def run_party(
 async def _lead(
     session: Session, st: _State, party: SplitParty, stop: asyncio.Event
 ) -> dict[str, Any]:
+    if session.finished:
+        return await _lead_finished(session, st, party)
     cfg, spec = session.config, session.spec
     hyper = spec.hyper
     epochs, every = int(hyper["epochs"]), int(hyper["checkpoint_every"])
@@ -268,23 +297,15 @@ async def _lead(
         )
         async with reporter.opened(epoch0):
             with _peer_left(cfg.name, party, st):
-                finished = await _with_grace(
+                finished = await with_grace(
                     stop, cfg.grace, fit, [listen(p) for p in party.followers]
                 )
             # the best epoch's parameters go back only at a normal end: a stopped run's
             # checkpoint must hold its trajectory, and an aborted run's peers are gone
             report = await reporter.finish(restore=finished and not stop.is_set())
-    base = {
-        "party": cfg.name,
-        "role": "leader",
-        "spec_hash": session.spec_hash,
-        "alignment": _plain(spec.alignment),
-        "resumed_from": session.step,
-        "n_groups": party.n_groups,
-    }
     if party.history:
-        base["train_loss"] = party.history[-1].loss
-    base.update(report)
+        report["train_loss"] = party.history[-1].loss
+    base = {**_leader_base(session, party), **report}
     if not finished:  # aborted mid-batch: the peers see our goodbye
         return {
             **base,
@@ -304,6 +325,42 @@ async def _lead(
             "detail": reason,
             "checkpoint": st.saved if st.store else None,
         }
+    if st.store is not None:  # what a restart evaluates and exports again
+        extra = {"run_id": party.run_id, "n_groups": party.n_groups, "report": report}
+        await _save(
+            st,
+            st.store,
+            party,
+            session,
+            {"epoch": cursor[0], "batch": cursor[1]},
+            extra,
+            finished=True,
+        )
+    return await _lead_done(session, st, party, base)
+
+
+def _leader_base(session: Session, party: SplitParty) -> dict[str, Any]:
+    return {
+        "party": session.config.name,
+        "role": "leader",
+        "spec_hash": session.spec_hash,
+        "alignment": _plain(session.spec.alignment),
+        "resumed_from": session.step,
+        "n_groups": party.n_groups,
+    }
+
+
+async def _lead_finished(session: Session, st: _State, party: SplitParty) -> dict[str, Any]:
+    """Leader of a job that had completed (`Session.finished`): no training; the finished
+    checkpoint's parameters are evaluated and exported again, its summary reported again."""
+    return await _lead_done(session, st, party, {**_leader_base(session, party), **st.report})
+
+
+async def _lead_done(
+    session: Session, st: _State, party: SplitParty, base: dict[str, Any]
+) -> dict[str, Any]:
+    """The end of a completed job: test evaluation, ``stop`` (reason ``done``), export."""
+    hyper = session.spec.hyper
     if int(hyper.get("test_samples", 0)) and "test" in party.labels:
         metrics = await party.evaluate("test", batch_size=int(hyper["eval_batch_size"]))
         base.update({f"test_{k}": v for k, v in metrics.items()})
@@ -312,7 +369,7 @@ async def _lead(
         **base,
         "status": "done",
         "step": party.step,
-        "epochs": epochs,
+        "epochs": int(hyper["epochs"]),
         "checkpoint": st.saved if st.saved >= 0 else None,
         "export": await _export(session, party),
     }
@@ -327,6 +384,7 @@ async def _follow(
     every = int(hyper["checkpoint_every"])
     per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
     leader = party.topology.label_owner
+    cursor: dict[str, int] = {}  # of the newest training batch
 
     with _progress(
         cfg, int(hyper["epochs"]) * per_epoch, party.step, f"{cfg.name} (follower)"
@@ -335,18 +393,12 @@ async def _follow(
         async def on_batch(meta) -> None:
             if meta.get("mode") != "train":
                 return
+            cursor.update(epoch=int(meta.get("epoch", 0)), batch=int(meta.get("i", 0)) + 1)
             advance(None)
             if st.trace is not None:
                 st.trace.after_batch()
             if st.store is not None and party.step % every == 0:
-                await _save(
-                    st,
-                    st.store,
-                    party,
-                    session,
-                    {"epoch": int(meta.get("epoch", 0)), "batch": int(meta.get("i", 0)) + 1},
-                    {},
-                )
+                await _save(st, st.store, party, session, dict(cursor), {})
 
         async def ask_leader_to_stop() -> None:
             await stop.wait()
@@ -355,7 +407,7 @@ async def _follow(
             await asyncio.Event().wait()  # cancelled when serve returns
 
         with _peer_left(cfg.name, party, st):
-            finished = await _with_grace(
+            finished = await with_grace(
                 stop, cfg.grace, party.serve(on_batch=on_batch), [ask_leader_to_stop()]
             )
     base = {
@@ -384,6 +436,8 @@ async def _follow(
             "detail": str(meta.get("reason")),
             "checkpoint": st.saved if st.store else None,
         }
+    if st.store is not None and not session.finished:  # what a restart exports again
+        await _save(st, st.store, party, session, dict(cursor), {}, finished=True)
     return {
         **base,
         "status": "done",
@@ -402,7 +456,7 @@ def _peer_left(name: str, party: SplitParty, st: _State) -> Iterator[None]:
     try:
         yield
     except Exception as err:
-        exc = _leaf(err, TransportClosedError)
+        exc = leaf(err, TransportClosedError)
         if exc is None:
             raise
         saved = f"step {st.saved}" if st.saved >= 0 else "none"
@@ -411,17 +465,6 @@ def _peer_left(name: str, party: SplitParty, st: _State) -> Iterator[None]:
             f"Last checkpoint: {saved}; restart every party to resume from the newest common "
             "checkpoint."
         ) from None
-
-
-def _leaf(err: BaseException, kind: type) -> BaseException | None:
-    """The first exception of type ``kind`` in ``err`` or its (nested) exception groups."""
-    if isinstance(err, kind):
-        return err
-    if isinstance(err, BaseExceptionGroup):
-        for sub in err.exceptions:
-            if (found := _leaf(sub, kind)) is not None:
-                return found
-    return None
 
 
 def _plain(value: Any) -> Any:
@@ -435,59 +478,6 @@ def _leave_frame():
 
 
 # -- shared steps --------------------------------------------------------------------------------
-async def _until(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T | None:
-    """Await ``coro`` unless ``stop`` is set first (then cancel it and return None)."""
-    with _unwrap():
-        async with asyncio.TaskGroup() as tg:
-            work = tg.create_task(coro)
-            waiter = tg.create_task(stop.wait())
-            await asyncio.wait({work, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            if not work.done():
-                work.cancel()
-    return None if work.cancelled() else work.result()
-
-
-async def _with_grace(
-    stop: asyncio.Event,
-    grace: float,
-    main: Coroutine[Any, Any, Any],
-    helpers: list[Coroutine[Any, Any, Any]],
-) -> bool:
-    """Run ``main`` with ``helpers`` beside it (cancelled when it ends); once ``stop`` is set,
-    ``main`` gets ``grace`` seconds before it is cancelled. True if it finished by itself;
-    its exception, if any, propagates."""
-
-    async def deadline(task: asyncio.Task) -> None:
-        await stop.wait()
-        await asyncio.sleep(grace)
-        task.cancel()
-
-    with _unwrap():
-        async with asyncio.TaskGroup() as tg:
-            task = tg.create_task(main)
-            others = [tg.create_task(h) for h in helpers]
-            others.append(tg.create_task(deadline(task)))
-            try:
-                await asyncio.wait({task})
-            finally:
-                for t in others:
-                    t.cancel()
-    return not task.cancelled()
-
-
-@contextlib.contextmanager
-def _unwrap() -> Iterator[None]:
-    """Re-raise a task group's lone exception as itself (callers see `NegotiationError`,
-    `TransportClosedError`, ... rather than an ExceptionGroup); several stay grouped."""
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
-            raise group.exceptions[0] from None
-        raise
-
-
 async def _save(
     st: _State,
     store: CheckpointStore,
@@ -495,23 +485,31 @@ async def _save(
     session: Session,
     cursor: dict,
     extra: dict,
+    *,
+    finished: bool = False,
 ) -> None:
     """Checkpoint the party's current step into ``store`` (``st.store``); a cancellation (grace
     ran out) waits for the write to finish first, so ``st.saved`` always names the newest file
-    on disk."""
+    on disk. ``finished``: the final checkpoint of a completed job; where `Reporter.finish`
+    put the best epoch's parameters back, it holds those beside the trajectory's last."""
     step = party.step
+    params, best = dict(party.handler.params), None
+    if finished and party.replaced_params is not None:
+        params, best = dict(party.replaced_params), params
     # the party's own arrays, not copies: its next batch (whose update donates them) waits for
     # this write, since the save is awaited from the batch hook
     write = asyncio.ensure_future(
         asyncio.to_thread(
             store.save,
             step,
-            params=dict(party.handler.params),
+            params=params,
             opt_state=dict(party.handler.opt_state),
             spec_hash=session.spec_hash,
             cursor=cursor,
             extra=extra,
             fingerprint=session.data.fingerprint,
+            finished=finished,
+            best=best,
         )
     )
     try:
