@@ -154,6 +154,9 @@ class HttpServer:
         self.validator = config.validator
         self.admit_stream: AdmitStream | None = None
         self.admit_frame: AdmitFrame | None = None
+        #: called with (peer, reason) when a request naming a configured peer fails its
+        #: signature check (before the 401 goes out); must not raise or block
+        self.on_auth_refused: Callable[[str, str], None] | None = None
         self.verifier = (
             auth.Verifier(
                 config.keys(),
@@ -385,6 +388,8 @@ class HttpServer:
                 421, "misdirected", f"from {who!r}: {exc}", incarnation=exc.incarnation
             ) from None
         except AuthenticationError as exc:
+            if self.on_auth_refused is not None and who in self.peers:
+                self.on_auth_refused(who, str(exc))
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
 
     def check_identity(self, request: web.Request, sender: str) -> None:
