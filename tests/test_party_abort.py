@@ -95,3 +95,87 @@ def test_different_secrets_both_parties_say_so_at_once(tmp_path):
     warnings = [x for x in err.splitlines() if "refused a request from its peer 'leader'" in x]
     assert len(warnings) == 1, err[-3000:]
     assert "different secrets" in warnings[0]
+
+
+# -- the watch itself, on two live transports in this process ----------------------------------
+async def _pair(secret_b: bytes):
+    from http_helpers import open_pair
+
+    return await open_pair(a_kw={"secret": b"s3cret"}, b_kw={"secret": secret_b})
+
+
+async def test_a_forged_request_in_a_peers_name_stops_nothing(caplog):
+    """The peer accepts the probe (same secret): the refused request was a stranger's, and the
+    guarded work finishes; one warning names the peer, a second refusal is counted silently."""
+    import asyncio
+
+    from tandem.parties.split.notice import PeerWatch
+
+    a, b = await _pair(b"s3cret")
+    try:
+        watch = PeerWatch(a, ["b"])
+        a.on_auth_refused = watch.auth_refused
+
+        async def work() -> str:
+            watch.auth_refused("b", "bad signature (different secret, or altered request)")
+            watch.auth_refused("b", "bad signature (different secret, or altered request)")
+            await asyncio.wait_for(b.recv("a", "notice"), 10)  # the probe arrived, and passed
+            return "finished"
+
+        with caplog.at_level("WARNING", logger="tandem.parties.split.notice"):
+            assert await watch.guard(work()) == "finished"
+        warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+        assert len(warnings) == 1 and "its peer 'b'" in warnings[0], warnings
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_a_peer_refusing_the_probe_is_a_secret_that_differs():
+    import asyncio
+
+    from tandem.errors import AuthenticationError
+    from tandem.parties.split.notice import PeerWatch
+
+    a, b = await _pair(b"other")
+    try:
+        watch = PeerWatch(a, ["b"])
+        watch.auth_refused("b", "bad signature")
+        with pytest.raises(AuthenticationError, match="between 'a' and 'b'|'b' no longer answers"):
+            await watch.guard(asyncio.Event().wait())
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_an_abort_notice_stops_the_guarded_work_naming_the_party():
+    import asyncio
+
+    from tandem.parties.split.notice import PeerAbortedError, PeerWatch, tell_peers
+
+    a, b = await _pair(b"s3cret")
+    try:
+        watch = PeerWatch(a, ["b"])
+        assert await tell_peers(b, ["a"], "its table has no column 'age'") == ["a"]
+        with pytest.raises(PeerAbortedError, match="^'b' stopped before training started: its"):
+            await watch.guard(asyncio.Event().wait())
+        assert watch.gone == {"b"}
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_the_transport_reports_each_refused_signature_of_a_configured_peer():
+    from tandem.errors import AuthenticationError
+    from tandem.transports.base import Frame
+
+    a, b = await _pair(b"other")
+    try:
+        heard: list[tuple[str, str]] = []
+        a.on_auth_refused = lambda peer, reason: heard.append((peer, reason))
+        with pytest.raises(AuthenticationError, match="authentication failed"):
+            await b.send("a", "ctl", Frame(meta={"cmd": "hello"}))
+        assert heard and heard[0][0] == "b" and "key id" in heard[0][1], heard
+    finally:
+        await a.aclose()
+        await b.aclose()

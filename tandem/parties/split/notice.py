@@ -171,11 +171,14 @@ class PeerWatch:
     async def guard(self, work: Coroutine[Any, Any, T]) -> T:
         """Await ``work`` while watching; a peer's abort notice (`PeerAbortedError`) or a
         secret found to differ (`AuthenticationError`) cancels it and is raised instead."""
-        async with asyncio.TaskGroup() as tg:
-            main = tg.create_task(work)
-            watcher = tg.create_task(self._watch())
-            await asyncio.wait({main})
-            watcher.cancel()
+        try:
+            async with asyncio.TaskGroup() as tg:
+                main = tg.create_task(work)
+                watcher = tg.create_task(self._watch())
+                await asyncio.wait({main})
+                watcher.cancel()
+        except ExceptionGroup as group:
+            raise _lone(group) from None
         return main.result()
 
     async def _watch(self) -> None:
@@ -225,6 +228,13 @@ class PeerWatch:
             me,
             peer,
         )
+
+
+def _lone(exc: Exception) -> Exception:
+    """The lone exception of a (nested) task group as itself; a group of several stays."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 async def tell_the_others(watch: PeerWatch, told: Iterable[str], exc: BaseException) -> None:

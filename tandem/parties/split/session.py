@@ -334,21 +334,13 @@ async def connect(
             _agree(cfg, transport, data, held, negotiating, told, spec, check, prepare, refusals)
         )
     except Exception as exc:
-        exc = _lone(exc)
         if not isinstance(exc, negotiate.NegotiationError):  # (its protocol told them)
             await notice.tell_the_others(watch, told, exc)
         await transport.aclose()
-        raise exc from None
+        raise
     except BaseException:
         await transport.aclose()
         raise
-
-
-def _lone(exc: Exception) -> Exception:
-    """A task group's lone exception as itself; ``exc`` otherwise."""
-    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return exc
 
 
 async def _agree(
