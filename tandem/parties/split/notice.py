@@ -218,8 +218,8 @@ class PeerWatch:
             raise AuthenticationError(
                 f"{me!r} refused {peer!r}'s request for authentication (its signature does not "
                 f"verify with this party's secret) and {peer!r} no longer answers "
-                f"({type(exc).__name__}: {exc or 'no answer'}); most likely the parties hold "
-                "different secrets: give every party the same [security] secret"
+                f"({str(exc) or f'no answer within {PROBE_SECONDS:g} s'}); most likely the "
+                "parties hold different secrets: give every party the same [security] secret"
             ) from None
         except (FrameError, TransportError):
             pass  # it answered past authentication: the refused request was not its own
