@@ -1,7 +1,8 @@
 """Transports: how parties exchange frames. Knows nothing of training.
 
 `Transport` is the contract; the optional capabilities (`WindowedTransport`,
-`AdmittingTransport`, `PeerWaitingTransport`, `AddressingTransport`, `MetricsTransport`) are
+`AdmittingTransport`, `PeerWaitingTransport`, `AddressingTransport`, `MetricsTransport`,
+`AuthWatchingTransport`) are
 Protocols beside it in `base`; `make_transport` builds one by URL scheme (`factory`)."""
 
 from tandem.errors import (
@@ -18,6 +19,7 @@ from tandem.errors import (
 from .base import (
     AddressingTransport,
     AdmittingTransport,
+    AuthWatchingTransport,
     Frame,
     LinkStats,
     MetricsTransport,
@@ -42,6 +44,7 @@ __all__ = [
     "Transport",
     "AddressingTransport",
     "AdmittingTransport",
+    "AuthWatchingTransport",
     "MetricsTransport",
     "PeerWaitingTransport",
     "WindowedTransport",

@@ -202,3 +202,13 @@ class MetricsTransport(Protocol):
     def add_metrics_source(self, source: Callable[[], str]) -> None:
         """Append ``source()`` (Prometheus text lines) to every metrics answer."""
         ...
+
+
+@runtime_checkable
+class AuthWatchingTransport(Protocol):
+    """Authentication watch: the transport tells the application, on the event loop, each
+    time a request naming one of its configured peers fails authentication (before refusing
+    it), so the party can tell its user at once (different secrets, most likely) instead of
+    waiting out a timeout. The hook must not raise or block."""
+
+    on_auth_refused: Callable[[str, str], None] | None  # (peer, reason)

@@ -6,7 +6,8 @@ Three layers, each installed where its knowledge lives; the transport only calls
 (`tandem.transports.http.HttpTransport.admit_stream` / ``admit_frame``):
 
 * `negotiation_streams` (`session.connect`, before negotiation): only the ``ctl`` channel,
-  only from the parties the negotiation talks to (the leader's followers; a follower's leader);
+  only from the parties the negotiation talks to (the leader's followers; a follower's leader),
+  and the ``notice`` channel from any peer (`tandem.parties.split.notice`: why a peer stops);
 * `spec_streams` (`negotiate.install`, once a spec is agreed): ``ctl`` as above, plus each
   ``act``/``grad`` channel of the spec from the party that sends on it to the party that
   receives it; any other (sender, channel) is refused at the request head, before its body is
@@ -74,6 +75,7 @@ class AdmittingParty(Protocol):
 
 
 CTL = "ctl"
+NOTICE = "notice"  # `tandem.parties.split.notice`: taken until a spec is agreed
 #: commands a follower takes from its leader once its party runs (`SplitParty.serve`)
 #: what a running follower takes from its leader (`SplitParty.serve`): batches, the end, and
 #: keeping and restoring the best parameters (early stopping, `reporting`)
@@ -82,14 +84,16 @@ LEADER_COMMANDS = frozenset({"batch", "stop", "keep", "restore_kept"})
 
 def negotiation_streams(me: str, leader: str, peers: Iterable[str]) -> Callable[[str, str], None]:
     """`admit_stream` before negotiation: ``ctl`` from the leader (on a follower) or from the
-    other parties (on the leader)."""
+    other parties (on the leader); ``notice`` from any peer the transport authenticated."""
     allowed = {leader} if me != leader else set(peers) - {me}
 
     def admit(sender: str, channel: str) -> None:
+        if channel == NOTICE:
+            return
         if channel != CTL:
             raise AdmissionError(
                 f"channel {channel!r} is not part of the negotiated task: before the task is "
-                f"negotiated {me!r} takes only {CTL!r}",
+                f"negotiated {me!r} takes only {CTL!r} and {NOTICE!r}",
                 field="channel",
             )
         if sender not in allowed:
@@ -155,6 +159,10 @@ class NegotiationAdmission:
         self.step: int | None = None
 
     def __call__(self, frame: Frame) -> None:
+        if frame.channel == NOTICE:
+            if frame.arrays or not all(isinstance(v, str) for v in frame.meta.values()):
+                raise AdmissionError("a notice carries only text, no arrays", field="arrays")
+            return
         if frame.channel != CTL:
             # before the party exists only the first message of its first batch can come
             # (the leader commands no batch before every follower is ready); its dtype and

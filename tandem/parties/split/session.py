@@ -21,11 +21,18 @@ Example (a ``tandem predict`` could start the same way with its own ``spec``/``c
     async with connected(cfg) as session:        # closes the transport on exit
         session.spec, session.transport, session.step
 
+From the transport's start to the end of step 5 a `tandem.parties.split.notice.PeerWatch`
+watches the peers; a failure of this party before or during these steps (except the
+negotiation's own refusals and aborts, which its protocol carries) is told to every peer by an
+abort notice before the exception propagates (`notice`, at most about 2 s).
+
 Contract: never blocks the loop (file I/O in threads), creates no event loop, leaves nothing
 running on failure (the transport is closed before the exception propagates). Errors:
 `PartyStartError` (peer unreachable, nothing from the leader in time),
 `tandem.parties.split.negotiate.NegotiationError` (spec refused; ``reasons`` per party),
-`tandem.errors.AuthenticationError` (the peer answered 401: wrong secret).
+`tandem.errors.AuthenticationError` (the peer answered 401, or refuses our signature as we
+refuse its: wrong secret), `tandem.parties.split.notice.PeerAbortedError` (a peer stopped and
+said why).
 """
 
 from __future__ import annotations
@@ -38,9 +45,14 @@ from typing import Any
 
 from tandem.engine.topology import CUT_DTYPES
 from tandem.errors import ConfigError, PeersUnreachableError, TandemError
-from tandem.transports.base import AdmittingTransport, PeerWaitingTransport, Transport
+from tandem.transports.base import (
+    AdmittingTransport,
+    AuthWatchingTransport,
+    PeerWaitingTransport,
+    Transport,
+)
 
-from . import negotiate
+from . import negotiate, notice
 from .admission import NegotiationAdmission, negotiation_streams
 from .compress import mismatch_reasons
 from .party_config import PartyConfig, PartyConfigError, PartyData
@@ -291,11 +303,12 @@ async def connect(
     fingerprint) for the spec. Reaching the peers, then agreeing, are each bounded by
     ``cfg.wait`` seconds.
     """
-    if data is None:
-        data = await asyncio.to_thread(cfg.load_data)
+    async with notice.telling(cfg):
+        if data is None:
+            data = await asyncio.to_thread(cfg.load_data)
+        topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
+        transport = cfg.transport()
     held = dict(checkpoints or {})
-    topology = await asyncio.to_thread(cfg.topology)  # may read a JSON file; cached after
-    transport = cfg.transport()
     leader = topology.label_owner
     # until a spec is agreed, only the negotiation's own messages are admitted (its commands in
     # order, until the party's model exists: `SplitParty` installs its plan's checks then)
@@ -303,75 +316,116 @@ async def connect(
     if isinstance(transport, AdmittingTransport):
         transport.admit_stream = negotiation_streams(cfg.name, leader, topology.parties)
         transport.admit_frame = negotiating
+    watch = notice.PeerWatch(transport, cfg.peers)
+    if isinstance(transport, AuthWatchingTransport):
+        transport.on_auth_refused = watch.auth_refused
+    told: set[str] = set()  # peers the negotiation itself told why this party stops
     await transport.start()
     try:
-        await wait_for_peers(cfg, transport)
-        try:
-            async with asyncio.timeout(cfg.wait):
-                agreed: TaskSpec
-                if cfg.is_leader:
-                    followers = [p for p in topology.parties if p != cfg.name]
-                    if spec is None:
-                        spec = await _training_spec(cfg, data, transport, followers, refusals)
-                    agreed = spec
-                    digest = agreed.spec_hash()
-                    agreement = await negotiate.propose_agreement(
-                        transport,
-                        followers,
-                        agreed,
-                        checkpoints=[s for s, h in held.items() if h == digest],
-                        finished=finished,
-                    )
-                    negotiating.step = agreement.step  # (a follower learns it from `start`)
-                else:
-                    # (built in a thread: describing the cuts builds this party's models)
-                    told = (
-                        None
-                        if check is not None
-                        else await asyncio.to_thread(describe_data, data, cfg)
-                    )
-                    agreed, agreement = await negotiate.answer_agreement(
-                        transport,
-                        leader,
-                        check=check or follower_check(cfg, data, refusals),
-                        checkpoints=lambda h: [s for s, d in held.items() if d == h],
-                        finished=lambda h: finished,
-                        describe=None if told is None else lambda: told,
-                    )
-        except TimeoutError:
-            raise PartyStartError(
-                f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
-                " is every party started with a matching config (same secret, ports)?"
-            ) from None
-        session = Session(
-            cfg,
-            transport,
-            data,
-            agreed,
-            agreed.spec_hash(),
-            agreement.step,
-            agreement.finished,
+        return await watch.guard(
+            _agree(
+                cfg,
+                transport,
+                data,
+                held,
+                finished,
+                negotiating,
+                told,
+                spec,
+                check,
+                prepare,
+                refusals,
+            )
         )
-        if prepare is not None:
-            try:
-                await prepare(session)
-            except Exception as exc:
-                if not cfg.is_leader:
-                    await negotiate.ready(transport, leader, error=f"{type(exc).__name__}: {exc}")
-                raise
-        if not cfg.is_leader:
-            await negotiate.ready(transport, leader)
-        return session
+    except Exception as exc:
+        if not isinstance(exc, negotiate.NegotiationError):  # (its protocol told them)
+            await notice.tell_the_others(watch, told, exc)
+        await transport.aclose()
+        raise
     except BaseException:
         await transport.aclose()
         raise
 
 
+async def _agree(
+    cfg: PartyConfig,
+    transport: Any,
+    data: PartyData,
+    held: dict[int, str],
+    finished: Collection[int],
+    negotiating: NegotiationAdmission,
+    told: set[str],
+    spec: TaskSpec | None,
+    check: Callable[[TaskSpec], list[str]] | None,
+    prepare: Callable[[Session], Awaitable[None]] | None,
+    refusals: Sequence[str],
+) -> Session:
+    """`connect`'s steps 3 to 5 on the started ``transport``."""
+    topology = cfg.topology()
+    leader = topology.label_owner
+    await wait_for_peers(cfg, transport)
+    try:
+        async with asyncio.timeout(cfg.wait):
+            agreed: TaskSpec
+            if cfg.is_leader:
+                followers = [p for p in topology.parties if p != cfg.name]
+                if spec is None:
+                    spec = await _training_spec(cfg, data, transport, followers, refusals, told)
+                agreed = spec
+                digest = agreed.spec_hash()
+                agreement = await negotiate.propose_agreement(
+                    transport,
+                    followers,
+                    agreed,
+                    checkpoints=[s for s, h in held.items() if h == digest],
+                    finished=finished,
+                )
+                negotiating.step = agreement.step  # (a follower learns it from `start`)
+            else:
+                # (built in a thread: describing the cuts builds this party's models)
+                told_data = (
+                    None if check is not None else await asyncio.to_thread(describe_data, data, cfg)
+                )
+                agreed, agreement = await negotiate.answer_agreement(
+                    transport,
+                    leader,
+                    check=check or follower_check(cfg, data, refusals),
+                    checkpoints=lambda h: [s for s, d in held.items() if d == h],
+                    finished=lambda h: finished,
+                    describe=None if told_data is None else lambda: told_data,
+                )
+    except TimeoutError:
+        raise PartyStartError(
+            f"{cfg.name!r}: no agreement with {sorted(cfg.peers)} within wait={cfg.wait:g} s;"
+            " is every party started with a matching config (same secret, ports)?"
+        ) from None
+    session = Session(
+        cfg, transport, data, agreed, agreed.spec_hash(), agreement.step, agreement.finished
+    )
+    if prepare is not None:
+        try:
+            await prepare(session)
+        except Exception as exc:
+            if not cfg.is_leader:
+                await negotiate.ready(transport, leader, error=f"{type(exc).__name__}: {exc}")
+                told.add(leader)
+            raise
+    if not cfg.is_leader:
+        await negotiate.ready(transport, leader)
+    return session
+
+
 async def _training_spec(
-    cfg: PartyConfig, data: PartyData, transport: Any, followers: list[str], refusals
+    cfg: PartyConfig,
+    data: PartyData,
+    transport: Any,
+    followers: list[str],
+    refusals: Sequence[str],
+    told: set[str],
 ) -> TaskSpec:
     """Leader: gather the followers' data descriptions and build the training spec; when this
-    party cannot start (``refusals``, or a configuration error) the followers are told why."""
+    party cannot start (``refusals``, or a configuration error) the followers are told why
+    (and added to ``told``)."""
     reasons = list(refusals)
     described: dict[str, dict[str, Any]] = {}
     if not reasons:
@@ -381,6 +435,7 @@ async def _training_spec(
         except ConfigError as exc:
             reasons = [str(exc)]
             await negotiate.abort(transport, followers, reasons)
+            told.update(followers)
             raise
     await negotiate.abort(transport, followers, reasons)
     raise negotiate.NegotiationError(

@@ -49,6 +49,7 @@ from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes, release_free_memory
 from tandem.transports.base import MetricsTransport
 
+from . import notice
 from .checkpoint import CheckpointError, CheckpointStore
 from .graceful import leaf, until, with_grace
 from .inference import export_party
@@ -137,22 +138,23 @@ async def run_party(
     wrong secret, unreachable peer, bad checkpoint, changed data, peer left mid-batch).
     """
     stop = stop or asyncio.Event()
-    loading = time.perf_counter()
-    data = await asyncio.to_thread(cfg.load_data)
-    await asyncio.to_thread(release_free_memory)  # the loader's temporaries
-    load_seconds = time.perf_counter() - loading
     st = _State()
-    if cfg.checkpoint.dir:
-        st.store = CheckpointStore(
-            cfg.checkpoint.dir, party=cfg.name, keep=max(2, cfg.checkpoint.keep)
-        )
-    refusals: list[str] = []
-    if st.store is not None and fresh:
-        await asyncio.to_thread(st.store.discard_after, -1)
-    elif st.store is not None:
-        refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
-    held = await asyncio.to_thread(st.store.index) if st.store else {}
-    finished = await asyncio.to_thread(st.store.finished) if st.store else set()
+    async with notice.telling(cfg):  # a failure here is told to the peers (docs/parties.md)
+        loading = time.perf_counter()
+        data = await asyncio.to_thread(cfg.load_data)
+        await asyncio.to_thread(release_free_memory)  # the loader's temporaries
+        load_seconds = time.perf_counter() - loading
+        if cfg.checkpoint.dir:
+            st.store = CheckpointStore(
+                cfg.checkpoint.dir, party=cfg.name, keep=max(2, cfg.checkpoint.keep)
+            )
+        refusals: list[str] = []
+        if st.store is not None and fresh:
+            await asyncio.to_thread(st.store.discard_after, -1)
+        elif st.store is not None:
+            refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
+        held = await asyncio.to_thread(st.store.index) if st.store else {}
+        finished = await asyncio.to_thread(st.store.finished) if st.store else set()
 
     async def prepare(session: Session) -> None:
         st.party = party = await asyncio.to_thread(

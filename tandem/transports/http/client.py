@@ -624,7 +624,8 @@ class HttpClient:
         where = f"peer {peer!r} refused the frame ({status})"
         if status == 401:
             return AuthenticationError(
-                f"{where}: check that both parties share the same secret, that {peer!r} lists "
+                f"{where}: authentication failed; check that both parties share the same "
+                f"secret, that {peer!r} lists "
                 f"{self.cfg.name!r} among its peers, and that clocks agree within the replay "
                 "window"
             )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -70,6 +70,9 @@ class Gate:
             else None
         )
         self.rebinds = 0
+        #: called with (peer, reason) when a request naming a configured peer fails its
+        #: signature check (before the 401 goes out); must not raise or block
+        self.on_auth_refused: Callable[[str, str], None] | None = None
 
     def authenticate(self, request: web.Request, path: str) -> str:
         """The sender of a request: a known peer (or one ``admit_unknown`` admits) whose
@@ -92,6 +95,8 @@ class Gate:
                 421, "misdirected", f"from {who!r}: {exc}", incarnation=exc.incarnation
             ) from None
         except AuthenticationError as exc:
+            if self.on_auth_refused is not None and who in self.peers:
+                self.on_auth_refused(who, str(exc))
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
 
     def check_identity(self, request: web.Request, sender: str) -> None:

@@ -139,6 +139,17 @@ class HttpTransport:
         self._server.admit_frame = value
 
     @property
+    def on_auth_refused(self) -> Callable[[str, str], None] | None:
+        """Called on the event loop with ``(peer, reason)`` each time a request naming a
+        configured peer fails its signature check (it gets 401): the party decides what to
+        tell its user. Must not raise or block."""
+        return self._server.gate.on_auth_refused
+
+    @on_auth_refused.setter
+    def on_auth_refused(self, value: Callable[[str, str], None] | None) -> None:
+        self._server.gate.on_auth_refused = value
+
+    @property
     def incarnation(self) -> str:
         """This process's random identity (what signed requests to it are bound to)."""
         return self._server.incarnation
