@@ -124,51 +124,29 @@ def parse_security(
     error: type[ConfigError] = ConfigError,
 ) -> HttpSecurity:
     """Check the security keys in ``table`` (the ``[section]`` table of the TOML file ``path``;
-    relative file names start at that file's folder). Unknown keys are refused with ``error``
-    (a `ConfigError` subclass: each party kind raises its own)."""
-    base = os.path.dirname(os.path.abspath(path))
-    for key, value in table.items():
-        if key not in SECURITY_KEYS:
-            raise error(
-                f"{path}: unknown key {section}.{key}; accepted keys in [{section}]: "
-                f"{sorted(SECURITY_KEYS)}"
-            )
-        kinds = SECURITY_KEYS[key]
-        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            raise error(
-                f"{path}: {section}.{key} must be {' or '.join(k.__name__ for k in kinds)}, "
-                f"got {value!r}"
-            )
-    tls = {
-        k: existing_file(base, table[k], f"{section}.{k}", path, error=error)
-        if k in table
-        else None
-        for k in ("tls_cert", "tls_key", "tls_ca")
-    }
-    if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
-        raise error(
-            f"{path}: {section}.tls_cert and {section}.tls_key go together; set both or neither"
-        )
-    for key in ("max_frame_bytes", "retry_timeout", "peer_timeout"):
-        if key in table and not table[key] > 0:
-            raise error(f"{path}: {section}.{key} must be > 0, got {table[key]!r}")
-    if "max_clock_skew" in table and table["max_clock_skew"] < 0:
-        raise error(
-            f"{path}: {section}.max_clock_skew must be >= 0 s, got {table['max_clock_skew']}"
-        )
+    relative file names start at that file's folder) as the shared
+    `tandem.parties.config.Security` section. Every error is ``error`` (a `ConfigError`
+    subclass: each party kind raises its own) naming ``section.key``."""
+    from tandem.parties.config import Security, validate
+
+    return security_of(validate(Security, table, path=path, error=error, where=(section,)))
+
+
+def security_of(sec: Any) -> HttpSecurity:
+    """The `HttpSecurity` of a checked `tandem.parties.config.Security` section."""
     return HttpSecurity(
-        secret=read_secret(table, path, base, section=section, error=error),
-        key_id=table.get("key_id"),
-        previous_secret=read_secret(
-            table, path, base, section=section, prefix="previous_", error=error
-        ),
-        previous_key_id=table.get("previous_key_id"),
-        max_clock_skew=float(table.get("max_clock_skew", 5.0)),
-        **tls,
-        max_frame_bytes=table.get("max_frame_bytes", 1 << 31),
-        reject_nonfinite=table.get("reject_nonfinite", True),
-        retry_timeout=float(table.get("retry_timeout", 30.0)),
-        peer_timeout=float(table.get("peer_timeout", 30.0)),
+        secret=sec.secret_bytes,
+        key_id=sec.key_id,
+        previous_secret=sec.previous_secret_bytes,
+        previous_key_id=sec.previous_key_id,
+        max_clock_skew=float(sec.max_clock_skew),
+        tls_cert=sec.tls_cert,
+        tls_key=sec.tls_key,
+        tls_ca=sec.tls_ca,
+        max_frame_bytes=sec.max_frame_bytes,
+        reject_nonfinite=sec.reject_nonfinite,
+        retry_timeout=float(sec.retry_timeout),
+        peer_timeout=float(sec.peer_timeout),
     )
 
 
@@ -220,4 +198,11 @@ def existing_file(
     return full
 
 
-__all__ = ["HttpSecurity", "SECURITY_KEYS", "existing_file", "parse_security", "read_secret"]
+__all__ = [
+    "HttpSecurity",
+    "SECURITY_KEYS",
+    "existing_file",
+    "parse_security",
+    "read_secret",
+    "security_of",
+]
