@@ -156,9 +156,12 @@ def describe(exc: ValidationError, model: type[BaseModel], where: tuple[str, ...
     if kind == "missing":
         return f"required key {key!r} is missing"
     if kind == "literal_error":
-        choices = [c.strip().strip("'\"") for c in str(ctx.get("expected", "")).split(" or ")]
-        choices = [c for part in choices for c in part.split(", ")]
-        return f"{key} must be one of {[c.strip(chr(39)) for c in choices]}, got {value!r}"
+        choices = [
+            c.strip() for c in str(ctx.get("expected", "")).replace(" or ", ", ").split(", ")
+        ]
+        if len(choices) == 2:
+            return f"{key} must be {choices[0]} or {choices[1]}, got {value!r}"
+        return f"{key} must be one of [{', '.join(choices)}], got {value!r}"
     if kind in _KINDS:
         if kind in ("dict_type", "model_type", "model_attributes_type"):
             return f"{key} must be a table ([{key}])"

@@ -247,7 +247,7 @@ class Data(Section):
         """The checked `tandem.parties.data.DataConfig` (paths resolved against ``path``)."""
         from tandem.parties.data import parse_data_config
 
-        return parse_data_config(self.model_dump(exclude_defaults=True), path=path)
+        return parse_data_config(self.model_dump(mode="json", exclude_defaults=True), path=path)
 
 
 def _files(info: ValidationInfo, value: str | None) -> str | None:

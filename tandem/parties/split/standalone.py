@@ -43,12 +43,12 @@ from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes, release_free_memory
 
+from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .checkpoint import CheckpointStore
 from .inference import export_party
 from .negotiate import CTL
 from .observe import party_metrics
 from .party import SplitParty
-from .party_config import PartyConfig, PartyData, models_from_widths, split_config_from
 from .party_trace import DEFAULT_BATCHES, BatchTrace
 from .reporting import Reporter, validation_for
 from .session import Session, connect
@@ -75,9 +75,9 @@ class _State:
         return self.party
 
 
-def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> SplitParty:
+def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> SplitParty:
     """The `SplitParty` of ``cfg.name`` for the agreed ``spec``: its own stages built from its
-    configuration (`PartyConfig.own_models`), the others' as width stand-ins from the spec's
+    configuration (`PartySetup.own_models`), the others' as width stand-ins from the spec's
     stage widths, hyper-parameters from its ``hyper``; blocking (JAX initialisation)."""
     topo = Topology.from_dict(spec.topology)
     features = {p: int(d["features"]) for p, d in spec.datasets.items()}
@@ -113,7 +113,7 @@ def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
 
 
 async def run_party(
-    cfg: PartyConfig,
+    cfg: PartySetup,
     *,
     stop: asyncio.Event | None = None,
     trace_dir: str | None = None,
@@ -547,7 +547,7 @@ def _traffic(session: Session) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _progress(
-    cfg: PartyConfig, total: int, done: int, label: str
+    cfg: PartySetup, total: int, done: int, label: str
 ) -> Iterator[Callable[[float | None], None]]:
     """A rich progress bar on stderr (stdout keeps the JSON line); a no-op when
     ``progress = false``. Yields ``advance(loss)``."""
