@@ -1,8 +1,8 @@
 """How a party authenticates and protects its HTTP transport: the security keys of its TOML.
 
 Split-learning parties read these keys from their ``[security]`` table and federated parties
-from ``[http]``; both go through `parse_security`, so a secret, a TLS file or a limit means the
-same everywhere::
+from ``[http]``; both are the one `tandem.parties.config.Security` section (FL and elastic
+through `parse_security`), so a secret, a TLS file or a limit means the same everywhere::
 
     secret = "..."            # the shared HMAC secret, inline (prefer one of the next two)
     secret_env = "VAR"        # ... read from the environment variable VAR
@@ -18,40 +18,20 @@ same everywhere::
     previous_secret_file = "old"   # a retiring key still accepted (with previous_key_id)
     max_clock_skew = 5.0      # seconds a signed request may be stamped in the future
 
-`HttpSecurity.http_config` turns the checked settings into a
-`tandem.transports.http.HttpConfig`. Every error is a `ConfigError` naming the file, the key
+`security_of` turns a checked section into an `HttpSecurity`, whose `HttpSecurity.ssl_contexts`
+and `HttpSecurity.http_config` build the TLS contexts and a `tandem.transports.http.HttpConfig`.
+Every error is a `ConfigError` naming the file, the key
 and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import ssl
 from collections.abc import Mapping
 from typing import Any
 
 from tandem.errors import ConfigError
-
-#: The security keys and the TOML types each accepts.
-SECURITY_KEYS: dict[str, tuple[type, ...]] = {
-    "secret": (str,),
-    "secret_env": (str,),
-    "secret_file": (str,),
-    "tls_cert": (str,),
-    "tls_key": (str,),
-    "tls_ca": (str,),
-    "max_frame_bytes": (int,),
-    "reject_nonfinite": (bool,),
-    "retry_timeout": (float, int),
-    "peer_timeout": (float, int),
-    "key_id": (str,),
-    "previous_secret": (str,),
-    "previous_secret_env": (str,),
-    "previous_secret_file": (str,),
-    "previous_key_id": (str,),
-    "max_clock_skew": (float, int),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,59 +130,8 @@ def security_of(sec: Any) -> HttpSecurity:
     )
 
 
-def read_secret(
-    table: Mapping[str, Any],
-    path: str,
-    base: str,
-    *,
-    section: str = "security",
-    prefix: str = "",
-    error: type[ConfigError] = ConfigError,
-) -> bytes | None:
-    """The key given by ``{prefix}secret``, ``{prefix}secret_env`` or ``{prefix}secret_file``
-    (at most one), or None when none is set. ``prefix="previous_"`` reads a retiring key."""
-    plain, env, file = f"{prefix}secret", f"{prefix}secret_env", f"{prefix}secret_file"
-    given = [k for k in (plain, env, file) if k in table]
-    if len(given) > 1:
-        raise error(f"{path}: set only one of {[f'{section}.{k}' for k in given]}")
-    if not given:
-        return None
-    if plain in table:
-        value = table[plain]
-    elif env in table:
-        value = os.environ.get(table[env])
-        if value is None:
-            raise error(
-                f"{path}: {section}.{env} names ${table[env]}, "
-                f"which is not set; export it or use {file}"
-            )
-    else:
-        name = existing_file(base, table[file], f"{section}.{file}", path, error=error)
-        with open(name, "rb") as f:
-            value = f.read().strip().decode()
-    if not value:
-        raise error(f"{path}: the shared secret ({section}.{given[0]}) is empty")
-    return value.encode()
-
-
-def existing_file(
-    base: str, value: str, key: str, path: str, *, error: type[ConfigError] = ConfigError
-) -> str:
-    """``value`` resolved against ``base``; refuses a file that does not exist."""
-    full = value if os.path.isabs(value) else os.path.join(base, value)
-    if not os.path.exists(full):
-        raise error(
-            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
-            "(relative paths start at the config file's folder)"
-        )
-    return full
-
-
 __all__ = [
     "HttpSecurity",
-    "SECURITY_KEYS",
-    "existing_file",
     "parse_security",
-    "read_secret",
     "security_of",
 ]

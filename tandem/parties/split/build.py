@@ -53,16 +53,21 @@ class TopologyRef:
     topology_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(init=False, eq=False)
 class PartySetup:
     """One party's checked configuration (``config``) and what it builds, each built once.
 
     Reading an attribute the setup does not define reads the configuration's
     (`tandem.parties.split.config.PartyConfig`): ``name``, ``path``, ``role``, ``peers``,
     ``checkpoint``, ``model``, ``log``, ``wait``, ... ``train`` is the ``[train]`` keys the file
-    states (a dict); ``data`` the `DataConfig` of its source."""
+    states (a dict); ``data`` the `DataConfig` of its source. ``PartySetup(config, **changes)``
+    (and so ``dataclasses.replace(setup, wait=1.0)``) replaces top-level configuration values.
+    """
 
-    def __init__(self, config: PartyConfig) -> None:
-        self.config = config
+    config: PartyConfig
+
+    def __init__(self, config: PartyConfig, **changes: Any) -> None:
+        self.config = config = config.model_copy(update=changes) if changes else config
         self.train: dict[str, Any] = config.train.given()
         d = config.data
         if isinstance(d, Data):

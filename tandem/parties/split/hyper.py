@@ -92,9 +92,12 @@ SPEC_FIELDS = _fields("split", "spec")
 REPORT_FIELDS = _fields("report")
 #: The [train] keys a follower may state: it checks them against the leader's spec.
 FOLLOWER_TRAIN_KEYS = ("compress", "compress_topk")
-#: The spec's ``hyper`` keys every spec holds (the compression's only when not "none").
+#: Spec fields recorded with their declared default when a caller omits them; ``compress_topk``
+#: is recorded with ``compress = "topk"`` alone (`CutCompressor.spec_fields`).
+SPEC_DEFAULTS = {k: Train.model_fields[k].default for k in ("chunks", "compress")}
+#: The spec's ``hyper`` keys a caller must give (the rest of `SPEC_FIELDS` has defaults).
 HYPER_KEYS = (
-    *(k for k in SPEC_FIELDS if k not in ("compress", "compress_topk")),
+    *(k for k in SPEC_FIELDS if k not in (*SPEC_DEFAULTS, "compress_topk")),
     "checkpoint_every",
 )
 
@@ -102,6 +105,7 @@ __all__ = [
     "FOLLOWER_TRAIN_KEYS",
     "HYPER_KEYS",
     "REPORT_FIELDS",
+    "SPEC_DEFAULTS",
     "SPEC_FIELDS",
     "SPLIT_FIELDS",
     "Train",

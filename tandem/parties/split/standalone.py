@@ -52,7 +52,7 @@ from .party import SplitParty
 from .party_trace import DEFAULT_BATCHES, BatchTrace
 from .reporting import Reporter, validation_for
 from .session import Session, connect
-from .spec import TaskSpec
+from .spec import SPEC_VERSION, TaskSpec
 
 T = TypeVar("T")
 
@@ -95,8 +95,18 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
 
 
 def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
-    """Why this party must not resume from ``store``: its checkpoints recorded a data
-    fingerprint other than ``data``'s (the training rows or preprocessing changed)."""
+    """Why this party must not resume from ``store``: its checkpoints were saved under another
+    task-spec version, or recorded a data fingerprint other than ``data``'s (the training rows
+    or preprocessing changed)."""
+    older = {s: v for s, v in store.spec_versions().items() if v != SPEC_VERSION}
+    if older:
+        step = max(older)
+        return [
+            f"{store.party!r}: checkpoint {step} in {store.directory!r} was saved for a version "
+            f"{older[step]} task spec (this Tandem negotiates version {SPEC_VERSION}), so it "
+            "cannot be resumed. Start over with `tandem party --config <file> --fresh` on every "
+            "party (it deletes these checkpoints)"
+        ]
     if data.fingerprint is None:
         return []
     other = {s: f for s, f in store.fingerprints().items() if f and f != data.fingerprint}
