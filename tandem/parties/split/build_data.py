@@ -8,16 +8,13 @@ a numeric .csv) is read here. Errors are `PartyConfigError` naming the key and t
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tandem.engine.data import RowSource
 
 from .config import PartyConfigError
-
-if TYPE_CHECKING:
-    from .build import PartySetup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,13 +60,14 @@ class PartyData:
         return {k: v for k, v in parts if v is not None}
 
 
-def load_data(cfg: PartySetup) -> PartyData:
-    """Read this party's data (labels too when it owns the loss stage), aligned if
+def load_data(cfg: Any) -> PartyData:
+    """Read the data of the party ``cfg`` (a `tandem.parties.split.build.PartySetup`; labels
+    too when it owns the loss stage), aligned if
     ``data.aligned`` is set. Raises `PartyConfigError` naming the file and the fix."""
     return _load_data(cfg)
 
 
-def _load_data(cfg: PartySetup) -> PartyData:
+def _load_data(cfg: Any) -> PartyData:
     d = cfg.data
     topo = cfg.topology()
     owner = topo.label_owner == cfg.name
