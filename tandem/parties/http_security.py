@@ -1,8 +1,8 @@
 """How a party authenticates and protects its HTTP transport: the security keys of its TOML.
 
 Split-learning parties read these keys from their ``[security]`` table and federated parties
-from ``[http]``; both go through `parse_security`, so a secret, a TLS file or a limit means the
-same everywhere::
+from ``[http]``; both are the one `tandem.parties.config.Security` section (FL and elastic
+through `parse_security`), so a secret, a TLS file or a limit means the same everywhere::
 
     secret = "..."            # the shared HMAC secret, inline (prefer one of the next two)
     secret_env = "VAR"        # ... read from the environment variable VAR
@@ -18,40 +18,20 @@ same everywhere::
     previous_secret_file = "old"   # a retiring key still accepted (with previous_key_id)
     max_clock_skew = 5.0      # seconds a signed request may be stamped in the future
 
-`HttpSecurity.http_config` turns the checked settings into a
-`tandem.transports.http.HttpConfig`. Every error is a `ConfigError` naming the file, the key
+`security_of` turns a checked section into an `HttpSecurity`, whose `HttpSecurity.ssl_contexts`
+and `HttpSecurity.http_config` build the TLS contexts and a `tandem.transports.http.HttpConfig`.
+Every error is a `ConfigError` naming the file, the key
 and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import ssl
 from collections.abc import Mapping
 from typing import Any
 
 from tandem.errors import ConfigError
-
-#: The security keys and the TOML types each accepts.
-SECURITY_KEYS: dict[str, tuple[type, ...]] = {
-    "secret": (str,),
-    "secret_env": (str,),
-    "secret_file": (str,),
-    "tls_cert": (str,),
-    "tls_key": (str,),
-    "tls_ca": (str,),
-    "max_frame_bytes": (int,),
-    "reject_nonfinite": (bool,),
-    "retry_timeout": (float, int),
-    "peer_timeout": (float, int),
-    "key_id": (str,),
-    "previous_secret": (str,),
-    "previous_secret_env": (str,),
-    "previous_secret_file": (str,),
-    "previous_key_id": (str,),
-    "max_clock_skew": (float, int),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,100 +109,34 @@ def parse_security(
     error: type[ConfigError] = ConfigError,
 ) -> HttpSecurity:
     """Check the security keys in ``table`` (the ``[section]`` table of the TOML file ``path``;
-    relative file names start at that file's folder). Unknown keys are refused with ``error``
-    (a `ConfigError` subclass: each party kind raises its own)."""
-    base = os.path.dirname(os.path.abspath(path))
-    for key, value in table.items():
-        if key not in SECURITY_KEYS:
-            raise error(
-                f"{path}: unknown key {section}.{key}; accepted keys in [{section}]: "
-                f"{sorted(SECURITY_KEYS)}"
-            )
-        kinds = SECURITY_KEYS[key]
-        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            raise error(
-                f"{path}: {section}.{key} must be {' or '.join(k.__name__ for k in kinds)}, "
-                f"got {value!r}"
-            )
-    tls = {
-        k: existing_file(base, table[k], f"{section}.{k}", path, error=error)
-        if k in table
-        else None
-        for k in ("tls_cert", "tls_key", "tls_ca")
-    }
-    if bool(tls["tls_cert"]) != bool(tls["tls_key"]):
-        raise error(
-            f"{path}: {section}.tls_cert and {section}.tls_key go together; set both or neither"
-        )
-    for key in ("max_frame_bytes", "retry_timeout", "peer_timeout"):
-        if key in table and not table[key] > 0:
-            raise error(f"{path}: {section}.{key} must be > 0, got {table[key]!r}")
-    if "max_clock_skew" in table and table["max_clock_skew"] < 0:
-        raise error(
-            f"{path}: {section}.max_clock_skew must be >= 0 s, got {table['max_clock_skew']}"
-        )
+    relative file names start at that file's folder) as the shared
+    `tandem.parties.config.Security` section. Every error is ``error`` (a `ConfigError`
+    subclass: each party kind raises its own) naming ``section.key``."""
+    from tandem.parties.config import Security, validate
+
+    return security_of(validate(Security, table, path=path, error=error, where=(section,)))
+
+
+def security_of(sec: Any) -> HttpSecurity:
+    """The `HttpSecurity` of a checked `tandem.parties.config.Security` section."""
     return HttpSecurity(
-        secret=read_secret(table, path, base, section=section, error=error),
-        key_id=table.get("key_id"),
-        previous_secret=read_secret(
-            table, path, base, section=section, prefix="previous_", error=error
-        ),
-        previous_key_id=table.get("previous_key_id"),
-        max_clock_skew=float(table.get("max_clock_skew", 5.0)),
-        **tls,
-        max_frame_bytes=table.get("max_frame_bytes", 1 << 31),
-        reject_nonfinite=table.get("reject_nonfinite", True),
-        retry_timeout=float(table.get("retry_timeout", 30.0)),
-        peer_timeout=float(table.get("peer_timeout", 30.0)),
+        secret=sec.secret_bytes,
+        key_id=sec.key_id,
+        previous_secret=sec.previous_secret_bytes,
+        previous_key_id=sec.previous_key_id,
+        max_clock_skew=float(sec.max_clock_skew),
+        tls_cert=sec.tls_cert,
+        tls_key=sec.tls_key,
+        tls_ca=sec.tls_ca,
+        max_frame_bytes=sec.max_frame_bytes,
+        reject_nonfinite=sec.reject_nonfinite,
+        retry_timeout=float(sec.retry_timeout),
+        peer_timeout=float(sec.peer_timeout),
     )
 
 
-def read_secret(
-    table: Mapping[str, Any],
-    path: str,
-    base: str,
-    *,
-    section: str = "security",
-    prefix: str = "",
-    error: type[ConfigError] = ConfigError,
-) -> bytes | None:
-    """The key given by ``{prefix}secret``, ``{prefix}secret_env`` or ``{prefix}secret_file``
-    (at most one), or None when none is set. ``prefix="previous_"`` reads a retiring key."""
-    plain, env, file = f"{prefix}secret", f"{prefix}secret_env", f"{prefix}secret_file"
-    given = [k for k in (plain, env, file) if k in table]
-    if len(given) > 1:
-        raise error(f"{path}: set only one of {[f'{section}.{k}' for k in given]}")
-    if not given:
-        return None
-    if plain in table:
-        value = table[plain]
-    elif env in table:
-        value = os.environ.get(table[env])
-        if value is None:
-            raise error(
-                f"{path}: {section}.{env} names ${table[env]}, "
-                f"which is not set; export it or use {file}"
-            )
-    else:
-        name = existing_file(base, table[file], f"{section}.{file}", path, error=error)
-        with open(name, "rb") as f:
-            value = f.read().strip().decode()
-    if not value:
-        raise error(f"{path}: the shared secret ({section}.{given[0]}) is empty")
-    return value.encode()
-
-
-def existing_file(
-    base: str, value: str, key: str, path: str, *, error: type[ConfigError] = ConfigError
-) -> str:
-    """``value`` resolved against ``base``; refuses a file that does not exist."""
-    full = value if os.path.isabs(value) else os.path.join(base, value)
-    if not os.path.exists(full):
-        raise error(
-            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
-            "(relative paths start at the config file's folder)"
-        )
-    return full
-
-
-__all__ = ["HttpSecurity", "SECURITY_KEYS", "existing_file", "parse_security", "read_secret"]
+__all__ = [
+    "HttpSecurity",
+    "parse_security",
+    "security_of",
+]

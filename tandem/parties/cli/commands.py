@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "tandem.parties.elastic.cli",
     "tandem.parties.fl.cli",
     "tandem.parties.alignment.cli",
+    "tandem.parties.cli.config_cmd",
 ]
 
 

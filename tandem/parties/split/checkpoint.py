@@ -50,6 +50,8 @@ from safetensors import safe_open
 from tandem.errors import EngineError
 from tandem.parties.files import fsync_dir, write_atomic
 
+from .spec import SPEC_VERSION
+
 FORMAT = "tandem-checkpoint"
 VERSION = 1
 _META = "tandem"
@@ -157,6 +159,11 @@ class CheckpointStore:
             out[step] = None if value is None else str(value)
         return out
 
+    def spec_versions(self) -> dict[int, int]:
+        """``{step: task-spec version}`` of this party's readable checkpoints (1 where the
+        checkpoint predates the field: its spec hashed under version 1)."""
+        return {step: int(meta.get("spec_version", 1)) for step, meta in self._own_metas()}
+
     def discard_after(self, step: int) -> list[int]:
         """Delete the checkpoints newer than ``step`` (after the parties agreed to resume from
         ``step``, a newer checkpoint of this party belongs to a trajectory that is being
@@ -252,6 +259,7 @@ class CheckpointStore:
             "extra": dict(extra or {}),
             "fingerprint": fingerprint,
             "finished": bool(finished),
+            "spec_version": SPEC_VERSION,
             "structure": structure,
         }
         blob = safetensors.numpy.save(tensors, metadata={_META: json.dumps(desc, sort_keys=True)})
@@ -303,7 +311,8 @@ class CheckpointStore:
         if spec_hash is not None and desc.get("spec_hash") != spec_hash:
             raise CheckpointError(
                 f"{path!r} was saved for task spec {desc.get('spec_hash')!r:.16}"
-                f" but the agreed spec is {spec_hash!r:.16}"
+                f" but the agreed spec is {spec_hash!r:.16}; start over with `tandem party "
+                "--config <file> --fresh` on every party, or restore that job's configuration"
             )
         finished = desc.get("finished") is True
         groups = [("p", "params", params_like), ("o", "opt_state", opt_state_like)]

@@ -74,8 +74,8 @@ async def party_command(args) -> int:
     ``{"status": "error", "reason", "exit_code", "party"}`` (stdout keeps results only)."""
     from tandem.errors import ConfigError, TandemError
 
+    from .build import load_party_config
     from .cli_report import report_error, report_error_json
-    from .party_config import load_party_config
     from .party_trace import DEFAULT_BATCHES, BatchTrace
     from .standalone import run_party
 

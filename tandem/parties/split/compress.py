@@ -244,10 +244,8 @@ class CutCompressor:
 
     # -- the task spec -------------------------------------------------------------------------
     def spec_fields(self) -> dict[str, Any]:
-        """What a task spec's ``hyper`` records: nothing for ``"none"`` (specs hash as before),
-        the kind, and the fraction for ``"topk"``."""
-        if self.exact:
-            return {}
+        """What a task spec's ``hyper`` records: the kind, and the fraction for ``"topk"``
+        (the only kind it applies to)."""
         return {
             "compress": self.kind,
             **({"compress_topk": self.fraction} if self.kind == "topk" else {}),

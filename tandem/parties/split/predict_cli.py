@@ -132,7 +132,7 @@ async def predict_command(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `predict_command` does but printing; returns the summary."""
     from . import inference
-    from .party_config import PartyData, load_party_config
+    from .build import PartyData, load_party_config
     from .session import connected
 
     cfg = await asyncio.to_thread(load_party_config, args.config)

@@ -2,8 +2,8 @@
 
 `connect(cfg)` does, in order (docs/parties.md#negotiation):
 
-1. load this party's data (`PartyConfig.load_data`, in a thread) unless given;
-2. start its transport (`PartyConfig.transport`, built by `tandem.transports.make_transport`
+1. load this party's data (`PartySetup.load_data`, in a thread) unless given;
+2. start its transport (`PartySetup.transport`, built by `tandem.transports.make_transport`
    from the peers' URL scheme) on ``[listen]``;
 3. wait until the transport reaches every peer (`PeerWaitingTransport`; over HTTP, each
    answers ``GET /healthz``), bounded by the config's ``wait``;
@@ -54,8 +54,9 @@ from tandem.transports.base import (
 
 from . import negotiate, notice
 from .admission import NegotiationAdmission, negotiation_streams
+from .build import PartyData, PartySetup
 from .compress import mismatch_reasons
-from .party_config import PartyConfig, PartyConfigError, PartyData
+from .config import PartyConfigError
 from .spec import TaskSpec, build_spec, cut_of
 
 
@@ -78,7 +79,7 @@ class Session:
         export it, train nothing (`tandem.parties.split.negotiate.Agreement`).
     """
 
-    config: PartyConfig
+    config: PartySetup
     transport: Any
     data: PartyData
     spec: TaskSpec
@@ -88,10 +89,10 @@ class Session:
 
 
 def leader_spec(
-    cfg: PartyConfig, data: PartyData, described: Mapping[str, Mapping[str, Any]] | None = None
+    cfg: PartySetup, data: PartyData, described: Mapping[str, Mapping[str, Any]] | None = None
 ) -> TaskSpec:
     """The training task spec the leader proposes: every feature party's column count
-    (``[schema]``, else what it ``described``), the stage widths (`PartyConfig.stage_widths`,
+    (``[schema]``, else what it ``described``), the stage widths (`PartySetup.stage_widths`,
     with the shape and dtype of each follower stage's output as its owner ``described`` it),
     ``[train]`` hyper-parameters (+ ``checkpoint.every``), the security settings, the
     alignment, the sizes of the test and validation splits, the ``[data.split]`` and every
@@ -99,7 +100,7 @@ def leader_spec(
 
     Raises `PartyConfigError` when a feature count is unknown, a follower described a cut
     that is malformed or of a stage it does not own, or one of this party's stages cannot
-    read a cut it is given (`PartyConfig.check_cut_inputs`)."""
+    read a cut it is given (`PartySetup.check_cut_inputs`)."""
     if data.samples is None:
         raise PartyConfigError(f"{cfg.path}: the leader holds no training rows")
     described = described or {}
@@ -133,10 +134,10 @@ def leader_spec(
     )
 
 
-def describe_data(data: PartyData, cfg: PartyConfig | None = None) -> dict[str, Any]:
+def describe_data(data: PartyData, cfg: PartySetup | None = None) -> dict[str, Any]:
     """What a follower tells the leader before the proposal (JSON): its feature count, data
     fingerprint and, given its ``cfg``, ``cuts``: the shape after the rows and the dtype of
-    each of its stages' outputs (`PartyConfig.own_cuts`), so the leader's spec carries a cut
+    each of its stages' outputs (`PartySetup.own_cuts`), so the leader's spec carries a cut
     its own configuration cannot describe (e.g. a factory model's bfloat16 [rows, 4, 8])."""
     out: dict[str, Any] = {"features": data.features, "fingerprint": data.fingerprint}
     if cfg is not None:
@@ -145,7 +146,7 @@ def describe_data(data: PartyData, cfg: PartyConfig | None = None) -> dict[str, 
 
 
 def described_cuts(
-    cfg: PartyConfig, described: Mapping[str, Mapping[str, Any]]
+    cfg: PartySetup, described: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, dict[str, Any]]:
     """``{stage: {"shape", "dtype"}}`` from every follower's description (`describe_data`),
     checked: each stage is the describing party's own, its shape positive sizes, its dtype a
@@ -190,7 +191,7 @@ def _sizes(value: Any) -> list[int] | None:
 
 
 def follower_check(
-    cfg: PartyConfig, data: PartyData, refusals: Sequence[str] = ()
+    cfg: PartySetup, data: PartyData, refusals: Sequence[str] = ()
 ) -> Callable[[TaskSpec], list[str]]:
     """``check(spec) -> reasons`` of a follower: ``refusals`` (its own reasons not to start),
     then `TaskSpec.check_local` against its data, its own stages' widths and cuts (each
@@ -260,7 +261,7 @@ def follower_check(
     return check
 
 
-async def wait_for_peers(cfg: PartyConfig, transport: Transport) -> None:
+async def wait_for_peers(cfg: PartySetup, transport: Transport) -> None:
     """Wait (up to ``cfg.wait`` s) until the started ``transport`` reaches every peer, where
     it can tell (`PeerWaitingTransport`; otherwise the negotiation's own bound applies);
     `PartyStartError` naming the silent ones."""
@@ -273,7 +274,7 @@ async def wait_for_peers(cfg: PartyConfig, transport: Transport) -> None:
 
 
 async def connect(
-    cfg: PartyConfig,
+    cfg: PartySetup,
     *,
     data: PartyData | None = None,
     spec: TaskSpec | None = None,
@@ -286,7 +287,7 @@ async def connect(
     """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
 
     Args:
-      data: this party's data (default: `PartyConfig.load_data`, in a thread).
+      data: this party's data (default: `PartySetup.load_data`, in a thread).
       spec: leader only, the spec to propose (default `leader_spec`).
       check: follower only, the acceptance check (default `follower_check`).
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
@@ -348,7 +349,7 @@ async def connect(
 
 
 async def _agree(
-    cfg: PartyConfig,
+    cfg: PartySetup,
     transport: Any,
     data: PartyData,
     held: dict[int, str],
@@ -416,7 +417,7 @@ async def _agree(
 
 
 async def _training_spec(
-    cfg: PartyConfig,
+    cfg: PartySetup,
     data: PartyData,
     transport: Any,
     followers: list[str],
@@ -445,7 +446,7 @@ async def _training_spec(
 
 
 @contextlib.asynccontextmanager
-async def connected(cfg: PartyConfig, **kwargs: Any) -> AsyncIterator[Session]:
+async def connected(cfg: PartySetup, **kwargs: Any) -> AsyncIterator[Session]:
     """`connect`, closing the transport (goodbye to the peers) when the block exits."""
     session = await connect(cfg, **kwargs)
     try:

@@ -53,24 +53,13 @@ from tandem.engine.topology import CUT_DTYPES, FEATURES, Topology
 from tandem.errors import ConfigError
 
 from .compress import from_hyper
+from .hyper import HYPER_KEYS, SPEC_DEFAULTS
 
 SPEC_FORMAT = "tandem-task-spec"
-SPEC_VERSION = 1
+#: 2: every field `tandem.parties.split.hyper` marks for the spec is recorded, with its
+#: declared default when not given (version 1 left out chunks = 1 and compress = "none").
+SPEC_VERSION = 2
 
-HYPER_KEYS = (
-    "batch_size",
-    "eval_batch_size",
-    "groups",
-    "learning_rate",
-    "optimizer",
-    "loss",
-    "epochs",
-    "seed",
-    "threshold",
-    "capacity",
-    "policy",
-    "checkpoint_every",
-)
 SECURITY_KEYS = ("auth", "tls", "max_frame_bytes", "reject_nonfinite")
 
 
@@ -328,7 +317,7 @@ def build_spec(
         for every stage of ``topology``, optionally with ``"out_shape"`` (shape after the
         rows, ``prod == out_dim``) and ``"out_dtype"`` (a cut dtype) of its output.
       test_samples: rows of the test split the leader will evaluate on (recorded as
-        ``hyper["test_samples"]`` only when given, so specs without it hash as before).
+        ``hyper["test_samples"]`` only when given).
       validation_samples, split, fingerprints: recorded in ``hyper`` when not 0 / None.
     Raises `SpecError` naming what is missing or inconsistent.
     """
@@ -390,10 +379,8 @@ def build_spec(
         edges=edges,
         hyper={
             **{k: hyper[k] for k in HYPER_KEYS},
+            **{k: hyper.get(k, default) for k, default in SPEC_DEFAULTS.items()},
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
-            # recorded only when not 1, so specs without chunks hash as before
-            **({} if int(hyper.get("chunks", 1)) == 1 else {"chunks": int(hyper["chunks"])}),
-            # cut compression: recorded only when not "none", so exact specs hash as before
             **from_hyper(hyper).spec_fields(),
             **({"validation_samples": int(validation_samples)} if validation_samples else {}),
             **({} if split is None else {"split": dict(split)}),

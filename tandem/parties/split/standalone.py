@@ -50,17 +50,17 @@ from tandem.parties.memory import peak_rss_bytes, release_free_memory
 from tandem.transports.base import MetricsTransport
 
 from . import notice
+from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .checkpoint import CheckpointError, CheckpointStore
 from .graceful import leaf, until, with_grace
 from .inference import export_party
 from .negotiate import CTL
 from .observe import party_metrics
 from .party import SplitParty
-from .party_config import PartyConfig, PartyData, models_from_widths, split_config_from
 from .party_trace import DEFAULT_BATCHES, BatchTrace
 from .reporting import Reporter, validation_for
 from .session import Session, connect
-from .spec import TaskSpec
+from .spec import SPEC_VERSION, TaskSpec
 
 
 @dataclasses.dataclass
@@ -83,9 +83,9 @@ class _State:
         return self.party
 
 
-def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> SplitParty:
+def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> SplitParty:
     """The `SplitParty` of ``cfg.name`` for the agreed ``spec``: its own stages built from its
-    configuration (`PartyConfig.own_models`), the others' as width stand-ins from the spec's
+    configuration (`PartySetup.own_models`), the others' as width stand-ins from the spec's
     stage widths, hyper-parameters from its ``hyper``; blocking (JAX initialisation)."""
     topo = Topology.from_dict(spec.topology)
     features = {p: int(d["features"]) for p, d in spec.datasets.items()}
@@ -103,8 +103,18 @@ def make_party(spec: TaskSpec, cfg: PartyConfig, data: PartyData, transport) -> 
 
 
 def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
-    """Why this party must not resume from ``store``: its checkpoints recorded a data
-    fingerprint other than ``data``'s (the training rows or preprocessing changed)."""
+    """Why this party must not resume from ``store``: its checkpoints were saved under another
+    task-spec version, or recorded a data fingerprint other than ``data``'s (the training rows
+    or preprocessing changed)."""
+    older = {s: v for s, v in store.spec_versions().items() if v != SPEC_VERSION}
+    if older:
+        step = max(older)
+        return [
+            f"{store.party!r}: checkpoint {step} in {store.directory!r} was saved for a version "
+            f"{older[step]} task spec (this Tandem negotiates version {SPEC_VERSION}), so it "
+            "cannot be resumed. Start over with `tandem party --config <file> --fresh` on every "
+            "party (it deletes these checkpoints)"
+        ]
     if data.fingerprint is None:
         return []
     other = {s: f for s, f in store.fingerprints().items() if f and f != data.fingerprint}
@@ -121,7 +131,7 @@ def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
 
 
 async def run_party(
-    cfg: PartyConfig,
+    cfg: PartySetup,
     *,
     stop: asyncio.Event | None = None,
     trace_dir: str | None = None,
@@ -549,7 +559,7 @@ def _traffic(session: Session) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _progress(
-    cfg: PartyConfig, total: int, done: int, label: str
+    cfg: PartySetup, total: int, done: int, label: str
 ) -> Iterator[Callable[[float | None], None]]:
     """A rich progress bar on stderr (stdout keeps the JSON line); a no-op when
     ``progress = false``. Yields ``advance(loss)``."""

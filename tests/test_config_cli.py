@@ -1,0 +1,119 @@
+"""Typed configuration: `tandem config schema ROLE` describes every party TOML under
+examples/, `tandem config check F.toml` validates a file without starting anything, errors
+name ``section.key``, and the split hyper-parameters come from one declaration."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from pathlib import Path
+
+from tandem.parties.cli import main
+from tandem.parties.config import validate
+from tandem.parties.split.config import PartyConfig, PartyConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTY_FILES = sorted(
+    p for p in ROOT.glob("examples/**/*.toml") if "role" in tomllib.loads(p.read_text())
+)
+
+
+def _schema(capsys, role: str) -> dict:
+    assert main(["config", "schema", role]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def _keys_fit(table: dict, schema: dict, defs: dict, where: str) -> None:
+    """Every key of ``table`` is a property of ``schema`` (recursively through sections)."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    options = [o for o in schema.get("anyOf", []) if "$ref" in o or "properties" in o]
+    if options:  # a union of sections: the table fits one of them
+        failures = []
+        for option in options:
+            try:
+                return _keys_fit(table, option, defs, where)
+            except AssertionError as exc:
+                failures.append(str(exc))
+        raise AssertionError(f"{where}: fits no option: {failures}")
+    props = schema.get("properties", {})
+    for key, value in table.items():
+        if schema.get("additionalProperties") is False:
+            assert key in props, f"{where}{key} is not in the schema"
+        if isinstance(value, dict) and key in props:
+            _keys_fit(value, props[key], defs, f"{where}{key}.")
+
+
+def test_the_party_schema_describes_every_example(capsys, monkeypatch):
+    assert len(PARTY_FILES) >= 4, PARTY_FILES
+    monkeypatch.setenv("TANDEM_SECRET", "s3cret")
+    schema = _schema(capsys, "party")
+    assert schema["title"] == "tandem party TOML" and schema["type"] == "object"
+    shared = ("listen", "peers", "security", "identities", "http", "data", "model", "log")
+    assert {"role", "name", "train", "checkpoint", "schema", *shared} <= set(schema["properties"])
+    assert set(schema["required"]) == {"role", "name", "data"}
+    assert _schema(capsys, "predict")["properties"] == schema["properties"]
+    for path in PARTY_FILES:
+        raw = tomllib.loads(path.read_text())
+        _keys_fit(raw, schema, schema["$defs"], "")
+        cfg = validate(PartyConfig, raw, path=str(path), error=PartyConfigError)
+        assert cfg.name == raw["name"]
+
+
+def test_check_validates_without_starting_and_names_the_key(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("TANDEM_SECRET", "s3cret")
+    good = ROOT / "examples" / "split" / "leader.toml"
+    assert main(["config", "check", str(good)]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "ok"
+    text = good.read_text()
+    cases = [
+        ("[listen]", '[listen]\nhots = "x"', "unknown key listen.hots; accepted keys in [listen]"),
+        ("[listen]", "[listen]\nport = true\n[link]\nlatency = -1", "listen.port must be int"),
+        ('role = "leader"', 'role = "boss"', "role must be 'leader' or 'follower', got 'boss'"),
+        ("[security]", '[security]\ntls_cert = "no.pem"', "security.tls_cert = 'no.pem'"),
+    ]
+    for old, new, message in cases:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(text.replace(old, new, 1))
+        assert main(["config", "check", str(bad)]) == 2
+        captured = capsys.readouterr()
+        assert message in captured.err and str(bad) in captured.err, captured.err
+        assert captured.out == ""
+
+
+def test_split_hyper_parameters_have_one_declaration():
+    from tandem.parties.split.hyper import SPEC_FIELDS, SPLIT_FIELDS, Train
+    from tandem.parties.split.party import SplitConfig
+    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.session import leader_spec
+
+    fields = {f.name: f.default for f in dataclasses.fields(SplitConfig)}
+    assert tuple(fields) == SPLIT_FIELDS
+    assert fields == {k: Train.model_fields[k].default for k in SPLIT_FIELDS}
+    cfg = load_party_config(ROOT / "examples" / "split" / "leader.toml")
+    hyper = cfg.hyper()
+    assert set(SPEC_FIELDS) - {"compress_topk"} <= set(hyper)
+    spec = leader_spec(cfg, cfg.load_data(), {"follower": {"features": 13}})
+    assert spec.to_dict()["version"] == 2
+    assert {"chunks", "compress"} <= set(spec.hyper)  # recorded always, no "as before"
+
+
+def test_a_checkpoint_of_an_older_spec_version_is_refused_naming_fresh(tmp_path, monkeypatch):
+    import numpy as np
+
+    from tandem.parties.split import checkpoint
+    from tandem.parties.split.build_data import PartyData
+    from tandem.parties.split.checkpoint import CheckpointStore
+    from tandem.parties.split.standalone import stale_checkpoints
+
+    store = CheckpointStore(tmp_path / "ck", party="leader")
+    data = PartyData(np.zeros((2, 1), np.float32), fingerprint="f")
+    params = {"top": {"w": np.zeros(2, np.float32)}}
+    save = dict(params=params, opt_state=params, spec_hash="h", cursor={}, fingerprint="f")
+    store.save(1, **save)
+    assert stale_checkpoints(store, data) == []  # this version's checkpoint resumes
+    monkeypatch.setattr(checkpoint, "SPEC_VERSION", 1)
+    store.save(2, **save)
+    (reason,) = stale_checkpoints(store, data)
+    assert "version 1 task spec" in reason and "--fresh" in reason
