@@ -97,8 +97,13 @@ async def tell_peers(
     return told
 
 
+#: the ``field`` of the refusal a stopping party answers every frame with, while it sends its
+#: abort notice: a peer that meets it waits a moment for the notice (`PeerWatch.guard`)
+STOPPING = "stopping"
+
+
 def _refuse_all(sender: str, channel: str) -> None:
-    raise AdmissionError("this party is stopping; it takes nothing", field="channel")
+    raise AdmissionError("this party is stopping; it takes nothing", field=STOPPING)
 
 
 async def tell_from_config(cfg: Any, reason: str, *, timeout: float = SEND_SECONDS) -> None:
@@ -173,13 +178,24 @@ class PeerWatch:
         secret found to differ (`AuthenticationError`) cancels it and is raised instead."""
         try:
             async with asyncio.TaskGroup() as tg:
-                main = tg.create_task(work)
+                main = tg.create_task(self._notice_first(work))
                 watcher = tg.create_task(self._watch())
                 await asyncio.wait({main})
                 watcher.cancel()
         except ExceptionGroup as group:
             raise _lone(group) from None
         return main.result()
+
+    async def _notice_first(self, work: Coroutine[Any, Any, T]) -> T:
+        """``work``; when a peer refuses it because that peer is stopping, its abort notice
+        (which says why) is on its way: wait up to `SEND_SECONDS` for the watcher to raise
+        it, and raise the refusal only if it does not come."""
+        try:
+            return await work
+        except AdmissionError as exc:
+            if exc.field == STOPPING:
+                await asyncio.sleep(SEND_SECONDS)
+            raise
 
     async def _watch(self) -> None:
         """Runs until cancelled, or until a notice or a probe raises."""
