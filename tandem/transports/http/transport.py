@@ -83,6 +83,12 @@ class HttpTransport:
         return self._cfg.send_window
 
     @property
+    def metrics_url(self) -> str | None:
+        """Base URL of the separate ``metrics_listen`` listener (None without one)."""
+        port = self._server.metrics_port
+        return None if port is None else f"http://{self._cfg.metrics_address()[0]}:{port}"
+
+    @property
     def url(self) -> str:
         """Base URL this transport serves on (valid after `start`; with ``port=0`` it names
         the port the system picked)."""
