@@ -167,8 +167,9 @@ async def test_metrics_refuse_strangers_and_answer_token_and_peers(http_pair):
         assert (status, text) == (401, ""), headers
     status, text = await get(b.url, {"Authorization": "Bearer tok"})
     assert status == 200 and 'peer="a"' in text
-    signed = auth.sign(b"s3cret", "GET", "/metrics", {"X-Tandem-Sender": "a"}, auth.EMPTY_SHA,
-                       receiver="b")
+    signed = auth.sign(
+        b"s3cret", "GET", "/metrics", {"X-Tandem-Sender": "a"}, auth.EMPTY_SHA, receiver="b"
+    )
     status, text = await get(b.url, signed)
     assert status == 200 and 'peer="a"' in text
 

@@ -25,16 +25,16 @@ Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current on
 previous one during a rotation; with per-party keys, every key of every roster member) and
 picks the one the request names.
 
-The verifier refuses a request, in this order, when a header is missing, the key id is
-unknown, the MAC differs (constant-time compare) or the signature does not verify, the key
-belongs to another roster member than the claimed sender (`keys.IdentityError`), the request is addressed to another
-receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's clock or
-more than ``window`` seconds behind it, it is bound to another incarnation
+The verifier refuses a request, in this order, when a header is missing, the key id is unknown,
+the MAC differs (constant-time compare) or the signature does not verify, the key belongs to
+another roster member than the claimed sender (`IdentityError`), the request is addressed to
+another receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's
+clock or more than ``window`` seconds behind it, it is bound to another incarnation
 (`MisdirectedError`), or its nonce was already seen. Nonces are remembered per sender, at most
 ``max_nonces`` each: when a sender's memory is full its oldest nonce is forgotten and that
-sender's floor rises to the forgotten timestamp (anything of that sender not newer is
-refused), so a forgotten nonce can never be replayed, and a sender flooding its own memory
-locks out no one but itself.
+sender's floor rises to the forgotten timestamp (anything of that sender not newer is refused),
+so a forgotten nonce can never be replayed, and a sender flooding its own memory locks out no
+one but itself.
 
 Invariant (per sender ``s``): every nonce of ``s`` with timestamp > ``floor(s)`` that was
 accepted is in ``s``'s memory.
@@ -112,9 +112,7 @@ def body_digest(parts) -> str:
     return h.hexdigest()
 
 
-def _canonical(
-    method: str, path: str, headers: Mapping[str, str], version: str = VERSION
-) -> bytes:
+def _canonical(method: str, path: str, headers: Mapping[str, str], version: str = VERSION) -> bytes:
     fields = [
         version,
         headers.get(KEY_ID, ""),
@@ -151,7 +149,9 @@ def sign(
     shared secret, or this party's `keys.SigningKey` (then ``key_id`` is the key's own)."""
     if not isinstance(secret, bytes):
         key_id = secret.key_id
-    headers[KEY_ID] = key_id_of(secret) if key_id is None else key_id
+    elif key_id is None:
+        key_id = key_id_of(secret)
+    headers[KEY_ID] = key_id
     headers[RECEIVER] = receiver
     headers[TO] = to
     headers[TIMESTAMP] = f"{clock():.6f}"

@@ -67,7 +67,9 @@ class SigningKey:
                 "generate NAME`"
             ) from None
         if not isinstance(key, Ed25519PrivateKey):
-            raise ConfigError(f"{where} is not an Ed25519 key; make one with `tandem keys generate`")
+            raise ConfigError(
+                f"{where} is not an Ed25519 key; make one with `tandem keys generate`"
+            )
         return cls(key)
 
     @classmethod
@@ -160,7 +162,9 @@ def generate(name: str, folder: str | os.PathLike[str] = ".") -> tuple[Path, Pat
     key_path, pub_path = out / f"{name}.key", out / f"{name}.pub"
     for p in (key_path, pub_path):
         if p.exists():
-            raise ConfigError(f"{p} exists; remove it or choose another name (keys are never overwritten)")
+            raise ConfigError(
+                f"{p} exists; remove it or choose another name (keys are never overwritten)"
+            )
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
         serialization.Encoding.PEM,
