@@ -51,6 +51,8 @@ def toml(table: dict[str, Any]) -> str:
             return json.dumps(v)
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
         return repr(v)
 
     top = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
