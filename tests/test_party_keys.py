@@ -183,3 +183,60 @@ async def test_metrics_on_their_own_listener_are_not_on_the_main_one(http_pair):
     assert (status, text) == (404, "")
     status, text = await get(b.metrics_url)
     assert status == 200 and 'peer="a"' in text
+
+
+# -- configuration and the command line -------------------------------------------------------
+
+
+def test_tandem_keys_generate_writes_the_pair_and_prints_one_json_line(tmp_path, capsys):
+    import json
+
+    from tandem.parties.cli.commands import main
+
+    assert main(["keys", "generate", "leader", "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["private_key"].endswith("leader.key") and out["public_key"].endswith("leader.pub")
+    assert out["key_id"] == SigningKey.from_file(tmp_path / "leader.key").key_id
+    assert main(["keys", "generate", "leader", "--out", str(tmp_path)]) == 2
+    assert "exists" in capsys.readouterr().err
+
+
+def test_security_section_builds_keys_and_names_its_mistakes(tmp_path, monkeypatch):
+    from tandem.parties.http_security import parse_security
+
+    for n in ("leader", "follower"):
+        generate(n, tmp_path)
+    toml = str(tmp_path / "p.toml")
+    roster_files = {"leader": "leader.pub", "follower": ["follower.pub"]}
+    sec = parse_security({"private_key": "leader.key", "public_keys": roster_files}, path=toml)
+    assert sec.auth == "keys"
+    settings = sec.transport_settings()
+    assert settings["secret"] is None
+    assert settings["signing_key"].key_id in settings["roster"].key_ids("leader")
+    pem = (tmp_path / "leader.key").read_text()
+    monkeypatch.setenv("LEADER_KEY", pem)
+    env = parse_security({"private_key_env": "LEADER_KEY", "public_keys": roster_files}, path=toml)
+    assert env.transport_settings()["signing_key"].key_id == settings["signing_key"].key_id
+    with pytest.raises(ConfigError, match="security.public_keys"):
+        parse_security({"private_key": "leader.key"}, path=toml)
+    with pytest.raises(ConfigError, match="security.secret"):
+        parse_security(
+            {"private_key": "leader.key", "public_keys": roster_files, "secret": "x"}, path=toml
+        )
+    with pytest.raises(ConfigError, match="nobody.pub"):
+        parse_security(
+            {"private_key": "leader.key", "public_keys": {"leader": "nobody.pub"}}, path=toml
+        )
+
+
+def test_http_section_reads_the_metrics_token_from_the_environment(monkeypatch):
+    from tandem.parties.config import Http, validate
+
+    monkeypatch.setenv("TOKEN", "t0k")
+    http = validate(Http, {"metrics_token_env": "TOKEN", "metrics_listen": "9100"}, path="x")
+    assert http.fields() == {"metrics_token": b"t0k", "metrics_listen": "9100"}
+    monkeypatch.delenv("TOKEN")
+    with pytest.raises(ConfigError, match="metrics_token_env"):
+        validate(Http, {"metrics_token_env": "TOKEN"}, path="x")
+    with pytest.raises(ConfigError, match="metrics_listen"):
+        validate(Http, {"metrics_listen": "x:y"}, path="x")
