@@ -240,3 +240,15 @@ def test_http_section_reads_the_metrics_token_from_the_environment(monkeypatch):
         validate(Http, {"metrics_token_env": "TOKEN"}, path="x")
     with pytest.raises(ConfigError, match="metrics_listen"):
         validate(Http, {"metrics_listen": "x:y"}, path="x")
+
+
+def test_keys_without_cryptography_say_which_extra(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from tandem.parties.cli.commands import main
+
+    for name in [n for n in sys.modules if n.startswith("cryptography")] + ["cryptography"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.delitem(sys.modules, "tandem.transports.keys", raising=False)
+    assert main(["keys", "generate", "x", "--out", str(tmp_path)]) == 2
+    assert "pip install 'tandem[keys]'" in capsys.readouterr().err

@@ -109,7 +109,10 @@ class HttpSecurity:
             "max_clock_skew": self.max_clock_skew,
         }
         if self.private_key is not None and self.public_keys is not None:
-            from tandem.transports.keys import Roster, SigningKey
+            from tandem._extras import needs
+
+            with needs("keys", "per-party keys ([security] private_key)"):
+                from tandem.transports.keys import Roster, SigningKey
 
             base["signing_key"] = SigningKey.from_pem(self.private_key)
             base["roster"] = Roster.from_files(self.public_keys)

@@ -14,9 +14,11 @@ from tandem.errors import ConfigError
 
 
 async def generate_command(args: argparse.Namespace) -> int:
-    from tandem.transports.keys import SigningKey, generate
+    from tandem._extras import needs
 
     try:
+        with needs("keys", "tandem keys generate"):
+            from tandem.transports.keys import SigningKey, generate
         key, pub = generate(args.name, args.out)
     except (ConfigError, OSError) as exc:
         print(f"tandem keys generate: {exc}", file=sys.stderr)
