@@ -93,11 +93,6 @@ class MisdirectedError(AuthenticationError):
         self.incarnation = incarnation
 
 
-class IdentityError(AuthenticationError):
-    """A valid signature of one roster member on a request claiming to come from another
-    (HTTP 403)."""
-
-
 def key_id_of(secret: bytes) -> str:
     """The default id of a key: 16 hex digits of a hash of it (names the key, reveals nothing
     usable about it)."""

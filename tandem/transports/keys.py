@@ -26,9 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from tandem.errors import AuthenticationError, ConfigError
-
-from .auth import IdentityError
+from tandem.errors import AuthenticationError, ConfigError, IdentityError
 
 SCHEME = "ed25519"
 
@@ -183,7 +181,6 @@ def generate(name: str, folder: str | os.PathLike[str] = ".") -> tuple[Path, Pat
 
 
 __all__ = [
-    "IdentityError",
     "Roster",
     "SigningKey",
     "generate",

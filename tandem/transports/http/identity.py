@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tandem.errors import AuthenticationError
+from tandem.errors import AuthenticationError, IdentityError
 
 from .. import auth
 from .config import HttpConfig, check_peer
@@ -98,7 +98,7 @@ class Gate:
         except AuthenticationError as exc:
             if self.on_auth_refused is not None and who in self.peers:
                 self.on_auth_refused(who, str(exc))
-            if isinstance(exc, auth.IdentityError):
+            if isinstance(exc, IdentityError):
                 raise Refuse(403, "identity", f"from {who!r}: {exc}") from None
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
 
