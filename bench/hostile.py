@@ -34,7 +34,11 @@ Attack classes (the rows of issue 30's table):
   counted: at most a few, none with a traceback);
 * ``bomb`` and ``drained``: an outsider's compressed bodies to every route (expect 415) and
   64 connections of unsigned 48 MiB bodies (expect 401, none of them read beyond a small
-  bound): `bench.hostile_bodies`.
+  bound): `bench.hostile_bodies`;
+* ``stalled_partial``, ``forged_control`` and ``metrics_stranger``: with per-party keys, a
+  roster member's stalled partial signed as the leader on the gradient channel and the
+  follower's key signing ``stop`` as the leader (expect 403), and strangers reading
+  ``/metrics`` (expect 401, nothing in it): `bench.hostile_insider`.
 
 Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest RSS of an
 attacked run's process: both parties and the in-process attackers) and ``rss_budget_mb`` (the
@@ -70,7 +74,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from bench import hostile_bodies
+from bench import hostile_bodies, hostile_insider
 from bench.ports import free_port
 
 MiB = 1 << 20
@@ -91,6 +95,7 @@ ATTACKS = (
     "malformed",
     "bomb",
     "drained",
+    *hostile_insider.ATTACKS,
 )
 
 
@@ -103,6 +108,8 @@ def _toml(table: dict[str, Any]) -> str:
             return json.dumps(v)
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
         return repr(v)
 
     top = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
@@ -816,6 +823,8 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         async def attack(c: Ctx) -> dict[str, Any]:
             return await attack_identity(c, certs["mallory"], ca)
 
+    if name in hostile_insider.KEYED:  # parties that sign with keys only they hold
+        hostile_insider.use_keys(job.cfg, job.folder)
     observer = None
     if name == "future_flood":  # a third peer of the leader, holding the secret
         observer = await _observer()
@@ -922,6 +931,9 @@ ATTACK_FUNCS: dict[str, Callable[[Ctx], Awaitable[dict[str, Any]]]] = {
     "malformed": attack_malformed,
     "bomb": lambda ctx: hostile_bodies.attack_bomb(ctx, _refused),
     "drained": lambda ctx: hostile_bodies.attack_drained(ctx, _refused),
+    "stalled_partial": lambda ctx: hostile_insider.attack_stalled_partial(ctx, _refused),
+    "forged_control": lambda ctx: hostile_insider.attack_forged_control(ctx, _refused),
+    "metrics_stranger": lambda ctx: hostile_insider.attack_metrics_stranger(ctx, _refused),
 }
 
 

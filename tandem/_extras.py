@@ -9,6 +9,8 @@ commands need comes as an extra, declared in ``pyproject.toml`` under
 * ``plot``: matplotlib, the Gantt picture (``tandem demo --trace``) and ``tandem elastic demo
   --plot``;
 * ``psi``: cryptography and gmpy2, the private set intersection of ``tandem align``;
+* ``keys``: cryptography, per-party Ed25519 signing keys (``[security] private_key``,
+  ``tandem keys generate``);
 * ``parquet``: pyarrow, the reader of ``.csv`` and ``.parquet`` data files (`tandem.parties.data`);
 * ``flax``, ``equinox``: the model adapters of those libraries (`tandem.parties.models`);
 * ``tensorboard``: tensorboardX, the event files of ``[log] tensorboard`` (`tandem party`).
@@ -32,6 +34,7 @@ EXTRAS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "demo": (("scikit-learn", "sklearn"),),
     "plot": (("matplotlib", "matplotlib"),),
     "psi": (("cryptography", "cryptography"), ("gmpy2", "gmpy2")),
+    "keys": (("cryptography", "cryptography"),),
     "parquet": (("pyarrow", "pyarrow"),),
     "flax": (("flax", "flax"),),
     "equinox": (("equinox", "equinox"),),

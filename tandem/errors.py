@@ -75,6 +75,11 @@ class AuthenticationError(TransportError):
     """
 
 
+class IdentityError(AuthenticationError):
+    """A valid signature of one roster member (per-party keys) on a request claiming to come
+    from another party (HTTP 403 ``identity``): a party may sign only as itself."""
+
+
 class PeerUnavailableError(TransportClosedError):
     """The peer could not be reached for longer than the retry deadline (connection lost,
     refused, or the peer is shutting down)."""

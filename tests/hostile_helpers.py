@@ -107,6 +107,12 @@ async def incarnation(url: str, name: str, caller: str, secret: bytes = SECRET) 
             return (await r.json())["incarnation"]
 
 
+def metrics_headers(name: str, caller: str, secret: bytes = SECRET) -> dict[str, str]:
+    """Headers of a ``GET /metrics`` to party ``name``, signed as its peer ``caller``."""
+    headers = {"X-Tandem-Sender": caller}
+    return auth.sign(secret, "GET", "/metrics", headers, auth.EMPTY_SHA, receiver=name)
+
+
 def frame_request(
     *,
     receiver: str,

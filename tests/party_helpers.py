@@ -51,6 +51,8 @@ def toml(table: dict[str, Any]) -> str:
             return json.dumps(v)
         if isinstance(v, list):
             return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):  # an inline table
+            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
         return repr(v)
 
     top = [f"{k} = {value(v)}" for k, v in table.items() if not isinstance(v, dict)]
@@ -258,6 +260,13 @@ def incarnation(url: str, name: str, caller: str, secret: bytes = b"s3cret") -> 
         return json.loads(r.read())["incarnation"]
 
 
-def metrics(url: str) -> str:
-    with urllib.request.urlopen(url + "/metrics", timeout=5.0) as r:
+def metrics(url: str, name: str, caller: str, secret: bytes = b"s3cret") -> str:
+    """``GET /metrics`` of party ``name`` at ``url``, signed as its peer ``caller`` (the
+    metrics answer only a caller that proves a peer's identity, or holds the token)."""
+    from tandem.transports import auth
+
+    headers = {"X-Tandem-Sender": caller}
+    auth.sign(secret, "GET", "/metrics", headers, auth.EMPTY_SHA, receiver=name)
+    request = urllib.request.Request(url + "/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=5.0) as r:
         return r.read().decode()

@@ -22,6 +22,7 @@ from hostile_helpers import (
     frame_request,
     incarnation,
     make_job,
+    metrics_headers,
     post,
     run_pair,
     spec_hash,
@@ -48,7 +49,9 @@ async def test_frames_outside_the_plan_are_refused_naming_the_field(tmp_path, ho
         async with aiohttp.ClientSession() as s:
             # wait for the spec to be agreed (frames before that are refused by spec hash)
             for _ in range(400):
-                async with s.get(lead + "/metrics") as r:
+                async with s.get(
+                    lead + "/metrics", headers=metrics_headers("leader", "follower")
+                ) as r:
                     if "tandem_party_step" in await r.text():
                         break
                 await asyncio.sleep(0.05)

@@ -17,6 +17,7 @@ from hostile_helpers import (
     assert_same_params,
     incarnation,
     make_job,
+    metrics_headers,
     rss_mb,
     run_pair,
     wait_healthy,
@@ -216,7 +217,7 @@ async def test_uploads_on_channels_nobody_uses_are_refused_before_their_body(
             )
         )
         async with aiohttp.ClientSession() as s:
-            async with s.get(lead + "/metrics") as r:
+            async with s.get(lead + "/metrics", headers=metrics_headers("leader", "follower")) as r:
                 text = await r.text()
         return statuses, text
 

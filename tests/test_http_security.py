@@ -312,14 +312,19 @@ async def test_tls_and_mutual_tls(tmp_path):
             await t.aclose()
 
 
-async def test_healthz_and_metrics_need_no_auth(http_pair):
+async def test_healthz_needs_no_auth_and_metrics_a_peer(http_pair):
     a, b = await http_pair(cfg)
     b.add_metrics_source(lambda: 'tandem_n_groups{party="b"} 4')
     await a.send("b", "c", good())
     async with aiohttp.ClientSession() as s:
         async with s.get(b.url + "/healthz") as r:
             assert r.status == 200 and (await r.json())["status"] == "ok"
-        async with s.get(b.url + "/metrics") as r:
+        async with s.get(b.url + "/metrics") as r:  # a stranger: nothing
+            assert r.status == 401 and await r.text() == ""
+        as_a = auth.sign(
+            SECRET, "GET", "/metrics", {"X-Tandem-Sender": "a"}, auth.EMPTY_SHA, receiver="b"
+        )
+        async with s.get(b.url + "/metrics", headers=as_a) as r:
             text = await r.text()
     assert r.status == 200
     assert 'tandem_received_frames_total{party="b",peer="a"} 1' in text

@@ -340,7 +340,7 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     fuzz()
     assert follower.popen.poll() is None, "the follower died under malformed requests"
     assert 401 in statuses and any(s != 401 for s in statuses)  # both layers were reached
-    text = metrics(job.url("follower"))
+    text = metrics(job.url("follower"), "follower", "leader")
     assert 'reason="malformed"' in text and "tandem_party_n_groups" not in text  # no spec yet
     leader = job.start("leader")
     rc_l, out_l, err_l = leader.finish()

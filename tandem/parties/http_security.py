@@ -4,7 +4,13 @@ Split-learning parties read these keys from their ``[security]`` table and feder
 from ``[http]``; both are the one `tandem.parties.config.Security` section (FL and elastic
 through `parse_security`), so a secret, a TLS file or a limit means the same everywhere::
 
-    secret = "..."            # the shared HMAC secret, inline (prefer one of the next two)
+    private_key = "me.key"    # per-party keys: this party's own Ed25519 key (or private_key_env)
+    [security.public_keys]    # ... and the roster: every party's public key(s), by name
+    leader = "leader.pub"
+    follower = ["follower.pub", "follower-new.pub"]   # two during a rotation
+
+    secret = "..."            # OR the shared HMAC secret, inline (prefer one of the next two):
+                              # every party trusts every other (any holder signs as anyone)
     secret_env = "VAR"        # ... read from the environment variable VAR
     secret_file = "secret"    # ... read from a file (relative to the TOML file), stripped
     tls_cert = "me.pem"       # serve HTTPS with this certificate chain ...
@@ -53,10 +59,14 @@ class HttpSecurity:
     previous_secret: bytes | None = None
     previous_key_id: str | None = None
     max_clock_skew: float = 5.0
+    private_key: bytes | None = None
+    public_keys: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def auth(self) -> str:
-        """``"hmac"``, ``"mtls"`` or ``"none"``: how peers prove who they are."""
+        """``"keys"``, ``"hmac"``, ``"mtls"`` or ``"none"``: how peers prove who they are."""
+        if self.private_key:
+            return "keys"
         if self.secret:
             return "hmac"
         return "mtls" if self.tls_ca and self.tls_cert else "none"
@@ -98,6 +108,14 @@ class HttpSecurity:
             "previous_key_id": self.previous_key_id,
             "max_clock_skew": self.max_clock_skew,
         }
+        if self.private_key is not None and self.public_keys is not None:
+            from tandem._extras import needs
+
+            with needs("keys", "per-party keys ([security] private_key)"):
+                from tandem.transports.keys import Roster, SigningKey
+
+            base["signing_key"] = SigningKey.from_pem(self.private_key)
+            base["roster"] = Roster.from_files(self.public_keys)
         return {**base, **fields}
 
 
@@ -124,6 +142,12 @@ def security_of(sec: Any) -> HttpSecurity:
         key_id=sec.key_id,
         previous_secret=sec.previous_secret_bytes,
         previous_key_id=sec.previous_key_id,
+        private_key=sec.private_key_pem,
+        public_keys=(
+            {n: tuple([f] if isinstance(f, str) else f) for n, f in sec.public_keys.items()}
+            if sec.public_keys is not None
+            else None
+        ),
         max_clock_skew=float(sec.max_clock_skew),
         tls_cert=sec.tls_cert,
         tls_key=sec.tls_key,

@@ -1,5 +1,8 @@
-"""Shared-secret request authentication: HMAC-SHA256 bound to its receiver, with key ids and
-per-sender replay protection. Pure (no asyncio).
+"""Request authentication bound to its receiver, with key ids and per-sender replay
+protection: a shared secret (HMAC-SHA256: every party trusts every other, since any secret
+holder can sign as any party) or per-party keys (Ed25519, `tandem.transports.keys`: each
+party signs with a key only it holds, checked against a roster of public keys that binds the
+key to the sender's name). Pure (no asyncio).
 
 The signer covers a version tag, the key id, the HTTP method, the path, the receiver's name and
 incarnation, every ``X-Tandem-*`` routing header listed in `SIGNED_HEADERS` (sender,
@@ -15,18 +18,23 @@ restarted process of the same party, or a party of another job that shares the s
 party names. A sender learns a receiver's incarnation from the receiver's first answer
 (`MisdirectedError`: HTTP 421 naming it, sent only to requests with a valid signature).
 
-Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
-previous one during a rotation) and picks the one the request names.
+With per-party keys the same canonical string (under the version tag `VERSION_KEYS`) is
+signed with the sender's Ed25519 key and ``X-Tandem-Signature`` carries that signature.
 
-The verifier refuses a request, in this order, when a header is missing, the key id is
-unknown, the MAC differs (constant-time compare), the request is addressed to another
-receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's clock or
-more than ``window`` seconds behind it, it is bound to another incarnation
+Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
+previous one during a rotation; with per-party keys, every key of every roster member) and
+picks the one the request names.
+
+The verifier refuses a request, in this order, when a header is missing, the key id is unknown,
+the MAC differs (constant-time compare) or the signature does not verify, the key belongs to
+another roster member than the claimed sender (`IdentityError`), the request is addressed to
+another receiver, its timestamp is more than ``future_skew`` seconds ahead of the verifier's
+clock or more than ``window`` seconds behind it, it is bound to another incarnation
 (`MisdirectedError`), or its nonce was already seen. Nonces are remembered per sender, at most
 ``max_nonces`` each: when a sender's memory is full its oldest nonce is forgotten and that
-sender's floor rises to the forgotten timestamp (anything of that sender not newer is
-refused), so a forgotten nonce can never be replayed, and a sender flooding its own memory
-locks out no one but itself.
+sender's floor rises to the forgotten timestamp (anything of that sender not newer is refused),
+so a forgotten nonce can never be replayed, and a sender flooding its own memory locks out no
+one but itself.
 
 Invariant (per sender ``s``): every nonce of ``s`` with timestamp > ``floor(s)`` that was
 accepted is in ``s``'s memory.
@@ -40,10 +48,15 @@ import hmac
 import secrets
 import time
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from tandem.errors import AuthenticationError
 
+if TYPE_CHECKING:
+    from .keys import Roster, SigningKey
+
 VERSION = "tandem-hmac-3"
+VERSION_KEYS = "tandem-ed25519-1"
 
 #: Routing headers covered by the signature, in canonical order (missing ones sign as "").
 SIGNED_HEADERS = (
@@ -94,9 +107,9 @@ def body_digest(parts) -> str:
     return h.hexdigest()
 
 
-def _canonical(method: str, path: str, headers: Mapping[str, str]) -> bytes:
+def _canonical(method: str, path: str, headers: Mapping[str, str], version: str = VERSION) -> bytes:
     fields = [
-        VERSION,
+        version,
         headers.get(KEY_ID, ""),
         method.upper(),
         path,
@@ -114,7 +127,7 @@ def _canonical(method: str, path: str, headers: Mapping[str, str]) -> bytes:
 
 
 def sign(
-    secret: bytes,
+    secret: bytes | SigningKey,
     method: str,
     path: str,
     headers: dict[str, str],
@@ -127,16 +140,24 @@ def sign(
 ) -> dict[str, str]:
     """Add key id, receiver binding, timestamp, nonce, body digest and signature to
     ``headers`` (in place) and return it. ``receiver``/``to``: the receiving party's name and
-    incarnation ("" while unknown: the receiver then answers 421 naming it)."""
-    headers[KEY_ID] = key_id_of(secret) if key_id is None else key_id
+    incarnation ("" while unknown: the receiver then answers 421 naming it). ``secret``: the
+    shared secret, or this party's `keys.SigningKey` (then ``key_id`` is the key's own)."""
+    if not isinstance(secret, bytes):
+        key_id = secret.key_id
+    elif key_id is None:
+        key_id = key_id_of(secret)
+    headers[KEY_ID] = key_id
     headers[RECEIVER] = receiver
     headers[TO] = to
     headers[TIMESTAMP] = f"{clock():.6f}"
     headers[NONCE] = secrets.token_hex(16)
     headers[BODY_SHA] = body_sha
-    headers[SIGNATURE] = hmac.new(
-        secret, _canonical(method, path, headers), hashlib.sha256
-    ).hexdigest()
+    if isinstance(secret, bytes):
+        headers[SIGNATURE] = hmac.new(
+            secret, _canonical(method, path, headers), hashlib.sha256
+        ).hexdigest()
+    else:
+        headers[SIGNATURE] = secret.sign(_canonical(method, path, headers, VERSION_KEYS))
     return headers
 
 
@@ -155,7 +176,9 @@ class Verifier:
 
     Args:
       keys: the secret (its id is `key_id_of` it), or ``{key_id: secret}`` (current and
-        previous keys during a rotation).
+        previous keys during a rotation); None with ``roster``.
+      roster: per-party keys (`keys.Roster`): a request must be signed with a key the roster
+        lists under the request's sender.
       name, incarnation: this receiver; a request must be addressed to both (`MisdirectedError`
         when only the incarnation differs).
       window: seconds a request may be old; future_skew: seconds it may be ahead.
@@ -166,8 +189,9 @@ class Verifier:
 
     def __init__(
         self,
-        keys: bytes | Mapping[str, bytes],
+        keys: bytes | Mapping[str, bytes] | None = None,
         *,
+        roster: Roster | None = None,
         name: str = "",
         incarnation: str = "",
         window: float = 60.0,
@@ -176,9 +200,16 @@ class Verifier:
         max_senders: int = 4096,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        ring = {key_id_of(keys): keys} if isinstance(keys, bytes) else dict(keys)
-        if not ring or not all(isinstance(k, bytes) and k for k in ring.values()):
+        if (keys is None) == (roster is None):
+            raise ValueError("give a verifier either shared keys or a roster of public keys")
+        ring: dict[str, bytes] = {}
+        if keys is not None:
+            ring = {key_id_of(keys): keys} if isinstance(keys, bytes) else dict(keys)
+        if roster is None and (
+            not ring or not all(isinstance(k, bytes) and k for k in ring.values())
+        ):
             raise ValueError("every secret must be non-empty bytes")
+        self.roster = roster
         if not (window > 0 and future_skew >= 0 and max_nonces >= 1 and max_senders >= 1):
             raise ValueError(
                 "window must be > 0 s, future_skew >= 0 s, max_nonces and max_senders >= 1; "
@@ -202,19 +233,11 @@ class Verifier:
         for k in (TIMESTAMP, NONCE, BODY_SHA, SIGNATURE):
             if not headers.get(k):
                 raise AuthenticationError(f"missing header {k}")
-        key_id = headers.get(KEY_ID, "")
-        key = self._keys.get(key_id)
-        if key is None:
-            raise AuthenticationError(
-                f"unknown key id {key_id[:40]!r} (this receiver holds {sorted(self._keys)})"
-            )
         try:
             ts = float(headers[TIMESTAMP])
         except ValueError:
             raise AuthenticationError("timestamp is not a number") from None
-        expected = hmac.new(key, _canonical(method, path, headers), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, headers[SIGNATURE]):
-            raise AuthenticationError("bad signature (different secret, or altered request)")
+        self._check_signature(method, path, headers)
         if headers.get(RECEIVER, "") != self.name:
             raise AuthenticationError(
                 f"request addressed to {headers.get(RECEIVER, '')!r}, not to {self.name!r}"
@@ -245,6 +268,22 @@ class Verifier:
         if len(memory.seen) > self._max:
             _, oldest = memory.seen.popitem(last=False)
             memory.floor = max(memory.floor, oldest)
+
+    def _check_signature(self, method: str, path: str, headers: Mapping[str, str]) -> None:
+        key_id = headers.get(KEY_ID, "")
+        if self.roster is not None:
+            data = _canonical(method, path, headers, VERSION_KEYS)
+            sender = headers.get(SIGNED_HEADERS[0], "")
+            self.roster.check(key_id, headers[SIGNATURE], data, sender)
+            return
+        key = self._keys.get(key_id)
+        if key is None:
+            raise AuthenticationError(
+                f"unknown key id {key_id[:40]!r} (this receiver holds {sorted(self._keys)})"
+            )
+        expected = hmac.new(key, _canonical(method, path, headers), hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, headers[SIGNATURE]):
+            raise AuthenticationError("bad signature (different secret, or altered request)")
 
     def _memory(self, sender: str) -> _Memory:
         memory = self._senders.get(sender)

@@ -25,6 +25,7 @@ COMMAND_MODULES = [
     "tandem.parties.fl.cli",
     "tandem.parties.alignment.cli",
     "tandem.parties.cli.config_cmd",
+    "tandem.parties.cli.keys_cmd",
 ]
 
 

@@ -100,6 +100,15 @@ class Security(Section):
     previous_secret_env: str | None = None
     previous_secret_file: str | None = None
     previous_key_id: str | None = None
+    private_key: str | None = Field(
+        default=None, description="this party's own Ed25519 key file (`tandem keys generate`)"
+    )
+    private_key_env: str | None = Field(
+        default=None, description="... or the key's PEM text in this environment variable"
+    )
+    public_keys: dict[str, str | list[str]] | None = Field(
+        default=None, description="roster: party name -> its .pub file(s) (several: rotation)"
+    )
     max_clock_skew: float = Field(default=5.0, ge=0, description="seconds a request may be early")
     tls_cert: str | None = Field(
         default=None, description="serve HTTPS with this certificate chain"
@@ -115,11 +124,29 @@ class Security(Section):
 
     _secret: bytes | None = PrivateAttr(None)
     _previous: bytes | None = PrivateAttr(None)
+    _private_pem: bytes | None = PrivateAttr(None)
 
-    @field_validator("tls_cert", "tls_key", "tls_ca", "secret_file", "previous_secret_file")
+    @field_validator(
+        "tls_cert", "tls_key", "tls_ca", "secret_file", "previous_secret_file", "private_key"
+    )
     @classmethod
     def _exists(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else resolve_file(info, value, str(info.field_name))
+
+    @field_validator("public_keys")
+    @classmethod
+    def _roster(
+        cls, value: dict[str, str | list[str]] | None, info: ValidationInfo
+    ) -> dict[str, str | list[str]] | None:
+        if value is None:
+            return None
+        out: dict[str, str | list[str]] = {}
+        for name, files in value.items():
+            listed = [files] if isinstance(files, str) else files
+            if not listed:
+                raise Invalid(name, "must name at least one .pub file")
+            out[name] = [resolve_file(info, f, f"public_keys.{name}") for f in listed]
+        return out
 
     @model_validator(mode="after")
     def _check(self) -> Security:
@@ -134,7 +161,38 @@ class Security(Section):
                 "previous_secret",
                 "is the key being retired; set the new one as {section}.secret too",
             )
+        self._private_pem = self._read_private_key()
         return self
+
+    def _read_private_key(self) -> bytes | None:
+        if self.private_key is not None and self.private_key_env is not None:
+            raise Invalid("", "set only one of {section}.private_key, {section}.private_key_env")
+        pem: bytes | None = None
+        if self.private_key is not None:
+            with open(self.private_key, "rb") as f:
+                pem = f.read()
+        elif self.private_key_env is not None:
+            text = os.environ.get(self.private_key_env)
+            if not text:
+                raise Invalid(
+                    "private_key_env",
+                    f"names ${self.private_key_env}, which is not set; export it (the PEM "
+                    "text of NAME.key) or use {section}.private_key",
+                )
+            pem = text.encode()
+        if (pem is None) != (self.public_keys is None):
+            raise Invalid(
+                "public_keys" if pem is not None else "private_key",
+                "and {section}.private_key go together: a party signs with its own key and "
+                "checks its peers' signatures against their public keys",
+            )
+        if pem is not None and self._secret is not None:
+            raise Invalid(
+                "secret",
+                "is the shared-secret mode; with per-party keys ({section}.private_key) drop "
+                "it: keys and a shared secret do not mix",
+            )
+        return pem
 
     def _read(self, prefix: str) -> bytes | None:
         plain, env, file = f"{prefix}secret", f"{prefix}secret_env", f"{prefix}secret_file"
@@ -169,8 +227,15 @@ class Security(Section):
         return self._previous
 
     @property
+    def private_key_pem(self) -> bytes | None:
+        """This party's private key (PEM), or None (no per-party keys)."""
+        return self._private_pem
+
+    @property
     def auth(self) -> str:
-        """``"hmac"``, ``"mtls"`` or ``"none"``: how peers prove who they are."""
+        """``"keys"``, ``"hmac"``, ``"mtls"`` or ``"none"``: how peers prove who they are."""
+        if self._private_pem:
+            return "keys"
         if self._secret:
             return "hmac"
         return "mtls" if self.tls_ca and self.tls_cert else "none"
@@ -194,6 +259,33 @@ class Http(Section):
     send_window: PositiveInt | None = Field(
         default=None, description="messages of a channel in flight"
     )
+    metrics_token_env: str | None = Field(
+        default=None, description="env variable holding a bearer token that may read /metrics"
+    )
+    metrics_listen: str | None = Field(
+        default=None, description="serve /metrics on this 'host:port' (or 'port': loopback) only"
+    )
+
+    _metrics_token: bytes | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _token(self) -> Http:
+        if self.metrics_token_env is not None:
+            token = os.environ.get(self.metrics_token_env, "")
+            if not token:
+                raise Invalid(
+                    "metrics_token_env",
+                    f"names ${self.metrics_token_env}, which is not set or empty; export it",
+                )
+            self._metrics_token = token.encode()
+        if self.metrics_listen is not None:
+            from tandem.transports.http.config import HttpConfig
+
+            try:
+                HttpConfig(name="x", metrics_listen=self.metrics_listen)
+            except ValueError as exc:
+                raise Invalid("metrics_listen", str(exc).split(": ", 1)[-1]) from None
+        return self
 
     @field_validator("send_window")
     @classmethod
@@ -209,8 +301,12 @@ class Http(Section):
         return value
 
     def fields(self) -> dict[str, Any]:
-        """The keys given, as `HttpConfig` keyword arguments (timeouts as floats)."""
-        return self.model_dump(exclude_none=True)
+        """The keys given, as `HttpConfig` keyword arguments (timeouts as floats; the
+        token's variable as the token itself, ``metrics_token``)."""
+        out = self.model_dump(exclude_none=True)
+        if out.pop("metrics_token_env", None) is not None:
+            out["metrics_token"] = self._metrics_token
+        return out
 
 
 class DataSplit(Section):

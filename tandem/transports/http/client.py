@@ -238,7 +238,7 @@ class HttpClient:
         self._no_stream_until: dict[str, float] = {}  # peer -> loop time to try a stream again
         # streams carry no emulated link: shaped sends stay on POSTs (`_paced`)
         self._stream_eligible = (
-            config.frame_streams and config.shape_bandwidth is None and not config.shape_latency
+            config.offers_streams and config.shape_bandwidth is None and not config.shape_latency
         )
         self._session: aiohttp.ClientSession | None = None
         self._closed_event: asyncio.Event | None = None
@@ -345,7 +345,7 @@ class HttpClient:
         while True:
             if self.closed:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
-            if cfg.secret and peer not in self.peer_incarnations:
+            if cfg.signs and peer not in self.peer_incarnations:
                 try:  # whom to sign for: the peer's process, named by its /healthz
                     await self._learn(peer, url)
                 except (aiohttp.ClientError, OSError, TimeoutError) as exc:
@@ -379,7 +379,7 @@ class HttpClient:
                 else:
                     headers["Content-Length"] = str(size)
                     headers["Content-Type"] = "application/octet-stream"
-                if cfg.secret:
+                if cfg.signs:
                     if i not in digests:
                         digests[i] = (
                             auth.body_digest(views)
@@ -479,9 +479,8 @@ class HttpClient:
     ) -> None:
         """Sign ``headers`` for ``peer`` (its name and the incarnation we know of it)."""
         cfg = self.cfg
-        assert cfg.secret is not None
         auth.sign(
-            cfg.secret,
+            cfg.signer,
             method,
             path,
             headers,
@@ -651,7 +650,7 @@ class HttpClient:
         the peer names its incarnation (421) first."""
         for _ in range(2):
             headers = {H_SENDER: self.cfg.name, H_INC: self.incarnation, "Content-Length": "0"}
-            if self.cfg.secret:
+            if self.cfg.signs:
                 self._sign("POST", BYE_PATH, peer, headers, auth.EMPTY_SHA)
             try:
                 async with self.session.post(
@@ -672,7 +671,7 @@ class HttpClient:
         headers = {H_SENDER: self.cfg.name}
         if not keep_alive:
             headers["Connection"] = "close"
-        if self.cfg.secret:
+        if self.cfg.signs:
             self._sign("GET", HEALTH_PATH, peer, headers, auth.EMPTY_SHA)
         async with self.session.get(
             url + HEALTH_PATH, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout)

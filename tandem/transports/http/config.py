@@ -6,8 +6,12 @@ import dataclasses
 import ssl
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from ..base import Frame
+
+if TYPE_CHECKING:
+    from ..keys import Roster, SigningKey
 
 #: the largest `HttpConfig.send_window` (each message in a window holds a connection)
 MAX_SEND_WINDOW = 256
@@ -28,6 +32,19 @@ class HttpConfig:
       previous_secret / previous_key_id: a second key accepted (never used to sign), for
         rotation without downtime (docs/security.md: add the new key here everywhere, then
         swap it with ``secret`` everywhere, then remove it).
+      signing_key / roster: per-party keys instead of a shared ``secret``
+        (`tandem.transports.keys`): this party signs with its own Ed25519 ``signing_key``, and
+        accepts a request only when it is signed with a key ``roster`` lists under the
+        request's sender, so a roster member can sign as itself only (another member's
+        claim is refused with 403). Both or neither; not with ``secret``. Frame streams need
+        a shared secret for their record tags: with per-party keys every frame is a signed
+        request (POST or bulk).
+      metrics_token: a bearer token (``Authorization: Bearer ...``) that may read
+        ``GET /metrics``. Without it, ``/metrics`` answers only a caller proving a peer's
+        identity (signature or certificate, as ``/healthz`` names the incarnation); anyone
+        else gets 401 with an empty body.
+      metrics_listen: ``host:port`` (or ``port``: loopback) of a separate listener serving
+        ``GET /metrics`` to whoever reaches it; the main listener then answers 404 there.
       max_clock_skew: seconds a signed request's timestamp may be ahead of the receiver's clock
         (``auth_window`` bounds how far behind it may be).
       peer_identities: peer name -> the certificate identities (subject CN, or DNS/URI/IP
@@ -120,6 +137,10 @@ class HttpConfig:
     key_id: str | None = None
     previous_secret: bytes | None = None
     previous_key_id: str | None = None
+    signing_key: SigningKey | None = None
+    roster: Roster | None = None
+    metrics_token: bytes | None = None
+    metrics_listen: str | None = None
     max_clock_skew: float = 5.0
     peer_identities: Mapping[str, Sequence[str]] | None = None
     ssl_server: ssl.SSLContext | None = None
@@ -208,10 +229,29 @@ class HttpConfig:
                     problems.append(
                         f"peer_identities[{peer!r}] must be a list of identity strings, got {ids!r}"
                     )
-        if self.admit_unknown and not self.secret:
+        if (self.signing_key is None) != (self.roster is None):
             problems.append(
-                "admit_unknown needs a secret: only senders proving they hold it "
-                "may join; set secret or list every peer in peers"
+                "signing_key and roster go together: a party signing with its own key "
+                "verifies its peers against the roster of their public keys"
+            )
+        if self.signing_key is not None and self.secret:
+            problems.append(
+                "give either a shared secret or per-party keys (signing_key, roster), not both"
+            )
+        if self.metrics_token is not None and (
+            not isinstance(self.metrics_token, bytes) or not self.metrics_token
+        ):
+            problems.append("metrics_token must be non-empty bytes or None")
+        if self.metrics_listen is not None:
+            try:
+                self.metrics_address()
+            except ValueError as exc:
+                problems.append(str(exc))
+        if self.admit_unknown and not self.signs:
+            problems.append(
+                "admit_unknown needs a secret or per-party keys: only senders proving who "
+                "they are may join; set secret (or signing_key and roster) or list every "
+                "peer in peers"
             )
         if self.advertise_url is not None and not str(self.advertise_url).startswith(
             ("http://", "https://")
@@ -253,6 +293,40 @@ class HttpConfig:
         if self.inbound_budget is not None:
             return self.inbound_budget
         return max(self.max_frame_bytes, 1 << 30)
+
+    @property
+    def signs(self) -> bool:
+        """Whether requests are signed and verified (a shared secret, or per-party keys)."""
+        return bool(self.secret) or self.signing_key is not None
+
+    @property
+    def signer(self) -> bytes | SigningKey:
+        """What signs this party's requests: its own key, else the shared secret."""
+        if self.signing_key is not None:
+            return self.signing_key
+        assert self.secret is not None, "signer needs a secret or a signing_key"
+        return self.secret
+
+    @property
+    def offers_streams(self) -> bool:
+        """Frame streams in use: ``frame_streams``, and not per-party keys (their records
+        are tagged with a key derived from the shared secret)."""
+        return self.frame_streams and self.signing_key is None
+
+    def metrics_address(self) -> tuple[str, int]:
+        """``metrics_listen`` as ``(host, port)`` (host 127.0.0.1 when only a port is given);
+        ValueError naming the problem."""
+        text = str(self.metrics_listen)
+        host, _, port = text.rpartition(":")
+        try:
+            number = int(port)
+        except ValueError:
+            number = -1
+        if not 0 <= number <= 65535:
+            raise ValueError(
+                f"metrics_listen must be 'host:port' or 'port' (0..65535), got {text!r}"
+            )
+        return (host.strip("[]") or "127.0.0.1"), number
 
     def keys(self) -> dict[str, bytes]:
         """``{key_id: secret}``: the current key first, then the previous one (if any)."""

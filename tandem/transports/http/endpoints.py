@@ -2,12 +2,15 @@
 chunk of a frame, plain or bulk), ``POST /tandem/v1/stream`` (a frame stream, `streamserve`),
 ``POST /tandem/v1/bye`` (the sender closed), ``GET /healthz`` (liveness; names this party
 and its incarnation only to an authenticated caller) and ``GET /metrics`` (Prometheus text,
-rendered by the transport). Each turns a request into the server's verdict and answers it;
+rendered by the transport; only to a caller holding ``metrics_token`` or proving a peer's
+identity, or on the separate ``metrics_listen`` address: anyone else gets 401 or 404 with an
+empty body, never a name or a count). Each turns a request into the server's verdict and answers it;
 every bad request gets its status and the next one is handled."""
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 from collections.abc import Callable
 from typing import Protocol
 
@@ -32,6 +35,7 @@ from .protocol import (
     H_SPEC,
     H_TOTAL,
     HEALTH_PATH,
+    METRICS_PATH,
     MessageHead,
     Refuse,
     Reply,
@@ -135,7 +139,28 @@ class Endpoints:
             )
         return web.json_response({"status": "ok"})
 
+    def may_read_metrics(self, request: web.Request) -> bool:
+        """Whether ``request`` may read ``/metrics`` on the main listener: its bearer token
+        is ``metrics_token`` (constant-time compare), or it proves a peer's identity."""
+        cfg = self.server.cfg
+        given = request.headers.get("Authorization", "")
+        if cfg.metrics_token is not None and given.startswith("Bearer "):
+            if hmac.compare_digest(given[7:].strip().encode(), cfg.metrics_token):
+                return True
+        return self.server.gate.caller_is_peer(request, METRICS_PATH)
+
     async def metrics(self, request: web.Request) -> web.Response:
+        """``GET /metrics`` on the main listener: 404 when a separate ``metrics_listen``
+        serves them, 401 (empty, ``WWW-Authenticate: Bearer``) to a caller that may not read
+        them."""
+        if self.server.cfg.metrics_listen is not None:
+            return web.Response(status=404)
+        if not self.may_read_metrics(request):
+            return web.Response(status=401, headers={"WWW-Authenticate": "Bearer"})
+        return await self.metrics_document(request)
+
+    async def metrics_document(self, request: web.Request) -> web.Response:
+        """The metrics themselves (the ``metrics_listen`` listener serves this to anyone)."""
         return web.Response(
             text=self._metrics_text(),
             content_type="text/plain",

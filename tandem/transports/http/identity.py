@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from tandem.errors import AuthenticationError
+from tandem.errors import AuthenticationError, IdentityError
 
 from .. import auth
 from .config import HttpConfig, check_peer
@@ -57,7 +57,8 @@ class Gate:
         self.peers = peers
         self.verifier = (
             auth.Verifier(
-                config.keys(),
+                config.keys() or None,
+                roster=config.roster,
                 name=config.name,
                 incarnation=incarnation,
                 window=config.auth_window,
@@ -66,7 +67,7 @@ class Gate:
                 max_senders=max(config.max_peers, len(peers)) + 64,
                 clock=config.clock,
             )
-            if config.secret
+            if config.signs
             else None
         )
         self.rebinds = 0
@@ -97,6 +98,8 @@ class Gate:
         except AuthenticationError as exc:
             if self.on_auth_refused is not None and who in self.peers:
                 self.on_auth_refused(who, str(exc))
+            if isinstance(exc, IdentityError):
+                raise Refuse(403, "identity", f"from {who!r}: {exc}") from None
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
 
     def check_identity(self, request: web.Request, sender: str) -> None:

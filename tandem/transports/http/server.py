@@ -136,6 +136,9 @@ class HttpServer:
         self.frame_streams: set[asyncio.Transport] = set()  # upgraded connections (`streamserve`)
         self.runner: web.AppRunner | None = None
         self.listener: Listener | None = None
+        self.metrics_runner: web.AppRunner | None = None
+        #: the port of the ``metrics_listen`` listener (None: none)
+        self.metrics_port: int | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> int:
@@ -144,7 +147,7 @@ class HttpServer:
         app = web.Application(client_max_size=1 << 20, middlewares=[self._track])
         app.router.add_post(FRAME_PATH, ends.frame)
         app.router.add_post(BYE_PATH, ends.bye)
-        if cfg.frame_streams:
+        if cfg.offers_streams:
             app.router.add_post(STREAM_PATH, ends.stream)
         app.router.add_get(HEALTH_PATH, ends.health)
         app.router.add_get(METRICS_PATH, ends.metrics)
@@ -184,8 +187,28 @@ class HttpServer:
             await runner.cleanup()
             raise
         self.runner, self.listener = runner, listener
+        if cfg.metrics_listen is not None:
+            await self._serve_metrics()
         self.store.start_sweeping()
         return port
+
+    async def _serve_metrics(self) -> None:
+        """The ``metrics_listen`` listener: ``GET /metrics`` to whoever reaches it (bind it
+        to an address only readers reach; loopback unless a host is named)."""
+        host, port = self.cfg.metrics_address()
+        app = web.Application(client_max_size=1024)
+        app.router.add_get(METRICS_PATH, self.endpoints.metrics_document)
+        app.on_response_prepare.append(_hide_banner)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self.metrics_runner = runner
+        self.metrics_port = int(runner.addresses[0][1]) if runner.addresses else port
 
     @property
     def closed(self) -> bool:
@@ -205,6 +228,8 @@ class HttpServer:
             await self.listener.stop()
         if self.runner is not None:
             await self.runner.cleanup()
+        if self.metrics_runner is not None:
+            await self.metrics_runner.cleanup()
         if self.listener is not None:
             self.listener.abort_all()
         for (sender, channel), state in list(self.streams.items()):

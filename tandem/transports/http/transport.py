@@ -3,6 +3,7 @@ and `server.HttpServer` (receiving)."""
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 
@@ -13,6 +14,8 @@ from . import liveness, metrics
 from .client import HttpClient
 from .config import HttpConfig, check_peer
 from .server import HttpServer
+
+log = logging.getLogger("tandem.transports.http")
 
 
 class HttpTransport:
@@ -46,6 +49,13 @@ class HttpTransport:
         if self._closed:
             raise TransportClosedError(f"transport of {self.name!r} is closed; make a new one")
         self._port = await self._server.start()
+        if self._cfg.secret:
+            log.info(
+                "%s: shared-secret HMAC authentication: every party trusts every other "
+                "(any holder of the secret can sign as any party); per-party keys bind each "
+                "signature to its sender (docs/security.md)",
+                self.name,
+            )
         self._client.reply_url = self.url
         await self._client.open()
         self._started = True
@@ -81,6 +91,12 @@ class HttpTransport:
         """`tandem.transports.base.WindowedTransport`: ``HttpConfig.send_window``, the same
         for every peer."""
         return self._cfg.send_window
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Base URL of the separate ``metrics_listen`` listener (None without one)."""
+        port = self._server.metrics_port
+        return None if port is None else f"http://{self._cfg.metrics_address()[0]}:{port}"
 
     @property
     def url(self) -> str:
