@@ -3,7 +3,10 @@ the coordinator names and applies the gradients they return.
 
 Contract:
 
-* It acts only on the coordinator's requests (``CTL``), answered on ``REPLY`` in order.
+* It acts only on the coordinator's requests (``CTL``), answered on ``REPLY`` in order: a
+  ``CTL`` frame from any other sender (a worker claiming the coordinator's authority) is
+  refused at its head (403 over HTTP), logged and counted in ``forged``; so is any channel but
+  ``CTL`` and ``RESULT`` (`protocol.admit_channels`). The sender is the authenticated name.
 * A result is applied only if it answers the task this server sent to that worker for that
   batch in the current generation; anything else is refused with an ``ACK`` saying why, and
   the server keeps serving.
@@ -73,6 +76,16 @@ class DataServer:
         self._listening: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
+        self.forged = 0  # control frames refused from senders other than the coordinator
+        P.admit_channels(
+            transport,
+            {P.CTL: coordinator.__eq__, P.RESULT: coordinator.__ne__},
+            on_refused=self._refused_stream,
+        )
+
+    def _refused_stream(self, sender: str, channel: str) -> None:
+        if channel == P.CTL:
+            self.forged += 1
 
     async def run(self) -> None:
         """Serve until the coordinator says ``stop``; leaves no task running."""
@@ -123,7 +136,7 @@ class DataServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                return await self.t.recv(self.coordinator, P.CTL)
+                req = await self.t.recv(self.coordinator, P.CTL)
             except TransportClosedError as exc:
                 if getattr(self.t, "closed", False) or P.cancelled_meanwhile():
                     raise
@@ -138,6 +151,11 @@ class DataServer:
                         "or raise coordinator_wait"
                     ) from None
                 await asyncio.sleep(min(0.2, self.coordinator_wait / 10))
+                continue
+            if req.sender in ("", self.coordinator):
+                return req
+            self.forged += 1  # a transport that delivered another sender's frame here
+            log.warning("%s: control from %r refused: not the coordinator", self.t.name, req.sender)
 
     async def _handle(self, op, req: Frame, tg: asyncio.TaskGroup):
         if op in ("hello", "restore"):
