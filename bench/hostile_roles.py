@@ -207,6 +207,7 @@ class HostileClient(FLClient):
     (a 64 MiB payload), ``count`` (2**31 samples) or ``nonfinite`` (a NaN)."""
 
     mode = "honest"
+    honest_rounds = 0  # rounds answered honestly before the tampering starts
     refusals: list[str]
 
     async def handle(self, frame: Frame) -> None:
@@ -217,7 +218,9 @@ class HostileClient(FLClient):
         k = FP.expected_shape(meta["uplink"], self.state.model.size)
         payload = np.zeros(k, np.float32)
         n = int(self.x.shape[0])
-        if self.mode == "oversized":
+        if meta["round"] < self.honest_rounds:
+            pass
+        elif self.mode == "oversized":
             payload = np.zeros(OVERSIZED // 4, np.float32)
         elif self.mode == "count":
             n = 2**31
@@ -232,10 +235,17 @@ class HostileClient(FLClient):
 
 
 async def run_fl(
-    mode: str, *, rounds: int = 3, sizes: bool = True, seconds: float = 120.0
+    mode: str,
+    *,
+    rounds: int = 3,
+    sizes: bool = True,
+    honest_rounds: int = 0,
+    seconds: float = 120.0,
 ) -> dict[str, Any]:
-    """A federation of four clients over HTTP, ``c3`` hostile (`HostileClient`); returns the
-    round reports' figures and the hostile client's refusals."""
+    """A federation of four clients over HTTP, ``c3`` hostile (`HostileClient`, honest for
+    its first ``honest_rounds`` rounds); ``sizes``: the server knows each client's data size
+    (a roster's), else a first report declares it. Returns the round reports' figures and the
+    hostile client's refusals."""
     from tandem.parties.fl.aggregate import ServerRule
     from tandem.parties.fl.data import load_federated_digits
     from tandem.parties.fl.federation import client_names, make_trainer
@@ -266,7 +276,7 @@ async def run_fl(
         ]
         hostile = clients[3]
         assert isinstance(hostile, HostileClient)
-        hostile.mode, hostile.refusals = mode, []
+        hostile.mode, hostile.refusals, hostile.honest_rounds = mode, [], honest_rounds
         declared = {n: int(x.shape[0]) for n, (x, _) in zip(names, data.clients, strict=True)}
         server = FLServer(server_t, names, trainer, cfg, sizes=declared if sizes else None)
         t0 = time.perf_counter()
