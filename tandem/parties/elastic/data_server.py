@@ -172,69 +172,73 @@ class DataServer:
             self._train(req, ps, index, tg)
             return None, ()
         async with self._lock:
-            if op == "fence":
-                gen = P.field(req, "gen", int)
-                applied = ps.fence(gen)
-                self._assigned.clear()
-                if "live" in req.meta:
-                    self._forget(req.meta["live"])
-                arrays = ps.leaves() if req.meta.get("export") else ()
-                return {"applied": applied}, arrays
-            if op == "checkpoint":
-                if req.arrays:
-                    await asyncio.to_thread(ps.load, list(req.arrays))
-                digest = await asyncio.to_thread(ps.checkpoint, _seq(req))
-                return {"digest": digest, "model": ps.model_digest()}, ()
-            if op == "restore":
-                seq, gen = P.field(req, "seq", int), P.field(req, "gen", int)
-                self._assigned.clear()
-                digest = await asyncio.to_thread(ps.restore, seq, gen)
-                self._forget(req.meta.get("live", []))
-                return {
-                    "digest": digest,
-                    "model": ps.model_digest(),
-                    "n_batches": self.n_batches,
-                    "spec": self.spec.digest,
-                }, ()
-            if op == "rollback":
-                gen = P.field(req, "gen", int)
-                self._assigned.clear()
-                digest = await asyncio.to_thread(ps.rollback, gen)
-                self._forget(req.meta.get("live", []))
-                return {"digest": digest, "model": ps.model_digest()}, ()
-            if op == "epoch":
-                await asyncio.to_thread(ps.new_epoch, self.n_batches, _seq(req))
-                return {
-                    "epoch": ps.epoch,
-                    "digest": ps.digest(),
-                    "model": ps.model_digest(),
-                }, ()
-            if op == "eval":
-                loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
-                return {"loss": loss}, ()
-            if op == "test":
-                if self.test is None:
-                    return {"rows": 0, "loss": None, "accuracy": None}, ()
-                x, y = self.test.x, self.test.y
-                loss = await asyncio.to_thread(ps.loss, x, y)
-                accuracy = await asyncio.to_thread(ps.accuracy, x, y)
-                return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
-            if op == "export":
-                if self.export is None:
-                    return {"path": None}, ()
-                desc = await asyncio.to_thread(
-                    export_model,
-                    self.export,
-                    self.spec,
-                    list(ps.params),
-                    party=self.t.name,
-                    training=P.field(req, "training", str),
-                    preprocessing=self.preprocessing,
-                    fingerprint=self.fingerprint,
-                )
-                return {"path": self.export, "digest": desc["digest"]}, ()
-            if op == "stop":
-                return {}, ()
+            return await self._locked(op, req, ps)
+
+    async def _locked(self, op, req: Frame, ps: ParamServer):
+        """The parameter-server operations, run under the lock."""
+        if op == "fence":
+            gen = P.field(req, "gen", int)
+            applied = ps.fence(gen)
+            self._assigned.clear()
+            if "live" in req.meta:
+                self._forget(req.meta["live"])
+            arrays = ps.leaves() if req.meta.get("export") else ()
+            return {"applied": applied}, arrays
+        if op == "checkpoint":
+            if req.arrays:
+                await asyncio.to_thread(ps.load, list(req.arrays))
+            digest = await asyncio.to_thread(ps.checkpoint, _seq(req))
+            return {"digest": digest, "model": ps.model_digest()}, ()
+        if op == "restore":
+            seq, gen = P.field(req, "seq", int), P.field(req, "gen", int)
+            self._assigned.clear()
+            digest = await asyncio.to_thread(ps.restore, seq, gen)
+            self._forget(req.meta.get("live", []))
+            return {
+                "digest": digest,
+                "model": ps.model_digest(),
+                "n_batches": self.n_batches,
+                "spec": self.spec.digest,
+            }, ()
+        if op == "rollback":
+            gen = P.field(req, "gen", int)
+            self._assigned.clear()
+            digest = await asyncio.to_thread(ps.rollback, gen)
+            self._forget(req.meta.get("live", []))
+            return {"digest": digest, "model": ps.model_digest()}, ()
+        if op == "epoch":
+            await asyncio.to_thread(ps.new_epoch, self.n_batches, _seq(req))
+            return {
+                "epoch": ps.epoch,
+                "digest": ps.digest(),
+                "model": ps.model_digest(),
+            }, ()
+        if op == "eval":
+            loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
+            return {"loss": loss}, ()
+        if op == "test":
+            if self.test is None:
+                return {"rows": 0, "loss": None, "accuracy": None}, ()
+            x, y = self.test.x, self.test.y
+            loss = await asyncio.to_thread(ps.loss, x, y)
+            accuracy = await asyncio.to_thread(ps.accuracy, x, y)
+            return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
+        if op == "export":
+            if self.export is None:
+                return {"path": None}, ()
+            desc = await asyncio.to_thread(
+                export_model,
+                self.export,
+                self.spec,
+                list(ps.params),
+                party=self.t.name,
+                training=P.field(req, "training", str),
+                preprocessing=self.preprocessing,
+                fingerprint=self.fingerprint,
+            )
+            return {"path": self.export, "digest": desc["digest"]}, ()
+        if op == "stop":
+            return {}, ()
         raise ProtocolError(
             f"unknown operation {op!r}; expected hello, train, fence, "
             "checkpoint, rollback, restore, epoch, eval, test, export or stop"
