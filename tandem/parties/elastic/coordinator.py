@@ -29,6 +29,11 @@ for ``call_timeout``) stops the round: the coordinator waits up to ``recover_tim
 data server to answer, restores them all to the last committed checkpoint at a new generation
 (a restarted one reads it from its store), and issues every uncommitted batch again.
 
+The pieces: requests to the data servers in `calls.DataServerCalls`; the workers' side
+(heartbeats, welcomes, assignment, done-reports and the fencing of workers whose reports come
+without gradients) in `workforce.Workforce`; the merge of replicas in `replicas`; settings and
+progress in `coordinator_config`.
+
 ``events`` records (time, kind, detail) for observers (tests, the benchmark); ``on_phase`` is
 called on every phase change with the phase name.
 """
