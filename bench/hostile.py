@@ -35,7 +35,7 @@ Attack classes (the rows of issue 30's table):
 * ``bomb`` and ``drained``: an outsider's compressed bodies to every route (expect 415) and
   64 connections of unsigned 48 MiB bodies (expect 401, none of them read beyond a small
   bound): `bench.hostile_bodies`;
-* ``stranger_worker``, ``forged_control``, ``done_without_gradients`` (elastic) and
+* ``stranger_worker``, ``elastic_forged_control``, ``done_without_gradients`` (elastic) and
   ``oversized_update``, ``inflated_count``, ``nonfinite_wait`` (federated): insiders and
   outsiders against the other roles, each against a job of its own (`bench.hostile_roles`:
   no split export to compare; the attack's own verdict decides).

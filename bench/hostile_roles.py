@@ -7,7 +7,7 @@ unknown senders off as it is by default with a roster):
 
 * ``stranger_worker``: ``mallory``, holding the secret but on no roster, beats to the
   coordinator (expect 401 for every heartbeat, no welcome, no training rows sent to it);
-* ``forged_control``: roster member ``w1`` sends ``stop`` on the control channel to a data
+* ``elastic_forged_control``: roster member ``w1`` sends ``stop`` on the control channel to a data
   server as if it were the coordinator (expect 403 each time, logged and counted by the data
   server);
 * ``done_without_gradients``: roster member ``w1`` reports every batch it is given done
@@ -330,7 +330,7 @@ async def attack_nonfinite_wait(seconds: float) -> dict[str, Any]:
 
 ATTACK_FUNCS: dict[str, Callable[[float], Awaitable[dict[str, Any]]]] = {
     "stranger_worker": attack_stranger_worker,
-    "forged_control": attack_forged_control,
+    "elastic_forged_control": attack_forged_control,
     "done_without_gradients": attack_done_without_gradients,
     "oversized_update": attack_oversized_update,
     "inflated_count": attack_inflated_count,

@@ -43,7 +43,7 @@ def test_hostile_bench_smoke():
 def test_hostile_bench_covers_the_elastic_and_fl_roles():
     """The role attacks (`bench.hostile_roles`) run under ``bench.hostile`` with their
     verdicts and figures in the JSON line."""
-    attacks = "forged_control,done_without_gradients,oversized_update,nonfinite_wait"
+    attacks = "elastic_forged_control,done_without_gradients,oversized_update,nonfinite_wait"
     done = subprocess.run(
         [sys.executable, "-m", "bench.hostile", "--json", "--attacks", attacks]
         + ["--epochs", "1", "--seconds", "3", "--budget-mib", "64"],
