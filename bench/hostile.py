@@ -38,10 +38,14 @@ Attack classes (the rows of issue 30's table):
 * ``stalled_partial``, ``forged_control`` and ``metrics_stranger``: with per-party keys, a
   roster member's stalled partial signed as the leader on the gradient channel and the
   follower's key signing ``stop`` as the leader (expect 403), and strangers reading
-  ``/metrics`` (expect 401, nothing in it): `bench.hostile_insider`.
+  ``/metrics`` (expect 401, nothing in it): `bench.hostile_insider`;
+* ``stranger_worker``, ``elastic_forged_control``, ``done_without_gradients`` (elastic) and
+  ``oversized_update``, ``inflated_count``, ``nonfinite_wait`` (federated): insiders and
+  outsiders against the other roles, each against a job of its own (`bench.hostile_roles`:
+  no split export to compare; the attack's own verdict decides).
 
 Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest RSS of an
-attacked run's process: both parties and the in-process attackers) and ``rss_budget_mb`` (the
+attacked split run's process: both parties and the in-process attackers) and ``rss_budget_mb`` (the
 reference run's highest RSS plus ``inbound_budget`` plus a stated 64 MiB for the attackers'
 own buffers and transient copies), ``healthz_p99_ms_under_attack`` (the follower's
 ``/healthz``, polled every 50 ms on fresh connections while it runs, over every attack;
@@ -74,7 +78,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from bench import hostile_bodies, hostile_insider
+from bench import hostile_bodies, hostile_insider, hostile_roles
 from bench.ports import free_port
 
 MiB = 1 << 20
@@ -96,6 +100,7 @@ ATTACKS = (
     "bomb",
     "drained",
     *hostile_insider.ATTACKS,
+    *hostile_roles.ATTACKS,
 )
 
 
@@ -811,6 +816,8 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
     """This process runs one job, attacked by ``args.one`` (or by nothing: ``reference``), in
     ``args.workdir``; returns what the parent needs (its exports stay in the folder)."""
     name, root = args.one, Path(args.workdir)
+    if name in hostile_roles.ATTACKS:
+        return await hostile_roles.one_run(name, args.seconds)
     job = Job(root / name, epochs=args.epochs, budget=args.budget_mib * MiB)
     tls = None
     attack: Callable[[Ctx], Awaitable[dict[str, Any]]] | None = ATTACK_FUNCS.get(name)
@@ -885,12 +892,16 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         per_attack, max_rss, healthz = {}, 0.0, []
         for name in names:
             out = run(name)
-            same = out["done"] and _same(Job.exported_from(Path(out["folder"])), reference)
+            if name in hostile_roles.ATTACKS:  # a job of its own: its verdict decides
+                same = bool(out["done"])
+            else:
+                same = out["done"] and _same(Job.exported_from(Path(out["folder"])), reference)
             detail = out["detail"]
             ok = same and bool(detail.get("refused_ok"))
             if not ok:
                 failed.append(name)
-            max_rss = max(max_rss, out.get("rss_mb", 0.0))
+            if name not in hostile_roles.ATTACKS:  # those run no split party: not its budget
+                max_rss = max(max_rss, out.get("rss_mb", 0.0))
             healthz += out.get("healthz_ms", [])
             per_attack[name] = {
                 **detail,

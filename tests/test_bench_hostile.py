@@ -37,3 +37,24 @@ def test_hostile_bench_smoke():
     assert result["failed"] == [], result["per_attack"]
     assert 0 < result["max_rss_mb"] <= result["rss_budget_mb"]
     assert result["per_attack"]["replay"]["statuses"].keys() >= {"421"}
+
+
+@pytest.mark.slow
+def test_hostile_bench_covers_the_elastic_and_fl_roles():
+    """The role attacks (`bench.hostile_roles`) run under ``bench.hostile`` with their
+    verdicts and figures in the JSON line."""
+    attacks = "elastic_forged_control,done_without_gradients,oversized_update,nonfinite_wait"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.hostile", "--json", "--attacks", attacks]
+        + ["--epochs", "1", "--seconds", "3", "--budget-mib", "64"],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    result = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert result["failed"] == [], result["per_attack"]
+    assert set(result["per_attack"]) == set(attacks.split(","))
+    assert result["per_attack"]["done_without_gradients"]["fenced"] == ["w1"]
+    assert result["per_attack"]["oversized_update"]["bytes_from_c3"] < 1 << 20
+    assert result["per_attack"]["nonfinite_wait"]["max_round_s"] < 30 / 4

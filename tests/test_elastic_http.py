@@ -2,7 +2,8 @@
 
 Six processes: two data servers, three workers, a coordinator. The coordinator's roster lists
 w0 and w1; w2 is on no list and is started only after the kill: it joins by signing its
-heartbeats with the shared secret (the coordinator admits authenticated unknown senders).
+heartbeats with the shared secret (the coordinator asks for ``admit_workers``: with a roster,
+admission of authenticated unknown senders is off unless asked for).
 Its process is launched at the outset but holds at a gate (its imports done) until the kill:
 on a loaded 2-core machine importing JAX can take longer than the rest of the training, and a
 worker that starts after its coordinator finished is never welcomed. The run must finish with
@@ -90,6 +91,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
         epochs=EPOCHS,
         min_workers=2,
         roster=roster,
+        admit_workers=True,
         data_servers={"ds0": url(p0), "ds1": url(p1)},
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}

@@ -1,9 +1,9 @@
 """Transports: how parties exchange frames. Knows nothing of training.
 
 `Transport` is the contract; the optional capabilities (`WindowedTransport`,
-`AdmittingTransport`, `PeerWaitingTransport`, `AddressingTransport`, `MetricsTransport`,
-`AuthWatchingTransport`) are
-Protocols beside it in `base`; `make_transport` builds one by URL scheme (`factory`)."""
+`AdmittingTransport`, `SizeAdmittingTransport`, `PeerWaitingTransport`, `AddressingTransport`,
+`MetricsTransport`, `AuthWatchingTransport`) are Protocols beside it in `base`;
+`make_transport` builds one by URL scheme (`factory`)."""
 
 from tandem.errors import (
     FrameError,
@@ -24,6 +24,7 @@ from .base import (
     LinkStats,
     MetricsTransport,
     PeerWaitingTransport,
+    SizeAdmittingTransport,
     Transport,
     WindowedTransport,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "AuthWatchingTransport",
     "MetricsTransport",
     "PeerWaitingTransport",
+    "SizeAdmittingTransport",
     "WindowedTransport",
     "TransportBuilder",
     "TransportRequest",

@@ -163,6 +163,21 @@ class AdmittingTransport(Protocol):
 
 
 @runtime_checkable
+class SizeAdmittingTransport(Protocol):
+    """Size admission: the receiver's plan bounds a stream's frames below the transport's
+    ``max_frame_bytes`` (an FL update is at most the negotiated model's encoded size).
+
+    * ``admit_size(sender, channel, total)``: called on the event loop with each inbound
+      message's declared size in bytes (the whole frame, over all its chunks), from its
+      head, before its body is read or memory reserved; raising `AdmissionError` (or
+      `FrameError`) refuses it as too large (413 over HTTP).
+
+    None disables it. Implemented by `HttpTransport`; the memory transport checks nothing."""
+
+    admit_size: Callable[[str, str, int], None] | None
+
+
+@runtime_checkable
 class PeerWaitingTransport(Protocol):
     """Peer readiness: a started transport can wait until its peers answer, so that a party
     starting before the others waits for them instead of failing its first send."""

@@ -162,7 +162,7 @@ async def _coordinator(args) -> int:
                 "journal": str,
             },
         )
-        admit = cfg.get("admit_workers", "secret" in cfg)
+        admit = cfg.get("admit_workers", "secret" in cfg and not {"workers", "roster"} & set(cfg))
         if admit and "secret" not in cfg:
             raise ConfigError(
                 f"config {args.config!r}: admit_workers = true needs a secret "

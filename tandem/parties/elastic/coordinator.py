@@ -29,6 +29,11 @@ for ``call_timeout``) stops the round: the coordinator waits up to ``recover_tim
 data server to answer, restores them all to the last committed checkpoint at a new generation
 (a restarted one reads it from its store), and issues every uncommitted batch again.
 
+The pieces: requests to the data servers in `calls.DataServerCalls`; the workers' side
+(heartbeats, welcomes, assignment, done-reports and the fencing of workers whose reports come
+without gradients) in `workforce.Workforce`; the merge of replicas in `replicas`; settings and
+progress in `coordinator_config`.
+
 ``events`` records (time, kind, detail) for observers (tests, the benchmark); ``on_phase`` is
 called on every phase change with the phase name.
 """
@@ -37,8 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import itertools
 import logging
 import time
 import uuid
@@ -51,78 +54,16 @@ from tandem.errors import TransportError
 from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
+from .calls import DataServerCalls
+from .coordinator_config import ON_CHANGE, CoordinatorConfig, Progress
 from .errors import ConfigError, DataServerDownError, ElasticError, JournalError
 from .journal import Journal, JournalState
 from .ledger import Ledger
 from .membership import Detection, Membership
+from .replicas import merge_replicas
+from .workforce import Workforce
 
 log = logging.getLogger(__name__)
-
-
-#: What a membership change does: roll back to the last checkpoint, or checkpoint and go on.
-ON_CHANGE = ("rollback", "keep")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class CoordinatorConfig:
-    """``interval``: detection period T (s). ``timeout``: heartbeat silence that removes a
-    worker (default 1.5 T). ``drain``: longest pause waiting for in-flight batches (default
-    T / 2). ``call_timeout``: longest wait for a data server's reply (after which it counts
-    as down); the first ``hello`` waits at least 60 s for data servers still starting.
-    ``on_change``: what a membership change does, ``"rollback"`` or ``"keep"`` (module
-    docstring). ``recover_timeout``: longest wait for data servers to come back after one went
-    down. ``journal``: local path of the write-ahead journal (None: progress lives in memory
-    only and a restarted coordinator starts afresh)."""
-
-    data_servers: tuple[str, ...]
-    data_server_urls: tuple[tuple[str, str], ...] = ()
-    interval: float = 1.0
-    timeout: float | None = None
-    drain: float | None = None
-    epochs: int = 1
-    min_workers: int = 1
-    call_timeout: float = 60.0
-    on_change: str = "rollback"
-    recover_timeout: float = 120.0
-    journal: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.data_servers:
-            raise ConfigError("the coordinator needs at least one data server name")
-        if len(set(self.data_servers)) != len(self.data_servers):
-            raise ConfigError(f"data server names repeat: {list(self.data_servers)}")
-        if not self.interval > 0:
-            raise ConfigError(f"detection interval must be > 0 s, got {self.interval!r}")
-        if self.epochs < 1 or self.min_workers < 0:
-            raise ConfigError("epochs must be >= 1 and min_workers >= 0")
-        if self.on_change not in ON_CHANGE:
-            raise ConfigError(
-                f"on_change is {self.on_change!r}; choose one of {', '.join(ON_CHANGE)} "
-                "(docs/elastic.md says when each is right)"
-            )
-        if not (self.call_timeout > 0 and self.recover_timeout > 0):
-            raise ConfigError("call_timeout and recover_timeout must be > 0 s")
-
-    @property
-    def heartbeat_timeout(self) -> float:
-        return self.timeout if self.timeout is not None else 1.5 * self.interval
-
-    @property
-    def drain_time(self) -> float:
-        return self.drain if self.drain is not None else 0.5 * self.interval
-
-
-@dataclasses.dataclass
-class Progress:
-    epoch: int = 0
-    committed: int = 0
-    total: int = 0
-    live: int = 0
-    generation: int = 0
-    checkpoints: int = 0
-    rollbacks: int = 0
-    recoveries: int = 0
-    loss: float | None = None
 
 
 class Coordinator:
@@ -146,24 +87,45 @@ class Coordinator:
         self.progress = Progress()
         self.events: collections.deque[tuple[float, str, Any]] = collections.deque(maxlen=100_000)
         self.history: list[dict[str, Any]] = []  # per epoch: committed ids, losses
-        self._urls: dict[str, str] = {}
-        self._busy: dict[str, tuple[int, int]] = {}  # worker -> (batch, generation)
-        self._watched: set[str] = set()
-        self._replies: dict[int, tuple[str, asyncio.Future]] = {}
-        self._req = itertools.count()
         self._wake = asyncio.Event()
+        self.calls = DataServerCalls(
+            transport,
+            config.data_servers,
+            call_timeout=config.call_timeout,
+            pause=config.interval / 4,
+        )
+        servers = dict(config.data_server_urls)
+        self.workers = Workforce(
+            transport,
+            self.membership,
+            data_servers={ds: servers.get(ds, "") for ds in config.data_servers},
+            ledger=lambda: self._ready_ledger,
+            event=self._event,
+            clock=clock,
+            wake=self._wake,
+            poll=config.interval / 4,
+            false_reports=config.false_reports,
+        )
         self._n_batches: dict[str, int] = {}
-        self._listeners: set[asyncio.Task] = set()
         self._ckpt_digest: dict[str, str] = {}
         self._stop_requested = False
         self.initial_loss: float | None = None
         self.journal = Journal(config.journal) if config.journal else None
         self.resumed: dict[str, Any] | None = None  # what a restart found in the journal
         self._seq = 0  # the last committed checkpoint every data server holds
-        self._down: set[str] = set()  # data servers that failed a request this round
         self.training = uuid.uuid4().hex  # the run's id (kept across restarts by the journal)
         self.test: dict[str, dict[str, Any]] = {}
         self.exports: dict[str, str] = {}
+        self.workers.admit()
+
+    @property
+    def _watched(self) -> set[str]:
+        """Every peer ever watched as a possible worker."""
+        return self.workers.watched
+
+    @property
+    def _down(self) -> set[str]:
+        return self.calls.down
 
     @property
     def _ready_ledger(self) -> Ledger:
@@ -180,136 +142,11 @@ class Coordinator:
     def _event(self, kind: str, detail: Any = None) -> None:
         self.events.append((self.clock(), kind, detail))
 
-    async def _call(self, ds: str, op: str, arrays=(), **meta) -> Frame:
-        """Send request ``op`` to ``ds`` and return its reply. `DataServerDownError` when it does
-        not answer in time or answers that it hosts nothing (it restarted); `ElasticError`
-        when it refuses the request."""
-        req = next(self._req)
-        fut = asyncio.get_running_loop().create_future()
-        self._replies[req] = (ds, fut)
-        wait = max(self.cfg.call_timeout, 60.0) if op == "hello" else self.cfg.call_timeout
-        try:
-            async with asyncio.timeout(wait):
-                await self.t.send(
-                    ds, P.CTL, Frame(meta={"op": op, "req": req, **meta}, arrays=tuple(arrays))
-                )
-                rep = await fut
-        except TimeoutError:
-            raise DataServerDownError(
-                f"data server {ds!r} did not answer {op!r} within {wait:g} s; is it running?"
-            ) from None
-        except TransportError as exc:
-            raise DataServerDownError(f"data server {ds!r} is unreachable: {exc}") from None
-        finally:
-            self._replies.pop(req, None)
-        if not rep.meta.get("ok"):
-            if rep.meta.get("hosted") is False:
-                raise DataServerDownError(
-                    f"data server {ds!r} restarted (it hosts no parameter server): "
-                    f"{rep.meta.get('error')}"
-                )
-            raise ElasticError(f"data server {ds!r} failed {op!r}: {rep.meta.get('error')}")
-        return rep
-
     async def _call_all(
         self, op: str, per_ds: Callable[[str], dict] | None = None, arrays=(), **meta
     ) -> dict[str, Frame]:
-        """``op`` on every data server at once. Raises one error, not a group: a refusal
-        (`ElasticError`) before `DataServerDownError`, so a real failure is never mistaken for
-        a restart."""
-
-        async def one(ds: str) -> Frame | ElasticError:
-            try:
-                return await self._call(ds, op, arrays, **meta, **(per_ds(ds) if per_ds else {}))
-            except ElasticError as exc:
-                return exc
-
-        async with asyncio.TaskGroup() as tg:
-            tasks = {ds: tg.create_task(one(ds)) for ds in self.cfg.data_servers}
-        out: dict[str, Frame] = {}
-        errors: list[ElasticError] = []
-        for ds, task in tasks.items():
-            result = task.result()
-            if isinstance(result, ElasticError):
-                errors.append(result)
-            else:
-                out[ds] = result
-        if errors:
-            down = [e for e in errors if isinstance(e, DataServerDownError)]
-            if len(down) == len(errors):
-                self._down.update(
-                    ds for ds, t in tasks.items() if isinstance(t.result(), DataServerDownError)
-                )
-                raise down[0]
-            raise next(e for e in errors if not isinstance(e, DataServerDownError))
-        return out
-
-    async def _replies_from(self, ds: str) -> None:
-        while True:
-            try:
-                rep = await self.t.recv(ds, P.REPLY)
-            except TransportError as exc:  # the data server is gone: fail its pending calls
-                for who, fut in self._replies.values():
-                    if who == ds and not fut.done():
-                        fut.set_exception(DataServerDownError(f"data server {ds!r} is gone: {exc}"))
-                # a restarted data server speaks again at the same address
-                if P.cancelled_meanwhile():
-                    return
-                await asyncio.sleep(self.cfg.interval / 4)
-                continue
-            req = rep.meta.get("req")
-            pending = self._replies.get(req) if isinstance(req, int) else None
-            if pending is not None and not pending[1].done():
-                pending[1].set_result(rep)
-
-    async def _discover(self, tg: asyncio.TaskGroup) -> None:
-        """Watch every addressable peer that is not a data server as a possible worker; the
-        watchers run in ``tg``."""
-        skip = set(self.cfg.data_servers) | {self.t.name}
-        while True:
-            for peer in self.t.peers:
-                if peer not in skip and peer not in self._watched:
-                    self._watched.add(peer)
-                    self._listeners.add(tg.create_task(self._heartbeats(peer)))
-                    self._listeners.add(tg.create_task(self._reports(peer)))
-            await asyncio.sleep(self.cfg.interval / 4)
-
-    async def _heartbeats(self, worker: str) -> None:
-        while True:
-            try:
-                hb = await self.t.recv(worker, P.HB)
-            except TransportError:
-                return
-            inc = str(hb.meta.get("incarnation", ""))
-            url = hb.meta.get("url")
-            if url:
-                self._urls[worker] = str(url)
-            if self.membership.beat(worker, inc, self.clock()):
-                self._busy.pop(worker, None)  # a restarted worker lost what it was doing
-                self._event("beat_new", worker)
-                P.learn_peer(self.t, worker, url)
-                servers = {
-                    ds: dict(self.cfg.data_server_urls).get(ds, "") for ds in self.cfg.data_servers
-                }
-                try:
-                    await self.t.send(worker, P.WELCOME, Frame(meta={"data_servers": servers}))
-                except TransportError as exc:
-                    log.info("cannot welcome %s: %s", worker, exc)
-                self._wake.set()
-
-    async def _reports(self, worker: str) -> None:
-        while True:
-            try:
-                done = await self.t.recv(worker, P.DONE)
-            except TransportError:
-                return
-            batch, gen = done.meta.get("batch"), done.meta.get("gen")
-            if self._busy.get(worker) == (batch, gen):
-                del self._busy[worker]
-            if done.meta.get("ok") and isinstance(batch, int) and isinstance(gen, int):
-                if self._ready_ledger.report(batch, gen, worker):
-                    self._event("done", (worker, batch))
-            self._wake.set()
+        """`DataServerCalls.call_all`."""
+        return await self.calls.call_all(op, per_ds, arrays, **meta)
 
     async def _wait(self, seconds: float) -> None:
         self._wake.clear()
@@ -324,17 +161,17 @@ class Coordinator:
     async def run(self) -> dict[str, Any]:
         """Train ``epochs`` epochs; returns a summary. Leaves no task running."""
         async with asyncio.TaskGroup() as tg:
-            helpers = [tg.create_task(self._replies_from(ds)) for ds in self.cfg.data_servers]
+            helpers = [tg.create_task(self.calls.replies_from(ds)) for ds in self.cfg.data_servers]
             try:
                 await self._hello()
-                helpers.append(tg.create_task(self._discover(tg)))
+                helpers.append(tg.create_task(self.workers.discover(tg)))
                 await self._train()
                 await self._finish()
                 await self._stop()
             finally:
                 for task in helpers:
                     task.cancel()
-                for task in self._listeners:
+                for task in self.workers.listeners:
                     task.cancel()
         return self.summary()
 
@@ -419,30 +256,6 @@ class Coordinator:
             for i, ds in enumerate(self.cfg.data_servers)
         }
 
-    def _dispatch(self) -> list[tuple[str, dict]]:
-        ledger = self._ready_ledger
-        out = []
-        for worker in sorted(self.membership.live - set(self._busy)):
-            got = ledger.assign(worker)
-            if got is None:
-                break
-            ds, batch = got
-            self._busy[worker] = (batch, ledger.generation)
-            out.append(
-                (
-                    ds,
-                    {
-                        "op": "train",
-                        "req": -1,
-                        "batch": batch,
-                        "worker": worker,
-                        "gen": ledger.generation,
-                        "url": self._urls.get(worker, ""),
-                    },
-                )
-            )
-        return out
-
     async def _train(self) -> None:
         cfg, ledger = self.cfg, self._ready_ledger
         if len(self.history) >= cfg.epochs:  # resumed after the last epoch closed
@@ -456,8 +269,8 @@ class Coordinator:
             self._set_phase("train")
             end = self.clock() + cfg.interval
             while self.clock() < end and not ledger.drained:
-                for ds, meta in self._dispatch():
-                    await self._request_training(ds, meta)
+                for ds, meta in self.workers.assign():
+                    await self.calls.request_training(ds, meta)
                 await self._wait(end - self.clock())
             self._set_phase("pause")
             end = self.clock() + cfg.drain_time
@@ -489,18 +302,6 @@ class Coordinator:
                 if not more:
                     return
 
-    async def _request_training(self, ds: str, meta: dict[str, Any]) -> None:
-        """Ask ``ds`` to send a batch to a worker; a data server that cannot be reached is
-        marked down (the detection then recovers) instead of stalling the round."""
-        if ds in self._down:
-            return
-        try:
-            async with asyncio.timeout(self.cfg.call_timeout):
-                await self.t.send(ds, P.CTL, Frame(meta=meta))
-        except (TransportError, TimeoutError) as exc:
-            log.warning("data server %s unreachable: %s", ds, exc)
-            self._down.add(ds)
-
     def request_stop(self) -> None:
         """Finish after the next detection (checkpoint or rollback), even mid-epoch."""
         self._stop_requested = True
@@ -523,7 +324,7 @@ class Coordinator:
         applied = [b for rep in fenced.values() for b in rep.meta["applied"]]
         merged: Sequence[np.ndarray] = ()
         if merge:
-            merged = await asyncio.to_thread(_mean, [rep.arrays for rep in fenced.values()])
+            merged = await asyncio.to_thread(merge_replicas, [r.arrays for r in fenced.values()])
         reps = await self._call_all("checkpoint", arrays=merged, seq=seq)
         self._check_replicas(reps)
         digests = {ds: rep.meta["digest"] for ds, rep in reps.items()}
@@ -539,6 +340,7 @@ class Coordinator:
         )
         self._seq = seq
         self._remember(reps)
+        self.workers.settle(applied)
         committed = ledger.checkpoint(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
@@ -548,8 +350,7 @@ class Coordinator:
     def _membership_changed(self, det: Detection) -> None:
         self._event("removed", sorted(det.left))
         self._event("joined", sorted(det.joined))
-        for worker in det.left:
-            self._busy.pop(worker, None)
+        self.workers.forget(det.left)
 
     async def _recover(self, reason: str) -> None:
         """Wait for every data server, restore them all to the last committed checkpoint at a
@@ -592,7 +393,8 @@ class Coordinator:
             raise ElasticError(
                 f"data server(s) {wrong} did not restore checkpoint {self._seq} bit for bit"
             )
-        self._busy.clear()
+        self.workers.busy.clear()
+        self.workers.audit.forget()
         self._down.clear()
         # the rollback digests are counted as rollbacks by observers: keep the counts in step
         n = ledger.rollback()
@@ -617,6 +419,7 @@ class Coordinator:
                 f"parameter server(s) {wrong} did not return bit-identical to "
                 "their last checkpoint after rollback"
             )
+        self.workers.audit.forget()
         n = ledger.rollback()
         self.progress.rollbacks += 1
         self._event("rollback", n)
@@ -733,23 +536,10 @@ class Coordinator:
             "exports": self.exports,
             "reissued": self.ledger.reissued if self.ledger else 0,
             "refused_reports": self.ledger.refused if self.ledger else 0,
+            "false_reports": dict(self.workers.audit.strikes),
+            "fenced": sorted(self.workers.audit.banned),
             "generation": self.ledger.generation if self.ledger else 0,
         }
 
 
-def _mean(replicas: list[tuple[np.ndarray, ...]]) -> list[np.ndarray]:
-    """Merge replica states: mean of float leaves, max of integer leaves (step counters)."""
-    out = []
-    for leaves in zip(*replicas, strict=True):
-        a0 = leaves[0]
-        if any(a.shape != a0.shape or a.dtype != a0.dtype for a in leaves):
-            raise ElasticError(
-                "replicas have different state layouts; all data servers must "
-                "load the same model description"
-            )
-        stack = np.stack(leaves)
-        if a0.dtype.kind == "f":
-            out.append(stack.mean(axis=0, dtype=np.float64).astype(a0.dtype))
-        else:
-            out.append(stack.max(axis=0))
-    return out
+__all__ = ["ON_CHANGE", "Coordinator", "CoordinatorConfig", "Progress"]

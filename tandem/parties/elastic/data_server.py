@@ -3,7 +3,10 @@ the coordinator names and applies the gradients they return.
 
 Contract:
 
-* It acts only on the coordinator's requests (``CTL``), answered on ``REPLY`` in order.
+* It acts only on the coordinator's requests (``CTL``), answered on ``REPLY`` in order: a
+  ``CTL`` frame from any other sender (a worker claiming the coordinator's authority) is
+  refused at its head (403 over HTTP), logged and counted in ``forged``; so is any channel but
+  ``CTL`` and ``RESULT`` (`protocol.admit_channels`). The sender is the authenticated name.
 * A result is applied only if it answers the task this server sent to that worker for that
   batch in the current generation; anything else is refused with an ``ACK`` saying why, and
   the server keeps serving.
@@ -73,6 +76,16 @@ class DataServer:
         self._listening: dict[str, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self.refused = 0
+        self.forged = 0  # control frames refused from senders other than the coordinator
+        P.admit_channels(
+            transport,
+            {P.CTL: coordinator.__eq__, P.RESULT: coordinator.__ne__},
+            on_refused=self._refused_stream,
+        )
+
+    def _refused_stream(self, sender: str, channel: str) -> None:
+        if channel == P.CTL:
+            self.forged += 1
 
     async def run(self) -> None:
         """Serve until the coordinator says ``stop``; leaves no task running."""
@@ -123,7 +136,7 @@ class DataServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                return await self.t.recv(self.coordinator, P.CTL)
+                req = await self.t.recv(self.coordinator, P.CTL)
             except TransportClosedError as exc:
                 if getattr(self.t, "closed", False) or P.cancelled_meanwhile():
                     raise
@@ -138,6 +151,11 @@ class DataServer:
                         "or raise coordinator_wait"
                     ) from None
                 await asyncio.sleep(min(0.2, self.coordinator_wait / 10))
+                continue
+            if req.sender in ("", self.coordinator):
+                return req
+            self.forged += 1  # a transport that delivered another sender's frame here
+            log.warning("%s: control from %r refused: not the coordinator", self.t.name, req.sender)
 
     async def _handle(self, op, req: Frame, tg: asyncio.TaskGroup):
         if op in ("hello", "restore"):
@@ -154,69 +172,73 @@ class DataServer:
             self._train(req, ps, index, tg)
             return None, ()
         async with self._lock:
-            if op == "fence":
-                gen = P.field(req, "gen", int)
-                applied = ps.fence(gen)
-                self._assigned.clear()
-                if "live" in req.meta:
-                    self._forget(req.meta["live"])
-                arrays = ps.leaves() if req.meta.get("export") else ()
-                return {"applied": applied}, arrays
-            if op == "checkpoint":
-                if req.arrays:
-                    await asyncio.to_thread(ps.load, list(req.arrays))
-                digest = await asyncio.to_thread(ps.checkpoint, _seq(req))
-                return {"digest": digest, "model": ps.model_digest()}, ()
-            if op == "restore":
-                seq, gen = P.field(req, "seq", int), P.field(req, "gen", int)
-                self._assigned.clear()
-                digest = await asyncio.to_thread(ps.restore, seq, gen)
-                self._forget(req.meta.get("live", []))
-                return {
-                    "digest": digest,
-                    "model": ps.model_digest(),
-                    "n_batches": self.n_batches,
-                    "spec": self.spec.digest,
-                }, ()
-            if op == "rollback":
-                gen = P.field(req, "gen", int)
-                self._assigned.clear()
-                digest = await asyncio.to_thread(ps.rollback, gen)
-                self._forget(req.meta.get("live", []))
-                return {"digest": digest, "model": ps.model_digest()}, ()
-            if op == "epoch":
-                await asyncio.to_thread(ps.new_epoch, self.n_batches, _seq(req))
-                return {
-                    "epoch": ps.epoch,
-                    "digest": ps.digest(),
-                    "model": ps.model_digest(),
-                }, ()
-            if op == "eval":
-                loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
-                return {"loss": loss}, ()
-            if op == "test":
-                if self.test is None:
-                    return {"rows": 0, "loss": None, "accuracy": None}, ()
-                x, y = self.test.x, self.test.y
-                loss = await asyncio.to_thread(ps.loss, x, y)
-                accuracy = await asyncio.to_thread(ps.accuracy, x, y)
-                return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
-            if op == "export":
-                if self.export is None:
-                    return {"path": None}, ()
-                desc = await asyncio.to_thread(
-                    export_model,
-                    self.export,
-                    self.spec,
-                    list(ps.params),
-                    party=self.t.name,
-                    training=P.field(req, "training", str),
-                    preprocessing=self.preprocessing,
-                    fingerprint=self.fingerprint,
-                )
-                return {"path": self.export, "digest": desc["digest"]}, ()
-            if op == "stop":
-                return {}, ()
+            return await self._locked(op, req, ps)
+
+    async def _locked(self, op, req: Frame, ps: ParamServer):
+        """The parameter-server operations, run under the lock."""
+        if op == "fence":
+            gen = P.field(req, "gen", int)
+            applied = ps.fence(gen)
+            self._assigned.clear()
+            if "live" in req.meta:
+                self._forget(req.meta["live"])
+            arrays = ps.leaves() if req.meta.get("export") else ()
+            return {"applied": applied}, arrays
+        if op == "checkpoint":
+            if req.arrays:
+                await asyncio.to_thread(ps.load, list(req.arrays))
+            digest = await asyncio.to_thread(ps.checkpoint, _seq(req))
+            return {"digest": digest, "model": ps.model_digest()}, ()
+        if op == "restore":
+            seq, gen = P.field(req, "seq", int), P.field(req, "gen", int)
+            self._assigned.clear()
+            digest = await asyncio.to_thread(ps.restore, seq, gen)
+            self._forget(req.meta.get("live", []))
+            return {
+                "digest": digest,
+                "model": ps.model_digest(),
+                "n_batches": self.n_batches,
+                "spec": self.spec.digest,
+            }, ()
+        if op == "rollback":
+            gen = P.field(req, "gen", int)
+            self._assigned.clear()
+            digest = await asyncio.to_thread(ps.rollback, gen)
+            self._forget(req.meta.get("live", []))
+            return {"digest": digest, "model": ps.model_digest()}, ()
+        if op == "epoch":
+            await asyncio.to_thread(ps.new_epoch, self.n_batches, _seq(req))
+            return {
+                "epoch": ps.epoch,
+                "digest": ps.digest(),
+                "model": ps.model_digest(),
+            }, ()
+        if op == "eval":
+            loss = await asyncio.to_thread(ps.loss, self.shard.x, self.shard.y)
+            return {"loss": loss}, ()
+        if op == "test":
+            if self.test is None:
+                return {"rows": 0, "loss": None, "accuracy": None}, ()
+            x, y = self.test.x, self.test.y
+            loss = await asyncio.to_thread(ps.loss, x, y)
+            accuracy = await asyncio.to_thread(ps.accuracy, x, y)
+            return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
+        if op == "export":
+            if self.export is None:
+                return {"path": None}, ()
+            desc = await asyncio.to_thread(
+                export_model,
+                self.export,
+                self.spec,
+                list(ps.params),
+                party=self.t.name,
+                training=P.field(req, "training", str),
+                preprocessing=self.preprocessing,
+                fingerprint=self.fingerprint,
+            )
+            return {"path": self.export, "digest": desc["digest"]}, ()
+        if op == "stop":
+            return {}, ()
         raise ProtocolError(
             f"unknown operation {op!r}; expected hello, train, fence, "
             "checkpoint, rollback, restore, epoch, eval, test, export or stop"

@@ -12,6 +12,8 @@ Every batch id of the epoch belongs to one data server (its shard). A batch move
   say their parameters hold (their word is the truth: a worker may have pushed and died before
   reporting); everything else goes back to pending.
 * `rollback()` bumps the generation and puts every uncommitted batch back to pending.
+* `release(batch, worker)` puts one in-flight batch back to pending at once (its worker's
+  report was refused: `tandem.parties.elastic.audit`).
 
 Invariants (checked by `check`): the four sets partition the epoch's batch ids; no batch is
 ever committed twice in an epoch (`LedgerError` otherwise); the generation never decreases.
@@ -106,6 +108,16 @@ class Ledger:
             return False
         del self.in_flight[batch]
         self.completed.add(batch)
+        return True
+
+    def release(self, batch: int, worker: str) -> bool:
+        """Put ``batch``, in flight with ``worker``, back to pending (in epoch order); False
+        when it is not in flight with that worker."""
+        if self.in_flight.get(batch) != worker:
+            return False
+        del self.in_flight[batch]
+        self.pending = sorted([*self.pending, batch], key=self._order.__getitem__)
+        self.reissued += 1
         return True
 
     def checkpoint(self, applied: Iterable[int]) -> list[int]:

@@ -12,9 +12,11 @@ Contract:
 * A worker that beat within ``timeout`` and is not live joins at detection time.
 * A worker that beats with a new ``incarnation`` (it restarted and lost whatever it was doing)
   counts as a change: the old incarnation leaves and the new one joins.
+* A `ban`ned worker (the coordinator fenced it: `tandem.parties.elastic.audit`) leaves at the
+  next detection and never joins again under that name; its beats are ignored.
 
-Invariant: ``live`` holds only workers with a recorded beat; every ``(worker, incarnation)`` in
-``live`` is the latest incarnation seen when the detection ran.
+Invariant: ``live`` holds only workers with a recorded beat and no ban; every
+``(worker, incarnation)`` in ``live`` is the latest incarnation seen when the detection ran.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class Membership:
         self._last: dict[str, float] = {}
         self._incarnation: dict[str, str] = {}
         self._live: dict[str, str] = {}  # worker -> incarnation at the last detection
+        self.banned: set[str] = set()
 
     @property
     def live(self) -> frozenset[str]:
@@ -54,12 +57,21 @@ class Membership:
         return self._last.get(worker)
 
     def beat(self, worker: str, incarnation: str, now: float) -> bool:
-        """Record a heartbeat; returns True when this is a new incarnation of ``worker``."""
+        """Record a heartbeat; returns True when this is a new incarnation of ``worker``
+        (always False for a banned worker: its beats are not recorded)."""
+        if worker in self.banned:
+            return False
         new = self._incarnation.get(worker) != incarnation
         self._incarnation[worker] = incarnation
         prev = self._last.get(worker)
         self._last[worker] = now if prev is None else max(prev, now)
         return new
+
+    def ban(self, worker: str) -> None:
+        """Remove ``worker`` at the next detection, for good (its beats are ignored)."""
+        self.banned.add(worker)
+        self._last.pop(worker, None)
+        self._incarnation.pop(worker, None)
 
     def alive(self, worker: str, now: float) -> bool:
         """Whether ``worker`` beat within ``timeout`` of ``now`` (regardless of ``live``)."""

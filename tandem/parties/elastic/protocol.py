@@ -11,20 +11,29 @@ Who sends what (all through `tandem.transports.base.Transport`)::
     data server -> worker       ACK     {batch, gen, ok, error?}
     worker      -> coordinator  DONE    {batch, gen, ds, ok}
     coordinator -> worker       CTL     {op: "stop"}
+
+Each role takes each channel only from the roles the table names (`admit_channels`): over a
+transport with admission hooks (HTTP), a frame on another channel, or from another sender
+(a worker sending ``CTL`` to a data server as if it were the coordinator), is refused at the
+request head (403) and logged; the sender is the authenticated name (``Frame.sender``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from tandem.transports.base import AddressingTransport, Frame, Transport
+from tandem.errors import AdmissionError
+from tandem.transports.base import AddressingTransport, AdmittingTransport, Frame, Transport
 
 from .errors import ProtocolError
 
 HB, WELCOME, CTL, REPLY = "hb", "welcome", "ctl", "reply"
 TASK, RESULT, ACK, DONE = "task", "result", "ack", "done"
+
+log = logging.getLogger(__name__)
 
 #: batch ids of data server ``index`` are ``index * STRIDE + local index``
 STRIDE = 1 << 20
@@ -57,3 +66,33 @@ def field(frame: Frame, key: str, kind: type | tuple[type, ...]) -> Any:
             f"must be {kind}, got {type(value).__name__}"
         )
     return value
+
+
+def admit_channels(
+    transport: Transport,
+    senders: Mapping[str, Callable[[str], bool]],
+    on_refused: Callable[[str, str], None] | None = None,
+) -> None:
+    """Admit on ``transport`` only ``channel`` frames whose sender ``senders[channel]``
+    accepts; any other is refused at its head (`AdmissionError`, 403 over HTTP), logged, and
+    passed to ``on_refused(sender, channel)``. No-op for a transport without admission hooks
+    (the memory transport: within one process, ``recv(peer, ...)`` already names the
+    sender)."""
+    if not isinstance(transport, AdmittingTransport):
+        return
+    me = transport.name
+
+    def admit(sender: str, channel: str) -> None:
+        accept = senders.get(channel)
+        if accept is not None and accept(sender):
+            return
+        log.warning("%s: refused %r frame from %r (not its role's channel)", me, channel, sender)
+        if on_refused is not None:
+            on_refused(sender, channel)
+        raise AdmissionError(
+            f"{me!r} takes no {channel!r} frames from {sender!r}: "
+            f"only {sorted(senders)} from their roles (tandem.parties.elastic.protocol)",
+            field="channel",
+        )
+
+    transport.admit_stream = admit

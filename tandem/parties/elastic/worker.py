@@ -98,6 +98,11 @@ class Worker:
         self.killed = False
         self._busy = asyncio.Lock()
         self._contact = 0.0  # loop time of the last heartbeat the coordinator took
+        coord = coordinator.__eq__
+        P.admit_channels(
+            transport,
+            {P.WELCOME: coord, P.CTL: coord, P.TASK: coordinator.__ne__, P.ACK: coordinator.__ne__},
+        )
 
     async def run(self) -> None:
         """Work until ``stop`` (returns) or a simulated death (returns with ``killed``).

@@ -10,8 +10,11 @@ A round ``r``:
    then wait for its update. A client that answers ``resync`` (it restarted and holds an older
    version) gets a message re-planned from the version it names, once per round. Late replies
    to past rounds are dropped; an update that fails
-   `protocol.check_update` is refused (the reason is in the round report) and the round goes
-   on; clients silent at the deadline, or whose link closed, are left out;
+   `protocol.check_update` (NaN or Inf included) is refused (the reason is in the round
+   report) and the round goes on; an update refused from its head (larger than the negotiated
+   model's encoded size: `bounds.UpdateBounds`) or for a sample count above the client's
+   declared data size ends that client's wait at once too; clients silent at the deadline,
+   or whose link closed, are left out;
 4. combine the accepted payloads with `FLConfig.aggregator` (a weighted mean by sample count
    unless told otherwise): a linear aggregator combines the compressed payloads and the server
    decompresses once (rand-k and sketches are linear); a non-linear one is given each client's
@@ -35,7 +38,7 @@ import asyncio
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -43,12 +46,13 @@ import numpy as np
 import optax
 
 from tandem.errors import ConfigError, TandemError
-from tandem.transports.base import Frame, Transport
+from tandem.transports.base import Frame, SizeAdmittingTransport, Transport
 
 from . import compression as C
 from . import protocol as P
 from .aggregate import ServerRule, ServerState, optax_step, server_step
 from .aggregator import Aggregator, weighted_mean
+from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
 from .train import LocalTrainer
 
@@ -109,7 +113,9 @@ class RoundReport:
 
 
 class FLServer:
-    """Runs ``cfg.rounds`` rounds over ``transport`` with the named ``clients``."""
+    """Runs ``cfg.rounds`` rounds over ``transport`` with the named ``clients``;
+    ``sizes`` (client -> rows), where given, bounds each client's sample count
+    (`bounds.UpdateBounds`; else its first accepted report does)."""
 
     def __init__(
         self,
@@ -120,6 +126,7 @@ class FLServer:
         *,
         test_set: tuple[np.ndarray, np.ndarray] | None = None,
         on_round: Callable[[RoundReport], None] | None = None,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         if not clients:
             raise ConfigError("a federation needs at least one client")
@@ -144,6 +151,9 @@ class FLServer:
         self.test_set, self.on_round = test_set, on_round
         raw = 4 * math.prod(P.expected_shape(self.uplink, self.d))
         self.max_update_bytes = cfg.max_update_bytes or raw + raw // 64 + 4096
+        self.bounds = UpdateBounds(self.max_update_bytes, sizes)
+        if isinstance(transport, SizeAdmittingTransport):
+            transport.admit_size = self.bounds.admit_size
         self.reports: list[RoundReport] = []
 
     # -- accounting ----------------------------------------------------------------------------
@@ -256,55 +266,89 @@ class FLServer:
             if not train:
                 return
             self.inflight[c] = (r, seed)
+            self.bounds.open(c)
             await self.send_round(c, r, seed)
             resynced = False
             while True:
-                frame = await self.transport.recv(c, P.UPDATE)
+                frame = await self._next_update(c)
+                if isinstance(frame, str):  # refused by the transport from its head
+                    rejected[c] = frame
+                    return
                 if frame.meta.get("kind") == P.RESYNC:
-                    try:
-                        rnd, held = P.check_resync(frame, version=self.planner.version)
-                    except P.UpdateError as exc:
-                        rejected[c] = f"resync from {c!r} refused: {exc}"
+                    verdict = await self._resync(c, r, seed, frame, resynced)
+                    if verdict is not None:
+                        rejected[c] = verdict
                         return
-                    if rnd < r:
-                        continue  # about a past round's message; this round's is on its way
-                    if rnd > r or resynced:
-                        rejected[c] = (
-                            f"{c!r} cannot apply its model message even after a "
-                            f"resync to version {held} (round {rnd})"
-                        )
-                        return
-                    # the client restarted or lost state: plan from what it really holds
-                    self.known[c], resynced = held, True
-                    self.resyncs += 1
-                    await self.send_round(c, r, seed)
+                    resynced = True
                     continue
-                try:
-                    rnd, n, ver, payload = P.check_update(
-                        frame,
-                        uplink=self.uplink,
-                        d=self.d,
-                        version=self.planner.version,
-                        max_bytes=self.max_update_bytes,
-                    )
-                except P.UpdateError as exc:
-                    rejected[c] = f"update from {c!r} refused: {exc}"
-                    return
-                if rnd < r:
+                verdict = self._judge(c, r, frame, accepted)
+                if verdict == "late":
                     continue  # a late reply to a past round: discard, keep waiting
-                if rnd > r:
-                    rejected[c] = (
-                        f"update from {c!r} refused: round {rnd} is in the future "
-                        f"(current round {r})"
-                    )
-                    return
-                self.known[c] = max(self.known[c], ver)
-                accepted[c] = (n, payload)
+                if verdict:
+                    rejected[c] = verdict
                 return
         except TandemError:
             return  # link closed or peer unknown: the client is left out of this round
         finally:
             self.inflight.pop(c, None)
+            self.bounds.close(c)
+
+    async def _next_update(self, c: str) -> Frame | str:
+        """``c``'s next update-channel frame, or the reason its update was refused at the
+        head (`bounds.UpdateBounds`), whichever comes first. (``recv`` is cancel-safe: the
+        losing wait loses no frame.)"""
+        async with asyncio.TaskGroup() as tg:
+            frame = tg.create_task(self.transport.recv(c, P.UPDATE))
+            refused = tg.create_task(self.bounds.wait_refusal(c))
+            await asyncio.wait((frame, refused), return_when=asyncio.FIRST_COMPLETED)
+            if frame.done():
+                refused.cancel()
+                return frame.result()
+            frame.cancel()
+        return refused.result()
+
+    async def _resync(self, c: str, r: int, seed: int, frame: Frame, resynced: bool) -> str | None:
+        """Answer ``c``'s resync of round ``r`` (re-plan its message from the version it
+        holds, once per round); returns why it is refused, or None."""
+        try:
+            rnd, held = P.check_resync(frame, version=self.planner.version)
+        except P.UpdateError as exc:
+            return f"resync from {c!r} refused: {exc}"
+        if rnd < r:
+            return None  # about a past round's message; this round's is on its way
+        if rnd > r or resynced:
+            return (
+                f"{c!r} cannot apply its model message even after a "
+                f"resync to version {held} (round {rnd})"
+            )
+        # the client restarted or lost state: plan from what it really holds
+        self.known[c] = held
+        self.resyncs += 1
+        await self.send_round(c, r, seed)
+        return None
+
+    def _judge(self, c: str, r: int, frame: Frame, accepted: dict) -> str | None:
+        """Check ``c``'s update for round ``r`` and accept it; returns why it is refused,
+        ``"late"`` for a reply to a past round, or None once accepted."""
+        try:
+            rnd, n, ver, payload = P.check_update(
+                frame,
+                uplink=self.uplink,
+                d=self.d,
+                version=self.planner.version,
+                max_bytes=self.max_update_bytes,
+            )
+            self.bounds.check_count(c, n)
+        except P.UpdateError as exc:
+            return f"update from {c!r} refused: {exc}"
+        if rnd < r:
+            return "late"
+        if rnd > r:
+            return f"update from {c!r} refused: round {rnd} is in the future (current round {r})"
+        self.known[c] = max(self.known[c], ver)
+        self.bounds.accepted(c, n)
+        accepted[c] = (n, payload)
+        return None
 
     async def send_round(self, c: str, r: int, seed: int) -> None:
         """Send ``c`` round ``r``'s training request, planned from the version it holds."""

@@ -255,6 +255,9 @@ async def run_server(
             admit_unknown=True,
             admit_names=frozenset(cfg.clients),
             peer_timeout=None,
+            # NaN/Inf are judged by the server (`protocol.check_update`): a refused update
+            # then ends its client's wait in the round at once
+            reject_nonfinite=False,
         ),
     )
     async with started(built) as transport:

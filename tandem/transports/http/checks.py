@@ -2,7 +2,8 @@
 authenticated: decoding (400; 413 past ``max_frame_bytes``), its header agreeing with the
 request's (400) and its spec hash with the negotiated one (409), NaN/Inf (422) and the
 ``validator`` hook (422), then the ``admit_frame`` hook (422, naming the field). The
-``admit_stream`` hook judges a request's head before any of it (403).
+``admit_stream`` hook judges a request's head before any of it (403), and the ``admit_size``
+hook its declared size (413).
 
 The hooks are read from a `Hooks` holder on every use (the server: the transport replaces
 them after negotiation; `tandem.transports.base.AdmittingTransport` states their contract).
@@ -24,6 +25,7 @@ from .scan import FiniteScan, all_finite, is_float
 
 AdmitStream = Callable[[str, str], None]
 AdmitFrame = Callable[[Frame], None]
+AdmitSize = Callable[[str, str, int], None]
 
 
 class Hooks(Protocol):
@@ -33,6 +35,7 @@ class Hooks(Protocol):
     validator: Callable[[Frame], None] | None
     admit_stream: AdmitStream | None
     admit_frame: AdmitFrame | None
+    admit_size: AdmitSize | None
 
 
 class FrameChecks:
@@ -53,6 +56,17 @@ class FrameChecks:
         except FrameError as exc:
             field = exc.field if isinstance(exc, AdmissionError) else "channel"
             raise Refuse(403, "not_admitted", str(exc), field=field) from None
+
+    def check_size(self, sender: str, channel: str, total: int) -> None:
+        """The ``admit_size`` hook (413 naming the field)."""
+        admit_size = self.hooks.admit_size
+        if admit_size is None:
+            return
+        try:
+            admit_size(sender, channel, total)
+        except FrameError as exc:
+            field = exc.field if isinstance(exc, AdmissionError) else "total"
+            raise Refuse(413, "too_large", str(exc), field=field) from None
 
     def check_admission(self, frame: Frame) -> None:
         """The ``admit_frame`` hook (422 naming the field)."""
@@ -133,4 +147,4 @@ class FrameChecks:
                 raise Refuse(422, "invalid", f"frame refused by validator: {exc}") from None
 
 
-__all__ = ["AdmitFrame", "AdmitStream", "FrameChecks", "Hooks"]
+__all__ = ["AdmitFrame", "AdmitSize", "AdmitStream", "FrameChecks", "Hooks"]

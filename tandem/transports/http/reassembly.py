@@ -54,6 +54,7 @@ class Reassembler:
                 f"{self.cfg.max_frame_bytes} of {self.cfg.name!r}; raise it on the "
                 "receiver or send smaller tensors",
             )
+        self.checks.check_size(sender, channel, total)
         if not (
             chunks >= 1
             and 0 <= chunk < chunks

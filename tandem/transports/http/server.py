@@ -36,7 +36,7 @@ from aiohttp import hdrs, web
 from ..base import Frame, LinkStats
 from ..inbox import Inbox
 from .body import Body
-from .checks import AdmitFrame, AdmitStream, FrameChecks
+from .checks import AdmitFrame, AdmitSize, AdmitStream, FrameChecks
 from .config import HttpConfig
 from .connections import Listener
 from .endpoints import Endpoints
@@ -98,7 +98,8 @@ class HttpServer:
     ``admit_stream(sender, channel)`` runs on each request head, before its body is read or
     any memory is reserved; ``admit_frame(frame)`` on each complete frame that passed every
     other check, just before delivery (on the loop, with nothing awaited between it and the
-    delivery). Either refuses by raising `AdmissionError` (403 and 422, naming the field) or
+    delivery); ``admit_size(sender, channel, total)`` on each message head's declared size
+    (413). Each refuses by raising `AdmissionError` (403 and 422, naming the field) or
     `FrameError`.
 
     The receiving state lives in ``store`` (`store.InboundStore`); ``inboxes``, ``held``,
@@ -119,6 +120,7 @@ class HttpServer:
         self.validator = config.validator
         self.admit_stream: AdmitStream | None = None
         self.admit_frame: AdmitFrame | None = None
+        self.admit_size: AdmitSize | None = None
         self.quiet = QuietLog(log, ceiling=logging.WARNING)
         self.gate = Gate(config, peers, incarnation)
         self.verifier = self.gate.verifier

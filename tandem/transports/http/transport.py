@@ -144,6 +144,17 @@ class HttpTransport:
         self._server.admit_stream = value
 
     @property
+    def admit_size(self) -> Callable[[str, str, int], None] | None:
+        """Called with ``(sender, channel, total bytes)`` of each inbound message head, before
+        its body is read or memory reserved; raise `AdmissionError` (or `FrameError`) to
+        refuse it as too large (413)."""
+        return self._server.admit_size
+
+    @admit_size.setter
+    def admit_size(self, value: Callable[[str, str, int], None] | None) -> None:
+        self._server.admit_size = value
+
+    @property
     def admit_frame(self) -> Callable[[Frame], None] | None:
         """Called on the event loop with each complete inbound frame that passed every other
         check, just before it is delivered; raise `AdmissionError` naming the field (or

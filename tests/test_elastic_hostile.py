@@ -1,0 +1,71 @@
+"""Elastic roles against insiders and outsiders, end to end over HTTP in one process (issue 39,
+point 3): a worker on no roster is never admitted, a control message from a worker to a data
+server is refused and the job finishes, and a worker that reports batches done without
+pushing gradients is fenced while the job commits every batch exactly once. The jobs and
+attacks are `bench.hostile_roles`'."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import hostile_roles as H
+from tandem.parties.elastic.audit import ReportAudit
+from tandem.parties.elastic.ledger import Ledger
+from tandem.parties.elastic.membership import Membership
+
+
+def test_the_audit_strikes_reports_the_data_servers_did_not_apply():
+    audit = ReportAudit(limit=3)
+    audit.record(1, "liar")
+    audit.record(2, "honest")
+    assert audit.settle(applied=[2]) == [] and audit.fenced("liar")
+    assert not audit.fenced("honest")
+    assert not audit.refuse("liar") and audit.refuse("liar")  # strikes 2, then 3: banned
+    assert audit.banned == {"liar"} and audit.refused == 2
+    audit.record(3, "honest")
+    audit.forget()  # a rollback: nothing to judge
+    assert audit.settle(applied=[]) == [] and not audit.fenced("honest")
+
+
+def test_a_banned_worker_leaves_and_its_beats_are_ignored():
+    m = Membership(timeout=1.0)
+    m.beat("w", "a", 0.0)
+    assert m.detect(0.1).live == {"w"}
+    m.ban("w")
+    assert not m.beat("w", "b", 0.2)
+    det = m.detect(0.3)
+    assert det.left == {"w"} and not det.live
+
+
+def test_a_released_batch_goes_back_to_pending_in_epoch_order():
+    ledger = Ledger({"ds0": [0, 1, 2]})
+    assert ledger.assign("w") == ("ds0", 0)
+    assert ledger.release(0, "w") and not ledger.release(0, "w")
+    assert ledger.pending == [0, 1, 2] and ledger.reissued == 1
+    ledger.check()
+
+
+@pytest.mark.slow
+async def test_a_stranger_worker_with_the_secret_is_refused():
+    out = await H.attack_stranger_worker(seconds=110)
+    assert out["refused_ok"], out
+    assert not out["welcomed"] and out["task_frames_to_stranger"] == 0
+    assert out["refused_heads"].get("unknown_peer", 0) > 0  # 401 at every heartbeat
+    assert out["exactly_once"] and out["epochs"] == 2
+
+
+@pytest.mark.slow
+async def test_a_control_message_forged_by_a_worker_is_refused_and_the_job_finishes():
+    out = await H.attack_forged_control(seconds=110, tries=10)
+    assert out["refused_ok"], out
+    assert list(out["sends"]) and all(k.startswith("AdmissionError") for k in out["sends"])
+    assert out["forged_counted"][0] == 10  # counted (and logged) by the data server
+    assert out["exactly_once"] and out["epochs"] == 2
+
+
+@pytest.mark.slow
+async def test_a_worker_reporting_done_without_gradients_is_fenced():
+    out = await H.attack_done_without_gradients(seconds=110)
+    assert out["fenced"] == ["w1"] and out["false_reports"]["w1"] >= 3, out
+    assert out["exactly_once"] and out["epochs"] == 2
+    assert out["generation"] < 40, out  # no livelock of generations
