@@ -177,6 +177,9 @@ async def _rounds(ctx: Any, one: Callable[[int], Any], pause: float) -> list[int
         except (OSError, TimeoutError):
             if ctx.finished.is_set():  # the party finished its run meanwhile
                 break
+            if not rounds:  # not listening yet: the parties are still starting
+                await asyncio.sleep(0.05)
+                continue
             raise
         rounds += 1
         await asyncio.sleep(pause)

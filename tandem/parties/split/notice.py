@@ -162,8 +162,10 @@ class PeerWatch:
             more = f" ({since} more since the last warning)" if since else ""
             log.warning(
                 "%s: refused a request from its peer %r for authentication: %s%s. Most likely "
-                "the two parties hold different secrets ([security] secret / secret_env / "
-                "secret_file), or their clocks differ by more than the replay window",
+                "the two parties hold different secrets or keys ([security] secret / "
+                "secret_env / secret_file, or private_key and [security.public_keys]), their "
+                "clocks differ by more than the replay window, or another party signs in its "
+                "name",
                 self.transport.name,
                 peer,
                 reason[:MAX_REASON],
