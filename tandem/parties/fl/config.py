@@ -225,7 +225,9 @@ class ServerFile(Section):
 
     server: ServerTable
     optimizer: OptimizerConfig = Field(
-        default_factory=lambda: OptimizerConfig(name="sgd", learning_rate=1.0)
+        default_factory=lambda: OptimizerConfig.model_validate(
+            {"name": "sgd", "learning_rate": 1.0}
+        )
     )
     compression: CompressionConfig = CompressionConfig()
     model: ModelSpec
@@ -279,7 +281,9 @@ class ClientFile(Section):
     client: ClientTable
     train: TrainTable = TrainTable()
     optimizer: OptimizerConfig = Field(
-        default_factory=lambda: OptimizerConfig(name="sgd", learning_rate=0.05)
+        default_factory=lambda: OptimizerConfig.model_validate(
+            {"name": "sgd", "learning_rate": 0.05}
+        )
     )
     data: Data
     http: Security = Field(default_factory=Security)
