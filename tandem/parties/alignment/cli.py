@@ -14,7 +14,9 @@ the ids they all share (`tandem.parties.alignment.multi`). Each party writes ``r
 (row = 0-based data row of the table, a CSV's header excluded) in the agreed order, and prints
 one JSON summary line with the intersection size and commitment for the task spec. The shared HMAC
 secret comes from the environment variable named by ``--secret-env``
-(default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned.
+(default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned,
+which a non-loopback ``--host`` refuses unless ``--insecure`` says so. ``tandem align`` takes
+flags only (no TOML file: its few settings differ per run).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--secret-env",
         default="TANDEM_SECRET",
         help="environment variable holding the shared HMAC secret",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve unsigned on a non-loopback --host (anyone reaching it may take part)",
     )
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the peer")
     p.add_argument("--chunk", type=int, default=32768, help="points per frame")
@@ -126,6 +133,7 @@ def _table_ids(path: str, column: str | None) -> list[str]:
 
 async def run(args: argparse.Namespace) -> int:
     from tandem.errors import TandemError
+    from tandem.parties.config.sections import is_loopback
     from tandem.transports.factory import (
         addressing,
         common_scheme,
@@ -157,6 +165,14 @@ async def run(args: argparse.Namespace) -> int:
         )
         return 2
     secret = os.environ.get(args.secret_env)
+    if not (secret or args.insecure or is_loopback(args.host)):
+        print(
+            f"tandem align: --host {args.host} is reachable from other machines and "
+            f"${args.secret_env} holds no shared secret; export it (every party the same), "
+            "or serve on 127.0.0.1, or pass --insecure to serve unsigned on purpose",
+            file=sys.stderr,
+        )
+        return 2
     try:
         ids = await asyncio.to_thread(read_ids, args.ids, args.column)
         built = make_transport(
