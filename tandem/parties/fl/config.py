@@ -152,6 +152,12 @@ def _location(value: str | None, info: ValidationInfo) -> str | None:
 class ServerTable(Section):
     """``[server]``: who the server is, who may join and how the rounds go."""
 
+    # required (the checks below word their absence); the JSON Schema says so for editors
+    model_config = {
+        **Section.model_config,
+        "json_schema_extra": {"required": ["clients", "rounds"]},
+    }
+
     name: str = "server"
     host: str = "127.0.0.1"
     port: Port = 0
@@ -251,6 +257,8 @@ class ServerFile(Section):
 
 class ClientTable(Section):
     """``[client]``: who the client is and where its server is."""
+
+    model_config = {**Section.model_config, "json_schema_extra": {"required": ["name", "server"]}}
 
     name: str | None = None
     server: Url | None = Field(default=None, description="the server's URL")
