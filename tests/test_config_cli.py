@@ -180,6 +180,12 @@ def test_check_names_the_key_for_fl_and_elastic_files(tmp_path, capsys):
             "name = 'd'\ncoordinator = 'http://127.0.0.1:1'\n",
             "give the shard as [data] + [model]",
         ),
+        (
+            "elastic-worker",
+            "name = 'w'\ncoordinator = 'http://127.0.0.1:1'\nsecret = 'a'\n"
+            "[security]\nsecret = 'b'\n",
+            "the shared secret is given twice, by secret and in [security]",
+        ),
     ]
     for role, text, message in cases:
         bad = tmp_path / f"{role}.toml"
