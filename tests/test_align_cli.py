@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import json
 
@@ -164,3 +165,21 @@ def test_read_ids_takes_a_parquet_column_as_text(tmp_path):
     pq.write_table(pa.table({"cid": ["a", None]}), path)
     with pytest.raises(AlignmentError, match="'cid' has no value at row 1"):
         cli.read_ids(str(path), "cid")
+
+
+async def test_an_open_host_without_a_secret_is_refused_unless_insecure(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.delenv("TANDEM_SECRET", raising=False)
+    write_csv(tmp_path / "a.csv", ["cid"], [["c1"]])
+    argv = ["align", "--name", "A", "--role", "leader", "--host", "0.0.0.0"]
+    argv += ["--peer", "B=http://127.0.0.1:1", "--ids", str(tmp_path / "a.csv")]
+    argv += ["--out", str(tmp_path / "out.csv"), "--wait", "0.2", "--timeout", "0.5"]
+    assert await cli.run(parse(argv)) == 2
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 is reachable from other machines" in err and "--insecure" in err
+    # with --insecure it serves (and then gives up on the absent peer, whichever way)
+    with contextlib.suppress(Exception):
+        await cli.run(parse([*argv, "--insecure"]))
+    err = capsys.readouterr().err
+    assert "serving on http://0.0.0.0" in err and "reachable from other machines" not in err

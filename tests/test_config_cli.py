@@ -117,3 +117,169 @@ def test_a_checkpoint_of_an_older_spec_version_is_refused_naming_fresh(tmp_path,
     store.save(2, **save)
     (reason,) = stale_checkpoints(store, data)
     assert "version 1 task spec" in reason and "--fresh" in reason
+
+
+#: Every role file under examples/ (a worker roster is a list of names, not a role's file).
+ROLE_FILES = sorted(p for p in ROOT.glob("examples/**/*.toml") if p.name != "roster.toml")
+KINDS = {
+    "party": ("split", "two-orgs", "three-party"),
+    "fl-server": ("fl",),
+    "fl-client": ("fl",),
+    "elastic-coordinator": ("elastic",),
+    "elastic-data-server": ("elastic",),
+    "elastic-worker": ("elastic",),
+}
+
+
+def test_each_kind_has_a_schema_that_describes_its_examples(capsys, monkeypatch):
+    from tandem.parties.cli.config_cmd import ROLES, guess_role
+
+    monkeypatch.setenv("TANDEM_SECRET", "s3cret")
+    monkeypatch.setenv("TANDEM_FL_SECRET", "s3cret")
+    assert set(KINDS) | {"predict"} == set(ROLES)
+    seen = dict.fromkeys(KINDS, 0)
+    for path in ROLE_FILES:
+        role = guess_role(str(path))
+        assert path.parent.name in KINDS[role], (path, role)
+        schema = _schema(capsys, role)
+        assert schema["title"] == f"tandem {role} TOML"
+        _keys_fit(tomllib.loads(path.read_text()), schema, schema.get("$defs", {}), "")
+        assert main(["config", "check", str(path)]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out) == {
+            "file": str(path),
+            "role": role,
+            "status": "ok",
+        }
+        seen[role] += 1
+    assert all(seen.values()), seen
+    for role in ("fl-server", "elastic-worker"):  # the shared sections, not copies
+        defs = _schema(capsys, role)["$defs"]
+        assert "insecure" in defs["Security"]["properties"]
+
+
+def test_check_names_the_key_for_fl_and_elastic_files(tmp_path, capsys):
+    cases = [
+        (
+            "fl-client",
+            "[client]\nname = 'a'\nserver = 'x'\n[data]\nsource = 'a.csv'\n",
+            "must be a URL",
+        ),
+        (
+            "elastic-worker",
+            "name = 'w'\ncoordinator = 'http://127.0.0.1:1'\nport = -1\n",
+            "'port' must be in [0, 65535]",
+        ),
+        (
+            "elastic-coordinator",
+            "name = 'c'\n[data_servers]\nds0 = 'http://h:1'\n"
+            "[security]\nsecret_env = 'TANDEM_NOT_SET_Q'\n",
+            "security.secret_env names $TANDEM_NOT_SET_Q",
+        ),
+        (
+            "elastic-data-server",
+            "name = 'd'\ncoordinator = 'http://127.0.0.1:1'\n",
+            "give the shard as [data] + [model]",
+        ),
+        (
+            "elastic-worker",
+            "name = 'w'\ncoordinator = 'http://127.0.0.1:1'\nsecret = 'a'\n"
+            "[security]\nsecret = 'b'\n",
+            "the shared secret is given twice, by secret and in [security]",
+        ),
+    ]
+    for role, text, message in cases:
+        bad = tmp_path / f"{role}.toml"
+        bad.write_text(text)
+        assert main(["config", "check", str(bad), "--role", role]) == 2
+        err = capsys.readouterr().err
+        assert message in err and str(bad) in err, err
+
+
+# -- a non-loopback listen address needs authentication, or insecure = true -----------------
+def _role_tables(tmp_path: Path) -> dict[str, tuple[dict, tuple[str, ...], str]]:
+    """role -> (a loopback file's table, the path of its listen host, its security table)."""
+    (tmp_path / "t.csv").write_text("id,x,y\na,1,0\n")
+    data = {"source": "t.csv", "id_column": "id", "label_column": "y"}
+    return {
+        "party": (
+            {
+                "role": "follower",
+                "name": "follower",
+                "peers": {"leader": "http://127.0.0.1:1"},
+                "data": {"source": "t.csv", "id_column": "id"},
+                "listen": {},
+                "security": {},
+            },
+            ("listen", "host"),
+            "security",
+        ),
+        "fl-server": (
+            {
+                "server": {"clients": ["a"], "rounds": 1},
+                "model": {"kind": "mlp"},
+                "data": data,
+                "http": {},
+            },
+            ("server", "host"),
+            "http",
+        ),
+        "fl-client": (
+            {"client": {"name": "a", "server": "http://127.0.0.1:1"}, "data": data, "http": {}},
+            ("client", "host"),
+            "http",
+        ),
+        "elastic-coordinator": (
+            {
+                "name": "c",
+                "data_servers": {"d": "http://127.0.0.1:1"},
+                "workers": {},
+                "security": {},
+            },
+            ("host",),
+            "security",
+        ),
+        "elastic-data-server": (
+            {
+                "name": "d",
+                "coordinator": "http://127.0.0.1:1",
+                "model": "m.json",
+                "shard": "s.npz",
+                "security": {},
+            },
+            ("host",),
+            "security",
+        ),
+        "elastic-worker": (
+            {"name": "w", "coordinator": "http://127.0.0.1:1", "security": {}},
+            ("host",),
+            "security",
+        ),
+    }
+
+
+def test_every_role_refuses_an_open_address_without_authentication(tmp_path, capsys):
+    from fl_process_helpers import to_toml
+
+    for role, (table, host_at, sec) in _role_tables(tmp_path).items():
+        place = table
+        for part in host_at[:-1]:
+            place = place[part]
+        security = table[sec]
+        if role == "fl-server":
+            security["secret"] = "s"  # the FL server always signs; its check is the secret's
+        ok = [("127.0.0.1", {}), ("0.0.0.0", {"insecure": True}), ("::1", {})]
+        if role != "fl-server":
+            ok.append(("0.0.0.0", {"secret": "s"}))
+        bad = [] if role == "fl-server" else [("0.0.0.0", {}), ("10.1.2.3", {})]
+        for host, extra, expected in [*((h, e, 0) for h, e in ok), *((h, e, 2) for h, e in bad)]:
+            place[host_at[-1]] = host
+            table[sec] = {**security, **extra}
+            path = tmp_path / f"{role}.toml"
+            path.write_text(to_toml(table))
+            rc = main(["config", "check", str(path), "--role", role])
+            err = capsys.readouterr().err
+            assert rc == expected, (role, host, extra, err)
+            if expected:
+                key = ".".join(host_at)
+                assert f"{key} = {host!r} is reachable from other machines" in err, err
+                assert f"{sec}.insecure = true" in err and f"{sec}.secret_env" in err, err

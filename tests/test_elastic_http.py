@@ -3,7 +3,9 @@
 Six processes: two data servers, three workers, a coordinator. The coordinator's roster lists
 w0 and w1; w2 is on no list and is started only after the kill: it joins by signing its
 heartbeats with the shared secret (the coordinator asks for ``admit_workers``: with a roster,
-admission of authenticated unknown senders is off unless asked for).
+admission of authenticated unknown senders is off unless asked for), which it reads from a
+file (``[security] secret_file``), as ds1 reads it from the environment (``secret_env``) and
+the others take it inline (``secret``).
 Its process is launched at the outset but holds at a gate (its imports done) until the kill:
 on a loaded 2-core machine importing JAX can take longer than the rest of the training, and a
 worker that starts after its coordinator finished is never welcomed. The run must finish with
@@ -60,6 +62,10 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
     url = lambda p: f"http://127.0.0.1:{p}"  # noqa: E731
     secret = "test-secret"
     common = dict(host="127.0.0.1", secret=secret, coordinator=url(pc))
+    (tmp_path / "secret").write_text(secret + "\n")
+    where = dict(host="127.0.0.1", coordinator=url(pc))
+    by_env = dict(where, security={"secret_env": "TANDEM_TEST_ELASTIC_SECRET"})
+    by_file = dict(where, security={"secret_file": "secret"})  # relative to the file
     cfg = {
         "ds0": _toml(
             tmp_path / "ds0.toml",
@@ -75,11 +81,11 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
             port=p1,
             model=f"file://{tmp_path}/model.json",
             shard=f"file://{tmp_path}/shard1.npz",
-            **common,
+            **by_env,  # the shared [security] section: the secret from the environment
         ),
         "w0": _toml(tmp_path / "w0.toml", name="w0", port=pw0, heartbeat=0.1, **common),
         "w1": _toml(tmp_path / "w1.toml", name="w1", port=pw1, heartbeat=0.1, **common),
-        "w2": _toml(tmp_path / "w2.toml", name="w2", port=pw2, heartbeat=0.1, **common),
+        "w2": _toml(tmp_path / "w2.toml", name="w2", port=pw2, heartbeat=0.1, **by_file),
     }
     roster = _toml(tmp_path / "roster.toml", w0=url(pw0), w1=url(pw1))
     cfg["coordinator"] = _toml(
@@ -95,6 +101,7 @@ def test_kill_dash_nine_a_worker_over_http(tmp_path):
         data_servers={"ds0": url(p0), "ds1": url(p1)},
     )
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    env["TANDEM_TEST_ELASTIC_SECRET"] = secret
     procs: dict[str, subprocess.Popen] = {}
 
     def start(role: str, name: str, *extra: str) -> None:

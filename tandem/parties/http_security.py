@@ -1,8 +1,9 @@
 """How a party authenticates and protects its HTTP transport: the security keys of its TOML.
 
-Split-learning parties read these keys from their ``[security]`` table and federated parties
-from ``[http]``; both are the one `tandem.parties.config.Security` section (FL and elastic
-through `parse_security`), so a secret, a TLS file or a limit means the same everywhere::
+Split-learning parties and elastic roles read these keys from their ``[security]`` table and
+federated parties from ``[http]``; each is the one `tandem.parties.config.Security` section
+(checked with its file; `parse_security` checks a lone table), so a secret, a TLS file or a
+limit means the same everywhere::
 
     private_key = "me.key"    # per-party keys: this party's own Ed25519 key (or private_key_env)
     [security.public_keys]    # ... and the roster: every party's public key(s), by name
@@ -23,6 +24,7 @@ through `parse_security`), so a secret, a TLS file or a limit means the same eve
     key_id = "2026-11"        # the id the current secret signs under (rotation)
     previous_secret_file = "old"   # a retiring key still accepted (with previous_key_id)
     max_clock_skew = 5.0      # seconds a signed request may be stamped in the future
+    insecure = false          # true: serve on a non-loopback address without authentication
 
 `security_of` turns a checked section into an `HttpSecurity`, whose `HttpSecurity.ssl_contexts`
 and `HttpSecurity.http_config` build the TLS contexts and a `tandem.transports.http.HttpConfig`.

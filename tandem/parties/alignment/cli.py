@@ -14,7 +14,9 @@ the ids they all share (`tandem.parties.alignment.multi`). Each party writes ``r
 (row = 0-based data row of the table, a CSV's header excluded) in the agreed order, and prints
 one JSON summary line with the intersection size and commitment for the task spec. The shared HMAC
 secret comes from the environment variable named by ``--secret-env``
-(default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned.
+(default ``TANDEM_SECRET``), never from the command line; without it, requests are unsigned,
+which a non-loopback ``--host`` refuses unless ``--insecure`` says so. ``tandem align`` takes
+flags only (no TOML file: its few settings differ per run).
 """
 
 from __future__ import annotations
@@ -65,6 +67,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--secret-env",
         default="TANDEM_SECRET",
         help="environment variable holding the shared HMAC secret",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve unsigned on a non-loopback --host (anyone reaching it may take part)",
     )
     p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for the peer")
     p.add_argument("--chunk", type=int, default=32768, help="points per frame")
@@ -126,37 +133,17 @@ def _table_ids(path: str, column: str | None) -> list[str]:
 
 async def run(args: argparse.Namespace) -> int:
     from tandem.errors import TandemError
-    from tandem.transports.factory import (
-        addressing,
-        common_scheme,
-        is_transport_url,
-        make_transport,
-        started,
-        url_hint,
-    )
+    from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
     from . import psi  # noqa: F401  (the psi extra is required before anything starts)
     from .multi import align_follower, align_leader
 
-    peers: dict[str, str] = {}
-    for given in args.peer:
-        peer, sep, url = given.partition("=")
-        if not sep or not peer or not is_transport_url(url):
-            print(
-                f"tandem align: --peer must be NAME=URL with URL {url_hint()} (e.g. "
-                f"B=http://127.0.0.1:8602), got {given!r}",
-                file=sys.stderr,
-            )
-            return 2
-        peers[peer] = url
-    if args.role == "follower" and len(peers) != 1:
-        print(
-            f"tandem align: a follower aligns through the leader only: give one --peer "
-            f"(the leader), got {sorted(peers)}",
-            file=sys.stderr,
-        )
-        return 2
     secret = os.environ.get(args.secret_env)
+    try:
+        peers = _peers(args, secret)
+    except AlignmentError as exc:
+        print(f"tandem align: {exc}", file=sys.stderr)
+        return 2
     try:
         ids = await asyncio.to_thread(read_ids, args.ids, args.column)
         built = make_transport(
@@ -195,6 +182,41 @@ async def run(args: argparse.Namespace) -> int:
     except (TandemError, OSError) as exc:
         print(f"tandem align: {exc}", file=sys.stderr)
         return 1
+    emit_result(_summary(args, peers, res, seconds))
+    return 0
+
+
+def _peers(args: argparse.Namespace, secret: str | None) -> dict[str, str]:
+    """The ``--peer NAME=URL`` flags as a mapping; `AlignmentError` when one is malformed, a
+    follower names more than the leader, or a non-loopback ``--host`` would serve unsigned."""
+    from tandem.parties.config.sections import is_loopback
+    from tandem.transports.factory import is_transport_url, url_hint
+
+    peers: dict[str, str] = {}
+    for given in args.peer:
+        peer, sep, url = given.partition("=")
+        if not sep or not peer or not is_transport_url(url):
+            raise AlignmentError(
+                f"--peer must be NAME=URL with URL {url_hint()} (e.g. "
+                f"B=http://127.0.0.1:8602), got {given!r}"
+            )
+        peers[peer] = url
+    if args.role == "follower" and len(peers) != 1:
+        raise AlignmentError(
+            f"a follower aligns through the leader only: give one --peer "
+            f"(the leader), got {sorted(peers)}"
+        )
+    if not (secret or args.insecure or is_loopback(args.host)):
+        raise AlignmentError(
+            f"--host {args.host} is reachable from other machines and "
+            f"${args.secret_env} holds no shared secret; export it (every party the same), "
+            "or serve on 127.0.0.1, or pass --insecure to serve unsigned on purpose"
+        )
+    return peers
+
+
+def _summary(args: argparse.Namespace, peers: dict[str, str], res, seconds: float) -> dict:
+    """The JSON line of a finished alignment."""
     summary = {
         "party": args.name,
         "intersection_size": res.size,
@@ -209,8 +231,7 @@ async def run(args: argparse.Namespace) -> int:
     }
     if len(peers) > 1:
         summary["pairwise"] = dict(res.pairwise)
-    emit_result(summary)
-    return 0
+    return summary
 
 
 def _write(path: str, res) -> None:

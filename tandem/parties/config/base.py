@@ -143,7 +143,7 @@ def describe(exc: ValidationError, model: type[BaseModel], where: tuple[str, ...
     if kind == "value_error" and isinstance(ctx.get("error"), Invalid):
         inner: Invalid = ctx["error"]
         text = inner.text.replace("{section}", key)
-        if not inner.key and text.startswith(("set ", "the ", "unknown ", key)):
+        if not inner.key and text.startswith(("set ", "the ", "unknown ", "[", key)):
             return text  # a sentence about the section that names its keys itself
         named = () if loc and loc[-1] == inner.key else (inner.key,)
         return f"{_dotted((*where, *loc, *named))} {text}"

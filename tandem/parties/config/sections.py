@@ -30,6 +30,28 @@ Positive = Annotated[float, Field(gt=0)]
 PositiveInt = Annotated[int, Field(gt=0)]
 
 
+def _port(value: Any) -> Any:
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value <= 65535:
+        raise Invalid("", f"must be in [0, 65535] (0: any free port), got {value}")
+    return value
+
+
+#: A TCP port to listen on (0: any free port).
+Port = Annotated[int, BeforeValidator(_port)]
+
+
+def _url(value: Any) -> Any:
+    from tandem.transports.factory import is_transport_url, url_hint
+
+    if isinstance(value, str) and not is_transport_url(value):
+        raise Invalid("", f"must be {url_hint('http://127.0.0.1:8780')}, got {value!r}")
+    return value.rstrip("/") if isinstance(value, str) else value
+
+
+#: The base URL of a peer (or of this party as its peers reach it), trailing slash dropped.
+Url = Annotated[str, BeforeValidator(_url)]
+
+
 class Listen(Section):
     """``[listen]``: where this party serves its peers."""
 
@@ -121,6 +143,11 @@ class Security(Section):
     reject_nonfinite: bool = Field(default=True, description="refuse tensors holding NaN or Inf")
     retry_timeout: Positive = Field(default=30.0, description="seconds a send retries a lost peer")
     peer_timeout: Positive = Field(default=30.0, description="seconds a silent peer may be away")
+    insecure: bool = Field(
+        default=False,
+        description="serve on a non-loopback address without authentication (no secret, no "
+        "mutual TLS): anyone who reaches the port can speak for any party",
+    )
 
     _secret: bytes | None = PrivateAttr(None)
     _previous: bytes | None = PrivateAttr(None)
@@ -239,6 +266,32 @@ class Security(Section):
         if self._secret:
             return "hmac"
         return "mtls" if self.tls_ca and self.tls_cert else "none"
+
+
+def is_loopback(host: str) -> bool:
+    """True when ``host`` names only this machine (``localhost``, 127.0.0.0/8, ``::1``)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to any interface
+
+
+def exposure(host: str, security: Security, *, listen: str, section: str) -> str | None:
+    """Why serving on ``host`` (the key ``listen``) with ``security`` (the ``[section]``
+    table) is refused, or None: a non-loopback address needs authentication (a secret, or
+    mutual TLS), unless ``section.insecure = true`` says the operator means it."""
+    if is_loopback(host) or security.auth != "none" or security.insecure:
+        return None
+    return (
+        f"{listen} = {host!r} is reachable from other machines, and [{section}] sets no "
+        f"authentication: set {section}.secret_env or {section}.secret_file (a shared secret), "
+        f"or {section}.tls_cert, tls_key and tls_ca (mutual TLS); or listen on 127.0.0.1; or "
+        f"set {section}.insecure = true to serve unauthenticated on purpose"
+    )
 
 
 class Http(Section):
@@ -360,6 +413,30 @@ def _files(info: ValidationInfo, value: str | None) -> str | None:
     return os.path.join(base_dir(info), os.path.expanduser(value))
 
 
+class ModelSpec(Section):
+    """``[model]`` of a federated server or an elastic data server: one whole model as a spec
+    for `tandem.parties.models.model_from_spec` (``kind`` and its arguments, docs/models.md),
+    unlike split learning's `Model`, which describes a stage per party."""
+
+    model_config = {**Section.model_config, "extra": "allow"}
+
+    kind: str | None = Field(default=None, description='"mlp", "embedding_mlp", a factory path')
+
+    @model_validator(mode="after")
+    def _kind(self) -> ModelSpec:
+        if not self.kind:
+            raise Invalid(
+                "", '[model] needs `kind` (e.g. kind = "mlp", hidden = [64], out_dim = 10)'
+            )
+        return self
+
+    def spec(self) -> dict[str, Any]:
+        """The spec as plain JSON data (tables to dicts, arrays to lists)."""
+        import json
+
+        return dict(json.loads(json.dumps(self.model_dump())))
+
+
 class Log(Section):
     """``[log]``: where the metrics go (paths relative to the TOML file's folder)."""
 
@@ -418,8 +495,13 @@ __all__ = [
     "Listen",
     "Log",
     "Model",
+    "ModelSpec",
     "Peers",
+    "Port",
     "Positive",
     "PositiveInt",
     "Security",
+    "Url",
+    "exposure",
+    "is_loopback",
 ]

@@ -20,12 +20,14 @@ import json
 import logging
 import sys
 import tomllib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tandem._extras import needs, require
 from tandem.errors import TandemError
 from tandem.parties.progress import emit_result
 
+from .config import CoordinatorFile, DataServerFile, RoleFile, WorkerFile, load_role
 from .errors import ConfigError, NotWelcomedError
 
 if TYPE_CHECKING:
@@ -75,53 +77,56 @@ def register(sub) -> None:
     m.set_defaults(func=_prepare)
 
 
-# -- config ----------------------------------------------------------------------------------
-def load_config(url: str, required: dict[str, type], optional: dict[str, type]) -> dict[str, Any]:
-    """Read a TOML config and check its keys and types; errors name the key and the fix."""
-    from .spec import _read
-
-    try:
-        cfg = tomllib.loads(_read(url).decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config {url!r} is not valid TOML: {exc}") from None
-    unknown = set(cfg) - set(required) - set(optional)
-    if unknown:
-        raise ConfigError(
-            f"config {url!r}: unknown key(s) {sorted(unknown)}; accepted: "
-            f"{sorted(set(required) | set(optional))}"
-        )
-    for key, kind in {**required, **optional}.items():
-        if key not in cfg:
-            if key in required:
-                raise ConfigError(f"config {url!r} lacks required key {key!r} ({kind.__name__})")
-            continue
-        ok = isinstance(cfg[key], kind) or (kind is float and isinstance(cfg[key], int))
-        if not ok or (kind in (int, float) and isinstance(cfg[key], bool)):
-            raise ConfigError(f"config {url!r}: {key!r} must be {kind.__name__}, got {cfg[key]!r}")
-    return cfg
-
-
-_TRANSPORT_KEYS = {"name": str, "host": str, "port": int, "secret": str, "advertise_url": str}
-
-
-def _transport(cfg: dict[str, Any], peers: dict[str, str], *, admit_unknown: bool = False):
+# -- building from the checked files ---------------------------------------------------------
+def _transport(cfg: RoleFile, peers: dict[str, str], *, admit_unknown: bool = False):
     """``async with`` this role's started transport, built by `make_transport` for its peers'
-    URL scheme. Elastic roles tell each other where they live: it must have addresses."""
+    URL scheme with the file's security settings. Elastic roles tell each other where they
+    live: it must have addresses."""
     from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
-    secret = cfg.get("secret")
     transport = make_transport(
         common_scheme(peers.values()),
-        name=cfg["name"],
-        host=cfg.get("host", "127.0.0.1"),
-        port=cfg.get("port", 0),
+        name=cfg.name,
+        host=cfg.host,
+        port=cfg.port,
         peers=peers,
-        secret=secret.encode() if secret else None,
-        advertise_url=cfg.get("advertise_url"),
+        advertise_url=cfg.advertise_url,
         admit_unknown=admit_unknown,
+        **cfg.transport_settings(),
     )
     addressing(transport, "an elastic role")
     return started(transport)
+
+
+def _coordinator_config(cfg: CoordinatorFile):
+    from .coordinator import CoordinatorConfig
+
+    return CoordinatorConfig(
+        data_servers=tuple(cfg.data_servers),
+        data_server_urls=tuple(cfg.data_servers.items()),
+        interval=cfg.interval,
+        timeout=cfg.timeout,
+        drain=cfg.drain,
+        epochs=cfg.epochs,
+        min_workers=cfg.min_workers,
+        on_change=cfg.on_change,
+        call_timeout=cfg.call_timeout,
+        recover_timeout=cfg.recover_timeout,
+        journal=cfg.journal,
+    )
+
+
+def _roster(cfg: CoordinatorFile) -> dict[str, str]:
+    """The workers of ``[workers]`` and of the roster file (re-read on each call)."""
+    from .spec import _read
+
+    workers = dict(cfg.workers)
+    if cfg.roster is not None:
+        try:
+            workers.update(tomllib.loads(_read(cfg.roster).decode()))
+        except (TandemError, tomllib.TOMLDecodeError) as exc:
+            log.warning("cannot read roster %s: %s", cfg.roster, exc)
+    return {str(k): str(v) for k, v in workers.items()}
 
 
 def _logging(args) -> None:
@@ -131,69 +136,14 @@ def _logging(args) -> None:
     )
 
 
-def _fail(exc: Exception) -> int:
+def _fail(exc: BaseException) -> int:
     print(f"error: {exc}", file=sys.stderr)
     return 2
 
 
 # -- roles -----------------------------------------------------------------------------------
-async def _coordinator(args) -> int:
-    from .coordinator import Coordinator, CoordinatorConfig
-    from .spec import _read
-
-    _logging(args)
-    try:
-        cfg = load_config(
-            args.config,
-            {"name": str, "data_servers": dict},
-            {
-                **_TRANSPORT_KEYS,
-                "interval": float,
-                "timeout": float,
-                "drain": float,
-                "epochs": int,
-                "min_workers": int,
-                "workers": dict,
-                "roster": str,
-                "admit_workers": bool,
-                "on_change": str,
-                "call_timeout": float,
-                "recover_timeout": float,
-                "journal": str,
-            },
-        )
-        admit = cfg.get("admit_workers", "secret" in cfg and not {"workers", "roster"} & set(cfg))
-        if admit and "secret" not in cfg:
-            raise ConfigError(
-                f"config {args.config!r}: admit_workers = true needs a secret "
-                "(workers prove they may join by signing with it); set secret "
-                "or list the workers in [workers] / roster"
-            )
-        ccfg = CoordinatorConfig(
-            data_servers=tuple(cfg["data_servers"]),
-            data_server_urls=tuple(cfg["data_servers"].items()),
-            interval=float(cfg.get("interval", 1.0)),
-            timeout=cfg.get("timeout"),
-            drain=cfg.get("drain"),
-            epochs=cfg.get("epochs", 1),
-            min_workers=cfg.get("min_workers", 1),
-            on_change=cfg.get("on_change", "rollback"),
-            call_timeout=float(cfg.get("call_timeout", 60.0)),
-            recover_timeout=float(cfg.get("recover_timeout", 120.0)),
-            journal=cfg.get("journal"),
-        )
-    except TandemError as exc:
-        return _fail(exc)
-
-    def roster() -> dict[str, str]:
-        workers = dict(cfg.get("workers", {}))
-        if "roster" in cfg:
-            try:
-                workers.update(tomllib.loads(_read(cfg["roster"]).decode()))
-            except (TandemError, tomllib.TOMLDecodeError) as exc:
-                log.warning("cannot read roster %s: %s", cfg["roster"], exc)
-        return {str(k): str(v) for k, v in workers.items()}
-
+def _progress_printer() -> Callable[[Any], None]:
+    """A coordinator progress callback printing a status line to stderr when it changes."""
     last: dict[str, tuple] = {}
 
     def progress(p) -> None:
@@ -208,13 +158,26 @@ async def _coordinator(args) -> int:
                 flush=True,
             )
 
-    async with _transport(cfg, {**cfg["data_servers"], **roster()}, admit_unknown=admit) as t:
-        coord = Coordinator(t, ccfg, on_progress=progress)
+    return progress
+
+
+async def _coordinator(args) -> int:
+    from .coordinator import Coordinator
+
+    _logging(args)
+    try:
+        cfg = load_role(CoordinatorFile, args.config)
+        ccfg = _coordinator_config(cfg)
+    except TandemError as exc:
+        return _fail(exc)
+    peers = {**cfg.data_servers, **_roster(cfg)}
+    async with _transport(cfg, peers, admit_unknown=cfg.admit) as t:
+        coord = Coordinator(t, ccfg, on_progress=_progress_printer())
 
         async def refresh() -> None:  # operators add workers to the roster while it runs
             while True:
                 await asyncio.sleep(ccfg.interval)
-                for name, url in roster().items():
+                for name, url in _roster(cfg).items():
                     if name not in t.peers:
                         t.add_peer(name, url)
 
@@ -238,6 +201,12 @@ async def _coordinator(args) -> int:
     if args.summary:
         with open(args.summary, "w") as f:
             json.dump(summary, f)
+    emit_result(_coordinator_result(summary))
+    return 0
+
+
+def _coordinator_result(summary: dict[str, Any]) -> dict[str, Any]:
+    """The coordinator's JSON line from its run's summary."""
     result = {
         "epochs": summary["epochs"],
         "rollbacks": summary["rollbacks"],
@@ -253,8 +222,7 @@ async def _coordinator(args) -> int:
         result["test_accuracy"] = round(right / sum(t["rows"] for t in tested), 4)
     if summary["exports"]:
         result["exports"] = summary["exports"]
-    emit_result(result)
-    return 0
+    return result
 
 
 async def _data_server(args) -> int:
@@ -266,63 +234,34 @@ async def _data_server(args) -> int:
     _logging(args)
     party: PartyShard | None = None
     try:
-        cfg = load_config(
-            args.config,
-            {"name": str, "coordinator": str},
-            {
-                **_TRANSPORT_KEYS,
-                "model": object,  # an fsspec URL (with shard), or a [model] table (with [data])
-                "shard": str,
-                "data": dict,
-                "train": dict,
-                "export": str,
-                "coordinator_name": str,
-                "checkpoints": str,
-                "coordinator_wait": float,
-            },
-        )
-        if "data" in cfg:
-            if "shard" in cfg or not isinstance(cfg.get("model"), dict):
-                raise ConfigError(
-                    f"config {args.config!r}: with [data], describe the model in a [model] "
-                    "table (docs/models.md) and leave out shard"
-                )
-            party = await asyncio.to_thread(load_party_shard, cfg, path=args.config)
+        cfg = load_role(DataServerFile, args.config)
+        if cfg.data is not None:
+            party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=args.config)
             spec, shard = party.spec, party.train
-        elif isinstance(cfg.get("model"), str) and "shard" in cfg:
-            if "train" in cfg:
-                raise ConfigError(
-                    f"config {args.config!r}: [train] goes with [data] and [model]; a model "
-                    "description file holds its own training settings"
-                )
-            spec = load_spec(cfg["model"])
-            shard = await asyncio.to_thread(load_shard, cfg["shard"], spec)
         else:
-            raise ConfigError(
-                f"config {args.config!r}: give the shard as [data] + [model] tables (the shared "
-                "data and model contract, docs/data.md and docs/models.md), or as model = "
-                '"<model description URL>" + shard = "<.npz URL>"'
-            )
-        store = CheckpointStore(cfg["checkpoints"]) if "checkpoints" in cfg else None
+            assert isinstance(cfg.model, str) and cfg.shard is not None  # DataServerFile._shard
+            spec = load_spec(cfg.model)
+            shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
+        store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
     except TandemError as exc:
         return _fail(exc)
-    coord = cfg.get("coordinator_name", "coordinator")
-    async with _transport(cfg, {coord: cfg["coordinator"]}) as t:
+    coord = cfg.coordinator_name
+    async with _transport(cfg, {coord: cfg.coordinator}) as t:
         ds = DataServer(
             t,
             coordinator=coord,
             spec=spec,
             shard=shard,
-            url=cfg.get("advertise_url", t.url),
+            url=cfg.advertise_url or t.url,
             store=store,
-            coordinator_wait=float(cfg.get("coordinator_wait", 60.0)),
+            coordinator_wait=cfg.coordinator_wait,
             test=party.test if party else None,
-            export=cfg.get("export"),
+            export=cfg.export,
             preprocessing=party.preprocessing if party else None,
             fingerprint=party.fingerprint if party else None,
         )
         print(
-            f"{cfg['name']}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
+            f"{cfg.name}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
             file=sys.stderr,
             flush=True,
         )
@@ -341,31 +280,27 @@ async def _worker(args) -> int:
 
     _logging(args)
     try:
-        cfg = load_config(
-            args.config,
-            {"name": str, "coordinator": str},
-            {**_TRANSPORT_KEYS, "coordinator_name": str, "heartbeat": float, "join_timeout": float},
-        )
+        cfg = load_role(WorkerFile, args.config)
     except TandemError as exc:
         return _fail(exc)
-    coord = cfg.get("coordinator_name", "coordinator")
-    async with _transport(cfg, {coord: cfg["coordinator"]}) as t:
+    coord = cfg.coordinator_name
+    async with _transport(cfg, {coord: cfg.coordinator}) as t:
         try:  # the worker checks its own settings; name the file they came from
             worker = Worker(
                 t,
                 coordinator=coord,
-                heartbeat=float(cfg.get("heartbeat", 0.3)),
-                url=cfg.get("advertise_url", t.url),
-                join_timeout=float(cfg.get("join_timeout", 60.0)),
+                heartbeat=cfg.heartbeat,
+                url=cfg.advertise_url or t.url,
+                join_timeout=cfg.join_timeout,
             )
         except ValueError as exc:
             return _fail(ConfigError(f"config {args.config!r}: {exc}"))
-        print(f"{cfg['name']}: worker on {t.url}", file=sys.stderr, flush=True)
+        print(f"{cfg.name}: worker on {t.url}", file=sys.stderr, flush=True)
         try:
             await worker.run()
         except NotWelcomedError as exc:
             return _fail(exc)
-        emit_result({"worker": cfg["name"], "batches": worker.done})
+        emit_result({"worker": cfg.name, "batches": worker.done})
     return 0
 
 
@@ -402,6 +337,35 @@ async def _prepare(args) -> int:
     return 0
 
 
+def _demo_progress(args, total: int):
+    """(a rich progress bar or None with --quiet, the cluster's progress callback)."""
+    if args.quiet:
+        return None, lambda p: None
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+
+    from tandem.parties.progress import progress_bar
+
+    bar = progress_bar(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches"),
+        TimeElapsedColumn(),
+    )
+    job = bar.add_task("elastic", total=total)
+
+    def progress(p) -> None:
+        per = total // args.epochs
+        loss = f" loss {p.loss:.3f}" if p.loss is not None else ""
+        bar.update(
+            job,
+            completed=min(total, p.epoch * per + p.committed),
+            description=f"epoch {p.epoch} live {p.live} gen {p.generation} "
+            f"rollbacks {p.rollbacks}{loss}",
+        )
+
+    return bar, progress
+
+
 async def _demo(args) -> int:
     from .local import LocalCluster
     from .spec import ModelSpec, make_dataset
@@ -416,32 +380,7 @@ async def _demo(args) -> int:
     spec = ModelSpec(sizes=(16, 32, 4), optimizer="adam", lr=0.01, batch_size=32, seed=0)
     shards = make_dataset(args.data_servers, args.rows, spec)
     total = sum(s.n_batches(spec.batch_size) for s in shards) * args.epochs
-    if args.quiet:
-        bar = None
-    else:
-        from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
-
-        from tandem.parties.progress import progress_bar
-
-        bar = progress_bar(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} batches"),
-            TimeElapsedColumn(),
-        )
-        job = bar.add_task("elastic", total=total)
-
-    def progress(p) -> None:
-        if bar is not None:
-            per = total // args.epochs
-            loss = f" loss {p.loss:.3f}" if p.loss is not None else ""
-            bar.update(
-                job,
-                completed=min(total, p.epoch * per + p.committed),
-                description=f"epoch {p.epoch} live {p.live} gen {p.generation} "
-                f"rollbacks {p.rollbacks}{loss}",
-            )
-
+    bar, progress = _demo_progress(args, total)
     cluster = LocalCluster(
         spec,
         shards,

@@ -1,7 +1,9 @@
 """The TOML configuration of a federated server and of a federated client.
 
 `load_server_config(path)` and `load_client_config(path)` read a file (a path or an fsspec
-URL) and check every key; an error is an `FLConfigError` naming the file, the key and the fix.
+URL) and check every key through the typed sections below (`ServerFile`, `ClientFile`:
+`tandem.parties.config`, which also gives `tandem config schema fl-server|fl-client`); an
+error is an `FLConfigError` naming the file, the key and the fix.
 docs/federated.md#running-a-federation has the full tables. In short::
 
     # server.toml
@@ -11,9 +13,9 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [optimizer]      # any optax optimizer: name + its keyword arguments
                      # FedAvg: name = "sgd", learning_rate = 1.0; FedAdam: "adam"; FedYogi: "yogi"
     [compression]    # preset = "dense" | "compressed", and the preset's knobs
-    [model]          # a model spec for model_from_spec: kind = "mlp", hidden = [64], out_dim
-    [data]           # the held-out evaluation set (docs/data.md)
-    [http]           # secret / secret_env / secret_file, TLS files, limits (as split learning)
+    [model]          # a model spec (shared ModelSpec): kind = "mlp", hidden = [64], out_dim
+    [data]           # the held-out evaluation set (shared [data], docs/data.md)
+    [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
 
     # client.toml
     [client]         # name, server (URL), server_name, host, port, reconnect_timeout
@@ -23,7 +25,9 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [http]           # as the server's
 
 The clients take the model, the loss and the initial parameters from the server (its
-``welcome``), so only the server has ``[model]`` and ``loss``.
+``welcome``), so only the server has ``[model]`` and ``loss``. The loaders return a flat,
+frozen view (`ServerConfig`, `ClientConfig`) with the data table and the security settings
+built (`DataConfig`, `HttpSecurity`).
 """
 
 from __future__ import annotations
@@ -37,12 +41,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import optax
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tandem.engine.kernels import LOSSES
 from tandem.errors import ConfigError
-from tandem.parties.data import DataConfig, parse_data_config
-from tandem.parties.http_security import HttpSecurity, parse_security
-from tandem.transports.factory import is_transport_url, url_hint
+from tandem.parties.config import Data, Section, Security, validate
+from tandem.parties.config.base import Invalid, Names
+from tandem.parties.config.sections import ModelSpec, Port, Positive, Url, exposure
+from tandem.parties.data import DataConfig
+from tandem.parties.http_security import HttpSecurity, security_of
 
 from .downlink import MODES
 
@@ -53,78 +60,256 @@ class FLConfigError(ConfigError):
 
 PRESETS = ("dense", "compressed")
 
-SERVER_KEYS: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "host": (str,),
-    "port": (int,),
-    "advertise_url": (str,),
-    "clients": (list,),
-    "rounds": (int,),
-    "fraction": (float, int),
-    "min_clients": (int,),
-    "round_timeout": (float, int),
-    "wait": (float, int),
-    "seed": (int,),
-    "loss": (str,),
-    "eval_every": (int,),
-    "checkpoint": (str,),
-    "export": (str,),
-}
-CLIENT_KEYS: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "server": (str,),
-    "server_name": (str,),
-    "host": (str,),
-    "port": (int,),
-    "advertise_url": (str,),
-    "reconnect_timeout": (float, int),
-}
-TRAIN_KEYS: dict[str, tuple[type, ...]] = {"epochs": (int,), "batch_size": (int,)}
-COMPRESSION_KEYS: dict[str, tuple[type, ...]] = {
-    "preset": (str,),
-    "uplink_ratio": (int,),
-    "topk_ratio": (int,),
-    "sketch": (bool,),
-    "downlink": (str,),
-    "anchor_every": (int,),
-    "log_size": (int,),
-    "lossless": (bool,),
-}
 
+class OptimizerConfig(Section):
+    """``[optimizer]``: ``optax.<name>(**kwargs)``, the server's (or a client's local)
+    optimizer; every key but ``name`` is a keyword argument of it."""
 
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """``optax.<name>(**kwargs)``: the server's (or a client's local) optimizer."""
+    model_config = {**Section.model_config, "extra": "allow"}
 
-    name: str
-    kwargs: Mapping[str, Any]
+    name: str | None = Field(default=None, description='an optax optimizer: "sgd", "adam", ...')
+
+    @model_validator(mode="after")
+    def _optax(self) -> OptimizerConfig:
+        from .build import build_optimizer
+
+        if not self.name:
+            raise Invalid(
+                "",
+                '[optimizer] needs `name`, an optax optimizer such as "sgd", "adam" or '
+                f'"yogi", got {self.name!r}',
+            )
+        try:
+            build_optimizer(self.name, self.kwargs)
+        except ConfigError as exc:
+            raise Invalid("", str(exc)) from None
+        return self
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
 
     def build(self) -> optax.GradientTransformation:
-        return _optax(self.name, dict(self.kwargs), "[optimizer]")
+        from .build import build_optimizer
+
+        return build_optimizer(str(self.name), self.kwargs)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, **dict(self.kwargs)}
+        return {"name": self.name, **self.kwargs}
 
 
-@dataclasses.dataclass(frozen=True)
-class CompressionConfig:
-    """``preset`` "dense" (dense uplink, full downlink) or "compressed" (rand-k uplink keeping
-    1/``uplink_ratio`` of the coordinates, or a count sketch of that size with ``sketch``;
-    error feedback applying the top 1/``topk_ratio``; ``downlink`` deltas)."""
+class CompressionConfig(Section):
+    """``[compression]``: ``preset`` "dense" (dense uplink, full downlink) or "compressed"
+    (rand-k uplink keeping 1/``uplink_ratio`` of the coordinates, or a count sketch of that
+    size with ``sketch``; error feedback applying the top 1/``topk_ratio``; ``downlink``
+    deltas; ``downlink`` defaults to "full" for dense and "version" for compressed)."""
 
     preset: str = "dense"
-    uplink_ratio: int = 60
-    topk_ratio: int = 50
+    uplink_ratio: int = Field(default=60, ge=1)
+    topk_ratio: int = Field(default=50, ge=1)
     sketch: bool = False
     downlink: str = "full"
-    anchor_every: int = 10
-    log_size: int = 16
+    anchor_every: int = Field(default=10, ge=1)
+    log_size: int = Field(default=16, ge=1)
     lossless: bool = False
 
+    @model_validator(mode="before")
+    @classmethod
+    def _downlink(cls, table: Any) -> Any:
+        if isinstance(table, Mapping) and "downlink" not in table:
+            mode = "version" if table.get("preset") == "compressed" else "full"
+            return {**table, "downlink": mode}
+        return table
 
+    @field_validator("preset", "downlink")
+    @classmethod
+    def _choice(cls, value: str, info: ValidationInfo) -> str:
+        choices = PRESETS if info.field_name == "preset" else MODES
+        if value not in choices:
+            raise Invalid("", f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _knobs(self) -> CompressionConfig:
+        knobs = sorted({"uplink_ratio", "topk_ratio", "sketch"} & self.model_fields_set)
+        if self.preset == "dense" and knobs:
+            raise Invalid(
+                "",
+                f'compression {knobs} apply to preset = "compressed" only; remove them or set '
+                'preset = "compressed"',
+            )
+        return self
+
+
+def _location(value: str | None, info: ValidationInfo) -> str | None:
+    """A path relative to the config file's folder (a URL, or a file read by URL, as is)."""
+    path = str((info.context or {}).get("path", ""))
+    if value is None or "://" in value or "://" in path or os.path.isabs(value):
+        return value
+    return os.path.join(os.path.dirname(os.path.abspath(path)), value)
+
+
+class ServerTable(Section):
+    """``[server]``: who the server is, who may join and how the rounds go."""
+
+    # required (the checks below word their absence); the JSON Schema says so for editors
+    model_config = {
+        **Section.model_config,
+        "json_schema_extra": {"required": ["clients", "rounds"]},
+    }
+
+    name: str = "server"
+    host: str = "127.0.0.1"
+    port: Port = 0
+    advertise_url: Url | None = Field(default=None, description="the URL clients reach it at")
+    clients: Names | None = Field(default=None, description="the roster: only these may join")
+    rounds: int | None = Field(default=None, ge=1)
+    fraction: float = Field(default=1.0, description="share of the clients asked each round")
+    min_clients: int | None = Field(default=None, ge=1, description="default: every client")
+    round_timeout: Positive = 60.0
+    wait: Positive = Field(default=300.0, description="seconds to wait for the clients")
+    seed: int = Field(default=0, ge=0)
+    loss: str = "softmax"
+    eval_every: int = Field(default=1, ge=0)
+    checkpoint: str | None = Field(default=None, description="path or fsspec URL")
+    export: str | None = None
+
+    @field_validator("checkpoint", "export")
+    @classmethod
+    def _resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
+
+    @field_validator("fraction")
+    @classmethod
+    def _fraction(cls, value: float) -> float:
+        if not 0 < value <= 1:
+            raise Invalid("", f"must be in (0, 1], got {value}")
+        return float(value)
+
+    @field_validator("loss")
+    @classmethod
+    def _loss(cls, value: str) -> str:
+        if value not in LOSSES:
+            raise Invalid("", f"must be one of {sorted(LOSSES)}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _roster(self) -> ServerTable:
+        clients = self.clients
+        if not clients or not all(clients):
+            raise Invalid(
+                "clients",
+                'must list the client names, e.g. clients = ["bank_a", "bank_b"]; only these '
+                f"may join, got {list(clients) if clients is not None else None!r}",
+            )
+        if len(set(clients)) != len(clients):
+            raise Invalid("", f"server.clients names a client twice: {list(clients)}")
+        if self.name in clients:
+            raise Invalid("", f"server.name {self.name!r} is also a client's name; rename one")
+        if self.rounds is None:
+            raise Invalid("", "[server] needs `rounds` (an integer >= 1)")
+        if self.min_clients is not None and self.min_clients > len(clients):
+            raise Invalid(
+                "",
+                f"server.min_clients = {self.min_clients} but server.clients has only "
+                f"{len(clients)} names; lower min_clients or add clients",
+            )
+        return self
+
+
+def _labelled(data: Data) -> None:
+    if data.label_column is None:
+        raise Invalid(
+            "",
+            "data.label_column is required: federated parties train (clients) and evaluate "
+            "(the server) on labelled rows",
+        )
+
+
+class ServerFile(Section):
+    """A federated server's TOML file (`tandem fl server --config`)."""
+
+    server: ServerTable
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig.model_validate(
+            {"name": "sgd", "learning_rate": 1.0}
+        )
+    )
+    compression: CompressionConfig = CompressionConfig()
+    model: ModelSpec
+    data: Data
+    http: Security = Field(default_factory=Security)
+
+    @model_validator(mode="after")
+    def _checks(self) -> ServerFile:
+        _labelled(self.data)
+        if self.http.secret_bytes is None:
+            raise Invalid(
+                "",
+                "[http] needs a shared secret (secret_env, secret_file or secret): the server "
+                "admits the clients of server.clients by their signed requests",
+            )
+        exposed = exposure(self.server.host, self.http, listen="server.host", section="http")
+        if exposed:
+            raise Invalid("", exposed)
+        return self
+
+
+class ClientTable(Section):
+    """``[client]``: who the client is and where its server is."""
+
+    model_config = {**Section.model_config, "json_schema_extra": {"required": ["name", "server"]}}
+
+    name: str | None = None
+    server: Url | None = Field(default=None, description="the server's URL")
+    server_name: str = "server"
+    host: str = "127.0.0.1"
+    port: Port = 0
+    advertise_url: Url | None = None
+    reconnect_timeout: Positive = 300.0
+
+    @model_validator(mode="after")
+    def _needed(self) -> ClientTable:
+        for key, example in (("name", '"bank_a"'), ("server", '"http://127.0.0.1:8780"')):
+            if getattr(self, key) is None:
+                raise Invalid("", f"[client] needs `{key}` (e.g. {key} = {example})")
+        return self
+
+
+class TrainTable(Section):
+    """``[train]``: the client's local training each round."""
+
+    epochs: int = Field(default=1, ge=1)
+    batch_size: int = Field(default=16, ge=1)
+
+
+class ClientFile(Section):
+    """A federated client's TOML file (`tandem fl client --config`)."""
+
+    client: ClientTable
+    train: TrainTable = TrainTable()
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig.model_validate(
+            {"name": "sgd", "learning_rate": 0.05}
+        )
+    )
+    data: Data
+    http: Security = Field(default_factory=Security)
+
+    @model_validator(mode="after")
+    def _checks(self) -> ClientFile:
+        _labelled(self.data)
+        exposed = exposure(self.client.host, self.http, listen="client.host", section="http")
+        if exposed:
+            raise Invalid("", exposed)
+        return self
+
+
+# -- the checked views ---------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
-    """A checked server configuration (see the module docstring)."""
+    """A checked server configuration: ``[server]``'s keys flat, the other sections as
+    checked, the data table and the security settings built."""
 
     path: str
     name: str
@@ -159,7 +344,7 @@ class ServerConfig:
             "loss": self.loss,
             "model": _plain(self.model),
             "optimizer": _plain(self.optimizer.describe()),
-            "compression": dataclasses.asdict(self.compression),
+            "compression": self.compression.model_dump(),
         }
 
     def identity_hash(self) -> str:
@@ -169,7 +354,7 @@ class ServerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ClientConfig:
-    """A checked client configuration (see the module docstring)."""
+    """A checked client configuration: ``[client]`` and ``[train]`` flat (see `ServerConfig`)."""
 
     path: str
     name: str
@@ -187,103 +372,53 @@ class ClientConfig:
 
 
 # -- loading ---------------------------------------------------------------------------------
+def check_server_file(path: str | os.PathLike[str]) -> ServerFile:
+    """The server TOML at ``path`` (a path or an fsspec URL), checked as `ServerFile`."""
+    path, raw = _read(path)
+    return validate(ServerFile, _tables(ServerFile, raw, path), path=path, error=FLConfigError)
+
+
+def check_client_file(path: str | os.PathLike[str]) -> ClientFile:
+    """The client TOML at ``path`` (a path or an fsspec URL), checked as `ClientFile`."""
+    path, raw = _read(path)
+    return validate(ClientFile, _tables(ClientFile, raw, path), path=path, error=FLConfigError)
+
+
 def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
     """Read and check a server TOML (see the module docstring)."""
-    path, raw = _read(path)
-    _tables(
-        raw,
-        path,
-        required=("server", "model", "data"),
-        optional=("optimizer", "compression", "http"),
-    )
-    top = _checked(raw["server"], SERVER_KEYS, "server", path)
-    clients = top.get("clients")
-    if not clients or not all(isinstance(c, str) and c for c in clients):
-        raise FLConfigError(
-            f'{path}: server.clients must list the client names, e.g. clients = ["bank_a", '
-            f'"bank_b"]; only these may join, got {clients!r}'
-        )
-    if len(set(clients)) != len(clients):
-        raise FLConfigError(f"{path}: server.clients names a client twice: {clients}")
-    name = top.get("name", "server")
-    if name in clients:
-        raise FLConfigError(f"{path}: server.name {name!r} is also a client's name; rename one")
-    rounds = _at_least(top, "rounds", 1, path, default=None)
-    fraction = float(top.get("fraction", 1.0))
-    if not 0 < fraction <= 1:
-        raise FLConfigError(f"{path}: server.fraction must be in (0, 1], got {fraction}")
-    min_clients = _at_least(top, "min_clients", 1, path, default=len(clients))
-    if min_clients > len(clients):
-        raise FLConfigError(
-            f"{path}: server.min_clients = {min_clients} but server.clients has only "
-            f"{len(clients)} names; lower min_clients or add clients"
-        )
-    loss = top.get("loss", "softmax")
-    if loss not in LOSSES:
-        raise FLConfigError(f"{path}: server.loss must be one of {sorted(LOSSES)}, got {loss!r}")
-    base = _base(path)
-    security = parse_security(raw.get("http", {}), path=path, section="http", error=FLConfigError)
-    if security.secret is None:
-        raise FLConfigError(
-            f"{path}: [http] needs a shared secret (secret_env, secret_file or secret): the "
-            "server admits the clients of server.clients by their signed requests"
-        )
+    f = check_server_file(path)
+    s = f.server
+    assert s.clients is not None and s.rounds is not None  # Invariant: checked by ServerTable
+    model = f.model.spec()
+    if model["kind"] == "mlp":
+        model.setdefault("activate_last", False)  # the output layer gives logits
     return ServerConfig(
-        path=path,
-        name=name,
-        host=top.get("host", "127.0.0.1"),
-        port=_port(top, path, "server"),
-        advertise_url=_url(top, "advertise_url", path, "server"),
-        clients=tuple(clients),
-        rounds=rounds,
-        fraction=fraction,
-        min_clients=min_clients,
-        round_timeout=_positive(top, "round_timeout", 60.0, path, "server"),
-        wait=_positive(top, "wait", 300.0, path, "server"),
-        seed=_at_least(top, "seed", 0, path, default=0),
-        loss=loss,
-        eval_every=_at_least(top, "eval_every", 0, path, default=1),
-        checkpoint=_location(top.get("checkpoint"), base),
-        export=_location(top.get("export"), base),
-        optimizer=_optimizer(raw.get("optimizer", {"name": "sgd", "learning_rate": 1.0}), path),
-        compression=_compression(raw.get("compression", {}), path),
-        model=_model(raw["model"], path),
-        data=_data(raw["data"], path),
-        security=security,
+        path=os.fspath(path),
+        **s.model_dump(exclude={"clients", "rounds", "min_clients"}),
+        clients=tuple(s.clients),
+        rounds=s.rounds,
+        min_clients=s.min_clients if s.min_clients is not None else len(s.clients),
+        optimizer=f.optimizer,
+        compression=f.compression,
+        model=model,
+        data=f.data.table(os.fspath(path)),
+        security=security_of(f.http),
     )
 
 
 def load_client_config(path: str | os.PathLike[str]) -> ClientConfig:
     """Read and check a client TOML (see the module docstring)."""
-    path, raw = _read(path)
-    _tables(raw, path, required=("client", "data"), optional=("train", "optimizer", "http"))
-    top = _checked(raw["client"], CLIENT_KEYS, "client", path)
-    for key in ("name", "server"):
-        if key not in top:
-            example = '"bank_a"' if key == "name" else '"http://127.0.0.1:8780"'
-            raise FLConfigError(f"{path}: [client] needs `{key}` (e.g. {key} = {example})")
-    server = str(_url(top, "server", path, "client"))
-    train = _checked(raw.get("train", {}), TRAIN_KEYS, "train", path)
+    f = check_client_file(path)
     return ClientConfig(
-        path=path,
-        name=top["name"],
-        server=server,
-        server_name=top.get("server_name", "server"),
-        host=top.get("host", "127.0.0.1"),
-        port=_port(top, path, "client"),
-        advertise_url=_url(top, "advertise_url", path, "client"),
-        reconnect_timeout=_positive(top, "reconnect_timeout", 300.0, path, "client"),
-        epochs=_at_least(train, "epochs", 1, path, default=1, section="train"),
-        batch_size=_at_least(train, "batch_size", 1, path, default=16, section="train"),
-        optimizer=_optimizer(raw.get("optimizer", {"name": "sgd", "learning_rate": 0.05}), path),
-        data=_data(raw["data"], path),
-        security=parse_security(
-            raw.get("http", {}), path=path, section="http", error=FLConfigError
-        ),
+        path=os.fspath(path),
+        **f.client.model_dump(),
+        **f.train.model_dump(),
+        optimizer=f.optimizer,
+        data=f.data.table(os.fspath(path)),
+        security=security_of(f.http),
     )
 
 
-# -- helpers ---------------------------------------------------------------------------------
 def _read(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
     import fsspec
 
@@ -302,188 +437,21 @@ def _read(path: str | os.PathLike[str]) -> tuple[str, dict[str, Any]]:
         raise FLConfigError(f"{path}: not valid TOML: {exc}") from None
 
 
-def _tables(
-    raw: Mapping[str, Any], path: str, *, required: tuple[str, ...], optional: tuple[str, ...]
-) -> None:
-    accepted = (*required, *optional)
+def _tables(model: type[Section], raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """``raw`` when it holds the tables of ``model`` (each a table, the required ones there)."""
+    fields = model.model_fields
     for key, value in raw.items():
-        if key not in accepted:
+        if key not in fields:
             raise FLConfigError(
                 f"{path}: unknown table or key {key!r}; a file of this kind holds the tables "
-                f"{[f'[{t}]' for t in accepted]}"
+                f"{[f'[{t}]' for t in fields]}"
             )
         if not isinstance(value, dict):
             raise FLConfigError(f"{path}: {key} must be a table ([{key}])")
-    for key in required:
-        if key not in raw:
+    for key, field in fields.items():
+        if field.is_required() and key not in raw:
             raise FLConfigError(f"{path}: the table [{key}] is missing")
-
-
-def _checked(
-    table: Mapping[str, Any], keys: Mapping[str, tuple[type, ...]], section: str, path: str
-) -> dict[str, Any]:
-    for key, value in table.items():
-        if key not in keys:
-            raise FLConfigError(
-                f"{path}: unknown key {section}.{key}; accepted keys in [{section}]: {sorted(keys)}"
-            )
-        kinds = keys[key]
-        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-            raise FLConfigError(
-                f"{path}: {section}.{key} must be {' or '.join(k.__name__ for k in kinds)}, "
-                f"got {value!r}"
-            )
-    return dict(table)
-
-
-def _at_least(
-    table: Mapping[str, Any],
-    key: str,
-    low: int,
-    path: str,
-    *,
-    default: int | None,
-    section: str = "server",
-) -> int:
-    if key not in table:
-        if default is None:
-            raise FLConfigError(f"{path}: [{section}] needs `{key}` (an integer >= {low})")
-        return default
-    value = table[key]
-    if value < low:
-        raise FLConfigError(f"{path}: {section}.{key} must be >= {low}, got {value}")
-    return int(value)
-
-
-def _positive(table: Mapping[str, Any], key: str, default: float, path: str, section: str) -> float:
-    value = float(table.get(key, default))
-    if not value > 0:
-        raise FLConfigError(f"{path}: {section}.{key} must be > 0 seconds, got {value}")
-    return value
-
-
-def _port(table: Mapping[str, Any], path: str, section: str) -> int:
-    port = table.get("port", 0)
-    if not 0 <= port <= 65535:
-        raise FLConfigError(
-            f"{path}: {section}.port must be in [0, 65535] (0: any free port), got {port}"
-        )
-    return int(port)
-
-
-def _url(table: Mapping[str, Any], key: str, path: str, section: str) -> str | None:
-    value = table.get(key)
-    if value is None:
-        return None
-    if not is_transport_url(value):
-        raise FLConfigError(
-            f"{path}: {section}.{key} must be {url_hint('http://127.0.0.1:8780')}, got {value!r}"
-        )
-    return str(value).rstrip("/")
-
-
-def _base(path: str) -> str | None:
-    """The folder relative locations start at: the config file's, when it is a local file."""
-    return None if "://" in path else os.path.dirname(os.path.abspath(path))
-
-
-def _location(value: str | None, base: str | None) -> str | None:
-    if value is None or base is None or "://" in value or os.path.isabs(value):
-        return value
-    return os.path.join(base, value)
-
-
-def _optimizer(table: Mapping[str, Any], path: str) -> OptimizerConfig:
-    kwargs = dict(table)
-    name = kwargs.pop("name", None)
-    if not isinstance(name, str) or not name:
-        raise FLConfigError(
-            f'{path}: [optimizer] needs `name`, an optax optimizer such as "sgd", "adam" or '
-            f'"yogi", got {name!r}'
-        )
-    cfg = OptimizerConfig(name, kwargs)
-    try:
-        _optax(name, kwargs, f"{path}: [optimizer]")
-    except ConfigError as exc:
-        raise FLConfigError(str(exc)) from None
-    return cfg
-
-
-def _optax(name: str, kwargs: dict[str, Any], where: str) -> optax.GradientTransformation:
-    fn = getattr(optax, name, None) if not name.startswith("_") else None
-    if fn is None or not callable(fn) or isinstance(fn, type):
-        raise ConfigError(
-            f"{where}: name = {name!r} is not an optax optimizer; use one of optax's, e.g. "
-            '"sgd" (FedAvg with learning_rate = 1), "adam" (FedAdam), "yogi" (FedYogi), '
-            '"adagrad", "rmsprop", "lamb"'
-        )
-    try:
-        opt = fn(**kwargs)
-    except TypeError as exc:
-        raise ConfigError(
-            f"{where}: optax.{name} does not take these arguments {sorted(kwargs)}: {exc}; "
-            "the table's other keys are optax.{name}'s keyword arguments"
-        ) from None
-    if not isinstance(opt, optax.GradientTransformation):
-        raise ConfigError(
-            f"{where}: optax.{name}(...) returned {type(opt).__name__}, not an optimizer"
-        )
-    return opt
-
-
-def _compression(table: Mapping[str, Any], path: str) -> CompressionConfig:
-    t = _checked(table, COMPRESSION_KEYS, "compression", path)
-    preset = t.get("preset", "dense")
-    if preset not in PRESETS:
-        raise FLConfigError(
-            f"{path}: compression.preset must be one of {list(PRESETS)}, got {preset!r}"
-        )
-    if preset == "dense":
-        knobs = sorted(k for k in ("uplink_ratio", "topk_ratio", "sketch") if k in t)
-        if knobs:
-            raise FLConfigError(
-                f'{path}: compression {knobs} apply to preset = "compressed" only; remove '
-                'them or set preset = "compressed"'
-            )
-    downlink = t.get("downlink", "full" if preset == "dense" else "version")
-    if downlink not in MODES:
-        raise FLConfigError(
-            f"{path}: compression.downlink must be one of {list(MODES)}, got {downlink!r}"
-        )
-    for key in ("uplink_ratio", "topk_ratio", "anchor_every", "log_size"):
-        if key in t and t[key] < 1:
-            raise FLConfigError(f"{path}: compression.{key} must be >= 1, got {t[key]}")
-    return CompressionConfig(
-        preset=preset,
-        uplink_ratio=t.get("uplink_ratio", 60),
-        topk_ratio=t.get("topk_ratio", 50),
-        sketch=t.get("sketch", False),
-        downlink=downlink,
-        anchor_every=t.get("anchor_every", 10),
-        log_size=t.get("log_size", 16),
-        lossless=t.get("lossless", False),
-    )
-
-
-def _model(table: Mapping[str, Any], path: str) -> dict[str, Any]:
-    if "kind" not in table:
-        raise FLConfigError(
-            f'{path}: [model] needs `kind` (e.g. kind = "mlp", hidden = [64], out_dim = 10)'
-        )
-    spec = _plain(table)
-    if spec["kind"] == "mlp":
-        spec.setdefault("activate_last", False)  # the output layer gives logits
-    return spec
-
-
-def _data(table: Mapping[str, Any], path: str) -> DataConfig:
-    cfg = parse_data_config(table, path=path)
-    if cfg.label_column is None:
-        raise FLConfigError(
-            f"{path}: data.label_column is required: federated parties train (clients) and "
-            "evaluate (the server) on labelled rows"
-        )
-    return cfg
+    return raw
 
 
 def _plain(value: Any) -> Any:
@@ -493,10 +461,14 @@ def _plain(value: Any) -> Any:
 
 __all__ = [
     "ClientConfig",
+    "ClientFile",
     "CompressionConfig",
     "FLConfigError",
     "OptimizerConfig",
     "ServerConfig",
+    "ServerFile",
+    "check_client_file",
+    "check_server_file",
     "load_client_config",
     "load_server_config",
 ]

@@ -31,7 +31,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from tandem.errors import ConfigError
 from tandem.parties.config import Data, Http, Listen, Log, Model, Section, Security, load_toml
 from tandem.parties.config.base import Invalid, base_dir, resolve_file
-from tandem.parties.config.sections import Identities, Peers, Positive
+from tandem.parties.config.sections import Identities, Peers, Positive, exposure
 
 from .hyper import FOLLOWER_TRAIN_KEYS, Train
 
@@ -236,6 +236,11 @@ class PartyConfig(Section):
                 "[log] is the leader's (it holds the labels, so the metrics); remove it from "
                 "the follower's config (`tandem party --trace DIR` traces any party)",
             )
+        exposed = exposure(
+            self.listen.host, self.security, listen="listen.host", section="security"
+        )
+        if exposed:
+            raise Invalid("", exposed)
         budget, frame = self.http.inbound_budget, self.security.max_frame_bytes
         if budget is not None and budget < frame:
             raise Invalid(
