@@ -289,6 +289,7 @@ def exposure(host: str, security: Security, *, listen: str, section: str) -> str
     return (
         f"{listen} = {host!r} is reachable from other machines, and [{section}] sets no "
         f"authentication: set {section}.secret_env or {section}.secret_file (a shared secret), "
+        f"{section}.private_key and [{section}.public_keys] (per-party keys), "
         f"or {section}.tls_cert, tls_key and tls_ca (mutual TLS); or listen on 127.0.0.1; or "
         f"set {section}.insecure = true to serve unauthenticated on purpose"
     )

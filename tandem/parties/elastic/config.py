@@ -67,8 +67,12 @@ class RoleFile(Section):
 
     @property
     def signed(self) -> bool:
-        """True when the role signs its requests with a shared secret."""
-        return bool(self.secret) or self.security.secret_bytes is not None
+        """True when the role signs its requests: with a shared secret, or its own key."""
+        return (
+            bool(self.secret)
+            or self.security.secret_bytes is not None
+            or self.security.auth == "keys"
+        )
 
     def http_security(self) -> HttpSecurity:
         """The role's security settings (``secret`` standing for ``security.secret``)."""
