@@ -585,8 +585,9 @@ async def attack_plan(ctx: Ctx) -> dict[str, Any]:
             statuses.append(answer[0])
             k += 1
             await asyncio.sleep(0.01)
-    # 409 until the spec is agreed (the spec hash is checked first)
-    return _refused(statuses, {409, 422})
+    # until the spec is agreed: 403 for a stream the negotiation does not use (the stream
+    # admission comes first), else 409 (the spec hash); then 422 (the plan's checks)
+    return _refused(statuses, {403, 409, 422})
 
 
 async def attack_overflow(ctx: Ctx) -> dict[str, Any]:
