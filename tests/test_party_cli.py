@@ -7,7 +7,6 @@ bit for bit (same seed, fixed ``groups = 2``).
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import signal
@@ -323,7 +322,7 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
                 "POST",
                 "/tandem/v1/frame",
                 headers,
-                hashlib.sha256(body).hexdigest(),
+                auth.body_digest([body]),
                 receiver="follower",
                 to=to,
             )

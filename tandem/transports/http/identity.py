@@ -88,6 +88,7 @@ class Gate:
     def verify(self, request: web.Request, path: str, who: str) -> None:
         assert self.verifier is not None
         try:
+            auth.check_digest(request.headers)
             self.verifier.verify(request.method, path, request.headers)
         except auth.MisdirectedError as exc:
             self.rebinds += 1

@@ -13,9 +13,9 @@ the frame checked (`checks.FrameChecks`) and held until its turn (`advance`).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 
+from .. import auth
 from ..base import Frame
 from ..inbox import Inbox
 from .body import Body, PlainBody, read_into
@@ -220,7 +220,7 @@ class Reassembler:
         offset = head.offset
         t_read = time.monotonic()
         try:
-            hasher = hashlib.sha256() if digest is not None else None
+            hasher = auth.body_hasher() if digest is not None else None
             if isinstance(body, PlainBody):
                 body.claim = claim
             path = await body.begin(part.buffer, offset, length, part.scan)  # bulk: 101 here
@@ -236,7 +236,7 @@ class Reassembler:
                 idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
-            if hasher is not None and hasher.hexdigest() != digest:
+            if hasher is not None and auth.digest_of(hasher) != digest:
                 raise Refuse(401, "unauthenticated", "body digest does not match")
         except BaseException:
             part.unclaim(claim, loop.time())
