@@ -76,6 +76,11 @@ TO = "X-Tandem-To"  # the receiving process's incarnation
 #: Tandem's bare SHA-256) is refused from the headers by `check_digest`.
 DIGEST_PREFIX = "blake3:"
 LEGACY_BODY_SHA = "X-Tandem-Body-SHA256"  # an older Tandem's body digest header (refused)
+#: The body digest of a bulk request head whose digest follows the body, in a trailer signed
+#: as method `TRAILER` with the head's routing headers (docs/transports.md, "Bulk path"): the
+#: sender hashes while it sends instead of before.
+DEFERRED = DIGEST_PREFIX + "trailer"
+TRAILER = "TRAILER"
 
 
 class MisdirectedError(AuthenticationError):
@@ -97,14 +102,17 @@ def key_id_of(secret: bytes) -> str:
 PARALLEL_DIGEST_BYTES = 4 << 20
 
 
-def body_hasher(*, parallel: bool = False) -> blake3.blake3:
+BodyHasher = blake3.blake3
+
+
+def body_hasher(*, parallel: bool = False) -> BodyHasher:
     """A new hasher of a body (``update`` releases the GIL, so a worker thread hashes while
     the loop receives); `digest_of` it once every byte went in. ``parallel``: each large
     ``update`` spreads over every core (the sender, which must hash before it sends)."""
     return blake3.blake3(max_threads=blake3.blake3.AUTO if parallel else 1)
 
 
-def digest_of(hasher: blake3.blake3) -> str:
+def digest_of(hasher: BodyHasher) -> str:
     """The header value of what ``hasher`` was fed: ``"blake3:" + 64 hex digits``."""
     return DIGEST_PREFIX + hasher.hexdigest()
 
@@ -120,10 +128,10 @@ def body_digest(parts: Iterable[bytes | memoryview]) -> str:
 
 
 def check_digest(headers: Mapping[str, str]) -> None:
-    """Refuse (`AuthenticationError`) a request whose body digest header is present but not
-    ``"blake3:"`` and 64 lower-case hex digits, or that carries an older Tandem's SHA-256
-    header instead (its sender is told to upgrade). A missing header is `Verifier`'s to
-    refuse."""
+    """Refuse (`AuthenticationError`) a request whose body digest header is present but is
+    neither ``"blake3:"`` and 64 lower-case hex digits nor `DEFERRED`, or that carries an
+    older Tandem's SHA-256 header instead (its sender is told to upgrade). A missing header
+    is `Verifier`'s to refuse."""
     value = headers.get(BODY_SHA)
     if value is None:
         if LEGACY_BODY_SHA in headers:
@@ -134,7 +142,7 @@ def check_digest(headers: Mapping[str, str]) -> None:
             )
         return
     hexpart = value[len(DIGEST_PREFIX) :]
-    if not (
+    if value != DEFERRED and not (
         value.startswith(DIGEST_PREFIX)
         and len(hexpart) == 64
         and all(c in "0123456789abcdef" for c in hexpart)

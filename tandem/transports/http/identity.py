@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from tandem.errors import AuthenticationError
@@ -99,6 +100,36 @@ class Gate:
             if self.on_auth_refused is not None and who in self.peers:
                 self.on_auth_refused(who, str(exc))
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
+
+    def verify_trailer(self, head: Mapping[str, str], line: bytes, who: str) -> str:
+        """The body digest a bulk body's trailer ``line`` carries (`auth.DEFERRED` heads): a
+        JSON object of the head's routing headers and the digest, signed as method
+        `auth.TRAILER` on the frame path (its own nonce: single use). `Refuse` 401 when it is
+        malformed, unsigned, or names another message than ``head``."""
+        assert self.verifier is not None
+        try:
+            trailer = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            trailer = None
+        if not (
+            isinstance(trailer, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in trailer.items())
+        ):
+            raise Refuse(401, "unauthenticated", f"from {who!r}: malformed body trailer")
+        for k in auth.SIGNED_HEADERS:
+            if trailer.get(k, "") != head.get(k, ""):
+                raise Refuse(
+                    401, "unauthenticated", f"from {who!r}: the body trailer's {k} differs"
+                )
+        try:
+            auth.check_digest(trailer)
+            self.verifier.verify(auth.TRAILER, FRAME_PATH, trailer)
+        except AuthenticationError as exc:
+            raise Refuse(401, "unauthenticated", f"from {who!r}: body trailer: {exc}") from None
+        digest = trailer.get(auth.BODY_SHA, "")
+        if digest == auth.DEFERRED:
+            raise Refuse(401, "unauthenticated", f"from {who!r}: the trailer defers again")
+        return digest
 
     def check_identity(self, request: web.Request, sender: str) -> None:
         """With a TLS client certificate, it must name one of ``sender``'s identities (403);

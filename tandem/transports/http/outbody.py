@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
+from .. import auth
 from ..shaping import LinkShaper
+
+HASH_STEP = 4 << 20  # written bytes handed to the hashing thread at a time (see `hashing`)
 
 
 async def progress(
@@ -37,3 +40,35 @@ async def paced(wire: LinkShaper, pieces: Iterator[memoryview]) -> AsyncIterator
             async with wire.transmit(len(piece), offered=loop.time()):
                 pass
         yield piece
+
+
+async def hashing(
+    pieces: AsyncIterator[memoryview], hasher: auth.BodyHasher
+) -> AsyncIterator[memoryview]:
+    """``pieces``, each also fed to ``hasher`` in order once the consumer asked for the next
+    one (it was written): a worker thread hashes what was written (>= ``HASH_STEP`` bytes
+    at a time, one update in flight) while the loop writes on, so a signed bulk body is
+    hashed while it is sent, not before. When the pieces are exhausted every byte is in
+    ``hasher``."""
+    loop = asyncio.get_running_loop()
+    pending: asyncio.Future[None] | None = None
+    batch: list[memoryview] = []
+    size = 0
+    async for piece in pieces:
+        yield piece
+        batch.append(piece)
+        size += len(piece)
+        if size >= HASH_STEP:
+            if pending is not None:
+                await pending
+            pending = loop.run_in_executor(None, _update, hasher, batch)
+            batch, size = [], 0
+    if pending is not None:
+        await pending
+    if batch:
+        await loop.run_in_executor(None, _update, hasher, batch)
+
+
+def _update(hasher: auth.BodyHasher, views: list[memoryview]) -> None:
+    for v in views:
+        hasher.update(v)

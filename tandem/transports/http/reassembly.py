@@ -19,6 +19,7 @@ from .. import auth
 from ..base import Frame
 from ..inbox import Inbox
 from .body import Body, PlainBody, read_into
+from .bulk import BulkBody
 from .checks import FrameChecks
 from .config import HttpConfig
 from .protocol import H_BASE, INLINE_BYTES, MessageHead, Refuse, Reply, spec_text
@@ -236,8 +237,11 @@ class Reassembler:
                 idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
-            if hasher is not None and auth.digest_of(hasher) != digest:
-                raise Refuse(401, "unauthenticated", "body digest does not match")
+            if hasher is not None:
+                if digest == auth.DEFERRED and isinstance(body, BulkBody):
+                    digest = await body.trailer_digest(self.cfg.body_idle_timeout)
+                if auth.digest_of(hasher) != digest:
+                    raise Refuse(401, "unauthenticated", "body digest does not match")
         except BaseException:
             part.unclaim(claim, loop.time())
             raise
