@@ -41,7 +41,7 @@ from . import bulk, framewire
 from .config import HttpConfig
 from .framestream import FrameStream, open_stream
 from .framewire import MAX_RECORD_BODY
-from .outbody import hashing, paced, progress, unpaced
+from .outbody import hashing, paced, progress, trailer_line, unpaced
 from .protocol import (
     BYE_PATH,
     FRAME_PATH,
@@ -324,25 +324,6 @@ class HttpClient:
         self.requests[path] = self.requests.get(path, 0) + 1
         return await self._post(peer, url, out, headers, views, use_bulk, hasher)
 
-    def _trailer(self, peer: str, head: dict[str, str], hasher: auth.BodyHasher) -> bytes:
-        """The signed trailer line of a bulk body whose ``head`` deferred its digest: the
-        head's routing headers and the digest of what ``hasher`` was fed."""
-        cfg = self.cfg
-        assert cfg.secret is not None
-        trailer = {k: head[k] for k in auth.SIGNED_HEADERS if k in head}
-        auth.sign(
-            cfg.secret,
-            auth.TRAILER,
-            FRAME_PATH,
-            trailer,
-            auth.digest_of(hasher),
-            clock=cfg.clock,
-            key_id=cfg.key_id,
-            receiver=peer,
-            to=head.get(auth.TO, ""),
-        )
-        return orjson.dumps(trailer) + b"\n"
-
     def _count_sent(self, peer: str, size: int, t0: float, waited: float) -> None:
         """Count an acknowledged chunk of ``size`` bytes whose attempt began at ``t0``."""
         stats = self.stats(peer)
@@ -483,10 +464,10 @@ class HttpClient:
         use_bulk: bool,
         hasher: auth.BodyHasher | None = None,
     ) -> Answer:
-        """One attempt (``hasher``: a bulk body hashed as it is sent, its signed digest in
-        a trailer after it, `_trailer`). It fails with `TimeoutError` when ``read_timeout``
-        seconds pass without progress: no body piece written, or no answer after the last
-        one."""
+        """One attempt (``hasher``: a bulk body hashed as it is sent, its signed digest in a
+        trailer after it, `outbody.trailer_line`). It fails with `TimeoutError` when
+        ``read_timeout`` seconds pass without progress: no body piece written, or no answer
+        after the last one."""
         loop = asyncio.get_running_loop()
         idle = self.cfg.read_timeout
         cfg = self.cfg
@@ -522,7 +503,7 @@ class HttpClient:
                         headers,
                         hashing(body, hasher),
                         ctx,
-                        lambda: self._trailer(peer, headers, hasher),
+                        lambda: trailer_line(self.cfg, peer, headers, hasher),
                     )
                 async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
                     return Answer(

@@ -1,13 +1,18 @@
 """The body of an outgoing request as socket writes: pieces handed over one at a time, paced
-by an emulated wire (link shaping), each pushing the attempt's watchdog."""
+by an emulated wire (link shaping), each pushing the attempt's watchdog; a signed bulk body
+hashed as it is written, and its signed trailer line."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 
+import orjson
+
 from .. import auth
 from ..shaping import LinkShaper
+from .config import HttpConfig
+from .protocol import FRAME_PATH
 
 HASH_STEP = 4 << 20  # written bytes handed to the hashing thread at a time (see `hashing`)
 
@@ -67,6 +72,28 @@ async def hashing(
         await pending
     if batch:
         await loop.run_in_executor(None, _update, hasher, batch)
+
+
+def trailer_line(
+    cfg: HttpConfig, peer: str, head: dict[str, str], hasher: auth.BodyHasher
+) -> bytes:
+    """The signed trailer line of a bulk body to ``peer`` whose signed ``head`` deferred its
+    digest (`auth.DEFERRED`): the head's routing headers, signed as method `auth.TRAILER`
+    for the same receiver and incarnation with the digest of what ``hasher`` was fed."""
+    assert cfg.secret is not None
+    trailer = {k: head[k] for k in auth.SIGNED_HEADERS if k in head}
+    auth.sign(
+        cfg.secret,
+        auth.TRAILER,
+        FRAME_PATH,
+        trailer,
+        auth.digest_of(hasher),
+        clock=cfg.clock,
+        key_id=cfg.key_id,
+        receiver=peer,
+        to=head.get(auth.TO, ""),
+    )
+    return orjson.dumps(trailer) + b"\n"
 
 
 def _update(hasher: auth.BodyHasher, views: list[memoryview]) -> None:
