@@ -315,7 +315,8 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     @given(requests())
     def fuzz(req):
         headers, body, signed = req
-        headers = dict(headers)
+        # HTTP strips the ends of header values: a signed request must sign what arrives
+        headers = {k: v.strip() for k, v in headers.items()} if signed else dict(headers)
         if signed:
             auth.sign(
                 b"s3cret",
