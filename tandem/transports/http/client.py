@@ -311,7 +311,7 @@ class HttpClient:
         hasher = None
         if self.cfg.secret and use_bulk:  # hashed while sent; the digest follows the body
             self._sign("POST", FRAME_PATH, peer, headers, auth.DEFERRED)
-            hasher = auth.body_hasher()
+            hasher = auth.body_hasher(parallel=True)
         elif self.cfg.secret:
             if i not in digests:
                 digests[i] = (
