@@ -135,8 +135,8 @@ async def read_into(
 
     Hashing runs in a worker thread on the part already received while the loop keeps
     receiving (at most one update in flight, each over >= ``HASH_STEP`` bytes; the hasher
-    releases the GIL), so the body digest stays off the critical path of a signed request rather than
-    following the transfer. When this returns or raises
+    releases the GIL), so the body digest stays off the critical path of a signed request
+    rather than following the transfer. When this returns or raises
     (cancellation included), no update is running: a thread cannot be interrupted, so the
     update in flight is awaited (shielded) before the exception propagates."""
     view = memoryview(buf)
