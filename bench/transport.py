@@ -11,7 +11,8 @@ process, sends the same 64 MiB payloads over both, in the same run:
   ``np.empty`` buffer, as the HTTP receiver does (no stream buffering, no per-chunk Python
   copies: the fairest baseline);
 * ``http_MBps``: 64 MiB float32 frames via `HttpTransport.send` (receiver drains with recv);
-* ``http_hmac_MBps``: the same with HMAC authentication (SHA-256 of every body, both sides);
+* ``http_hmac_MBps``: the same with HMAC authentication (the BLAKE3 body digest: the sender
+  hashes each body before sending it, the receiver while receiving it);
 * ``small_frame_us``: mean time per sequential send of a 4 KiB frame (per-message overhead:
   each send waits for the receiver's answer before the next starts);
 * ``small_frame_windowed_us``: the same frames with ``HttpConfig.send_window`` sends of the
@@ -25,7 +26,8 @@ process, sends the same 64 MiB payloads over both, in the same run:
 The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; ``repeats``
 messages each, after one untimed warm-up message per variant); medians over the rounds are
 reported, and every round in ``runs``. ``ratio_vs_raw`` is the median over rounds of
-``http / raw`` measured in the same round (target >= 0.5). MB = 1e6 bytes. ``load`` records
+``http / raw`` measured in the same round (target >= 0.5), ``ratio_signed_vs_raw`` the same
+for ``http_hmac / raw`` (target >= 0.8). MB = 1e6 bytes. ``load`` records
 ``os.getloadavg()`` before and after: loopback throughput is CPU-bound, so compare only runs on
 an otherwise idle machine.
 """
@@ -256,6 +258,7 @@ async def _sender(args: argparse.Namespace) -> dict:
         proc.stdout.close()
     med = {k: statistics.median(v) for k, v in runs.items()}
     ratios = [h / r for h, r in zip(runs["http"], runs["raw"], strict=True)]
+    signed = [h / r for h, r in zip(runs["http_hmac"], runs["raw"], strict=True)]
     return {
         "bench": "transport",
         "tensor_MiB": args.mib,
@@ -265,6 +268,7 @@ async def _sender(args: argparse.Namespace) -> dict:
         "http_MBps": round(med["http"], 1),
         "ratio_vs_raw": round(statistics.median(ratios), 3),
         "http_hmac_MBps": round(med["http_hmac"], 1),
+        "ratio_signed_vs_raw": round(statistics.median(signed), 3),
         "small_frame_us": round(med["small_us"], 1),
         "small_frame_hmac_us": round(med["small_hmac_us"], 1),
         "small_frame_windowed_us": round(med["small_windowed_us"], 1),

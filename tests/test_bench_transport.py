@@ -23,6 +23,7 @@ def test_bench_transport_tiny(capsys):
         "http_MBps",
         "ratio_vs_raw",
         "http_hmac_MBps",
+        "ratio_signed_vs_raw",
         "small_frame_us",
         "small_frame_hmac_us",
         "small_frame_windowed_us",

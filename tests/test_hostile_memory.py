@@ -93,7 +93,7 @@ def signed_headers(receiver: HttpTransport, sender: str, inc: str, channel: str,
         "POST",
         FRAME_PATH,
         headers,
-        "0" * 64,
+        auth.DIGEST_PREFIX + "0" * 64,
         receiver=receiver.name,
         to=receiver.incarnation,
     )

@@ -179,7 +179,7 @@ async def test_a_chunked_message_goes_alone_and_keeps_its_place(http_pair):
 
 
 async def test_bodies_of_one_stream_take_the_wire_one_after_the_other():
-    from tandem.transports.http.client import _WireTurn
+    from tandem.transports.http.sendorder import WireTurn as _WireTurn
 
     lock = asyncio.Lock()
     order: list[str] = []

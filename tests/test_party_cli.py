@@ -7,7 +7,6 @@ bit for bit (same seed, fixed ``groups = 2``).
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import os
 import signal
@@ -316,14 +315,15 @@ def test_malformed_requests_get_4xx_and_the_party_still_trains(tmp_path):
     @given(requests())
     def fuzz(req):
         headers, body, signed = req
-        headers = dict(headers)
+        # HTTP strips the ends of header values: a signed request must sign what arrives
+        headers = {k: v.strip() for k, v in headers.items()} if signed else dict(headers)
         if signed:
             auth.sign(
                 b"s3cret",
                 "POST",
                 "/tandem/v1/frame",
                 headers,
-                hashlib.sha256(body).hexdigest(),
+                auth.body_digest([body]),
                 receiver="follower",
                 to=to,
             )

@@ -134,9 +134,9 @@ async def read_into(
     before anything more is written or scanned.
 
     Hashing runs in a worker thread on the part already received while the loop keeps
-    receiving (at most one update in flight, each over >= ``HASH_STEP`` bytes; hashlib
-    releases the GIL), so SHA-256 stays off the critical path of a signed request rather than
-    following the transfer. When this returns or raises
+    receiving (at most one update in flight, each over >= ``HASH_STEP`` bytes; the hasher
+    releases the GIL), so the body digest stays off the critical path of a signed request
+    rather than following the transfer. When this returns or raises
     (cancellation included), no update is running: a thread cannot be interrupted, so the
     update in flight is awaited (shielded) before the exception propagates."""
     view = memoryview(buf)

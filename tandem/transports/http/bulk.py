@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import ssl
 import urllib.parse
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -34,6 +34,7 @@ from .protocol import (
 from .scan import SCAN_STEP, FiniteScan
 
 HEAD_LIMIT = 1 << 16  # the most bytes a bulk client reads for a response head or reply
+TRAILER_LIMIT = 1 << 12  # the most bytes of a body trailer (a signed JSON line)
 CONNECT_TIMEOUT = 10.0  # seconds to open a bulk connection (as the session's sock_connect)
 
 
@@ -52,6 +53,9 @@ class BulkBody:
         self.request = request
         self.sink: BulkSink | None = None
         self.switched: web.StreamResponse | None = None
+        #: set before `begin` when a trailer follows the body (the head's digest is
+        #: `auth.DEFERRED`): it authenticates the trailer line and returns its body digest
+        self.check_trailer: Callable[[bytes], str] | None = None
 
     def length(self) -> int:
         if self.request.content_length:
@@ -73,6 +77,7 @@ class BulkBody:
         # wrapping it, which must hear of the connection's end to count it out
         owner = transport.get_protocol()
         sink = BulkSink(memoryview(buf)[offset : offset + length], owner, transport, scan, offset)
+        sink.trailer = bytearray() if self.check_trailer is not None else None
         resp = web.StreamResponse(
             status=101, headers={"Connection": "Upgrade", "Upgrade": BULK_PROTOCOL}
         )
@@ -96,6 +101,21 @@ class BulkBody:
         start = end - len(self.sink.view)
         await self.sink.wait(min(pos + step, end) - start)
         return start + self.sink.pos
+
+    async def trailer_digest(self, idle: float | None) -> str:
+        """The body digest of the trailer line after the body (at most `TRAILER_LIMIT`
+        bytes), authenticated by ``check_trailer``; `Refuse` 408 when the line does not come
+        within ``idle`` seconds."""
+        assert self.sink is not None and self.check_trailer is not None
+        try:
+            async with asyncio.timeout(idle):
+                line = await self.sink.wait_trailer()
+        except TimeoutError:
+            self.abort()
+            raise Refuse(
+                408, "body_timeout", f"no body trailer within body_idle_timeout={idle} s"
+            ) from None
+        return self.check_trailer(line)
 
     def release(self) -> None:
         """After `endpoints.Endpoints.receive`: a body not completely received (error,
@@ -144,28 +164,44 @@ class BulkSink(asyncio.BufferedProtocol):
         self._waiter: asyncio.Future | None = None
         self._want = 0
         self._spare: bytearray | None = None
+        self.trailer: bytearray | None = None  # the trailer line as it comes (when expected)
+        self.trailer_done = False
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
         if self.pos < len(self.view):
             return self.view[self.pos :]
-        if self._spare is None:  # only a misbehaving client sends more than it declared
-            self._spare = bytearray(1 << 12)
+        if self._spare is None:  # the trailer, or a misbehaving client's excess
+            self._spare = bytearray(TRAILER_LIMIT + 1)
         return self._spare
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.pos < len(self.view):
             self.pos += nbytes
-            if self.pos == len(self.view):
+            if self.pos == len(self.view) and self.trailer is None:
                 self.transport.pause_reading()
             if self.scan is not None and (
                 self.pos - self.scanned >= SCAN_STEP or self.pos == len(self.view)
             ):
                 self.scan.advance(self.base + self.pos)
                 self.scanned = self.pos
+        elif self.trailer is not None and not self.trailer_done:
+            self._trailer_bytes(nbytes)
         elif self.error is None:
             self.error = Refuse(400, "malformed", "body longer than its declared length")
             self.transport.pause_reading()
         self._wake()
+
+    def _trailer_bytes(self, nbytes: int) -> None:
+        assert self.trailer is not None and self._spare is not None
+        self.trailer += self._spare[:nbytes]
+        end = self.trailer.find(b"\n")
+        if end >= 0 and end == len(self.trailer) - 1:
+            del self.trailer[end:]
+            self.trailer_done = True
+            self.transport.pause_reading()
+        elif end >= 0 or len(self.trailer) > TRAILER_LIMIT:
+            self.error = Refuse(400, "malformed", "oversized body trailer, or bytes after it")
+            self.transport.pause_reading()
 
     def eof_received(self) -> bool:
         self._fail(
@@ -185,14 +221,36 @@ class BulkSink(asyncio.BufferedProtocol):
         self.owner.connection_lost(exc)
 
     def _fail(self, exc: BaseException) -> None:
-        if self.error is None and self.pos < len(self.view):
+        incomplete = self.pos < len(self.view) or (
+            self.trailer is not None and not self.trailer_done
+        )
+        if self.error is None and incomplete:
             self.error = exc
         self._wake()
 
     def _wake(self) -> None:
         w = self._waiter
-        if w is not None and not w.done() and (self.pos >= self._want or self.error is not None):
+        if w is not None and not w.done() and (self._ready() or self.error is not None):
             w.set_result(None)
+
+    def _ready(self) -> bool:
+        if self._want < 0:  # waiting for the trailer
+            return self.trailer_done
+        return self.pos >= self._want
+
+    async def wait_trailer(self) -> bytes:
+        """The trailer line once it is complete; raises the connection's error first."""
+        while not self.trailer_done:
+            if self.error is not None:
+                raise self.error
+            self._want = -1
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        assert self.trailer is not None
+        return bytes(self.trailer)
 
     async def wait(self, want: int) -> None:
         """Until ``pos >= want``; raises the connection's error if it comes first."""
@@ -276,8 +334,12 @@ async def post_bulk(
     headers: Mapping[str, str],
     body: AsyncIterator[memoryview],
     ssl_context: ssl.SSLContext | None,
+    trailer: Callable[[], bytes] | None = None,
 ) -> Answer:
     """One bulk request to ``peer`` at ``url``: the receiver's `Answer`.
+
+    ``trailer``: called once the body is written, its line (a signed JSON object ending in a
+    newline) follows the body (heads whose digest is `auth.DEFERRED`).
 
     On a new connection (TLS with ``ssl_context`` for https peers): the request head
     (``Upgrade: tandem-frame/1``, no body); a refusal comes back as an ordinary HTTP
@@ -301,6 +363,8 @@ async def post_bulk(
         async for piece in body:
             _write(writer, piece)
             await writer.drain()
+        if trailer is not None:
+            _write(writer, trailer())
         answer = parse_bulk_reply(await reader.readuntil(b"\n"))
         done = True
         return answer

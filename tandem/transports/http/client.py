@@ -22,16 +22,13 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 
 import aiohttp
 import orjson
 
 from tandem.errors import (
-    AdmissionError,
-    AuthenticationError,
     FrameError,
-    PayloadTooLargeError,
     PeerUnavailableError,
     TransportClosedError,
     TransportError,
@@ -44,6 +41,7 @@ from . import bulk, framewire
 from .config import HttpConfig
 from .framestream import FrameStream, open_stream
 from .framewire import MAX_RECORD_BODY
+from .outbody import hashing, paced, progress, trailer_line, unpaced
 from .protocol import (
     BYE_PATH,
     FRAME_PATH,
@@ -67,100 +65,8 @@ from .protocol import (
     Answer,
     seconds,
 )
-
-
-class _OutStream:
-    """Sending state of one (peer, channel): ids in call order, at most ``window`` unsettled.
-
-    Invariant: ``pending`` holds the ids assigned and not yet settled (acknowledged, refused
-    or abandoned); a message starts only when its id is below ``min(pending) + window``, it
-    is not chunked or is the lowest pending id, and no chunked message before it is pending.
-    """
-
-    __slots__ = ("next_id", "pending", "chunked", "wire", "_waiters")
-
-    def __init__(self) -> None:
-        self.wire = asyncio.Lock()  # one request body at a time on the way out (`_WireTurn`)
-        self.next_id = 0
-        self.pending: set[int] = set()
-        self.chunked: set[int] = set()  # pending ids of messages of several chunks
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def assign(self, chunked: bool) -> int:
-        msg_id = self.next_id
-        self.next_id += 1  # consumed even if this send fails or is cancelled (a gap)
-        self.pending.add(msg_id)
-        if chunked:
-            self.chunked.add(msg_id)
-        return msg_id
-
-    def base(self) -> int:
-        """The lowest unsettled id (every id below it was acknowledged or abandoned)."""
-        return min(self.pending, default=self.next_id)
-
-    def may_start(self, msg_id: int, window: int) -> bool:
-        base = self.base()
-        if msg_id - base >= window:
-            return False
-        chunked = self.chunked
-        if not chunked:
-            return True
-        if msg_id in chunked:
-            return msg_id == base
-        return not any(k < msg_id for k in chunked)
-
-    async def turn(self, msg_id: int, window: int) -> None:
-        """Wait until ``msg_id`` may start (see the invariant)."""
-        loop = asyncio.get_running_loop()
-        while not self.may_start(msg_id, window):
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                self._waiters.remove(fut)
-
-    def settle(self, msg_id: int) -> None:
-        self.pending.discard(msg_id)
-        self.chunked.discard(msg_id)
-        for fut in self._waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-
-class _WireTurn:
-    """One attempt's turn to write its body on its stream's wire: taken when the body's first
-    piece is asked for, given back after its last one, or when the attempt ends (whichever
-    comes first). Bodies of one stream thus leave one after the other, in the order their
-    requests reach the socket, while their answers are awaited together: a window keeps the
-    wire busy without splitting it between messages (the first one finishes first)."""
-
-    __slots__ = ("lock", "held", "over")
-
-    def __init__(self, lock: asyncio.Lock) -> None:
-        self.lock = lock
-        self.held = False
-        self.over = False  # the attempt ended: a late first piece must not take the wire
-
-    async def hold(self, pieces: AsyncIterator[memoryview]) -> AsyncIterator[memoryview]:
-        await self.lock.acquire()
-        self.held = True
-        try:
-            if self.over:
-                return
-            async for piece in pieces:
-                yield piece
-        finally:
-            self.release()
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            self.lock.release()
-
-    def end(self) -> None:
-        self.over = True
-        self.release()
+from .refusals import ResendFrom, error_for
+from .sendorder import OutStream, WireTurn
 
 
 class _Route:
@@ -206,14 +112,6 @@ STREAM_RETRY_AFTER = 30.0
 MAX_REBINDS = 3
 
 
-class _ResendFrom(Exception):
-    """The receiver expects the message's chunk ``index`` next (409 with ``expect_chunk``)."""
-
-    def __init__(self, index: int, text: str) -> None:
-        super().__init__(text)
-        self.index = index
-
-
 class HttpClient:
     """Sends frames to peers over one persistent `aiohttp.ClientSession` (and bulk connections
     of their own). Built by `HttpTransport`; `open` inside a running loop, `close` once."""
@@ -229,14 +127,14 @@ class HttpClient:
         self.closed = False
         self.peer_incarnations: dict[str, str] = {}  # what our signatures are bound to
         self._rng = random.Random(config.seed)
-        self._out: dict[tuple[str, str], _OutStream] = {}
+        self._out: dict[tuple[str, str], OutStream] = {}
         self._busy_until: dict[str, float] = {}  # peer -> end of the latest answered request
         self._wires: dict[str, LinkShaper] = {}  # peer -> emulated wire (shaping only)
         self._bulk_ssl: ssl.SSLContext | None = None
         self._streams: dict[str, FrameStream] = {}  # peer -> its frame stream (`framestream`)
         self._stream_opening: dict[str, asyncio.Lock] = {}  # one handshake per peer at a time
         self._no_stream_until: dict[str, float] = {}  # peer -> loop time to try a stream again
-        # streams carry no emulated link: shaped sends stay on POSTs (`_paced`)
+        # streams carry no emulated link: shaped sends stay on POSTs (`outbody.paced`)
         self._stream_eligible = (
             config.offers_streams and config.shape_bandwidth is None and not config.shape_latency
         )
@@ -293,7 +191,7 @@ class HttpClient:
         cfg = self.cfg
         out = self._out.get((peer, channel))
         if out is None:
-            out = self._out[(peer, channel)] = _OutStream()
+            out = self._out[(peer, channel)] = OutStream()
         msg_id = out.next_id  # taken below, before anything is awaited
         spec = self.spec_hash or frame.spec_hash
         if type(frame) is Frame:  # its header fields stamped as it is encoded
@@ -320,7 +218,7 @@ class HttpClient:
         self,
         peer: str,
         url: str,
-        out: _OutStream,
+        out: OutStream,
         route: _Route,
         chunks: list[tuple[int, list[memoryview]]],
         i: int,
@@ -338,90 +236,115 @@ class HttpClient:
             and size <= MAX_RECORD_BODY
             and route.channel_fits
         )
-        path = "bulk" if use_bulk else "plain"
         loop = asyncio.get_running_loop()
         deadline: float | None = None
         attempt = rebinds = 0
         while True:
             if self.closed:
                 raise TransportClosedError(f"transport of {cfg.name!r} closed during send")
-            if cfg.signs and peer not in self.peer_incarnations:
-                try:  # whom to sign for: the peer's process, named by its /healthz
-                    await self._learn(peer, url)
-                except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
-                    continue
             t0 = loop.time()
-            if use_stream:
-                stream = self._streams.get(peer)
-                try:
-                    if stream is not None and stream.usable:  # the common case, inline
-                        self.requests["stream"] = self.requests.get("stream", 0) + 1
-                        streamed: Answer | None = await stream.send(
-                            route.channel, route.msg_id, out.base(), views
-                        )
-                    else:
-                        streamed = await self._stream_send(peer, url, route, out.base(), views)
-                except (OSError, TimeoutError, EOFError) as exc:
-                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
-                    continue
-                if streamed is None:  # the peer offers no frame stream: POST
-                    use_stream = False
-                    continue
-                answer = streamed
-            else:
-                headers = route.headers()
-                headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
-                headers[H_BASE] = str(out.base())
-                if use_bulk:
-                    headers["Content-Length"] = "0"
-                    headers[H_LENGTH] = str(size)
+            try:
+                if cfg.signs and peer not in self.peer_incarnations:
+                    await self._learn(peer, url)  # whom to sign for: the peer's process
+                    t0 = loop.time()
+                if use_stream:
+                    answer = await self._stream_attempt(peer, url, route, out.base(), views)
                 else:
-                    headers["Content-Length"] = str(size)
-                    headers["Content-Type"] = "application/octet-stream"
-                if cfg.signs:
-                    if i not in digests:
-                        digests[i] = (
-                            auth.body_digest(views)
-                            if size < INLINE_BYTES
-                            else await asyncio.to_thread(auth.body_digest, views)
-                        )
-                    self._sign("POST", FRAME_PATH, peer, headers, digests[i])
-                self.requests[path] = self.requests.get(path, 0) + 1
-                try:
-                    answer = await self._post(peer, url, out, headers, views, use_bulk)
-                except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
-                    # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
-                    deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
-                    continue
+                    answer = await self._post_attempt(
+                        peer, url, out, route, (i, offset, size), views, use_bulk, digests
+                    )
+            except (aiohttp.ClientError, OSError, TimeoutError, EOFError) as exc:
+                # EOFError: asyncio.IncompleteReadError, a bulk connection closed early
+                deadline, attempt = await self._unreachable(peer, url, exc, deadline, attempt)
+                continue
+            if answer is None:  # the peer offers no frame stream: POST
+                use_stream = False
+                continue
             if answer.status == 421 and rebinds < MAX_REBINDS and self._rebind(peer, answer):
                 rebinds += 1  # signed for a process that is not (or no more) there: re-sign
                 continue
             if answer.status == 200:
-                stats = self.stats(peer)
-                stats.bytes += size
-                # concurrent requests overlap: count the time the link was busy once
-                now = loop.time()
-                start = max(t0, self._busy_until.get(peer, t0))
-                stats.busy_seconds += max(now - start - answer.waited, 0.0)
-                self._busy_until[peer] = max(now, self._busy_until.get(peer, now))
+                self._count_sent(peer, size, t0, answer.waited)
                 return i + 1
             if answer.status == 503:
-                if answer.reason == "closing":  # the peer is shutting down: like a lost link
-                    now = loop.time()
-                    deadline = deadline if deadline is not None else now + cfg.retry_timeout
-                    if now >= deadline:
-                        raise PeerUnavailableError(f"peer {peer!r} is shutting down: {answer.text}")
-                else:
-                    deadline = None  # busy but alive: keep waiting (backpressure)
+                deadline = self._busy_deadline(peer, answer, deadline)
                 attempt = await self._backoff(peer, attempt)
                 continue
-            err = self._error_for(peer, answer.status, answer.text, answer.reason)
-            if isinstance(err, _ResendFrom):
-                if err.index <= i:
-                    return err.index  # the receiver lost the message's start: resend in order
-                raise FrameError(str(err))
-            raise err
+            err = error_for(peer, cfg.name, answer.status, answer.text, answer.reason)
+            if isinstance(err, ResendFrom) and err.index <= i:
+                return err.index  # the receiver lost the message's start: resend in order
+            raise FrameError(str(err)) if isinstance(err, ResendFrom) else err
+
+    async def _stream_attempt(
+        self, peer: str, url: str, route: _Route, base: int, views: list[memoryview]
+    ) -> Answer | None:
+        """One attempt on the peer's frame stream; None when the peer offers none."""
+        stream = self._streams.get(peer)
+        if stream is not None and stream.usable:  # the common case, inline
+            self.requests["stream"] = self.requests.get("stream", 0) + 1
+            return await stream.send(route.channel, route.msg_id, base, views)
+        return await self._stream_send(peer, url, route, base, views)
+
+    async def _post_attempt(
+        self,
+        peer: str,
+        url: str,
+        out: OutStream,
+        route: _Route,
+        where: tuple[int, int, int],
+        views: list[memoryview],
+        use_bulk: bool,
+        digests: dict[int, str],
+    ) -> Answer:
+        """One POST (plain or bulk) of chunk ``where = (index, offset, size)``, signed with
+        its body digest (computed once per chunk, in ``digests``, off the loop when large)."""
+        i, offset, size = where
+        headers = route.headers()
+        headers[H_CHUNK], headers[H_OFFSET] = str(i), str(offset)
+        headers[H_BASE] = str(out.base())
+        if use_bulk:
+            headers["Content-Length"] = "0"
+            headers[H_LENGTH] = str(size)
+        else:
+            headers["Content-Length"] = str(size)
+            headers["Content-Type"] = "application/octet-stream"
+        hasher = None
+        if self.cfg.signs and use_bulk:  # hashed while sent; the digest follows the body
+            self._sign("POST", FRAME_PATH, peer, headers, auth.DEFERRED)
+            hasher = auth.body_hasher(parallel=True)
+        elif self.cfg.signs:
+            if i not in digests:
+                digests[i] = (
+                    auth.body_digest(views)
+                    if size < INLINE_BYTES
+                    else await asyncio.to_thread(auth.body_digest, views)
+                )
+            self._sign("POST", FRAME_PATH, peer, headers, digests[i])
+        path = "bulk" if use_bulk else "plain"
+        self.requests[path] = self.requests.get(path, 0) + 1
+        return await self._post(peer, url, out, headers, views, use_bulk, hasher)
+
+    def _count_sent(self, peer: str, size: int, t0: float, waited: float) -> None:
+        """Count an acknowledged chunk of ``size`` bytes whose attempt began at ``t0``."""
+        stats = self.stats(peer)
+        stats.bytes += size
+        # concurrent requests overlap: count the time the link was busy once
+        now = asyncio.get_running_loop().time()
+        start = max(t0, self._busy_until.get(peer, t0))
+        stats.busy_seconds += max(now - start - waited, 0.0)
+        self._busy_until[peer] = max(now, self._busy_until.get(peer, now))
+
+    def _busy_deadline(self, peer: str, answer: Answer, deadline: float | None) -> float | None:
+        """After a 503: a peer shutting down is waited for like a lost link (until
+        ``retry_timeout``, then `PeerUnavailableError`); one busy but alive, indefinitely
+        (backpressure: None)."""
+        if answer.reason != "closing":
+            return None
+        now = asyncio.get_running_loop().time()
+        deadline = deadline if deadline is not None else now + self.cfg.retry_timeout
+        if now >= deadline:
+            raise PeerUnavailableError(f"peer {peer!r} is shutting down: {answer.text}")
+        return deadline
 
     async def _stream_send(
         self, peer: str, url: str, route: _Route, base: int, views: list[memoryview]
@@ -534,13 +457,16 @@ class HttpClient:
         self,
         peer: str,
         url: str,
-        out: _OutStream,
+        out: OutStream,
         headers: dict[str, str],
         views: list[memoryview],
         use_bulk: bool,
+        hasher: auth.BodyHasher | None = None,
     ) -> Answer:
-        """One attempt. It fails with `TimeoutError` when ``read_timeout`` seconds pass without
-        progress: no body piece written, or no answer after the last one."""
+        """One attempt (``hasher``: a bulk body hashed as it is sent, its signed digest in a
+        trailer after it, `outbody.trailer_line`). It fails with `TimeoutError` when
+        ``read_timeout`` seconds pass without progress: no body piece written, or no answer
+        after the last one."""
         loop = asyncio.get_running_loop()
         idle = self.cfg.read_timeout
         cfg = self.cfg
@@ -562,13 +488,22 @@ class HttpClient:
                         seconds(resp.headers.get(H_WAIT)),
                         resp.headers.get(H_REASON, ""),
                     )
-        turn = _WireTurn(out.wire)
+        turn = WireTurn(out.wire)
         try:
             async with asyncio.timeout(loop.time() + idle) as watchdog:
-                body = _progress(turn.hold(self._body(peer, views)), watchdog, idle)
+                body = progress(turn.hold(self._body(peer, views)), watchdog, idle)
                 if use_bulk:
                     ctx = self._bulk_context() if url.startswith("https://") else None
-                    return await bulk.post_bulk(peer, url, headers, body, ctx)
+                    if hasher is None:
+                        return await bulk.post_bulk(peer, url, headers, body, ctx)
+                    return await bulk.post_bulk(
+                        peer,
+                        url,
+                        headers,
+                        hashing(body, hasher),
+                        ctx,
+                        lambda: trailer_line(self.cfg, peer, headers, hasher),
+                    )
                 async with self.session.post(url + FRAME_PATH, headers=headers, data=body) as resp:
                     return Answer(
                         resp.status,
@@ -592,12 +527,12 @@ class HttpClient:
         pieces = chunking.pieces(views, self.cfg.write_piece_bytes)
         cfg = self.cfg
         if cfg.shape_bandwidth is None and not cfg.shape_latency:
-            return _unpaced(pieces)
+            return unpaced(pieces)
         wire = self._wires.get(peer)
         if wire is None:
             shape = LinkShape(cfg.shape_bandwidth, cfg.shape_latency)
             wire = self._wires[peer] = LinkShaper(shape)
-        return _paced(wire, pieces)
+        return paced(wire, pieces)
 
     async def _backoff(self, peer: str, attempt: int) -> int:
         """Wait before retry number ``attempt + 1`` (cut short by `close`); returns it."""
@@ -611,39 +546,6 @@ class HttpClient:
             except TimeoutError:
                 pass
         return attempt + 1
-
-    def _error_for(self, peer: str, status: int, text: str, reason: str = "") -> Exception:
-        if status == 409 and text.startswith("{"):
-            try:
-                body = orjson.loads(text)
-            except orjson.JSONDecodeError:
-                body = {}
-            if isinstance(body, dict) and "expect_chunk" in body:
-                return _ResendFrom(int(body["expect_chunk"]), body.get("error", ""))
-        where = f"peer {peer!r} refused the frame ({status})"
-        if status == 401:
-            return AuthenticationError(
-                f"{where}: authentication failed; check that both parties share the same "
-                f"secret, that {peer!r} lists "
-                f"{self.cfg.name!r} among its peers, and that clocks agree within the replay "
-                "window"
-            )
-        if status == 421:
-            return AuthenticationError(
-                f"{where}: it keeps refusing our signature as meant for another process of "
-                f"it: {text}"
-            )
-        if status == 403 and reason == "identity":
-            return AuthenticationError(f"{where}: {text}")
-        if status == 413:
-            return PayloadTooLargeError(f"{where}: {text}")
-        if status == 403:
-            return AdmissionError(f"{where}: {text}", field=_field(text))
-        if status == 422 and reason == "not_admitted":
-            return AdmissionError(f"{where}: {text}", field=_field(text))
-        if status in (400, 408, 409, 410, 411, 422):
-            return FrameError(f"{where}: {text}")
-        return TransportError(f"{where}: {text}")
 
     async def _say_bye(self, peer: str, url: str) -> None:
         """Best effort (a peer that is gone needs no goodbye): one request, and one more when
@@ -679,43 +581,3 @@ class HttpClient:
             info = await resp.json(content_type=None)
         inc = info.get("incarnation") if isinstance(info, dict) else None
         return inc if isinstance(inc, str) and inc else None
-
-
-async def _progress(
-    pieces: AsyncIterator[memoryview], watchdog: asyncio.Timeout, idle: float
-) -> AsyncIterator[memoryview]:
-    """``pieces``, pushing ``watchdog``'s deadline ``idle`` seconds past each one handed to
-    the socket (a piece is asked for only once the one before it was written)."""
-    loop = asyncio.get_running_loop()
-    async for piece in pieces:
-        watchdog.reschedule(loop.time() + idle)
-        yield piece
-    watchdog.reschedule(loop.time() + idle)
-
-
-def _field(text: str) -> str:
-    """The ``field`` of a JSON refusal body ("" when there is none)."""
-    try:
-        body = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return ""
-    field = body.get("field", "") if isinstance(body, dict) else ""
-    return field if isinstance(field, str) else ""
-
-
-async def _unpaced(pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
-    for piece in pieces:
-        yield piece
-
-
-async def _paced(wire: LinkShaper, pieces: Iterator[memoryview]) -> AsyncIterator[memoryview]:
-    """Each request waits the link's latency before its first byte; each piece is released at
-    the end of its transmission on the peer's wire, shared by every channel to that peer."""
-    loop = asyncio.get_running_loop()
-    if wire.shape.latency:
-        await asyncio.sleep(wire.shape.latency)
-    for piece in pieces:
-        if wire.shape.bandwidth is not None:
-            async with wire.transmit(len(piece), offered=loop.time()):
-                pass
-        yield piece

@@ -110,6 +110,12 @@ class Endpoints:
         )
         length = body.length()
         digest = h.get(auth.BODY_SHA, "") if server.verifier is not None else None
+        if digest == auth.DEFERRED:  # the digest follows the body, in a signed trailer
+            if not isinstance(body, BulkBody):
+                raise Refuse(
+                    400, "malformed", f"{auth.BODY_SHA}: {auth.DEFERRED} is for bulk bodies only"
+                )
+            body.check_trailer = lambda line: server.gate.verify_trailer(h, line, sender)
         base = int_header(h, H_BASE) if H_BASE in h else msg_id
         head = MessageHead(sender, channel, inc, msg_id, chunk, chunks, offset, total, base)
         return await server.receive_message(head, length, h.get(H_SPEC, ""), body, digest)

@@ -14,6 +14,7 @@ import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 from aiohttp import web
 
 from tandem.errors import AuthenticationError, IdentityError
@@ -89,6 +90,7 @@ class Gate:
     def verify(self, request: web.Request, path: str, who: str) -> None:
         assert self.verifier is not None
         try:
+            auth.check_digest(request.headers)
             self.verifier.verify(request.method, path, request.headers)
         except auth.MisdirectedError as exc:
             self.rebinds += 1
@@ -101,6 +103,38 @@ class Gate:
             if isinstance(exc, IdentityError):
                 raise Refuse(403, "identity", f"from {who!r}: {exc}") from None
             raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
+
+    def verify_trailer(self, head: Mapping[str, str], line: bytes, who: str) -> str:
+        """The body digest a bulk body's trailer ``line`` carries (`auth.DEFERRED` heads): a
+        JSON object of the head's routing headers and the digest, signed as method
+        `auth.TRAILER` on the frame path (its own nonce: single use). `Refuse` 401 when it is
+        malformed, unsigned, or names another message than ``head``."""
+        assert self.verifier is not None
+        try:
+            trailer = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            trailer = None
+        if not (
+            isinstance(trailer, dict)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in trailer.items())
+        ):
+            raise Refuse(401, "unauthenticated", f"from {who!r}: malformed body trailer")
+        for k in auth.SIGNED_HEADERS:
+            if trailer.get(k, "") != head.get(k, ""):
+                raise Refuse(
+                    401, "unauthenticated", f"from {who!r}: the body trailer's {k} differs"
+                )
+        try:
+            auth.check_digest(trailer)
+            self.verifier.verify(auth.TRAILER, FRAME_PATH, trailer)
+        except AuthenticationError as exc:
+            if isinstance(exc, IdentityError):
+                raise Refuse(403, "identity", f"from {who!r}: body trailer: {exc}") from None
+            raise Refuse(401, "unauthenticated", f"from {who!r}: body trailer: {exc}") from None
+        digest = trailer.get(auth.BODY_SHA, "")
+        if digest == auth.DEFERRED:
+            raise Refuse(401, "unauthenticated", f"from {who!r}: the trailer defers again")
+        return digest
 
     def check_identity(self, request: web.Request, sender: str) -> None:
         """With a TLS client certificate, it must name one of ``sender``'s identities (403);

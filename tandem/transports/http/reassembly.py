@@ -13,12 +13,13 @@ the frame checked (`checks.FrameChecks`) and held until its turn (`advance`).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 
+from .. import auth
 from ..base import Frame
 from ..inbox import Inbox
 from .body import Body, PlainBody, read_into
+from .bulk import BulkBody
 from .checks import FrameChecks
 from .config import HttpConfig
 from .protocol import H_BASE, INLINE_BYTES, MessageHead, Refuse, Reply, spec_text
@@ -221,7 +222,7 @@ class Reassembler:
         offset = head.offset
         t_read = time.monotonic()
         try:
-            hasher = hashlib.sha256() if digest is not None else None
+            hasher = auth.body_hasher() if digest is not None else None
             if isinstance(body, PlainBody):
                 body.claim = claim
             path = await body.begin(part.buffer, offset, length, part.scan)  # bulk: 101 here
@@ -237,8 +238,11 @@ class Reassembler:
                 idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
-            if hasher is not None and hasher.hexdigest() != digest:
-                raise Refuse(401, "unauthenticated", "body digest does not match")
+            if hasher is not None:
+                if digest == auth.DEFERRED and isinstance(body, BulkBody):
+                    digest = await body.trailer_digest(self.cfg.body_idle_timeout)
+                if auth.digest_of(hasher) != digest:
+                    raise Refuse(401, "unauthenticated", "body digest does not match")
         except BaseException:
             part.unclaim(claim, loop.time())
             raise
