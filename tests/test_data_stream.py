@@ -18,7 +18,7 @@ from tandem.parties.data import table as table_module
 from tandem.parties.data.canonical_ids import canonical, commitment
 from tandem.parties.data.ids import id_hashes
 from tandem.parties.data.idtext import IdText, IdTextBuilder
-from tandem.parties.split.party_data import id_commitment, load_table_data
+from tandem.parties.split.process.party_data import id_commitment, load_table_data
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -190,7 +190,7 @@ async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> d
 async def gather(transport: Transport, followers: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Leader, before building a training spec: ask every follower to describe its data
     (``{"cmd": "describe"}``); returns ``{follower: {"features", "fingerprint", "cuts"}}`` as
-    each answered (`tandem.parties.split.session.describe_data`; ``{}`` from a party with
+    each answered (`tandem.parties.split.process.session.describe_data`; ``{}`` from a party with
     nothing to describe)."""
     for peer in followers:
         await transport.send(peer, CTL, Frame(meta={"cmd": "describe"}))

@@ -1,8 +1,9 @@
 """`tandem party --config F.toml`: one split-learning party as its own OS process.
 
-`run_party(cfg, stop=event)` = `tandem.parties.split.session.connect` (transport, peers, task spec,
-checkpoint agreement) + train + evaluate + export, and returns the result as a dict (the CLI
-prints it as one JSON line). docs/parties.md describes the whole life cycle; in short:
+`run_party(cfg, stop=event)` = `tandem.parties.split.process.session.connect` (transport,
+peers, task spec, checkpoint agreement) + train + evaluate + export, and returns the result
+as a dict (the CLI prints it as one JSON line). docs/parties.md describes the whole life
+cycle; in short:
 
 * **Checkpoints** (``[checkpoint] dir``): after every batch whose step (batches done) is a
   multiple of the spec's ``checkpoint_every``, each party atomically saves its own params,
@@ -27,7 +28,7 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
 * **Reports** (the leader): validation after every epoch, early stopping, the JSONL history and
   TensorBoard files (`tandem.parties.split.reporting.Reporter`); with ``trace_dir``, every
   party's Chrome trace and Gantt picture of a few batches
-  (`tandem.parties.split.party_trace.BatchTrace`).
+  (`tandem.parties.split.process.party_trace.BatchTrace`).
 
 Contract: runs inside the caller's loop, never blocks it (file I/O and model set-up in
 threads), every task inside a TaskGroup; the transport is closed on every exit path.
@@ -49,18 +50,18 @@ from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes, release_free_memory
 from tandem.transports.base import MetricsTransport
 
+from ..checkpoint import CheckpointError, CheckpointStore
+from ..inference import export_party
+from ..negotiate import CTL
+from ..observe import party_metrics
+from ..party import SplitParty
+from ..reporting import Reporter, validation_for
+from ..spec import SPEC_VERSION, TaskSpec
 from . import notice
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
-from .checkpoint import CheckpointError, CheckpointStore
 from .graceful import leaf, until, with_grace
-from .inference import export_party
-from .negotiate import CTL
-from .observe import party_metrics
-from .party import SplitParty
 from .party_trace import DEFAULT_BATCHES, BatchTrace
-from .reporting import Reporter, validation_for
 from .session import Session, connect
-from .spec import SPEC_VERSION, TaskSpec
 
 
 @dataclasses.dataclass

@@ -22,7 +22,7 @@ from tandem.engine.trace import Trace, plot_gantt
 from tandem.parties.progress import emit_result
 from tandem.transports.memory import MemoryNetwork
 
-from .party import SplitConfig, SplitParty
+from ..party import SplitConfig, SplitParty
 
 
 @dataclasses.dataclass
