@@ -55,7 +55,7 @@ from tandem.transports.base import Frame, Transport
 from . import negotiate
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
-from .spec import TaskSpec, cut_fields, cut_of
+from .spec import TaskSpec, cut_fields, cut_of, spec_edges
 
 DATASET = "predict"
 #: Security fields recorded when the caller gives none (in-process transports enforce none).
@@ -188,18 +188,7 @@ def inference_spec(
         }
         for s in topo.stages
     }
-    edges = [
-        {
-            "src": e.src,
-            "dst": e.dst,
-            "src_party": e.src_party,
-            "dst_party": e.dst_party,
-            "width": model.widths[e.src],
-            "dtype": stages[e.src].get("out_dtype", "float32"),
-            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
-        }
-        for e in topo.edges()
-    ]
+    edges = spec_edges(topo, stages)
     hyper = {
         "task": "predict",
         "training": model.training,
@@ -269,47 +258,13 @@ def inference_check(
                 f"the leader's model was trained with loss {hyper.get('loss')!r} "
                 f"but {mine} with {model.loss!r}"
             )
-        for name, st in spec.stages.items():
-            if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
-                reasons.append(
-                    f"stage {name!r} outputs {st.get('out_dim')} columns in the "
-                    f"leader's export but {model.widths[name]} in {mine}"
-                )
-            elif name in model.widths:
-                (theirs_shape, theirs_dtype), cut = cut_of(st), model.cut_of(name)
-                if [theirs_shape, theirs_dtype] != [cut["shape"], cut["dtype"]]:
-                    reasons.append(
-                        f"stage {name!r} outputs {theirs_dtype}[rows, {_dims(theirs_shape)}] in "
-                        f"the leader's export but {cut['dtype']}[rows, {_dims(cut['shape'])}] "
-                        f"in {mine}"
-                    )
+        reasons += _width_reasons(spec, model)
         if int(spec.samples) != int(rows):
             reasons.append(
                 f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
                 "give every party the same (aligned) rows"
             )
-        theirs = spec.alignment
-        if (theirs is None) != (alignment is None):
-            who = "the leader" if theirs is not None else me
-            reasons.append(
-                f"only {who} gave an aligned-ids file (or keyed its rows by id); give every "
-                "party its `tandem align --out` file of the same alignment (or its id column)"
-            )
-        elif (
-            theirs is not None
-            and alignment is not None
-            and (
-                str(theirs["commitment"]) != str(alignment["commitment"])
-                or int(theirs["size"]) != int(alignment["size"])
-            )
-        ):
-            reasons.append(
-                f"the rows are aligned differently: the leader's commitment "
-                f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
-                f"that of {me}, {str(alignment['commitment'])[:12]} "
-                f"(size {alignment['size']}); "
-                "align the new rows again and give every party its output"
-            )
+        reasons += _alignment_reasons(spec.alignment, alignment, me)
         for key, value in (security or {}).items():
             if spec.security.get(key) != value:
                 reasons.append(
@@ -319,6 +274,55 @@ def inference_check(
         return reasons
 
     return check
+
+
+def _width_reasons(spec: TaskSpec, model: PartyModel) -> list[str]:
+    """`inference_check`: each stage's width, cut shape and dtype, the leader's against the
+    export's."""
+    mine, reasons = f"the export of {model.party!r}", []
+    for name, st in spec.stages.items():
+        if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
+            reasons.append(
+                f"stage {name!r} outputs {st.get('out_dim')} columns in the "
+                f"leader's export but {model.widths[name]} in {mine}"
+            )
+        elif name in model.widths:
+            (theirs_shape, theirs_dtype), cut = cut_of(st), model.cut_of(name)
+            if [theirs_shape, theirs_dtype] != [cut["shape"], cut["dtype"]]:
+                reasons.append(
+                    f"stage {name!r} outputs {theirs_dtype}[rows, {_dims(theirs_shape)}] in "
+                    f"the leader's export but {cut['dtype']}[rows, {_dims(cut['shape'])}] "
+                    f"in {mine}"
+                )
+    return reasons
+
+
+def _alignment_reasons(
+    theirs: Mapping[str, Any] | None, alignment: Mapping[str, Any] | None, me: str
+) -> list[str]:
+    """`inference_check`: the leader's alignment commitment against this party's."""
+    if (theirs is None) != (alignment is None):
+        who = "the leader" if theirs is not None else me
+        return [
+            f"only {who} gave an aligned-ids file (or keyed its rows by id); give every "
+            "party its `tandem align --out` file of the same alignment (or its id column)"
+        ]
+    if (
+        theirs is not None
+        and alignment is not None
+        and (
+            str(theirs["commitment"]) != str(alignment["commitment"])
+            or int(theirs["size"]) != int(alignment["size"])
+        )
+    ):
+        return [
+            f"the rows are aligned differently: the leader's commitment "
+            f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
+            f"that of {me}, {str(alignment['commitment'])[:12]} "
+            f"(size {alignment['size']}); "
+            "align the new rows again and give every party its output"
+        ]
+    return []
 
 
 # -- running -------------------------------------------------------------------------------------
