@@ -32,24 +32,79 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
 from tandem.engine.data import epoch_batches
 from tandem.engine.lanes import ThreadLane
+from tandem.engine.microbatch import GroupTuner, TunerState
 from tandem.engine.runtime import BatchStats, PartyRuntime
+from tandem.transports.base import Transport
 
+from .admission import PlanAdmission
 from .command_rows import Draw
-from .settings import EpochResult
-
-if TYPE_CHECKING:
-    from .party import SplitParty
+from .settings import EpochResult, SplitConfig
+from .stages import StageHandler
 
 #: ``after_batch(epoch, batches_done_in_epoch)``: true stops training (`SplitParty.fit`).
 AfterBatch = Callable[[int, int], Awaitable[bool | None]]
 #: ``after_epoch(result)``: true stops training after that epoch.
 AfterEpoch = Callable[[EpochResult], Awaitable[bool | None]]
+
+
+class SplitParty(Protocol):
+    """What the training loop uses of a leader `tandem.parties.split.party.SplitParty` (named
+    here, not imported, so the party can import this module)."""
+
+    name: str
+    config: SplitConfig
+    transport: Transport
+    handler: StageHandler
+    admission: PlanAdmission
+    labels: dict[str, np.ndarray]
+    history: list[EpochResult]
+    followers: tuple[str, ...]
+    n_groups: int
+    tuner: GroupTuner
+    tuner_state: TunerState
+    tuner_path: list[tuple[int, float]]
+    _tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]]
+
+    @property
+    def batches_done(self) -> int: ...
+
+    def _runtime(self, lane: Any) -> PartyRuntime: ...
+
+    async def _start_batch(
+        self,
+        idx: np.ndarray,
+        n: int,
+        mode: str,
+        dataset: str,
+        draw: Draw | None = None,
+        **meta: Any,
+    ) -> tuple[int, int]: ...
+
+    async def _run_batch(
+        self,
+        runtime: PartyRuntime,
+        idx: np.ndarray,
+        n: int,
+        mode: str,
+        dataset: str,
+        chunks: int = 1,
+        computed: Callable[[BatchStats], Awaitable[None]] | None = None,
+        produced: Callable[[BatchStats], Awaitable[None]] | None = None,
+    ) -> BatchStats: ...
+
+    def _batch_command(
+        self, b: int, rows: int, n: int, mode: str, dataset: str, **meta: Any
+    ) -> tuple[int, int, dict[str, Any]]: ...
+
+    async def _command(
+        self, meta: dict, idx: np.ndarray | None = None, draw: Draw | None = None
+    ) -> None: ...
 
 
 class Fit:
