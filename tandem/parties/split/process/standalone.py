@@ -216,7 +216,7 @@ async def _lead(
             after_batch=after_batch,
             after_epoch=reporter.after_epoch,
             # a stop (signal, a follower leaving) lands one batch later, and the hook's
-            # checkpoint still sees batch b's state (`SplitParty.fit`, "Announcing ahead")
+            # checkpoint still sees batch b's state (`tandem.parties.split.training`)
             announce_ahead=True,
         )
         async with reporter.opened(epoch0):
