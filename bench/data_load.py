@@ -9,7 +9,7 @@ text in turn, Zipf-like frequencies, vocabularies from 10**3 to 10**5), in row g
 rows. A child process (``--child``) imports the split party's loader, tunes the C allocator
 as the ``tandem`` command does (`tandem.parties.cli.allocator.tune_allocator`), notes its RSS
 (``baseline_mb``: interpreter and libraries), loads the table as the split party does
-(`tandem.parties.split.party_data.load_table_data`: ids, split, fit, transform, labels,
+(`tandem.parties.split.process.party_data.load_table_data`: ids, split, fit, transform, labels,
 fingerprint, final layout) and reports its peak RSS (VmHWM), wall and CPU seconds, and the
 bytes of the arrays it returns (``data_mb``: float32 features and labels).
 ``rss_vs_data_<n>`` is peak RSS / those bytes, the interpreter included; ``added_vs_data_<n>``
@@ -69,7 +69,7 @@ def _child(path: str) -> dict:
 
     from tandem.parties.cli.allocator import tune_allocator
     from tandem.parties.data import parse_data_config
-    from tandem.parties.split.party_data import load_table_data
+    from tandem.parties.split.process.party_data import load_table_data
 
     tune_allocator()  # as the tandem command does before a party loads its data
     baseline = _status_mb("VmRSS")

@@ -3,7 +3,7 @@ attack class of issue 30 runs against them, one class per run.
 
     python -m bench.hostile --json        # one JSON line
 
-Each run is a real job (`tandem.parties.split.standalone.run_party` for the leader and the
+Each run is a real job (`tandem.parties.split.process.standalone.run_party` for the leader and the
 follower: negotiation, training, evaluation, export) in a process of its own (so that every
 run's memory is measured from the same start), with ``[http] inbound_budget`` set
 (``--budget-mib``); its attack runs beside it in the same process for at most ``--seconds``
@@ -791,9 +791,9 @@ async def run_job(
     sampler: Sampler | None,
     tls: ssl.SSLContext | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    from tandem.parties.split.party_config import load_party_config
-    from tandem.parties.split.session import leader_spec
-    from tandem.parties.split.standalone import run_party
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.session import leader_spec
+    from tandem.parties.split.process.standalone import run_party
 
     paths = job.write()
     cfgs = {r: load_party_config(paths[r]) for r in ("leader", "follower")}

@@ -331,7 +331,7 @@ def check_compress_supported(work: ctr.Workload, folder: Path, settings: Setting
     """Refuse ``--compress`` before any run when this checkout's ``tandem party`` has no
     ``[train] compress`` key."""
     from tandem.errors import ConfigError
-    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.process.party_config import load_party_config
 
     urls = {p: "http://127.0.0.1:1" for p in work.parties}
     probe = folder / "compress_probe"
@@ -372,7 +372,7 @@ def centralized(
     from tandem.engine.kernels import get_loss
     from tandem.parties.models import mlp
     from tandem.parties.split.metrics import roc_auc
-    from tandem.parties.split.party_config import load_party_config
+    from tandem.parties.split.process.party_config import load_party_config
     from tandem.parties.split.stages import _stable_hash
 
     os.environ.setdefault("TANDEM_SECRET", "centralized")  # the TOMLs name it; nothing is sent

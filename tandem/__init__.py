@@ -27,7 +27,7 @@ _EXPORTS = {
     "SplitParty": "tandem.parties.split.party",
     "SplitConfig": "tandem.parties.split.party",
     "EpochResult": "tandem.parties.split.party",
-    "run_party": "tandem.parties.split.standalone",
+    "run_party": "tandem.parties.split.process.standalone",
     "Topology": "tandem.engine.topology",
     "two_party": "tandem.engine.topology",
     "leader_follower": "tandem.engine.topology",
@@ -105,7 +105,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time the names load on f
     from tandem.parties.fl.client import FLClient
     from tandem.parties.fl.server import FLConfig, FLServer
     from tandem.parties.split.party import EpochResult, SplitConfig, SplitParty
-    from tandem.parties.split.standalone import run_party
+    from tandem.parties.split.process.standalone import run_party
     from tandem.transports.base import Frame, Transport
     from tandem.transports.http import HttpConfig, HttpTransport
     from tandem.transports.memory import MemoryNetwork

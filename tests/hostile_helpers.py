@@ -1,5 +1,5 @@
 """Scaffolding of the hostile-network tests (tests/test_hostile_*.py): two real parties
-(`tandem.parties.split.standalone.run_party`, negotiation, training, export) over HTTP on
+(`tandem.parties.split.process.standalone.run_party`, negotiation, training, export) over HTTP on
 loopback, in this process, with an attack running beside them; and the hand-made requests an
 attacker sends.
 
@@ -53,8 +53,8 @@ async def run_pair(
     returns ``({role: result}, attack's result)``. ``finished`` is set once both parties
     are done; the attack must stop by itself (bounded in count and time, or once
     ``finished`` is set) and is awaited. Either party failing fails the call."""
-    from tandem.parties.split.party_config import load_party_config
-    from tandem.parties.split.standalone import run_party
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.standalone import run_party
 
     cfgs = {r: load_party_config(job.path(r)) for r in ("leader", "follower")}
     finished = asyncio.Event()
@@ -171,8 +171,8 @@ def field_of(text: str) -> str:
 
 def spec_hash(job: Job) -> str:
     """The spec hash the two parties of ``job`` will agree on."""
-    from tandem.parties.split.party_config import load_party_config
-    from tandem.parties.split.session import describe_data, leader_spec
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.session import describe_data, leader_spec
 
     cfg = load_party_config(job.path("leader"))
     follower = load_party_config(job.path("follower"))

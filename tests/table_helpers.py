@@ -147,8 +147,8 @@ class TableJob:
 
     async def run_all(self, *, fresh: bool = False) -> dict[str, Any]:
         """Every party's `run_party` in this process; ``{name: result or exception}``."""
-        from tandem.parties.split.party_config import load_party_config
-        from tandem.parties.split.standalone import run_party
+        from tandem.parties.split.process.party_config import load_party_config
+        from tandem.parties.split.process.standalone import run_party
 
         self.write()
 

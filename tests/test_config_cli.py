@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tandem.parties.cli import main
 from tandem.parties.config import validate
-from tandem.parties.split.config import PartyConfig, PartyConfigError
+from tandem.parties.split.process.config import PartyConfig, PartyConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTY_FILES = sorted(
@@ -85,8 +85,8 @@ def test_check_validates_without_starting_and_names_the_key(tmp_path, capsys, mo
 def test_split_hyper_parameters_have_one_declaration():
     from tandem.parties.split.hyper import SPEC_FIELDS, SPLIT_FIELDS, Train
     from tandem.parties.split.party import SplitConfig
-    from tandem.parties.split.party_config import load_party_config
-    from tandem.parties.split.session import leader_spec
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.session import leader_spec
 
     fields = {f.name: f.default for f in dataclasses.fields(SplitConfig)}
     assert tuple(fields) == SPLIT_FIELDS
@@ -103,9 +103,9 @@ def test_a_checkpoint_of_an_older_spec_version_is_refused_naming_fresh(tmp_path,
     import numpy as np
 
     from tandem.parties.split import checkpoint
-    from tandem.parties.split.build_data import PartyData
     from tandem.parties.split.checkpoint import CheckpointStore
-    from tandem.parties.split.standalone import stale_checkpoints
+    from tandem.parties.split.process.build_data import PartyData
+    from tandem.parties.split.process.standalone import stale_checkpoints
 
     store = CheckpointStore(tmp_path / "ck", party="leader")
     data = PartyData(np.zeros((2, 1), np.float32), fingerprint="f")

@@ -296,7 +296,7 @@ def test_a_follower_toml_with_another_compression_is_refused(tmp_path):
 
 
 def test_party_configs_check_compression_values(tmp_path):
-    from tandem.parties.split.party_config import PartyConfigError, load_party_config
+    from tandem.parties.split.process.party_config import PartyConfigError, load_party_config
     from tests.table_helpers import TableJob
 
     job = TableJob(tmp_path, ["bank", "shop"], epochs=1, data=False)

@@ -13,12 +13,12 @@ from tandem.parties.data import (
     load_party_data,
     parse_data_config,
 )
-from tandem.parties.data import preprocess as preprocess_module
+from tandem.parties.data import columns as columns_module
 from tandem.parties.data import table as table_module
 from tandem.parties.data.canonical_ids import canonical, commitment
 from tandem.parties.data.ids import id_hashes
 from tandem.parties.data.idtext import IdText, IdTextBuilder
-from tandem.parties.split.party_data import id_commitment, load_table_data
+from tandem.parties.split.process.party_data import id_commitment, load_table_data
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -88,8 +88,8 @@ def small_chunks(monkeypatch):
     """Record batches and transform chunks far smaller than the row groups and not aligned
     with them, so every boundary case is crossed."""
     monkeypatch.setattr(table_module, "_BATCH_ROWS", 100)
-    monkeypatch.setattr(preprocess_module, "_ROWS", 77)
-    monkeypatch.setattr(preprocess_module, "_TEXT_ROWS", 91)
+    monkeypatch.setattr(columns_module, "ROWS", 77)
+    monkeypatch.setattr(columns_module, "TEXT_ROWS", 91)
 
 
 @pytest.mark.parametrize("chunks", ["default", "small"])

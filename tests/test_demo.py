@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from tandem.parties.split.demo import run_demo
+from tandem.parties.split.process.demo import run_demo
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """Elastic training on the user's own data and model: the ``[data]``/``[model]``/``[train]``
 tables of the shared contract, and the trained model exported in split learning's format,
-rebuilt by `tandem.parties.split.inference.load_model` and used on new rows with the saved
+rebuilt by `tandem.parties.export.model.load_model` and used on new rows with the saved
 preprocessing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tandem.parties.elastic import kernels as K
 from tandem.parties.elastic.data_server import DataServer
 from tandem.parties.elastic.errors import ConfigError
 from tandem.parties.elastic.party_data import STAGE, export_model, load_party_shard
-from tandem.parties.split.inference import load_model_sync
+from tandem.parties.export.model import load_model_sync
 from tandem.transports.memory import MemoryNetwork
 from test_elastic_http import _toml
 

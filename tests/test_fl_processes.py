@@ -19,9 +19,9 @@ import pytest
 
 from fl_process_helpers import CLIENTS, Federation
 from party_helpers import wait_until
+from tandem.parties.export.model import load_model_sync
 from tandem.parties.fl.config import load_client_config, load_server_config
 from tandem.parties.fl.local import run_local
-from tandem.parties.split.inference import load_model_sync
 
 ROUNDS = 12
 

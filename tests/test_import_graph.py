@@ -1,8 +1,9 @@
 """Imports flow one way: no cycle among Tandem's modules (counting imports inside functions too),
 none among the packages under ``tandem.parties`` (a module-level check misses ``data.load ->
 alignment.aligned_file`` beside ``alignment.cli -> data``), the systems (split learning, FL,
-elastic training, alignment) import none of each other, and the layers import downwards only
-(transports <- engine <- parties)."""
+elastic training, alignment) import none of each other, the layers import downwards only
+(transports <- engine <- parties), and split learning's core (any transport, no TOML, no process)
+imports nothing of its process/CLI layer (``tandem.parties.split.process``)."""
 
 from __future__ import annotations
 
@@ -98,8 +99,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "tandem.parties.split.predict_cli" in graph["tandem.parties.split.cli"]  # in register()
-    assert "tandem.parties.split.cli_report" in graph["tandem.parties.split.predict_cli"]
+    process = "tandem.parties.split.process"
+    assert f"{process}.predict_cli" in graph[f"{process}.cli"]  # in register()
+    assert f"{process}.cli_report" in graph[f"{process}.predict_cli"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
 
 
@@ -142,4 +144,22 @@ def test_layers_import_downwards_only():
         for dep in deps
         if dep.startswith(above)
     ]
+    assert wrong == []
+
+
+SPLIT, SPLIT_PROCESS = f"{PARTIES}.split", f"{PARTIES}.split.process"
+
+
+def in_package(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_split_core_imports_nothing_of_its_process_layer():
+    graph = import_graph()
+    core = [m for m in graph if in_package(m, SPLIT) and not in_package(m, SPLIT_PROCESS)]
+    assert f"{SPLIT}.party" in core and f"{SPLIT}.inference" in core
+    assert f"{SPLIT}.party" in graph[f"{SPLIT_PROCESS}.standalone"]  # the graph sees the layer
+    wrong = sorted(
+        f"{m} imports {dep}" for m in core for dep in graph[m] if in_package(dep, SPLIT_PROCESS)
+    )
     assert wrong == []

@@ -1,5 +1,5 @@
 """A party that cannot start tells its peers why, and they stop within seconds naming it
-(`tandem.parties.split.notice`); a secret that differs is found by both parties at once.
+(`tandem.parties.split.process.notice`); a secret that differs is found by both parties at once.
 Every party runs as its own OS process (`tandem party`), the peer that must be told started
 first (a notice reaches only a peer already listening)."""
 
@@ -109,7 +109,7 @@ async def test_a_forged_request_in_a_peers_name_stops_nothing(caplog):
     guarded work finishes; one warning names the peer, a second refusal is counted silently."""
     import asyncio
 
-    from tandem.parties.split.notice import PeerWatch
+    from tandem.parties.split.process.notice import PeerWatch
 
     a, b = await _pair(b"s3cret")
     try:
@@ -122,7 +122,7 @@ async def test_a_forged_request_in_a_peers_name_stops_nothing(caplog):
             await asyncio.wait_for(b.recv("a", "notice"), 10)  # the probe arrived, and passed
             return "finished"
 
-        with caplog.at_level("WARNING", logger="tandem.parties.split.notice"):
+        with caplog.at_level("WARNING", logger="tandem.parties.split.process.notice"):
             assert await watch.guard(work()) == "finished"
         warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
         assert len(warnings) == 1 and "its peer 'b'" in warnings[0], warnings
@@ -135,7 +135,7 @@ async def test_a_peer_refusing_the_probe_is_a_secret_that_differs():
     import asyncio
 
     from tandem.errors import AuthenticationError
-    from tandem.parties.split.notice import PeerWatch
+    from tandem.parties.split.process.notice import PeerWatch
 
     a, b = await _pair(b"other")
     try:
@@ -151,7 +151,7 @@ async def test_a_peer_refusing_the_probe_is_a_secret_that_differs():
 async def test_an_abort_notice_stops_the_guarded_work_naming_the_party():
     import asyncio
 
-    from tandem.parties.split.notice import PeerAbortedError, PeerWatch, tell_peers
+    from tandem.parties.split.process.notice import PeerAbortedError, PeerWatch, tell_peers
 
     a, b = await _pair(b"s3cret")
     try:

@@ -174,7 +174,7 @@ def _load_checkpoint(job: Job, role: str, step: int, spec_hash: str) -> None:
     from party_helpers import F_FOLLOWER, F_LEADER
     from tandem.engine.kernels import get_loss
     from tandem.parties.split.checkpoint import CheckpointStore
-    from tandem.parties.split.party_config import load_party_config, models_from_widths
+    from tandem.parties.split.process.party_config import load_party_config, models_from_widths
     from tandem.parties.split.stages import StageHandler
 
     cfg = load_party_config(job.path(role))

@@ -16,8 +16,8 @@ import pytest
 
 from table_helpers import TableJob, write_tables
 from tandem.parties.split import inference
-from tandem.parties.split.party_config import PartyConfigError, load_party_config
-from tandem.parties.split.session import (
+from tandem.parties.split.process.party_config import PartyConfigError, load_party_config
+from tandem.parties.split.process.session import (
     describe_data,
     described_cuts,
     follower_check,
@@ -118,7 +118,7 @@ def _predict(job, folder, out):
 
 def _features(job, name, folder):
     """The party's new rows as its export's preprocessing makes them, sorted by id."""
-    from tandem.parties.split.predict_cli import read_inputs
+    from tandem.parties.split.process.predict_cli import read_inputs
 
     model = inference.load_model_sync(job.folder / "out" / name, name)
     args = argparse.Namespace(data=str(folder / f"{name}.csv"), id_column=None, aligned=None)

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from table_helpers import TableJob, write_tables
-from tandem.parties.split import inference, predict_cli
+from tandem.parties.split import inference
+from tandem.parties.split.process import predict_cli
 
 pytestmark = pytest.mark.slow
 FIXTURE = "tests.models_fixture"
@@ -61,7 +62,7 @@ async def _predict(job, folder, out):
 
 def _features(job, name, folder):
     """The party's new rows as its export's preprocessing makes them, sorted by id."""
-    from tandem.parties.split.predict_cli import read_inputs
+    from tandem.parties.split.process.predict_cli import read_inputs
 
     model = inference.load_model_sync(job.folder / "out" / name, name)
     args = argparse.Namespace(data=str(folder / f"{name}.csv"), id_column=None, aligned=None)

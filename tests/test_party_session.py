@@ -14,9 +14,9 @@ from party_helpers import Job
 from tandem.errors import FrameError
 from tandem.parties.split import negotiate
 from tandem.parties.split.checkpoint import CheckpointError, CheckpointStore
-from tandem.parties.split.party_config import load_party_config
-from tandem.parties.split.session import PartyStartError, connect
-from tandem.parties.split.standalone import make_party
+from tandem.parties.split.process.party_config import load_party_config
+from tandem.parties.split.process.session import PartyStartError, connect
+from tandem.parties.split.process.standalone import make_party
 from tandem.transports.base import Frame
 from tandem.transports.memory import MemoryNetwork
 
@@ -301,8 +301,8 @@ def test_checkpoint_round_trip_is_exact_and_checked(tmp_path):
 
 # -- stop / grace helpers -------------------------------------------------------------------------
 async def test_with_grace_finishes_aborts_and_raises():
-    from tandem.parties.split.graceful import until as _until
-    from tandem.parties.split.graceful import with_grace as _with_grace
+    from tandem.parties.split.process.graceful import until as _until
+    from tandem.parties.split.process.graceful import with_grace as _with_grace
 
     stop = asyncio.Event()
 

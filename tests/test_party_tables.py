@@ -16,8 +16,8 @@ import pytest
 from ports import free_port
 from table_helpers import TableJob, toml, write_tables
 from tandem.errors import ConfigError
-from tandem.parties.split import predict_cli
-from tandem.parties.split.party_config import PartyConfigError, load_party_config
+from tandem.parties.split.process import predict_cli
+from tandem.parties.split.process.party_config import PartyConfigError, load_party_config
 
 
 def _config(tmp_path, parties=("bank", "shop"), **tweak):
@@ -162,7 +162,7 @@ def test_tables_train_and_the_spec_records_split_and_fingerprints(trained):
     assert lead["spec_hash"] == fol["spec_hash"]
     assert lead["test_accuracy"] > 0.8
     from tandem.parties.export import read_description
-    from tandem.parties.split.session import describe_data, leader_spec
+    from tandem.parties.split.process.session import describe_data, leader_spec
 
     shop = load_party_config(job.path("shop")).load_data()
     desc = read_description(job.folder / "out" / "shop" / "shop.safetensors")
@@ -178,7 +178,7 @@ def test_tables_train_and_the_spec_records_split_and_fingerprints(trained):
 
 
 def test_a_different_split_seed_is_refused_with_the_reason(trained):
-    from tandem.parties.split.session import describe_data, follower_check, leader_spec
+    from tandem.parties.split.process.session import describe_data, follower_check, leader_spec
 
     job, _ = trained
     cfg = load_party_config(job.path("bank"))
@@ -287,7 +287,7 @@ async def test_predict_refuses_positional_pairing(trained, tmp_path, capsys):
     assert await args.func(args) == 2
     assert "'nope'" in capsys.readouterr().err
     from tandem.parties.split import inference
-    from tandem.parties.split.predict_cli import read_inputs
+    from tandem.parties.split.process.predict_cli import read_inputs
 
     model = await inference.load_model(job.folder / "out" / "bank", "bank")
     legacy = inference.PartyModel(**{**model.__dict__, "data": None})
@@ -322,7 +322,7 @@ def test_labels_are_checked_against_the_loss(tmp_path):
 
 async def test_a_failing_party_prints_one_json_error_line(tmp_path, capsys):
     """Trap 1 through the command: exit 2, the reason on stderr, then one JSON line."""
-    from tandem.parties.split.cli import party_command
+    from tandem.parties.split.process.cli import party_command
 
     job = _config(tmp_path)
     del job.cfg["shop"]["data"]["id_column"]

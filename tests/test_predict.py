@@ -26,9 +26,10 @@ from ports import free_port
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower, two_party
 from tandem.parties.export import save_stages
-from tandem.parties.split import SplitConfig, SplitParty, inference, predict_cli
+from tandem.parties.split import SplitConfig, SplitParty, inference
 from tandem.parties.split.inference import InferenceError
 from tandem.parties.split.negotiate import NegotiationError
+from tandem.parties.split.process import predict_cli
 from tandem.transports.memory import MemoryNetwork
 
 F_LEADER, F_FOLLOWER, CUT, NEW = 5, 3, 4, 41
@@ -375,8 +376,8 @@ async def test_follower_refuses_a_training_proposal(trained):
 
 
 async def test_training_follower_refuses_a_prediction_spec(trained, tmp_path):
-    from tandem.parties.split.party_config import PartyData, load_party_config
-    from tandem.parties.split.session import follower_check
+    from tandem.parties.split.process.party_config import PartyData, load_party_config
+    from tandem.parties.split.process.session import follower_check
 
     cfg = load_party_config(_configs(trained, tmp_path)["follower"])
     lm = await inference.load_model(trained.leader, "leader")

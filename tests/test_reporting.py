@@ -324,7 +324,7 @@ def test_tensorboard_without_its_extra_says_how_to_install_it(monkeypatch):
 # -- traces --------------------------------------------------------------------------------------
 async def test_batch_trace_records_a_window_of_training_batches(tmp_path):
     pytest.importorskip("matplotlib")
-    from tandem.parties.split.party_trace import BatchTrace
+    from tandem.parties.split.process.party_trace import BatchTrace
 
     leader, follower = _job()
     traces = {p.name: BatchTrace(str(tmp_path), p, batches=2) for p in (leader, follower)}
@@ -355,7 +355,7 @@ async def test_batch_trace_records_a_window_of_training_batches(tmp_path):
 # -- configuration and `tandem party` ------------------------------------------------------------
 def test_party_config_reads_and_checks_the_reporting_keys(tmp_path):
     from party_helpers import Job
-    from tandem.parties.split.party_config import PartyConfigError, load_party_config
+    from tandem.parties.split.process.party_config import PartyConfigError, load_party_config
 
     job = Job(tmp_path)
     job.cfg["leader"]["train"].update(monitor="auc", patience=3, min_delta=0.01)

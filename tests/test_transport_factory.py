@@ -90,7 +90,7 @@ async def test_a_registered_transport_runs_a_two_party_job(
 
 
 def test_an_unregistered_scheme_is_refused_naming_the_registered_ones(tmp_path):
-    from tandem.parties.split.party_config import PartyConfigError, load_party_config
+    from tandem.parties.split.process.party_config import PartyConfigError, load_party_config
 
     job = make_job(tmp_path, lambda j: j.cfg["leader"].update(peers={"follower": "nope://x:1"}))
     with pytest.raises(PartyConfigError, match=r"peers\.follower must be a URL like") as err:

@@ -273,6 +273,23 @@ def make_plan(
     (forward only; the loss stage produces predictions). ``chunks`` splits each group's
     messages in that many parts (module docstring); every party must use the same value.
     """
+    _check_plan_args(topology, party, n_groups, mode, chunks)
+    train = mode == "train"
+    fine = computes_per_message(topology, party, chunks)
+    groups = n_groups * chunks if fine else n_groups
+    b = _PlanBuilder(topology, party, per_op=1 if fine else chunks)
+    for m in range(groups):
+        b.forward(m)
+        if train:
+            b.backward(m)
+    if train:
+        b.updates(groups)
+    plan = Plan(party, n_groups, mode, tuple(b.ops), b.deps, seed, chunks, fine)
+    plan.check()
+    return plan
+
+
+def _check_plan_args(topology: Topology, party: str, n_groups: int, mode: str, chunks: int) -> None:
     if mode not in ("train", "eval"):
         raise ConfigError(f"plan mode must be 'train' or 'eval', got {mode!r}")
     if not isinstance(n_groups, int) or n_groups < 1:
@@ -283,73 +300,79 @@ def make_plan(
         raise ConfigError(
             f"party {party!r} owns no stage of this topology; parties: {list(topology.parties)}"
         )
-    by = topology.by_name
-    mine = topology.stages_of(party)
-    train = mode == "train"
-    fine = computes_per_message(topology, party, chunks)
-    groups = n_groups * chunks if fine else n_groups
-    per_op = 1 if fine else chunks  # messages per compute op, each way
-    ops: list[Op] = []
-    deps: dict[Op, tuple[Op, ...]] = {}
 
-    def add(op: Op, ds: Iterable[Op]) -> Op:
-        ops.append(op)
-        deps[op] = tuple(ds)
+
+class _PlanBuilder:
+    """`make_plan`'s ops and dependencies for ``party``, appended group by group in the order
+    the plan lists them (its ``index``). ``per_op``: messages per compute op, each way."""
+
+    def __init__(self, topology: Topology, party: str, per_op: int) -> None:
+        self.topology, self.party, self.per_op = topology, party, per_op
+        self.mine = topology.stages_of(party)
+        self.ops: list[Op] = []
+        self.deps: dict[Op, tuple[Op, ...]] = {}
+        self.fwd: dict[tuple[str, int], Op] = {}
+        self.bwd: dict[tuple[str, int], Op] = {}
+
+    def add(self, op: Op, ds: Iterable[Op]) -> Op:
+        self.ops.append(op)
+        self.deps[op] = tuple(ds)
         return op
 
-    def recvs(m: int, channel: str, peer: str) -> list[Op]:
+    def recvs(self, m: int, channel: str, peer: str) -> list[Op]:
         return [
-            add(Op(Kind.RECV, k, channel=channel, peer=peer), ())
-            for k in range(m * per_op, (m + 1) * per_op)
+            self.add(Op(Kind.RECV, k, channel=channel, peer=peer), ())
+            for k in range(m * self.per_op, (m + 1) * self.per_op)
         ]
 
-    def sends(m: int, channel: str, peer: str, src: Op) -> None:
-        for k in range(m * per_op, (m + 1) * per_op):
-            add(Op(Kind.SEND, k, channel=channel, peer=peer), (src,))
+    def sends(self, m: int, channel: str, peer: str, src: Op) -> None:
+        for k in range(m * self.per_op, (m + 1) * self.per_op):
+            self.add(Op(Kind.SEND, k, channel=channel, peer=peer), (src,))
 
-    fwd: dict[tuple[str, int], Op] = {}
-    bwd: dict[tuple[str, int], Op] = {}
-    for m in range(groups):
-        for s in mine:
+    def forward(self, m: int) -> None:
+        """Group ``m``'s forward (or fused loss) ops, their inbound activations and sends."""
+        by, party = self.topology.by_name, self.party
+        for s in self.mine:
             ins = []
             for i in s.inputs:
                 if i == FEATURES:
                     continue
                 src = by[i]
                 if src.owner == party:
-                    ins.append(fwd[(i, m)])
+                    ins.append(self.fwd[(i, m)])
                 else:
-                    ins += recvs(m, f"act/{i}->{s.name}", src.owner)
+                    ins += self.recvs(m, f"act/{i}->{s.name}", src.owner)
             kind = Kind.LOSS if s.loss else Kind.FORWARD
-            fwd[(s.name, m)] = op = add(Op(kind, m, stage=s.name), ins)
+            self.fwd[(s.name, m)] = op = self.add(Op(kind, m, stage=s.name), ins)
             if s.loss:
-                bwd[(s.name, m)] = op
-            for c in topology.consumers(s.name):
+                self.bwd[(s.name, m)] = op
+            for c in self.topology.consumers(s.name):
                 if c.owner != party:
-                    sends(m, f"act/{s.name}->{c.name}", c.owner, op)
-        if not train:
-            continue
-        for s in reversed(mine):
+                    self.sends(m, f"act/{s.name}->{c.name}", c.owner, op)
+
+    def backward(self, m: int) -> None:
+        """Group ``m``'s backward ops (stages in reverse), inbound gradients and sends."""
+        by, party = self.topology.by_name, self.party
+        for s in reversed(self.mine):
             if not s.loss:
-                ds = [fwd[(s.name, m)]]
-                for c in topology.consumers(s.name):
+                ds = [self.fwd[(s.name, m)]]
+                for c in self.topology.consumers(s.name):
                     if c.owner == party:
-                        ds.append(bwd[(c.name, m)])
+                        ds.append(self.bwd[(c.name, m)])
                     else:
-                        ds += recvs(m, f"grad/{s.name}->{c.name}", c.owner)
-                bwd[(s.name, m)] = add(Op(Kind.BACKWARD, m, stage=s.name), ds)
+                        ds += self.recvs(m, f"grad/{s.name}->{c.name}", c.owner)
+                self.bwd[(s.name, m)] = self.add(Op(Kind.BACKWARD, m, stage=s.name), ds)
             for i in s.inputs:
                 if i != FEATURES and by[i].owner != party:
-                    sends(m, f"grad/{i}->{s.name}", by[i].owner, bwd[(s.name, m)])
-    if train:
-        for s in mine:
-            add(
+                    self.sends(m, f"grad/{i}->{s.name}", by[i].owner, self.bwd[(s.name, m)])
+
+    def updates(self, groups: int) -> None:
+        """One update per stage, after every group's backward."""
+        for s in self.mine:
+            self.add(
                 Op(Kind.UPDATE, groups, stage=s.name),
-                tuple(bwd[(s.name, m)] for m in range(groups)),
+                tuple(self.bwd[(s.name, m)] for m in range(groups)),
             )
-    plan = Plan(party, n_groups, mode, tuple(ops), deps, seed, chunks, fine)
-    plan.check()
-    return plan
 
 
 def make_plans(

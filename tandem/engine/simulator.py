@@ -53,7 +53,7 @@ def simulate(
     """Simulate one batch of every party's plan. ``cost(party, op)`` gives compute seconds,
     ``nbytes(party, send_op)`` the bytes a send puts on the wire; ``policy`` is a `Policy` or
     the name of a built-in one (`as_policy`)."""
-    policy = as_policy(policy)
+    chosen = as_policy(policy)
     if callable(links):
         link_of = links
     else:
@@ -61,94 +61,125 @@ def simulate(
         link_of = lambda s, d: table.get((s, d), Link())  # noqa: E731
     for plan in plans.values():
         bp.check_plan(plan)
-    seq = itertools.count()
-    events: list = []
-    trace = Trace()
-    remaining = {p: {op: len(pl.deps.get(op, ())) for op in pl.ops} for p, pl in plans.items()}
-    ready = {p: ReadySet(pl.key) for p, pl in plans.items()}
-    busy = {p: False for p in plans}
-    outbound = {p: 0 for p in plans}
-    queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(collections.deque)
-    link_busy: dict[tuple[str, str], bool] = collections.defaultdict(bool)
-    done = {p: 0 for p in plans}
+    return _Simulation(plans, cost, nbytes, link_of, bp, chosen).run()
 
-    def push(t: float, *ev) -> None:
-        heapq.heappush(events, (t, next(seq), ev))
 
-    def dispatch(p: str, t: float) -> None:
-        if busy[p]:
+class _Simulation:
+    """One `simulate` call: a heap of timed events (a compute op done, a send off the wire,
+    a message arriving) over every party's ready set, compute lane, outbound count and link
+    queues. Ties in time break by insertion order (``seq``), so a run is deterministic."""
+
+    def __init__(
+        self,
+        plans: Mapping[str, Plan],
+        cost: Callable[[str, Op], float],
+        nbytes: Callable[[str, Op], int],
+        link_of: Callable[[str, str], Link],
+        bp: Backpressure,
+        policy: Policy,
+    ) -> None:
+        self.plans, self.cost, self.nbytes, self.link_of = plans, cost, nbytes, link_of
+        self.bp, self.policy = bp, policy
+        self.seq = itertools.count()
+        self.events: list = []
+        self.trace = Trace()
+        self.remaining = {
+            p: {op: len(pl.deps.get(op, ())) for op in pl.ops} for p, pl in plans.items()
+        }
+        self.ready = {p: ReadySet(pl.key) for p, pl in plans.items()}
+        self.busy = {p: False for p in plans}
+        self.outbound = {p: 0 for p in plans}
+        self.queues: dict[tuple[str, str], collections.deque] = collections.defaultdict(
+            collections.deque
+        )
+        self.link_busy: dict[tuple[str, str], bool] = collections.defaultdict(bool)
+        self.done = {p: 0 for p in plans}
+
+    def push(self, t: float, *ev) -> None:
+        heapq.heappush(self.events, (t, next(self.seq), ev))
+
+    def dispatch(self, p: str, t: float) -> None:
+        """Start ``p``'s next compute op (the policy's choice) if its lane is free."""
+        if self.busy[p]:
             return
-        op = policy.choose(ready[p], outbound[p], plans[p], bp)
+        op = self.policy.choose(self.ready[p], self.outbound[p], self.plans[p], self.bp)
         if op is None:
             return
-        ready[p].remove(op)
-        busy[p] = True
-        push(t + cost(p, op), "compute_done", p, op, t)
+        self.ready[p].remove(op)
+        self.busy[p] = True
+        self.push(t + self.cost(p, op), "compute_done", p, op, t)
 
-    def start_link(src: str, dst: str, t: float) -> None:
+    def start_link(self, src: str, dst: str, t: float) -> None:
+        """Put the next queued send of link ``src -> dst`` on the wire if the link is free."""
         key = (src, dst)
-        if link_busy[key] or not queues[key]:
+        if self.link_busy[key] or not self.queues[key]:
             return
-        op = queues[key].popleft()
-        link = link_of(src, dst)
-        size = nbytes(src, op)
+        op = self.queues[key].popleft()
+        link = self.link_of(src, dst)
+        size = self.nbytes(src, op)
         dur = size / link.bandwidth if link.bandwidth else 0.0
-        link_busy[key] = True
-        push(t + dur, "tx_done", src, dst, op, t, size)
+        self.link_busy[key] = True
+        self.push(t + dur, "tx_done", src, dst, op, t, size)
 
-    def complete(p: str, op: Op, t: float) -> None:
-        done[p] += 1
-        for s in plans[p].successors[op]:
-            remaining[p][s] -= 1
-            if remaining[p][s] == 0:
+    def complete(self, p: str, op: Op, t: float) -> None:
+        """``op`` of ``p`` is done: release its successors (sends queue on their link)."""
+        self.done[p] += 1
+        for s in self.plans[p].successors[op]:
+            self.remaining[p][s] -= 1
+            if self.remaining[p][s] == 0:
                 if s.kind is Kind.SEND:
-                    outbound[p] += 1
-                    queues[(p, s.peer)].append(s)
-                    start_link(p, s.peer, t)
+                    self.outbound[p] += 1
+                    self.queues[(p, s.peer)].append(s)
+                    self.start_link(p, s.peer, t)
                 elif s.is_compute:
-                    ready[p].add(s)
+                    self.ready[p].add(s)
 
-    for p, pl in plans.items():
-        for op in pl.ops:
-            if op.is_compute and remaining[p][op] == 0:
-                ready[p].add(op)
-    for p in plans:
-        dispatch(p, 0.0)
-    now = 0.0
-    while events:
-        now, _, ev = heapq.heappop(events)
+    def run(self) -> SimResult:
+        for p, pl in self.plans.items():
+            for op in pl.ops:
+                if op.is_compute and self.remaining[p][op] == 0:
+                    self.ready[p].add(op)
+        for p in self.plans:
+            self.dispatch(p, 0.0)
+        now = 0.0
+        while self.events:
+            now, _, ev = heapq.heappop(self.events)
+            self.handle(now, ev)
+        for p, pl in self.plans.items():
+            if self.done[p] != len(pl.ops):
+                stuck = [str(op) for op in pl.ops if self.remaining[p][op] > 0][:6]
+                raise PlanError(
+                    f"simulation deadlocked: {p!r} finished {self.done[p]}/{len(pl.ops)} ops; "
+                    f"waiting: {stuck}"
+                )
+        return SimResult(now, self.trace)
+
+    def handle(self, now: float, ev: tuple) -> None:
+        """Apply one event at time ``now``."""
         kind = ev[0]
         if kind == "compute_done":
             _, p, op, start = ev
-            trace.add(TraceEvent(p, "compute", str(op), op.mb, start, now))
-            busy[p] = False
-            complete(p, op, now)
-            dispatch(p, now)
+            self.trace.add(TraceEvent(p, "compute", str(op), op.mb, start, now))
+            self.busy[p] = False
+            self.complete(p, op, now)
+            self.dispatch(p, now)
         elif kind == "tx_done":
             _, src, dst, op, start, size = ev
-            trace.add(TraceEvent(src, f"send->{dst}", str(op), op.mb, start, now, size))
-            link_busy[(src, dst)] = False
-            outbound[src] -= 1
-            done[src] += 1
-            push(
-                now + link_of(src, dst).latency,
+            self.trace.add(TraceEvent(src, f"send->{dst}", str(op), op.mb, start, now, size))
+            self.link_busy[(src, dst)] = False
+            self.outbound[src] -= 1
+            self.done[src] += 1
+            self.push(
+                now + self.link_of(src, dst).latency,
                 "arrive",
                 dst,
                 Op(Kind.RECV, op.mb, channel=op.channel, peer=src),
             )
-            start_link(src, dst, now)
-            dispatch(src, now)
+            self.start_link(src, dst, now)
+            self.dispatch(src, now)
         else:  # arrive
             _, p, recv = ev
-            if recv not in remaining[p]:
+            if recv not in self.remaining[p]:
                 raise PlanError(f"{p!r} received {recv}, which its plan does not expect")
-            complete(p, recv, now)
-            dispatch(p, now)
-    for p, pl in plans.items():
-        if done[p] != len(pl.ops):
-            stuck = [str(op) for op in pl.ops if remaining[p][op] > 0][:6]
-            raise PlanError(
-                f"simulation deadlocked: {p!r} finished {done[p]}/{len(pl.ops)} ops; "
-                f"waiting: {stuck}"
-            )
-    return SimResult(now, trace)
+            self.complete(p, recv, now)
+            self.dispatch(p, now)

@@ -131,13 +131,41 @@ async def align(
             f"width={width}, window={window}"
         )
     keys, rows, duplicates = await asyncio.to_thread(ecdh.canonicalise, ids)
-    if rng is None:
-        secret = secrets.token_bytes(32)
-        perm = np.random.default_rng(secrets.randbits(128)).permutation(len(keys))
-    else:
-        secret = rng.bytes(32)
-        perm = rng.permutation(len(keys))
+    secret, perm = _draw_secret(rng, len(keys))
+    peer_count = await _hello(transport, peer, role, len(keys), width, max_peer_ids)
+    n_workers = _pool_size(workers, max(len(keys), peer_count), parallel_threshold)
+    own_doubles, peer_doubles = await _exchange(
+        transport, peer, keys, perm, secret, peer_count, n_workers, chunk_size, width, window
+    )
+    chosen, commit = await asyncio.to_thread(
+        _intersection, own_doubles, peer_doubles, width, perm, keys
+    )
+    await _agree(transport, peer, len(chosen), commit)
+    aligned_rows = np.asarray(rows, dtype=np.int64)[np.asarray(chosen, dtype=np.int64)]
+    local_ids = await asyncio.to_thread(lambda: tuple(ids[int(r)] for r in aligned_rows))
+    return AlignedIds(
+        ids=local_ids,
+        rows=aligned_rows,
+        size=len(chosen),
+        commitment=commit,
+        local_count=len(keys),
+        peer_count=peer_count,
+        duplicates=duplicates,
+    )
 
+
+def _draw_secret(rng: np.random.Generator | None, n: int) -> tuple[bytes, np.ndarray]:
+    """This party's secret scalar and the shuffle of its ``n`` ids (OS CSPRNG without
+    ``rng``)."""
+    if rng is None:
+        return secrets.token_bytes(32), np.random.default_rng(secrets.randbits(128)).permutation(n)
+    return rng.bytes(32), rng.permutation(n)
+
+
+async def _hello(
+    transport: Transport, peer: str, role: str, count: int, width: int, max_peer_ids: int
+) -> int:
+    """Exchange the hello (scheme, version, role, id count, width); returns the peer's count."""
     await transport.send(
         peer,
         CH_HELLO,
@@ -146,7 +174,7 @@ async def align(
                 "scheme": ecdh.SCHEME,
                 "version": VERSION,
                 "role": role,
-                "count": len(keys),
+                "count": count,
                 "width": width,
             }
         ),
@@ -158,8 +186,24 @@ async def align(
             f"peer announced {peer_count} ids, more than max_peer_ids={max_peer_ids}; raise "
             "max_peer_ids if that many is expected"
         )
+    return peer_count
 
-    n_workers = _pool_size(workers, max(len(keys), peer_count), parallel_threshold)
+
+async def _exchange(
+    transport: Transport,
+    peer: str,
+    keys: list[bytes],
+    perm: np.ndarray,
+    secret: bytes,
+    peer_count: int,
+    n_workers: int,
+    chunk_size: int,
+    width: int,
+    window: int,
+) -> tuple[bytes, bytes]:
+    """Blind our ids and send them, blind the peer's a second time and return them, receive
+    ours doubly blinded; returns (our doubles, the peer's doubles). The curve work runs on
+    ``n_workers`` processes (or one thread), shut down whatever happens."""
     pool = _make_pool(n_workers)
     loop = asyncio.get_running_loop()
 
@@ -178,29 +222,19 @@ async def align(
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
         await asyncio.to_thread(pool.shutdown, wait=True)
+    return bytes(own_doubles), bytes(peer_doubles)
 
-    chosen, commit = await asyncio.to_thread(
-        _intersection, bytes(own_doubles), bytes(peer_doubles), width, perm, keys
-    )
-    await transport.send(peer, CH_DONE, Frame(meta={"size": len(chosen), "commitment": commit}))
+
+async def _agree(transport: Transport, peer: str, size: int, commit: str) -> None:
+    """Both sides confirm the intersection's size and commitment (`AlignmentMismatchError`)."""
+    await transport.send(peer, CH_DONE, Frame(meta={"size": size, "commitment": commit}))
     done = (await transport.recv(peer, CH_DONE)).meta
-    if done.get("size") != len(chosen) or done.get("commitment") != commit:
+    if done.get("size") != size or done.get("commitment") != commit:
         raise AlignmentMismatchError(
             f"{peer!r} found an intersection of {done.get('size')} ids (commitment "
-            f"{done.get('commitment')}) but this party found {len(chosen)} ({commit}); the "
+            f"{done.get('commitment')}) but this party found {size} ({commit}); the "
             "parties ran different id sets concurrently or one side is faulty: re-run both"
         )
-    aligned_rows = np.asarray(rows, dtype=np.int64)[np.asarray(chosen, dtype=np.int64)]
-    local_ids = await asyncio.to_thread(lambda: tuple(ids[int(r)] for r in aligned_rows))
-    return AlignedIds(
-        ids=local_ids,
-        rows=aligned_rows,
-        size=len(chosen),
-        commitment=commit,
-        local_count=len(keys),
-        peer_count=peer_count,
-        duplicates=duplicates,
-    )
 
 
 def _intersection(

@@ -20,7 +20,7 @@ from .allocator import tune_allocator
 
 #: Modules providing ``register(subparsers)``; each adds its own sub-commands.
 COMMAND_MODULES = [
-    "tandem.parties.split.cli",
+    "tandem.parties.split.process.cli",
     "tandem.parties.elastic.cli",
     "tandem.parties.fl.cli",
     "tandem.parties.alignment.cli",

@@ -18,13 +18,13 @@ from tandem.errors import ConfigError
 
 
 def _party_model() -> Any:
-    from tandem.parties.split.config import PartyConfig
+    from tandem.parties.split.process.config import PartyConfig
 
     return PartyConfig
 
 
 def _party_check(path: str) -> None:
-    from tandem.parties.split.build import load_party_config
+    from tandem.parties.split.process.build import load_party_config
 
     load_party_config(path)
 

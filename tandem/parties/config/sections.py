@@ -1,8 +1,8 @@
 """The sections several Tandem TOML files share, each declared once.
 
 ``[listen]``, ``[peers]``, ``[security]``, ``[identities]``, ``[http]``, ``[data]``,
-``[model]``, ``[log]``: a file kind (`tandem.parties.split.config`, ...) names these types as
-its fields, so a key means the same in every file and its JSON Schema says so. Values are
+``[model]``, ``[log]``: a file kind (`tandem.parties.split.process.config`, ...) names these
+types as its fields, so a key means the same in every file and its JSON Schema says so. Values are
 plain data: nothing here opens a socket, builds a TLS context, reads a table or builds a model
 (`tandem.parties.http_security` and each system's builders do).
 """

@@ -2,8 +2,9 @@
 dropped, and the commitment to an agreed list. Pure: hashlib only.
 
 Data, not alignment: the PSI (`tandem.parties.alignment`) hashes these encodings, and the
-aligned-rows file (`aligned_file`) and a party's keyed rows (`tandem.parties.split.party_data`)
-commit to its ids with the same `commitment`, without the ``psi`` extra's crypto.
+aligned-rows file (`aligned_file`) and a party's keyed rows
+(`tandem.parties.split.process.party_data`) commit to its ids with the same `commitment`,
+without the ``psi`` extra's crypto.
 """
 
 from __future__ import annotations

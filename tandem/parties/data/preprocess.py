@@ -35,12 +35,13 @@ Invariant: ``len(fill) == len(mean) == len(std) == len(numeric)`` and
 from __future__ import annotations
 
 import dataclasses
-import itertools
-from collections.abc import Iterator, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from . import columns as col
+from .columns import Vocabulary
 from .config import MISSING, SCALE, DataConfig
 from .declared import Declared, read_declared
 from .errors import DataError
@@ -48,20 +49,6 @@ from .mapped import ColumnSpill
 from .table import Column, Table
 
 FORMAT = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Vocabulary:
-    """The sorted training values of a categorical column (``kind`` "int" or "string");
-    ``values[i]`` has code ``i + 1``, 0 is unseen or missing."""
-
-    kind: str
-    values: tuple[int | str, ...]
-
-    @property
-    def size(self) -> int:
-        """The number of codes, the reserved 0 included (an embedding table's row count)."""
-        return len(self.values) + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,7 +238,7 @@ def feature_columns(table: Table, cfg: DataConfig) -> tuple[tuple[str, ...], tup
     numeric = tuple(c for c in features if c not in cfg.categorical)
     for name in numeric:
         if table.kind(name) == "string":
-            _require_numeric(table.source, table[name])
+            col.require_numeric(table.source, table[name])
     return numeric, categorical
 
 
@@ -382,11 +369,11 @@ def _fit_numeric(
     values = np.asarray(column.values[train_rows], np.float64)  # a fresh copy: filled below
     missing = None if column.missing is None else column.missing[train_rows]
     if cfg.missing == "error" and missing is not None and missing.any():
-        _refuse_missing(source, name, int(train_rows[np.argmax(missing)]))
+        col.refuse_missing(source, name, int(train_rows[np.argmax(missing)]))
     finite = np.isfinite(values) | (False if missing is None else missing)
     if not finite.all():
         row = int(train_rows[np.argmin(finite)])
-        _refuse_non_finite(source, name, row, column.values[row])
+        col.refuse_non_finite(source, name, row, column.values[row])
     fill = 0.0
     if cfg.missing == "mean":
         # Fitted whatever the training rows hold: other rows may miss values they do not.
@@ -423,21 +410,23 @@ def _fit_categorical(
 ) -> Vocabulary:
     """The vocabulary of a categorical column: its training values, or ``declared`` once
     checked against them (same kind, at least one training value in it)."""
-    column = _categorical_column(source, column)
+    column = col.categorical_column(source, column)
     keep = train_rows
     if column.missing is not None:
         missing = column.missing[train_rows]
         if missing_rule == "error" and missing.any():
-            _refuse_missing(source, column.name, int(train_rows[np.argmax(missing)]))
+            col.refuse_missing(source, column.name, int(train_rows[np.argmax(missing)]))
         keep = train_rows[~missing]
     text = column.arrow_text
     if text is not None:
-        fitted = _arrow_vocabulary(text, keep)
+        fitted = col.arrow_vocabulary(text, keep)
     elif column.kind == "int":  # the union of each chunk's values: the same sorted set
-        parts = [np.unique(column.values[keep[i : i + _ROWS]]) for i in range(0, len(keep), _ROWS)]
-        fitted = _vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
+        parts = [
+            np.unique(column.values[keep[i : i + col.ROWS]]) for i in range(0, len(keep), col.ROWS)
+        ]
+        fitted = col.vocabulary("int", np.concatenate(parts) if parts else np.empty(0, np.int64))
     else:
-        fitted = _vocabulary(column.kind, column.values[keep])
+        fitted = col.vocabulary(column.kind, column.values[keep])
     if declared is None:
         return fitted
     return _check_declared(source, column.name, fitted, Vocabulary(*declared))
@@ -479,15 +468,15 @@ def _transform_numeric(
     time; returns the cells filled in. The errors are those of the whole column (a missing
     cell before a non-finite one); ``saved`` as in `Preprocessing.transform_counted`."""
     fill, mean, std = fitted
-    _require_numeric(source, column, saved)
+    col.require_numeric(source, column, saved)
     missing = column.missing
     filled = 0
     if missing is not None:
         selected = missing if rows is None else missing[rows]
         filled = int(np.count_nonzero(selected))
         if missing_rule == "error" and filled:
-            _refuse_missing(source, column.name, _row(rows, selected), saved)
-    for chunk in _chunks(len(out)):
+            col.refuse_missing(source, column.name, col.row(rows, selected), saved)
+    for chunk in col.chunks(len(out)):
         take = chunk if rows is None else rows[chunk]
         values = column.values[take].astype(np.float64)
         if missing is not None:
@@ -496,7 +485,7 @@ def _transform_numeric(
         if not finite.all():
             bad = chunk.start + int(np.argmin(finite))
             bad = bad if rows is None else int(rows[bad])
-            _refuse_non_finite(source, column.name, bad, column.values[bad], missing_rule, saved)
+            col.refuse_non_finite(source, column.name, bad, column.values[bad], missing_rule, saved)
         values -= mean
         values /= std
         out[chunk] = values
@@ -515,185 +504,28 @@ def _transform_categorical(
     """Write the codes of ``rows`` of a categorical column into ``out``, a chunk of rows at a
     time; returns ``(missing cells, values outside the vocabulary)``, both coded 0. The
     errors are those of the whole column."""
-    column = _categorical_column(source, column, saved)
+    column = col.categorical_column(source, column, saved)
     missing = column.missing
     filled = 0
     if missing is not None:
         selected = missing if rows is None else missing[rows]
         filled = int(np.count_nonzero(selected))
         if missing_rule == "error" and filled:
-            _refuse_missing(source, column.name, _row(rows, selected), saved)
+            col.refuse_missing(source, column.name, col.row(rows, selected), saved)
     text = column.arrow_text
-    known = None if text is None else _arrow_vocabulary_text(vocabulary)
+    known = None if text is None else col.arrow_vocabulary_text(vocabulary)
     # pyarrow builds its lookup table on each call: text takes bigger chunks
-    for chunk in _chunks(len(out), _ROWS if text is None else _TEXT_ROWS):
+    for chunk in col.chunks(len(out), col.ROWS if text is None else col.TEXT_ROWS):
         take = chunk if rows is None else rows[chunk]
         if text is not None:
-            codes = _arrow_encode(known, _arrow_take(text, take))
+            codes = col.arrow_encode(known, col.arrow_take(text, take))
         else:
-            codes = _encode(vocabulary, column.kind, column.values[take])
+            codes = col.encode(vocabulary, column.kind, column.values[take])
         if missing is not None:
             codes[missing[take]] = 0
         out[chunk] = codes
     zeros = int(np.count_nonzero(out == 0))
     return filled, zeros - filled
-
-
-_ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB
-_TEXT_ROWS = 1 << 18  # the same for text, looked up by pyarrow
-
-
-def _chunks(n: int, size: int = 0) -> Iterator[slice]:
-    size = size or _ROWS
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
-def _arrow_vocabulary(text: Any, rows: np.ndarray) -> Vocabulary:
-    """The vocabulary of the cells ``rows`` of a pyarrow text column: sorted by code point
-    (pyarrow sorts UTF-8 by bytes, the same order), as `_vocabulary` sorts str."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    parts = []
-    for start in range(0, len(rows), _ROWS):
-        part = pc.unique(text.take(pa.array(rows[start : start + _ROWS], pa.int64())))
-        parts.append(part.combine_chunks() if isinstance(part, pa.ChunkedArray) else part)
-    unique = pc.unique(pa.concat_arrays(parts)) if parts else pa.array([], pa.string())
-    return Vocabulary("string", tuple(unique.take(pc.sort_indices(unique)).to_pylist()))
-
-
-def _arrow_vocabulary_text(vocabulary: Vocabulary) -> Any:
-    """The vocabulary's values as pyarrow text (values compared as text, as `_encode` does)."""
-    import pyarrow as pa
-
-    return pa.array([str(v) for v in vocabulary.values], pa.string())
-
-
-def _arrow_take(text: Any, take: slice | np.ndarray) -> Any:
-    import pyarrow as pa
-
-    if isinstance(take, slice):
-        return text.slice(take.start, take.stop - take.start)
-    return text.take(pa.array(take, pa.int64()))
-
-
-def _arrow_encode(known: Any, text: Any) -> np.ndarray:
-    """int32 codes of pyarrow text cells against ``known`` (`_arrow_vocabulary_text`): ``i + 1``
-    for ``known[i]``, 0 for anything else, as `_encode` gives them."""
-    import pyarrow.compute as pc
-
-    at = pc.fill_null(pc.index_in(text, value_set=known), -1)
-    return np.add(at.to_numpy(), 1, dtype=np.int32)
-
-
-def _vocabulary(kind: str, values: np.ndarray) -> Vocabulary:
-    if kind == "int":
-        return Vocabulary("int", tuple(int(v) for v in np.unique(values)))
-    return Vocabulary("string", tuple(sorted(set(values))))
-
-
-def _encode(vocabulary: Vocabulary, kind: str, values: np.ndarray) -> np.ndarray:
-    """int32 codes of ``values`` (a column of ``kind``): ``i + 1`` for ``vocabulary.values[i]``,
-    0 for anything else."""
-    if vocabulary.kind == "int" and kind == "int":
-        known = np.asarray(vocabulary.values, np.int64)
-        if not known.size:
-            return np.zeros(len(values), np.int32)
-        at = np.searchsorted(known, values)
-        hit = known[np.minimum(at, known.size - 1)] == values
-        return np.where(hit, at + 1, 0).astype(np.int32)
-    # Text on either side: compare as text, so an integer column of new data still finds
-    # the codes of a vocabulary fitted on text, and the other way round.
-    lookup = {str(v): i + 1 for i, v in enumerate(vocabulary.values)}
-    text = values if kind == "string" else values.astype(str)
-    return np.fromiter(
-        map(lookup.get, text, itertools.repeat(0)), dtype=np.int32, count=len(values)
-    )
-
-
-def _categorical_column(source: str, column: Column, saved: bool = False) -> Column:
-    """``column`` as an int or string column; a float column only when its values are whole."""
-    if column.kind != "float":
-        return column
-    present = column.values if column.missing is None else column.values[~column.missing]
-    whole = np.isfinite(present) & (present == np.round(present))
-    if not whole.all():
-        value = present[np.argmin(whole)]
-        fix = (
-            "correct the value: the model was trained on a category there"
-            if saved
-            else "remove it from data.categorical to use it as a number"
-        )
-        raise DataError(
-            f"{source!r}: categorical column {column.name!r} holds the fraction {value!r}; a "
-            f"categorical column holds integers or text: {fix}"
-        )
-    values = np.where(np.isnan(column.values), 0, column.values).astype(np.int64)
-    return Column(column.name, "int", values, column.missing)
-
-
-def _require_numeric(source: str, column: Column, saved: bool = False) -> None:
-    if column.kind != "string":
-        return
-    present = np.flatnonzero(~column.missing) if column.missing is not None else None
-    candidates = range(len(column.values)) if present is None else present
-    # Only reached on the way to an error: find the first cell that is not a number to show.
-    example = ""
-    for row in candidates:
-        try:
-            float(column.values[row])
-        except ValueError:
-            example = f" (row {int(row)}: {column.values[row]!r})"
-            break
-    fix = (
-        "correct the value (or remove the row): the model was trained on numbers there"
-        if saved
-        else "add it to data.categorical to encode it as integer codes, or leave it out of "
-        "data.features"
-    )
-    raise DataError(f"{source!r}: column {column.name!r} holds text{example}, not numbers; {fix}")
-
-
-def _row(rows: np.ndarray | None, mask: np.ndarray) -> int:
-    """The data row of the first True in ``mask`` (a mask over ``rows``, or over all rows)."""
-    first = int(np.argmax(mask))
-    return first if rows is None else int(rows[first])
-
-
-def _refuse_non_finite(
-    source: str, name: str, row: int, value: Any, rule: str = "error", saved: bool = False
-) -> NoReturn:
-    if not saved:
-        fix = "correct the value, or leave the cell empty (missing) and set data.missing"
-    elif rule == "error":
-        fix = (
-            "correct the value or remove the row (the model, trained with data.missing = "
-            '"error", takes no empty cell either)'
-        )
-    else:
-        fix = (
-            "correct the value, or leave the cell empty: it is filled in as in training "
-            f"(data.missing = {rule!r})"
-        )
-    raise DataError(
-        f"{source!r}: column {name!r} holds {value!r} at row {row}; features must be finite "
-        f"numbers: {fix}"
-    )
-
-
-def _refuse_missing(source: str, name: str, row: int, saved: bool = False) -> NoReturn:
-    fix = (
-        'fill the value in or remove the row: the model was trained with data.missing = "error", '
-        "so it takes no empty cell (to predict on rows with gaps, train a model with "
-        'data.missing = "mean" or "zero")'
-        if saved
-        else 'fill the value in, or set data.missing = "mean" or "zero"'
-    )
-    raise DataError(
-        f"{source!r}: column {name!r} has no value at row {row} (0-based data row, header "
-        f'excluded) and data.missing = "error"; {fix}'
-    )
 
 
 __all__ = [

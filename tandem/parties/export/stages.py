@@ -239,6 +239,24 @@ def _flatten_all(
         raise ExportError(
             f"topology must be JSON data (dicts, lists, str, numbers): {exc}"
         ) from None
+    tensors, described = _flatten_stages(stages)
+    _add_models(described, models)
+    desc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "party": party,
+        "topology": topo,
+        "stages": described,
+    }
+    desc.update(_optional_fields(widths, training, loss, data, cuts))
+    return tensors, desc
+
+
+def _flatten_stages(
+    stages: Mapping[str, Any],
+) -> tuple[dict[str, np.ndarray], dict[str, dict[str, Any]]]:
+    """Every stage's arrays by tensor name, and each stage's description (sizes, dtype,
+    structure, tensors)."""
     tensors: dict[str, np.ndarray] = {}
     described = {}
     for name, params in stages.items():
@@ -258,6 +276,13 @@ def _flatten_all(
             },
         }
         tensors.update(leaves)
+    return tensors, described
+
+
+def _add_models(
+    described: dict[str, dict[str, Any]], models: Mapping[str, Mapping[str, Any]] | None
+) -> None:
+    """Record each saved stage's model spec (JSON data) in its description."""
     for name, spec in (models or {}).items():
         if name not in described:
             raise ExportError(
@@ -268,13 +293,17 @@ def _flatten_all(
             described[name]["model"] = json.loads(json.dumps(spec, sort_keys=True))
         except (TypeError, ValueError) as exc:
             raise ExportError(f"model spec of stage {name!r} must be JSON data: {exc}") from None
-    desc = {
-        "format": FORMAT,
-        "version": VERSION,
-        "party": party,
-        "topology": topo,
-        "stages": described,
-    }
+
+
+def _optional_fields(
+    widths: Mapping[str, int] | None,
+    training: str | None,
+    loss: str | None,
+    data: Mapping[str, Any] | None,
+    cuts: Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
+    """The description's optional fields, checked, in the order they are recorded."""
+    desc: dict[str, Any] = {}
     if widths is not None:
         if not isinstance(widths, Mapping) or not all(
             isinstance(k, str)
@@ -300,7 +329,7 @@ def _flatten_all(
             desc["data"] = json.loads(json.dumps(dict(data), sort_keys=True))
         except (TypeError, ValueError) as exc:
             raise ExportError(f"data must be JSON data: {exc}") from None
-    return tensors, desc
+    return desc
 
 
 def _cut(stage: Any, cut: Any) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 `export_global(path, model_vec, setup, party=...)` writes ``path`` with
 `tandem.parties.export.save_stages`: one stage, ``"global"``, owned by the server, on
 the features, carrying the loss; the model spec, its output width, a training id and the loss
-are recorded, so `tandem.parties.split.inference.load_model_sync` rebuilds it like any party's
+are recorded, so `tandem.parties.export.model.load_model_sync` rebuilds it like any party's
 export. Its ``data`` field holds the server's preprocessing state
 (`tandem.parties.data.Preprocessing.to_json`) and its data fingerprint, as every party's export
 does: `tandem.parties.data.load_new_data` applies exactly that state to new rows.

@@ -7,7 +7,8 @@ Three layers, each installed where its knowledge lives; the transport only calls
 
 * `negotiation_streams` (`session.connect`, before negotiation): only the ``ctl`` channel,
   only from the parties the negotiation talks to (the leader's followers; a follower's leader),
-  and the ``notice`` channel from any peer (`tandem.parties.split.notice`: why a peer stops);
+  and the ``notice`` channel from any peer (`tandem.parties.split.process.notice`: why a peer
+  stops);
 * `spec_streams` (`negotiate.install`, once a spec is agreed): ``ctl`` as above, plus each
   ``act``/``grad`` channel of the spec from the party that sends on it to the party that
   receives it; any other (sender, channel) is refused at the request head, before its body is
@@ -75,7 +76,7 @@ class AdmittingParty(Protocol):
 
 
 CTL = "ctl"
-NOTICE = "notice"  # `tandem.parties.split.notice`: taken until a spec is agreed
+NOTICE = "notice"  # `tandem.parties.split.process.notice`: taken until a spec is agreed
 #: commands a follower takes from its leader once its party runs (`SplitParty.serve`)
 #: what a running follower takes from its leader (`SplitParty.serve`): batches, the end, and
 #: keeping and restoring the best parameters (early stopping, `reporting`)

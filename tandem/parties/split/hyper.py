@@ -3,7 +3,7 @@
 Each field of `Train` is a TOML key of ``[train]``; its ``json_schema_extra["role"]`` says
 where else it goes:
 
-- ``"split"``: a `tandem.parties.split.party.SplitConfig` field and hashed in the task spec;
+- ``"split"``: a `tandem.parties.split.settings.SplitConfig` field and hashed in the task spec;
 - ``"spec"``: hashed in the task spec only (``eval_batch_size``);
 - ``"report"``: the leader's reporting (`tandem.parties.split.reporting`), in no spec.
 

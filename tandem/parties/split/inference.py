@@ -2,7 +2,8 @@
 
 A party's export (`export_party`: a `tandem.parties.export` stages file with the stages'
 model specs, the output width of every stage, the training id and the loss) is all it needs:
-`load_model(path, party)` rebuilds its own stages from that file alone. Then::
+`load_model(path, party)` (`tandem.parties.export.model`, re-exported here) rebuilds its own
+stages from that file alone. Then::
 
     leader (owns the loss stage)                     every follower
     m = await load_model("leader.safetensors")       m = await load_model("follower.safetensors")
@@ -40,70 +41,28 @@ from typing import Any
 
 import numpy as np
 
-from tandem.engine.kernels import StageModel
-from tandem.engine.topology import FEATURES, Topology
-from tandem.errors import ConfigError
-from tandem.parties.export import ExportError, load_stages, save_stages
-from tandem.parties.models import model_from_spec
+from tandem.parties.export import save_stages
+from tandem.parties.export.model import (
+    InferenceError,
+    PartyModel,
+    brief_topology,
+    load_model,
+    load_model_sync,
+    resolve_export,
+)
 from tandem.transports.base import Frame, Transport
 
 from . import negotiate
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
-from .spec import TaskSpec, cut_fields, cut_of
+from .spec import TaskSpec, cut_fields, cut_of, spec_edges
 
 DATASET = "predict"
 #: Security fields recorded when the caller gives none (in-process transports enforce none).
 NO_SECURITY = {"auth": "none", "tls": False, "max_frame_bytes": 0, "reject_nonfinite": False}
 
 
-class InferenceError(ConfigError):
-    """Inference cannot run with what was given (export, rows); the message says how to fix."""
-
-
-@dataclasses.dataclass(frozen=True)
-class PartyModel:
-    """One party's trained stages, rebuilt from its own export only.
-
-    ``models`` holds a rebuilt `StageModel` for each stage ``party`` owns, and a width-only
-    stand-in for every other stage (its output width, shape and dtype, to check received
-    activations; it cannot be initialised or applied). ``params`` holds the party's own stages
-    only. ``data`` is the export's ``{"preprocessing", "fingerprint"}`` (None for an export
-    without it). ``cuts``: the export's ``{"shape", "dtype"}`` of every stage whose output is
-    not a float32 matrix (`cut_of` gives any stage's).
-    """
-
-    party: str
-    topology: Topology
-    params: dict[str, Any]
-    models: dict[str, StageModel]
-    widths: dict[str, int]
-    training: str
-    loss: str | None
-    digest: str
-    path: str
-    data: dict[str, Any] | None = None  # the export's "data": preprocessing state, fingerprint
-    cuts: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-
-    def cut_of(self, stage: str) -> dict[str, Any]:
-        """``{"shape", "dtype"}`` of ``stage``'s output per row."""
-        return self.cuts.get(stage, {"shape": [self.widths[stage]], "dtype": "float32"})
-
-    @property
-    def is_leader(self) -> bool:
-        return self.topology.label_owner == self.party
-
-    @property
-    def features(self) -> int | None:
-        """Feature columns this party's stages read (None when they read none)."""
-        for s in self.topology.stages_of(self.party):
-            for i, name in enumerate(s.inputs):
-                if name == FEATURES:
-                    return int(self.models[s.name].in_dims[i])
-        return None
-
-
-# -- export and load ---------------------------------------------------------------------------
+# -- export --------------------------------------------------------------------------------------
 async def export_party(
     party: SplitParty, path: str | os.PathLike, *, data: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -161,166 +120,6 @@ def _save(path, params, **fields) -> dict[str, Any]:
 
     host = {s: jax.tree_util.tree_map(np.asarray, p) for s, p in params.items()}
     return save_stages(path, host, **fields)
-
-
-async def load_model(
-    path: str | os.PathLike, party: str | None = None, *, topology: Topology | None = None
-) -> PartyModel:
-    """`load_model_sync` in a worker thread."""
-    return await asyncio.to_thread(load_model_sync, path, party, topology=topology)
-
-
-def load_model_sync(
-    path: str | os.PathLike, party: str | None = None, *, topology: Topology | None = None
-) -> PartyModel:
-    """Read ``party``'s export at ``path`` (a file, or a folder holding ``<party>.safetensors``
-    or a single ``.safetensors`` file) and rebuild its stages.
-
-    Raises `InferenceError` naming the file and the fix when it is missing, belongs to another
-    party or topology, or lacks what inference needs (model specs, widths, training id).
-    """
-    file = resolve_export(path, party)
-    try:
-        loaded = load_stages(file)
-    except ExportError as exc:
-        raise InferenceError(f"cannot read the export {file!r}: {exc}") from None
-    desc = loaded.description
-    owner = desc["party"]
-    if party is not None and owner != party:
-        raise InferenceError(
-            f"{file!r} holds the stages of party {owner!r}, not {party!r}: each party predicts "
-            f"with its own export; give {party!r} the file its training wrote"
-        )
-    try:
-        topo = Topology.from_dict(desc["topology"])
-    except Exception as exc:  # TopologyError or malformed JSON data
-        raise InferenceError(f"{file!r}: the recorded topology is invalid: {exc}") from None
-    if topology is not None and topology.to_dict() != topo.to_dict():
-        raise InferenceError(
-            f"{file!r} was trained with topology {_brief(topo)} but this party is configured "
-            f"with {_brief(topology)}; fix [model] topology or pass the matching export"
-        )
-    lacking = [k for k in ("widths", "training") if k not in desc]
-    own = [s.name for s in topo.stages_of(owner)]
-    lacking += [f"stages.{s}.model" for s in own if "model" not in desc["stages"].get(s, {})]
-    if lacking:
-        raise InferenceError(
-            f"{file!r} lacks {lacking}, which inference needs; re-export it "
-            "with tandem.parties.split.inference.export_party (or `tandem party`)"
-        )
-    widths = {str(k): int(v) for k, v in desc["widths"].items()}
-    if set(widths) != {s.name for s in topo.stages}:
-        raise InferenceError(
-            f"{file!r}: widths name {sorted(widths)} but the topology's stages "
-            f"are {[s.name for s in topo.stages]}; re-export it"
-        )
-    cuts = _read_cuts(file, desc, widths)
-    models: dict[str, StageModel] = {}
-    for s in topo.stages:
-        if s.name in own:
-            try:
-                models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
-            except ConfigError as exc:
-                raise InferenceError(
-                    f"{file!r}: stage {s.name!r} cannot be rebuilt from its recorded model "
-                    f"{desc['stages'][s.name]['model']}: {exc}"
-                ) from None
-        else:
-            models[s.name] = _width_only(s.name, widths[s.name], cuts.get(s.name))
-    _check_params(file, {s: models[s] for s in own}, loaded.stages)
-    return PartyModel(
-        party=owner,
-        topology=topo,
-        params=dict(loaded.stages),
-        models=models,
-        widths=widths,
-        training=str(desc["training"]),
-        loss=desc.get("loss"),
-        digest=str(desc["digest"]),
-        path=file,
-        data=desc.get("data"),
-        cuts=cuts,
-    )
-
-
-def resolve_export(path: str | os.PathLike, party: str | None) -> str:
-    """The stages file meant by ``path`` (see `load_model_sync`)."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        named = os.path.join(path, f"{party}.safetensors") if party else None
-        if named and os.path.isfile(named):
-            return named
-        found = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
-        if len(found) == 1:
-            return os.path.join(path, found[0])
-        raise InferenceError(
-            f"export folder {path!r} holds {len(found)} .safetensors files "
-            f"{found}; pass the file of this party"
-            + (f" (or name it {party}.safetensors)" if party else "")
-        )
-    if not os.path.isfile(path):
-        raise InferenceError(
-            f"no export at {path!r}; pass the .safetensors file (or the "
-            "export_dir folder) this party's training wrote"
-        )
-    return path
-
-
-def _read_cuts(
-    file: str, desc: Mapping[str, Any], widths: Mapping[str, int]
-) -> dict[str, dict[str, Any]]:
-    """The export's ``cuts``, checked against its widths (`InferenceError` naming the stage)."""
-    cuts = desc.get("cuts", {})
-    out = {}
-    for name, cut in cuts.items() if isinstance(cuts, Mapping) else [("?", cuts)]:
-        try:
-            shape, dtype = [int(d) for d in cut["shape"]], str(cut["dtype"])
-            _width_only(name, widths[name], {"shape": shape, "dtype": dtype})
-        except (ConfigError, KeyError, TypeError, ValueError):
-            raise InferenceError(
-                f"{file!r}: cuts.{name} {cut!r} does not describe an output of the recorded "
-                f"width {widths.get(name)} (shape after the rows and a cut dtype); re-export it"
-            ) from None
-        out[str(name)] = {"shape": shape, "dtype": dtype}
-    return out
-
-
-def _width_only(stage: str, width: int, cut: Mapping[str, Any] | None = None) -> StageModel:
-    def unavailable(*_: Any) -> Any:
-        raise InferenceError(f"stage {stage!r} belongs to another party; it has no parameters here")
-
-    if cut is None:
-        return StageModel(unavailable, unavailable, (), int(width))
-    return StageModel(
-        unavailable,
-        unavailable,
-        (),
-        int(width),
-        out_shape=tuple(cut["shape"]),
-        out_dtype=str(cut["dtype"]),
-    )
-
-
-def _check_params(file: str, models: Mapping[str, StageModel], params: Mapping[str, Any]) -> None:
-    import jax
-
-    for name, model in models.items():
-        want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
-        structure: Any = jax.tree_util.tree_structure(want)
-        ok = bool(structure == jax.tree_util.tree_structure(params[name]))
-        ok = ok and all(
-            tuple(a.shape) == tuple(np.shape(b))
-            for a, b in zip(
-                jax.tree_util.tree_leaves(want),
-                jax.tree_util.tree_leaves(params[name]),
-                strict=True,
-            )
-        )
-        if not ok:
-            raise InferenceError(
-                f"{file!r}: the parameters of stage {name!r} do not fit its "
-                "recorded model spec; the file is inconsistent, re-export it"
-            )
 
 
 # -- rows ----------------------------------------------------------------------------------------
@@ -389,18 +188,7 @@ def inference_spec(
         }
         for s in topo.stages
     }
-    edges = [
-        {
-            "src": e.src,
-            "dst": e.dst,
-            "src_party": e.src_party,
-            "dst_party": e.dst_party,
-            "width": model.widths[e.src],
-            "dtype": stages[e.src].get("out_dtype", "float32"),
-            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
-        }
-        for e in topo.edges()
-    ]
+    edges = spec_edges(topo, stages)
     hyper = {
         "task": "predict",
         "training": model.training,
@@ -456,8 +244,8 @@ def inference_check(
         reasons = []
         if _plain(spec.topology) != _plain(model.topology.to_dict()):
             reasons.append(
-                f"the leader's model has topology {_brief(spec.topology)} but {mine} "
-                f"has {_brief(model.topology)}"
+                f"the leader's model has topology {brief_topology(spec.topology)} but {mine} "
+                f"has {brief_topology(model.topology)}"
             )
         if hyper.get("training") != model.training:
             reasons.append(
@@ -470,47 +258,13 @@ def inference_check(
                 f"the leader's model was trained with loss {hyper.get('loss')!r} "
                 f"but {mine} with {model.loss!r}"
             )
-        for name, st in spec.stages.items():
-            if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
-                reasons.append(
-                    f"stage {name!r} outputs {st.get('out_dim')} columns in the "
-                    f"leader's export but {model.widths[name]} in {mine}"
-                )
-            elif name in model.widths:
-                (theirs_shape, theirs_dtype), cut = cut_of(st), model.cut_of(name)
-                if [theirs_shape, theirs_dtype] != [cut["shape"], cut["dtype"]]:
-                    reasons.append(
-                        f"stage {name!r} outputs {theirs_dtype}[rows, {_dims(theirs_shape)}] in "
-                        f"the leader's export but {cut['dtype']}[rows, {_dims(cut['shape'])}] "
-                        f"in {mine}"
-                    )
+        reasons += _width_reasons(spec, model)
         if int(spec.samples) != int(rows):
             reasons.append(
                 f"the leader predicts {spec.samples} rows but {me} holds {rows}; "
                 "give every party the same (aligned) rows"
             )
-        theirs = spec.alignment
-        if (theirs is None) != (alignment is None):
-            who = "the leader" if theirs is not None else me
-            reasons.append(
-                f"only {who} gave an aligned-ids file (or keyed its rows by id); give every "
-                "party its `tandem align --out` file of the same alignment (or its id column)"
-            )
-        elif (
-            theirs is not None
-            and alignment is not None
-            and (
-                str(theirs["commitment"]) != str(alignment["commitment"])
-                or int(theirs["size"]) != int(alignment["size"])
-            )
-        ):
-            reasons.append(
-                f"the rows are aligned differently: the leader's commitment "
-                f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
-                f"that of {me}, {str(alignment['commitment'])[:12]} "
-                f"(size {alignment['size']}); "
-                "align the new rows again and give every party its output"
-            )
+        reasons += _alignment_reasons(spec.alignment, alignment, me)
         for key, value in (security or {}).items():
             if spec.security.get(key) != value:
                 reasons.append(
@@ -520,6 +274,55 @@ def inference_check(
         return reasons
 
     return check
+
+
+def _width_reasons(spec: TaskSpec, model: PartyModel) -> list[str]:
+    """`inference_check`: each stage's width, cut shape and dtype, the leader's against the
+    export's."""
+    mine, reasons = f"the export of {model.party!r}", []
+    for name, st in spec.stages.items():
+        if name in model.widths and int(st.get("out_dim", -1)) != model.widths[name]:
+            reasons.append(
+                f"stage {name!r} outputs {st.get('out_dim')} columns in the "
+                f"leader's export but {model.widths[name]} in {mine}"
+            )
+        elif name in model.widths:
+            (theirs_shape, theirs_dtype), cut = cut_of(st), model.cut_of(name)
+            if [theirs_shape, theirs_dtype] != [cut["shape"], cut["dtype"]]:
+                reasons.append(
+                    f"stage {name!r} outputs {theirs_dtype}[rows, {_dims(theirs_shape)}] in "
+                    f"the leader's export but {cut['dtype']}[rows, {_dims(cut['shape'])}] "
+                    f"in {mine}"
+                )
+    return reasons
+
+
+def _alignment_reasons(
+    theirs: Mapping[str, Any] | None, alignment: Mapping[str, Any] | None, me: str
+) -> list[str]:
+    """`inference_check`: the leader's alignment commitment against this party's."""
+    if (theirs is None) != (alignment is None):
+        who = "the leader" if theirs is not None else me
+        return [
+            f"only {who} gave an aligned-ids file (or keyed its rows by id); give every "
+            "party its `tandem align --out` file of the same alignment (or its id column)"
+        ]
+    if (
+        theirs is not None
+        and alignment is not None
+        and (
+            str(theirs["commitment"]) != str(alignment["commitment"])
+            or int(theirs["size"]) != int(alignment["size"])
+        )
+    ):
+        return [
+            f"the rows are aligned differently: the leader's commitment "
+            f"{str(theirs['commitment'])[:12]} (size {theirs['size']}) != "
+            f"that of {me}, {str(alignment['commitment'])[:12]} "
+            f"(size {alignment['size']}); "
+            "align the new rows again and give every party its output"
+        ]
+    return []
 
 
 # -- running -------------------------------------------------------------------------------------
@@ -740,14 +543,6 @@ def _dims(shape: list[int]) -> str:
 
 def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
-
-
-def _brief(topology: Topology | Mapping[str, Any]) -> str:
-    try:
-        d = topology.to_dict() if isinstance(topology, Topology) else topology
-        return "[" + ", ".join(f"{s['name']}@{s['owner']}" for s in d["stages"]) + "]"
-    except (KeyError, TypeError):
-        return repr(topology)[:80]
 
 
 __all__ = [

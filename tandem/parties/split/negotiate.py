@@ -81,17 +81,87 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
       compressor's layout of that tensor instead (`tandem.parties.split.compress`);
     * any other channel is refused.
     """
-    shapes = spec.channel_shapes()
-    senders = {}
-    for e in spec.edges:
-        senders[f"act/{e['src']}->{e['dst']}"] = e["src_party"]
-        senders[f"grad/{e['src']}->{e['dst']}"] = e["dst_party"]
-    max_rows = spec.max_rows
-    nonfinite = bool(spec.security.get("reject_nonfinite"))
-    compressor = from_hyper(spec.hyper)
+    return _SpecValidator(spec, leader)
 
-    def _check_compressed(frame: Frame, ch: str, dtype: str, shape: tuple[int, ...]) -> None:
-        arrays = frame.arrays
+
+class _SpecValidator:
+    """`spec_validator`'s check: one frame against the channels, senders, shapes and row
+    budget of ``spec`` (`FrameError` naming what differs)."""
+
+    def __init__(self, spec: TaskSpec, leader: str) -> None:
+        self.leader = leader
+        self.shapes = spec.channel_shapes()
+        self.senders = {}
+        for e in spec.edges:
+            self.senders[f"act/{e['src']}->{e['dst']}"] = e["src_party"]
+            self.senders[f"grad/{e['src']}->{e['dst']}"] = e["dst_party"]
+        self.max_rows = spec.max_rows
+        self.nonfinite = bool(spec.security.get("reject_nonfinite"))
+        self.compressor = from_hyper(spec.hyper)
+
+    def __call__(self, frame: Frame) -> None:
+        ch = frame.channel
+        if ch == CTL:
+            self._ctl(frame)
+            return
+        if ch not in self.shapes:
+            raise FrameError(
+                f"channel {ch!r} is not part of the negotiated task (channels: "
+                f"{sorted(self.shapes) + [CTL]})"
+            )
+        dtype, shape = self.shapes[ch]
+        sender = self.senders.get(ch)
+        if frame.sender and sender and frame.sender != sender:
+            raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {sender!r})")
+        if self.compressor.exact:
+            self._exact(frame, ch, dtype, shape)
+        else:
+            self._compressed(frame, ch, dtype, shape)
+
+    def _ctl(self, frame: Frame) -> None:
+        """Commands of the leader name at most ``max_rows`` rows; replies name none."""
+        if not frame.arrays and frame.meta.get("rows") is None:
+            return
+        if frame.sender != self.leader or len(frame.arrays) > 1:
+            raise FrameError(
+                f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} arrays "
+                f"{'and rows ' if frame.meta.get('rows') is not None else ''}; only the "
+                "leader's commands name rows, with at most one index array"
+            )
+        rows = row_count(frame.meta, frame.arrays)
+        if not 1 <= rows <= self.max_rows:
+            raise FrameError(
+                f"a command names {rows} rows; the spec allows 1..{self.max_rows} per batch"
+            )
+
+    def _exact(self, frame: Frame, ch: str, dtype: str, shape: tuple[int, ...]) -> None:
+        """One ``dtype[rows, *shape]`` tensor, finite where the spec asks and numpy cannot."""
+        if len(frame.arrays) != 1:
+            raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
+        a = frame.arrays[0]
+        wrong = []
+        if a.dtype.name != dtype:
+            wrong.append("dtype")
+        if a.ndim != 1 + len(shape) or tuple(a.shape[1:]) != shape:
+            wrong.append("shape")
+        elif not 1 <= a.shape[0] <= self.max_rows:
+            wrong.append("rows")
+        if wrong:
+            dims = ", ".join(str(d) for d in shape)
+            raise FrameError(
+                f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
+                f"{dtype}[rows, {dims}] with 1 <= rows <= {self.max_rows}: its "
+                f"{' and '.join(wrong)} differ{'s' if len(wrong) == 1 else ''}"
+            )
+        if self.nonfinite and dtype == "bfloat16" and not np.isfinite(a).all():
+            # the transports' NaN/Inf check covers numpy's float kinds; bfloat16 is not one
+            raise FrameError(
+                f"tensor on {ch!r} contains NaN or Inf (reject_nonfinite is set in the spec)"
+            )
+
+    def _compressed(self, frame: Frame, ch: str, dtype: str, shape: tuple[int, ...]) -> None:
+        """The arrays of the compressor's layout of a ``dtype[rows, *shape]`` tensor."""
+        arrays, compressor, max_rows = frame.arrays, self.compressor, self.max_rows
         wrong = compressor.check(arrays, shape, dtype)
         if not wrong and not 1 <= arrays[0].shape[0] <= max_rows:
             wrong = ["rows"]
@@ -102,64 +172,11 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
                 f"{compressor.describe('rows', shape, dtype)} with 1 <= rows <= {max_rows}: "
                 f"its {' and '.join(wrong)} differ"
             )
-        if nonfinite and any(a.dtype.name == "bfloat16" for a in arrays):
+        if self.nonfinite and any(a.dtype.name == "bfloat16" for a in arrays):
             if not all(np.isfinite(a).all() for a in arrays if a.dtype.name == "bfloat16"):
                 raise FrameError(
                     f"tensor on {ch!r} contains NaN or Inf (reject_nonfinite is set in the spec)"
                 )
-
-    def validate(frame: Frame) -> None:
-        ch = frame.channel
-        if ch == CTL:
-            if not frame.arrays and frame.meta.get("rows") is None:
-                return
-            if frame.sender != leader or len(frame.arrays) > 1:
-                raise FrameError(
-                    f"ctl frame from {frame.sender!r} carries {len(frame.arrays)} arrays "
-                    f"{'and rows ' if frame.meta.get('rows') is not None else ''}; only the "
-                    "leader's commands name rows, with at most one index array"
-                )
-            rows = row_count(frame.meta, frame.arrays)
-            if not 1 <= rows <= max_rows:
-                raise FrameError(
-                    f"a command names {rows} rows; the spec allows 1..{max_rows} per batch"
-                )
-            return
-        if ch not in shapes:
-            raise FrameError(
-                f"channel {ch!r} is not part of the negotiated task (channels: "
-                f"{sorted(shapes) + [CTL]})"
-            )
-        dtype, shape = shapes[ch]
-        if frame.sender and senders.get(ch) and frame.sender != senders[ch]:
-            raise FrameError(f"{frame.sender!r} may not send on {ch!r} (only {senders[ch]!r})")
-        if not compressor.exact:
-            _check_compressed(frame, ch, dtype, shape)
-            return
-        if len(frame.arrays) != 1:
-            raise FrameError(f"{ch!r} frames carry exactly one tensor, got {len(frame.arrays)}")
-        a = frame.arrays[0]
-        wrong = []
-        if a.dtype.name != dtype:
-            wrong.append("dtype")
-        if a.ndim != 1 + len(shape) or tuple(a.shape[1:]) != shape:
-            wrong.append("shape")
-        elif not 1 <= a.shape[0] <= max_rows:
-            wrong.append("rows")
-        if wrong:
-            dims = ", ".join(str(d) for d in shape)
-            raise FrameError(
-                f"tensor on {ch!r} is {a.dtype.name}{list(a.shape)}; the spec says "
-                f"{dtype}[rows, {dims}] with 1 <= rows <= {max_rows}: its "
-                f"{' and '.join(wrong)} differ{'s' if len(wrong) == 1 else ''}"
-            )
-        if nonfinite and dtype == "bfloat16" and not np.isfinite(a).all():
-            # the transports' NaN/Inf check covers numpy's float kinds; bfloat16 is not one
-            raise FrameError(
-                f"tensor on {ch!r} contains NaN or Inf (reject_nonfinite is set in the spec)"
-            )
-
-    return validate
 
 
 def install(transport: Transport, spec: TaskSpec, *, leader: str) -> str:
@@ -190,7 +207,7 @@ async def _recv_cmd(transport: Transport, peer: str, expect: Iterable[str]) -> d
 async def gather(transport: Transport, followers: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Leader, before building a training spec: ask every follower to describe its data
     (``{"cmd": "describe"}``); returns ``{follower: {"features", "fingerprint", "cuts"}}`` as
-    each answered (`tandem.parties.split.session.describe_data`; ``{}`` from a party with
+    each answered (`tandem.parties.split.process.session.describe_data`; ``{}`` from a party with
     nothing to describe)."""
     for peer in followers:
         await transport.send(peer, CTL, Frame(meta={"cmd": "describe"}))

@@ -27,21 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
 import optax
 
-from tandem.engine.data import BatchRows, RowSource, epoch_batches
+from tandem.engine.data import BatchRows, RowSource
 from tandem.engine.kernels import StageModel, get_loss
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
 from tandem.engine.plan import Plan, make_plan
-from tandem.engine.policy import Backpressure, as_policy
+from tandem.engine.policy import as_policy
 from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
@@ -50,94 +48,12 @@ from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
-from .compress import CutCompressor
 from .metrics import Metric, metric_names, task_metrics
+from .settings import OPTIMIZERS, EpochResult, SplitConfig
 from .stages import StageHandler
+from .training import AfterBatch, AfterEpoch, Fit
 
 CTL = "ctl"
-
-
-@dataclasses.dataclass
-class SplitConfig:
-    """Training settings every party must agree on (the leader's are authoritative for n).
-
-    ``groups``: an int ``n`` (fixed), or ``"auto"`` (tuned between batches).
-    ``chunks``: messages per group each way (`tandem.engine.plan`): the loss party computes per
-    message, so a group's gradient starts back after its first part instead of after the whole
-    group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
-    worth of messages (a party queues up to ``capacity * chunks`` frames). ``policy``: the name
-    of a built-in scheduling policy (`tandem.engine.policy.POLICIES`), which the task spec
-    records; each batch runs with the policy named when it starts. ``compress``: how cut
-    messages travel (`tandem.parties.split.compress.KINDS`; ``"none"``, the default, trains
-    exactly), ``compress_topk`` the share of each row ``"topk"`` sends; the task spec records
-    both, and every party must use the leader's.
-    """
-
-    batch_size: int = 64
-    epochs: int = 10
-    groups: int | str = "auto"
-    chunks: int = 1
-    learning_rate: float = 1e-2
-    optimizer: str = "adam"
-    loss: str = "binary"
-    seed: int = 0
-    threshold: int = 4
-    capacity: int = 8
-    policy: str = "priority"
-    compress: str = "none"
-    compress_topk: float = 0.1
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
-            raise ConfigError(f"groups must be a positive int or 'auto', got {self.groups!r}")
-        if not (isinstance(self.chunks, int) and self.chunks >= 1):
-            raise ConfigError(f"chunks must be a positive int, got {self.chunks!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(
-                f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}"
-            )
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
-        get_loss(self.loss)
-        Backpressure(self.threshold, self.capacity)
-        as_policy(self.policy)
-        self.compressor  # noqa: B018 - checks compress and compress_topk now
-
-    @property
-    def compressor(self) -> CutCompressor:
-        """The cut-layer compressor ``compress`` and ``compress_topk`` name."""
-        return CutCompressor(self.compress, self.compress_topk)
-
-    def make_optimizer(self) -> optax.GradientTransformation:
-        return OPTIMIZERS[self.optimizer](self.learning_rate)
-
-    @property
-    def backpressure(self) -> Backpressure:
-        return Backpressure(self.threshold, self.capacity)
-
-
-OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
-    "adam": optax.adam,
-    "sgd": optax.sgd,
-    "adamw": optax.adamw,
-    "momentum": lambda lr: optax.sgd(lr, 0.9),
-}
-
-
-@dataclasses.dataclass
-class EpochResult:
-    """One epoch of `SplitParty.fit`: its mean training loss per row, its training seconds, the
-    micro-batch count at its end, its batches, and the metrics of a validation run after it
-    (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`)."""
-
-    epoch: int
-    loss: float
-    seconds: float
-    n_groups: int
-    batches: int
-    validation: dict[str, Metric] = dataclasses.field(default_factory=dict)
 
 
 class SplitParty:
@@ -204,6 +120,19 @@ class SplitParty:
             compressor=self.config.compressor,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
+        self._init_state()
+        #: Checks every inbound frame against the batches this party runs before its transport
+        #: accepts it (where the transport takes such a hook, e.g. `HttpTransport`), so a
+        #: frame its plan cannot take is refused to its sender instead of failing the batch.
+        #: Turns the rows a leader's batch command names back into indices (follower).
+        self.command_rows = RowsDecoder()
+        self.admission = PlanAdmission(self)
+        if isinstance(transport, AdmittingTransport):
+            transport.admit_frame = self.admission
+
+    def _init_state(self) -> None:
+        """The run's state: plans, batch counters, kept parameters, the leader's tuner, and
+        the totals the metrics read."""
         self._plans: dict[tuple[int, str, int], Plan] = {}
         self._batch = 0
         self._trained = 0  # training batches (``step``); ``_batch`` counts eval batches too
@@ -234,14 +163,6 @@ class SplitParty:
         self._batch_waiters: list[asyncio.Future] = []
         #: when the current training batch's command was issued, and the link counters then
         self._tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]] = (0.0, {})
-        #: Checks every inbound frame against the batches this party runs before its transport
-        #: accepts it (where the transport takes such a hook, e.g. `HttpTransport`), so a
-        #: frame its plan cannot take is refused to its sender instead of failing the batch.
-        #: Turns the rows a leader's batch command names back into indices (follower).
-        self.command_rows = RowsDecoder()
-        self.admission = PlanAdmission(self)
-        if isinstance(transport, AdmittingTransport):
-            transport.admit_frame = self.admission
 
     # -- shared machinery ---------------------------------------------------------------------
     def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
@@ -433,8 +354,8 @@ class SplitParty:
         on_batch: Callable[[int, int, float], None] | None = None,
         start_epoch: int | None = None,
         start_batch: int = 0,
-        after_batch: Callable[[int, int], Awaitable[bool | None]] | None = None,
-        after_epoch: Callable[[EpochResult], Awaitable[bool | None]] | None = None,
+        after_batch: AfterBatch | None = None,
+        after_epoch: AfterEpoch | None = None,
         announce_ahead: bool | None = None,
     ) -> list[EpochResult]:
         """Leader: train for ``epochs`` epochs; returns one `EpochResult` per epoch.
@@ -449,154 +370,25 @@ class SplitParty:
         after that epoch (early stopping). It may run batches (`evaluate`): the training lane
         is idle meanwhile.
 
-        Announcing ahead: the command of the next batch is sent while the current one runs,
-        so a follower finds it waiting when its update is done: one round trip per batch
-        fewer on a long link. With a fixed ``groups`` it leaves once the leader's last op
-        whose result is sent has run (`PartyRuntime.run`'s ``produced``: its own backward
-        and updates may still be running), with ``"auto"`` once all its compute for the
-        batch has run (``computed``), since the tuner picks the next ``n`` from it.
-        ``announce_ahead``: None (the default) announces ahead only without ``after_batch``,
-        where each command otherwise waits for the hook (which may stop training, and a
-        command sent cannot be taken back); True announces ahead with the hook too, and a
-        true answer from it then stops training after the batch already announced, for which
-        the hook is awaited as well (its answer no longer matters): every party still runs
-        every batch commanded, once, in order; False never announces ahead. The hook always
-        runs between two batches of the leader: batch ``b``'s update is done and ``b + 1``'s
-        compute has not begun, so its parameters, optimizer state, ``step`` and ``loss_sum``
-        are batch ``b``'s (a follower may meanwhile run ``b + 1``'s forward, which changes
-        none of them). With ``after_epoch``, an epoch's first command waits for it. The
-        tuner's wall of a batch is the time from its command to the next one's (without
-        announcing ahead: to the batch's end).
+        Announcing ahead (``announce_ahead``: None, the default, only without
+        ``after_batch``; True; False): the next batch's command is sent while the current one
+        runs; `tandem.parties.split.training` states when, and what the hooks then see.
         """
         self._require_leader("fit")
         self._require_labels(dataset)
         epochs = self.config.epochs if epochs is None else epochs
-        n_rows = len(self.labels[dataset])
-        first = len(self.history) if start_epoch is None else start_epoch
-        last = first + epochs
-        order = {first: epoch_batches(n_rows, self.config.batch_size, first, self.config.seed)}
-
-        def batches_of(epoch: int) -> list[np.ndarray]:
-            if epoch not in order:
-                order.clear()  # one epoch's order at a time, besides the one being run
-                order[epoch] = epoch_batches(
-                    n_rows, self.config.batch_size, epoch, self.config.seed
-                )
-            return order[epoch]
-
-        def following(epoch: int, i: int) -> tuple[int, int, np.ndarray] | None:
-            """The batch after batch ``i`` of ``epoch`` in this call (None: it is the last, or
-            the epoch's last and an ``after_epoch`` hook, which may run batches or stop
-            training, comes between)."""
-            if i + 1 < len(batches_of(epoch)):
-                return epoch, i + 1, batches_of(epoch)[i + 1]
-            if after_epoch is None and epoch + 1 < last and batches_of(epoch + 1):
-                return epoch + 1, 0, batches_of(epoch + 1)[0]
-            return None
-
-        async with ThreadLane(f"tandem-{self.name}") as lane, asyncio.TaskGroup() as tg:
-            runtime = self._runtime(lane)
-            stop = False
-            #: ``after_batch`` asked to stop while the next batch was announced: run it, then stop
-            stopping = False
-            ahead_ok = after_batch is None if announce_ahead is None else announce_ahead
-            #: the next command needs nothing of this batch's compute (no tuner to feed)
-            fixed_n = self.config.groups != "auto"
-            #: the next batch's command, announced while the batch before it drained
-            ahead: tuple[int, int, asyncio.Task] | None = None
-            for epoch in range(first, last):
-                t0 = time.perf_counter()
-                batches = batches_of(epoch)
-                skip = start_batch if epoch == first else 0
-                total, rows = 0.0, 0
-                for i, idx in enumerate(batches):
-                    if i < skip:
-                        continue
-                    if ahead is None:
-                        self._tune_mark = (time.perf_counter(), self._link_counters())
-                        n, c = await self._start_batch(
-                            idx,
-                            self.n_groups,
-                            "train",
-                            dataset,
-                            self._draw(n_rows, epoch, i),
-                            epoch=epoch,
-                            i=i,
-                        )
-                    else:
-                        n, c, sent = ahead
-                        ahead = None
-                        await sent
-                    nxt = following(epoch, i) if ahead_ok and not stopping else None
-                    announce = (
-                        None if nxt is None else _Announce(self, tg, len(idx), nxt, dataset, n_rows)
-                    )
-                    stats = await self._run_batch(
-                        runtime,
-                        idx,
-                        n,
-                        "train",
-                        dataset,
-                        c,
-                        computed=None if fixed_n else announce,
-                        produced=announce if fixed_n else None,
-                    )
-                    if announce is None:
-                        self._retune(stats.compute, len(idx))
-                    else:
-                        ahead = announce.ahead
-                    total += self.handler.loss_sum * len(idx)
-                    rows += len(idx)
-                    if on_batch is not None:
-                        on_batch(epoch, i + 1, self.handler.loss_sum)
-                    if after_batch is not None:
-                        asked = bool(await after_batch(epoch, i + 1))
-                        if stopping or (asked and ahead is None):
-                            stop = True
-                            break
-                        stopping = asked
-                result = EpochResult(
-                    epoch,
-                    total / max(rows, 1),
-                    time.perf_counter() - t0,
-                    self.n_groups,
-                    len(batches) - skip,
-                )
-                self.history.append(result)
-                if stop or (after_epoch is not None and await after_epoch(result)):
-                    break
+        await Fit(
+            self,
+            epochs,
+            dataset=dataset,
+            on_batch=on_batch,
+            start_epoch=start_epoch,
+            start_batch=start_batch,
+            after_batch=after_batch,
+            after_epoch=after_epoch,
+            announce_ahead=announce_ahead,
+        ).run()
         return self.history[-epochs:] if epochs else []
-
-    def _draw(self, n_rows: int, epoch: int, i: int) -> Draw:
-        """Where batch ``i`` of ``epoch`` of `fit` over ``n_rows`` rows comes from."""
-        return Draw(n_rows, self.config.batch_size, self.config.seed, epoch, i)
-
-    def _link_counters(self) -> dict[tuple[str, str], tuple[int, float]]:
-        out = {}
-        for p in self.followers:
-            s, r = self.transport.sent_stats(p), self.transport.received_stats(p)
-            out[(p, "out")] = (s.bytes, s.busy_seconds)
-            out[(p, "in")] = (r.bytes, r.busy_seconds)
-        return out
-
-    def _retune(self, compute: float, rows: int) -> None:
-        """Feed the tuner the batch that just finished its compute: its wall is the period
-        since the previous mark (this batch's command was issued then), and the link
-        counters' change over it; the next batch's command is issued now (`fit`)."""
-        now, after = time.perf_counter(), self._link_counters()
-        (start, before), self._tune_mark = self._tune_mark, (now, after)
-        if self.config.groups != "auto" or rows < self.config.batch_size:
-            return
-        links = []
-        for k, (b1, t1) in after.items():
-            b0, t0 = before.get(k, (0, 0.0))
-            if b1 > b0 and t1 > t0:
-                links.append((b1 - b0, (b1 - b0) / (t1 - t0)))
-        wall = now - start
-        self.tuner_path.append((self.tuner_state.n, wall))
-        self.n_groups, self.tuner_state = self.tuner.observe(
-            self.tuner_state, wall, compute=compute, links=links
-        )
 
     async def evaluate(
         self,
@@ -794,48 +586,4 @@ class SplitParty:
         self._wake_batch_waiters()
 
 
-class _Announce:
-    """The hook (`PartyRuntime.run`'s ``computed``, or ``produced`` with a fixed ``n``) by
-    which a leader's `SplitParty.fit`, once a training batch of ``rows`` rows ran its compute
-    (or its last op whose result is sent), re-tunes ``n`` and sends the command of the next
-    training batch ``nxt = (epoch, i, row indices)`` as a task of ``tg``; ``ahead`` then holds
-    (n, chunks, that task).
-
-    The command then reaches the followers beside the batch's last gradients, so a follower
-    starts the next batch as soon as its update is done instead of a round trip later.
-    Followers run commands in order, one batch at a time, so announcing one batch ahead
-    changes nothing they compute: one update per batch, in order (exactness holds)."""
-
-    def __init__(
-        self,
-        party: SplitParty,
-        tg: asyncio.TaskGroup,
-        rows: int,
-        nxt: tuple[int, int, np.ndarray],
-        dataset: str,
-        n_rows: int,
-    ) -> None:
-        self.party, self.tg, self.rows, self.nxt, self.dataset = party, tg, rows, nxt, dataset
-        self.n_rows = n_rows
-        self.ahead: tuple[int, int, asyncio.Task] | None = None
-
-    async def __call__(self, stats: BatchStats) -> None:
-        party = self.party
-        party._retune(stats.compute, self.rows)
-        epoch, i, idx = self.nxt
-        # the batch after the running one, which `_run_batch` has not counted yet
-        n, c, cmd = party._batch_command(
-            party.batches_done + 1,
-            len(idx),
-            party.n_groups,
-            "train",
-            self.dataset,
-            epoch=epoch,
-            i=i,
-        )
-        party.admission.announce(party.batches_done + 1, len(idx), n, c, "train")
-        draw = party._draw(self.n_rows, epoch, i)
-        self.ahead = (n, c, self.tg.create_task(party._command(cmd, idx, draw)))
-
-
-__all__ = ["SplitParty", "SplitConfig", "EpochResult"]
+__all__ = ["OPTIMIZERS", "SplitParty", "SplitConfig", "EpochResult"]

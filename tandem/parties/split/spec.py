@@ -199,7 +199,6 @@ class TaskSpec:
           security: its own security settings; the keys given must equal the spec's.
           topology: its own topology (`Topology.to_dict`), if it has one configured.
         """
-        reasons: list[str] = []
         who = f"{party!r}"
         try:
             topo = Topology.from_dict(self.topology)
@@ -207,35 +206,55 @@ class TaskSpec:
             return [f"the spec's topology is invalid: {exc}"]
         if party not in topo.parties:
             return [f"{who} owns no stage of the spec's topology (parties: {list(topo.parties)})"]
+        reasons: list[str] = []
         if topology is not None and _plain(topology) != _plain(self.topology):
             reasons.append(
                 f"{who}'s configured topology differs from the spec's: local "
                 f"{_brief(topology)} != spec {_brief(self.topology)}"
             )
-        reads = any(FEATURES in s.inputs for s in topo.stages_of(party))
-        schema = self.datasets.get(party)
-        if reads:
-            if schema is None:
-                reasons.append(
-                    f"the spec gives no dataset schema for {who}, whose stages read features"
-                )
-            elif features is None:
-                reasons.append(
-                    f"{who} holds no feature data but the spec says "
-                    f"{schema.get('features')} feature columns"
-                )
-            else:
-                if int(schema.get("features", -1)) != int(features):
-                    reasons.append(
-                        f"{who} has {features} feature columns but the spec says "
-                        f"{schema.get('features')}"
-                    )
-                if str(schema.get("dtype")) != dtype:
-                    reasons.append(
-                        f"{who}'s features are {dtype} but the spec says {schema.get('dtype')}"
-                    )
+        reasons += self._data_reasons(party, topo, features, dtype)
         if samples is not None and int(samples) != int(self.samples):
             reasons.append(f"{who}: sample count {samples} != spec {self.samples}")
+        reasons += self._stage_reasons(party, topo, stages)
+        reasons += self._alignment_reasons(who, alignment)
+        for key, value in (security or {}).items():
+            if key in self.security and _plain(self.security[key]) != _plain(value):
+                reasons.append(
+                    f"security setting {key!r}: {who} uses {value!r} but the spec "
+                    f"says {self.security[key]!r}"
+                )
+        return reasons
+
+    def _data_reasons(
+        self, party: str, topo: Topology, features: int | None, dtype: str
+    ) -> list[str]:
+        """`check_local`: the party's feature columns and dtype against its dataset schema."""
+        who = f"{party!r}"
+        if not any(FEATURES in s.inputs for s in topo.stages_of(party)):
+            return []
+        schema = self.datasets.get(party)
+        if schema is None:
+            return [f"the spec gives no dataset schema for {who}, whose stages read features"]
+        if features is None:
+            return [
+                f"{who} holds no feature data but the spec says "
+                f"{schema.get('features')} feature columns"
+            ]
+        reasons = []
+        if int(schema.get("features", -1)) != int(features):
+            reasons.append(
+                f"{who} has {features} feature columns but the spec says {schema.get('features')}"
+            )
+        if str(schema.get("dtype")) != dtype:
+            reasons.append(f"{who}'s features are {dtype} but the spec says {schema.get('dtype')}")
+        return reasons
+
+    def _stage_reasons(
+        self, party: str, topo: Topology, stages: Mapping[str, Mapping[str, Any]] | None
+    ) -> list[str]:
+        """`check_local`: the widths, shapes and dtypes of the party's stages and of every
+        stage feeding or fed by them."""
+        who = f"{party!r}"
         mine = {s.name for s in topo.stages_of(party)}
         near = set(mine)
         for s in topo.stages:
@@ -243,6 +262,7 @@ class TaskSpec:
                 near.update(i for i in s.inputs if i != FEATURES)
             if mine & set(s.inputs):
                 near.add(s.name)
+        reasons = []
         for name in sorted(near):
             if name not in self.stages:
                 reasons.append(f"the spec describes no widths for stage {name!r}")
@@ -263,35 +283,36 @@ class TaskSpec:
                         f"says {theirs}; the cut tensor must have the same shape and dtype on "
                         "both sides"
                     )
+        return reasons
+
+    def _alignment_reasons(self, who: str, alignment: Mapping[str, Any] | None) -> list[str]:
+        """`check_local`: the party's alignment commitment against the spec's."""
         if self.alignment is not None and alignment is None:
-            reasons.append(
+            return [
                 f"the spec records aligned rows (size {self.alignment['size']}) "
                 f"but {who} has no alignment; run `tandem align` and set "
                 "data.aligned"
-            )
-        elif self.alignment is None and alignment is not None:
-            reasons.append(
+            ]
+        if self.alignment is None and alignment is not None:
+            return [
                 f"{who} aligned its rows (size {alignment['size']}) but the spec "
                 "records no alignment"
-            )
-        elif self.alignment is not None and alignment is not None:
-            if (
+            ]
+        if (
+            self.alignment is not None
+            and alignment is not None
+            and (
                 int(alignment["size"]) != int(self.alignment["size"])
                 or alignment["commitment"] != self.alignment["commitment"]
-            ):
-                reasons.append(
-                    f"aligned rows differ: spec commitment {_short(self.alignment['commitment'])}"
-                    f" (size {self.alignment['size']}) != local "
-                    f"{_short(alignment['commitment'])} (size {alignment['size']}); the parties "
-                    "hold different ids: run `tandem align` on every party and set data.aligned"
-                )
-        for key, value in (security or {}).items():
-            if key in self.security and _plain(self.security[key]) != _plain(value):
-                reasons.append(
-                    f"security setting {key!r}: {who} uses {value!r} but the spec "
-                    f"says {self.security[key]!r}"
-                )
-        return reasons
+            )
+        ):
+            return [
+                f"aligned rows differ: spec commitment {_short(self.alignment['commitment'])}"
+                f" (size {self.alignment['size']}) != local "
+                f"{_short(alignment['commitment'])} (size {alignment['size']}); the parties "
+                "hold different ids: run `tandem align` on every party and set data.aligned"
+            ]
+        return []
 
 
 def build_spec(
@@ -325,50 +346,9 @@ def build_spec(
     missing += [f"security.{k}" for k in SECURITY_KEYS if k not in security]
     if missing:
         raise SpecError(f"cannot build a task spec without {missing}")
-    stages: dict[str, dict[str, Any]] = {}
-    for s in topology.stages:
-        if s.name not in stage_widths:
-            raise SpecError(f"no widths given for stage {s.name!r}")
-        w = stage_widths[s.name]
-        in_dims = [int(d) for d in w["in_dims"]]
-        if len(in_dims) != len(s.inputs):
-            raise SpecError(
-                f"stage {s.name!r} has {len(s.inputs)} inputs but {len(in_dims)} in_dims"
-            )
-        stages[s.name] = {
-            "owner": s.owner,
-            "in_dims": in_dims,
-            "out_dim": int(w["out_dim"]),
-            "sizes": None if w.get("sizes") is None else [int(x) for x in w["sizes"]],
-            **cut_fields(s.name, w),
-        }
-    for p in topology.feature_parties():
-        if p not in features:
-            raise SpecError(
-                f"no feature count given for party {p!r}, whose stages read "
-                "features; add it to the schema"
-            )
-    for s in topology.stages:
-        for i, inp in enumerate(s.inputs):
-            want = features[s.owner] if inp == FEATURES else stages[inp]["out_dim"]
-            if stages[s.name]["in_dims"][i] != want:
-                src = f"{s.owner!r}'s features" if inp == FEATURES else f"stage {inp!r}"
-                raise SpecError(
-                    f"stage {s.name!r} input {i} ({src}) has width {want} but the "
-                    f"stage declares {stages[s.name]['in_dims'][i]}"
-                )
-    edges = [
-        {
-            "src": e.src,
-            "dst": e.dst,
-            "src_party": e.src_party,
-            "dst_party": e.dst_party,
-            "width": stages[e.src]["out_dim"],
-            "dtype": stages[e.src].get("out_dtype", dtype),
-            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
-        }
-        for e in topology.edges()
-    ]
+    stages = _spec_stages(topology, stage_widths)
+    _check_inputs(topology, features, stages)
+    edges = spec_edges(topology, stages, dtype)
     return TaskSpec(
         topology=topology.to_dict(),
         datasets={
@@ -391,6 +371,70 @@ def build_spec(
         if alignment is None
         else {"size": int(alignment["size"]), "commitment": str(alignment["commitment"])},
     )
+
+
+def _spec_stages(
+    topology: Topology, stage_widths: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """`build_spec`: each stage's spec entry (owner, widths, cut shape and dtype)."""
+    stages: dict[str, dict[str, Any]] = {}
+    for s in topology.stages:
+        if s.name not in stage_widths:
+            raise SpecError(f"no widths given for stage {s.name!r}")
+        w = stage_widths[s.name]
+        in_dims = [int(d) for d in w["in_dims"]]
+        if len(in_dims) != len(s.inputs):
+            raise SpecError(
+                f"stage {s.name!r} has {len(s.inputs)} inputs but {len(in_dims)} in_dims"
+            )
+        stages[s.name] = {
+            "owner": s.owner,
+            "in_dims": in_dims,
+            "out_dim": int(w["out_dim"]),
+            "sizes": None if w.get("sizes") is None else [int(x) for x in w["sizes"]],
+            **cut_fields(s.name, w),
+        }
+    return stages
+
+
+def _check_inputs(
+    topology: Topology, features: Mapping[str, int], stages: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """`build_spec`: every stage input is as wide as what feeds it (`SpecError` otherwise)."""
+    for p in topology.feature_parties():
+        if p not in features:
+            raise SpecError(
+                f"no feature count given for party {p!r}, whose stages read "
+                "features; add it to the schema"
+            )
+    for s in topology.stages:
+        for i, inp in enumerate(s.inputs):
+            want = features[s.owner] if inp == FEATURES else stages[inp]["out_dim"]
+            if stages[s.name]["in_dims"][i] != want:
+                src = f"{s.owner!r}'s features" if inp == FEATURES else f"stage {inp!r}"
+                raise SpecError(
+                    f"stage {s.name!r} input {i} ({src}) has width {want} but the "
+                    f"stage declares {stages[s.name]['in_dims'][i]}"
+                )
+
+
+def spec_edges(
+    topology: Topology, stages: Mapping[str, Mapping[str, Any]], dtype: str = "float32"
+) -> list[dict[str, Any]]:
+    """The spec's cut edges: each edge of ``topology`` with its width, dtype (the source
+    stage's ``out_dtype``, else ``dtype``) and, when not a matrix, its shape."""
+    return [
+        {
+            "src": e.src,
+            "dst": e.dst,
+            "src_party": e.src_party,
+            "dst_party": e.dst_party,
+            "width": stages[e.src]["out_dim"],
+            "dtype": stages[e.src].get("out_dtype", dtype),
+            **({"shape": stages[e.src]["out_shape"]} if "out_shape" in stages[e.src] else {}),
+        }
+        for e in topology.edges()
+    ]
 
 
 def cut_of(stage: Mapping[str, Any]) -> tuple[list[int], str]:
@@ -453,6 +497,7 @@ __all__ = [
     "build_spec",
     "cut_fields",
     "cut_of",
+    "spec_edges",
     "HYPER_KEYS",
     "SECURITY_KEYS",
 ]

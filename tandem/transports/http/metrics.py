@@ -23,6 +23,20 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
     """Byte, frame and busy-time counters per peer and direction, inbox depths, retries,
     requests per path, refusals per reason; then each of ``sources``' lines."""
     me = client.cfg.name
+    lines = _per_peer(client, server, me) + _refusals(server, me)
+    lines += _inbound(server, {"party": me}) + _connections(server, {"party": me})
+    text = "\n".join(lines) + "\n"
+    for source in sources:
+        try:
+            extra = source()
+        except Exception as exc:  # a broken source must not break /metrics
+            extra = f"# metrics source {source!r} failed: {type(exc).__name__}"
+        text += extra if extra.endswith("\n") else extra + "\n"
+    return text
+
+
+def _per_peer(client: HttpClient, server: HttpServer, me: str) -> list[str]:
+    """Traffic per peer and direction, inbox depths, retries and frame requests per path."""
     lines: list[str] = []
     for direction, table in (("sent", client.sent), ("received", server.received)):
         lines += metrics.family(
@@ -64,6 +78,12 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
             for (d, p), n in sorted(frame_requests(client, server).items())
         ],
     )
+    return lines
+
+
+def _refusals(server: HttpServer, me: str) -> list[str]:
+    """Refused requests and stream handshakes, by reason."""
+    lines: list[str] = []
     lines += metrics.family(
         "tandem_refused_requests_total",
         "counter",
@@ -76,7 +96,12 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
         "Refused frame stream handshakes by reason (their senders POST the frame instead)",
         [({"party": me, "reason": r}, n) for r, n in sorted(server.refused_handshakes.items())],
     )
-    party = {"party": me}
+    return lines
+
+
+def _inbound(server: HttpServer, party: dict[str, str]) -> list[str]:
+    """The inbound byte budget, dropped partial messages and signature rebinds."""
+    lines: list[str] = []
     lines += metrics.family(
         "tandem_inbound_bytes_held",
         "gauge",
@@ -101,32 +126,32 @@ def render(client: HttpClient, server: HttpServer, sources: Iterable[Callable[[]
         "Requests answered 421: correctly signed for another process of this party",
         [(party, server.gate.rebinds)],
     )
+    return lines
+
+
+def _connections(server: HttpServer, party: dict[str, str]) -> list[str]:
+    """Inbound connections open and closed by cause (none without a listener)."""
+    lines: list[str] = []
     listener = server.listener
-    if listener is not None:
-        lines += metrics.family(
-            "tandem_connections_open",
-            "gauge",
-            "Inbound connections open",
-            [(party, len(listener))],
-        )
-        lines += metrics.family(
-            "tandem_connections_closed_total",
-            "counter",
-            "Inbound connections closed by the server, by cause",
-            [
-                ({**party, "cause": "refused"}, listener.refused),
-                ({**party, "cause": "evicted"}, listener.evicted),
-                *(
-                    ({**party, "cause": f"{phase}_timeout"}, n)
-                    for phase, n in sorted(listener.timed_out.items())
-                ),
-            ],
-        )
-    text = "\n".join(lines) + "\n"
-    for source in sources:
-        try:
-            extra = source()
-        except Exception as exc:  # a broken source must not break /metrics
-            extra = f"# metrics source {source!r} failed: {type(exc).__name__}"
-        text += extra if extra.endswith("\n") else extra + "\n"
-    return text
+    if listener is None:
+        return lines
+    lines += metrics.family(
+        "tandem_connections_open",
+        "gauge",
+        "Inbound connections open",
+        [(party, len(listener))],
+    )
+    lines += metrics.family(
+        "tandem_connections_closed_total",
+        "counter",
+        "Inbound connections closed by the server, by cause",
+        [
+            ({**party, "cause": "refused"}, listener.refused),
+            ({**party, "cause": "evicted"}, listener.evicted),
+            *(
+                ({**party, "cause": f"{phase}_timeout"}, n)
+                for phase, n in sorted(listener.timed_out.items())
+            ),
+        ],
+    )
+    return lines

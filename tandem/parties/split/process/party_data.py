@@ -44,7 +44,7 @@ _ID_LIKE = re.compile(r"(^|[_\s-])(id|ids|key|uuid)$|^id_|(?<=[a-z])Id$", re.IGN
 def load_table_data(
     table: DataConfig, *, labels: bool, loss: str | None, out: int | None
 ) -> dict[str, Any]:
-    """The fields of a `tandem.parties.split.build_data.PartyData` for ``table``.
+    """The fields of a `tandem.parties.split.process.build_data.PartyData` for ``table``.
 
     ``labels``: this party owns the loss stage (its table must name ``label_column``);
     ``loss``/``out``: the loss and output width the labels are checked against.

@@ -1,9 +1,10 @@
 """The names other modules and tests have imported from here: the party's configuration
-(`tandem.parties.split.config`, plain data) and what it builds (`tandem.parties.split.build`,
-`tandem.parties.split.build_data`)."""
+(`tandem.parties.split.process.config`, plain data) and what it builds
+(`tandem.parties.split.process.build`, `tandem.parties.split.process.build_data`)."""
 
 from __future__ import annotations
 
+from ..hyper import FOLLOWER_TRAIN_KEYS, Train
 from .build import (
     DataConfig,
     PartySetup,
@@ -13,7 +14,6 @@ from .build import (
 )
 from .build_data import PartyData
 from .config import Checkpoint, PartyConfig, PartyConfigError, load_party_file
-from .hyper import FOLLOWER_TRAIN_KEYS, Train
 
 __all__ = [
     "Checkpoint",

@@ -19,7 +19,7 @@ position:
 * else ``--positional`` states that every party's file holds the same samples in the same
   order; without it the command is refused.
 
-Then it connects (`tandem.parties.split.session.connect`) and negotiates an inference spec
+Then it connects (`tandem.parties.split.process.session.connect`) and negotiates an inference spec
 (`tandem.parties.split.inference`): same training id, topology, loss and cut widths; same
 row count and the same alignment commitment. The leader writes the predictions (``.csv``:
 ``row[,id]`` then ``logit,probability`` for a binary loss, ``logit_k...,class`` for softmax,
@@ -49,7 +49,7 @@ from tandem.parties.data import aligned_file
 from tandem.parties.data.errors import AlignedFileError as AlignmentError
 from tandem.parties.progress import emit_result
 
-from .inference import InferenceError, check_rows
+from ..inference import InferenceError, check_rows
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -131,7 +131,7 @@ async def predict_command(args: argparse.Namespace) -> int:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `predict_command` does but printing; returns the summary."""
-    from . import inference
+    from .. import inference
     from .build import PartyData, load_party_config
     from .session import connected
 

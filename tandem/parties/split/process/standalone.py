@@ -1,8 +1,9 @@
 """`tandem party --config F.toml`: one split-learning party as its own OS process.
 
-`run_party(cfg, stop=event)` = `tandem.parties.split.session.connect` (transport, peers, task spec,
-checkpoint agreement) + train + evaluate + export, and returns the result as a dict (the CLI
-prints it as one JSON line). docs/parties.md describes the whole life cycle; in short:
+`run_party(cfg, stop=event)` = `tandem.parties.split.process.session.connect` (transport,
+peers, task spec, checkpoint agreement) + train + evaluate + export, and returns the result
+as a dict (the CLI prints it as one JSON line). docs/parties.md describes the whole life
+cycle; in short:
 
 * **Checkpoints** (``[checkpoint] dir``): after every batch whose step (batches done) is a
   multiple of the spec's ``checkpoint_every``, each party atomically saves its own params,
@@ -27,7 +28,7 @@ prints it as one JSON line). docs/parties.md describes the whole life cycle; in 
 * **Reports** (the leader): validation after every epoch, early stopping, the JSONL history and
   TensorBoard files (`tandem.parties.split.reporting.Reporter`); with ``trace_dir``, every
   party's Chrome trace and Gantt picture of a few batches
-  (`tandem.parties.split.party_trace.BatchTrace`).
+  (`tandem.parties.split.process.party_trace.BatchTrace`).
 
 Contract: runs inside the caller's loop, never blocks it (file I/O and model set-up in
 threads), every task inside a TaskGroup; the transport is closed on every exit path.
@@ -37,50 +38,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
-from tandem.parties.memory import peak_rss_bytes, release_free_memory
+from tandem.parties.memory import peak_rss_bytes
 from tandem.transports.base import MetricsTransport
 
-from . import notice
+from ..checkpoint import CheckpointStore
+from ..inference import export_party
+from ..negotiate import CTL
+from ..observe import party_metrics
+from ..party import SplitParty
+from ..reporting import Reporter, validation_for
+from ..spec import TaskSpec
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
-from .checkpoint import CheckpointError, CheckpointStore
 from .graceful import leaf, until, with_grace
-from .inference import export_party
-from .negotiate import CTL
-from .observe import party_metrics
-from .party import SplitParty
 from .party_trace import DEFAULT_BATCHES, BatchTrace
-from .reporting import Reporter, validation_for
+from .resume import RunState, open_store, resume, save, stale_checkpoints
 from .session import Session, connect
-from .spec import SPEC_VERSION, TaskSpec
-
-
-@dataclasses.dataclass
-class _State:
-    """What `run_party`'s steps share: the party, its checkpoints and the resume point."""
-
-    party: SplitParty | None = None  # built by `connect`'s prepare step, before it returns
-    store: CheckpointStore | None = None
-    saved: int = -1  # step of the last checkpoint saved or loaded
-    cursor: tuple[int, int] = (0, 0)  # (epoch, batches done in it) at the resume point
-    discarded: list[int] = dataclasses.field(default_factory=list)
-    trace: BatchTrace | None = None  # `run_party(trace_dir=...)`
-    #: a finished checkpoint's leader summary (`_lead`'s report), replayed by a restart
-    report: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def ready_party(self) -> SplitParty:
-        """The party, once the session has prepared it (every step after `connect`)."""
-        if self.party is None:
-            raise TandemError("the party is used before the session prepared it")
-        return self.party
 
 
 def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> SplitParty:
@@ -102,34 +81,6 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
     )
 
 
-def stale_checkpoints(store: CheckpointStore, data: PartyData) -> list[str]:
-    """Why this party must not resume from ``store``: its checkpoints were saved under another
-    task-spec version, or recorded a data fingerprint other than ``data``'s (the training rows
-    or preprocessing changed)."""
-    older = {s: v for s, v in store.spec_versions().items() if v != SPEC_VERSION}
-    if older:
-        step = max(older)
-        return [
-            f"{store.party!r}: checkpoint {step} in {store.directory!r} was saved for a version "
-            f"{older[step]} task spec (this Tandem negotiates version {SPEC_VERSION}), so it "
-            "cannot be resumed. Start over with `tandem party --config <file> --fresh` on every "
-            "party (it deletes these checkpoints)"
-        ]
-    if data.fingerprint is None:
-        return []
-    other = {s: f for s, f in store.fingerprints().items() if f and f != data.fingerprint}
-    if not other:
-        return []
-    step = max(other)
-    return [
-        f"{store.party!r}: the training data or its preprocessing changed since checkpoint "
-        f"{step} in {store.directory!r} was saved (data fingerprint {other[step][:12]}.. "
-        f"then, {data.fingerprint[:12]}.. now); resuming would train that model on other rows. "
-        "Start over with `tandem party --config <file> --fresh` on every party (it deletes "
-        "these checkpoints), or restore the data"
-    ]
-
-
 async def run_party(
     cfg: PartySetup,
     *,
@@ -148,60 +99,11 @@ async def run_party(
     wrong secret, unreachable peer, bad checkpoint, changed data, peer left mid-batch).
     """
     stop = stop or asyncio.Event()
-    st = _State()
-    async with notice.telling(cfg):  # a failure here is told to the peers (docs/parties.md)
-        loading = time.perf_counter()
-        data = await asyncio.to_thread(cfg.load_data)
-        await asyncio.to_thread(release_free_memory)  # the loader's temporaries
-        load_seconds = time.perf_counter() - loading
-        if cfg.checkpoint.dir:
-            st.store = CheckpointStore(
-                cfg.checkpoint.dir, party=cfg.name, keep=max(2, cfg.checkpoint.keep)
-            )
-        refusals: list[str] = []
-        if st.store is not None and fresh:
-            await asyncio.to_thread(st.store.discard_after, -1)
-        elif st.store is not None:
-            refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
-        held = await asyncio.to_thread(st.store.index) if st.store else {}
-        finished = await asyncio.to_thread(st.store.finished) if st.store else set()
+    st = RunState()
+    data, load_seconds, refusals, held, finished = await open_store(cfg, st, fresh)
 
     async def prepare(session: Session) -> None:
-        st.party = party = await asyncio.to_thread(
-            make_party, session.spec, cfg, session.data, session.transport
-        )
-        if st.store is not None:
-            st.discarded = await asyncio.to_thread(st.store.discard_after, session.step)
-        if session.step:
-            # the agreed step is one every party holds: a party without a store gets 0
-            if st.store is None:
-                raise TandemError(
-                    f"{cfg.name!r} was asked to resume from checkpoint {session.step} but has "
-                    "no [checkpoint] dir; set it, or start every party afresh"
-                )
-            r = await asyncio.to_thread(
-                st.store.load,
-                session.step,
-                params_like=party.handler.params,
-                opt_state_like=party.handler.opt_state,
-                spec_hash=session.spec_hash,
-            )
-            if session.finished and not r.finished:
-                raise CheckpointError(
-                    f"{cfg.name!r}: checkpoint {r.step} was agreed as finished but is not; "
-                    "restart every party"
-                )
-            # a finished job's exported parameters: the best epoch's where it restored them
-            best = r.best if session.finished else None
-            party.restore(r.params if best is None else best, r.opt_state, r.step)
-            st.saved = r.step
-            st.report = dict(r.extra.get("report") or {}) if session.finished else {}
-            st.cursor = (int(r.cursor.get("epoch", 0)), int(r.cursor.get("batch", 0)))
-            if party.is_leader:
-                party.run_id = str(r.extra.get("run_id", party.run_id))
-                party.n_groups = int(r.extra.get("n_groups", party.n_groups))
-        if isinstance(session.transport, MetricsTransport):
-            session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
+        await _prepare(cfg, st, session)
 
     session = await until(
         stop,
@@ -231,17 +133,7 @@ async def run_party(
             result = await _lead(session, st, party, stop)
         else:
             result = await _follow(session, st, party, stop)
-        result["resumed"] = (
-            "finished" if session.finished else "checkpoint" if session.step else "fresh"
-        )
-        result["batches_trained"] = party.step - session.step
-        result.update(_traffic(session))
-        result["cut_bytes_sent"] = dict(party.cut_bytes)
-        result["compress"] = party.config.compress
-        result["load_seconds"] = round(load_seconds, 3)
-        result["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
-        if st.discarded:  # newer than the agreed step: replaced by the replayed batches
-            result["discarded_checkpoints"] = st.discarded
+        _describe_run(result, session, st, party, load_seconds)
         if st.trace is not None:
             result.update(await st.trace.write())
         return result
@@ -249,9 +141,40 @@ async def run_party(
         await session.transport.aclose()
 
 
+async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
+    """`connect`'s prepare step: build the party for the agreed spec, drop checkpoints newer
+    than the agreed step, resume from that step, and serve the party's metrics."""
+    st.party = party = await asyncio.to_thread(
+        make_party, session.spec, cfg, session.data, session.transport
+    )
+    if st.store is not None:
+        st.discarded = await asyncio.to_thread(st.store.discard_after, session.step)
+    if session.step:
+        await resume(cfg, st, party, session)
+    if isinstance(session.transport, MetricsTransport):
+        session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
+
+
+def _describe_run(
+    result: dict[str, Any], session: Session, st: RunState, party: SplitParty, load_seconds: float
+) -> None:
+    """Add to ``result`` how the run started, what it trained and sent, and what it cost."""
+    result["resumed"] = (
+        "finished" if session.finished else "checkpoint" if session.step else "fresh"
+    )
+    result["batches_trained"] = party.step - session.step
+    result.update(_traffic(session))
+    result["cut_bytes_sent"] = dict(party.cut_bytes)
+    result["compress"] = party.config.compress
+    result["load_seconds"] = round(load_seconds, 3)
+    result["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
+    if st.discarded:  # newer than the agreed step: replaced by the replayed batches
+        result["discarded_checkpoints"] = st.discarded
+
+
 # -- leader --------------------------------------------------------------------------------------
 async def _lead(
-    session: Session, st: _State, party: SplitParty, stop: asyncio.Event
+    session: Session, st: RunState, party: SplitParty, stop: asyncio.Event
 ) -> dict[str, Any]:
     if session.finished:
         return await _lead_finished(session, st, party)
@@ -267,17 +190,6 @@ async def _lead(
     reporter = Reporter(
         party, cfg.report_config(), validation_for(party, batch_size=int(hyper["eval_batch_size"]))
     )
-
-    async def save(store: CheckpointStore) -> None:
-        await _save(
-            st,
-            store,
-            party,
-            session,
-            {"epoch": cursor[0], "batch": cursor[1]},
-            {"run_id": party.run_id, "n_groups": party.n_groups},
-        )
-
     with _progress(cfg, epochs * per_epoch, party.step, f"{cfg.name} (leader)") as advance:
 
         async def after_batch(epoch: int, done: int) -> bool:
@@ -287,7 +199,7 @@ async def _lead(
             if st.trace is not None:
                 st.trace.after_batch()
             if st.store is not None and party.step % every == 0:
-                await save(st.store)
+                await _save_leader(st, st.store, party, session, cursor)
             return stop.is_set()
 
         async def listen(peer: str) -> None:  # a follower asks to stop ("leave")
@@ -304,7 +216,7 @@ async def _lead(
             after_batch=after_batch,
             after_epoch=reporter.after_epoch,
             # a stop (signal, a follower leaving) lands one batch later, and the hook's
-            # checkpoint still sees batch b's state (`SplitParty.fit`, "Announcing ahead")
+            # checkpoint still sees batch b's state (`tandem.parties.split.training`)
             announce_ahead=True,
         )
         async with reporter.opened(epoch0):
@@ -326,29 +238,52 @@ async def _lead(
             "checkpoint": st.saved if st.saved >= 0 else None,
         }
     if stop.is_set():
-        if st.store is not None and st.saved != party.step:
-            await save(st.store)
-        reason = f"{left[0]} asked to stop" if left else "signal"
-        await party.stop(reason=reason, checkpoint=st.saved if st.store else None)
-        return {
-            **base,
-            "status": "stopped",
-            "step": party.step,
-            "detail": reason,
-            "checkpoint": st.saved if st.store else None,
-        }
+        return await _lead_stopped(session, st, party, base, cursor, left)
     if st.store is not None:  # what a restart evaluates and exports again
-        extra = {"run_id": party.run_id, "n_groups": party.n_groups, "report": report}
-        await _save(
-            st,
-            st.store,
-            party,
-            session,
-            {"epoch": cursor[0], "batch": cursor[1]},
-            extra,
-            finished=True,
-        )
+        await _save_leader(st, st.store, party, session, cursor, report=report, finished=True)
     return await _lead_done(session, st, party, base)
+
+
+async def _save_leader(
+    st: RunState,
+    store: CheckpointStore,
+    party: SplitParty,
+    session: Session,
+    cursor: tuple[int, int],
+    *,
+    report: dict[str, Any] | None = None,
+    finished: bool = False,
+) -> None:
+    """The leader's checkpoint at data ``cursor`` (epoch, batches done in it), with what a
+    restart needs beyond the parameters (run id, ``n``, and a finished job's ``report``)."""
+    extra: dict[str, Any] = {"run_id": party.run_id, "n_groups": party.n_groups}
+    if report is not None:
+        extra["report"] = report
+    at = {"epoch": cursor[0], "batch": cursor[1]}
+    await save(st, store, party, session, at, extra, finished=finished)
+
+
+async def _lead_stopped(
+    session: Session,
+    st: RunState,
+    party: SplitParty,
+    base: dict[str, Any],
+    cursor: tuple[int, int],
+    left: list[str],
+) -> dict[str, Any]:
+    """A stop between batches (signal, or a follower in ``left`` asked): checkpoint the step
+    reached, then tell the followers why."""
+    if st.store is not None and st.saved != party.step:
+        await _save_leader(st, st.store, party, session, cursor)
+    reason = f"{left[0]} asked to stop" if left else "signal"
+    await party.stop(reason=reason, checkpoint=st.saved if st.store else None)
+    return {
+        **base,
+        "status": "stopped",
+        "step": party.step,
+        "detail": reason,
+        "checkpoint": st.saved if st.store else None,
+    }
 
 
 def _leader_base(session: Session, party: SplitParty) -> dict[str, Any]:
@@ -362,14 +297,14 @@ def _leader_base(session: Session, party: SplitParty) -> dict[str, Any]:
     }
 
 
-async def _lead_finished(session: Session, st: _State, party: SplitParty) -> dict[str, Any]:
+async def _lead_finished(session: Session, st: RunState, party: SplitParty) -> dict[str, Any]:
     """Leader of a job that had completed (`Session.finished`): no training; the finished
     checkpoint's parameters are evaluated and exported again, its summary reported again."""
     return await _lead_done(session, st, party, {**_leader_base(session, party), **st.report})
 
 
 async def _lead_done(
-    session: Session, st: _State, party: SplitParty, base: dict[str, Any]
+    session: Session, st: RunState, party: SplitParty, base: dict[str, Any]
 ) -> dict[str, Any]:
     """The end of a completed job: test evaluation, ``stop`` (reason ``done``), export."""
     hyper = session.spec.hyper
@@ -389,7 +324,7 @@ async def _lead_done(
 
 # -- follower ------------------------------------------------------------------------------------
 async def _follow(
-    session: Session, st: _State, party: SplitParty, stop: asyncio.Event
+    session: Session, st: RunState, party: SplitParty, stop: asyncio.Event
 ) -> dict[str, Any]:
     cfg, spec = session.config, session.spec
     hyper = spec.hyper
@@ -410,7 +345,7 @@ async def _follow(
             if st.trace is not None:
                 st.trace.after_batch()
             if st.store is not None and party.step % every == 0:
-                await _save(st, st.store, party, session, dict(cursor), {})
+                await save(st, st.store, party, session, dict(cursor), {})
 
         async def ask_leader_to_stop() -> None:
             await stop.wait()
@@ -441,7 +376,7 @@ async def _follow(
                     f"{cfg.name!r}: the leader stopped at step {step} but this "
                     f"party is at step {party.step}; restart both parties"
                 )
-            await _save(st, st.store, party, session, {}, {})
+            await save(st, st.store, party, session, {}, {})
         return {
             **base,
             "status": "stopped",
@@ -449,7 +384,7 @@ async def _follow(
             "checkpoint": st.saved if st.store else None,
         }
     if st.store is not None and not session.finished:  # what a restart exports again
-        await _save(st, st.store, party, session, dict(cursor), {}, finished=True)
+        await save(st, st.store, party, session, dict(cursor), {}, finished=True)
     return {
         **base,
         "status": "done",
@@ -463,7 +398,7 @@ class PeerLeftError(TandemError):
 
 
 @contextlib.contextmanager
-def _peer_left(name: str, party: SplitParty, st: _State) -> Iterator[None]:
+def _peer_left(name: str, party: SplitParty, st: RunState) -> Iterator[None]:
     """Turn a peer's goodbye during training into a `PeerLeftError` saying how to resume."""
     try:
         yield
@@ -490,49 +425,6 @@ def _leave_frame():
 
 
 # -- shared steps --------------------------------------------------------------------------------
-async def _save(
-    st: _State,
-    store: CheckpointStore,
-    party: SplitParty,
-    session: Session,
-    cursor: dict,
-    extra: dict,
-    *,
-    finished: bool = False,
-) -> None:
-    """Checkpoint the party's current step into ``store`` (``st.store``); a cancellation (grace
-    ran out) waits for the write to finish first, so ``st.saved`` always names the newest file
-    on disk. ``finished``: the final checkpoint of a completed job; where `Reporter.finish`
-    put the best epoch's parameters back, it holds those beside the trajectory's last."""
-    step = party.step
-    params, best = dict(party.handler.params), None
-    if finished and party.replaced_params is not None:
-        params, best = dict(party.replaced_params), params
-    # the party's own arrays, not copies: its next batch (whose update donates them) waits for
-    # this write, since the save is awaited from the batch hook
-    write = asyncio.ensure_future(
-        asyncio.to_thread(
-            store.save,
-            step,
-            params=params,
-            opt_state=dict(party.handler.opt_state),
-            spec_hash=session.spec_hash,
-            cursor=cursor,
-            extra=extra,
-            fingerprint=session.data.fingerprint,
-            finished=finished,
-            best=best,
-        )
-    )
-    try:
-        await asyncio.shield(write)
-    except asyncio.CancelledError:
-        await write
-        st.saved = step
-        raise
-    st.saved = step
-
-
 async def _export(session: Session, party: SplitParty) -> str | None:
     """Save this party's own stages to ``<export_dir>/<name>.safetensors`` (if configured)."""
     cfg = session.config

@@ -1,6 +1,6 @@
 """Reading one split party's data as its configuration describes it (`load_data`).
 
-A table source goes through `tandem.parties.split.party_data` (the shared data loader); a
+A table source goes through `tandem.parties.split.process.party_data` (the shared data loader); a
 pre-split source (the built-in breast-cancer data, an .npz of x_train/y_train/x_test/y_test,
 a numeric .csv) is read here. Errors are `PartyConfigError` naming the key and the fix.
 """
@@ -21,7 +21,7 @@ from .config import PartyConfigError
 class PartyData:
     """One party's (aligned) data. ``alignment`` is ``{"size", "commitment"}`` or None.
 
-    From a table source (`tandem.parties.split.party_data`) also: ``validation`` rows,
+    From a table source (`tandem.parties.split.process.party_data`) also: ``validation`` rows,
     ``fingerprint`` (training rows and preprocessing; a pre-split source's arrays are hashed
     instead), ``preprocessing`` (the JSON state the export keeps), ``vocab`` (code counts of
     the categorical columns, the last columns of the features) and ``split`` (its
@@ -61,7 +61,7 @@ class PartyData:
 
 
 def load_data(cfg: Any) -> PartyData:
-    """Read the data of the party ``cfg`` (a `tandem.parties.split.build.PartySetup`; labels
+    """Read the data of the party ``cfg`` (a `tandem.parties.split.process.build.PartySetup`; labels
     too when it owns the loss stage), aligned if
     ``data.aligned`` is set. Raises `PartyConfigError` naming the file and the fix."""
     return _load_data(cfg)

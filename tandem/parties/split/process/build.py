@@ -1,12 +1,12 @@
 """Building what a split party's configuration describes: topology, TLS, transport, models.
 
-`load_party_config(path) -> PartySetup` reads the file once (`tandem.parties.split.config`,
+`load_party_config(path) -> PartySetup` reads the file once (`tandem.parties.split.process.config`,
 plain frozen data), runs the checks that need the topology or a model, and returns the
 `PartySetup` the party's code works from: it reads like its configuration (``setup.name``,
 ``setup.peers``, ``setup.checkpoint``, ...) and builds, each once, what the configuration
 describes: `topology`, `ssl_contexts`, `transport`, `stage_model`, `stage_widths`,
 `split_config`, `report_config`, the spec's `hyper`, and `load_data`
-(`tandem.parties.split.build_data`).
+(`tandem.parties.split.process.build_data`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from tandem.errors import ConfigError
 from tandem.parties.config import Data
 from tandem.parties.http_security import security_of
 
+from ..hyper import HYPER_KEYS, SPLIT_FIELDS
+from ..spec import cut_of
 from .build_data import PartyData, load_data
 from .config import PartyConfig, PartyConfigError, load_party_file
-from .hyper import HYPER_KEYS, SPLIT_FIELDS
-from .spec import cut_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +58,7 @@ class PartySetup:
     """One party's checked configuration (``config``) and what it builds, each built once.
 
     Reading an attribute the setup does not define reads the configuration's
-    (`tandem.parties.split.config.PartyConfig`): ``name``, ``path``, ``role``, ``peers``,
+    (`tandem.parties.split.process.config.PartyConfig`): ``name``, ``path``, ``role``, ``peers``,
     ``checkpoint``, ``model``, ``log``, ``wait``, ... ``train`` is the ``[train]`` keys the file
     states (a dict); ``data`` the `DataConfig` of its source. ``PartySetup(config, **changes)``
     (and so ``dataclasses.replace(setup, wait=1.0)``) replaces top-level configuration values.
@@ -151,7 +151,7 @@ class PartySetup:
         """The leader's `tandem.parties.split.reporting.ReportConfig` from ``[train]`` and
         ``[log]``. The history goes to ``[log] history``, by default ``history.jsonl`` in the
         checkpoint folder, else in the export folder, else nowhere."""
-        from .reporting import report_config
+        from ..reporting import report_config
 
         default = next(
             (os.path.join(d, "history.jsonl") for d in (self.checkpoint.dir, self.export_dir) if d),
@@ -436,7 +436,7 @@ def _check_stage_tables(cfg: PartySetup, topo: Topology) -> None:
 
 
 def _check_compress(train: Mapping[str, Any], path: str) -> None:
-    from .compress import from_hyper
+    from ..compress import from_hyper
 
     try:
         from_hyper(train)
@@ -511,7 +511,7 @@ def _talks_to(topo: Topology, name: str) -> list[str]:
 
 def split_config_from(hyper: Mapping[str, Any]):
     """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored)."""
-    from .party import SplitConfig
+    from ..party import SplitConfig
 
     return SplitConfig(**{k: v for k, v in hyper.items() if k in SPLIT_FIELDS})
 

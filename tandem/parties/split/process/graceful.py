@@ -1,4 +1,4 @@
-"""Awaiting a party's work under a stop event: what `tandem.parties.split.standalone` runs
+"""Awaiting a party's work under a stop event: what `tandem.parties.split.process.standalone` runs
 its negotiation and training through.
 
 `until` abandons work once ``stop`` is set; `with_grace` gives it ``grace`` seconds more;

@@ -20,7 +20,7 @@ from typing import Any
 from tandem._extras import require
 from tandem.engine.trace import Trace, plot_gantt
 
-from .party import SplitParty
+from ..party import SplitParty
 
 DEFAULT_BATCHES = 8
 

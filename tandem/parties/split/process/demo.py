@@ -22,7 +22,7 @@ from tandem.engine.trace import Trace, plot_gantt
 from tandem.parties.progress import emit_result
 from tandem.transports.memory import MemoryNetwork
 
-from .party import SplitConfig, SplitParty
+from ..party import SplitConfig, SplitParty
 
 
 @dataclasses.dataclass
@@ -107,26 +107,8 @@ async def run_demo(
     result: dict = {}
 
     async def drive() -> None:
-        from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
-
-        from tandem.parties.progress import progress_bar
-
         n_batches = len(epoch_batches(len(data.labels["train"]), batch_size, 0, seed))
-        with progress_bar(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
-            TimeElapsedColumn(),
-            enabled=progress,
-        ) as bar:
-            for epoch in range(epochs):
-                task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
-
-                def show(_epoch: int, done: int, loss: float, task: TaskID = task) -> None:
-                    bar.update(task, completed=done, loss=f"{loss:.4f}")
-
-                hist = await leader.fit(1, on_batch=show)
-                bar.update(task, loss=f"{hist[-1].loss:.4f}  n={leader.n_groups}")
+        await _train_with_bar(leader, epochs, n_batches, progress)
         metrics = await leader.evaluate("test")
         # the tuner may still be trying a neighbour after a short run: time its best n so far
         tuned = leader.tuner_state.best if groups == "auto" else leader.n_groups
@@ -139,29 +121,8 @@ async def run_demo(
             tuner_settled=leader.tuner_state.settled,
             epochs=epochs,
         )
-        # timing: the same batches, sequential (n=1, FIFO) vs pipelined (tuned n, priorities);
-        # each timing starts with both parties idle and ends when BOTH finished the last batch
-        # (the leader's run_batch returns before the follower's last backward and update)
         idx_list = epoch_batches(len(data.labels["train"]), batch_size, 0, seed)[:timing_batches]
-        timings, traces = {}, {}
-        for label, n, policy in (("sequential", 1, "fifo"), ("pipelined", tuned, "priority")):
-            tr = Trace()
-            for party in (leader, follower):
-                party.trace, party.config.policy = tr, policy
-            leader.config.chunks = chunks if policy == "priority" else 1  # sequential: whole
-            # one untimed batch first: shapes training never used (n = 1 after a tuned run,
-            # or whole groups after chunked ones) compile here, not inside the timing
-            await leader.run_batch(idx_list[0], n=n)
-            await follower.wait_batches(leader.batches_done)
-            tr.events.clear()  # the trace shows the timed batches only
-            t0 = time.perf_counter()
-            for idx in idx_list:
-                await leader.run_batch(idx, n=n)
-            await follower.wait_batches(leader.batches_done)
-            timings[label] = time.perf_counter() - t0
-            traces[label] = (f"{label} (n={n}, {policy})", tr)
-        for party in (leader, follower):
-            party.trace, party.config.policy = None, "priority"
+        timings, traces = await _time_schedules(leader, follower, idx_list, tuned, chunks)
         result.update(
             sequential_s=timings["sequential"],
             pipelined_s=timings["pipelined"],
@@ -180,6 +141,59 @@ async def run_demo(
         tg.create_task(drive())
     result["link"] = {"bandwidth_Bps": bandwidth, "latency_s": latency}
     return result
+
+
+async def _train_with_bar(leader: SplitParty, epochs: int, n_batches: int, progress: bool) -> None:
+    """Train ``epochs`` epochs one at a time, a progress bar per epoch (on stderr)."""
+    from rich.progress import BarColumn, TaskID, TextColumn, TimeElapsedColumn
+
+    from tandem.parties.progress import progress_bar
+
+    with progress_bar(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} batches  loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        enabled=progress,
+    ) as bar:
+        for epoch in range(epochs):
+            task = bar.add_task(f"epoch {epoch + 1}/{epochs}", total=n_batches, loss="-")
+
+            def show(_epoch: int, done: int, loss: float, task: TaskID = task) -> None:
+                bar.update(task, completed=done, loss=f"{loss:.4f}")
+
+            hist = await leader.fit(1, on_batch=show)
+            bar.update(task, loss=f"{hist[-1].loss:.4f}  n={leader.n_groups}")
+
+
+async def _time_schedules(
+    leader: SplitParty, follower: SplitParty, idx_list: list, tuned: int, chunks: int
+) -> tuple[dict[str, float], dict[str, tuple[str, Trace]]]:
+    """Time the same batches sequential (n=1, FIFO) and pipelined (``tuned`` n, priorities);
+    returns the seconds and the labelled trace of each.
+
+    Each timing starts with both parties idle and ends when BOTH finished the last batch (the
+    leader's run_batch returns before the follower's last backward and update)."""
+    timings, traces = {}, {}
+    for label, n, policy in (("sequential", 1, "fifo"), ("pipelined", tuned, "priority")):
+        tr = Trace()
+        for party in (leader, follower):
+            party.trace, party.config.policy = tr, policy
+        leader.config.chunks = chunks if policy == "priority" else 1  # sequential: whole
+        # one untimed batch first: shapes training never used (n = 1 after a tuned run,
+        # or whole groups after chunked ones) compile here, not inside the timing
+        await leader.run_batch(idx_list[0], n=n)
+        await follower.wait_batches(leader.batches_done)
+        tr.events.clear()  # the trace shows the timed batches only
+        t0 = time.perf_counter()
+        for idx in idx_list:
+            await leader.run_batch(idx, n=n)
+        await follower.wait_batches(leader.batches_done)
+        timings[label] = time.perf_counter() - t0
+        traces[label] = (f"{label} (n={n}, {policy})", tr)
+    for party in (leader, follower):
+        party.trace, party.config.policy = None, "priority"
+    return timings, traces
 
 
 async def demo_command(args) -> int:

@@ -1,5 +1,5 @@
 """Split-learning sub-commands: ``tandem demo``, ``tandem party --config F.toml`` and
-``tandem predict --config F.toml`` (`tandem.parties.split.predict_cli`)."""
+``tandem predict --config F.toml`` (`tandem.parties.split.process.predict_cli`)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ Example (a ``tandem predict`` could start the same way with its own ``spec``/``c
     async with connected(cfg) as session:        # closes the transport on exit
         session.spec, session.transport, session.step
 
-From the transport's start to the end of step 5 a `tandem.parties.split.notice.PeerWatch`
+From the transport's start to the end of step 5 a `tandem.parties.split.process.notice.PeerWatch`
 watches the peers; a failure of this party before or during these steps (except the
 negotiation's own refusals and aborts, which its protocol carries) is told to every peer by an
 abort notice before the exception propagates (`notice`, at most about 2 s).
@@ -31,8 +31,8 @@ running on failure (the transport is closed before the exception propagates). Er
 `PartyStartError` (peer unreachable, nothing from the leader in time),
 `tandem.parties.split.negotiate.NegotiationError` (spec refused; ``reasons`` per party),
 `tandem.errors.AuthenticationError` (the peer answered 401, or refuses our signature as we
-refuse its: wrong secret), `tandem.parties.split.notice.PeerAbortedError` (a peer stopped and
-said why).
+refuse its: wrong secret), `tandem.parties.split.process.notice.PeerAbortedError` (a peer
+stopped and said why).
 """
 
 from __future__ import annotations
@@ -52,12 +52,13 @@ from tandem.transports.base import (
     Transport,
 )
 
-from . import negotiate, notice
-from .admission import NegotiationAdmission, negotiation_streams
+from .. import negotiate
+from ..admission import NegotiationAdmission, negotiation_streams
+from ..compress import mismatch_reasons
+from ..spec import TaskSpec, build_spec, cut_of
+from . import notice
 from .build import PartyData, PartySetup
-from .compress import mismatch_reasons
 from .config import PartyConfigError
-from .spec import TaskSpec, build_spec, cut_of
 
 
 class PartyStartError(TandemError):

@@ -16,7 +16,7 @@ folder). The sections (docs/parties.md#configuration has the full table)::
     [checkpoint]  dir, every (batches), keep
 
 Checks that need the topology or a model built (a stage table naming no stage, the peers the
-topology needs) are the builder's (`tandem.parties.split.build`).
+topology needs) are the builder's (`tandem.parties.split.process.build`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from tandem.parties.config import Data, Http, Listen, Log, Model, Section, Secur
 from tandem.parties.config.base import Invalid, base_dir, resolve_file
 from tandem.parties.config.sections import Identities, Peers, Positive, exposure
 
-from .hyper import FOLLOWER_TRAIN_KEYS, Train
+from ..hyper import FOLLOWER_TRAIN_KEYS, Train
 
 
 class PartyConfigError(ConfigError):

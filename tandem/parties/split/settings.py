@@ -1,0 +1,106 @@
+"""The settings every party of a split-learning job agrees on (`SplitConfig`), the optimizers
+they name, and what `SplitParty.fit` returns per epoch (`EpochResult`).
+
+`tandem.parties.split.hyper` declares these fields once as the ``[train]`` TOML keys; the task
+spec hashes them, so the parties refuse to train on different settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import optax
+
+from tandem.engine.kernels import get_loss
+from tandem.engine.policy import Backpressure, as_policy
+from tandem.errors import ConfigError
+
+from .compress import CutCompressor
+from .metrics import Metric
+
+
+@dataclasses.dataclass
+class SplitConfig:
+    """Training settings every party must agree on (the leader's are authoritative for n).
+
+    ``groups``: an int ``n`` (fixed), or ``"auto"`` (tuned between batches).
+    ``chunks``: messages per group each way (`tandem.engine.plan`): the loss party computes per
+    message, so a group's gradient starts back after its first part instead of after the whole
+    group. Lowered to the smallest group's rows. ``threshold`` and ``capacity`` count groups'
+    worth of messages (a party queues up to ``capacity * chunks`` frames). ``policy``: the name
+    of a built-in scheduling policy (`tandem.engine.policy.POLICIES`), which the task spec
+    records; each batch runs with the policy named when it starts. ``compress``: how cut
+    messages travel (`tandem.parties.split.compress.KINDS`; ``"none"``, the default, trains
+    exactly), ``compress_topk`` the share of each row ``"topk"`` sends; the task spec records
+    both, and every party must use the leader's.
+    """
+
+    batch_size: int = 64
+    epochs: int = 10
+    groups: int | str = "auto"
+    chunks: int = 1
+    learning_rate: float = 1e-2
+    optimizer: str = "adam"
+    loss: str = "binary"
+    seed: int = 0
+    threshold: int = 4
+    capacity: int = 8
+    policy: str = "priority"
+    compress: str = "none"
+    compress_topk: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
+            raise ConfigError(f"groups must be a positive int or 'auto', got {self.groups!r}")
+        if not (isinstance(self.chunks, int) and self.chunks >= 1):
+            raise ConfigError(f"chunks must be a positive int, got {self.chunks!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(
+                f"unknown optimizer {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)}"
+            )
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
+        get_loss(self.loss)
+        Backpressure(self.threshold, self.capacity)
+        as_policy(self.policy)
+        self.compressor  # noqa: B018 - checks compress and compress_topk now
+
+    @property
+    def compressor(self) -> CutCompressor:
+        """The cut-layer compressor ``compress`` and ``compress_topk`` name."""
+        return CutCompressor(self.compress, self.compress_topk)
+
+    def make_optimizer(self) -> optax.GradientTransformation:
+        return OPTIMIZERS[self.optimizer](self.learning_rate)
+
+    @property
+    def backpressure(self) -> Backpressure:
+        return Backpressure(self.threshold, self.capacity)
+
+
+OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
+    "adam": optax.adam,
+    "sgd": optax.sgd,
+    "adamw": optax.adamw,
+    "momentum": lambda lr: optax.sgd(lr, 0.9),
+}
+
+
+@dataclasses.dataclass
+class EpochResult:
+    """One epoch of `SplitParty.fit`: its mean training loss per row, its training seconds, the
+    micro-batch count at its end, its batches, and the metrics of a validation run after it
+    (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`)."""
+
+    epoch: int
+    loss: float
+    seconds: float
+    n_groups: int
+    batches: int
+    validation: dict[str, Metric] = dataclasses.field(default_factory=dict)
+
+
+__all__ = ["OPTIMIZERS", "EpochResult", "SplitConfig"]
