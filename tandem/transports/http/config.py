@@ -181,6 +181,13 @@ class HttpConfig:
     shape_latency: float = 0.0
 
     def __post_init__(self) -> None:
+        problems = [*self._size_problems(), *self._credential_problems()]
+        problems += self._timing_problems()
+        if problems:
+            raise ValueError("invalid HttpConfig: " + "; ".join(problems))
+
+    def _size_problems(self) -> list[str]:
+        """What is wrong with the name, the counts and the byte limits."""
         problems = []
         if not isinstance(self.name, str) or not self.name or "\n" in self.name:
             problems.append(f"name must be a non-empty single-line string, got {self.name!r}")
@@ -201,6 +208,19 @@ class HttpConfig:
             )
         if self.max_frame_bytes < 1:
             problems.append(f"max_frame_bytes must be >= 1, got {self.max_frame_bytes}")
+        if self.inbound_budget is not None and self.inbound_budget < self.max_frame_bytes:
+            problems.append(
+                f"inbound_budget ({self.inbound_budget} bytes) must hold at least one frame of "
+                f"max_frame_bytes={self.max_frame_bytes}; raise it or lower max_frame_bytes"
+            )
+        for f in ("max_connections", "max_connections_per_address"):
+            if getattr(self, f) < 1:
+                problems.append(f"{f} must be >= 1, got {getattr(self, f)}")
+        return problems
+
+    def _credential_problems(self) -> list[str]:
+        """What is wrong with the secrets, keys, identities and who may read metrics."""
+        problems = []
         if self.secret is not None and (not isinstance(self.secret, bytes) or not self.secret):
             problems.append("secret must be non-empty bytes or None")
         if self.previous_secret is not None and (
@@ -215,14 +235,6 @@ class HttpConfig:
                 problems.append(f"{f} must be a non-empty single-line string or None, got {v!r}")
         if self.secret and self.previous_secret and len(self.keys()) < 2:
             problems.append("previous_key_id equals the current key id; give each key its own id")
-        if self.inbound_budget is not None and self.inbound_budget < self.max_frame_bytes:
-            problems.append(
-                f"inbound_budget ({self.inbound_budget} bytes) must hold at least one frame of "
-                f"max_frame_bytes={self.max_frame_bytes}; raise it or lower max_frame_bytes"
-            )
-        for f in ("max_connections", "max_connections_per_address"):
-            if getattr(self, f) < 1:
-                problems.append(f"{f} must be >= 1, got {getattr(self, f)}")
         if self.peer_identities is not None:
             for peer, ids in self.peer_identities.items():
                 if isinstance(ids, str) or not all(isinstance(i, str) and i for i in ids):
@@ -253,6 +265,11 @@ class HttpConfig:
                 "they are may join; set secret (or signing_key and roster) or list every "
                 "peer in peers"
             )
+        return problems
+
+    def _timing_problems(self) -> list[str]:
+        """What is wrong with the addresses, the link shaping and the timeouts."""
+        problems = []
         if self.advertise_url is not None and not str(self.advertise_url).startswith(
             ("http://", "https://")
         ):
@@ -285,8 +302,7 @@ class HttpConfig:
             problems.append(f"max_clock_skew must be >= 0 s, got {self.max_clock_skew!r}")
         if self.peer_timeout is not None and not self.peer_timeout > 0:
             problems.append(f"peer_timeout must be > 0 s or None, got {self.peer_timeout!r}")
-        if problems:
-            raise ValueError("invalid HttpConfig: " + "; ".join(problems))
+        return problems
 
     def budget_bytes(self) -> int:
         """The inbound byte budget in effect (``inbound_budget`` or its default)."""
