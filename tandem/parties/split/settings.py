@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import optax
 
@@ -17,7 +18,11 @@ from tandem.engine.policy import Backpressure, as_policy
 from tandem.errors import ConfigError
 
 from .compress import CutCompressor
+from .hyper import SPLIT_FIELDS, Train
 from .metrics import Metric
+
+#: `SplitConfig`'s defaults, read from the one declaration of the split hyper-parameters
+_DEFAULT: dict[str, Any] = {k: Train.model_fields[k].default for k in SPLIT_FIELDS}
 
 
 @dataclasses.dataclass
@@ -36,19 +41,21 @@ class SplitConfig:
     both, and every party must use the leader's.
     """
 
-    batch_size: int = 64
-    epochs: int = 10
-    groups: int | str = "auto"
-    chunks: int = 1
-    learning_rate: float = 1e-2
-    optimizer: str = "adam"
-    loss: str = "binary"
-    seed: int = 0
-    threshold: int = 4
-    capacity: int = 8
-    policy: str = "priority"
-    compress: str = "none"
-    compress_topk: float = 0.1
+    # the fields of [train] whose role is "split" (`hyper.Train`, the one declaration: their
+    # order and defaults come from it; the types are restated here for the type checker)
+    batch_size: int = _DEFAULT["batch_size"]
+    epochs: int = _DEFAULT["epochs"]
+    groups: int | str = _DEFAULT["groups"]
+    chunks: int = _DEFAULT["chunks"]
+    learning_rate: float = _DEFAULT["learning_rate"]
+    optimizer: str = _DEFAULT["optimizer"]
+    loss: str = _DEFAULT["loss"]
+    seed: int = _DEFAULT["seed"]
+    threshold: int = _DEFAULT["threshold"]
+    capacity: int = _DEFAULT["capacity"]
+    policy: str = _DEFAULT["policy"]
+    compress: str = _DEFAULT["compress"]
+    compress_topk: float = _DEFAULT["compress_topk"]
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -80,6 +87,12 @@ class SplitConfig:
     def backpressure(self) -> Backpressure:
         return Backpressure(self.threshold, self.capacity)
 
+
+if tuple(f.name for f in dataclasses.fields(SplitConfig)) != SPLIT_FIELDS:  # pragma: no cover
+    raise ImportError(
+        "SplitConfig's fields differ from the split fields of hyper.Train; declare a split "
+        "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order"
+    )
 
 OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
     "adam": optax.adam,
