@@ -440,7 +440,9 @@ async def attack_memory(ctx: Ctx) -> dict[str, Any]:
                 "X-Tandem-Total": str(64 * MiB),
                 "X-Tandem-Spec": "",
             }
-            auth.sign(SECRET, "POST", FRAME, h, "0" * 64, receiver="leader", to=to)
+            auth.sign(
+                SECRET, "POST", FRAME, h, auth.DIGEST_PREFIX + "0" * 64, receiver="leader", to=to
+            )
             heads.append(h)
         got = await asyncio.gather(*(_partial_upload(lead, h, payload, 64 * MiB) for h in heads))
         statuses += [g for g in got if g is not None]  # None: no answer (the party finished)
