@@ -162,9 +162,17 @@ async def attack_forged_control(seconds: float, tries: int = 20) -> dict[str, An
 
     async def forge(parties: dict[str, Any]) -> dict[str, Any]:
         w1, ds0 = parties["workers"][1], parties["ds_t"][0]
-        # w1 knows ds0 from the coordinator's welcome; ds0 knows w1 once told to train it
-        while "ds0" not in w1.peers or "w1" not in ds0.peers:
+        # w1 knows ds0 from the coordinator's welcome; ds0 knows w1 once told to train it.
+        # A schedule that never sends w1 to ds0 early would leave this waiting past the
+        # job's end: after a bounded wait both learn the other's address as they would then
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        while ("ds0" not in w1.peers or "w1" not in ds0.peers) and loop.time() < deadline:
             await asyncio.sleep(0.02)
+        if "ds0" not in w1.peers:
+            w1.add_peer("ds0", ds0.url)
+        if "w1" not in ds0.peers:
+            ds0.add_peer("w1", w1.url)
         statuses: dict[str, int] = {}
         for _ in range(tries):
             try:
@@ -176,7 +184,9 @@ async def attack_forged_control(seconds: float, tries: int = 20) -> dict[str, An
             await asyncio.sleep(0.05)
         return statuses
 
-    s = await run_elastic(side=forge, seconds=seconds)
+    # four epochs: the job is still running while w1 forges (it must meet the role check,
+    # not a data server that has already stopped)
+    s = await run_elastic(side=forge, seconds=seconds, epochs=4)
     statuses = s["side"]
     refused = sum(n for k, n in statuses.items() if k.startswith("AdmissionError"))
     return {
