@@ -184,9 +184,7 @@ async def attack_forged_control(seconds: float, tries: int = 20) -> dict[str, An
             await asyncio.sleep(0.05)
         return statuses
 
-    # four epochs: the job is still running while w1 forges (it must meet the role check,
-    # not a data server that has already stopped)
-    s = await run_elastic(side=forge, seconds=seconds, epochs=4)
+    s = await run_elastic(side=forge, seconds=seconds)
     statuses = s["side"]
     refused = sum(n for k, n in statuses.items() if k.startswith("AdmissionError"))
     return {
