@@ -13,7 +13,10 @@ commands need comes as an extra, declared in ``pyproject.toml`` under
   ``tandem keys generate``);
 * ``parquet``: pyarrow, the reader of ``.csv`` and ``.parquet`` data files (`tandem.parties.data`);
 * ``flax``, ``equinox``: the model adapters of those libraries (`tandem.parties.models`);
-* ``tensorboard``: tensorboardX, the event files of ``[log] tensorboard`` (`tandem party`).
+* ``tensorboard``: tensorboardX, the event files of ``[log] tensorboard`` (`tandem party`);
+* ``privacy``: dp-accounting, the (epsilon, delta) accountant of the differential-privacy
+  defenses;
+* ``ray``: ray, elastic training and federated simulation placed on a Ray cluster.
 
 Code that needs an extra imports it lazily, inside the block of `needs` (or checks it early with
 `require`), so a missing extra becomes a `tandem.errors.MissingExtraError` (a ``ConfigError``:
@@ -39,6 +42,8 @@ EXTRAS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "flax": (("flax", "flax"),),
     "equinox": (("equinox", "equinox"),),
     "tensorboard": (("tensorboardx", "tensorboardX"),),  # normalised name (PEP 503)
+    "privacy": (("dp-accounting", "dp_accounting"),),
+    "ray": (("ray", "ray"),),
 }
 
 
