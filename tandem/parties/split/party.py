@@ -46,6 +46,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
+from ..privacy.label import randomize_labels
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
 from .metrics import Metric, metric_names, task_metrics
@@ -103,6 +104,11 @@ class SplitParty:
             for k, v in (datasets or {}).items()
         }
         self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
+        label_dp = self.config.privacy.label_dp
+        if label_dp is not None and "train" in self.labels:  # RR-with-prior, once, keyed by row
+            self.labels["train"] = randomize_labels(
+                self.labels["train"], label_dp, loss=self.config.loss, seed=self.config.privacy.seed
+            )
         #: Identifies this training run: drawn by the leader, carried by every ctl command,
         #: adopted by a follower from the leader's commands; exports record it so inference can
         #: refuse parts of different runs (`tandem.parties.split.inference`).
@@ -118,6 +124,7 @@ class SplitParty:
             key=jax.random.PRNGKey(self.config.seed),
             params=params,
             compressor=self.config.compressor,
+            privacy=self.config.privacy,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()
@@ -218,6 +225,7 @@ class SplitParty:
             train=train,
             chunks=chunks,
             row_ids=idx,
+            step=self._trained,
         )
         runtime.trace, runtime.policy = self.trace, as_policy(self.config.policy)
         runtime.bp = self.config.backpressure.scaled(chunks)

@@ -17,6 +17,7 @@ from tandem.engine.kernels import get_loss
 from tandem.engine.policy import Backpressure, as_policy
 from tandem.errors import ConfigError
 
+from ..privacy.config import Privacy, privacy_from
 from .compress import CutCompressor
 from .hyper import SPLIT_FIELDS, Train
 from .metrics import Metric
@@ -38,7 +39,9 @@ class SplitConfig:
     records; each batch runs with the policy named when it starts. ``compress``: how cut
     messages travel (`tandem.parties.split.compress.KINDS`; ``"none"``, the default, trains
     exactly), ``compress_topk`` the share of each row ``"topk"`` sends; the task spec records
-    both, and every party must use the leader's.
+    both, and every party must use the leader's. ``privacy``: the ``[privacy]`` defenses
+    (`tandem.parties.privacy.config.Privacy`, or its table as a mapping; None: all off), also
+    recorded in the task spec.
     """
 
     # the fields of [train] whose role is "split" (`hyper.Train`, the one declaration: their
@@ -56,8 +59,14 @@ class SplitConfig:
     policy: str = _DEFAULT["policy"]
     compress: str = _DEFAULT["compress"]
     compress_topk: float = _DEFAULT["compress_topk"]
+    # the [privacy] section (its own table, not a [train] key)
+    privacy: Privacy = dataclasses.field(default_factory=Privacy)
 
     def __post_init__(self) -> None:
+        try:
+            self.privacy = privacy_from(self.privacy)  # type: ignore[arg-type]
+        except ValueError as exc:
+            raise ConfigError(f"privacy: {exc}") from None
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
@@ -88,10 +97,11 @@ class SplitConfig:
         return Backpressure(self.threshold, self.capacity)
 
 
-if tuple(f.name for f in dataclasses.fields(SplitConfig)) != SPLIT_FIELDS:  # pragma: no cover
+if tuple(f.name for f in dataclasses.fields(SplitConfig)) != (*SPLIT_FIELDS, "privacy"):  # pragma: no cover
     raise ImportError(
         "SplitConfig's fields differ from the split fields of hyper.Train; declare a split "
-        "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order"
+        "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order, "
+        "before privacy"
     )
 
 OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {

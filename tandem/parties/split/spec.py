@@ -26,7 +26,10 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   recorded for table sources) and ``fingerprints`` (party -> the fingerprint of its training
   data and preprocessing, recorded when known), ``compress`` and, for ``"topk"``,
   ``compress_topk`` (cut-layer compression, `tandem.parties.split.compress`; recorded when not
-  ``"none"``: act and grad messages then carry that compressor's layout of the tensor);
+  ``"none"``: act and grad messages then carry that compressor's layout of the tensor),
+  ``privacy`` (the ``[privacy]`` seed and defense tables,
+  `tandem.parties.privacy.config.Privacy.spec_fields`; recorded when a defense is on or the
+  seed is not 0: every party trains with these defenses);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
@@ -52,6 +55,8 @@ import orjson
 from tandem.engine.topology import CUT_DTYPES, FEATURES, Topology
 from tandem.errors import ConfigError
 
+from ..privacy.config import mismatch_reasons as privacy_mismatch
+from ..privacy.config import privacy_from
 from .compress import from_hyper
 from .hyper import HYPER_KEYS, SPEC_DEFAULTS
 
@@ -133,6 +138,10 @@ class TaskSpec:
         missing += [k for k in SECURITY_KEYS if k not in data["security"]]
         if missing:
             raise SpecError(f"task spec lacks fields {missing}")
+        try:
+            privacy_from(data["hyper"].get("privacy"))
+        except ValueError as exc:
+            raise SpecError(f"task spec field hyper.privacy is malformed: {exc}") from None
         align = data.get("alignment")
         if align is not None and (
             not isinstance(align, Mapping) or set(align) != {"size", "commitment"}
@@ -186,6 +195,7 @@ class TaskSpec:
         alignment: Mapping[str, Any] | None = None,
         security: Mapping[str, Any] | None = None,
         topology: Mapping[str, Any] | None = None,
+        privacy: Mapping[str, Any] | None = None,
     ) -> list[str]:
         """Reasons why ``party`` cannot train this spec with what it holds ([] = accept).
 
@@ -198,6 +208,8 @@ class TaskSpec:
           alignment: its `AlignedIds.spec_fields`-like ``{"size", "commitment"}``, or None.
           security: its own security settings; the keys given must equal the spec's.
           topology: its own topology (`Topology.to_dict`), if it has one configured.
+          privacy: the ``[privacy]`` keys it states (`Privacy.stated`); each must equal the
+            leader's (``privacy.KEY: leader says X, this party says Y`` otherwise).
         """
         who = f"{party!r}"
         try:
@@ -223,6 +235,7 @@ class TaskSpec:
                     f"security setting {key!r}: {who} uses {value!r} but the spec "
                     f"says {self.security[key]!r}"
                 )
+        reasons += privacy_mismatch(self.hyper.get("privacy"), privacy or {})
         return reasons
 
     def _data_reasons(
@@ -362,6 +375,7 @@ def build_spec(
             **{k: hyper.get(k, default) for k, default in SPEC_DEFAULTS.items()},
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
             **from_hyper(hyper).spec_fields(),
+            **privacy_from(hyper.get("privacy")).spec_fields(),
             **({"validation_samples": int(validation_samples)} if validation_samples else {}),
             **({} if split is None else {"split": dict(split)}),
             **({} if not fingerprints else {"fingerprints": dict(fingerprints)}),

@@ -37,6 +37,8 @@ from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
 
+from ..privacy.config import Privacy
+from ..privacy.cut import CutDefenses
 from .compress import CutCompressor, Feedback, payload_arrays
 
 
@@ -55,6 +57,7 @@ class StageHandler:
         key: jax.Array | None = None,
         params: Mapping[str, Any] | None = None,
         compressor: CutCompressor | None = None,
+        privacy: Privacy | None = None,
     ) -> None:
         self.topology = topology
         #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
@@ -96,6 +99,17 @@ class StageHandler:
         self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()
+        #: the [privacy] defenses at the cut (`tandem.parties.privacy.cut`): two hooks below
+        self.defenses = CutDefenses(
+            privacy,
+            label_owner=owns_loss,
+            nopeek_stages={
+                s.name: self.models[s.name].apply
+                for s in self.stages.values()
+                if tuple(s.inputs) == (FEATURES,)
+                and any(c.name not in self.stages for c in topology.consumers(s.name))
+            },
+        )
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
 
     def _check_inputs(self) -> None:
@@ -123,11 +137,14 @@ class StageHandler:
         train: bool,
         chunks: int = 1,
         row_ids: np.ndarray | None = None,
+        step: int = 0,
     ) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
         the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows).
         ``row_ids``: the training-set ids of the batch's rows, which key the gradients' error
-        feedback (none without them)."""
+        feedback (none without them) and the [privacy] defenses' noise, with ``step`` (the
+        training step; no defense acts without row ids)."""
+        self.step = step
         self.row_ids = None if row_ids is None or not train else np.asarray(row_ids)
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
@@ -182,7 +199,13 @@ class StageHandler:
 
     def _scatter(self, channel: str, m: int, array, out: dict) -> None:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
-        (each encoded by the compressor unless it is ``"none"``)."""
+        (each encoded by the compressor unless it is ``"none"``), after the [privacy]
+        defenses of a training batch."""
+        if self.defenses.active and self.row_ids is not None:
+            lo, hi = self.bounds[m]
+            array = self.defenses.outgoing(
+                channel, array, ids=self.row_ids[lo:hi], step=self.step, rows=self.rows
+            )
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -231,9 +254,12 @@ class StageHandler:
         s, m = op.stage, op.mb
         k = self.kernels[s]
         if op.kind is Kind.UPDATE:
-            self.params[s], self.opt_state[s] = k.update(
-                self.params[s], self.opt_state[s], self.grads.pop(s)
-            )
+            grads = self.grads.pop(s)
+            if self.train and self.row_ids is not None and self.features is not None:
+                grads = self.defenses.regularise(
+                    s, self.params[s], grads, self.features[0 : self.rows]
+                )
+            self.params[s], self.opt_state[s] = k.update(self.params[s], self.opt_state[s], grads)
             jax.block_until_ready(self.params[s])
             return out
         if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp

@@ -143,7 +143,9 @@ class PartySetup:
             if key in train:
                 train[key] = float(train[key])
         try:
-            return split_config_from(train)
+            return split_config_from(
+                {**train, **self.config.privacy.spec_fields()}, privacy=self.config.privacy
+            )
         except ConfigError as exc:
             raise PartyConfigError(f"{self.path}: [train] {exc}") from None
 
@@ -187,6 +189,7 @@ class PartySetup:
             )
         }
         out.update(sc.compressor.spec_fields())  # nothing for "none"
+        out.update(sc.privacy.spec_fields())  # nothing with every defense off and seed 0
         given = self.config.train.eval_batch_size
         out["eval_batch_size"] = int(given if given is not None else max(sc.batch_size, 256))
         out["checkpoint_every"] = self.checkpoint.every
@@ -509,11 +512,17 @@ def _talks_to(topo: Topology, name: str) -> list[str]:
     return sorted(peers)
 
 
-def split_config_from(hyper: Mapping[str, Any]):
-    """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored)."""
+def split_config_from(hyper: Mapping[str, Any], *, privacy: Any = None):
+    """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored),
+    with the privacy ``hyper["privacy"]`` records and ``privacy``'s own audit keys (a party's
+    `tandem.parties.privacy.config.Privacy`; `agreed`)."""
+    from ...privacy.config import agreed
     from ..party import SplitConfig
 
-    return SplitConfig(**{k: v for k, v in hyper.items() if k in SPLIT_FIELDS})
+    return SplitConfig(
+        **{k: v for k, v in hyper.items() if k in SPLIT_FIELDS},
+        privacy=agreed(hyper.get("privacy"), privacy),
+    )
 
 
 def _topology_ref(c: PartyConfig) -> TopologyRef:

@@ -14,6 +14,8 @@ folder). The sections (docs/parties.md#configuration has the full table)::
     [schema]      leader only: feature columns each other party holds
     [train]       leader only (a follower may state compress, compress_topk): `Train`
     [checkpoint]  dir, every (batches), keep
+    [privacy]     the defenses and the audit (`tandem.parties.privacy.config.Privacy`); the
+                  leader's defenses bind (task spec), a follower may state them to check
 
 Checks that need the topology or a model built (a stage table naming no stage, the peers the
 topology needs) are the builder's (`tandem.parties.split.process.build`).
@@ -33,6 +35,7 @@ from tandem.parties.config import Data, Http, Listen, Log, Model, Section, Secur
 from tandem.parties.config.base import Invalid, base_dir, resolve_file
 from tandem.parties.config.sections import Identities, Peers, Positive, exposure
 
+from ...privacy.config import Privacy
 from ..hyper import FOLLOWER_TRAIN_KEYS, Train
 
 
@@ -193,6 +196,7 @@ class PartyConfig(Section):
     train: Train = Train()
     checkpoint: Checkpoint = Checkpoint()
     log: Log = Log()
+    privacy: Privacy = Privacy()
 
     @field_validator("data", mode="before")
     @classmethod

@@ -231,6 +231,7 @@ def follower_check(
             alignment=data.alignment,
             security=cfg.security(),
             topology=cfg.topology().to_dict(),
+            privacy=cfg.config.privacy.stated(),
         )
         hyper = spec.hyper
         reasons += mismatch_reasons(cfg.name, hyper, cfg.train)

@@ -77,7 +77,7 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
         transport,
         datasets=data.datasets(),
         labels=data.labels(),
-        config=split_config_from(spec.hyper),
+        config=split_config_from(spec.hyper, privacy=cfg.config.privacy),
     )
 
 
