@@ -60,13 +60,22 @@ def test_gradient_dp_bounds_each_rows_gradient_of_its_own_loss():
     rows = 32
     g = _x(rows) / rows  # the cut gradient of a batch's mean loss
     out = defend_gradient(
-        g, alignment=None, dp=GradientDP(clip=0.5, noise_multiplier=0.0), seed=0, step=0,
-        ids=np.arange(rows), rows=rows,
+        g,
+        alignment=None,
+        dp=GradientDP(clip=0.5, noise_multiplier=0.0),
+        seed=0,
+        step=0,
+        ids=np.arange(rows),
+        rows=rows,
     )
     assert (row_norms(out * rows) <= 0.5 + 1e-5).all()
     noisy = defend_gradient(
-        np.zeros((ROWS, WIDTH), np.float32), alignment=None,
-        dp=GradientDP(clip=0.5, noise_multiplier=1.0), seed=0, step=0, ids=np.arange(ROWS),
+        np.zeros((ROWS, WIDTH), np.float32),
+        alignment=None,
+        dp=GradientDP(clip=0.5, noise_multiplier=1.0),
+        seed=0,
+        step=0,
+        ids=np.arange(ROWS),
         rows=1,
     )
     assert noisy.std() == pytest.approx(0.5, rel=0.02) and abs(noisy.mean()) < 0.01
@@ -75,16 +84,26 @@ def test_gradient_dp_bounds_each_rows_gradient_of_its_own_loss():
 def test_norm_alignment_gives_every_row_one_norm_so_the_norm_attack_reads_nothing():
     g = _x(256) * np.random.default_rng(1).uniform(0.01, 10, size=(256, 1)).astype(np.float32)
     out = defend_gradient(
-        g, alignment=GradientAlignment(norm=2.0, noise=0.0), dp=None, seed=0, step=0,
-        ids=np.arange(256), rows=1,
+        g,
+        alignment=GradientAlignment(norm=2.0, noise=0.0),
+        dp=None,
+        seed=0,
+        step=0,
+        ids=np.arange(256),
+        rows=1,
     )
     np.testing.assert_allclose(row_norms(out), 2.0, rtol=1e-5)
     # direction kept without noise; the noise is std noise * norm per coordinate
     cos = np.sum(out * g, 1) / row_norms(out) / row_norms(g)
     np.testing.assert_allclose(cos, 1.0, rtol=1e-5)
     noisy = defend_gradient(
-        np.zeros((ROWS, WIDTH), np.float32) + 1e-3, alignment=GradientAlignment(norm=2.0, noise=0.5),
-        dp=None, seed=0, step=0, ids=np.arange(ROWS), rows=1,
+        np.zeros((ROWS, WIDTH), np.float32) + 1e-3,
+        alignment=GradientAlignment(norm=2.0, noise=0.5),
+        dp=None,
+        seed=0,
+        step=0,
+        ids=np.arange(ROWS),
+        rows=1,
     )
     assert (noisy - np.mean(noisy, 0)).std() == pytest.approx(1.0, rel=0.03)
 
@@ -121,7 +140,8 @@ def test_rr_with_prior_keeps_only_the_classes_worth_randomizing_over():
 def test_distance_correlation_is_one_for_a_similarity_and_small_for_independence():
     x = jax.numpy.asarray(_x(300, 4))
     assert float(distance_correlation(x, 2.0 * x + 1.0)) == pytest.approx(1.0, abs=1e-3)
-    assert float(distance_correlation(x, jax.numpy.asarray(_x(300, 4, seed=9)))) < 0.3  # V-statistic bias at 300 rows
+    other = jax.numpy.asarray(_x(300, 4, seed=9))
+    assert float(distance_correlation(x, other)) < 0.3  # the V-statistic's bias at 300 rows
 
 
 def test_the_accountant_composes_steps_and_grows_with_them():
@@ -156,15 +176,30 @@ def train(privacy: Privacy, *, groups: int, chunks: int = 1, compress: str = "no
     async def run():
         net = MemoryNetwork()
         cfg = SplitConfig(
-            batch_size=48, groups=groups, chunks=chunks, loss="binary", learning_rate=0.05,
-            optimizer="sgd", compress=compress, privacy=privacy,
+            batch_size=48,
+            groups=groups,
+            chunks=chunks,
+            loss="binary",
+            learning_rate=0.05,
+            optimizer="sgd",
+            compress=compress,
+            privacy=privacy,
         )
         leader = SplitParty(
-            "leader", topo, models, net.endpoint("leader"), datasets={"train": xl},
-            labels={"train": y}, config=cfg,
+            "leader",
+            topo,
+            models,
+            net.endpoint("leader"),
+            datasets={"train": xl},
+            labels={"train": y},
+            config=cfg,
         )
         follower = SplitParty(
-            "follower", topo, models, net.endpoint("follower"), datasets={"train": xf},
+            "follower",
+            topo,
+            models,
+            net.endpoint("follower"),
+            datasets={"train": xf},
             config=cfg,
         )
         async with asyncio.TaskGroup() as tg:
@@ -178,7 +213,9 @@ def train(privacy: Privacy, *, groups: int, chunks: int = 1, compress: str = "no
 
 
 DEFENSES = {
-    "gradient_alignment": Privacy(seed=2, gradient_alignment=GradientAlignment(norm=0.5, noise=0.3)),
+    "gradient_alignment": Privacy(
+        seed=2, gradient_alignment=GradientAlignment(norm=0.5, noise=0.3)
+    ),
     "gradient_dp": Privacy(seed=2, gradient_dp=GradientDP(clip=0.5, noise_multiplier=0.5)),
     "activation_dp": Privacy(seed=2, activation_dp=ActivationDP(clip=1.0, noise_multiplier=0.5)),
     "nopeek": Privacy(seed=2, nopeek=NoPeek(weight=0.5)),

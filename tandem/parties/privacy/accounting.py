@@ -14,6 +14,8 @@ import functools
 
 from tandem._extras import needs
 
+from .config import Privacy
+
 
 @functools.lru_cache(maxsize=256)
 def activation_epsilon(
@@ -33,4 +35,18 @@ def activation_epsilon(
     return float(accountant.get_epsilon(float(delta)))
 
 
-__all__ = ["activation_epsilon"]
+def epoch_report(
+    privacy: Privacy, *, batch_size: int, samples: int, steps: int
+) -> dict[str, float]:
+    """What an epoch's history records of the privacy spent: ``privacy_epsilon`` (and its
+    ``privacy_delta``) of activation DP after ``steps`` training steps on batches of
+    ``batch_size`` of ``samples`` rows; ``{}`` without activation DP. The parameters are the
+    negotiated spec's, so the leader reports the followers' spend."""
+    dp = privacy.activation_dp
+    if dp is None or samples <= 0:
+        return {}
+    eps = activation_epsilon(dp.noise_multiplier, batch_size / samples, steps, dp.delta)
+    return {"privacy_epsilon": eps, "privacy_delta": dp.delta}
+
+
+__all__ = ["activation_epsilon", "epoch_report"]

@@ -144,7 +144,9 @@ def agreed(spec_privacy: Mapping[str, Any] | None, local: Privacy | None = None)
     return privacy_from({**privacy_from(spec_privacy).model_dump(include=set(SPEC_KEYS)), **own})
 
 
-def mismatch_reasons(spec_privacy: Mapping[str, Any] | None, stated: Mapping[str, Any]) -> list[str]:
+def mismatch_reasons(
+    spec_privacy: Mapping[str, Any] | None, stated: Mapping[str, Any]
+) -> list[str]:
     """Why a party refuses a spec whose privacy differs from what it states ([] = agree):
     one ``privacy.KEY: leader says X, this party says Y`` per differing key of ``stated``
     (`Privacy.stated`; keys it does not state it adopts from the leader)."""

@@ -45,9 +45,11 @@ class CutDefenses:
             p.gradient_alignment is not None or p.gradient_dp is not None
         )
         self.activations = p.activation_dp is not None
-        self._nopeek = {
-            s: nopeek_grads(apply) for s, apply in (nopeek_stages or {}).items()
-        } if p.nopeek is not None else {}
+        self._nopeek = (
+            {s: nopeek_grads(apply) for s, apply in (nopeek_stages or {}).items()}
+            if p.nopeek is not None
+            else {}
+        )
 
     @property
     def active(self) -> bool:

@@ -76,7 +76,7 @@ def classes_of(labels: np.ndarray, loss: str) -> int:
     if loss == "binary" and flat.size and flat.max() > 1:
         raise ConfigError(
             'privacy.label_dp: loss = "binary" needs labels 0 and 1, got a label '
-            f"{flat.max()!r}; use loss = \"softmax\" for more classes"
+            f'{flat.max()!r}; use loss = "softmax" for more classes'
         )
     return max(k, 1)
 
@@ -116,8 +116,8 @@ def randomize_labels(
     u = noise.row_uniform(seed, noise.LABEL_DP, 0, ids, (2,)).astype(np.float64)
     keep = u[:, 0] < math.exp(config.epsilon) / (math.exp(config.epsilon) + k - 1)
     pos = np.full(len(cls), -1)
-    for j, c in enumerate(cand):
-        pos[cls == c] = j
+    for rank, c in enumerate(cand):
+        pos[cls == c] = rank
     inside = pos >= 0
     # another candidate than the own one: index in 0..k-2, shifted past the own position
     other = np.minimum((u[:, 1] * max(k - 1, 1)).astype(np.int64), max(k - 2, 0))

@@ -231,6 +231,7 @@ class Reporter:
             "val_seconds": val_seconds,
             "n_groups": result.n_groups,
             "batches": result.batches,
+            **result.privacy,
         }
         improved = self._observe(record)
         if improved and self.config.keeps_best:
@@ -279,6 +280,7 @@ class Reporter:
                 "stopped": self.stopped_early,
                 "parameters": parameters,
             }
+        out.update({k: v for k, v in (self.last or {}).items() if k.startswith("privacy_")})
         out["epochs_done"] = None if self.last is None else int(self.last["epoch"]) + 1
         out["history"] = self.config.history
         out["tensorboard"] = self.config.tensorboard

@@ -64,7 +64,7 @@ class SplitConfig:
 
     def __post_init__(self) -> None:
         try:
-            self.privacy = privacy_from(self.privacy)  # type: ignore[arg-type]
+            self.privacy = privacy_from(self.privacy)
         except ValueError as exc:
             raise ConfigError(f"privacy: {exc}") from None
         if self.batch_size < 1:
@@ -97,7 +97,10 @@ class SplitConfig:
         return Backpressure(self.threshold, self.capacity)
 
 
-if tuple(f.name for f in dataclasses.fields(SplitConfig)) != (*SPLIT_FIELDS, "privacy"):  # pragma: no cover
+if tuple(f.name for f in dataclasses.fields(SplitConfig)) != (
+    *SPLIT_FIELDS,
+    "privacy",
+):  # pragma: no cover
     raise ImportError(
         "SplitConfig's fields differ from the split fields of hyper.Train; declare a split "
         "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order, "
@@ -115,8 +118,9 @@ OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
 @dataclasses.dataclass
 class EpochResult:
     """One epoch of `SplitParty.fit`: its mean training loss per row, its training seconds, the
-    micro-batch count at its end, its batches, and the metrics of a validation run after it
-    (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`)."""
+    micro-batch count at its end, its batches, the metrics of a validation run after it
+    (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`) and
+    its privacy keys."""
 
     epoch: int
     loss: float
@@ -124,6 +128,9 @@ class EpochResult:
     n_groups: int
     batches: int
     validation: dict[str, Metric] = dataclasses.field(default_factory=dict)
+    #: what the epoch spent or revealed of the privacy ([privacy]): history keys and values,
+    #: e.g. ``privacy_epsilon`` (`tandem.parties.privacy.accounting.epoch_report`)
+    privacy: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 __all__ = ["OPTIMIZERS", "EpochResult", "SplitConfig"]

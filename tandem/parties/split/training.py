@@ -42,6 +42,7 @@ from tandem.engine.microbatch import GroupTuner, TunerState
 from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.transports.base import Transport
 
+from ..privacy.accounting import epoch_report
 from .admission import PlanAdmission
 from .command_rows import Draw
 from .settings import EpochResult, SplitConfig
@@ -73,6 +74,9 @@ class SplitParty(Protocol):
 
     @property
     def batches_done(self) -> int: ...
+
+    @property
+    def step(self) -> int: ...
 
     def _runtime(self, lane: Any) -> PartyRuntime: ...
 
@@ -196,6 +200,12 @@ class Fit:
         seconds = time.perf_counter() - t0
         result = EpochResult(
             epoch, total / max(rows, 1), seconds, party.n_groups, len(batches) - skip
+        )
+        result.privacy = epoch_report(
+            party.config.privacy,
+            batch_size=party.config.batch_size,
+            samples=len(party.labels.get("train", ())),
+            steps=party.step,
         )
         return result, stop
 
