@@ -238,3 +238,28 @@ def test_each_defense_gives_the_same_parameters_for_groups_1_2_and_4(name):
         got = train(DEFENSES[name], groups=groups, chunks=chunks)
         _close(got[0], ref[0])
         _close(got[1], ref[1])
+
+
+@pytest.mark.parametrize("compress", ["int8", "topk"])
+def test_a_defense_composes_with_cut_compression_for_any_micro_batching(compress):
+    """Defended, then compressed (int8 scales and top-k error feedback are per row): groups 1
+    and 3 (with chunks) still agree."""
+    privacy = Privacy(
+        seed=1,
+        gradient_dp=GradientDP(clip=0.5, noise_multiplier=0.3),
+        activation_dp=ActivationDP(clip=1.0, noise_multiplier=0.3),
+    )
+    ref = train(privacy, groups=1, compress=compress)
+    got = train(privacy, groups=3, chunks=2, compress=compress)
+    _close(got[0], ref[0])
+    _close(got[1], ref[1])
+
+
+def test_split_config_takes_the_privacy_table_as_a_mapping_and_checks_it():
+    cfg = SplitConfig(privacy={"seed": 3, "nopeek": {"weight": 0.5}})
+    assert cfg.privacy == Privacy(seed=3, nopeek=NoPeek(weight=0.5))
+    assert SplitConfig().privacy == Privacy()
+    with pytest.raises(ConfigError, match="nopeek.weight"):
+        SplitConfig(privacy={"nopeek": {"weight": -1.0}})
+    with pytest.raises(ConfigError, match="loss is 'mse'"):
+        SplitConfig(loss="mse", privacy={"label_dp": {"epsilon": 1.0}})

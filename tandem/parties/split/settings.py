@@ -80,6 +80,11 @@ class SplitConfig:
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         get_loss(self.loss)
+        if self.privacy.label_dp is not None and self.loss not in ("binary", "softmax"):
+            raise ConfigError(
+                f"privacy.label_dp randomizes class labels, but loss is {self.loss!r}; use it "
+                'with loss = "binary" or "softmax", or remove [privacy.label_dp]'
+            )
         Backpressure(self.threshold, self.capacity)
         as_policy(self.policy)
         self.compressor  # noqa: B018 - checks compress and compress_topk now
