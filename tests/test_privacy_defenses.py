@@ -183,7 +183,6 @@ def train(privacy: Privacy, *, groups: int, chunks: int = 1, compress: str = "no
             learning_rate=0.05,
             optimizer="sgd",
             compress=compress,
-            privacy=privacy,
         )
         leader = SplitParty(
             "leader",
@@ -193,6 +192,7 @@ def train(privacy: Privacy, *, groups: int, chunks: int = 1, compress: str = "no
             datasets={"train": xl},
             labels={"train": y},
             config=cfg,
+            privacy=privacy,
         )
         follower = SplitParty(
             "follower",
@@ -201,6 +201,7 @@ def train(privacy: Privacy, *, groups: int, chunks: int = 1, compress: str = "no
             net.endpoint("follower"),
             datasets={"train": xf},
             config=cfg,
+            privacy=privacy,
         )
         async with asyncio.TaskGroup() as tg:
             tg.create_task(follower.serve())
@@ -255,11 +256,27 @@ def test_a_defense_composes_with_cut_compression_for_any_micro_batching(compress
     _close(got[1], ref[1])
 
 
-def test_split_config_takes_the_privacy_table_as_a_mapping_and_checks_it():
-    cfg = SplitConfig(privacy={"seed": 3, "nopeek": {"weight": 0.5}})
-    assert cfg.privacy == Privacy(seed=3, nopeek=NoPeek(weight=0.5))
-    assert SplitConfig().privacy == Privacy()
+def test_a_party_takes_the_privacy_table_as_a_mapping_and_checks_it():
+    xl, _, y = _data()
+    topo, models, net = leader_follower(), _models(), MemoryNetwork()
+
+    def leader(privacy, loss="binary"):
+        return SplitParty(
+            "leader",
+            topo,
+            models,
+            net.endpoint("leader"),
+            datasets={"train": xl},
+            labels={"train": y},
+            config=SplitConfig(loss=loss),
+            privacy=privacy,
+        )
+
+    party = leader({"seed": 3, "nopeek": {"weight": 0.5}})
+    assert party.privacy == Privacy(seed=3, nopeek=NoPeek(weight=0.5))
     with pytest.raises(ConfigError, match="nopeek.weight"):
-        SplitConfig(privacy={"nopeek": {"weight": -1.0}})
+        leader({"nopeek": {"weight": -1.0}})
     with pytest.raises(ConfigError, match="loss is 'mse'"):
-        SplitConfig(loss="mse", privacy={"label_dp": {"epsilon": 1.0}})
+        leader({"label_dp": {"epsilon": 1.0}}, loss="mse")
+    flipped = leader({"label_dp": {"epsilon": 0.5, "prior": "uniform"}}).labels["train"]
+    assert 0 < np.mean(flipped != y) < 0.6  # the labels it trains on are randomized

@@ -22,11 +22,12 @@ Each defense is a table of its own; a table present turns the defense on (absent
     [privacy.nopeek]               # feature owners: distance-correlation regulariser (NoPeek)
     weight = 0.1
 
-Negotiation: the leader's `Privacy.spec_fields` (``seed`` and every defense table) go into the
-task spec's ``hyper["privacy"]`` when any differs from the defaults, so they are part of the spec
-hash; a party stating a key otherwise refuses the spec (`mismatch_reasons`), and every party
-trains with the leader's. ``audit`` and ``audit_share`` are each party's own (the party whose
-secret is at stake runs the audit) and are not negotiated.
+In the Python API the same table is `tandem.parties.split.party.SplitParty`'s ``privacy``
+argument (a `Privacy` or a mapping). Negotiation: the leader's `Privacy.spec_fields` (``seed``
+and every defense table) go into the task spec's ``hyper["privacy"]`` when any differs from the
+defaults, so they are part of the spec hash; a party stating a key otherwise refuses the spec
+(`mismatch_reasons`), and every party trains with the leader's. ``audit`` and ``audit_share``
+are each party's own (the party whose secret is at stake runs the audit), not negotiated.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from tandem.errors import ConfigError
 from tandem.parties.config import Section
 
 #: the defense tables, in the order a party applies those of one boundary
@@ -137,6 +139,22 @@ def privacy_from(value: Privacy | Mapping[str, Any] | None) -> Privacy:
     return Privacy.model_validate(dict(value), strict=False)
 
 
+def checked(value: Privacy | Mapping[str, Any] | None, *, loss: str) -> Privacy:
+    """`privacy_from` ``value``, checked against the run's ``loss``: label DP randomizes
+    classes, so it needs ``"binary"`` or ``"softmax"``; `ConfigError` naming the key and the
+    fix otherwise (also for a malformed mapping)."""
+    try:
+        privacy = privacy_from(value)
+    except ValueError as exc:
+        raise ConfigError(f"[privacy] is malformed: {exc}") from None
+    if privacy.label_dp is not None and loss not in ("binary", "softmax"):
+        raise ConfigError(
+            f"privacy.label_dp randomizes class labels, but loss is {loss!r}; use it with "
+            'loss = "binary" or "softmax", or remove [privacy.label_dp]'
+        )
+    return privacy
+
+
 def agreed(spec_privacy: Mapping[str, Any] | None, local: Privacy | None = None) -> Privacy:
     """The `Privacy` a party trains with: the spec's negotiated keys (``hyper["privacy"]``;
     absent: all off), with the party's own ``audit`` and ``audit_share`` from ``local``."""
@@ -174,6 +192,7 @@ __all__ = [
     "NoPeek",
     "Privacy",
     "agreed",
+    "checked",
     "mismatch_reasons",
     "privacy_from",
 ]

@@ -11,6 +11,10 @@ where else it goes:
 ``checkpoint_every`` from ``[checkpoint] every``) all derive from it. Values are range-checked
 where they are used (`SplitConfig`, `tandem.parties.split.compress`, the reporting config), so
 a message names the fix there.
+
+The other negotiated section is ``[privacy]`` (`tandem.parties.privacy.config.Privacy`): a table
+of its own, carried as `SplitConfig`'s last field ``privacy`` and recorded in the spec's
+``hyper["privacy"]`` (`Privacy.spec_fields`).
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
+from ..privacy.config import Privacy, checked
 from ..privacy.label import randomize_labels
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
@@ -73,6 +74,9 @@ class SplitParty:
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
       optimizer: overrides ``config.optimizer`` with any optax transformation.
+      privacy: the ``[privacy]`` defenses and audit (`tandem.parties.privacy.config.Privacy`
+        or its table as a mapping; None: all off). Every party must pass the same defenses
+        (`tandem party` negotiates them in the task spec).
     """
 
     def __init__(
@@ -89,10 +93,13 @@ class SplitParty:
         optimizer: optax.GradientTransformation | None = None,
         params: Mapping[str, Any] | None = None,
         progress: bool = False,
+        privacy: Privacy | Mapping[str, Any] | None = None,
     ) -> None:
         self.name = name
         self.topology = topology
         self.config = config or SplitConfig()
+        #: the [privacy] section this party trains with
+        self.privacy = checked(privacy, loss=self.config.loss)
         self.transport = transport
         self.trace = trace
         self.progress = progress
@@ -104,10 +111,10 @@ class SplitParty:
             for k, v in (datasets or {}).items()
         }
         self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
-        label_dp = self.config.privacy.label_dp
+        label_dp = self.privacy.label_dp
         if label_dp is not None and "train" in self.labels:  # RR-with-prior, once, keyed by row
             self.labels["train"] = randomize_labels(
-                self.labels["train"], label_dp, loss=self.config.loss, seed=self.config.privacy.seed
+                self.labels["train"], label_dp, loss=self.config.loss, seed=self.privacy.seed
             )
         #: Identifies this training run: drawn by the leader, carried by every ctl command,
         #: adopted by a follower from the leader's commands; exports record it so inference can
@@ -124,7 +131,7 @@ class SplitParty:
             key=jax.random.PRNGKey(self.config.seed),
             params=params,
             compressor=self.config.compressor,
-            privacy=self.config.privacy,
+            privacy=self.privacy,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()

@@ -17,7 +17,6 @@ from tandem.engine.kernels import get_loss
 from tandem.engine.policy import Backpressure, as_policy
 from tandem.errors import ConfigError
 
-from ..privacy.config import Privacy, privacy_from
 from .compress import CutCompressor
 from .hyper import SPLIT_FIELDS, Train
 from .metrics import Metric
@@ -39,9 +38,8 @@ class SplitConfig:
     records; each batch runs with the policy named when it starts. ``compress``: how cut
     messages travel (`tandem.parties.split.compress.KINDS`; ``"none"``, the default, trains
     exactly), ``compress_topk`` the share of each row ``"topk"`` sends; the task spec records
-    both, and every party must use the leader's. ``privacy``: the ``[privacy]`` defenses
-    (`tandem.parties.privacy.config.Privacy`, or its table as a mapping; None: all off), also
-    recorded in the task spec.
+    both, and every party must use the leader's. (The ``[privacy]`` defenses, also in the
+    spec, are `SplitParty`'s ``privacy`` argument: a section of their own.)
     """
 
     # the fields of [train] whose role is "split" (`hyper.Train`, the one declaration: their
@@ -59,14 +57,8 @@ class SplitConfig:
     policy: str = _DEFAULT["policy"]
     compress: str = _DEFAULT["compress"]
     compress_topk: float = _DEFAULT["compress_topk"]
-    # the [privacy] section (its own table, not a [train] key)
-    privacy: Privacy = dataclasses.field(default_factory=Privacy)
 
     def __post_init__(self) -> None:
-        try:
-            self.privacy = privacy_from(self.privacy)
-        except ValueError as exc:
-            raise ConfigError(f"privacy: {exc}") from None
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if not (self.groups == "auto" or (isinstance(self.groups, int) and self.groups >= 1)):
@@ -80,11 +72,6 @@ class SplitConfig:
         if not self.learning_rate > 0:
             raise ConfigError(f"learning_rate must be > 0, got {self.learning_rate}")
         get_loss(self.loss)
-        if self.privacy.label_dp is not None and self.loss not in ("binary", "softmax"):
-            raise ConfigError(
-                f"privacy.label_dp randomizes class labels, but loss is {self.loss!r}; use it "
-                'with loss = "binary" or "softmax", or remove [privacy.label_dp]'
-            )
         Backpressure(self.threshold, self.capacity)
         as_policy(self.policy)
         self.compressor  # noqa: B018 - checks compress and compress_topk now
@@ -102,14 +89,10 @@ class SplitConfig:
         return Backpressure(self.threshold, self.capacity)
 
 
-if tuple(f.name for f in dataclasses.fields(SplitConfig)) != (
-    *SPLIT_FIELDS,
-    "privacy",
-):  # pragma: no cover
+if tuple(f.name for f in dataclasses.fields(SplitConfig)) != SPLIT_FIELDS:  # pragma: no cover
     raise ImportError(
         "SplitConfig's fields differ from the split fields of hyper.Train; declare a split "
-        "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order, "
-        "before privacy"
+        "hyper-parameter in hyper.Train and restate it in SplitConfig, in the same order"
     )
 
 OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {

@@ -43,6 +43,7 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.transports.base import Transport
 
 from ..privacy.accounting import epoch_report
+from ..privacy.config import Privacy
 from .admission import PlanAdmission
 from .command_rows import Draw
 from .settings import EpochResult, SplitConfig
@@ -64,6 +65,7 @@ class SplitParty(Protocol):
     handler: StageHandler
     admission: PlanAdmission
     labels: dict[str, np.ndarray]
+    privacy: Privacy
     history: list[EpochResult]
     followers: tuple[str, ...]
     n_groups: int
@@ -202,7 +204,7 @@ class Fit:
             epoch, total / max(rows, 1), seconds, party.n_groups, len(batches) - skip
         )
         result.privacy = epoch_report(
-            party.config.privacy,
+            party.privacy,
             batch_size=party.config.batch_size,
             samples=len(party.labels.get("train", ())),
             steps=party.step,

@@ -143,9 +143,7 @@ class PartySetup:
             if key in train:
                 train[key] = float(train[key])
         try:
-            return split_config_from(
-                {**train, **self.config.privacy.spec_fields()}, privacy=self.config.privacy
-            )
+            return split_config_from(train)
         except ConfigError as exc:
             raise PartyConfigError(f"{self.path}: [train] {exc}") from None
 
@@ -189,7 +187,7 @@ class PartySetup:
             )
         }
         out.update(sc.compressor.spec_fields())  # nothing for "none"
-        out.update(sc.privacy.spec_fields())  # nothing with every defense off and seed 0
+        out.update(self.config.privacy.spec_fields())  # nothing with defenses off and seed 0
         given = self.config.train.eval_batch_size
         out["eval_batch_size"] = int(given if given is not None else max(sc.batch_size, 256))
         out["checkpoint_every"] = self.checkpoint.every
@@ -438,6 +436,15 @@ def _check_stage_tables(cfg: PartySetup, topo: Topology) -> None:
                 )
 
 
+def _check_privacy(cfg: PartySetup) -> None:
+    from ...privacy.config import checked
+
+    try:
+        checked(cfg.config.privacy, loss=cfg.split_config().loss)
+    except ConfigError as exc:
+        raise PartyConfigError(f"{cfg.path}: {exc}") from None
+
+
 def _check_compress(train: Mapping[str, Any], path: str) -> None:
     from ..compress import from_hyper
 
@@ -512,17 +519,11 @@ def _talks_to(topo: Topology, name: str) -> list[str]:
     return sorted(peers)
 
 
-def split_config_from(hyper: Mapping[str, Any], *, privacy: Any = None):
-    """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored),
-    with the privacy ``hyper["privacy"]`` records and ``privacy``'s own audit keys (a party's
-    `tandem.parties.privacy.config.Privacy`; `agreed`)."""
-    from ...privacy.config import agreed
+def split_config_from(hyper: Mapping[str, Any]):
+    """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored)."""
     from ..party import SplitConfig
 
-    return SplitConfig(
-        **{k: v for k, v in hyper.items() if k in SPLIT_FIELDS},
-        privacy=agreed(hyper.get("privacy"), privacy),
-    )
+    return SplitConfig(**{k: v for k, v in hyper.items() if k in SPLIT_FIELDS})
 
 
 def _topology_ref(c: PartyConfig) -> TopologyRef:
@@ -579,6 +580,7 @@ def load_party_config(path: str | os.PathLike) -> PartySetup:
         )
     _check_stage_tables(cfg, topo)
     if cfg.is_leader:
+        _check_privacy(cfg)  # and [privacy] against the loss
         cfg.split_config()  # checks the [train] values now
         cfg.report_config()  # and the reporting keys (monitor names, the TensorBoard extra)
     elif cfg.train:

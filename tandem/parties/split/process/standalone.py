@@ -48,6 +48,7 @@ from tandem.errors import TandemError, TransportClosedError
 from tandem.parties.memory import peak_rss_bytes
 from tandem.transports.base import MetricsTransport
 
+from ...privacy.config import agreed
 from ..checkpoint import CheckpointStore
 from ..inference import export_party
 from ..negotiate import CTL
@@ -77,7 +78,8 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
         transport,
         datasets=data.datasets(),
         labels=data.labels(),
-        config=split_config_from(spec.hyper, privacy=cfg.config.privacy),
+        config=split_config_from(spec.hyper),
+        privacy=agreed(spec.hyper.get("privacy"), cfg.config.privacy),
     )
 
 
