@@ -2,7 +2,7 @@
 
 `group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups: the middle ones
 differ by at most one row, the first and last are half as large (a shorter pipeline fill and
-drain), so at most four shapes occur and jitted kernels trace at most four times per ``n``.
+drain), so at most four sizes occur per ``n`` (each run at its `bucket_rows` size).
 
 `rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
 clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches (docs/design.md,
@@ -34,9 +34,9 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     gradient link idles until the first group went forward, across the link and through the
     loss, and the last group's backward waits until every gradient has arrived. Both waits
     scale with the end groups' size, so halving those shortens the batch by about one middle
-    group's transfer and compute while costing no extra op. At most four shapes occur (ends
-    and middles, each possibly one row apart), so jitted kernels trace at most four times
-    per ``n``.
+    group's transfer and compute while costing no extra op. At most four sizes occur (ends
+    and middles, each possibly one row apart); the kernels run each at its `bucket_rows`
+    size.
     """
     if batch < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch}")
