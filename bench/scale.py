@@ -44,8 +44,16 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
 (4M ÷ 100k; target >= 0.9), ``rss_vs_data`` (largest party ratio at the largest size; target
 <= 2), ``auc_joint``, ``auc_leader_only`` and ``auc_vs_centralized`` (|joint - centralized|;
 target <= 0.002) at the reference size (1M when run, else the largest), ``link_bytes_ratio``
-there with ``--compress``; ``params``; ``loadavg`` (``os.getloadavg()`` at the end); ``cpus``.
-A size not run gives null for the keys that need it.
+there with ``--compress``; ``auto_vs_best_fixed`` (target >= 0.95) and
+``first_epoch_vs_steady`` (target <= 1.3) at the reference size; ``params``; ``loadavg``
+(``os.getloadavg()`` at the end); ``cpus``. A size not run gives null for the keys that need it.
+
+**The automatic count** (``--groups auto``, the default): up to ``--reference-max`` rows each
+``--fixed`` count (default 1, 2, 4) trains too (same data and settings), and the size's entry
+gets ``fixed_rows_per_s`` (each count's last epoch), ``best_fixed``, ``rows_per_s_all_epochs``
+(the automatic run's rows over every epoch, the first with its compilations and the tuner's
+search included), ``auto_vs_best_fixed`` = that ÷ the best fixed count's rows/s, and
+``first_epoch_vs_steady`` = the first epoch's seconds ÷ the last's.
 """
 
 from __future__ import annotations
@@ -101,9 +109,12 @@ class Settings:
     batch_size: int = 4096
     epochs: int = 2
     learning_rate: float = 0.002
-    #: fixed: every distinct micro-batch size compiles every kernel again, which an automatic
-    #: n exploring sizes pays inside the timed epochs (docs/scale-bench.md)
-    groups: int | str = 2
+    #: the default "auto": the tuner picks n between batches; micro-batches run at bucketed
+    #: sizes, so the counts it tries share their compiled kernels (docs/design.md)
+    groups: int | str = "auto"
+    #: with groups = "auto", the fixed counts also run (up to ``reference_max`` rows) for
+    #: ``auto_vs_best_fixed``; () skips them
+    fixed: tuple[int, ...] = (1, 2, 4)
     #: "one": party i's process (kernels included) is confined to CPU i mod cpus, so parties
     #: on one machine do not contend for its cores; "shared": each party's XLA uses every CPU
     #: (`party_launch`)
@@ -478,6 +489,19 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     lead = exact["results"][work.parties[0]]
     last = exact["history"][-1]
     log(f"{rows} rows: trained, last epoch {last['seconds']:.1f} s, test auc {lead['test_auc']}")
+    fixed_rates: dict[int, float] = {}
+    if settings.groups == "auto" and rows <= settings.reference_max:
+        for k in settings.fixed:
+            log(f"{rows} rows: again with the fixed groups = {k}")
+            run = train_parties(
+                work,
+                folder,
+                dataclasses.replace(settings, groups=k),
+                aligned=aligned,
+                secret=secret,
+                tag=f"_g{k}",
+            )
+            fixed_rates[k] = run["history"][-1]["seconds"]
     compressed = None
     if settings.compress != "none":
         log(f"{rows} rows: again with [train] compress = {settings.compress!r}")
@@ -503,6 +527,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     joint, alone = ref["joint"] or {}, ref["leader_only"] or {}
     train_rows = ref["train_rows"]
     rows_per_s = train_rows / last["seconds"]
+    fixed_rates = {k: train_rows / sec for k, sec in fixed_rates.items()}
     layout = work.columns()
     state_bytes = {
         p: 12 * ref["params_by_stage"][f"bottom_{p}"]
@@ -539,6 +564,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "centralized_epoch_s": [round(s, 3) for s in joint.get("epoch_s", [])],
         "vs_centralized": round(rows_per_s / joint["rows_per_s"], 3) if joint else None,
         "link_bytes": _link_bytes(lead),
+        **auto_figures([e["seconds"] for e in exact["history"]], train_rows, fixed_rates),
     }
     if compressed is not None:
         c_lead = compressed["results"][work.parties[0]]
@@ -552,6 +578,25 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         if c_lead.get("test_auc") is not None and lead.get("test_auc") is not None:
             entry["compressed"]["auc_delta"] = round(c_lead["test_auc"] - lead["test_auc"], 5)
     return entry
+
+
+def auto_figures(
+    epoch_s: Sequence[float], train_rows: int, fixed_rates: dict[int, float]
+) -> dict[str, Any]:
+    """The automatic count's figures of a run with ``epoch_s`` (every epoch's seconds) over
+    ``train_rows`` rows per epoch, against ``fixed_rates`` (each fixed count's rows/s, last
+    epoch): ``first_epoch_vs_steady`` (first epoch's seconds ÷ last's: compilation and the
+    tuner's search), ``auto_vs_best_fixed`` (rows/s over every epoch, the first included, ÷
+    the best fixed count's), ``best_fixed`` and ``fixed_rows_per_s``; None without fixed runs."""
+    auto = len(epoch_s) * train_rows / sum(epoch_s)
+    best = max(fixed_rates, key=fixed_rates.__getitem__, default=None)
+    return {
+        "first_epoch_vs_steady": round(epoch_s[0] / epoch_s[-1], 3),
+        "rows_per_s_all_epochs": round(auto, 1),
+        "fixed_rows_per_s": {str(k): round(v, 1) for k, v in sorted(fixed_rates.items())},
+        "best_fixed": best,
+        "auto_vs_best_fixed": None if best is None else round(auto / fixed_rates[best], 3),
+    }
 
 
 def _link_bytes(result: dict[str, Any]) -> int:
@@ -580,6 +625,8 @@ def summarize(entries: dict[int, dict[str, Any]], settings: Settings) -> dict[st
         if small and large
         else None,
         "rss_vs_data": max(biggest["rss_vs_data"].values()),
+        "auto_vs_best_fixed": ref.get("auto_vs_best_fixed"),
+        "first_epoch_vs_steady": ref.get("first_epoch_vs_steady"),
         "auc_joint": ref["auc_joint"],
         "auc_centralized": ref["auc_centralized"],
         "auc_leader_only": ref["auc_leader_only"],
@@ -616,7 +663,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=Settings.epochs)
     ap.add_argument("--learning-rate", type=float, default=Settings.learning_rate)
     ap.add_argument(
-        "--groups", default="2", help="micro-batches per batch: an int (default 2) or 'auto'"
+        "--groups",
+        default="auto",
+        help="micro-batches per batch: 'auto' (the default) or an int",
+    )
+    ap.add_argument(
+        "--fixed",
+        default=",".join(str(k) for k in Settings.fixed),
+        help="with --groups auto: fixed counts also run up to --reference-max rows, for "
+        "auto_vs_best_fixed (default 1,2,4; empty: none)",
     )
     ap.add_argument(
         "--align-max",
@@ -666,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
         epochs=args.epochs,
         learning_rate=args.learning_rate,
         groups=groups,
+        fixed=tuple(int(k) for k in args.fixed.split(",") if k.strip()),
         party_threads=args.party_threads,
         compress=args.compress,
         in_memory=args.in_memory,

@@ -182,6 +182,8 @@ class Job:
         ``compile_cache=False``: without the session's JAX compilation cache
         (tests/conftest.py), for a test that needs the run to last as long as it does with
         its compilations."""
+        if not compile_cache:  # nor the party's own cache ([checkpoint] compile_cache)
+            self.cfg[role].setdefault("checkpoint", {})["compile_cache"] = False
         self.write()
         out = self.folder / f"{role}{tag}.out"
         err = self.folder / f"{role}{tag}.err"

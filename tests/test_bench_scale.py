@@ -11,6 +11,7 @@ from bench import ctr
 from bench.scale import (
     ONE_THREAD_XLA_FLAGS,
     Settings,
+    auto_figures,
     parse_size,
     party_launch,
     run_size,
@@ -39,6 +40,8 @@ ENTRY_KEYS = {
     "centralized_rows_per_s",
     "vs_centralized",
     "link_bytes",
+    "first_epoch_vs_steady",
+    "auto_vs_best_fixed",
 }
 TOP_KEYS = {
     "vs_centralized",
@@ -50,6 +53,8 @@ TOP_KEYS = {
     "params",
     "sizes",
     "loadavg",
+    "auto_vs_best_fixed",
+    "first_epoch_vs_steady",
 }
 
 
@@ -61,6 +66,15 @@ def test_parse_size():
         3000,
         2500,
     ]
+
+
+def test_auto_figures_compare_every_epoch_with_the_best_fixed_count():
+    out = auto_figures([3.0, 2.0, 2.0], 1000, {1: 400.0, 2: 500.0, 4: 450.0})
+    assert out["first_epoch_vs_steady"] == 1.5
+    assert out["rows_per_s_all_epochs"] == round(3000 / 7, 1)
+    assert out["best_fixed"] == 2 and out["auto_vs_best_fixed"] == round(3000 / 7 / 500, 3)
+    none = auto_figures([1.0], 10, {})
+    assert none["best_fixed"] is None and none["auto_vs_best_fixed"] is None
 
 
 def test_party_launch_confines_each_party_to_one_cpu(monkeypatch):
@@ -99,6 +113,7 @@ def test_bench_scale_tiny(tmp_path):
     assert all(v > 0 for v in entry["rss_mb"].values())
     assert entry["rows_per_s"] > 0 and entry["centralized_rows_per_s"] > 0
     assert len(entry["epoch_s"]) == 4
+    assert entry["auto_vs_best_fixed"] is None  # a fixed count: no comparison runs
     # one micro-batch per batch: the pipelined run is the centralized one up to float order
     assert out["auc_vs_centralized"] < 0.01
     assert out["auc_joint"] > out["auc_leader_only"]

@@ -6,10 +6,12 @@ A `StageModel` is an ``(init, apply)`` pair: ``init(key) -> params`` and
 * ``forward(params, *xs) -> (out, vjp)``  the output and its pullback (residuals kept, so the
   backward pass does not recompute the forward);
 * ``backward(vjp, cot, acc) -> (acc + param_grads, input_grads)``;
-* ``loss_step(params, acc, loss_acc, labels, scale, *xs) -> (acc + param_grads,
+* ``loss_step(params, acc, loss_acc, labels, scale, *xs, mask=None) -> (acc + param_grads,
   loss_acc + loss, logits, input_grads)`` for the loss stage, fusing forward and backward;
   ``scale`` is the micro-batch's share ``1/B`` so summed micro-batch gradients equal the full
-  batch's mean-loss gradient;
+  batch's mean-loss gradient; ``mask`` (``bool[rows]``, optional) marks the real rows of a
+  group padded to a bucket size (`tandem.engine.microbatch.bucket_rows`): the others add
+  nothing to the loss, and so nothing to any gradient;
 * ``predict(params, *xs)``; ``zeros(params)`` (a fresh accumulator);
   ``update(params, opt_state, grads)`` (optax).
 
@@ -377,14 +379,19 @@ class StageKernels:
         self.init_opt = optimizer.init
         if loss is not None:
 
-            def loss_step(params, acc, loss_acc, labels, scale, *xs):
+            def loss_step(params, acc, loss_acc, labels, scale, *xs, mask=None):
                 self.traces["loss_step"] += 1
 
                 f, dxs = split(xs)
 
                 def objective(params, *dxs):
                     logits = f(params, *dxs)
-                    return scale * jnp.sum(loss(logits, labels)), logits
+                    per_row = loss(logits, labels)
+                    if mask is not None:  # padded rows: no loss, so no gradient (a select,
+                        # not a product, so even a non-finite loss there contributes nothing)
+                        keep = mask.reshape(mask.shape + (1,) * (per_row.ndim - 1))
+                        per_row = jnp.where(keep, per_row, jnp.zeros_like(per_row))
+                    return scale * jnp.sum(per_row), logits
 
                 argnums = tuple(range(len(dxs) + 1))
                 (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(

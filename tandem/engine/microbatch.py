@@ -2,13 +2,17 @@
 
 `group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups: the middle ones
 differ by at most one row, the first and last are half as large (a shorter pipeline fill and
-drain), so at most four shapes occur and jitted kernels trace at most four times per ``n``.
+drain), so at most four sizes occur per ``n`` (each run at its `bucket_rows` size).
 
 `rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
 clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches (docs/design.md,
 "Micro-batching and choosing n"): a pure ``init`` / ``observe`` pair over an immutable
 `TunerState`. It starts from the rule, then hill-climbs on the measured wall time per batch,
 each count judged by the `trimmed_mean` of a few batches.
+
+`bucket_rows` maps a group's row count to the compiled shape it runs at: a geometric ladder of
+four sizes per octave, so the counts the tuner tries share a small set of kernel shapes
+(docs/design.md, "Bounded kernel shapes").
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     gradient link idles until the first group went forward, across the link and through the
     loss, and the last group's backward waits until every gradient has arrived. Both waits
     scale with the end groups' size, so halving those shortens the batch by about one middle
-    group's transfer and compute while costing no extra op. At most four shapes occur (ends
-    and middles, each possibly one row apart), so jitted kernels trace at most four times
-    per ``n``.
+    group's transfer and compute while costing no extra op. At most four sizes occur (ends
+    and middles, each possibly one row apart); the kernels run each at its `bucket_rows`
+    size.
     """
     if batch < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch}")
@@ -53,6 +57,33 @@ def _even(start: int, stop: int, n: int) -> list[tuple[int, int]]:
         bounds.append((start, end))
         start = end
     return bounds
+
+
+#: The ladder's mantissas: sizes ``m * 2**e`` with ``m`` in this tuple (plus 1, 2 and 3), so
+#: consecutive sizes are at most 25 % apart.
+LADDER_STEPS = (4, 5, 6, 7)
+
+
+def bucket_rows(rows: int, cap: int) -> int:
+    """The row count a group of ``rows`` rows is padded to: the smallest size of the ladder
+    ``{1, 2, 3} | {m * 2**e : m in LADDER_STEPS}`` that is ``>= rows``, but never above
+    ``cap`` (the batch's rows: a batch's groups never need more, and ``cap`` itself is then the
+    one size off the ladder).
+
+    Invariant: ``rows <= bucket_rows(rows, cap) <= max(rows, cap)`` and, for ``rows <= cap``,
+    fewer than ``1.25 * rows + 1`` rows. However many counts ``n`` a batch of ``B`` rows is cut
+    into, its groups run at one of at most ``4 * log2(B) + 4`` sizes, so a jitted kernel traces
+    at most that many times per input shape: a count whose groups fall into sizes already
+    compiled compiles nothing.
+    """
+    if rows < 1:
+        raise ConfigError(f"a group needs at least 1 row, got {rows}")
+    if rows <= 7:
+        size = rows
+    else:
+        e = rows.bit_length() - 3  # rows in [4 * 2**e, 8 * 2**e)
+        size = next(m << e for m in (*LADDER_STEPS, 8) if m << e >= rows)
+    return max(rows, min(size, cap))
 
 
 def chunk_bounds(bounds: Sequence[tuple[int, int]], chunks: int) -> list[tuple[int, int]]:

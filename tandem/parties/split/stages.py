@@ -16,6 +16,13 @@ every outgoing message is encoded (`_scatter`) and every arriving one checked an
 (``begin(row_ids=...)``), whose residuals this handler keeps across batches, one table per
 gradient channel. With ``"none"`` messages are the tensors themselves, as without it.
 
+Bounded shapes: each compute op runs its group padded with zero rows to
+`tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
+the kernels see a few shapes and compile each once. Padding stays inside the party: what it
+sends is sliced to the group's real rows (a peer pads what it receives itself), the loss
+stage masks the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents,
+and what they add to any parameter gradient, are zero; `predictions` returns real rows only.
+
 Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
 gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
 ``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
@@ -32,7 +39,7 @@ import optax
 
 from tandem.engine.data import BatchRows
 from tandem.engine.kernels import StageKernels, StageModel, owned_copy
-from tandem.engine.microbatch import chunk_bounds
+from tandem.engine.microbatch import bucket_rows, chunk_bounds
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
@@ -161,6 +168,8 @@ class StageHandler:
         self.bounds = self.msg_bounds if fine else bounds
         self.per_op = 1 if fine else chunks
         self.rows = bounds[-1][1] if bounds else 0
+        #: per compute op: the rows its kernels run at (its group padded to a bucket size)
+        self.padded = [bucket_rows(hi - lo, self.rows) for lo, hi in self.bounds]
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
         self.vjps: dict[tuple[str, int], Any] = {}
@@ -184,10 +193,23 @@ class StageHandler:
                     "without any; pass this party's feature rows to begin()"
                 )
             lo, hi = self.bounds[m]
-            return self.features[lo:hi]
+            return self._pad(self.features[lo:hi], m)
         if name in self.stages:
             return self.acts[(name, m)]
-        return self._gather(f"act/{name}->{stage}", m)
+        return self._pad(self._gather(f"act/{name}->{stage}", m), m)
+
+    def _pad(self, x: np.ndarray, m: int) -> np.ndarray:
+        """Host rows ``x`` of op ``m`` with zero rows appended up to its padded size (``x``
+        itself when its size is on the ladder)."""
+        extra = self.padded[m] - x.shape[0]
+        if extra == 0:
+            return x
+        return np.concatenate([x, np.zeros((extra, *x.shape[1:]), x.dtype)])
+
+    def _mask(self, m: int) -> np.ndarray:
+        """``bool[padded rows]`` of op ``m``: True on its real rows."""
+        lo, hi = self.bounds[m]
+        return np.arange(self.padded[m]) < hi - lo
 
     def _gather(self, channel: str, m: int) -> np.ndarray:
         """The arrived messages of op ``m`` on ``channel`` (taken out of the inbox), as one
@@ -208,7 +230,8 @@ class StageHandler:
             )
         if self.compressor.exact:
             if self.per_op == 1:
-                out[(channel, m)] = np.asarray(array)
+                lo, hi = self.bounds[m]
+                out[(channel, m)] = np.asarray(array)[: hi - lo]  # the real rows only
                 return
             host, base = np.asarray(array), self.bounds[m][0]
             for j in range(m * self.per_op, (m + 1) * self.per_op):
@@ -288,9 +311,10 @@ class StageHandler:
                     self.params[s],
                     self._acc(s),
                     loss,
-                    self.labels[lo:hi],
+                    self._pad(self.labels[lo:hi], m),
                     np.float32(1.0 / self.rows),
                     *xs,
+                    mask=self._mask(m),
                 )
                 self._route_input_grads(s, m, gxs, out)
             else:
@@ -300,7 +324,7 @@ class StageHandler:
             cot: jax.Array | np.ndarray | None = self.cots.pop((s, m), None)
             for consumer in self.topology.consumers(s):
                 if consumer.name not in self.stages:
-                    g = self._gather(f"grad/{s}->{consumer.name}", m)
+                    g = self._pad(self._gather(f"grad/{s}->{consumer.name}", m), m)
                     cot = g if cot is None else cot + g
             self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
             self._route_input_grads(s, m, input_grads, out)
@@ -369,8 +393,15 @@ class StageHandler:
         self.inbox[(op.channel, op.mb)] = c.decode(payload, expected[1:], dtype)
 
     def predictions(self) -> np.ndarray:
-        """The loss stage's logits of the bound batch, in row order."""
-        return np.concatenate([np.asarray(self.logits[m]) for m in sorted(self.logits)], axis=0)
+        """The loss stage's logits of the bound batch's real rows, in row order."""
+        return np.concatenate(
+            [
+                np.asarray(self.logits[m])[: hi - lo]
+                for m in sorted(self.logits)
+                for lo, hi in [self.bounds[m]]
+            ],
+            axis=0,
+        )
 
 
 _ZERO = np.float32(0.0)  # the loss accumulator before a batch's first loss step

@@ -76,6 +76,7 @@ async def party_command(args) -> int:
 
     from .build import load_party_config
     from .cli_report import report_error, report_error_json
+    from .compile_cache import compile_cache_folder, enable_compile_cache
     from .party_trace import DEFAULT_BATCHES, BatchTrace
     from .standalone import run_party
 
@@ -87,6 +88,9 @@ async def party_command(args) -> int:
             if trace_batches < 1:
                 raise ConfigError(f"--trace-batches must be >= 1, got {trace_batches}")
         cfg = await asyncio.to_thread(load_party_config, args.config)
+        enable_compile_cache(
+            compile_cache_folder(cfg.checkpoint.compile_cache, cfg.checkpoint.dir, cfg.export_dir)
+        )
     except ConfigError as exc:
         print(f"tandem party: {exc}", file=sys.stderr)
         report_error_json(exc, 2, party=None)

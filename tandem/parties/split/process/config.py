@@ -13,7 +13,7 @@ folder). The sections (docs/parties.md#configuration has the full table)::
     [model]       shared [model]: the uniform MLP and [model.<stage>] tables
     [schema]      leader only: feature columns each other party holds
     [train]       leader only (a follower may state compress, compress_topk): `Train`
-    [checkpoint]  dir, every (batches), keep
+    [checkpoint]  dir, every (batches), keep, compile_cache
     [privacy]     the defenses and the audit (`tandem.parties.privacy.config.Privacy`); the
                   leader's defenses bind (task spec), a follower may state them to check
 
@@ -56,11 +56,25 @@ class Checkpoint(Section):
     dir: str | None = Field(default=None, description="folder (relative to this file)")
     every: int = Field(default=10, ge=1, description="batches between checkpoints")
     keep: int = Field(default=3, ge=1, description="checkpoints kept")
+    compile_cache: bool | str = Field(
+        default=True,
+        description="compiled-kernel cache: true (a folder beside the checkpoints), a folder, "
+        "or false (off)",
+    )
 
     @field_validator("dir")
     @classmethod
     def _resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
         return None if value is None else os.path.join(base_dir(info), value)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache(cls, value: bool | str, info: ValidationInfo) -> bool | str:
+        if isinstance(value, str):
+            if not value:
+                raise Invalid("", "is empty; give a folder, true (the default folder) or false")
+            return os.path.join(base_dir(info), value)
+        return value
 
 
 class Presplit(Section):

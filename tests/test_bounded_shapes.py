@@ -1,0 +1,95 @@
+"""Micro-batch groups run at bucketed row counts (`tandem.engine.microbatch.bucket_rows`): a
+change of the group count compiles nothing when its groups fall into sizes already compiled
+(equinox's ``test_num_traces`` pattern: each kernel counts its Python-side traces), and the
+padding changes no result."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tandem.engine.microbatch import bucket_rows, group_bounds
+from tandem.engine.topology import leader_follower, two_party, u_shape
+from tandem.parties.split import SplitConfig
+from tests.split_helpers import make_job, train_steps
+from tests.test_exactness import assert_trees_close, reference
+
+ROWS = 64
+
+
+def buckets(n: int, rows: int = ROWS) -> set[int]:
+    return {bucket_rows(hi - lo, rows) for lo, hi in group_bounds(rows, n)}
+
+
+def sizes(n: int, rows: int = ROWS) -> set[int]:
+    return {hi - lo for lo, hi in group_bounds(rows, n)}
+
+
+def config() -> SplitConfig:
+    return SplitConfig(
+        batch_size=ROWS, groups=1, optimizer="sgd", learning_rate=0.1, threshold=2, capacity=16
+    )
+
+
+def traces_after(counts: list[int], topo=None) -> dict[tuple[str, str, str], int]:
+    """Every kernel's trace count on every party after one batch per count of ``counts``."""
+    topo = topo or leader_follower()
+    parties, *_ = make_job(topo, rows=ROWS, config=config())
+    asyncio.run(train_steps(parties, topo, [np.arange(ROWS)] * len(counts), counts.__getitem__))
+    return {
+        (p, stage, name): count
+        for p, party in parties.items()
+        for stage, kernels in party.handler.kernels.items()
+        for name, count in kernels.traces.items()
+    }
+
+
+def test_ladder_bounds_the_padding_and_the_sizes():
+    for rows in range(1, 5000):
+        size = bucket_rows(rows, 10**9)
+        assert rows <= size < 1.25 * rows + 1
+        assert bucket_rows(rows, rows) == rows  # never above the batch
+        assert bucket_rows(rows, 10) == max(rows, min(size, 10))
+    # a batch of 4096 rows cut in any count: few sizes, each on the ladder or the batch itself
+    every = set().union(*(buckets(n, 4096) for n in range(1, 257)))
+    assert len(every) <= 4 * 12 + 4
+
+
+def test_a_new_count_within_the_compiled_sizes_never_retraces():
+    # 8 groups of 64 rows are 4, 9 and 10 rows: 9 is a size neither 9 nor 7 groups have, but it
+    # runs at 10, which 7 groups compiled, as 9 groups compiled 4
+    assert 9 not in sizes(9) | sizes(7) and 9 in sizes(8)
+    assert buckets(8) <= buckets(9) | buckets(7)
+    before = traces_after([9, 7])
+    after = traces_after([9, 7, 8, 9, 7, 8])
+    assert after == before, f"a count within the compiled sizes retraced: {before} -> {after}"
+    # and each kernel traced once per size (updates: once per batch shape)
+    per_group = len(buckets(9) | buckets(7))
+    for (party, stage, name), count in before.items():
+        expected = 1 if name in ("update", "zeros") else per_group
+        assert count == expected, f"{party}.{stage}.{name} traced {count}, not {expected}"
+
+
+def test_a_count_with_a_new_size_traces_once_more():
+    # the counter catches a retrace: 4 groups run at 10 and 24 rows, and 24 is new
+    assert buckets(4) - (buckets(9) | buckets(7)) == {24}
+    before, after = traces_after([9, 7]), traces_after([9, 7, 4, 4])
+    for key, count in after.items():
+        if key[2] not in ("update", "zeros"):
+            assert count == before[key] + 1, key
+
+
+@pytest.mark.parametrize("topo", [two_party(), leader_follower(), u_shape()], ids=str)
+def test_padded_groups_train_exactly(topo):
+    """Counts whose groups are padded (10 -> 10, 22 -> 24, 13 -> 14, 11 -> 12 rows) give the
+    plain-JAX full-batch parameters. The peers check every message's rows against the group's
+    real rows (`StageHandler.receive`), so a padded row sent would fail the run."""
+    counts = [4, 6, 7]
+    assert any(bucket_rows(r, ROWS) != r for n in counts for r in sizes(n))
+    parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    rng = np.random.default_rng(3)
+    batches = [rng.permutation(ROWS) for _ in counts]
+    asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
