@@ -223,15 +223,16 @@ class StageHandler:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
         (each encoded by the compressor unless it is ``"none"``), after the [privacy]
         defenses of a training batch."""
+        lo, hi = self.bounds[m]
+        if array.shape[0] != hi - lo:
+            array = array[: hi - lo]  # the real rows only (the op ran padded to a bucket size)
         if self.defenses.active and self.row_ids is not None:
-            lo, hi = self.bounds[m]
             array = self.defenses.outgoing(
                 channel, array, ids=self.row_ids[lo:hi], step=self.step, rows=self.rows
             )
         if self.compressor.exact:
             if self.per_op == 1:
-                lo, hi = self.bounds[m]
-                out[(channel, m)] = np.asarray(array)[: hi - lo]  # the real rows only
+                out[(channel, m)] = np.asarray(array)
                 return
             host, base = np.asarray(array), self.bounds[m][0]
             for j in range(m * self.per_op, (m + 1) * self.per_op):
