@@ -112,12 +112,12 @@ def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
         await _until(committed, "the first commits")
         first = cluster.list_all_nodes()[1]
         assert len(run.live_workers()) == 2
-        await asyncio.to_thread(cluster.remove_node, first)  # both workers' node, mid-epoch
+        cluster.remove_node(first)  # both workers' node, mid-epoch (Ray: in the main thread)
         seen["removed_at"] = (await run.coordinator_status())["progress"]
         await _until(
             lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers"
         )
-        node = await asyncio.to_thread(cluster.add_node, num_cpus=1, resources={"slot": 2})
+        node = cluster.add_node(num_cpus=1, resources={"slot": 2})
 
         async def on_new_node():
             return any(n == node.node_id for n in run.live_workers().values())

@@ -240,16 +240,27 @@ class RayLaunch:
         address it had."""
         import ray
 
-        try:
-            ray.get(actor.place.remote(), timeout=COME_BACK_S)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
-            raise ElasticError(
-                f"the {role} {name!r} died ({exc.__class__.__name__}) and Ray did not restart "
-                f"it within {COME_BACK_S:g} s ({again.__class__.__name__}); raise [ray] restarts "
-                "or check the node it was placed on"
-            ) from again
+        deadline = time.monotonic() + COME_BACK_S
+        while True:  # calls fail fast (ActorUnavailableError) while Ray restarts the actor
+            try:
+                ray.get(actor.place.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                break
+            except ray.exceptions.ActorUnavailableError as again:
+                if time.monotonic() > deadline:
+                    raise self._gone(name, role, exc, again) from again
+                time.sleep(0.2)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
+                raise self._gone(name, role, exc, again) from again
         self._static[name] = (actor, role, table, actor.run.remote(table, self.job.path))
         self._event("restarted", role=role, name=name)
+
+    @staticmethod
+    def _gone(name: str, role: str, exc: Exception, again: Exception) -> ElasticError:
+        return ElasticError(
+            f"the {role} {name!r} died ({exc.__class__.__name__}) and Ray did not restart it "
+            f"within {COME_BACK_S:g} s ({again.__class__.__name__}); raise [ray] restarts or "
+            "check the node it was placed on"
+        )
 
     def _watch_workers(self) -> None:
         import ray

@@ -29,10 +29,10 @@ async def run_role(
     if role == "coordinator":
         return await _coordinator(validate(CoordinatorFile, table, path=path), watch)
     if role == "data-server":
-        await _data_server(validate(DataServerFile, table, path=path), path)
+        await _data_server(validate(DataServerFile, table, path=path), path, watch)
         return {}
     if role == "worker":
-        return await _worker(validate(WorkerFile, table, path=path))
+        return await _worker(validate(WorkerFile, table, path=path), watch)
     raise ValueError(f"role is {role!r}; choose one of {', '.join(ROLES)}")
 
 
@@ -52,7 +52,7 @@ async def _coordinator(cfg: CoordinatorFile, watch: Callable[[Any], None]) -> di
     return summary
 
 
-async def _data_server(cfg: DataServerFile, path: str) -> None:
+async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], None]) -> None:
     from ..data_server import DataServer
     from ..party_data import load_party_shard
     from ..spec import load_shard, load_spec
@@ -85,7 +85,7 @@ async def _data_server(cfg: DataServerFile, path: str) -> None:
         await ds.run()
 
 
-async def _worker(cfg: WorkerFile) -> dict[str, Any]:
+async def _worker(cfg: WorkerFile, watch: Callable[[Any], None]) -> dict[str, Any]:
     from ..worker import Worker
 
     async with _transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
