@@ -21,14 +21,11 @@ Reported:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -58,7 +55,7 @@ def write_job(
     (folder / "data" / "model.json").write_text(json.dumps(SPEC.to_dict()))
     for i, shard in enumerate(make_dataset(2, rows, SPEC, seed=1)):
         save_shard(shard, str(folder / "data" / f"shard{i}.npz"))
-    worker = 'worker_cpus = 0.0\nworker_resources = { slot = 1.0 }' if slot else "worker_cpus = 1.0"
+    worker = "worker_cpus = 0.0\nworker_resources = { slot = 1.0 }" if slot else "worker_cpus = 1.0"
     servers = "\n".join(
         f'[data_servers.ds{i}]\nmodel = "{folder}/data/model.json"\n'
         f'shard = "{folder}/data/shard{i}.npz"\ncoordinator_wait = 120.0\n'

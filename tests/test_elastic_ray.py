@@ -11,7 +11,10 @@ within noise of an undisturbed run of the same job (the in-process `LocalCluster
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -97,9 +100,7 @@ async def _until(check, what: str, limit: float = 40.0):
 
 
 @pytest.mark.slow
-def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
-    cluster, tmp_path
-):
+def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(cluster, tmp_path):
     job = read_job(str(write_job(tmp_path, secret_env=SECRET_ENV, slot=True)))
     seen: dict[str, object] = {}
 
@@ -114,9 +115,7 @@ def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
         assert len(run.live_workers()) == 2
         cluster.remove_node(first)  # both workers' node, mid-epoch (Ray: in the main thread)
         seen["removed_at"] = (await run.coordinator_status())["progress"]
-        await _until(
-            lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers"
-        )
+        await _until(lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers")
         node = cluster.add_node(num_cpus=1, resources={"slot": 2})
 
         async def on_new_node():
@@ -139,3 +138,31 @@ def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
     assert final < 0.5 * summary["initial_loss"]
     assert abs(final - reference) < 0.5 * reference + 0.05, (final, reference)
     assert os.path.exists(job.ray.storage_path + "/journal.jsonl")
+
+
+def _tandem(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tandem", "elastic", "launch", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_launch_refuses_a_job_without_the_shared_secret_and_says_which(tmp_path):
+    path = write_job(tmp_path, secret_env="TANDEM_RAY_TEST_UNSET")
+    out = _tandem("--config", str(path), env={})
+    assert out.returncode == 2 and out.stdout == ""
+    assert "TANDEM_RAY_TEST_UNSET" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_launch_command_prints_one_result_line_on_stdout(cluster, tmp_path):
+    path = write_job(tmp_path, secret_env=SECRET_ENV, epochs=2, max_workers=2)
+    out = _tandem("--config", str(path), "--ray", cluster.address, env={})
+    assert out.returncode == 0, out.stderr[-3000:]
+    (line,) = out.stdout.splitlines()
+    result = json.loads(line)
+    assert result["epochs"] == 2 and result["final_loss"] < result["initial_loss"]
+    assert result["ray"]["worker_live"] == 2 and "ray: worker_live" in out.stderr

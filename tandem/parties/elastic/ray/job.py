@@ -148,7 +148,9 @@ class Job:
         self.file = validate(JobFile, raw, path=self.path)
         self.ray = self.file.ray
         # check every role now, with placeholders for what launch fills in later
-        coord = self.coordinator_table({n: "http://127.0.0.1:1" for n in self.file.data_servers}, "h", 0)
+        coord = self.coordinator_table(
+            {n: "http://127.0.0.1:1" for n in self.file.data_servers}, "h", 0
+        )
         if not validate(CoordinatorFile, coord, path=self.path).admit:
             raise ConfigError(
                 f"config {path!r}: launched workers join with the shared secret; set "

@@ -74,6 +74,8 @@ class RayLaunch:
         self.counts = collections.Counter[str]()
         self._static: dict[str, tuple[Any, str, dict[str, Any], Any]] = {}
         self._pg: Any = None
+        self._remote: Any = None  # ray.remote(RoleActor); Ray's stubs type actors loosely
+        self._env: dict[str, Any] | None = None
         self._owns_ray = False
         self._next = 0
 
@@ -140,7 +142,7 @@ class RayLaunch:
             ray.init(address=self.address)
             self._owns_ray = True
         self._remote = ray.remote(RoleActor)
-        env = {"env_vars": dict(cfg.worker_env)} if cfg.worker_env else None
+        env: dict[str, Any] | None = {"env_vars": dict(cfg.worker_env)} if cfg.worker_env else None
         self._env = env
         here = ray.get_runtime_context().get_node_id()
         self.coordinator = self._remote.options(
@@ -181,7 +183,12 @@ class RayLaunch:
             ip, port, node = ray.get(actor.place.remote(), timeout=COME_BACK_S)
             urls[name] = f"{scheme}://{ip}:{port}"
             table = self.job.data_server_table(name, self.coordinator_url, ip, port)
-            self._static[name] = (actor, "data-server", table, actor.run.remote(table, self.job.path))
+            self._static[name] = (
+                actor,
+                "data-server",
+                table,
+                actor.run.remote(table, self.job.path),
+            )
             self._event("placed", role="data-server", name=name, url=urls[name], node=node)
         table = self.job.coordinator_table(urls, cip, cport)
         run = self.coordinator.run.remote(table, self.job.path)

@@ -4,8 +4,9 @@
 ``tandem elastic coordinator|data-server|worker`` commands build from their files (`..cli`),
 built from the table `job.Job` made. ``path`` is the job file (relative ``[data]`` paths start
 at its folder). ``watch`` receives the role's object (`Coordinator`, `DataServer`, `Worker`)
-once built, so its actor can report progress while it runs. It returns the role's result as plain JSON-able data: the coordinator's summary, a data
-server's ``{}``, a worker's ``{"batches": n}``.
+once built, so its actor can report progress while it runs. It returns the role's result as
+plain JSON-able data: the coordinator's summary, a data server's ``{}``, a worker's
+``{"batches": n}``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from tandem.parties.config import validate
 
-from ..cli import _coordinator_config, _transport
+from ..build import coordinator_config, role_transport
 from ..config import CoordinatorFile, DataServerFile, WorkerFile
 
 ROLES = ("coordinator", "data-server", "worker")
@@ -39,8 +40,8 @@ async def run_role(
 async def _coordinator(cfg: CoordinatorFile, watch: Callable[[Any], None]) -> dict[str, Any]:
     from ..coordinator import Coordinator
 
-    ccfg = _coordinator_config(cfg)
-    async with _transport(cfg, dict(cfg.data_servers), admit_unknown=cfg.admit) as t:
+    ccfg = coordinator_config(cfg)
+    async with role_transport(cfg, dict(cfg.data_servers), admit_unknown=cfg.admit) as t:
         coord = Coordinator(t, ccfg)
         watch(coord)
         summary = await coord.run()
@@ -67,7 +68,7 @@ async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], No
         spec = load_spec(cfg.model)
         shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
     store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
-    async with _transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
+    async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
         ds = DataServer(
             t,
             coordinator=cfg.coordinator_name,
@@ -88,7 +89,7 @@ async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], No
 async def _worker(cfg: WorkerFile, watch: Callable[[Any], None]) -> dict[str, Any]:
     from ..worker import Worker
 
-    async with _transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
+    async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
         worker = Worker(
             t,
             coordinator=cfg.coordinator_name,

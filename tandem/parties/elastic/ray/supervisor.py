@@ -26,7 +26,9 @@ from collections.abc import Mapping
 from .job import RaySection
 
 
-def fits(available: Mapping[str, float], claim: Mapping[str, float], reserve: Mapping[str, float]) -> bool:
+def fits(
+    available: Mapping[str, float], claim: Mapping[str, float], reserve: Mapping[str, float]
+) -> bool:
     """True when ``available`` holds ``claim`` and still keeps ``reserve`` free."""
     return all(available.get(r, 0.0) >= need + reserve.get(r, 0.0) for r, need in claim.items())
 
@@ -40,9 +42,7 @@ def decide(available: Mapping[str, float], live: int, starting: int, cfg: RaySec
         return 0
     if live < cfg.max_workers and fits(available, cfg.worker_claim(), reserve):
         return 1
-    short = any(
-        reserve[r] > 0 and available.get(r, 0.0) < reserve[r] for r in ("CPU", "GPU")
-    )
+    short = any(reserve[r] > 0 and available.get(r, 0.0) < reserve[r] for r in ("CPU", "GPU"))
     if live > cfg.min_workers and short:
         return -1
     return 0
