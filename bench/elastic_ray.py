@@ -21,11 +21,14 @@ Reported:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -110,3 +113,145 @@ def reference_loss(folder: Path, rows: int = ROWS, epochs: int = EPOCHS) -> floa
 
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+class _Cluster:
+    """A local multi-node Ray cluster: the head holds ``data`` (coordinator, data servers);
+    each `add` is a node with worker ``slot`` s. Shut down (and Ray with it) on exit."""
+
+    def __enter__(self) -> _Cluster:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.ray = ray
+        self.c = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"data": 2}}
+        )
+        ray.init(address=self.c.address, log_to_driver=False)
+        return self
+
+    def add(self, slots: int) -> Any:
+        return self.c.add_node(num_cpus=1, resources={"slot": slots})
+
+    def __exit__(self, *exc: object) -> None:
+        self.ray.shutdown()
+        self.c.shutdown()
+
+
+async def _watch(run: Any, seen: dict[str, Any]) -> None:
+    """Poll the coordinator: the first time anything is committed, and every event."""
+    since = 0
+    while True:
+        try:
+            s = await run.coordinator_status(since)
+        except Exception:  # restarting or gone; the run itself reports real failures
+            await asyncio.sleep(0.1)
+            continue
+        p = s.get("progress")
+        if p is not None:
+            seen["events"].extend(s["events"])
+            since = s["events_end"]
+            seen["progress"] = p
+            if "t0" not in seen and (p["epoch"] > 0 or p["committed"] > 0):
+                seen["t0"], seen["at_t0"] = time.monotonic(), p
+        await asyncio.sleep(0.1)
+
+
+def _throughput(folder: Path, workers: int, rows: int, epochs: int) -> float:
+    from tandem.parties.elastic.ray import RayLaunch, read_job
+
+    job = read_job(str(write_job(folder, rows=rows, epochs=epochs, max_workers=workers)))
+    seen: dict[str, Any] = {"events": []}
+    with _Cluster() as cl:
+        for _ in range(2):
+            cl.add(2)
+        summary = asyncio.run(RayLaunch(job).run(lambda r: _watch(r, seen)))
+    t1 = time.monotonic()
+    per = 2 * (rows // SPEC.batch_size)
+    at = seen["at_t0"]
+    done = per * summary["epochs"] - (at["epoch"] * per + at["committed"])
+    return done / (t1 - seen["t0"])
+
+
+async def _disturb(run: Any, cl: _Cluster, first: Any, seen: dict[str, Any]) -> None:
+    watcher = asyncio.create_task(_watch(run, seen))
+    try:
+        while "t0" not in seen or len(run.live_workers()) < 2:
+            await asyncio.sleep(0.1)
+        cl.c.remove_node(first)
+        seen["removed"] = time.monotonic()
+        lost = set(run.live_workers())
+        while run.counts["worker_lost"] < len(lost):
+            await asyncio.sleep(0.1)
+        node = cl.add(2)
+        seen["added"] = time.monotonic()
+        while "scaled" not in seen:
+            for name, where in run.live_workers().items():
+                if where == node.node_id and (await run.worker_status(name)).get("batches"):
+                    seen["scaled"] = time.monotonic()
+            await asyncio.sleep(0.1)
+        seen["lost_names"] = lost
+        await asyncio.Event().wait()  # until training ends (cancelled then)
+    finally:
+        watcher.cancel()
+
+
+def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
+    from tandem.parties.elastic.ray import RayLaunch, read_job
+
+    job = read_job(str(write_job(folder, epochs=epochs, max_workers=2)))
+    seen: dict[str, Any] = {"events": []}
+    with _Cluster() as cl:
+        first = cl.add(2)
+        summary = asyncio.run(RayLaunch(job).run(lambda r: _disturb(r, cl, first, seen)))
+    ids = all_ids(folder)
+    lost = dup = 0
+    for epoch in summary["history"]:
+        got = epoch["committed"]
+        lost += len(set(ids) - set(got))
+        dup += len(got) - len(set(got))
+    removed = [
+        t
+        for t, kind, names in seen["events"]
+        if kind == "removed" and set(names) & seen.get("lost_names", set())
+    ]
+    recover = (removed[0] - seen["removed"]) / INTERVAL if removed and "removed" in seen else None
+    return {
+        "lost_batches": lost + ids.__len__() * (epochs - summary["epochs"]),
+        "duplicated_batches": dup,
+        "scale_up_s": round(seen["scaled"] - seen["added"], 2) if "scaled" in seen else None,
+        "node_loss_recover_heartbeats": round(recover, 2) if recover is not None else None,
+        "final_loss": round(summary["history"][-1]["loss"], 4),
+        "workers": summary["ray"],
+    }
+
+
+def cli() -> int:
+    import tempfile
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--rows", type=int, default=1024, help="rows per shard (throughput runs)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of the throughput runs")
+    p.add_argument("--disturbed-epochs", type=int, default=8)
+    args = p.parse_args()
+    os.environ.setdefault(SECRET_ENV, os.urandom(16).hex())  # the nodes inherit it
+    result: dict[str, Any] = {"interval_s": INTERVAL}
+    with tempfile.TemporaryDirectory() as tmp:
+        _say("disturbed run: node removed, node added")
+        result.update(_disturbed(Path(tmp) / "disturbed", args.disturbed_epochs))
+        result["reference_loss"] = round(
+            reference_loss(Path(tmp) / "disturbed", epochs=args.disturbed_epochs), 4
+        )
+        for n in (1, 4):
+            _say(f"throughput with {n} worker(s)")
+            result[f"throughput_{n}"] = round(
+                _throughput(Path(tmp) / f"t{n}", n, args.rows, args.epochs), 2
+            )
+    result["speedup_4_vs_1"] = round(result["throughput_4"] / result["throughput_1"], 2)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -166,3 +166,9 @@ def test_the_launch_command_prints_one_result_line_on_stdout(cluster, tmp_path):
     result = json.loads(line)
     assert result["epochs"] == 2 and result["final_loss"] < result["initial_loss"]
     assert result["ray"]["worker_live"] == 2 and "ray: worker_live" in out.stderr
+
+
+def test_the_example_job_file_checks(monkeypatch):
+    monkeypatch.setenv("TANDEM_SECRET", "s3cret")
+    job = read_job("examples/ray/job.toml")
+    assert job.data_server_names == ["ds0", "ds1"] and job.ray.storage_path.startswith("/mnt")
