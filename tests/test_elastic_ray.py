@@ -31,6 +31,8 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*"),
     pytest.mark.filterwarnings("ignore::DeprecationWarning:google.*"),
     pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    # Ray starts nodes with fork+exec; JAX (the in-process reference run) warns on any fork
+    pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
 ]
 SECRET_ENV = "TANDEM_RAY_TEST_SECRET"
 
