@@ -28,9 +28,6 @@ from bench.elastic_ray import EPOCHS, all_ids, reference_loss, write_job  # noqa
 from tandem.parties.elastic.ray import Job, RayLaunch, RaySection, decide, read_job  # noqa: E402
 
 pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.*"),
-    pytest.mark.filterwarnings("ignore::DeprecationWarning:google.*"),
-    pytest.mark.filterwarnings("ignore::ResourceWarning"),
     # Ray starts nodes with fork+exec; JAX (the in-process reference run) warns on any fork
     pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
 ]
@@ -92,7 +89,7 @@ def cluster(monkeypatch):
         c.shutdown()
 
 
-async def _until(check, what: str, limit: float = 40.0):
+async def _until(check, what: str, limit: float = 120.0):
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         got = await check()
