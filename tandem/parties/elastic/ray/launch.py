@@ -285,6 +285,11 @@ class RayLaunch:
                 del self.workers[name]
                 ray.kill(w.actor, no_restart=True)
                 self._event("worker_failed", name=name, error=repr(exc.cause))
+                if self.counts["worker_failed"] > 2 * self.job.ray.max_workers:
+                    raise ElasticError(
+                        f"{self.counts['worker_failed']} workers failed, the last {name!r} with "
+                        f"{exc.cause!r}; fix the [worker] table or the coordinator's address"
+                    ) from exc.cause
                 continue
             if w.state == "starting":
                 _, _, w.node = result
