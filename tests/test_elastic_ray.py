@@ -170,5 +170,7 @@ def test_the_launch_command_prints_one_result_line_on_stdout(cluster, tmp_path):
 
 def test_the_example_job_file_checks(monkeypatch):
     monkeypatch.setenv("TANDEM_SECRET", "s3cret")
-    job = read_job(str(Path(__file__).resolve().parents[1] / "examples" / "ray" / "job.toml.example"))
+    job = read_job(
+        str(Path(__file__).resolve().parents[1] / "examples" / "ray" / "job.toml.example")
+    )
     assert job.data_server_names == ["ds0", "ds1"] and job.ray.storage_path.startswith("/mnt")
