@@ -5,6 +5,7 @@
     tandem elastic data-server --config ds0.toml
     tandem elastic worker --config w0.toml
     tandem elastic demo [--workers 3] [--churn]  # everything in one process, memory transport
+    tandem elastic launch --config job.toml [--ray ADDRESS] [--summary out.json]  # on Ray
 
 Progress and status lines go to stderr; stdout carries only each command's result, one JSON
 line (the coordinator's and the demo's summary, a worker's batch count, what prepare wrote).
@@ -27,7 +28,8 @@ from tandem._extras import needs, require
 from tandem.errors import TandemError
 from tandem.parties.progress import emit_result
 
-from .config import CoordinatorFile, DataServerFile, RoleFile, WorkerFile, load_role
+from .build import coordinator_config, role_transport
+from .config import CoordinatorFile, DataServerFile, WorkerFile, load_role
 from .errors import ConfigError, NotWelcomedError
 
 if TYPE_CHECKING:
@@ -52,6 +54,18 @@ def register(sub) -> None:
         if role == "coordinator":
             r.add_argument("--summary", help="write the run's summary as JSON here")
         r.set_defaults(func=fn)
+    la = roles.add_parser(
+        "launch", help="every role as Ray actors on a Ray cluster (tandem[ray], docs/cluster.md)"
+    )
+    la.add_argument("--config", required=True, help="the job file (path or fsspec URL)")
+    la.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="the Ray cluster ('auto', ray://...; default [ray] address)",
+    )
+    la.add_argument("--summary", help="write the run's summary as JSON here")
+    la.add_argument("-v", "--verbose", action="store_true")
+    la.set_defaults(func=_launch)
     d = roles.add_parser("demo", help="everything in one process on the memory transport")
     d.add_argument("--workers", type=int, default=3)
     d.add_argument("--data-servers", type=int, default=2)
@@ -77,45 +91,7 @@ def register(sub) -> None:
     m.set_defaults(func=_prepare)
 
 
-# -- building from the checked files ---------------------------------------------------------
-def _transport(cfg: RoleFile, peers: dict[str, str], *, admit_unknown: bool = False):
-    """``async with`` this role's started transport, built by `make_transport` for its peers'
-    URL scheme with the file's security settings. Elastic roles tell each other where they
-    live: it must have addresses."""
-    from tandem.transports.factory import addressing, common_scheme, make_transport, started
-
-    transport = make_transport(
-        common_scheme(peers.values()),
-        name=cfg.name,
-        host=cfg.host,
-        port=cfg.port,
-        peers=peers,
-        advertise_url=cfg.advertise_url,
-        admit_unknown=admit_unknown,
-        **cfg.transport_settings(),
-    )
-    addressing(transport, "an elastic role")
-    return started(transport)
-
-
-def _coordinator_config(cfg: CoordinatorFile):
-    from .coordinator import CoordinatorConfig
-
-    return CoordinatorConfig(
-        data_servers=tuple(cfg.data_servers),
-        data_server_urls=tuple(cfg.data_servers.items()),
-        interval=cfg.interval,
-        timeout=cfg.timeout,
-        drain=cfg.drain,
-        epochs=cfg.epochs,
-        min_workers=cfg.min_workers,
-        on_change=cfg.on_change,
-        call_timeout=cfg.call_timeout,
-        recover_timeout=cfg.recover_timeout,
-        journal=cfg.journal,
-    )
-
-
+# -- building from the checked files (`build`) ----------------------------------------------
 def _roster(cfg: CoordinatorFile) -> dict[str, str]:
     """The workers of ``[workers]`` and of the roster file (re-read on each call)."""
     from .spec import _read
@@ -167,11 +143,11 @@ async def _coordinator(args) -> int:
     _logging(args)
     try:
         cfg = load_role(CoordinatorFile, args.config)
-        ccfg = _coordinator_config(cfg)
+        ccfg = coordinator_config(cfg)
     except TandemError as exc:
         return _fail(exc)
     peers = {**cfg.data_servers, **_roster(cfg)}
-    async with _transport(cfg, peers, admit_unknown=cfg.admit) as t:
+    async with role_transport(cfg, peers, admit_unknown=cfg.admit) as t:
         coord = Coordinator(t, ccfg, on_progress=_progress_printer())
 
         async def refresh() -> None:  # operators add workers to the roster while it runs
@@ -246,7 +222,7 @@ async def _data_server(args) -> int:
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.coordinator_name
-    async with _transport(cfg, {coord: cfg.coordinator}) as t:
+    async with role_transport(cfg, {coord: cfg.coordinator}) as t:
         ds = DataServer(
             t,
             coordinator=coord,
@@ -284,7 +260,7 @@ async def _worker(args) -> int:
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.coordinator_name
-    async with _transport(cfg, {coord: cfg.coordinator}) as t:
+    async with role_transport(cfg, {coord: cfg.coordinator}) as t:
         try:  # the worker checks its own settings; name the file they came from
             worker = Worker(
                 t,
@@ -301,6 +277,38 @@ async def _worker(args) -> int:
         except NotWelcomedError as exc:
             return _fail(exc)
         emit_result({"worker": cfg.name, "batches": worker.done})
+    return 0
+
+
+async def _launch(args) -> int:
+    """``tandem elastic launch``: the job on a Ray cluster; the coordinator's result line plus
+    what the supervisor did (``ray``: workers added, lost, restarts)."""
+    from .ray import launch, read_job
+    from .ray.launch import PURPOSE
+
+    _logging(args)
+    try:
+        require("ray", PURPOSE)
+        job = await asyncio.to_thread(read_job, args.config)
+    except TandemError as exc:
+        return _fail(exc)
+
+    def said(event) -> None:
+        _, kind, detail = event
+        if kind != "placed" or args.verbose:
+            print(f"ray: {kind} {json.dumps(detail)}", file=sys.stderr, flush=True)
+
+    failed: list[Exception] = []
+    try:
+        summary = await launch(job, address=args.ray, on_event=said)
+    except* TandemError as group:
+        failed.extend(group.exceptions)
+    if failed:
+        return _fail(failed[0])
+    if args.summary:
+        with open(args.summary, "w") as f:
+            json.dump(summary, f)
+    emit_result({**_coordinator_result(summary), "ray": summary["ray"]})
     return 0
 
 

@@ -1,0 +1,257 @@
+"""Elastic training on a local multi-node Ray cluster: ``python -m bench.elastic_ray --json``
+prints ONE JSON line.
+
+A `ray.cluster_utils.Cluster` on this machine: a head node holding the coordinator and the
+data servers (a ``data`` resource only it has) and worker nodes with ``slot`` resources (one
+worker each), launched by `tandem.parties.elastic.ray.RayLaunch` from a job file written here.
+
+Reported:
+
+* ``throughput_1`` / ``throughput_4``: committed batches per second, from the first commit to
+  the end of the run, with ``max_workers`` 1 and 4 (4 slots on 2 nodes);
+  ``speedup_4_vs_1`` is their ratio (2 shared cores cap it well below 4 on a small machine).
+* a disturbed run (2 worker slots on one node, then that node removed mid-epoch, then a node
+  with 2 slots added): ``lost_batches`` / ``duplicated_batches`` over every epoch's committed
+  record (both must be 0); ``scale_up_s``: from ``add_node`` returning to the first batch a
+  worker placed on the new node reports done (its batch count leaves 0; target <= 10 s);
+  ``node_loss_recover_heartbeats``: from ``remove_node`` returning to the coordinator's
+  ``removed`` event for the lost workers, in detection intervals T (``interval_s``; target
+  <= 3); ``final_loss`` beside ``reference_loss`` (the same job undisturbed, in one process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard  # noqa: E402
+
+SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
+ROWS = 256
+EPOCHS = 4
+INTERVAL = 0.3
+SECRET_ENV = "TANDEM_BENCH_RAY_SECRET"
+
+
+def write_job(
+    folder: Path,
+    *,
+    secret_env: str = SECRET_ENV,
+    slot: bool = True,
+    rows: int = ROWS,
+    epochs: int = EPOCHS,
+    max_workers: int = 3,
+) -> Path:
+    """Write two shards, the model description and ``job.toml`` into ``folder``; return the
+    job's path. ``slot``: each worker claims one ``slot`` resource (and no CPU), so the nodes
+    holding slots decide where workers go."""
+    folder = Path(folder)
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    (folder / "data" / "model.json").write_text(json.dumps(SPEC.to_dict()))
+    for i, shard in enumerate(make_dataset(2, rows, SPEC, seed=1)):
+        save_shard(shard, str(folder / "data" / f"shard{i}.npz"))
+    worker = "worker_cpus = 0.0\nworker_resources = { slot = 1.0 }" if slot else "worker_cpus = 1.0"
+    servers = "\n".join(
+        f'[data_servers.ds{i}]\nmodel = "{folder}/data/model.json"\n'
+        f'shard = "{folder}/data/shard{i}.npz"\ncoordinator_wait = 120.0\n'
+        for i in range(2)
+    )
+    text = f"""# tandem elastic launch --config job.toml --ray auto
+[ray]
+min_workers = 1
+max_workers = {max_workers}
+{worker}
+data_server_cpus = 0.5
+data_server_resources = {{ data = 1.0 }}
+coordinator_cpus = 0.5
+poll = 0.2
+storage = "file://{folder}/storage"
+
+[security]
+secret_env = "{secret_env}"
+
+[coordinator]
+interval = {INTERVAL}
+epochs = {epochs}
+on_change = "rollback"
+recover_timeout = 120.0
+
+[worker]
+heartbeat = 0.1
+join_timeout = 120.0
+
+{servers}"""
+    path = folder / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def all_ids(folder: Path, rows: int = ROWS) -> list[int]:
+    """Every batch id of one epoch of `write_job`'s shards (data server i's batch b: i<<20 | b)."""
+    per = rows // SPEC.batch_size
+    return sorted(i * (1 << 20) + b for i in range(2) for b in range(per))
+
+
+def reference_loss(folder: Path, rows: int = ROWS, epochs: int = EPOCHS) -> float:
+    """The final loss of the same job undisturbed, in one process (`LocalCluster`)."""
+    from tandem.parties.elastic.local import LocalCluster
+
+    cluster = LocalCluster(
+        SPEC, make_dataset(2, rows, SPEC, seed=1), interval=INTERVAL, epochs=epochs, workers=2
+    )
+    summary = asyncio.run(cluster.run())
+    return float(summary["history"][-1]["loss"])
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class _Cluster:
+    """A local multi-node Ray cluster: the head holds ``data`` (coordinator, data servers);
+    each `add` is a node with worker ``slot`` s. Shut down (and Ray with it) on exit."""
+
+    def __enter__(self) -> _Cluster:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.ray = ray
+        self.c = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"data": 2}}
+        )
+        ray.init(address=self.c.address, log_to_driver=False)
+        return self
+
+    def add(self, slots: int) -> Any:
+        return self.c.add_node(num_cpus=1, resources={"slot": slots})
+
+    def __exit__(self, *exc: object) -> None:
+        self.ray.shutdown()
+        self.c.shutdown()
+
+
+async def _watch(run: Any, seen: dict[str, Any]) -> None:
+    """Poll the coordinator: the first time anything is committed, and every event."""
+    since = 0
+    while True:
+        try:
+            s = await run.coordinator_status(since)
+        except Exception:  # restarting or gone; the run itself reports real failures
+            await asyncio.sleep(0.1)
+            continue
+        p = s.get("progress")
+        if p is not None:
+            seen["events"].extend(s["events"])
+            since = s["events_end"]
+            seen["progress"] = p
+            if "t0" not in seen and (p["epoch"] > 0 or p["committed"] > 0):
+                seen["t0"], seen["at_t0"] = time.monotonic(), p
+        await asyncio.sleep(0.1)
+
+
+def _throughput(folder: Path, workers: int, rows: int, epochs: int) -> float:
+    from tandem.parties.elastic.ray import RayLaunch, read_job
+
+    job = read_job(str(write_job(folder, rows=rows, epochs=epochs, max_workers=workers)))
+    seen: dict[str, Any] = {"events": []}
+    with _Cluster() as cl:
+        for _ in range(2):
+            cl.add(2)
+        summary = asyncio.run(RayLaunch(job).run(lambda r: _watch(r, seen)))
+    t1 = time.monotonic()
+    per = 2 * (rows // SPEC.batch_size)
+    at = seen["at_t0"]
+    done = per * summary["epochs"] - (at["epoch"] * per + at["committed"])
+    return done / (t1 - seen["t0"])
+
+
+async def _disturb(run: Any, cl: _Cluster, first: Any, seen: dict[str, Any]) -> None:
+    watcher = asyncio.create_task(_watch(run, seen))
+    try:
+        while "t0" not in seen or len(run.live_workers()) < 2:
+            await asyncio.sleep(0.1)
+        cl.c.remove_node(first)
+        seen["removed"] = time.monotonic()
+        lost = set(run.live_workers())
+        while run.counts["worker_lost"] < len(lost):
+            await asyncio.sleep(0.1)
+        node = cl.add(2)
+        seen["added"] = time.monotonic()
+        while "scaled" not in seen:
+            for name, where in run.live_workers().items():
+                if where == node.node_id and (await run.worker_status(name)).get("batches"):
+                    seen["scaled"] = time.monotonic()
+            await asyncio.sleep(0.1)
+        seen["lost_names"] = lost
+        await asyncio.Event().wait()  # until training ends (cancelled then)
+    finally:
+        watcher.cancel()
+
+
+def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
+    from tandem.parties.elastic.ray import RayLaunch, read_job
+
+    job = read_job(str(write_job(folder, epochs=epochs, max_workers=2)))
+    seen: dict[str, Any] = {"events": []}
+    with _Cluster() as cl:
+        first = cl.add(2)
+        summary = asyncio.run(RayLaunch(job).run(lambda r: _disturb(r, cl, first, seen)))
+    ids = all_ids(folder)
+    lost = dup = 0
+    for epoch in summary["history"]:
+        got = epoch["committed"]
+        lost += len(set(ids) - set(got))
+        dup += len(got) - len(set(got))
+    removed = [
+        t
+        for t, kind, names in seen["events"]
+        if kind == "removed" and set(names) & seen.get("lost_names", set())
+    ]
+    recover = (removed[0] - seen["removed"]) / INTERVAL if removed and "removed" in seen else None
+    return {
+        "lost_batches": lost + ids.__len__() * (epochs - summary["epochs"]),
+        "duplicated_batches": dup,
+        "scale_up_s": round(seen["scaled"] - seen["added"], 2) if "scaled" in seen else None,
+        "node_loss_recover_heartbeats": round(recover, 2) if recover is not None else None,
+        "final_loss": round(summary["history"][-1]["loss"], 4),
+        "workers": summary["ray"],
+    }
+
+
+def cli() -> int:
+    import tempfile
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--rows", type=int, default=1024, help="rows per shard (throughput runs)")
+    p.add_argument("--epochs", type=int, default=3, help="epochs of the throughput runs")
+    p.add_argument("--disturbed-epochs", type=int, default=8)
+    args = p.parse_args()
+    os.environ.setdefault(SECRET_ENV, os.urandom(16).hex())  # the nodes inherit it
+    result: dict[str, Any] = {"interval_s": INTERVAL}
+    with tempfile.TemporaryDirectory() as tmp:
+        _say("disturbed run: node removed, node added")
+        result.update(_disturbed(Path(tmp) / "disturbed", args.disturbed_epochs))
+        result["reference_loss"] = round(
+            reference_loss(Path(tmp) / "disturbed", epochs=args.disturbed_epochs), 4
+        )
+        for n in (1, 4):
+            _say(f"throughput with {n} worker(s)")
+            result[f"throughput_{n}"] = round(
+                _throughput(Path(tmp) / f"t{n}", n, args.rows, args.epochs), 2
+            )
+    result["speedup_4_vs_1"] = round(result["throughput_4"] / result["throughput_1"], 2)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

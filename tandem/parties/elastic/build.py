@@ -1,0 +1,45 @@
+"""What each elastic role builds from its checked file: its transport and the coordinator's
+settings. Shared by the role commands (`cli`) and the Ray actors (`ray.roles`)."""
+
+from __future__ import annotations
+
+from .config import CoordinatorFile, RoleFile
+
+
+def role_transport(cfg: RoleFile, peers: dict[str, str], *, admit_unknown: bool = False):
+    """``async with`` this role's started transport, built by `make_transport` for its peers'
+    URL scheme with the file's security settings. Elastic roles tell each other where they
+    live: it must have addresses."""
+    from tandem.transports.factory import addressing, common_scheme, make_transport, started
+
+    transport = make_transport(
+        common_scheme(peers.values()),
+        name=cfg.name,
+        host=cfg.host,
+        port=cfg.port,
+        peers=peers,
+        advertise_url=cfg.advertise_url,
+        admit_unknown=admit_unknown,
+        **cfg.transport_settings(),
+    )
+    addressing(transport, "an elastic role")
+    return started(transport)
+
+
+def coordinator_config(cfg: CoordinatorFile):
+    """The `CoordinatorConfig` of a checked coordinator file."""
+    from .coordinator import CoordinatorConfig
+
+    return CoordinatorConfig(
+        data_servers=tuple(cfg.data_servers),
+        data_server_urls=tuple(cfg.data_servers.items()),
+        interval=cfg.interval,
+        timeout=cfg.timeout,
+        drain=cfg.drain,
+        epochs=cfg.epochs,
+        min_workers=cfg.min_workers,
+        on_change=cfg.on_change,
+        call_timeout=cfg.call_timeout,
+        recover_timeout=cfg.recover_timeout,
+        journal=cfg.journal,
+    )

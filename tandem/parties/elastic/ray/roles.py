@@ -1,0 +1,102 @@
+"""Each elastic role's async main from a checked role table (no Ray here).
+
+`run_role(role, table, path, watch)` is what one Ray actor runs: the same objects the
+``tandem elastic coordinator|data-server|worker`` commands build from their files (`..cli`),
+built from the table `job.Job` made. ``path`` is the job file (relative ``[data]`` paths start
+at its folder). ``watch`` receives the role's object (`Coordinator`, `DataServer`, `Worker`)
+once built, so its actor can report progress while it runs. It returns the role's result as
+plain JSON-able data: the coordinator's summary, a data server's ``{}``, a worker's
+``{"batches": n}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from tandem.parties.config import validate
+
+from ..build import coordinator_config, role_transport
+from ..config import CoordinatorFile, DataServerFile, WorkerFile
+
+ROLES = ("coordinator", "data-server", "worker")
+
+
+async def run_role(
+    role: str, table: dict[str, Any], path: str, watch: Callable[[Any], None] = lambda o: None
+) -> dict[str, Any]:
+    """Run ``role`` (one of `ROLES`) to its end; see the module docstring."""
+    if role == "coordinator":
+        return await _coordinator(validate(CoordinatorFile, table, path=path), watch)
+    if role == "data-server":
+        await _data_server(validate(DataServerFile, table, path=path), path, watch)
+        return {}
+    if role == "worker":
+        return await _worker(validate(WorkerFile, table, path=path), watch)
+    raise ValueError(f"role is {role!r}; choose one of {', '.join(ROLES)}")
+
+
+async def _coordinator(cfg: CoordinatorFile, watch: Callable[[Any], None]) -> dict[str, Any]:
+    from ..coordinator import Coordinator
+
+    ccfg = coordinator_config(cfg)
+    async with role_transport(cfg, dict(cfg.data_servers), admit_unknown=cfg.admit) as t:
+        coord = Coordinator(t, ccfg)
+        watch(coord)
+        summary = await coord.run()
+    summary["events"] = [
+        (t_, kind, detail)
+        for t_, kind, detail in coord.events
+        if kind in ("removed", "joined", "rollback", "epoch", "recover", "resumed", "kept")
+    ]
+    return summary
+
+
+async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], None]) -> None:
+    from ..data_server import DataServer
+    from ..party_data import load_party_shard
+    from ..spec import load_shard, load_spec
+    from ..store import CheckpointStore
+
+    party = None
+    if cfg.data is not None:
+        party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=path)
+        spec, shard = party.spec, party.train
+    else:
+        assert isinstance(cfg.model, str) and cfg.shard is not None  # DataServerFile._shard
+        spec = load_spec(cfg.model)
+        shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
+    store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
+    async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
+        ds = DataServer(
+            t,
+            coordinator=cfg.coordinator_name,
+            spec=spec,
+            shard=shard,
+            url=cfg.advertise_url or t.url,
+            store=store,
+            coordinator_wait=cfg.coordinator_wait,
+            test=party.test if party else None,
+            export=cfg.export,
+            preprocessing=party.preprocessing if party else None,
+            fingerprint=party.fingerprint if party else None,
+        )
+        watch(ds)
+        await ds.run()
+
+
+async def _worker(cfg: WorkerFile, watch: Callable[[Any], None]) -> dict[str, Any]:
+    from ..worker import Worker
+
+    async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
+        worker = Worker(
+            t,
+            coordinator=cfg.coordinator_name,
+            heartbeat=cfg.heartbeat,
+            url=cfg.advertise_url or t.url,
+            join_timeout=cfg.join_timeout,
+        )
+        watch(worker)
+        await worker.run()
+        return {"worker": cfg.name, "batches": worker.done}

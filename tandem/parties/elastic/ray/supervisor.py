@@ -1,0 +1,48 @@
+"""How many workers: the pure scaling rule `decide` (no Ray here).
+
+`decide` is called every ``[ray] poll`` seconds with what `ray.available_resources()` reports
+(nodes that joined since count at once) and the job's own workers. It returns +1 (start a
+worker), -1 (stop one) or 0:
+
+* fewer than ``min_workers`` live or starting: +1, room or not (Ray queues the actor until a
+  node can hold it);
+* a worker still starting (asked for, not yet placed): 0, since available resources do not
+  show its claim yet;
+* fewer than ``max_workers`` and every resource a worker claims available beyond the reserve
+  (``available[r] >= claim[r] + reserve[r]``): +1;
+* more than ``min_workers`` and available CPUs below ``reserve_cpus`` (or GPUs below
+  ``reserve_gpus``): -1, giving the room back to whoever needs it;
+* otherwise 0.
+
+One step at a time: a change is visible in the next poll's resources, so the rule never
+overshoots. A worker that died (its node went away) is simply no longer live; the rule replaces
+it when it may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from .job import RaySection
+
+
+def fits(
+    available: Mapping[str, float], claim: Mapping[str, float], reserve: Mapping[str, float]
+) -> bool:
+    """True when ``available`` holds ``claim`` and still keeps ``reserve`` free."""
+    return all(available.get(r, 0.0) >= need + reserve.get(r, 0.0) for r, need in claim.items())
+
+
+def decide(available: Mapping[str, float], live: int, starting: int, cfg: RaySection) -> int:
+    """+1, -1 or 0 workers (module docstring)."""
+    reserve = {"CPU": cfg.reserve_cpus, "GPU": cfg.reserve_gpus}
+    if live + starting < cfg.min_workers:
+        return 1
+    if starting:
+        return 0
+    if live < cfg.max_workers and fits(available, cfg.worker_claim(), reserve):
+        return 1
+    short = any(reserve[r] > 0 and available.get(r, 0.0) < reserve[r] for r in ("CPU", "GPU"))
+    if live > cfg.min_workers and short:
+        return -1
+    return 0
