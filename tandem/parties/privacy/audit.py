@@ -105,7 +105,8 @@ class PartyAudit:
         self.settings, self.loss = settings, loss
         #: one record per epoch ended: ``epoch`` and the `KEYS` this party measures
         self.history: list[dict[str, Any]] = []
-        self.epoch: int | None = None
+        #: the epoch whose rows are being sampled (set by `at_epoch`), or None
+        self.open: int | None = None
         self._start(0)
 
     def _start(self, epoch: int) -> None:
@@ -161,10 +162,30 @@ class PartyAudit:
         self._batch = {}
 
     # -- epochs ----------------------------------------------------------------------------
+    def at_epoch(self, epoch: int) -> None:
+        """A training batch of ``epoch`` is about to run (a follower learns epochs from the
+        leader's commands): ends the epoch sampled so far if it is another one."""
+        if self.open is not None and self.open != epoch:
+            self.end_epoch(self.open)
+        self.open = epoch
+
+    def close(self) -> None:
+        """Training ended: end the epoch still open (if any)."""
+        if self.open is not None:
+            self.end_epoch(self.open)
+
+    def summary(self) -> dict[str, Any]:
+        """The last epoch's `KEYS` (and ``audit_label_skipped``), for a run's final JSON line;
+        ``{}`` before any epoch ended."""
+        if not self.history:
+            return {}
+        return {k: v for k, v in self.history[-1].items() if k.startswith("audit_")}
+
     def end_epoch(self, epoch: int) -> dict[str, Any]:
         """Close ``epoch``: its record (appended to ``history``); the next epoch starts a fresh
         sample. An epoch in which nothing was sent records nothing and returns ``{}``."""
         self.new_batch()
+        self.open = None
         record: dict[str, Any] = {}
         if self._grads:
             record.update(self._label_record())
@@ -179,7 +200,6 @@ class PartyAudit:
         if record:
             record = {"epoch": epoch, **record, "audit_rows": self.rows_seen}
             self.history.append(record)
-        self.epoch = epoch
         self._start(epoch + 1)
         return record
 

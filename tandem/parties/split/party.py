@@ -44,6 +44,7 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
+from tandem.parties.privacy.audit import AuditSettings, PartyAudit
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from .admission import PlanAdmission
@@ -72,6 +73,9 @@ class SplitParty:
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
       optimizer: overrides ``config.optimizer`` with any optax transformation.
+      audit: the leakage audit's settings (``[privacy] audit``, ``audit_share``); enabled, the
+        party scores what it sends on its own data (`tandem.parties.privacy.audit`) and keeps
+        one record per epoch in ``audit.history``; None or disabled captures nothing.
     """
 
     def __init__(
@@ -88,6 +92,7 @@ class SplitParty:
         optimizer: optax.GradientTransformation | None = None,
         params: Mapping[str, Any] | None = None,
         progress: bool = False,
+        audit: AuditSettings | None = None,
     ) -> None:
         self.name = name
         self.topology = topology
@@ -119,6 +124,11 @@ class SplitParty:
             params=params,
             compressor=self.config.compressor,
         )
+        #: The leakage audit of what this party sends, or None (off: nothing is captured).
+        self.audit = (
+            PartyAudit(audit, self.config.loss) if audit is not None and audit.enabled else None
+        )
+        self.handler.audit = self.audit
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()
         #: Checks every inbound frame against the batches this party runs before its transport
@@ -515,6 +525,8 @@ class SplitParty:
                 cmd = frame.meta.get("cmd")
                 self.run_id = frame.meta.get("run", self.run_id)
                 if cmd == "stop":
+                    if self.audit is not None:
+                        self.audit.close()
                     self.stop_meta = dict(frame.meta)
                     return count
                 if cmd == "keep":
@@ -532,6 +544,8 @@ class SplitParty:
                         f"{self.name!r} is at batch {self._batch} but the leader "
                         f"started batch {frame.meta.get('b')}; restart both parties"
                     )
+                if self.audit is not None and frame.meta.get("mode") == "train":
+                    self.audit.at_epoch(int(frame.meta.get("epoch", 0)))
                 self.n_groups = int(frame.meta["n"])
                 dataset = str(frame.meta["data"])
                 table = self.datasets.get(dataset)

@@ -36,6 +36,7 @@ from tandem.engine.microbatch import chunk_bounds
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
+from tandem.parties.privacy.audit import PartyAudit
 
 from .compress import CutCompressor, Feedback, payload_arrays
 
@@ -96,6 +97,9 @@ class StageHandler:
         self.params: dict[str, Any] = {s: owned_copy(p) for s, p in params.items()}
         self.opt_state = {s: self.kernels[s].init_opt(self.params[s]) for s in self.stages}
         self._check_inputs()
+        #: observes every cut tensor a training batch sends (`tandem.parties.privacy.audit`);
+        #: None (the default) captures nothing
+        self.audit: PartyAudit | None = None
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
 
     def _check_inputs(self) -> None:
@@ -152,6 +156,8 @@ class StageHandler:
         self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
         self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
         self.logits: dict[int, jax.Array] = {}
+        if train and self.audit is not None:
+            self.audit.new_batch()
 
     @property
     def loss_sum(self) -> float:
@@ -183,6 +189,8 @@ class StageHandler:
     def _scatter(self, channel: str, m: int, array, out: dict) -> None:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
         (each encoded by the compressor unless it is ``"none"``)."""
+        if self.audit is not None and self.train:
+            self._audit(channel, m, array)
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -196,6 +204,18 @@ class StageHandler:
         for j in range(m * self.per_op, (m + 1) * self.per_op):
             lo, hi = self.msg_bounds[j]
             out[(channel, j)] = self._encode(channel, host[lo - base : hi - base], lo, hi)
+
+    def _audit(self, channel: str, m: int, array) -> None:
+        """Hand op ``m``'s outgoing ``array`` on ``channel`` to the audit, with the labels (loss
+        owner) and, when asked, this party's features of the same rows."""
+        assert self.audit is not None
+        lo, hi = self.bounds[m]
+        labels = None if self.labels is None else self.labels[lo:hi]
+
+        def features() -> np.ndarray | None:
+            return None if self.features is None else np.asarray(self.features[lo:hi])
+
+        self.audit.sent(channel, np.asarray(array), labels, features)
 
     def _encode(self, channel: str, x: np.ndarray, lo: int, hi: int):
         """The payload of batch rows ``lo:hi`` (tensor ``x``) on ``channel``; gradients of a
