@@ -162,7 +162,13 @@ def _job(audit: AuditSettings | None, rows: int = ROWS):
 
     common = {"config": cfg, "audit": audit}
     leader = SplitParty(
-        "leader", topo, models, net.endpoint("leader"), datasets=split(xl), labels=split(y), **common
+        "leader",
+        topo,
+        models,
+        net.endpoint("leader"),
+        datasets=split(xl),
+        labels=split(y),
+        **common,
     )
     follower = SplitParty(
         "follower", topo, models, net.endpoint("follower"), datasets=split(xf), **common
