@@ -28,8 +28,9 @@ from tandem.errors import ConfigError
 from ..rank import auc
 
 #: Ridge penalty of `decoder_r2`, relative to the mean eigenvalue of the activations' Gram
-#: matrix: small enough to leave a well-posed fit alone, large enough to keep a fit on fewer
-#: rows than activation dimensions finite.
+#: matrix: at least `RIDGE`, and ``0.1 * dims / fitted rows`` when that is larger, so a fit on
+#: few rows (1 % of a small sample) shrinks towards the mean instead of overfitting, while a
+#: well-posed fit is left nearly alone.
 RIDGE = 1e-3
 
 
@@ -70,8 +71,9 @@ def decoder_r2(
     ``share`` of the rows (at least 2), chosen by ``rng``.
 
     R^2 is averaged over the feature columns that vary on the held-out rows (1 - residual sum
-    of squares / total sum of squares per column): 1 means the activations reveal the features
-    exactly (to a linear attacker), 0 no better than their mean; it may be negative. None when
+    of squares / total sum of squares per column, each floored at 0: where the decoder does
+    worse than the column's mean, an attacker guesses the mean): 1 means the activations reveal
+    the features exactly (to a linear attacker), 0 no better than knowing their mean. None when
     fewer than 2 rows are held out or no column varies there.
     """
     if not 0 < share < 1:
@@ -87,7 +89,8 @@ def decoder_r2(
     a_mean, f_mean = a[fit].mean(axis=0), f[fit].mean(axis=0)
     af, ff = a[fit] - a_mean, f[fit] - f_mean
     gram = af.T @ af
-    lam = RIDGE * max(float(np.trace(gram)) / max(len(gram), 1), 1e-12)
+    scale = max(RIDGE, 0.1 * len(gram) / n_fit)
+    lam = scale * max(float(np.trace(gram)) / max(len(gram), 1), 1e-12)
     w = np.linalg.solve(gram + lam * np.eye(len(gram)), af.T @ ff)
     pred = (a[test] - a_mean) @ w + f_mean
     truth = f[test]
@@ -96,7 +99,7 @@ def decoder_r2(
     varies = sst > 1e-12 * max(float(sst.max(initial=0.0)), 1e-300)
     if not varies.any():
         return None
-    return float(np.mean(1.0 - sse[varies] / sst[varies]))
+    return float(np.mean(np.maximum(0.0, 1.0 - sse[varies] / sst[varies])))
 
 
 __all__ = ["RIDGE", "attack_auc", "cosine_scores", "decoder_r2", "flat_rows", "norm_scores"]
