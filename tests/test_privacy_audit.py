@@ -7,11 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 
+import jax
 import numpy as np
 import pytest
 
 from tandem.engine.kernels import mlp_stage
-from tandem.engine.topology import leader_follower
+from tandem.engine.topology import leader_follower, star
 from tandem.errors import ConfigError
 from tandem.parties.privacy import audit as audit_mod
 from tandem.parties.privacy.attacks import attack_auc, cosine_scores, decoder_r2, norm_scores
@@ -226,3 +227,52 @@ async def test_nothing_is_captured_when_the_audit_is_off(tmp_path, monkeypatch):
         summary = await _train(leader, follower, ReportConfig(history=str(history)), epochs=1)
         (record,) = [json.loads(line) for line in history.read_text().splitlines()]
         assert not [k for k in (*record, *summary) if k.startswith("audit_")]
+
+
+async def test_each_follower_audits_itself_and_the_leader_reports_the_worst_channel():
+    """Star of 2 followers: the leader scores each follower's gradient channel and reports the
+    larger AUC; follower0 sends its features through a linear bottom (R^2 near 1), follower1
+    through a bottom that ignores them (R^2 near 0)."""
+    rng = np.random.default_rng(6)
+    n = 1200
+    xs = [rng.normal(size=(n, 3)).astype("f4") for _ in range(2)]
+    y = (xs[0][:, 0] + xs[1][:, 0] > 1.5).astype("f4")
+    topo = star(2)
+    zero = mlp_stage([3], [], 4)  # weights set to zero below: its output is the bias only
+    models = {
+        "bottom_0": mlp_stage(
+            [3], [], 4, activate_last=False
+        ),  # linear: reveals its three features
+        "bottom_1": zero,
+        "top": mlp_stage([4, 4], [8], 1, activate_last=False),
+    }
+    cfg = SplitConfig(batch_size=100, groups=2, learning_rate=1e-9, optimizer="sgd", seed=0)
+    net = MemoryNetwork()
+    audit = AuditSettings(True, share=0.05)
+    leader = SplitParty(
+        "leader", topo, models, net.endpoint("leader"), labels={"train": y}, config=cfg, audit=audit
+    )
+    params = {"bottom_1": jax.tree_util.tree_map(np.zeros_like, zero.init(jax.random.PRNGKey(0)))}
+    followers = [
+        SplitParty(
+            f"follower{i}",
+            topo,
+            models,
+            net.endpoint(f"follower{i}"),
+            datasets={"train": xs[i]},
+            config=cfg,
+            audit=audit,
+            params=params if i == 1 else None,
+        )
+        for i in range(2)
+    ]
+    async with asyncio.TaskGroup() as tg:
+        for f in followers:
+            tg.create_task(f.serve())
+        await leader.fit(1)
+        await leader.stop()
+    (record,) = leader.audit.history
+    assert record["audit_rows"] == 2 * n  # both channels scored
+    assert record["audit_norm_auc"] is not None and record["audit_cosine_auc"] > 0.6
+    r2 = [f.audit.history[-1]["audit_feature_r2"] for f in followers]
+    assert r2[0] > 0.99 and r2[1] == pytest.approx(0, abs=0.05)

@@ -218,10 +218,15 @@ class PartyAudit:
         return decoder_r2(acts, feats, self.settings.share, self._rng)
 
 
+def make_audit(settings: AuditSettings | None, loss: str) -> PartyAudit | None:
+    """The `PartyAudit` of ``settings`` for a task of ``loss``; None when off (or None)."""
+    return PartyAudit(settings, loss) if settings is not None and settings.enabled else None
+
+
 def _worst(values: list[float | None]) -> float | None:
     """The largest defined value (the most leaking channel), or None."""
     known = [v for v in values if v is not None and math.isfinite(v)]
     return max(known) if known else None
 
 
-__all__ = ["KEYS", "AuditSettings", "PartyAudit", "Reservoir"]
+__all__ = ["KEYS", "AuditSettings", "PartyAudit", "Reservoir", "make_audit"]

@@ -44,7 +44,7 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
-from tandem.parties.privacy.audit import AuditSettings, PartyAudit
+from tandem.parties.privacy.audit import AuditSettings, make_audit
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from .admission import PlanAdmission
@@ -73,9 +73,8 @@ class SplitParty:
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
       optimizer: overrides ``config.optimizer`` with any optax transformation.
-      audit: the leakage audit's settings (``[privacy] audit``, ``audit_share``); enabled, the
-        party scores what it sends on its own data (`tandem.parties.privacy.audit`) and keeps
-        one record per epoch in ``audit.history``; None or disabled captures nothing.
+      audit: the leakage audit (`tandem.parties.privacy.audit`): enabled, the party scores what
+        it sends on its own data, one record per epoch in ``audit.history``.
     """
 
     def __init__(
@@ -125,9 +124,7 @@ class SplitParty:
             compressor=self.config.compressor,
         )
         #: The leakage audit of what this party sends, or None (off: nothing is captured).
-        self.audit = (
-            PartyAudit(audit, self.config.loss) if audit is not None and audit.enabled else None
-        )
+        self.audit = make_audit(audit, self.config.loss)
         self.handler.audit = self.audit
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()
