@@ -190,7 +190,7 @@ class StageHandler:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
         (each encoded by the compressor unless it is ``"none"``)."""
         if self.audit is not None and self.train:
-            self._audit(channel, m, array)
+            self._audit(self.audit, channel, m, array)
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -205,17 +205,16 @@ class StageHandler:
             lo, hi = self.msg_bounds[j]
             out[(channel, j)] = self._encode(channel, host[lo - base : hi - base], lo, hi)
 
-    def _audit(self, channel: str, m: int, array) -> None:
-        """Hand op ``m``'s outgoing ``array`` on ``channel`` to the audit, with the labels (loss
+    def _audit(self, audit: PartyAudit, channel: str, m: int, array) -> None:
+        """Hand op ``m``'s outgoing ``array`` on ``channel`` to ``audit``, with the labels (loss
         owner) and, when asked, this party's features of the same rows."""
-        assert self.audit is not None
         lo, hi = self.bounds[m]
         labels = None if self.labels is None else self.labels[lo:hi]
 
         def features() -> np.ndarray | None:
             return None if self.features is None else np.asarray(self.features[lo:hi])
 
-        self.audit.sent(channel, np.asarray(array), labels, features)
+        audit.sent(channel, np.asarray(array), labels, features)
 
     def _encode(self, channel: str, x: np.ndarray, lo: int, hi: int):
         """The payload of batch rows ``lo:hi`` (tensor ``x``) on ``channel``; gradients of a
