@@ -32,6 +32,8 @@ import numpy as np
 
 from tandem.errors import TandemError
 
+from ..rank import auc, rank_counts
+
 Metric = float | None
 
 
@@ -71,33 +73,12 @@ def f1(logits: np.ndarray, labels: np.ndarray) -> Metric:
     return 2 * tp / denominator if denominator else None
 
 
-def _rank_counts(scores: np.ndarray, positive: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """Positives and negatives at each distinct score, in ascending score order (ties form one
-    group); None if a score is not finite or a class is absent."""
-    if not len(scores) or not np.all(np.isfinite(scores)):
-        return None
-    order = np.argsort(scores)
-    ranked = scores[order]
-    starts = np.concatenate(([0], np.flatnonzero(ranked[1:] != ranked[:-1]) + 1))
-    pos = np.add.reduceat(positive[order].astype(np.float64), starts)
-    neg = np.diff(np.append(starts, len(ranked))) - pos
-    if pos.sum() == 0 or neg.sum() == 0:
-        return None
-    return pos, neg
-
-
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> Metric:
     """Area under the ROC curve: the probability that a random positive scores above a random
     negative, ties counting one half (the Mann-Whitney statistic, equal to the trapezoidal area
     under the ROC curve with one threshold per distinct score). None with one class only."""
     s, y = _pair(scores, labels)
-    counts = _rank_counts(s, y > 0.5)
-    if counts is None:
-        return None
-    pos, neg = counts
-    below = np.cumsum(neg) - neg  # negatives strictly below each score group
-    wins = np.sum(pos * (below + 0.5 * neg))
-    return float(wins / (pos.sum() * neg.sum()))
+    return auc(s, y > 0.5)
 
 
 def ks(scores: np.ndarray, labels: np.ndarray) -> Metric:
@@ -105,7 +86,7 @@ def ks(scores: np.ndarray, labels: np.ndarray) -> Metric:
     positives and the negatives, ``max |F_pos(t) - F_neg(t)|`` over thresholds ``t`` (equal to
     ``max |TPR - FPR|``). None with one class only."""
     s, y = _pair(scores, labels)
-    counts = _rank_counts(s, y > 0.5)
+    counts = rank_counts(s, y > 0.5)
     if counts is None:
         return None
     pos, neg = counts

@@ -44,6 +44,7 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
+from tandem.parties.privacy.audit import AuditSettings, make_audit
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from ..privacy.config import Privacy, checked
@@ -77,6 +78,8 @@ class SplitParty:
       privacy: the ``[privacy]`` defenses and audit (`tandem.parties.privacy.config.Privacy`
         or its table as a mapping; None: all off). Every party must pass the same defenses
         (`tandem party` negotiates them in the task spec).
+      audit: the leakage audit (`tandem.parties.privacy.audit`): enabled, the party scores what
+        it sends on its own data, one record per epoch in ``audit.history``.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class SplitParty:
         params: Mapping[str, Any] | None = None,
         progress: bool = False,
         privacy: Privacy | Mapping[str, Any] | None = None,
+        audit: AuditSettings | None = None,
     ) -> None:
         self.name = name
         self.topology = topology
@@ -133,6 +137,9 @@ class SplitParty:
             compressor=self.config.compressor,
             privacy=self.privacy,
         )
+        #: The leakage audit of what this party sends, or None (off: nothing is captured).
+        self.audit = make_audit(audit, self.config.loss)
+        self.handler.audit = self.audit
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()
         #: Checks every inbound frame against the batches this party runs before its transport
@@ -530,6 +537,8 @@ class SplitParty:
                 cmd = frame.meta.get("cmd")
                 self.run_id = frame.meta.get("run", self.run_id)
                 if cmd == "stop":
+                    if self.audit is not None:
+                        self.audit.close()
                     self.stop_meta = dict(frame.meta)
                     return count
                 if cmd == "keep":
@@ -547,6 +556,8 @@ class SplitParty:
                         f"{self.name!r} is at batch {self._batch} but the leader "
                         f"started batch {frame.meta.get('b')}; restart both parties"
                     )
+                if self.audit is not None and frame.meta.get("mode") == "train":
+                    self.audit.at_epoch(int(frame.meta.get("epoch", 0)))
                 self.n_groups = int(frame.meta["n"])
                 dataset = str(frame.meta["data"])
                 table = self.datasets.get(dataset)

@@ -8,9 +8,10 @@ The leader builds one `Reporter` for its `SplitParty` and hands ``reporter.after
    optionally which of its rows) with `SplitParty.evaluate`;
 2. appends one JSON line to the history file: ``epoch`` (from 0), ``train_loss``, every
    validation metric as ``val_<name>`` (`tandem.parties.split.metrics`; null where undefined),
-   ``seconds`` (training), ``val_seconds``, ``n_groups``, ``batches`` and ``improved``;
+   ``seconds`` (training), ``val_seconds``, ``n_groups``, ``batches``, ``improved``, and with
+   the leakage audit on the leader's ``audit_*`` keys (`tandem.parties.privacy.audit`);
 3. writes the same numbers as TensorBoard scalars (``train/loss``, ``val/<name>``,
-   ``n_groups``; step = epoch) when ``[log] tensorboard`` names a folder;
+   ``n_groups``, ``audit/<name>``; step = epoch) when ``[log] tensorboard`` names a folder;
 4. updates `EarlyStopping` with the monitored value and asks `fit` to stop once ``patience``
    epochs in a row brought no improvement.
 
@@ -232,6 +233,7 @@ class Reporter:
             "n_groups": result.n_groups,
             "batches": result.batches,
             **result.privacy,
+            **_audit_of(self.party, result.epoch),
         }
         improved = self._observe(record)
         if improved and self.config.keeps_best:
@@ -281,6 +283,8 @@ class Reporter:
                 "parameters": parameters,
             }
         out.update({k: v for k, v in (self.last or {}).items() if k.startswith("privacy_")})
+        if self.party.audit is not None:
+            out.update(self.party.audit.summary())
         out["epochs_done"] = None if self.last is None else int(self.last["epoch"]) + 1
         out["history"] = self.config.history
         out["tensorboard"] = self.config.tensorboard
@@ -335,6 +339,17 @@ def report_config(
         history=log.get("history", default_history),
         tensorboard=log.get("tensorboard"),
     )
+
+
+def _audit_of(party: SplitParty, epoch: int) -> dict[str, Any]:
+    """The audit keys the leader measured in ``epoch`` (`tandem.parties.privacy.audit`), or
+    ``{}`` when the audit is off or recorded nothing then."""
+    if party.audit is None:
+        return {}
+    for record in reversed(party.audit.history):
+        if record["epoch"] == epoch:
+            return {k: v for k, v in record.items() if k.startswith("audit_")}
+    return {}
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -407,6 +422,9 @@ def _write_scalars(writer: Any, record: Mapping[str, Any]) -> None:
     writer.add_scalar("n_groups", record["n_groups"], step)
     writer.add_scalar("seconds/train", record["seconds"], step)
     writer.add_scalar("seconds/val", record["val_seconds"], step)
+    for key, value in record.items():
+        if key.startswith("audit_") and isinstance(value, (int, float)):
+            writer.add_scalar(f"audit/{key[6:]}", value, step)
     writer.flush()
 
 

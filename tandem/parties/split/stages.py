@@ -43,6 +43,7 @@ from tandem.engine.microbatch import bucket_rows, chunk_bounds
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
+from tandem.parties.privacy.audit import PartyAudit
 
 from ..privacy.config import Privacy
 from ..privacy.cut import CutDefenses
@@ -117,6 +118,9 @@ class StageHandler:
                 and any(c.name not in self.stages for c in topology.consumers(s.name))
             },
         )
+        #: observes every cut tensor a training batch sends (`tandem.parties.privacy.audit`);
+        #: None (the default) captures nothing
+        self.audit: PartyAudit | None = None
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
 
     def _check_inputs(self) -> None:
@@ -178,6 +182,8 @@ class StageHandler:
         self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
         self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
         self.logits: dict[int, jax.Array] = {}
+        if train and self.audit is not None:
+            self.audit.new_batch()
 
     @property
     def loss_sum(self) -> float:
@@ -222,7 +228,7 @@ class StageHandler:
     def _scatter(self, channel: str, m: int, array, out: dict) -> None:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
         (each encoded by the compressor unless it is ``"none"``), after the [privacy]
-        defenses of a training batch."""
+        defenses of a training batch (which the audit, when on, observes)."""
         lo, hi = self.bounds[m]
         if array.shape[0] != hi - lo:
             array = array[: hi - lo]  # the real rows only (the op ran padded to a bucket size)
@@ -230,6 +236,8 @@ class StageHandler:
             array = self.defenses.outgoing(
                 channel, array, ids=self.row_ids[lo:hi], step=self.step, rows=self.rows
             )
+        if self.audit is not None and self.train:
+            self._audit(self.audit, channel, m, array)
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -243,6 +251,17 @@ class StageHandler:
         for j in range(m * self.per_op, (m + 1) * self.per_op):
             lo, hi = self.msg_bounds[j]
             out[(channel, j)] = self._encode(channel, host[lo - base : hi - base], lo, hi)
+
+    def _audit(self, audit: PartyAudit, channel: str, m: int, array) -> None:
+        """Hand op ``m``'s outgoing ``array`` on ``channel`` to ``audit``, with the labels (loss
+        owner) and, when asked, this party's features of the same rows."""
+        lo, hi = self.bounds[m]
+        labels = None if self.labels is None else self.labels[lo:hi]
+
+        def features() -> np.ndarray | None:
+            return None if self.features is None else np.asarray(self.features[lo:hi])
+
+        audit.sent(channel, np.asarray(array), labels, features)
 
     def _encode(self, channel: str, x: np.ndarray, lo: int, hi: int):
         """The payload of batch rows ``lo:hi`` (tensor ``x``) on ``channel``; gradients of a

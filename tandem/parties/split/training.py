@@ -40,6 +40,7 @@ from tandem.engine.data import epoch_batches
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import GroupTuner, TunerState
 from tandem.engine.runtime import BatchStats, PartyRuntime
+from tandem.parties.privacy.audit import PartyAudit
 from tandem.transports.base import Transport
 
 from ..privacy.accounting import epoch_report
@@ -67,6 +68,7 @@ class SplitParty(Protocol):
     labels: dict[str, np.ndarray]
     privacy: Privacy
     history: list[EpochResult]
+    audit: PartyAudit | None
     followers: tuple[str, ...]
     n_groups: int
     tuner: GroupTuner
@@ -200,6 +202,8 @@ class Fit:
                     break
                 self.stopping = asked
         seconds = time.perf_counter() - t0
+        if party.audit is not None:
+            party.audit.end_epoch(epoch)
         result = EpochResult(
             epoch, total / max(rows, 1), seconds, party.n_groups, len(batches) - skip
         )

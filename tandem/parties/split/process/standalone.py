@@ -168,6 +168,8 @@ def _describe_run(
     result.update(_traffic(session))
     result["cut_bytes_sent"] = dict(party.cut_bytes)
     result["compress"] = party.config.compress
+    if party.audit is not None:  # a follower's own feature audit reaches no one else
+        result.update(party.audit.summary())
     result["load_seconds"] = round(load_seconds, 3)
     result["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
     if st.discarded:  # newer than the agreed step: replaced by the replayed batches

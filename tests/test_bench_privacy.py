@@ -1,0 +1,101 @@
+"""`bench.privacy`: a quick undefended run prints one JSON line with the audit's figures, and
+the summary picks the best defenses of a table by the issue's rule (attacks, then the AUC
+budget)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import privacy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_run_prints_the_undefended_figures():
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.privacy", "--quick", "--json", "--tasks", "imbalanced"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
+    )
+    assert out.returncode == 0, out.stderr
+    (line,) = out.stdout.splitlines()  # stdout carries the result only
+    result = json.loads(line)
+    case = result["tasks"]["imbalanced"]["none"]
+    assert case.keys() == {
+        "auc",
+        "auc_delta",
+        "norm_attack_auc",
+        "cosine_attack_auc",
+        "feature_r2",
+        "rows_per_second",
+    }
+    assert case["auc_delta"] == 0.0 and case["rows_per_second"] > 0
+    # undefended gradients of an imbalanced label leak it to the follower
+    assert result["undefended_norm_attack_auc"] == case["norm_attack_auc"] > 0.6
+    assert result["undefended_cosine_attack_auc"] == case["cosine_attack_auc"] > 0.6
+    assert 0 <= case["feature_r2"] <= 1
+    assert result["best_label_defense"] is None and result["secure_sum_vs_plain"] is None
+    assert result["rows"] == {"imbalanced": 2000, "ctr": None}
+
+
+def _case(auc, norm, cos, r2):
+    return {
+        "auc": auc,
+        "norm_attack_auc": norm,
+        "cosine_attack_auc": cos,
+        "feature_r2": r2,
+        "rows_per_second": 1.0,
+    }
+
+
+def test_the_summary_prefers_defenses_within_the_auc_budget():
+    cases = privacy.with_deltas(
+        {
+            "none": _case(0.90, 0.95, 1.00, 0.8),
+            "strong": _case(0.80, 0.50, 0.50, 0.0),  # safest, but costs 0.10 AUC
+            "mild": _case(0.895, 0.58, 0.60, 0.05),  # within 0.01 of the AUC
+            "weak": _case(0.90, 0.90, 0.95, 0.7),
+        }
+    )
+    out = privacy.summary({"imbalanced": cases})
+    assert out["undefended_norm_attack_auc"] == 0.95
+    assert out["best_label_defense"] == {
+        "name": "mild",
+        "norm_attack_auc": 0.58,
+        "cosine_attack_auc": 0.60,
+        "auc_delta": pytest.approx(0.005),
+    }
+    assert out["best_feature_defense"]["name"] == "mild"
+    # none within budget: the safest overall is reported, with its cost
+    costly = privacy.with_deltas({"none": cases["none"], "strong": cases["strong"]})
+    best = privacy.summary({"imbalanced": costly})["best_label_defense"]
+    assert best["name"] == "strong" and best["auc_delta"] == pytest.approx(0.10)
+
+
+def test_unknown_tasks_are_refused():
+    from tandem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--tasks"):
+        privacy.main(["--tasks", "imbalanced,mnist"])
+
+
+def test_plot_draws_the_tradeoff(tmp_path):
+    pytest.importorskip("matplotlib")
+    cases = privacy.with_deltas(
+        {"none": _case(0.9, 0.95, 1.0, 0.8), "mild": _case(0.895, 0.58, 0.6, 0.05)}
+    )
+    path = tmp_path / "tradeoff.png"
+    privacy.plot({"imbalanced": cases}, str(path))
+    assert path.read_bytes()[:4] == b"\x89PNG"
