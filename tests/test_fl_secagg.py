@@ -237,3 +237,51 @@ def test_non_linear_rules_and_overflowing_rings_are_refused():
     with pytest.raises(ConfigError, match=r"secagg\.scale"):  # 2 x 4 x 2^28 = 2^31
         FLServer(MemoryNetwork().endpoint("s"), ["a", "b"], trainer, cfg)
     FLServer(MemoryNetwork().endpoint("s"), ["a"], trainer, cfg)  # 1 x 4 x 2^28 fits
+
+
+# -- processes ---------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # five processes importing JAX on a loaded 2-core machine
+async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed_after_masking(
+    tmp_path,
+):
+    """``tandem fl server`` and four clients, secure aggregation with signed keys from TOML
+    alone; bank_b is killed (SIGKILL) once it has sent its masked input in the last round,
+    and that round completes with the others."""
+    import signal
+
+    from fl_process_helpers import CLIENTS, Federation
+    from party_helpers import wait_until
+    from tandem.transports.keys import generate
+
+    fed = Federation(tmp_path, rounds=2)
+    keys = {c: generate(c, tmp_path) for c in CLIENTS}
+    roster = {c: str(keys[c][1]) for c in CLIENTS}
+    fed.server["server"]["round_timeout"] = 30.0
+    fed.server["secagg"] = {"max_dropout": 0.3, "clip": 1.0, "stage_timeout": 5.0}
+    fed.server["secagg"]["public_keys"] = roster
+    fed.server["compression"] = {"preset": "compressed", "uplink_ratio": 10}
+    for c in CLIENTS:
+        fed.clients[c]["secagg"] = {"private_key": str(keys[c][0]), "public_keys": roster}
+    fed.write()
+    server = fed.start("server", "", "-v")
+    clients = {c: fed.start(c, "", "-v") for c in CLIENTS}
+    victim = clients["bank_b"]
+    try:
+        wait_until(
+            lambda: "round 1: masked input sent" in victim.err.read_text(), 120, "bank_b masks"
+        )
+        victim.popen.send_signal(signal.SIGKILL)
+        victim.popen.wait(10)
+        rc, summary, err = server.finish(120)
+        results = {c: clients[c].finish(30) for c in CLIENTS if c != "bank_b"}
+    finally:
+        for p in (server, *clients.values()):
+            if p.popen.poll() is None:
+                p.popen.kill()
+    assert rc == 0 and summary is not None, err[-3000:]
+    assert summary["rounds"] == 2 and summary["version"] == 2, summary
+    assert err.count("secure sum: 4/4 clients at stage masked") >= 1, err[-3000:]
+    assert "aborted" not in err, err[-3000:]
+    for c, (crc, cres, cerr) in results.items():
+        assert crc == 0 and cres is not None and cres["rounds_trained"] == 2, f"{c}: {cerr[-2000:]}"

@@ -11,6 +11,7 @@ round the server aborts or that runs out of time is abandoned (nothing is reveal
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -23,6 +24,8 @@ from tandem.transports.base import Frame, Transport
 from . import crypto, shamir
 from . import masking as M
 from .messages import SEALED, SECAGG, SHARE
+
+log = logging.getLogger(__name__)
 
 
 class LeaveRound(TandemError):
@@ -224,6 +227,7 @@ async def contribute(
     masked = await asyncio.to_thread(run.masked, payload, sorted(held), rng)
     await step(rnd, "masked")
     await run.send({"kind": "masked"}, (masked,))
+    log.info("%s: round %d: masked input sent", run.me, rnd)
     surv = (await run.recv("survivors")).meta.get("names")
     meta, arrays = run.unmask(surv, held, thr)
     await step(rnd, "unmask")

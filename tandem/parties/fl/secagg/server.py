@@ -16,6 +16,7 @@ is named and the round is aborted. Either way no client moves the sum beyond its
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,8 @@ from . import crypto, shamir
 from . import masking as M
 from .config import SecAggConfig
 from .messages import SEALED, SECAGG, SECRET, SHARE
+
+log = logging.getLogger(__name__)
 
 
 class Aborted(TandemError):
@@ -101,6 +104,9 @@ class SecureRound:
 
     def _enough(self, stage: str, got: Sequence[str]) -> list[str]:
         self.stages[stage] = len(got)
+        log.info(
+            "round %d secure sum: %d/%d clients at stage %s", self.rnd, len(got), self.n, stage
+        )
         if len(got) < self.thr:
             raise Aborted(
                 f"round {self.rnd}: only {len(got)} of {self.n} clients reached secure-"
