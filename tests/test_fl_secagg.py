@@ -166,6 +166,26 @@ async def test_a_client_lying_about_shares_is_named_and_cannot_change_the_sum():
     assert np.abs(total - want).max() <= 10 / (2 * FAST.scale) + 1e-6
 
 
+async def test_a_dealer_whose_shares_do_not_match_its_seed_is_named_and_the_round_aborts():
+    p = payloads_of(8)
+
+    def other_seed(frame):  # publishes the hash of another seed than the one it shared
+        return frame.replace(meta={**frame.meta, "b_hash": "00" * 32})
+
+    sr, survivors, exc = await secure_sum(
+        p, wrap={"c03": lambda t: Tamper(t, "shares", other_seed)}
+    )
+    assert survivors is None and "c03 dealt inconsistent shares" in str(exc)
+    assert "self-mask seed" in sr.cheats["c03"]
+
+
+async def test_the_distributed_noise_hook_adds_noise_of_the_configured_deviation_to_the_sum():
+    p = {c: np.zeros(20_000, np.float32) for c in payloads_of(8)}
+    sr, survivors, total = await secure_sum(p, SecAggConfig(stage_timeout=1.0, noise_std=0.1))
+    assert survivors == sorted(p)
+    assert abs(float(np.std(total)) - 0.1) < 0.005 and abs(float(np.mean(total))) < 0.005
+
+
 async def test_shares_sealed_for_another_client_do_not_open_and_the_round_aborts():
     p = payloads_of(8)
 

@@ -353,15 +353,22 @@ class FLServer:
     async def _next_update(self, c: str) -> Frame | str:
         """``c``'s next update-channel frame, or the reason its update was refused at the
         head (`bounds.UpdateBounds`), whichever comes first. (``recv`` is cancel-safe: the
-        losing wait loses no frame.)"""
-        async with asyncio.TaskGroup() as tg:
-            frame = tg.create_task(self.transport.recv(c, P.UPDATE))
-            refused = tg.create_task(self.bounds.wait_refusal(c))
-            await asyncio.wait((frame, refused), return_when=asyncio.FIRST_COMPLETED)
-            if frame.done():
-                refused.cancel()
-                return frame.result()
-            frame.cancel()
+        losing wait loses no frame.) A closed link raises its `TandemError` as itself, not
+        wrapped in an exception group, so the caller leaves the client out."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                frame = tg.create_task(self.transport.recv(c, P.UPDATE))
+                refused = tg.create_task(self.bounds.wait_refusal(c))
+                await asyncio.wait((frame, refused), return_when=asyncio.FIRST_COMPLETED)
+                if frame.done():
+                    refused.cancel()
+                    return frame.result()
+                frame.cancel()
+        except ExceptionGroup as group:
+            closed = [e for e in group.exceptions if isinstance(e, TandemError)]
+            if closed:
+                raise closed[0] from None
+            raise
         return refused.result()
 
     async def _resync(self, c: str, r: int, seed: int, frame: Frame, resynced: bool) -> str | None:
