@@ -41,6 +41,27 @@ def test_any_t_shares_rebuild_the_secret_and_a_wrong_share_does_not():
         shamir.combine({1: shares[1]}, 32, 7)
 
 
+def test_the_field_modulus_is_the_smallest_prime_above_2_to_the_256():
+    def probably_prime(n: int) -> bool:  # Miller-Rabin, 40 random bases
+        d, r = n - 1, 0
+        while d % 2 == 0:
+            d, r = d // 2, r + 1
+        for a in np.random.default_rng(0).integers(2, 2**62, 40).tolist():
+            x = pow(a, d, n)
+            if x in (1, n - 1):
+                continue
+            for _ in range(r - 1):
+                x = pow(x, 2, n)
+                if x == n - 1:
+                    break
+            else:
+                return False
+        return True
+
+    assert shamir.PRIME == 2**256 + 297 and probably_prime(shamir.PRIME)
+    assert not any(probably_prime(2**256 + k) for k in range(1, 297, 2))
+
+
 # -- the ring and its masks --------------------------------------------------------------------
 def test_one_masked_update_is_indistinguishable_from_uniform_noise():
     x = np.linspace(-0.01, 0.01, 200_000, dtype=np.float32)  # a very structured update

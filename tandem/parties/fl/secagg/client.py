@@ -118,8 +118,10 @@ class _ClientRound:
         self.own = (b_sh[idx[me]], s_sh[idx[me]])
         others = [n for n in names if n != me]
         sealed = np.zeros((len(others), SEALED), np.uint8)
+        # one key per pair, both directions (the AAD says which way a box goes)
+        self.enc = {v: self.c_key.agree(self.c_pk[v], b"enc|" + label, me, v) for v in others}
         for row, v in enumerate(others):
-            key = self.c_key.agree(self.c_pk[v], b"enc|" + label, me, v)
+            key = self.enc[v]
             box = crypto.seal(key, b_sh[idx[v]] + s_sh[idx[v]], label + f"|{me}|{v}".encode())
             sealed[row] = np.frombuffer(box, np.uint8)
         commits = np.zeros((len(names), 2, 32), np.uint8)
@@ -150,7 +152,7 @@ class _ClientRound:
                 raise RoundAbandoned(
                     f"round {self.rnd}: relayed shares from {u!r}, not in the key list"
                 )
-            key = self.c_key.agree(self.c_pk[u], b"enc|" + self.label, self.me, u)
+            key = self.enc[u]
             plain = crypto.open_sealed(
                 key, row.astype(np.uint8).tobytes(), self.label + f"|{u}|{self.me}".encode()
             )

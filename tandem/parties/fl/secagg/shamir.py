@@ -1,25 +1,27 @@
-"""Shamir t-of-n secret sharing of byte strings over the Mersenne prime field GF(2**127 - 1).
+"""Shamir t-of-n secret sharing of byte strings over the prime field GF(2**256 + 297).
 
-A secret of ``L`` bytes is cut into chunks of `CHUNK` (15) bytes, each an element of the field
-(``15 * 8 = 120 < 127`` bits, so every chunk is a field element); each chunk gets its own random
+`PRIME` is the smallest prime above ``2**256``, so a 32-byte secret (a seed, an X25519 key) is
+one field element. A longer secret is cut into chunks of `CHUNK` (32) bytes; each chunk gets
+its own random
 polynomial of degree ``t - 1`` with the chunk as constant term, and share ``x`` (an integer in
 ``[1, n]``) holds the polynomials' values at ``x``. Any ``t`` distinct shares rebuild the
 secret by Lagrange interpolation at 0; fewer reveal nothing about it (information-theoretic).
 
-A share travels as `share_bytes`: ``16`` little-endian bytes per chunk. Pure Python integers:
-the sizes here (a few chunks, a few hundred clients) take microseconds per share.
+A share travels as `ELEMENT` (33) little-endian bytes per chunk. Pure Python integers: a
+32-byte secret split among 100 clients with t = 80 takes a few milliseconds.
 """
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Mapping, Sequence
 
 from tandem.errors import TandemError
 
-PRIME = 2**127 - 1
-CHUNK = 15  # bytes of secret per field element
-ELEMENT = 16  # bytes of a field element on the wire
+PRIME = 2**256 + 297  # the smallest prime above 2**256 (tests check it)
+CHUNK = 32  # bytes of secret per field element
+ELEMENT = 33  # bytes of a field element on the wire
 
 
 class ShareError(TandemError, ValueError):
@@ -36,7 +38,7 @@ def split(secret: bytes, xs: Sequence[int], t: int) -> dict[int, bytes]:
     if not 1 <= t <= len(xs):
         raise ShareError(f"threshold t={t} must be in [1, {len(xs)}] (the number of shares)")
     if len(set(xs)) != len(xs) or not all(0 < x < PRIME for x in xs):
-        raise ShareError(f"share points must be distinct and in [1, 2**127 - 1), got {list(xs)}")
+        raise ShareError(f"share points must be distinct and in [1, PRIME), got {list(xs)}")
     out: dict[int, list[int]] = {x: [] for x in xs}
     for c in _chunks(secret):
         coeffs = [c] + [secrets.randbelow(PRIME) for _ in range(t - 1)]
@@ -50,7 +52,12 @@ def split(secret: bytes, xs: Sequence[int], t: int) -> dict[int, bytes]:
 
 def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
     """The coefficients ``l_i`` with ``f(0) = sum_i l_i f(x_i)`` for any polynomial of degree
-    ``< len(xs)``; reuse them for every secret shared at the same points."""
+    ``< len(xs)`` (cached: a round rebuilds every secret from the same points)."""
+    return list(_lagrange(tuple(xs)))
+
+
+@functools.lru_cache(maxsize=64)
+def _lagrange(xs: tuple[int, ...]) -> tuple[int, ...]:
     if len(set(xs)) != len(xs):
         raise ShareError(f"share points must be distinct, got {list(xs)}")
     coeffs = []
@@ -61,7 +68,7 @@ def lagrange_at_zero(xs: Sequence[int]) -> list[int]:
                 num = num * (-xj) % PRIME
                 den = den * (xi - xj) % PRIME
         coeffs.append(num * pow(den, PRIME - 2, PRIME) % PRIME)
-    return coeffs
+    return tuple(coeffs)
 
 
 def combine(shares: Mapping[int, bytes], length: int, t: int) -> bytes:
