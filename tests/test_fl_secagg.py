@@ -326,3 +326,25 @@ async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed
     assert "aborted" not in err, err[-3000:]
     for c, (crc, cres, cerr) in results.items():
         assert crc == 0 and cres is not None and cres["rounds_trained"] == 2, f"{c}: {cerr[-2000:]}"
+
+
+def test_the_secagg_tables_of_the_toml_files_are_checked_and_built(tmp_path):
+    from fl_process_helpers import Federation
+    from tandem.parties.fl.config import FLConfigError, load_client_config, load_server_config
+    from tandem.parties.fl.server_process import build_fl_config
+
+    fed = Federation(tmp_path, rounds=1)
+    fed.server["secagg"] = {"max_dropout": 0.2, "clip": 0.5, "noise_std": 0.01}
+    fed.write()
+    cfg = load_server_config(fed.path("server"))
+    built = build_fl_config(cfg, 100)
+    assert built.secagg == SecAggConfig(max_dropout=0.2, clip=0.5, noise_std=0.01)
+    assert cfg.secagg is not None and cfg.secagg.roster() is None
+    assert "secagg" in cfg.identity()
+    fed.server["secagg"] = {"max_dropout": 0.6}
+    fed.clients["bank_a"]["secagg"] = {"private_key": "bank_a.key"}
+    fed.write()
+    with pytest.raises(FLConfigError, match="max_dropout"):
+        load_server_config(fed.path("server"))
+    with pytest.raises(FLConfigError, match="private_key and secagg.public_keys go together"):
+        load_client_config(fed.path("bank_a"))

@@ -293,6 +293,8 @@ class FLServer:
         try:
             survivors, total = await sr.run()
             accepted.update({c: (1, None) for c in survivors})
+            for c in survivors:  # each trained on this round's model message
+                self.known[c] = max(self.known[c], self.planner.version)
             out["sum"] = total
         except Aborted as exc:
             out["aborted"] = str(exc)
