@@ -1,4 +1,5 @@
-"""The client side of a secure-aggregation round (Bonawitz et al., CCS 2017; see `protocol`).
+"""The client side of a secure-aggregation round (Bonawitz et al., CCS 2017; the stages
+are described in docs/federated.md, "Secure aggregation").
 
 `contribute` runs after local training, in place of sending the update in the clear:
 advertise two fresh X25519 public keys (signed with the client's identity key when it has

@@ -1,4 +1,5 @@
-"""The server side of a secure-aggregation round (Bonawitz et al., CCS 2017; see `protocol`).
+"""The server side of a secure-aggregation round (Bonawitz et al., CCS 2017; the stages
+are described in docs/federated.md, "Secure aggregation").
 
 `SecureRound.run` drives the four stages over the clients that were sent the round's training
 request: collect the signed key adverts (U1, bounded by the round's deadline: it covers the
