@@ -122,6 +122,8 @@ def accuracy_pair(args: argparse.Namespace) -> tuple[float, float]:
     for sec in (None, SecAggConfig(stage_timeout=60.0)):
         cfg = presets.compressed(trainer.dim, uplink_ratio=10, secagg=sec, **common)
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
+        if (sec is None) != (server.reports[-1].secure is None):
+            raise RuntimeError("the secure run did not aggregate securely (or the plain did)")
         out.append(round(100 * server.reports[-1].accuracy, 2))
         log(f"{'secure' if sec else 'plain'} small task: {out[-1]}%")
     return out[0], out[1]
