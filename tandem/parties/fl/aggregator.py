@@ -110,4 +110,17 @@ def trimmed_mean(fraction: float) -> Aggregator:
     return Aggregator(_no_state, aggregate, linear=False)
 
 
-__all__ = ["Aggregator", "coordinate_median", "trimmed_mean", "weighted_mean"]
+def check_secure(rule: Aggregator) -> None:
+    """Refuse a rule that secure aggregation cannot run: the server sees only the sum, so a
+    non-linear rule (median, trimmed mean, Krum) has nothing to work on. Under secure
+    aggregation a linear rule's combination is the survivors' unweighted mean (a weight per
+    client would need each client's update)."""
+    if not rule.linear:
+        raise ConfigError(
+            "secure aggregation cannot run a non-linear aggregation rule: a median (or trimmed "
+            "mean, Krum) needs each client's update; secure aggregation hides them. Use the "
+            "weighted mean (the default) or turn secure aggregation off"
+        )
+
+
+__all__ = ["Aggregator", "check_secure", "coordinate_median", "trimmed_mean", "weighted_mean"]

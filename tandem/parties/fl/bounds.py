@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from tandem.errors import AdmissionError
 
 from . import protocol as P
+from .secagg.messages import SECAGG
 
 #: Room for an update's or a hello's header (round, counts, version, kind, zlib descriptors).
 HEADER_BYTES = 64 * 1024
@@ -35,6 +36,7 @@ class UpdateBounds:
 
     def __init__(self, max_update_bytes: int, sizes: Mapping[str, int] | None = None) -> None:
         self.frame_limit = max_update_bytes + HEADER_BYTES
+        self.secagg_slack = 0  # bytes a secure-aggregation frame may add (set by the server)
         self.declared: dict[str, int] = dict(sizes or {})
         self.waiting: set[str] = set()  # clients whose round waits for their update
         self.refusals: dict[str, str] = {}
@@ -43,7 +45,9 @@ class UpdateBounds:
     def admit_size(self, sender: str, channel: str, total: int) -> None:
         """The transport's ``admit_size`` hook."""
         limit = self.frame_limit if channel == P.UPDATE else HEADER_BYTES
-        if channel not in (P.UPDATE, P.HELLO) or total <= limit:
+        if channel == SECAGG:  # a masked payload (the update's size) or the share tables
+            limit = self.frame_limit + self.secagg_slack
+        if channel not in (P.UPDATE, P.HELLO, SECAGG) or total <= limit:
             return
         reason = (
             f"update from {sender!r} refused from its head: {total} bytes exceed the "

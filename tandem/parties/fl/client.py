@@ -50,7 +50,10 @@ def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> 
 class FLClient:
     """One client: ``transport`` to ``server``, local data ``(x, y)``, a `LocalTrainer`.
 
-    ``seed`` seeds the local shuffles (combined with the round's seed).
+    ``seed`` seeds the local shuffles (combined with the round's seed). Under secure
+    aggregation (a training request with ``meta.secagg``), ``signer`` (this client's
+    `tandem.transports.keys.SigningKey`) signs its round keys and ``roster`` (a
+    `tandem.transports.keys.Roster`) checks the other clients' (see `secagg.client`).
     """
 
     def __init__(
@@ -62,17 +65,24 @@ class FLClient:
         trainer: LocalTrainer,
         *,
         seed: int = 0,
+        signer: Any = None,
+        roster: Any = None,
     ) -> None:
         self.transport, self.server = transport, server
         self.x, self.y = x, y
         self.trainer = trainer
         self.seed = seed
+        self.signer, self.roster = signer, roster
         self.state = ClientModel(trainer.init_vec)
         self.rounds_trained = 0
         self.errors: list[str] = []
 
     async def before_reply(self, rnd: int) -> None:
         """Hook run after training, before replying (tests use it to be late)."""
+
+    async def secagg_stage(self, rnd: int, stage: str) -> None:
+        """Hook run before each secure-aggregation send (tests raise
+        `secagg.client.LeaveRound` here to drop out)."""
 
     async def control(self, frame: Frame) -> None:
         """Hook: a model-channel message that is neither a model nor ``stop``."""
@@ -108,6 +118,26 @@ class FLClient:
                 await self._resync(frame.meta.get("round"))
         return False
 
+    async def _secure(self, rnd: int, payload: np.ndarray, params: Any) -> None:
+        """Send ``payload`` into round ``rnd``'s secure sum (`secagg.client.contribute`)."""
+        from .secagg.client import LeaveRound, RoundAbandoned, contribute
+
+        try:
+            await contribute(
+                self.transport,
+                self.server,
+                rnd,
+                payload,
+                dict(params),
+                signer=self.signer,
+                roster=self.roster,
+                hook=self.secagg_stage,
+            )
+        except (RoundAbandoned, LeaveRound) as exc:
+            self.errors.append(str(exc))
+        except TransportClosedError:
+            return
+
     async def _resync(self, rnd: Any) -> None:
         if not isinstance(rnd, int):
             return
@@ -132,6 +162,9 @@ class FLClient:
         payload = await asyncio.to_thread(compress_update, delta, uplink, seed)
         self.rounds_trained += 1
         await self.before_reply(rnd)
+        if meta.get("secagg"):
+            await self._secure(rnd, payload, meta["secagg"])
+            return
         arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))
         out = {
             "round": rnd,

@@ -221,7 +221,15 @@ async def run_client(
         trainer, x, y = await asyncio.to_thread(prepare_client, cfg, task)
         seed = welcome.get("client_seed")
         client = ProcessClient(
-            link, task, x, y, trainer, seed=seed if isinstance(seed, int) else 0, on_round=on_round
+            link,
+            task,
+            x,
+            y,
+            trainer,
+            seed=seed if isinstance(seed, int) else 0,
+            on_round=on_round,
+            signer=cfg.secagg.signer(),
+            roster=cfg.secagg.roster(),
         )
         log.info("%s: joined (%d rows, %d parameters)", cfg.name, x.shape[0], trainer.dim)
         await client.run()

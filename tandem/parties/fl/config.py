@@ -16,6 +16,8 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [model]          # a model spec (shared ModelSpec): kind = "mlp", hidden = [64], out_dim
     [data]           # the held-out evaluation set (shared [data], docs/data.md)
     [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
+    [secagg]         # secure aggregation (optional): max_dropout, scale, clip, stage_timeout,
+                     # noise_std, public_keys (the clients' Ed25519 identity keys)
 
     # client.toml
     [client]         # name, server (URL), server_name, host, port, reconnect_timeout
@@ -23,6 +25,7 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [optimizer]      # the local optimizer (default: sgd, learning_rate 0.05)
     [data]           # this client's rows (it trains on the split's training part)
     [http]           # as the server's
+    [secagg]         # private_key (this client's Ed25519 key), public_keys (the roster)
 
 The clients take the model, the loss and the initial parameters from the server (its
 ``welcome``), so only the server has ``[model]`` and ``loss``. The loaders return a flat,
@@ -149,6 +152,91 @@ def _location(value: str | None, info: ValidationInfo) -> str | None:
     return os.path.join(os.path.dirname(os.path.abspath(path)), value)
 
 
+class SecAggTable(Section):
+    """``[secagg]`` of a server: secure aggregation of every round (its presence turns it on;
+    see `tandem.parties.fl.secagg.SecAggConfig` for each key). ``public_keys`` (client name
+    -> its ``.pub`` file, `tandem keys generate`) makes the server and the clients check that
+    each client's round keys are signed by that client; without it a server that lies could
+    substitute keys, so the guarantee holds against an honest-but-curious server only."""
+
+    max_dropout: float = Field(default=0.3, ge=0, lt=0.5)
+    scale: Positive = float(2**20)
+    clip: Positive = 1.0
+    stage_timeout: Positive = 30.0
+    noise_std: float = Field(default=0.0, ge=0)
+    public_keys: dict[str, str] | None = None
+
+    @field_validator("public_keys")
+    @classmethod
+    def _keys(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        if value is None:
+            return None
+        return {k: str(_location(v, info)) for k, v in value.items()}
+
+    def build(self) -> Any:
+        from .secagg import SecAggConfig
+
+        return SecAggConfig(
+            max_dropout=self.max_dropout,
+            scale=self.scale,
+            clip=self.clip,
+            stage_timeout=self.stage_timeout,
+            noise_std=self.noise_std,
+        )
+
+    def roster(self) -> Any:
+        """The clients' identity keys (`tandem.transports.keys.Roster`), or None."""
+        return _roster(self.public_keys)
+
+
+class ClientSecAgg(Section):
+    """``[secagg]`` of a client: its identity key (``private_key``, a PKCS#8 PEM file) that
+    signs its round keys, and ``public_keys``, the other clients' (see `SecAggTable`)."""
+
+    private_key: str | None = None
+    public_keys: dict[str, str] | None = None
+
+    @field_validator("private_key")
+    @classmethod
+    def _key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
+
+    @field_validator("public_keys")
+    @classmethod
+    def _keys(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        return SecAggTable._keys(value, info)
+
+    @model_validator(mode="after")
+    def _both(self) -> ClientSecAgg:
+        if (self.private_key is None) != (self.public_keys is None):
+            raise Invalid(
+                "",
+                "secagg.private_key and secagg.public_keys go together: a client signs its "
+                "round keys with its own key and checks the others' against the roster",
+            )
+        return self
+
+    def signer(self) -> Any:
+        if self.private_key is None:
+            return None
+        from tandem.transports.keys import SigningKey
+
+        return SigningKey.from_file(self.private_key)
+
+    def roster(self) -> Any:
+        return _roster(self.public_keys)
+
+
+def _roster(files: Mapping[str, str] | None) -> Any:
+    if files is None:
+        return None
+    from tandem._extras import needs
+
+    with needs("keys", "signed secure-aggregation keys ([secagg] public_keys)"):
+        from tandem.transports.keys import Roster
+    return Roster.from_files({k: [v] for k, v in files.items()})
+
+
 class ServerTable(Section):
     """``[server]``: who the server is, who may join and how the rounds go."""
 
@@ -239,6 +327,7 @@ class ServerFile(Section):
     model: ModelSpec
     data: Data
     http: Security = Field(default_factory=Security)
+    secagg: SecAggTable | None = None
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
@@ -295,6 +384,7 @@ class ClientFile(Section):
     )
     data: Data
     http: Security = Field(default_factory=Security)
+    secagg: ClientSecAgg = ClientSecAgg()
 
     @model_validator(mode="after")
     def _checks(self) -> ClientFile:
@@ -332,6 +422,7 @@ class ServerConfig:
     model: Mapping[str, Any]
     data: DataConfig
     security: HttpSecurity
+    secagg: SecAggTable | None = None
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
@@ -345,7 +436,7 @@ class ServerConfig:
             "model": _plain(self.model),
             "optimizer": _plain(self.optimizer.describe()),
             "compression": self.compression.model_dump(),
-        }
+        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
 
     def identity_hash(self) -> str:
         text = json.dumps(self.identity(), sort_keys=True)
@@ -369,6 +460,7 @@ class ClientConfig:
     optimizer: OptimizerConfig
     data: DataConfig
     security: HttpSecurity
+    secagg: ClientSecAgg = ClientSecAgg()
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -403,6 +495,7 @@ def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
         model=model,
         data=f.data.table(os.fspath(path)),
         security=security_of(f.http),
+        secagg=f.secagg,
     )
 
 
@@ -416,6 +509,7 @@ def load_client_config(path: str | os.PathLike[str]) -> ClientConfig:
         optimizer=f.optimizer,
         data=f.data.table(os.fspath(path)),
         security=security_of(f.http),
+        secagg=f.secagg,
     )
 
 

@@ -16,6 +16,10 @@ Channels (one FIFO each way per client):
   seed of the client's local shuffles, and whether it must drop the model it holds (it holds a
   version this server never made).
 
+* ``fl/secagg`` both ways, under secure aggregation (a training request then carries
+  ``meta.secagg``): the four stages of `tandem.parties.fl.secagg` replace the ``fl/update``
+  reply; `tandem.parties.fl.secagg.messages` has their format.
+
 Optional lossless compression (``zlib``) replaces an array by its deflated bytes (uint8) and
 records the original dtype and shape in ``meta.zlib``; inflation is bounded by the expected
 size, so a small frame cannot expand into a huge buffer.

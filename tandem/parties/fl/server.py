@@ -51,9 +51,10 @@ from tandem.transports.base import Frame, SizeAdmittingTransport, Transport
 from . import compression as C
 from . import protocol as P
 from .aggregate import ServerRule, ServerState, optax_step, server_step
-from .aggregator import Aggregator, weighted_mean
+from .aggregator import Aggregator, check_secure, weighted_mean
 from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
+from .secagg import SecAggConfig
 from .train import LocalTrainer
 
 
@@ -76,8 +77,11 @@ class FLConfig:
     max_update_bytes: int | None = None
     optimizer: optax.GradientTransformation | None = None
     aggregator: Aggregator = weighted_mean()
+    secagg: SecAggConfig | None = None
 
     def __post_init__(self) -> None:
+        if self.secagg is not None:
+            check_secure(self.aggregator)
         if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):
             raise ConfigError(
                 "with a server optimizer, momentum and learning rate belong to it: leave "
@@ -110,6 +114,7 @@ class RoundReport:
     version: int
     seconds: float
     accuracy: float | None = None
+    secure: dict | None = None  # under secure aggregation: threshold, stage sizes, cheats
 
 
 class FLServer:
@@ -127,6 +132,7 @@ class FLServer:
         test_set: tuple[np.ndarray, np.ndarray] | None = None,
         on_round: Callable[[RoundReport], None] | None = None,
         sizes: Mapping[str, int] | None = None,
+        roster: Any = None,
     ) -> None:
         if not clients:
             raise ConfigError("a federation needs at least one client")
@@ -155,6 +161,11 @@ class FLServer:
         if isinstance(transport, SizeAdmittingTransport):
             transport.admit_size = self.bounds.admit_size
         self.reports: list[RoundReport] = []
+        self.roster = roster  # checks the clients' signed secure-aggregation keys
+        if cfg.secagg is not None:
+            m = max(1, math.ceil(cfg.fraction * len(self.clients)))
+            cfg.secagg.check(m)  # the ring sum of a round cannot overflow
+            self.bounds.secagg_slack = 256 * len(self.clients)
 
     # -- accounting ----------------------------------------------------------------------------
     def bytes_up(self) -> int:
@@ -196,6 +207,10 @@ class FLServer:
         accepted: dict[str, tuple[int, np.ndarray]] = {}
         rejected: dict[str, str] = {}
         targets = self.clients if broadcast else sampled
+        secure: dict | None = None
+        if self.cfg.secagg is not None:
+            secure = await self._secure_round(r, seed, sampled, broadcast, accepted, rejected)
+            targets = []
         try:
             async with asyncio.timeout(self.cfg.round_timeout):
                 async with asyncio.TaskGroup() as tg:
@@ -205,7 +220,10 @@ class FLServer:
                         )
         except TimeoutError:
             pass
-        if accepted:
+        if secure is not None and "sum" in secure:
+            mean = secure.pop("sum") / np.float32(len(accepted))
+            await asyncio.to_thread(self._step, self._decode(mean, seed))
+        elif accepted:
             names = sorted(accepted)
             await asyncio.to_thread(
                 self._apply, [accepted[c][1] for c in names], [accepted[c][0] for c in names], seed
@@ -227,6 +245,7 @@ class FLServer:
             version=self.planner.version,
             seconds=time.perf_counter() - t0,
             accuracy=acc,
+            secure=secure,
         )
         self.reports.append(report)
         if self.on_round is not None:
@@ -238,6 +257,56 @@ class FLServer:
         if info is not None:
             meta["zlib"] = info
         await self.transport.send(c, P.MODEL, Frame(meta=meta, arrays=arrays))
+
+    async def _secure_round(
+        self, r: int, seed: int, sampled: list[str], broadcast: bool, accepted: dict, rejected: dict
+    ) -> dict:
+        """Round ``r`` under secure aggregation: deliver the training requests, run the
+        secure sum (`secagg.server.SecureRound`); ``accepted`` gets the survivors, ``rejected``
+        the named cheaters. Returns the report's ``secure`` entry, with ``"sum"`` (the
+        survivors' payload sum) unless the round was aborted."""
+        from .secagg.server import Aborted, SecureRound
+
+        assert self.cfg.secagg is not None  # Invariant: called under secure aggregation only
+        shape = P.expected_shape(self.uplink, self.d)
+        sr = SecureRound(
+            self.transport, self.cfg.secagg, r, sampled, shape,
+            wait=self.cfg.round_timeout, roster=self.roster,
+        )  # fmt: skip
+        params = sr.params()
+
+        async def deliver(c: str) -> None:
+            try:
+                async with asyncio.timeout(self.cfg.round_timeout):
+                    await self.wait_ready(c)
+                    if broadcast:
+                        await self._send_anchor(c)
+                    if c in sampled:
+                        await self.send_round(c, r, seed, secagg=params)
+            except (TandemError, TimeoutError):
+                pass  # not reached: it drops out of the secure sum
+
+        async with asyncio.TaskGroup() as tg:
+            for c in self.clients if broadcast else sampled:
+                tg.create_task(deliver(c))
+        out: dict[str, Any] = {"threshold": sr.thr}
+        try:
+            survivors, total = await sr.run()
+            accepted.update({c: (1, None) for c in survivors})
+            for c in survivors:  # each trained on this round's model message
+                self.known[c] = max(self.known[c], self.planner.version)
+            out["sum"] = total
+        except Aborted as exc:
+            out["aborted"] = str(exc)
+        for c, why in sr.cheats.items():
+            rejected[c] = f"secure aggregation: {c} {why}"
+        out["stages"] = dict(sr.stages)
+        return out
+
+    async def _send_anchor(self, c: str) -> None:
+        meta = {"kind": "full", "version": self.planner.version, "anchor": True, "train": False}
+        await self._send(c, meta, (self.model,))
+        self.known[c] = max(self.known[c], self.planner.version)
 
     async def _serve(
         self,
@@ -252,17 +321,7 @@ class FLServer:
         try:
             await self.wait_ready(c)
             if broadcast:
-                await self._send(
-                    c,
-                    {
-                        "kind": "full",
-                        "version": self.planner.version,
-                        "anchor": True,
-                        "train": False,
-                    },
-                    (self.model,),
-                )
-                self.known[c] = max(self.known[c], self.planner.version)
+                await self._send_anchor(c)
             if not train:
                 return
             self.inflight[c] = (r, seed)
@@ -296,15 +355,22 @@ class FLServer:
     async def _next_update(self, c: str) -> Frame | str:
         """``c``'s next update-channel frame, or the reason its update was refused at the
         head (`bounds.UpdateBounds`), whichever comes first. (``recv`` is cancel-safe: the
-        losing wait loses no frame.)"""
-        async with asyncio.TaskGroup() as tg:
-            frame = tg.create_task(self.transport.recv(c, P.UPDATE))
-            refused = tg.create_task(self.bounds.wait_refusal(c))
-            await asyncio.wait((frame, refused), return_when=asyncio.FIRST_COMPLETED)
-            if frame.done():
-                refused.cancel()
-                return frame.result()
-            frame.cancel()
+        losing wait loses no frame.) A closed link raises its `TandemError` as itself, not
+        wrapped in an exception group, so the caller leaves the client out."""
+        try:
+            async with asyncio.TaskGroup() as tg:
+                frame = tg.create_task(self.transport.recv(c, P.UPDATE))
+                refused = tg.create_task(self.bounds.wait_refusal(c))
+                await asyncio.wait((frame, refused), return_when=asyncio.FIRST_COMPLETED)
+                if frame.done():
+                    refused.cancel()
+                    return frame.result()
+                frame.cancel()
+        except ExceptionGroup as group:
+            closed = [e for e in group.exceptions if isinstance(e, TandemError)]
+            if closed:
+                raise closed[0] from None
+            raise
         return refused.result()
 
     async def _resync(self, c: str, r: int, seed: int, frame: Frame, resynced: bool) -> str | None:
@@ -350,10 +416,13 @@ class FLServer:
         accepted[c] = (n, payload)
         return None
 
-    async def send_round(self, c: str, r: int, seed: int) -> None:
-        """Send ``c`` round ``r``'s training request, planned from the version it holds."""
+    async def send_round(self, c: str, r: int, seed: int, secagg: dict | None = None) -> None:
+        """Send ``c`` round ``r``'s training request, planned from the version it holds
+        (``secagg``: the secure sum's parameters, `secagg.server.SecureRound.params`)."""
         meta, arrays = self.planner.plan(self.model, self.known[c])
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
+        if secagg is not None:
+            meta["secagg"] = secagg
         await self._send(c, meta, arrays)
 
     def _decode(self, payload: np.ndarray, seed: int) -> np.ndarray:
@@ -378,7 +447,10 @@ class FLServer:
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
-        agg = self._combine(payloads, weights, seed)
+        self._step(self._combine(payloads, weights, seed))
+
+    def _step(self, agg: np.ndarray) -> None:
+        """Run the server rule on the round's ``(d,)`` update, move the model, log it."""
         if self.cfg.optimizer is None:
             idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
         else:

@@ -73,8 +73,9 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
             sketch=c.sketch,
             **common,
         )
+    secagg = None if cfg.secagg is None else cfg.secagg.build()
     try:
-        return dataclasses.replace(fl, optimizer=cfg.optimizer.build())
+        return dataclasses.replace(fl, optimizer=cfg.optimizer.build(), secagg=secagg)
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
@@ -130,7 +131,13 @@ class DeployedServer(FLServer):
     ) -> None:
         test_set = (setup.x, setup.y) if setup.trainer.classifies else None
         super().__init__(
-            transport, cfg.clients, setup.trainer, setup.fl, test_set=test_set, on_round=on_round
+            transport,
+            cfg.clients,
+            setup.trainer,
+            setup.fl,
+            test_set=test_set,
+            on_round=on_round,
+            roster=None if cfg.secagg is None else cfg.secagg.roster(),
         )
         self.config, self.task = cfg, setup.task
         self.connected: dict[str, asyncio.Event] = {c: asyncio.Event() for c in cfg.clients}
@@ -242,6 +249,14 @@ async def run_server(
     from .export import export_global
 
     setup = await asyncio.to_thread(prepare_server, cfg)
+    if cfg.secagg is not None and cfg.secagg.public_keys is None:
+        log.warning(
+            "%s: secure aggregation without secagg.public_keys: the clients cannot check "
+            "each other's round keys, so it protects their updates from an honest-but-curious "
+            "server only (one that substitutes keys could read them); give every client a key "
+            "(tandem keys generate NAME) and list them in [secagg] public_keys",
+            cfg.path,
+        )
     restored = None
     if cfg.checkpoint is not None and not fresh:
         restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
