@@ -119,9 +119,7 @@ def send_depth(
     ``capacity``: frames in flight count in the outbound queue, whose capacity bounds memory
     (`Backpressure`), so the depth adds no buffer of its own."""
     window = (
-        transport.send_window(peer) * channels
-        if isinstance(transport, WindowedTransport)
-        else None
+        transport.send_window(peer) * channels if isinstance(transport, WindowedTransport) else None
     )
     return _depth(window, capacity, round_trip, bandwidth, frame_bytes)
 
