@@ -207,6 +207,10 @@ class _BatchState:
         self.outbound = 0
         self.max_outbound = 0
         self.queues: dict[str, asyncio.Queue] = {}
+        #: frames a lane-driven compute loop queued for the send lanes, not yet moved to
+        #: ``queues`` on the loop; ``handover_due``: a move is scheduled on the loop
+        self.handover: list[tuple[asyncio.Queue, tuple]] = []
+        self.handover_due = False
         self.wake = asyncio.Event()
         self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
         #: the plan's compute ops whose results are sent, and how many of them have not run;
@@ -356,8 +360,20 @@ class PartyRuntime:
         if getattr(self.lane, "drives_batches", False):
             loop = asyncio.get_running_loop()
 
-            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread
-                loop.call_soon_threadsafe(q.put_nowait, item)
+            def hand_over() -> None:  # on the loop: every frame the lane thread queued
+                with st.lock:
+                    items, st.handover = st.handover, []
+                    st.handover_due = False
+                for q, item in items:
+                    q.put_nowait(item)
+
+            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread, st.lock held
+                # one loop wake-up for every frame queued until the loop takes them: a loop
+                # slow to get the CPU (a loaded machine) then wakes once for several frames
+                st.handover.append((q, item))
+                if not st.handover_due:
+                    st.handover_due = True
+                    loop.call_soon_threadsafe(hand_over)
 
             def stop() -> None:
                 with st.lock:
