@@ -291,6 +291,19 @@ def test_robust_estimate_takes_what_all_rows_but_the_slack_agree_on():
     np.testing.assert_array_equal(np.asarray(C._agreed_of_rows(a[2:])), [0.0, 0.0, 0.0, 0.0])
 
 
+def test_robust_estimate_keeps_the_median_unless_a_large_one_lacks_the_rows_backing():
+    rng = np.random.default_rng(0)
+    a = rng.normal(0, 0.01, (5, 4000)).astype(np.float32)  # light coordinates: noise rows
+    a[:, 0] += 1.0  # a heavy coordinate: every row agrees
+    a[:3, 1] += 1.0  # a light one spoiled in three rows the same way
+    a[3:, 1] = [-0.01, 0.01]
+    med = np.asarray(C._median_of_rows(jnp.asarray(a)))
+    got = np.asarray(C._robust_of_rows(jnp.asarray(a)))
+    assert med[1] > 0.9 and abs(got[1]) <= 0.01  # the spoiled median falls back to ~nothing
+    assert got[0] == med[0]
+    np.testing.assert_array_equal(got[2:], med[2:])  # every other coordinate keeps its median
+
+
 def test_heavy_recall_counts_the_true_top_h_in_the_estimates_top_h():
     x = np.array([5.0, -4.0, 0.1, 3.0, 0.0], np.float32)
     assert C.heavy_recall(x, x, 3) == 1.0

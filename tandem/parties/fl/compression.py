@@ -16,8 +16,8 @@ on the seed regenerate the same indices / hashes without sending them.
 * **Count sketch** (`sketch_compress`, `sketch_estimate`): ``rows x cols`` table; coordinate
   ``j`` adds ``sign_r(j) * x_j`` to bucket ``h_r(j)`` of every row ``r``. Linear, so the sum of
   sketches is the sketch of the sum (the server adds client sketches). The row-mean estimate is
-  unbiased over the hash seed; the robust estimate (the value all rows but one in four reach
-  in one sign, else 0) recovers heavy hitters: its top-h holds them.
+  unbiased over the hash seed; the robust estimate (the row median, unless a large median is
+  not backed by all rows but one in four) recovers heavy hitters: its top-h holds them.
 * **Top-k** (`topk_mask`) and **error feedback** (`error_feedback`): with ``acc = g + r``, the
   selected part keeps ``acc`` on the top-k magnitudes and zero elsewhere and the new residual is
   the rest, so ``selected + residual == g + r`` holds exactly (bit for bit) in floating point.
@@ -196,7 +196,7 @@ def _estimate(table, seed, d: int, median: bool):
     rows, cols = table.shape
     buckets, signs = _hashes(seed, d, rows, cols)
     per_row = jax.vmap(lambda t, b, s: t[b] * s.astype(t.dtype))(table, buckets, signs)
-    return _agreed_of_rows(per_row) if median else jnp.mean(per_row, axis=0)
+    return _robust_of_rows(per_row) if median else jnp.mean(per_row, axis=0)
 
 
 def _sorted_rows(a) -> list:
@@ -247,11 +247,34 @@ def _agreed_of_rows(a):
     return jnp.where(low > 0, low, jnp.where(high < 0, high, zero))
 
 
+#: a row median larger than this many noise scales must be backed by `_agreed_of_rows`
+SPOIL_SIGMAS = 4.0
+
+#: coordinates (about) that `_robust_of_rows` reads to estimate the noise scale
+NOISE_SAMPLE = 65_536
+
+
+def _robust_of_rows(a):
+    """The row median, except where it is large and the rows do not back it: a median above
+    `SPOIL_SIGMAS` noise scales (the noise scale: the median magnitude of the medians of every
+    ``d // NOISE_SAMPLE``-th coordinate, over 0.6745) whose `_agreed_of_rows` value is less
+    than half of it is replaced by that value. A heavy coordinate's rows agree on it, so it
+    keeps its median; a light coordinate spoiled in three rows by heavy ones of one sign
+    (hundreds of them at d = 1M with the preset, each as large as a heavy one) falls back to
+    what four rows agree on, about nothing; every other coordinate keeps its median, which
+    training needs (zeroing every coordinate the rows do not agree on costs accuracy)."""
+    med = _median_of_rows(a)
+    agreed = _agreed_of_rows(a)
+    stride = max(1, med.shape[0] // NOISE_SAMPLE)
+    sigma = jnp.median(jnp.abs(med[::stride])) / 0.6745
+    spoiled = (jnp.abs(med) > SPOIL_SIGMAS * sigma) & (jnp.abs(agreed) < jnp.abs(med) / 2)
+    return jnp.where(spoiled, agreed, med)
+
+
 def sketch_estimate(table, seed: int, d: int, *, median: bool = True) -> jax.Array:
-    """Estimate every coordinate from a sketch. ``median`` (the default): the robust
-    heavy-hitter estimate, the value all rows but `agree_slack` reach in one sign, else 0
-    (`_agreed_of_rows`; with at most 4 rows, the least magnitude of rows that all share a
-    sign); its top-h holds the heavy coordinates (docs/federated.md, "Count sketch").
+    """Estimate every coordinate from a sketch. ``median`` (the default): the row median,
+    except where a large median is not backed by all rows but `agree_slack` (`_robust_of_rows`);
+    its top-h holds the heavy coordinates (docs/federated.md, "Count sketch").
     ``median=False``: the row mean (unbiased over the seed)."""
     table = jnp.asarray(table)
     if table.ndim != 2:
