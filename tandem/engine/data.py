@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -51,13 +52,21 @@ class BatchRows:
 
     A party binds a batch's features this way so the gather happens per micro-batch, in the op
     that reads it (on the compute lane), instead of copying the whole batch on the event loop's
-    thread before the batch can start.
+    thread before the batch can start. What a slice costs is settled once, when the batch is
+    bound: the kind of ``data`` (a `RowSource` check is a runtime Protocol check, microseconds
+    each) and the runs of consecutive indices (``_breaks[i]`` counts the breaks among
+    ``idx[:i + 1]``, so ``idx[lo:hi]`` is one run iff ``_breaks[hi - 1] == _breaks[lo]``).
     """
 
-    __slots__ = ("data", "idx")
+    __slots__ = ("data", "idx", "_take", "_breaks")
 
     def __init__(self, data: np.ndarray | RowSource, idx: np.ndarray) -> None:
         self.data, self.idx = data, np.asarray(idx)
+        self._take: Callable[[np.ndarray | slice], np.ndarray] = (
+            data.gather if isinstance(data, RowSource) else data.__getitem__
+        )
+        steps = np.diff(self.idx) != 1 if len(self.idx) else np.zeros(0, bool)
+        self._breaks = np.concatenate(([0], np.cumsum(steps)))
 
     def __len__(self) -> int:
         return len(self.idx)
@@ -65,8 +74,8 @@ class BatchRows:
     def __getitem__(self, rows: slice) -> np.ndarray:
         if not isinstance(rows, slice):
             raise TypeError("BatchRows takes a slice of the batch's rows")
-        part = self.idx[rows]
-        if len(part) and part[-1] - part[0] == len(part) - 1 and np.all(np.diff(part) == 1):
-            run = slice(int(part[0]), int(part[-1]) + 1)
-            return self.data.gather(run) if isinstance(self.data, RowSource) else self.data[run]
-        return self.data.gather(part) if isinstance(self.data, RowSource) else self.data[part]
+        lo, hi, step = rows.indices(len(self.idx))
+        if step == 1 and hi > lo and self._breaks[hi - 1] == self._breaks[lo]:
+            first = int(self.idx[lo])
+            return self._take(slice(first, first + hi - lo))
+        return self._take(self.idx[rows])

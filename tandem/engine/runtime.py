@@ -118,9 +118,22 @@ def send_depth(
     transports, `SEND_DEPTH` (the next frame waits behind the one on the wire). Never more than
     ``capacity``: frames in flight count in the outbound queue, whose capacity bounds memory
     (`Backpressure`), so the depth adds no buffer of its own."""
+    window = (
+        transport.send_window(peer) * channels if isinstance(transport, WindowedTransport) else None
+    )
+    return _depth(window, capacity, round_trip, bandwidth, frame_bytes)
+
+
+def _depth(
+    window: int | None,
+    capacity: int,
+    round_trip: float | None,
+    bandwidth: float | None,
+    frame_bytes: int,
+) -> int:
+    """`send_depth` once the transport's window (None: it has none) is known."""
     depth = SEND_DEPTH
-    if isinstance(transport, WindowedTransport):
-        window = transport.send_window(peer) * channels
+    if window is not None:
         if round_trip is not None and bandwidth and frame_bytes > 0:
             cover = 1 + math.ceil(max(round_trip, 0.0) * bandwidth / frame_bytes)
             depth = min(max(cover, SEND_DEPTH), window)
@@ -149,13 +162,31 @@ class LinkDepth:
 
 
 class _SendLaneState:
-    """One send lane's frames handed to the transport and not yet returned (``in_flight``,
-    guarded by ``cond``), and the end of the latest completed send (a trace's wire start)."""
+    """One send lane's frames handed to the transport and not yet returned (``in_flight``),
+    and the end of the latest completed send (a trace's wire start). Touched on the loop
+    thread only; ``waiter`` is the lane's wait for a frame to come back, set while it waits."""
+
+    __slots__ = ("in_flight", "sent", "waiter")
 
     def __init__(self) -> None:
-        self.cond = asyncio.Condition()
         self.in_flight = 0
         self.sent = float("-inf")
+        self.waiter: asyncio.Future[None] | None = None
+
+    async def below(self, depth: int) -> None:
+        """Return once fewer than ``depth`` frames are in flight."""
+        while self.in_flight >= depth:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+    def returned(self) -> None:
+        """A frame came back from the transport (sent or failed)."""
+        self.in_flight -= 1
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
 
 
 class _BatchState:
@@ -176,6 +207,10 @@ class _BatchState:
         self.outbound = 0
         self.max_outbound = 0
         self.queues: dict[str, asyncio.Queue] = {}
+        #: frames a lane-driven compute loop queued for the send lanes, not yet moved to
+        #: ``queues`` on the loop; ``handover_due``: a move is scheduled on the loop
+        self.handover: list[tuple[asyncio.Queue, tuple]] = []
+        self.handover_due = False
         self.wake = asyncio.Event()
         self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
         #: the plan's compute ops whose results are sent, and how many of them have not run;
@@ -221,6 +256,8 @@ class PartyRuntime:
         self.counters: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
         self.links: dict[str, LinkDepth] = {}  # per peer, kept across batches
+        # a runtime-checkable Protocol's isinstance costs microseconds: checked once, not per frame
+        self._windowed = isinstance(transport, WindowedTransport)
 
     async def run(
         self,
@@ -323,8 +360,20 @@ class PartyRuntime:
         if getattr(self.lane, "drives_batches", False):
             loop = asyncio.get_running_loop()
 
-            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread
-                loop.call_soon_threadsafe(q.put_nowait, item)
+            def hand_over() -> None:  # on the loop: every frame the lane thread queued
+                with st.lock:
+                    items, st.handover = st.handover, []
+                    st.handover_due = False
+                for q, item in items:
+                    q.put_nowait(item)
+
+            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread, st.lock held
+                # one loop wake-up for every frame queued until the loop takes them: a loop
+                # slow to get the CPU (a loaded machine) then wakes once for several frames
+                st.handover.append((q, item))
+                if not st.handover_due:
+                    st.handover_due = True
+                    loop.call_soon_threadsafe(hand_over)
 
             def stop() -> None:
                 with st.lock:
@@ -399,27 +448,30 @@ class PartyRuntime:
         loop gets round to them. Each send is a task of its own, started in queue order, so a
         transport that serialises a channel's sends (both do) keeps their order."""
         queue = st.queues[peer]
-        channels = len({op.channel for op in st.plan.sends if op.peer == peer})
+        capacity = self.bp.capacity
+        window = None  # per frame only over a windowed transport: the depth then varies
+        if self._windowed:
+            channels = len({op.channel for op in st.plan.sends if op.peer == peer})
+            window = self.transport.send_window(peer) * channels  # type: ignore[attr-defined]
         link = self.links.setdefault(peer, LinkDepth())
         lane = _SendLaneState()
+        depth = _depth(None, capacity, None, None, 0)
         async with asyncio.TaskGroup() as tg:
             for _ in range(count):
                 op, array = await queue.get()
-                nbytes = payload_nbytes(array)
-                depth = send_depth(
-                    self.transport,
-                    peer,
-                    channels,
-                    self.bp.capacity,
-                    round_trip=link.round_trip,
-                    bandwidth=self._bandwidth(peer),
-                    frame_bytes=nbytes,
-                )
-                async with lane.cond:
-                    while lane.in_flight >= depth:
-                        await lane.cond.wait()
-                    lane.in_flight += 1
-                    idle = lane.in_flight == 1
+                if window is not None:
+                    depth = _depth(
+                        window,
+                        capacity,
+                        link.round_trip,
+                        self._bandwidth(peer),
+                        payload_nbytes(array),
+                    )
+                if lane.in_flight >= depth:
+                    await lane.below(depth)
+                lane.in_flight += 1
+                # an idle lane's send samples the round trip, which only a window's depth uses
+                idle = window is not None and lane.in_flight == 1
                 tg.create_task(self._send_one(st, peer, op, array, batch, stats, lane, idle))
 
     def _bandwidth(self, peer: str) -> float | None:
@@ -443,9 +495,7 @@ class PartyRuntime:
         try:
             await self.transport.send(peer, op.channel, message(batch, op, array))
         finally:
-            async with lane.cond:
-                lane.in_flight -= 1
-                lane.cond.notify_all()
+            lane.returned()
         end = st.clock()
         nbytes = payload_nbytes(array)
         if idle:

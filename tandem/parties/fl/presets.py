@@ -14,8 +14,9 @@ from .aggregate import ServerRule
 from .server import FLConfig
 
 SKETCH_ROWS = 5
-"""Rows of the preset count sketch: the row median is then spoiled for a coordinate only when
-3 of the 5 rows put another heavy coordinate in its bucket (see docs/federated.md)."""
+"""Rows of the preset count sketch: the robust estimate (`compression.sketch_estimate`) then
+takes what 4 of the 5 rows agree on, so a light coordinate outranks the heavy ones only when 4
+rows put heavy coordinates of one sign in its bucket (see docs/federated.md, "Count sketch")."""
 
 
 def dense(**kw) -> FLConfig:
