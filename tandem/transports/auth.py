@@ -23,6 +23,10 @@ party names. A sender learns a receiver's incarnation from the receiver's first 
 With per-party keys the same canonical string (under the version tag `VERSION_KEYS`) is
 signed with the sender's Ed25519 key and ``X-Tandem-Signature`` carries that signature.
 
+A bulk body's head may defer its digest to a signed trailer after the body: `DEFERRED` (its
+BLAKE3 digest follows) or, under a shared secret, `DEFERRED_MAC` (its AES-GMAC tag follows,
+keyed by the secret and the signed head: `body_mac`, `tandem.transports.bodymac`).
+
 Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
 previous one during a rotation; with per-party keys, every key of every roster member) and
 picks the one the request names.
