@@ -3,17 +3,17 @@ attack class of issue 30 runs against them, one class per run.
 
     python -m bench.hostile --json        # one JSON line
 
-Each run is a real job (`tandem.parties.split.process.standalone.run_party` for the leader and the
-follower: negotiation, training, evaluation, export) in a process of its own (so that every
+Each run is a real job (`tandem.parties.split.process.standalone.run_party` for the leader and
+the follower: negotiation, training, evaluation, export) in a process of its own (so that every
 run's memory is measured from the same start), with ``[http] inbound_budget`` set
 (``--budget-mib``); its attack runs beside it in the same process for at most ``--seconds``
 (and stops when the parties finish). The attackers whose own client work is heavy (the
-slow-loris, ``memory`` and ``drained``) run in one more process (`bench.hostile_apart`), so
-that their work does not stall the loop whose ``/healthz`` latency is measured. A reference run
-without attack comes first. After each attack the parties must finish ``done`` with exactly
-the reference run's exported parameters, and every hostile request must have been refused
-(no 2xx, no 5xx; a party that finished meanwhile may answer 503 or 410); otherwise the
-attack's name lands in ``failed``.
+slow-loris, ``memory``, ``drained`` and ``future_flood``) run in one more process
+(`bench.hostile_apart`), so that their work does not stall the loop whose ``/healthz`` latency
+is measured. A reference run without attack comes first. After each attack the parties must
+finish ``done`` with exactly the reference run's exported parameters, and every hostile request
+must have been refused (no 2xx, no 5xx; a party that finished meanwhile may answer 503 or 410);
+otherwise the attack's name lands in ``failed``.
 
 Attack classes (the rows of issue 30's table):
 
@@ -951,7 +951,7 @@ ATTACK_FUNCS: dict[str, Callable[[Ctx], Awaitable[dict[str, Any]]]] = {
     "memory": lambda ctx: hostile_apart.run_apart(ctx, "memory"),
     "slowloris": attack_slowloris,
     "slow_body": attack_slow_body,
-    "future_flood": attack_future_flood,
+    "future_flood": lambda ctx: hostile_apart.run_apart(ctx, "future_flood"),
     "plan": attack_plan,
     "overflow": attack_overflow,
     "malformed": attack_malformed,
@@ -966,6 +966,7 @@ ATTACK_FUNCS: dict[str, Callable[[Ctx], Awaitable[dict[str, Any]]]] = {
 APART: dict[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
     "memory": attack_memory,
     "drained": lambda ctx: hostile_bodies.attack_drained(ctx, _refused),
+    "future_flood": attack_future_flood,
 }
 
 

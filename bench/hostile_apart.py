@@ -1,7 +1,7 @@
-"""Attackers in a process of their own (`bench.hostile`): an attacker that does heavy client
-work (the ``memory`` and ``drained`` attacks push gigabytes) would, in the parties' process,
-stall the very event loop whose ``/healthz`` latency the benchmark measures; apart, the
-latency measures only what the attack costs the party.
+"""Attackers in a process of their own (`bench.hostile`): an attacker that does heavy client work
+(the ``memory`` and ``drained`` attacks push gigabytes, ``future_flood`` signs thousands of
+requests) would, in the parties' process, stall the very event loop whose ``/healthz`` latency
+the benchmark measures; apart, the latency measures only what the attack costs the party.
 
 The parent runs `run_apart` as the attack: it starts ``python -m bench.hostile --apart NAME
 URLS SECONDS`` and, when the job finishes or the attack's time is up, ends it with SIGTERM;
