@@ -5,8 +5,9 @@ the benchmark measures; apart, the latency measures only what the attack costs t
 
 The parent runs `run_apart` as the attack: it starts ``python -m bench.hostile --apart NAME
 URLS SECONDS`` and, when the job finishes or the attack's time is up, ends it with SIGTERM;
-the child (`child`) runs the attack against the party URLs it was given until then and prints
-its verdict as the last line of its stdout (JSON).
+the child (`child`) prints ``ready`` once its SIGTERM handler is in place, runs the attack
+against the party URLs it was given until then, and prints its verdict as the last line of
+its stdout (JSON).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+READY_TIMEOUT = 120.0  # seconds a child may take to start (imports, on a busy machine)
 
 
 class _Job:
@@ -46,7 +49,8 @@ class ApartCtx:
 
 async def run_apart(ctx: Any, name: str, roles: tuple[str, ...] = ("leader", "follower")) -> Any:
     """Run attack ``name`` in a child process against the job of ``ctx`` (a `Ctx`) until the
-    job finishes or ``ctx.deadline``; its verdict (a dict), or an error verdict when the child
+    job finishes or the time left to ``ctx.deadline`` has passed since the child was ready;
+    its verdict (a dict), or an error verdict when the child
     printed none."""
     loop = asyncio.get_running_loop()
     left = max(1.0, ctx.deadline - loop.time())
@@ -55,8 +59,15 @@ async def run_apart(ctx: Any, name: str, roles: tuple[str, ...] = ("leader", "fo
         sys.executable, "-m", "bench.hostile", "--apart", name, urls, f"{left:.1f}",
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
+    assert proc.stdout is not None
     try:
-        while ctx.going() and proc.returncode is None:
+        # the child's SIGTERM handler is in place once it says so (its imports take seconds
+        # on a busy machine; a SIGTERM before then would kill it without a verdict)
+        ready = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT)
+        if ready.strip() != b"ready":
+            raise RuntimeError(f"attacker process for {name!r} said {ready[:80]!r}")
+        until = loop.time() + left  # the attack's full time, counted from its readiness
+        while not ctx.finished.is_set() and loop.time() < until and proc.returncode is None:
             await asyncio.sleep(0.1)
     finally:
         if proc.returncode is None:
@@ -74,4 +85,6 @@ async def child(
     attack: Callable[[ApartCtx], Awaitable[dict[str, Any]]], urls: str, seconds: float
 ) -> dict[str, Any]:
     """The child's side: run ``attack`` against ``urls`` (JSON: role -> URL)."""
-    return await attack(ApartCtx(json.loads(urls), seconds))
+    ctx = ApartCtx(json.loads(urls), seconds)
+    print("ready", flush=True)
+    return await attack(ctx)

@@ -98,13 +98,12 @@ async def _raw_sink(srv: socket.socket) -> None:
 
 async def _receiver(frame_streams: bool) -> int:
     raw = _raw_server()
+    # the sender's address is unknown here (no probes: a slow run on a busy machine must not
+    # declare the sender lost), and the sender says goodbye at the end
     peers = {"tx": "http://127.0.0.1:9"}
-    plain = await HttpTransport(
-        HttpConfig(name="rx", peers=peers, frame_streams=frame_streams)
-    ).start()
-    signed = await HttpTransport(
-        HttpConfig(name="rx", secret=SECRET, peers=peers, frame_streams=frame_streams)
-    ).start()
+    common = {"peers": peers, "frame_streams": frame_streams, "peer_timeout": None}
+    plain = await HttpTransport(HttpConfig(name="rx", **common)).start()
+    signed = await HttpTransport(HttpConfig(name="rx", secret=SECRET, **common)).start()
     print(
         json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url, "signed": signed.url}),
         flush=True,
