@@ -27,7 +27,11 @@ The variants are interleaved in ``rounds`` (raw, HTTP, HTTP+HMAC, small frames; 
 messages each, after one untimed warm-up message per variant); medians over the rounds are
 reported, and every round in ``runs``. ``ratio_vs_raw`` is the median over rounds of
 ``http / raw`` measured in the same round (target >= 0.5), ``ratio_signed_vs_raw`` the same
-for ``http_hmac / raw`` (target >= 0.8). MB = 1e6 bytes. ``load`` records
+for ``http_hmac / raw`` (target >= 0.8). ``cpu_ms_per_message``: per large-message variant,
+the sender's and the receiver's CPU milliseconds per 64 MiB message (all rounds; process CPU
+time, so it says where the time goes even when load makes the throughputs noisy; with both
+processes busy on 2 cores, the throughput ratio follows the ratio of their sums). MB = 1e6
+bytes. ``load`` records
 ``os.getloadavg()`` before and after: loopback throughput is CPU-bound, so compare only runs on
 an otherwise idle machine.
 """
@@ -94,13 +98,12 @@ async def _raw_sink(srv: socket.socket) -> None:
 
 async def _receiver(frame_streams: bool) -> int:
     raw = _raw_server()
+    # the sender's address is unknown here (no probes: a slow run on a busy machine must not
+    # declare the sender lost), and the sender says goodbye at the end
     peers = {"tx": "http://127.0.0.1:9"}
-    plain = await HttpTransport(
-        HttpConfig(name="rx", peers=peers, frame_streams=frame_streams)
-    ).start()
-    signed = await HttpTransport(
-        HttpConfig(name="rx", secret=SECRET, peers=peers, frame_streams=frame_streams)
-    ).start()
+    common = {"peers": peers, "frame_streams": frame_streams, "peer_timeout": None}
+    plain = await HttpTransport(HttpConfig(name="rx", **common)).start()
+    signed = await HttpTransport(HttpConfig(name="rx", secret=SECRET, **common)).start()
     print(
         json.dumps({"raw_port": raw.getsockname()[1], "plain": plain.url, "signed": signed.url}),
         flush=True,
@@ -154,11 +157,52 @@ class _RawSender:
         self.sock.close()
 
 
-async def _throughput(send, nbytes: int, repeats: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        await send()
-    return repeats * nbytes / (time.perf_counter() - t0) / 1e6
+def _cpu_seconds(pid: int | None = None) -> float:
+    """CPU seconds (user + system, every thread) of this process, or of process ``pid``
+    (Linux ``/proc``; NaN elsewhere)."""
+    if pid is None:
+        return time.process_time()
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Cpu:
+    """CPU seconds spent by the sender (this process) and the receiver (``pid``) per variant,
+    summed over rounds: unlike throughput, they barely depend on the machine's load, so they
+    say where a variant's time goes even on a busy machine."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.spent: dict[str, list[float]] = {}
+        self.messages: dict[str, int] = {}
+
+    async def measure(self, key: str, send, nbytes: int, repeats: int) -> float:
+        """Throughput (MB/s) of ``repeats`` sends; their CPU time is added to ``key``'s."""
+        c0 = (_cpu_seconds(), _cpu_seconds(self.pid))
+        t0 = time.perf_counter()
+        for _ in range(repeats):
+            await send()
+        dt = time.perf_counter() - t0
+        c1 = (_cpu_seconds(), _cpu_seconds(self.pid))
+        spent = self.spent.setdefault(key, [0.0, 0.0])
+        spent[0] += c1[0] - c0[0]
+        spent[1] += c1[1] - c0[1]
+        self.messages[key] = self.messages.get(key, 0) + repeats
+        return repeats * nbytes / dt / 1e6
+
+    def report(self) -> dict[str, dict[str, float]]:
+        """Per variant: sender and receiver CPU milliseconds per message."""
+        return {
+            k: {
+                "sender_ms": round(s * 1e3 / self.messages[k], 2),
+                "receiver_ms": round(r * 1e3 / self.messages[k], 2),
+            }
+            for k, (s, r) in self.spent.items()
+        }
 
 
 async def _small_us(t: HttpTransport, n: int) -> float:
@@ -234,9 +278,10 @@ async def _sender(args: argparse.Namespace) -> dict:
             runs: dict[str, list[float]] = {
                 k: [] for k in (*senders, "small_us", "small_hmac_us", "small_windowed_us")
             }
+            cpu = _Cpu(proc.pid)
             for r in range(args.rounds):
                 for key, send in senders.items():
-                    runs[key].append(await _throughput(send, big.nbytes, args.repeats))
+                    runs[key].append(await cpu.measure(key, send, big.nbytes, args.repeats))
                 runs["small_us"].append(await _small_us(plain, args.small))
                 runs["small_hmac_us"].append(await _small_us(signed, args.small))
                 small_windowed = await _small_windowed_us(plain, args.small, WINDOW)
@@ -269,6 +314,7 @@ async def _sender(args: argparse.Namespace) -> dict:
         "ratio_vs_raw": round(statistics.median(ratios), 3),
         "http_hmac_MBps": round(med["http_hmac"], 1),
         "ratio_signed_vs_raw": round(statistics.median(signed), 3),
+        "cpu_ms_per_message": cpu.report(),
         "small_frame_us": round(med["small_us"], 1),
         "small_frame_hmac_us": round(med["small_hmac_us"], 1),
         "small_frame_windowed_us": round(med["small_windowed_us"], 1),

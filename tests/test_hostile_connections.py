@@ -275,6 +275,41 @@ async def test_connection_caps_and_head_timeouts():
                 writer.transport.abort()
 
 
+async def test_no_handler_until_the_first_head_ends():
+    """A connection whose head never ends gets no aiohttp handler (a slow-loris costs an
+    accept and a timer); a head sent a byte at a time is answered once it ends, and a head
+    beyond the hold limit goes to aiohttp, which refuses it."""
+    from tandem.transports.http.connections import HEAD_HOLD_LIMIT
+
+    cfg = HttpConfig(name="srv", peers={"a": "http://127.0.0.1:9"}, header_timeout=5.0)
+    async with HttpTransport(cfg) as srv:
+        host, port = srv.url.split("//")[1].split(":")
+        listener = srv._server.listener
+        assert listener is not None
+        slow = await asyncio.open_connection(host, int(port))
+        slow[1].write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        drip = await asyncio.open_connection(host, int(port))
+        head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        try:
+            for i in range(len(head) - 1):
+                drip[1].write(head[i : i + 1])
+                await asyncio.sleep(0.002)
+            await asyncio.sleep(0.05)
+            assert len(listener) == 2 and all(g.inner is None for g in listener.guards)
+            drip[1].write(head[-1:])
+            answer = await asyncio.wait_for(drip[0].read(), 5)
+            assert answer.startswith(b"HTTP/1.1 200")
+            huge = await asyncio.open_connection(host, int(port))
+            huge[1].write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"a" * HEAD_HOLD_LIMIT)
+            answer = await asyncio.wait_for(huge[0].read(), 5)
+            assert answer.split(b" ")[1] == b"400"  # aiohttp's own refusal of the head
+            huge[1].transport.abort()
+            assert [g.inner for g in listener.guards if g.phase == "head"][:1] == [None]
+        finally:
+            slow[1].transport.abort()
+            drip[1].transport.abort()
+
+
 def test_the_connection_cap_leaves_descriptors_for_the_partys_files(monkeypatch):
     import resource
 

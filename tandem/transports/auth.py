@@ -23,6 +23,10 @@ party names. A sender learns a receiver's incarnation from the receiver's first 
 With per-party keys the same canonical string (under the version tag `VERSION_KEYS`) is
 signed with the sender's Ed25519 key and ``X-Tandem-Signature`` carries that signature.
 
+A bulk body's head may defer its digest to a signed trailer after the body: `DEFERRED` (its
+BLAKE3 digest follows) or, under a shared secret, `DEFERRED_MAC` (its AES-GMAC tag follows,
+keyed by the secret and the signed head: `body_mac`, `tandem.transports.bodymac`).
+
 Keys carry an id (``X-Tandem-Key-Id``); a verifier holds several (the current one and the
 previous one during a rotation; with per-party keys, every key of every roster member) and
 picks the one the request names.
@@ -55,6 +59,8 @@ from typing import TYPE_CHECKING
 import blake3
 
 from tandem.errors import AuthenticationError
+
+from .bodymac import MAC_PREFIX, BodyMac, is_tag
 
 if TYPE_CHECKING:
     from .keys import Roster, SigningKey
@@ -93,6 +99,10 @@ LEGACY_BODY_SHA = "X-Tandem-Body-SHA256"  # an older Tandem's body digest header
 #: as method `TRAILER` with the head's routing headers (docs/transports.md, "Bulk path"): the
 #: sender hashes while it sends instead of before.
 DEFERRED = DIGEST_PREFIX + "trailer"
+#: The same for a bulk body signed with a shared secret: the trailer carries the body's
+#: AES-GMAC tag (``"gmac:"`` and 32 hex digits) under a key derived from the secret and the
+#: signed head (`tandem.transports.bodymac`), not a BLAKE3 digest.
+DEFERRED_MAC = MAC_PREFIX + "trailer"
 TRAILER = "TRAILER"
 
 
@@ -125,9 +135,22 @@ def body_hasher(*, parallel: bool = False) -> BodyHasher:
     return blake3.blake3(max_threads=blake3.blake3.AUTO if parallel else 1)
 
 
-def digest_of(hasher: BodyHasher) -> str:
-    """The header value of what ``hasher`` was fed: ``"blake3:" + 64 hex digits``."""
-    return DIGEST_PREFIX + hasher.hexdigest()
+def digest_of(hasher: BodyHasher | BodyMac) -> str:
+    """The header value of what ``hasher`` was fed: ``"blake3:" + 64 hex digits``, or for a
+    `BodyMac` ``"gmac:" + 32 hex digits``."""
+    prefix = MAC_PREFIX if isinstance(hasher, BodyMac) else DIGEST_PREFIX
+    return prefix + hasher.hexdigest()
+
+
+def digest_matches(hasher: BodyHasher | BodyMac, digest: str) -> bool:
+    """Whether what ``hasher`` was fed has the signed ``digest`` (constant-time compare)."""
+    return hmac.compare_digest(digest_of(hasher).encode(), digest.encode())
+
+
+def body_mac(secret: bytes, method: str, path: str, headers: Mapping[str, str]) -> BodyMac:
+    """The GMAC of the body of the request whose signed ``headers`` (`DEFERRED_MAC`) were
+    signed with the shared ``secret`` (`tandem.transports.bodymac`)."""
+    return BodyMac(secret, _canonical(method, path, headers))
 
 
 def body_digest(parts: Iterable[bytes | memoryview]) -> str:
@@ -140,11 +163,12 @@ def body_digest(parts: Iterable[bytes | memoryview]) -> str:
     return digest_of(h)
 
 
-def check_digest(headers: Mapping[str, str]) -> None:
+def check_digest(headers: Mapping[str, str], *, trailer: bool = False) -> None:
     """Refuse (`AuthenticationError`) a request whose body digest header is present but is
-    neither ``"blake3:"`` and 64 lower-case hex digits nor `DEFERRED`, or that carries an
-    older Tandem's SHA-256 header instead (its sender is told to upgrade). A missing header
-    is `Verifier`'s to refuse."""
+    neither ``"blake3:"`` and 64 lower-case hex digits nor `DEFERRED` / `DEFERRED_MAC`, or
+    that carries an older Tandem's SHA-256 header instead (its sender is told to upgrade). A
+    body ``trailer`` may also carry a GMAC tag (``"gmac:"`` and 32 hex digits). A missing
+    header is `Verifier`'s to refuse."""
     value = headers.get(BODY_SHA)
     if value is None:
         if LEGACY_BODY_SHA in headers:
@@ -153,6 +177,8 @@ def check_digest(headers: Mapping[str, str]) -> None:
                 f"digest; this receiver takes {BODY_SHA}: {DIGEST_PREFIX}<hex>): run the same "
                 "Tandem version on every party"
             )
+        return
+    if value == DEFERRED_MAC or (trailer and is_tag(value)):
         return
     hexpart = value[len(DIGEST_PREFIX) :]
     if value != DEFERRED and not (
@@ -329,6 +355,18 @@ class Verifier:
         if len(memory.seen) > self._max:
             _, oldest = memory.seen.popitem(last=False)
             memory.floor = max(memory.floor, oldest)
+
+    def body_mac(self, method: str, path: str, headers: Mapping[str, str]) -> BodyMac:
+        """The GMAC of the body of a verified request whose digest is `DEFERRED_MAC`, keyed
+        by the shared secret its key id names; `AuthenticationError` under per-party keys
+        (no shared secret: their bulk bodies carry a BLAKE3 digest, `DEFERRED`)."""
+        key = self._keys.get(headers.get(KEY_ID, ""))
+        if self.roster is not None or key is None:
+            raise AuthenticationError(
+                f"{BODY_SHA} {DEFERRED_MAC} needs a shared secret; a party signing with its "
+                f"own key sends {DEFERRED}"
+            )
+        return body_mac(key, method, path, headers)
 
     def _check_signature(self, method: str, path: str, headers: Mapping[str, str]) -> None:
         key_id = headers.get(KEY_ID, "")

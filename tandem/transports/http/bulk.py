@@ -19,6 +19,7 @@ from aiohttp import web
 
 from tandem.errors import TransportError
 
+from ..bodymac import BodyMac
 from .protocol import (
     BULK_PROTOCOL,
     FRAME_PATH,
@@ -56,6 +57,9 @@ class BulkBody:
         #: set before `begin` when a trailer follows the body (the head's digest is
         #: `auth.DEFERRED`): it authenticates the trailer line and returns its body digest
         self.check_trailer: Callable[[bytes], str] | None = None
+        #: the body's GMAC when the head's digest is `auth.DEFERRED_MAC` (set with
+        #: ``check_trailer``): what the body is fed to instead of a BLAKE3 hasher
+        self.mac: BodyMac | None = None
 
     def length(self) -> int:
         if self.request.content_length:
@@ -78,6 +82,7 @@ class BulkBody:
         owner = transport.get_protocol()
         sink = BulkSink(memoryview(buf)[offset : offset + length], owner, transport, scan, offset)
         sink.trailer = bytearray() if self.check_trailer is not None else None
+        sink.mac = self.mac
         resp = web.StreamResponse(
             status=101, headers={"Connection": "Upgrade", "Upgrade": BULK_PROTOCOL}
         )
@@ -147,7 +152,7 @@ class BulkSink(asyncio.BufferedProtocol):
     ``handler_cancellation``, cancels the handler, as it does for a plain request). Reading
     pauses once the body is complete; bytes beyond it are an error. With ``scan``, the bytes
     are NaN/Inf-scanned as they land, while still in cache (``base``: the view's offset in
-    the message)."""
+    the message); with ``mac``, fed to it as they land as well."""
 
     def __init__(
         self,
@@ -165,6 +170,8 @@ class BulkSink(asyncio.BufferedProtocol):
         self._want = 0
         self._spare: bytearray | None = None
         self.trailer: bytearray | None = None  # the trailer line as it comes (when expected)
+        #: fed every body byte as it lands, while it is in cache (a GMAC: `bodymac`)
+        self.mac: BodyMac | None = None
         self.trailer_done = False
 
     def get_buffer(self, sizehint: int) -> memoryview | bytearray:
@@ -176,6 +183,8 @@ class BulkSink(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.pos < len(self.view):
+            if self.mac is not None:
+                self.mac.update(self.view[self.pos : self.pos + nbytes])
             self.pos += nbytes
             if self.pos == len(self.view) and self.trailer is None:
                 self.transport.pause_reading()

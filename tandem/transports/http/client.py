@@ -34,8 +34,9 @@ from tandem.errors import (
     TransportError,
 )
 
-from .. import auth, chunking, codec
+from .. import auth, bodymac, chunking, codec
 from ..base import Frame, LinkStats
+from ..bodymac import BodyMac
 from ..shaping import LinkShape, LinkShaper
 from . import bulk, framewire
 from .config import HttpConfig
@@ -308,8 +309,13 @@ class HttpClient:
         else:
             headers["Content-Length"] = str(size)
             headers["Content-Type"] = "application/octet-stream"
-        hasher = None
-        if self.cfg.signs and use_bulk:  # hashed while sent; the digest follows the body
+        hasher: auth.BodyHasher | BodyMac | None = None
+        signer = self.cfg.signer if self.cfg.signs else None
+        if isinstance(signer, bytes) and use_bulk and bodymac.available():
+            # a shared secret: the body's GMAC, computed as it is sent, follows the body
+            self._sign("POST", FRAME_PATH, peer, headers, auth.DEFERRED_MAC)
+            hasher = auth.body_mac(signer, "POST", FRAME_PATH, headers)
+        elif signer is not None and use_bulk:  # hashed while sent; the digest follows
             self._sign("POST", FRAME_PATH, peer, headers, auth.DEFERRED)
             hasher = auth.body_hasher(parallel=True)
         elif self.cfg.signs:
@@ -461,7 +467,7 @@ class HttpClient:
         headers: dict[str, str],
         views: list[memoryview],
         use_bulk: bool,
-        hasher: auth.BodyHasher | None = None,
+        hasher: auth.BodyHasher | BodyMac | None = None,
     ) -> Answer:
         """One attempt (``hasher``: a bulk body hashed as it is sent, its signed digest in a
         trailer after it, `outbody.trailer_line`). It fails with `TimeoutError` when

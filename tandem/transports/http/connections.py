@@ -76,16 +76,30 @@ def connection_cap(wanted: int, log: Any = None) -> int:
     return wanted
 
 
+#: bytes of a first request head held before aiohttp's handler exists; a head still
+#: incomplete beyond this goes to aiohttp, whose limits refuse it
+HEAD_HOLD_LIMIT = 64 << 10
+
+
 class ConnectionGuard(asyncio.Protocol):
     """One accepted connection: forwards every protocol event to aiohttp's ``inner`` handler,
     and closes the connection when its head or keep-alive timer runs out.
+
+    The handler (``make_inner()``) is made only once the first request head is complete (or
+    exceeds `HEAD_HOLD_LIMIT`): until then the guard holds the bytes itself. A connection
+    whose head never ends (a slow-loris, replaced as soon as it is evicted) then costs the
+    loop an accept and a timer, not aiohttp's handler, its task and their teardown.
 
     ``phase``: ``"handshake"`` (TLS, before `connection_made`), ``"head"`` (waiting for a
     complete request head), ``"active"`` (inside a request) or ``"idle"`` (keep-alive);
     ``since``: loop time the phase began."""
 
-    def __init__(self, listener: Listener, address: str, inner: asyncio.Protocol) -> None:
-        self.listener, self.address, self.inner = listener, address, inner
+    def __init__(
+        self, listener: Listener, address: str, make_inner: Callable[[], asyncio.Protocol]
+    ) -> None:
+        self.listener, self.address, self.make_inner = listener, address, make_inner
+        self.inner: asyncio.Protocol | None = None  # made once the first head is complete
+        self._held: bytearray | None = bytearray()  # the first head, until it is complete
         self.transport: asyncio.BaseTransport | None = None
         self.sock: socket.socket | None = None  # until a transport owns it
         self.opening: asyncio.Task | None = None  # the accept task (TLS handshake)
@@ -97,7 +111,6 @@ class ConnectionGuard(asyncio.Protocol):
     # -- protocol events, forwarded ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
-        self.inner.connection_made(transport)
         if self.gone:  # replaced while its handshake finished
             transport.abort()  # type: ignore[attr-defined]
             return
@@ -105,23 +118,42 @@ class ConnectionGuard(asyncio.Protocol):
         self._enter("head", self.listener.header_timeout)
 
     def data_received(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:  # the first head, not yet complete: no handler yet
+            start = max(0, len(held) - 3)
+            held += data
+            if held.find(b"\r\n\r\n", start) < 0 and len(held) <= HEAD_HOLD_LIMIT:
+                return
+            self._held = None
+            inner = self.inner = self.make_inner()
+            assert self.transport is not None
+            inner.connection_made(self.transport)
+            inner.data_received(bytes(held))
+            return
         if self.phase == "idle":  # the next request begins: its head has header_timeout
             self._enter("head", self.listener.header_timeout)
+        assert self.inner is not None
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
+        if self.inner is None:
+            return False  # closed before its first head ended: nothing to answer
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         self.listener.forget(self)
-        self.inner.connection_lost(exc)
+        self._held = None
+        if self.inner is not None:
+            self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
-        self.inner.pause_writing()
+        if self.inner is not None:
+            self.inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self.inner.resume_writing()
+        if self.inner is not None:
+            self.inner.resume_writing()
 
     # -- phases -----------------------------------------------------------------------------
     def begin(self) -> None:
@@ -249,7 +281,7 @@ class Listener:
                     self.refused += 1
                     conn.close()
                     continue
-                guard = ConnectionGuard(self, address, self.make_handler())
+                guard = ConnectionGuard(self, address, self.make_handler)
                 guard.sock = conn
                 self.guards[guard] = None
                 self.per_address[address] += 1

@@ -110,11 +110,11 @@ class Endpoints:
         )
         length = body.length()
         digest = h.get(auth.BODY_SHA, "") if server.verifier is not None else None
-        if digest == auth.DEFERRED:  # the digest follows the body, in a signed trailer
+        if digest in (auth.DEFERRED, auth.DEFERRED_MAC):  # digest follows, in a signed trailer
             if not isinstance(body, BulkBody):
-                raise Refuse(
-                    400, "malformed", f"{auth.BODY_SHA}: {auth.DEFERRED} is for bulk bodies only"
-                )
+                raise Refuse(400, "malformed", f"{auth.BODY_SHA}: {digest} is for bulk bodies only")
+            if digest == auth.DEFERRED_MAC:
+                body.mac = server.gate.body_mac(h, sender)
             body.check_trailer = lambda line: server.gate.verify_trailer(h, line, sender)
         base = int_header(h, H_BASE) if H_BASE in h else msg_id
         head = MessageHead(sender, channel, inc, msg_id, chunk, chunks, offset, total, base)

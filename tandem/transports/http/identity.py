@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from tandem.errors import AuthenticationError, IdentityError
+from tandem.errors import AuthenticationError, IdentityError, MissingExtraError
 
 from .. import auth
+from ..bodymac import BodyMac
 from .config import HttpConfig, check_peer
 from .protocol import FRAME_PATH, H_REPLY, H_SENDER, Refuse
 
@@ -125,16 +126,28 @@ class Gate:
                     401, "unauthenticated", f"from {who!r}: the body trailer's {k} differs"
                 )
         try:
-            auth.check_digest(trailer)
+            auth.check_digest(trailer, trailer=True)
             self.verifier.verify(auth.TRAILER, FRAME_PATH, trailer)
         except AuthenticationError as exc:
             if isinstance(exc, IdentityError):
                 raise Refuse(403, "identity", f"from {who!r}: body trailer: {exc}") from None
             raise Refuse(401, "unauthenticated", f"from {who!r}: body trailer: {exc}") from None
         digest = trailer.get(auth.BODY_SHA, "")
-        if digest == auth.DEFERRED:
+        if digest in (auth.DEFERRED, auth.DEFERRED_MAC):
             raise Refuse(401, "unauthenticated", f"from {who!r}: the trailer defers again")
         return digest
+
+    def body_mac(self, head: Mapping[str, str], who: str) -> BodyMac:
+        """The GMAC a verified bulk head whose digest is `auth.DEFERRED_MAC` announces: 401
+        under per-party keys (no shared secret to key it), 400 when this process lacks the
+        ``cryptography`` package."""
+        assert self.verifier is not None
+        try:
+            return self.verifier.body_mac("POST", FRAME_PATH, head)
+        except AuthenticationError as exc:
+            raise Refuse(401, "unauthenticated", f"from {who!r}: {exc}") from None
+        except MissingExtraError as exc:
+            raise Refuse(400, "malformed", f"from {who!r}: {exc}") from None
 
     def check_identity(self, request: web.Request, sender: str) -> None:
         """With a TLS client certificate, it must name one of ``sender``'s identities (403);

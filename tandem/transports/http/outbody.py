@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterator
 import orjson
 
 from .. import auth
+from ..bodymac import BodyMac
 from ..shaping import LinkShaper
 from .config import HttpConfig
 from .protocol import FRAME_PATH
@@ -48,13 +49,19 @@ async def paced(wire: LinkShaper, pieces: Iterator[memoryview]) -> AsyncIterator
 
 
 async def hashing(
-    pieces: AsyncIterator[memoryview], hasher: auth.BodyHasher
+    pieces: AsyncIterator[memoryview], hasher: auth.BodyHasher | BodyMac
 ) -> AsyncIterator[memoryview]:
     """``pieces``, each also fed to ``hasher`` in order once the consumer asked for the next
-    one (it was written): a worker thread hashes what was written (>= ``HASH_STEP`` bytes
+    one (it was written). A `BodyMac` takes each piece on the loop; a BLAKE3 hasher
+    is fed by a worker thread that hashes what was written (>= ``HASH_STEP`` bytes
     at a time, one update in flight) while the loop writes on, so a signed bulk body is
     hashed while it is sent, not before. When the pieces are exhausted every byte is in
     ``hasher``."""
+    if isinstance(hasher, BodyMac):  # fast enough for the loop: each piece while in cache
+        async for piece in pieces:
+            yield piece
+            hasher.update(piece)
+        return
     loop = asyncio.get_running_loop()
     pending: asyncio.Future[None] | None = None
     batch: list[memoryview] = []
@@ -75,11 +82,12 @@ async def hashing(
 
 
 def trailer_line(
-    cfg: HttpConfig, peer: str, head: dict[str, str], hasher: auth.BodyHasher
+    cfg: HttpConfig, peer: str, head: dict[str, str], hasher: auth.BodyHasher | BodyMac
 ) -> bytes:
     """The signed trailer line of a bulk body to ``peer`` whose signed ``head`` deferred its
-    digest (`auth.DEFERRED`): the head's routing headers, signed as method `auth.TRAILER`
-    for the same receiver and incarnation with the digest of what ``hasher`` was fed."""
+    digest (`auth.DEFERRED` or `auth.DEFERRED_MAC`): the head's routing headers, signed as
+    method `auth.TRAILER` for the same receiver and incarnation with the digest (or MAC tag)
+    of what ``hasher`` was fed."""
     trailer = {k: head[k] for k in auth.SIGNED_HEADERS if k in head}
     auth.sign(
         cfg.signer,

@@ -17,6 +17,7 @@ import time
 
 from .. import auth
 from ..base import Frame
+from ..bodymac import BodyMac
 from ..inbox import Inbox
 from .body import Body, PlainBody, read_into
 from .bulk import BulkBody
@@ -222,7 +223,11 @@ class Reassembler:
         offset = head.offset
         t_read = time.monotonic()
         try:
-            hasher = auth.body_hasher() if digest is not None else None
+            hasher: auth.BodyHasher | BodyMac | None = None
+            if isinstance(body, BulkBody) and body.mac is not None:
+                hasher = body.mac  # a shared secret's GMAC (`auth.DEFERRED_MAC`)
+            elif digest is not None:
+                hasher = auth.body_hasher()
             if isinstance(body, PlainBody):
                 body.claim = claim
             path = await body.begin(part.buffer, offset, length, part.scan)  # bulk: 101 here
@@ -232,16 +237,17 @@ class Reassembler:
                 part.buffer,
                 offset,
                 length,
-                hasher,
+                # the bulk sink feeds a GMAC as the bytes land (`bulk.BulkSink`)
+                None if isinstance(body, BulkBody) and body.mac is not None else hasher,
                 part.scan,
                 # a stream record's body is already in memory: nothing can stall
                 idle=None if isinstance(body, RecordBody) else self.cfg.body_idle_timeout,
                 claim=claim,
             )
             if hasher is not None:
-                if digest == auth.DEFERRED and isinstance(body, BulkBody):
+                if digest in (auth.DEFERRED, auth.DEFERRED_MAC) and isinstance(body, BulkBody):
                     digest = await body.trailer_digest(self.cfg.body_idle_timeout)
-                if auth.digest_of(hasher) != digest:
+                if digest is None or not auth.digest_matches(hasher, digest):
                     raise Refuse(401, "unauthenticated", "body digest does not match")
         except BaseException:
             part.unclaim(claim, loop.time())
