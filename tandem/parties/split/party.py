@@ -79,7 +79,8 @@ class SplitParty:
         or its table as a mapping; None: all off). Every party must pass the same defenses
         (`tandem party` negotiates them in the task spec).
       audit: the leakage audit (`tandem.parties.privacy.audit`): enabled, the party scores what
-        it sends on its own data, one record per epoch in ``audit.history``.
+        it sends on its own data, one record per epoch in ``audit.history``; None: as
+        ``privacy.audit`` and ``privacy.audit_share`` say.
     """
 
     def __init__(
@@ -138,6 +139,8 @@ class SplitParty:
             privacy=self.privacy,
         )
         #: The leakage audit of what this party sends, or None (off: nothing is captured).
+        if audit is None and self.privacy.audit:  # [privacy] audit, audit_share
+            audit = AuditSettings(True, self.privacy.audit_share, seed=self.privacy.seed)
         self.audit = make_audit(audit, self.config.loss)
         self.handler.audit = self.audit
         self.followers = tuple(p for p in topology.parties if p != name)
