@@ -46,6 +46,7 @@ from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
+from ..privacy.securesum import CutSum
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
 from .metrics import Metric, metric_names, task_metrics
@@ -72,6 +73,8 @@ class SplitParty:
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
       optimizer: overrides ``config.optimizer`` with any optax transformation.
+      cut_sum: the summing stage reads the sum of its cuts (`tandem.parties.privacy.
+        securesum.CutSum`; a secure-sum follower's carries its agreed seeds).
     """
 
     def __init__(
@@ -88,6 +91,7 @@ class SplitParty:
         optimizer: optax.GradientTransformation | None = None,
         params: Mapping[str, Any] | None = None,
         progress: bool = False,
+        cut_sum: CutSum | None = None,
     ) -> None:
         self.name = name
         self.topology = topology
@@ -118,6 +122,7 @@ class SplitParty:
             key=jax.random.PRNGKey(self.config.seed),
             params=params,
             compressor=self.config.compressor,
+            cut_sum=cut_sum,
         )
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()

@@ -16,6 +16,11 @@ every outgoing message is encoded (`_scatter`) and every arriving one checked an
 (``begin(row_ids=...)``), whose residuals this handler keeps across batches, one table per
 gradient channel. With ``"none"`` messages are the tensors themselves, as without it.
 
+Summed cuts (``cut_sum``, `tandem.parties.privacy.securesum.CutSum`): the summing stage's
+kernels take one input, the sum of its K cuts (`_inputs`), and its one input gradient goes back
+on every cut's gradient channel; with a secure sum a follower sends its cut as masked ring words
+(`_scatter`), keyed by the batch number (`begin` calls since construction) and the row ids.
+
 Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
 gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
 ``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
@@ -37,6 +42,7 @@ from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
 
+from ..privacy.securesum import CutSum
 from .compress import CutCompressor, Feedback, payload_arrays
 
 
@@ -55,8 +61,11 @@ class StageHandler:
         key: jax.Array | None = None,
         params: Mapping[str, Any] | None = None,
         compressor: CutCompressor | None = None,
+        cut_sum: CutSum | None = None,
     ) -> None:
         self.topology = topology
+        self.cut_sum = cut_sum
+        self._batches = -1  # `begin` calls; the constructor's own makes it 0
         #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
         self.compressor = compressor or CutCompressor()
         self.feedback: dict[str, Feedback | None] = {}
@@ -81,7 +90,7 @@ class StageHandler:
                 self.models[s],
                 optimizer,
                 loss if self.stages[s].loss else None,
-                differentiable=[i != FEATURES for i in self.stages[s].inputs],
+                differentiable=[i != FEATURES for i in self._read_inputs(s)],
             )
             for s in self.stages
         }
@@ -98,15 +107,32 @@ class StageHandler:
         self._check_inputs()
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
 
+    def _read_inputs(self, stage: str) -> tuple[str, ...]:
+        """What ``stage``'s kernels read: its inputs, or their sum (named by the first)."""
+        inputs = self.stages[stage].inputs
+        return inputs[:1] if self._sums(stage) else inputs
+
+    def _sums(self, stage: str) -> bool:
+        return self.cut_sum is not None and self.cut_sum.stage == stage
+
     def _check_inputs(self) -> None:
+        if self.cut_sum is not None:
+            self.cut_sum.check(self.topology, self.out_dims)
+            if self.cut_sum.secure and not self.compressor.exact:
+                raise ConfigError(
+                    "model.aggregate = 'secure_sum' sends ring words that a compressor would "
+                    f"corrupt; set train.compress = 'none' (got {self.compressor.kind!r})"
+                )
         for s in self.stages.values():
             model = self.models[s.name]
-            if len(model.in_dims) != len(s.inputs):
+            inputs = self._read_inputs(s.name)
+            if len(model.in_dims) != len(inputs):
+                summed = " (model.aggregate sums them into one)" if self._sums(s.name) else ""
                 raise ConfigError(
-                    f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
+                    f"stage {s.name!r} has {len(inputs)} inputs {list(inputs)}{summed} "
                     f"but its model declares {len(model.in_dims)} in_dims"
                 )
-            for i, d in zip(s.inputs, model.in_dims, strict=True):
+            for i, d in zip(inputs, model.in_dims, strict=True):
                 if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
                     raise ConfigError(
                         f"stage {s.name!r} expects width {d} from {i!r}, which "
@@ -129,6 +155,11 @@ class StageHandler:
         ``row_ids``: the training-set ids of the batch's rows, which key the gradients' error
         feedback (none without them)."""
         self.row_ids = None if row_ids is None or not train else np.asarray(row_ids)
+        self._batches += 1
+        #: the ids keying this batch's secure-sum masks (row positions without ids)
+        self.mask_rows = (
+            np.arange(bounds[-1][1] if bounds else 0) if row_ids is None else (np.asarray(row_ids))
+        )
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
         self.features = (
@@ -172,6 +203,25 @@ class StageHandler:
             return self.acts[(name, m)]
         return self._gather(f"act/{name}->{stage}", m)
 
+    def _inputs(self, stage: str, m: int) -> list:
+        """The arrays ``stage``'s kernels read for op ``m`` (one sum for a summing stage)."""
+        names = self.stages[stage].inputs
+        if not self._sums(stage):
+            return [self._input(stage, i, m) for i in names]
+        assert self.cut_sum is not None
+        parts = [self._gather(f"act/{i}->{stage}", m) for i in names]
+        return [self.cut_sum.combine(parts, self.cut_shape(names[0]))]
+
+    def _sealed(self, channel: str) -> bool:
+        """Whether this party's messages on ``channel`` are a secure sum's masked words."""
+        c = self.cut_sum
+        return (
+            c is not None
+            and c.secure
+            and channel.startswith("act/")
+            and channel.endswith(f"->{c.stage}")
+        )
+
     def _gather(self, channel: str, m: int) -> np.ndarray:
         """The arrived messages of op ``m`` on ``channel`` (taken out of the inbox), as one
         array in row order."""
@@ -183,6 +233,18 @@ class StageHandler:
     def _scatter(self, channel: str, m: int, array, out: dict) -> None:
         """Put op ``m``'s output ``array`` into ``out`` as the op's messages on ``channel``
         (each encoded by the compressor unless it is ``"none"``)."""
+        if self._sealed(channel):
+            assert self.cut_sum is not None
+            host, base = np.asarray(array), self.bounds[m][0]
+            for j in range(m * self.per_op, (m + 1) * self.per_op):
+                lo, hi = self.msg_bounds[j]
+                out[(channel, j)] = self.cut_sum.seal(
+                    host[lo - base : hi - base],
+                    self._batches,
+                    self.mask_rows[lo:hi],
+                    where=f"{self.party!r}'s cut on {channel!r}",
+                )
+            return
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -217,7 +279,10 @@ class StageHandler:
         return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
     def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
-        for name, g in zip(self.stages[stage].inputs, input_grads, strict=True):
+        names = self.stages[stage].inputs
+        if self._sums(stage):  # d(sum)/d(summand) = 1: each cut gets the sum's gradient
+            input_grads = [input_grads[0]] * len(names)
+        for name, g in zip(names, input_grads, strict=True):
             if name == FEATURES:
                 continue
             if name in self.stages:
@@ -237,7 +302,7 @@ class StageHandler:
             jax.block_until_ready(self.params[s])
             return out
         if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
-            xs = [self._input(s, i, m) for i in self.stages[s].inputs]
+            xs = self._inputs(s, m)
         if op.kind is Kind.FORWARD:
             if self.train:
                 y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
@@ -305,6 +370,8 @@ class StageHandler:
                 f"stage {src!r}; pass a StageModel for every stage of the topology"
             )
         dtype, expected = self.out_dtypes[src], (hi - lo, *self.cut_shape(src))
+        if kind == "act" and self._sums(dst) and self.cut_sum and self.cut_sum.ring:
+            dtype, expected = self.cut_sum.ring.dtype.name, (hi - lo, self.out_dims[src])
         if not self.compressor.exact:
             self._receive_encoded(op, array, dtype, expected)
             return

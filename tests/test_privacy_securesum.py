@@ -1,0 +1,182 @@
+"""The secure sum of the followers' cuts (`tandem.parties.privacy.securesum`)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from tandem.engine.kernels import mlp_stage
+from tandem.engine.topology import star
+from tandem.errors import AuthenticationError, ConfigError
+from tandem.parties.privacy.fixedpoint import Ring, SumOverflowError
+from tandem.parties.privacy.masks import KeyShare, mask, prg
+from tandem.parties.privacy.securesum import CutSum
+from tandem.parties.split import SplitConfig, SplitParty
+from tandem.transports.keys import Roster, SigningKey
+from tandem.transports.memory import MemoryNetwork
+
+ROWS, FEAT, CUT, K = 32, 4, 3, 3
+
+
+def agreed_seeds(names, context="spec-hash"):
+    """Each follower's seeds, by signed offers relayed (unchanged) through a leader."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    signers = {n: SigningKey(Ed25519PrivateKey.generate()) for n in names}
+    roster = Roster({n: [s.public] for n, s in signers.items()})
+    shares = {n: KeyShare() for n in names}
+    offers = [shares[n].offer(n, signers[n], context) for n in names]
+    return {n: shares[n].agree(n, offers, roster, context) for n in names}, signers, roster
+
+
+# -- pure pieces ---------------------------------------------------------------------------------
+def test_ring_round_trip_and_wrapping_sum():
+    ring = Ring(bits=32, frac=16, bound=8.0)
+    rng = np.random.default_rng(0)
+    xs = [rng.uniform(-8, 8, size=(5, 3)) for _ in range(3)]
+    acc = sum((ring.encode(x) for x in xs), np.zeros((5, 3), np.uint32))
+    np.testing.assert_allclose(ring.decode(acc), sum(xs), atol=3 * 2**-17 + 1e-6)
+
+
+def test_overflow_refused_by_value_and_by_ring():
+    ring = Ring(bits=32, frac=16, bound=4.0)
+    with pytest.raises(SumOverflowError, match="model.sum_bound"):
+        ring.encode(np.array([[4.5]]))
+    with pytest.raises(SumOverflowError, match="model.sum_bound"):
+        ring.encode(np.array([[np.nan]]))
+    with pytest.raises(SumOverflowError, match="model.sum_ring_bits = 64"):
+        Ring(bits=32, frac=16, bound=1024.0).check_parties(64)
+    Ring(bits=64, frac=16, bound=1024.0).check_parties(64)
+
+
+def test_masks_cancel_and_do_not_depend_on_the_split():
+    seeds, _, _ = agreed_seeds(["f0", "f1", "f2"])
+    rows = np.array([7, 3, 11, 0])
+    total = sum(mask(n, seeds[n], 5, rows, 6, np.uint32) for n in seeds)
+    assert not total.any()
+    whole = prg(seeds["f0"]["f1"], 5, rows, 6, np.uint32)
+    parts = np.concatenate(
+        [prg(seeds["f0"]["f1"], 5, rows[i : i + 1], 6, np.uint32) for i in range(4)]
+    )
+    np.testing.assert_array_equal(whole, parts)
+    assert not np.array_equal(whole, prg(seeds["f0"]["f1"], 6, rows, 6, np.uint32))
+
+
+def test_substituted_key_is_refused():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    _, signers, roster = agreed_seeds(["f0", "f1"])
+    shares = {n: KeyShare() for n in ("f0", "f1")}
+    offers = [shares[n].offer(n, signers[n], "ctx") for n in ("f0", "f1")]
+    forged = dict(offers[1], public=KeyShare().public_hex)  # the leader swaps f1's key
+    with pytest.raises(AuthenticationError, match="'f1'"):
+        shares["f0"].agree("f0", [offers[0], forged], roster, "ctx")
+    leader = SigningKey(Ed25519PrivateKey.generate())
+    roster2 = Roster(
+        {"f0": [signers["f0"].public], "f1": [signers["f1"].public], "leader": [leader.public]}
+    )
+    resigned = KeyShare().offer("f1", leader, "ctx")  # leader signs a key as f1
+    with pytest.raises(AuthenticationError, match="substituted"):
+        shares["f0"].agree("f0", [resigned], roster2, "ctx")
+    with pytest.raises(ConfigError, match="private_key"):
+        KeyShare().offer("f0", None, "ctx")
+
+
+def test_single_frame_is_uniform_noise():
+    """A follower's masked words of a constant cut pass a chi-square test of uniformity."""
+    seeds, _, _ = agreed_seeds(["f0", "f1", "f2"])
+    cs = CutSum("secure_sum", "top").for_follower("f0", seeds["f0"])
+    x = np.full((4096, 8), 1.5, np.float32)  # about as far from noise as a cut gets
+    words = cs.seal(x, 1, np.arange(4096), where="test")
+    counts = np.bincount((words >> np.uint32(24)).ravel().astype(np.int64), minlength=256)
+    assert stats.chisquare(counts).pvalue > 1e-3
+    low = np.bincount((words & np.uint32(255)).ravel().astype(np.int64), minlength=256)
+    assert stats.chisquare(low).pvalue > 1e-3
+    plain = Ring().encode(x)
+    assert (
+        stats.chisquare(np.bincount((plain >> np.uint32(24)).ravel(), minlength=256)).pvalue < 1e-6
+    )
+
+
+# -- end to end in one process --------------------------------------------------------------------
+def job(kind, *, n=1, steps=3, bound=64.0, seed=0):
+    topo = star(K)
+    rng = np.random.default_rng(seed)
+    models = {f"bottom_{i}": mlp_stage([FEAT], [5], CUT) for i in range(K)}
+    models["top"] = mlp_stage([CUT], [5], 1, activate_last=False)
+    cfg = SplitConfig(batch_size=ROWS, groups=n, optimizer="sgd", learning_rate=0.1, seed=seed)
+    names = [p for p in topo.parties if p != "leader"]
+    seeds = agreed_seeds(names)[0] if kind == "secure_sum" else {}
+    ring = Ring(bound=bound) if kind == "secure_sum" else None
+    base = CutSum(kind, "top", ring)
+    net = MemoryNetwork()
+    labels = (rng.random(ROWS) > 0.5).astype(np.float32)
+    parties = {}
+    for p in topo.parties:
+        data = rng.normal(size=(ROWS, FEAT)).astype(np.float32)
+        parties[p] = SplitParty(
+            p,
+            topo,
+            models,
+            net.endpoint(p),
+            datasets={"train": data},
+            labels={"train": labels} if p == "leader" else None,
+            config=cfg,
+            cut_sum=base if p == "leader" else base.for_follower(p, seeds.get(p, {})),
+        )
+    batches = [np.random.default_rng(9).permutation(ROWS) for _ in range(steps)]
+
+    async def main():
+        leader = parties["leader"]
+
+        async def drive():
+            for idx in batches:
+                await leader.run_batch(idx, n=n)
+            await leader.stop()
+
+        async with asyncio.TaskGroup() as tg:
+            for p, party in parties.items():
+                if p != "leader":
+                    tg.create_task(party.serve())
+            tg.create_task(drive())
+
+    asyncio.run(main())
+    return {s: p for party in parties.values() for s, p in party.handler.params.items()}
+
+
+def close(a, b, atol):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=atol)
+
+
+def test_secure_sum_trains_as_plain_sum_for_any_micro_batch_count():
+    plain = job("sum")
+    close(job("secure_sum"), plain, atol=1e-4)
+    close(job("secure_sum", n=4), plain, atol=1e-4)
+
+
+def test_plain_sum_differs_from_concat_shape_checks():
+    topo = star(2)
+    models = {"bottom_0": mlp_stage([FEAT], [5], CUT), "bottom_1": mlp_stage([FEAT], [5], CUT + 1)}
+    models["top"] = mlp_stage([CUT], [5], 1, activate_last=False)
+    with pytest.raises(ConfigError, match="one width"):
+        SplitParty(
+            "leader", topo, models, MemoryNetwork().endpoint("leader"), cut_sum=CutSum("sum", "top")
+        )
+
+
+def leaves(exc: BaseException):
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
+
+
+def test_overflowing_cut_is_refused_in_training():
+    with pytest.raises(BaseExceptionGroup) as info:
+        job("secure_sum", bound=1e-3, steps=1)
+    errors = leaves(info.value)
+    assert any(isinstance(e, SumOverflowError) and "model.sum_bound" in str(e) for e in errors)
