@@ -180,3 +180,73 @@ def test_overflowing_cut_is_refused_in_training():
         job("secure_sum", bound=1e-3, steps=1)
     errors = leaves(info.value)
     assert any(isinstance(e, SumOverflowError) and "model.sum_bound" in str(e) for e in errors)
+
+
+# -- the task spec and the [model] keys -----------------------------------------------------------
+def star_spec(**hyper):
+    from tandem.parties.split.spec import build_spec
+
+    return build_spec(
+        star(2),
+        features={"follower0": 3, "follower1": 3},
+        samples=16,
+        stage_widths={
+            "bottom_0": {"in_dims": [3], "out_dim": 4},
+            "bottom_1": {"in_dims": [3], "out_dim": 4},
+            "top": {"in_dims": [4, 4], "out_dim": 1},
+        },
+        hyper={
+            "batch_size": 8,
+            "eval_batch_size": 8,
+            "groups": 1,
+            "learning_rate": 0.1,
+            "optimizer": "sgd",
+            "loss": "binary",
+            "epochs": 1,
+            "seed": 0,
+            "threshold": 2,
+            "capacity": 8,
+            "policy": "priority",
+            "checkpoint_every": 0,
+            **hyper,
+        },
+        security={
+            "auth": "none",
+            "tls": False,
+            "max_frame_bytes": 1 << 20,
+            "reject_nonfinite": False,
+        },
+    )
+
+
+def test_aggregate_is_part_of_the_spec_and_its_hash():
+    from tandem.parties.privacy.securesum import from_spec, mismatch_reasons
+
+    concat, plain = star_spec(), star_spec(aggregate="sum")
+    secure = star_spec(aggregate="secure_sum", sum_ring={"bits": 32, "frac": 12, "bound": 8.0})
+    assert "aggregate" not in concat.hyper
+    assert len({concat.spec_hash(), plain.spec_hash(), secure.spec_hash()}) == 3
+    assert secure.hyper["sum_ring"] == {"bits": 32, "frac": 12, "bound": 8.0}
+    shapes = secure.channel_shapes()
+    assert shapes["act/bottom_0->top"] == ("uint32", (4,))
+    assert shapes["grad/bottom_0->top"] == ("float32", (4,))
+    assert plain.channel_shapes()["act/bottom_1->top"] == ("float32", (4,))
+    cs = from_spec(secure.hyper, star(2))
+    assert cs is not None and cs.secure and cs.stage == "top" and cs.ring == Ring(32, 12, 8.0)
+    reasons = mismatch_reasons(secure.hyper, {"aggregate": "sum"}, "'follower1'")
+    assert len(reasons) == 2 and "'sum'" in reasons[0] and "'secure_sum'" in reasons[0]
+    assert mismatch_reasons(plain.hyper, {"aggregate": "sum"}, "f") == []
+
+
+def test_model_section_keys():
+    from tandem.parties.config.sections import Model
+    from tandem.parties.privacy.securesum import hyper_of_model
+
+    assert hyper_of_model(Model()) == {}
+    m = Model(aggregate="secure_sum", sum_bound=4.0, sum_ring_bits=64)
+    assert hyper_of_model(m) == {
+        "aggregate": "secure_sum",
+        "sum_ring": {"bits": 64, "frac": 16, "bound": 4.0},
+    }
+    with pytest.raises(Exception, match="aggregate"):
+        Model(aggregate="mean")

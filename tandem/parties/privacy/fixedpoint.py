@@ -92,4 +92,4 @@ class Ring:
         return (w.astype(np.float64) / self.scale).astype(np.float32)
 
     def to_dict(self) -> dict:
-        return {"bits": self.bits, "frac": self.frac, "bound": self.bound}
+        return {"bits": int(self.bits), "frac": int(self.frac), "bound": float(self.bound)}

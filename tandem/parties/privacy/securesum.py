@@ -140,3 +140,64 @@ def from_model(aggregate: str, stage: str, ring: Mapping | None = None) -> CutSu
         )
     r = Ring(**dict(ring)) if ring and aggregate == "secure_sum" else None
     return CutSum(aggregate, stage, r)
+
+
+# -- the task spec ------------------------------------------------------------------------------
+def spec_fields(hyper: Mapping) -> dict:
+    """The spec ``hyper`` entries of a cut sum (``aggregate`` and, for ``"secure_sum"``,
+    ``sum_ring``); nothing for ``"concat"``, so specs without a sum hash as before."""
+    kind = hyper.get("aggregate", "concat")
+    if kind == "concat":
+        return {}
+    out: dict = {"aggregate": kind}
+    if kind == "secure_sum":
+        out["sum_ring"] = Ring(**dict(hyper.get("sum_ring") or {})).to_dict()
+    return out
+
+
+def from_spec(hyper: Mapping, topology: Topology) -> CutSum | None:
+    """The `CutSum` a spec's ``hyper`` states (its loss stage sums), or None."""
+    fields = spec_fields(hyper)
+    if not fields:
+        return None
+    ring = Ring(**fields["sum_ring"]) if "sum_ring" in fields else None
+    return CutSum(fields["aggregate"], topology.loss_stage.name, ring)
+
+
+def mismatch_reasons(spec_hyper: Mapping, local: Mapping, who: str) -> list[str]:
+    """Why ``who``, whose own ``[model]`` states ``local`` (``aggregate`` and the ``sum_*``
+    keys as `spec_fields` records them), cannot train the spec's cut sum ([] = agree)."""
+    mine, theirs = spec_fields(local), spec_fields(spec_hyper)
+    reasons = []
+    for key in ("aggregate", "sum_ring"):
+        a = mine.get(key, "concat" if key == "aggregate" else None)
+        b = theirs.get(key, "concat" if key == "aggregate" else None)
+        if a != b:
+            reasons.append(
+                f"model.{key}: {who} states {a!r} but the leader's spec says {b!r}; "
+                "every party must state the same [model] aggregate and sum_* keys"
+            )
+    return reasons
+
+
+def ring_channels(spec_hyper: Mapping, topology: Topology) -> dict[str, str]:
+    """``{act channel: ring dtype}`` of the cuts a secure sum sends as ring words."""
+    cs = from_spec(spec_hyper, topology)
+    if cs is None or cs.ring is None:
+        return {}
+    dst = topology.by_name[cs.stage]
+    return {f"act/{i}->{dst.name}": cs.ring.dtype.name for i in dst.inputs}
+
+
+def hyper_of_model(model: object) -> dict:
+    """``[model]``'s cut-sum keys in the spec's form (`spec_fields` of them)."""
+    return spec_fields(
+        {
+            "aggregate": getattr(model, "aggregate", "concat"),
+            "sum_ring": {
+                "bits": getattr(model, "sum_ring_bits", 32),
+                "frac": getattr(model, "sum_frac_bits", 16),
+                "bound": getattr(model, "sum_bound", 64.0),
+            },
+        }
+    )

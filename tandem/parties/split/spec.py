@@ -26,7 +26,10 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   recorded for table sources) and ``fingerprints`` (party -> the fingerprint of its training
   data and preprocessing, recorded when known), ``compress`` and, for ``"topk"``,
   ``compress_topk`` (cut-layer compression, `tandem.parties.split.compress`; recorded when not
-  ``"none"``: act and grad messages then carry that compressor's layout of the tensor);
+  ``"none"``: act and grad messages then carry that compressor's layout of the tensor),
+  ``aggregate`` and, for ``"secure_sum"``, ``sum_ring`` (``{"bits", "frac", "bound"}``; the
+  loss stage reads the sum of its cuts, `tandem.parties.privacy.securesum`; recorded when not
+  ``"concat"``: a secure sum's act messages are then ``uint<bits>[rows, width]`` ring words);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
@@ -52,6 +55,8 @@ import orjson
 from tandem.engine.topology import CUT_DTYPES, FEATURES, Topology
 from tandem.errors import ConfigError
 
+from ..privacy.securesum import ring_channels
+from ..privacy.securesum import spec_fields as sum_spec_fields
 from .compress import from_hyper
 from .hyper import HYPER_KEYS, SPEC_DEFAULTS
 
@@ -172,6 +177,10 @@ class TaskSpec:
             shape = tuple(int(d) for d in e.get("shape", [e["width"]]))
             for kind in ("act", "grad"):
                 out[f"{kind}/{e['src']}->{e['dst']}"] = (str(e["dtype"]), shape)
+        if "aggregate" in self.hyper:  # a secure sum's cuts travel as flat ring words
+            topo = Topology.from_dict(self.topology)
+            for ch, dtype in ring_channels(self.hyper, topo).items():
+                out[ch] = (dtype, (math.prod(out[ch][1]),))
         return out
 
     # -- checks ----------------------------------------------------------------------------
@@ -362,6 +371,7 @@ def build_spec(
             **{k: hyper.get(k, default) for k, default in SPEC_DEFAULTS.items()},
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
             **from_hyper(hyper).spec_fields(),
+            **sum_spec_fields(hyper),
             **({"validation_samples": int(validation_samples)} if validation_samples else {}),
             **({} if split is None else {"split": dict(split)}),
             **({} if not fingerprints else {"fingerprints": dict(fingerprints)}),
