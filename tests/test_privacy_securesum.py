@@ -250,3 +250,101 @@ def test_model_section_keys():
     }
     with pytest.raises(Exception, match="aggregate"):
         Model(aggregate="mean")
+
+
+# -- three `tandem party` processes from TOML alone -----------------------------------------------
+def write_star(folder, *, aggregate="secure_sum", keys=True, overrides=None):
+    """A leader with labels and two followers with 3 columns each, star topology, per-party
+    keys; returns ``{name: (port, toml path)}``."""
+    from party_helpers import toml
+    from ports import free_port
+    from tandem.transports.keys import generate
+
+    rng = np.random.default_rng(0)
+    n, rows = 96, 64
+    xs = {p: rng.normal(size=(n, 3)).astype("f4") for p in ("f0", "f1")}
+    y = (xs["f0"][:, 0] + xs["f1"][:, 0] > 0).astype("f4")
+    np.savez(
+        folder / "lead.npz",
+        x_train=np.zeros((rows, 0), "f4"),
+        y_train=y[:rows],
+        x_test=np.zeros((n - rows, 0), "f4"),
+        y_test=y[rows:],
+    )
+    for p in ("f0", "f1"):
+        np.savez(folder / f"{p}.npz", x_train=xs[p][:rows], x_test=xs[p][rows:])
+    names = ("lead", "f0", "f1")
+    for name in names:
+        generate(name, folder)
+    ports = {name: free_port() for name in names}
+    out = {}
+    for name in names:
+        leader = name == "lead"
+        sec = {"retry_timeout": 10.0}
+        if keys:
+            sec.update(private_key=f"{name}.key", public_keys={m: f"{m}.pub" for m in names})
+        else:
+            sec["secret"] = "s3cret"
+        cfg = {
+            "role": "leader" if leader else "follower",
+            "name": name,
+            "export_dir": f"out/{name}",
+            "progress": False,
+            "wait": 60.0,
+            "listen": {"host": "127.0.0.1", "port": ports[name]},
+            "peers": {
+                m: f"http://127.0.0.1:{ports[m]}"
+                for m in names
+                if m != name and (leader or m == "lead")
+            },
+            "security": sec,
+            "data": {"source": f"{name}.npz"},
+            "topology": {"kind": "star", "leader": "lead", "followers": ["f0", "f1"]},
+            "model": {"cut": 4, "hidden": [8], "out": 1, "aggregate": aggregate},
+        }
+        if leader:
+            cfg["schema"] = {"f0": 3, "f1": 3}
+            cfg["train"] = {
+                "batch_size": 16,
+                "epochs": 2,
+                "groups": 2,
+                "learning_rate": 0.05,
+                "seed": 1,
+            }
+        cfg.update((overrides or {}).get(name, {}))
+        path = folder / f"{name}.toml"
+        path.write_text(toml(cfg))
+        out[name] = (ports[name], path)
+    return out
+
+
+def run_parties(folder, configs, *command):
+    import os
+    import subprocess
+    import sys
+
+    from party_helpers import ROOT, Proc
+
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
+    procs = {}
+    for name, (_, path) in configs.items():
+        outf, errf = folder / f"{name}.out", folder / f"{name}.err"
+        with open(outf, "wb") as fo, open(errf, "wb") as fe:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "tandem", *command, "--config", str(path)],
+                cwd=ROOT,
+                stdout=fo,
+                stderr=fe,
+                env=env,
+            )
+        procs[name] = Proc(popen, outf, errf)
+    return {name: p.finish(120.0) for name, p in procs.items()}
+
+
+@pytest.mark.slow
+def test_three_parties_train_with_a_secure_sum_from_toml(tmp_path):
+    configs = write_star(tmp_path)
+    done = run_parties(tmp_path, configs, "party")
+    for name, (rc, line, err) in done.items():
+        assert rc == 0 and line and line["status"] == "done", (name, err[-3000:])
+    assert len({line["spec_hash"] for _, line, _ in done.values()}) == 1

@@ -152,6 +152,8 @@ def spec_fields(hyper: Mapping) -> dict:
     out: dict = {"aggregate": kind}
     if kind == "secure_sum":
         out["sum_ring"] = Ring(**dict(hyper.get("sum_ring") or {})).to_dict()
+        if hyper.get("sum_offers"):  # the followers' signed key offers, relayed by the leader
+            out["sum_offers"] = {str(p): dict(o) for p, o in dict(hyper["sum_offers"]).items()}
     return out
 
 

@@ -356,6 +356,16 @@ class StageHandler:
         shape = self.out_shapes.get(stage, ())
         return shape if len(shape) > 1 else (self.out_dims[stage],)
 
+    def channel_cut(self, channel: str) -> tuple[str, tuple[int, ...]]:
+        """(dtype, shape after the rows) of the tensors on ``channel``: its source stage's
+        output and cotangent, or the flat ring words of a secure sum's cuts."""
+        kind, _, edge = channel.partition("/")
+        src, _, dst = edge.partition("->")
+        c = self.cut_sum
+        if kind == "act" and c is not None and c.ring is not None and c.stage == dst:
+            return c.ring.dtype.name, (self.out_dims[src],)
+        return self.out_dtypes[src], self.cut_shape(src)
+
     def receive(self, op: Op, array) -> None:
         """Store a peer's message after checking it is ``dtype[rows of the message, *shape]``
         of the stage whose output (activation) or its cotangent (gradient) it carries (the
@@ -369,9 +379,8 @@ class StageHandler:
                 f"{self.party!r} received a tensor on {op.channel!r} but knows no model of "
                 f"stage {src!r}; pass a StageModel for every stage of the topology"
             )
-        dtype, expected = self.out_dtypes[src], (hi - lo, *self.cut_shape(src))
-        if kind == "act" and self._sums(dst) and self.cut_sum and self.cut_sum.ring:
-            dtype, expected = self.cut_sum.ring.dtype.name, (hi - lo, self.out_dims[src])
+        dtype, shape = self.channel_cut(op.channel)
+        expected = (hi - lo, *shape)
         if not self.compressor.exact:
             self._receive_encoded(op, array, dtype, expected)
             return

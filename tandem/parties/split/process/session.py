@@ -56,7 +56,7 @@ from .. import negotiate
 from ..admission import NegotiationAdmission, negotiation_streams
 from ..compress import mismatch_reasons
 from ..spec import TaskSpec, build_spec, cut_of
-from . import notice
+from . import cut_sum, notice
 from .build import PartyData, PartySetup
 from .config import PartyConfigError
 
@@ -125,7 +125,7 @@ def leader_spec(
         features=features,
         samples=data.samples,
         stage_widths=cfg.stage_widths(features, data.vocab, described_cuts(cfg, described)),
-        hyper=cfg.hyper(),
+        hyper={**cfg.hyper(), **cut_sum.spec_hyper(cfg, described)},
         security=cfg.security(),
         alignment=data.alignment,
         test_samples=0 if data.y_test is None else len(data.y_test),
@@ -143,6 +143,8 @@ def describe_data(data: PartyData, cfg: PartySetup | None = None) -> dict[str, A
     out: dict[str, Any] = {"features": data.features, "fingerprint": data.fingerprint}
     if cfg is not None:
         out["cuts"] = cfg.own_cuts(data.features, data.vocab)
+        if cut_sum.secure(cfg):
+            out["sum_offer"] = cut_sum.offer(cfg)
     return out
 
 
@@ -234,6 +236,7 @@ def follower_check(
         )
         hyper = spec.hyper
         reasons += mismatch_reasons(cfg.name, hyper, cfg.train)
+        reasons += cut_sum.follower_reasons(cfg, hyper, cfg.topology())
         for part, rows in (("test", data.test), ("validation", data.validation)):
             want = int(hyper.get(f"{part}_samples", 0))
             have = 0 if rows is None else len(rows)

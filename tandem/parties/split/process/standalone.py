@@ -55,6 +55,7 @@ from ..observe import party_metrics
 from ..party import SplitParty
 from ..reporting import Reporter, validation_for
 from ..spec import TaskSpec
+from . import cut_sum
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .graceful import leaf, until, with_grace
 from .party_trace import DEFAULT_BATCHES, BatchTrace
@@ -78,6 +79,7 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
         datasets=data.datasets(),
         labels=data.labels(),
         config=split_config_from(spec.hyper),
+        cut_sum=cut_sum.party_cut_sum(cfg, spec.hyper, topo),
     )
 
 
