@@ -318,7 +318,7 @@ def write_star(folder, *, aggregate="secure_sum", keys=True, overrides=None):
     return out
 
 
-def run_parties(folder, configs, *command):
+def run_parties(folder, configs, *command, extra=None):
     import os
     import subprocess
     import sys
@@ -328,10 +328,19 @@ def run_parties(folder, configs, *command):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
     procs = {}
     for name, (_, path) in configs.items():
-        outf, errf = folder / f"{name}.out", folder / f"{name}.err"
+        tag = command[0]
+        outf, errf = folder / f"{name}.{tag}.out", folder / f"{name}.{tag}.err"
         with open(outf, "wb") as fo, open(errf, "wb") as fe:
             popen = subprocess.Popen(
-                [sys.executable, "-m", "tandem", *command, "--config", str(path)],
+                [
+                    sys.executable,
+                    "-m",
+                    "tandem",
+                    *command,
+                    "--config",
+                    str(path),
+                    *(extra or {}).get(name, []),
+                ],
                 cwd=ROOT,
                 stdout=fo,
                 stderr=fe,
@@ -341,10 +350,36 @@ def run_parties(folder, configs, *command):
     return {name: p.finish(120.0) for name, p in procs.items()}
 
 
+def exported_outputs(folder, xs):
+    """The leader's outputs computed in the clear from the three exports: top(sum of cuts)."""
+    from tandem.parties.export.model import load_model_sync
+
+    cuts = []
+    for p in ("f0", "f1"):
+        m = load_model_sync(folder / "out" / p, p)
+        cuts.append(np.asarray(m.models[f"bottom_{p}"].apply(m.params[f"bottom_{p}"], xs[p])))
+    lead = load_model_sync(folder / "out" / "lead", "lead")
+    return np.asarray(lead.models["top"].apply(lead.params["top"], cuts[0] + cuts[1]))
+
+
 @pytest.mark.slow
-def test_three_parties_train_with_a_secure_sum_from_toml(tmp_path):
+def test_three_parties_train_and_predict_with_a_secure_sum_from_toml(tmp_path):
     configs = write_star(tmp_path)
     done = run_parties(tmp_path, configs, "party")
     for name, (rc, line, err) in done.items():
         assert rc == 0 and line and line["status"] == "done", (name, err[-3000:])
     assert len({line["spec_hash"] for _, line, _ in done.values()}) == 1
+    # predict the 32 held-out rows with the same secure sum
+    xs = {p: np.load(tmp_path / f"{p}.npz")["x_test"] for p in ("f0", "f1")}
+    for p, x in xs.items():
+        np.save(tmp_path / f"{p}_new.npy", x)
+    args = {
+        "lead": ["--rows", "32", "--positional", "--out", str(tmp_path / "pred.npy")],
+        "f0": ["--data", str(tmp_path / "f0_new.npy"), "--positional"],
+        "f1": ["--data", str(tmp_path / "f1_new.npy"), "--positional"],
+    }
+    done = run_parties(tmp_path, configs, "predict", extra=args)
+    for name, (rc, line, err) in done.items():
+        assert rc == 0 and line, (name, err[-3000:])
+    got = np.load(tmp_path / "pred.npy")
+    np.testing.assert_allclose(got, exported_outputs(tmp_path, xs), atol=1e-3)

@@ -11,7 +11,8 @@ The spec hash covers the offers. A follower's X25519 key lives in memory for thi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tandem.engine.topology import Topology
@@ -107,3 +108,34 @@ def party_cut_sum(cfg: Any, hyper: Mapping[str, Any], topology: Topology) -> Cut
     if cs is None or not cs.secure or cfg.name == topology.label_owner:
         return cs
     return cs.for_follower(cfg.name, _agree(cfg, hyper, topology))
+
+
+# -- `tandem predict`: the same sum over the training's exports ---------------------------------
+def with_cut_sum(cfg: Any, spec: Any) -> Any:
+    """Leader: the inference ``spec`` as is without a cut sum; else a function of the
+    followers' descriptions (`tandem.parties.split.process.session.connect`) that adds the
+    cut-sum entries (and, for a secure sum, their fresh key offers) to its ``hyper``."""
+    if not hyper_of_model(cfg.model):
+        return spec
+
+    def build(described: Mapping[str, Mapping[str, Any]]):
+        return dataclasses.replace(spec, hyper={**spec.hyper, **spec_hyper(cfg, described)})
+
+    return build
+
+
+def checking(cfg: Any, topology: Topology, check: Callable[[Any], list[str]]):
+    """Follower: ``check`` plus the cut sum's reasons (`follower_reasons`)."""
+
+    def both(spec: Any) -> list[str]:
+        return [*check(spec), *follower_reasons(cfg, spec.hyper, topology)]
+
+    return both
+
+
+def describing(cfg: Any) -> Callable[[], dict] | None:
+    """Follower: what it tells a leader that asks before an inference proposal: its key offer
+    of a secure sum (None without one)."""
+    if not secure(cfg):
+        return None
+    return lambda: {"sum_offer": offer(cfg)}
