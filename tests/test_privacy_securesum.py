@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import jax
 import numpy as np
@@ -383,3 +384,22 @@ def test_three_parties_train_and_predict_with_a_secure_sum_from_toml(tmp_path):
         assert rc == 0 and line, (name, err[-3000:])
     got = np.load(tmp_path / "pred.npy")
     np.testing.assert_allclose(got, exported_outputs(tmp_path, xs), atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("keys", "overrides", "says"),
+    [
+        (False, None, "private_key"),
+        (True, {"f1": {"model": {"cut": 4, "hidden": [8], "out": 1, "aggregate": "sum"}}}, "'sum'"),
+    ],
+    ids=["shared-secret-only", "aggregate-mismatch"],
+)
+def test_secure_sum_start_is_refused_with_the_fix(tmp_path, keys, overrides, says):
+    configs = write_star(tmp_path, keys=keys, overrides=overrides)
+    done = run_parties(tmp_path, configs, "party")
+    rc, _, err = done["lead"]
+    assert rc != 0, err[-2000:]
+    line = json.loads([ln for ln in err.splitlines() if ln.startswith("{")][-1])
+    assert line["status"] == "error" and "refused" in line["reason"], line
+    assert says in line["reason"] and "secure_sum" in line["reason"], line["reason"]
