@@ -463,6 +463,20 @@ class Model(Section):
     cut: int = Field(default=16, ge=1, description="output width of a stage without its own table")
     hidden: Ints = Field(default=(32,), description="hidden layer sizes of the uniform MLP")
     out: int = Field(default=1, ge=1, description="output width of the loss stage")
+    aggregate: Literal["concat", "sum", "secure_sum"] = Field(
+        default="concat",
+        description="how the star top reads its followers' cuts: their concatenation, their "
+        "sum, or their secure sum (the leader learns only the sum)",
+    )
+    sum_bound: float = Field(
+        default=64.0, gt=0, description="secure_sum: largest |activation| a follower may send"
+    )
+    sum_frac_bits: int = Field(
+        default=16, ge=0, description="secure_sum: fixed-point scale 2^-sum_frac_bits"
+    )
+    sum_ring_bits: Literal[32, 64] = Field(
+        default=32, description="secure_sum: the ring Z_2^sum_ring_bits"
+    )
 
     @field_validator("hidden")
     @classmethod

@@ -376,7 +376,7 @@ class PlanAdmission:
             )
         src = ch.partition("/")[2].partition("->")[0]
         if src in handler.out_dims:  # the stage's cut: its dtype and shape after the rows
-            dtype, shape = handler.out_dtypes[src], handler.cut_shape(src)
+            dtype, shape = handler.channel_cut(ch)
             if compressor.check(frame.arrays, shape, dtype):
                 got = " + ".join(f"{x.dtype.name}{list(x.shape)}" for x in frame.arrays)
                 raise AdmissionError(

@@ -52,6 +52,7 @@ from tandem.parties.export.model import (
 )
 from tandem.transports.base import Frame, Transport
 
+from ..privacy.securesum import CutSum
 from . import negotiate
 from .negotiate import NegotiationError
 from .party import SplitConfig, SplitParty
@@ -337,9 +338,14 @@ class Predictions:
 
 
 def make_party(
-    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+    transport: Transport,
+    model: PartyModel,
+    x: np.ndarray | None,
+    spec: TaskSpec,
+    cut_sum: CutSum | None = None,
 ) -> SplitParty:
-    """A forward-only `SplitParty` of ``model`` over ``x`` with the spec's runtime settings."""
+    """A forward-only `SplitParty` of ``model`` over ``x`` with the spec's runtime settings
+    (``cut_sum``: the training's sum of the followers' cuts, with a follower's seeds)."""
     h = spec.hyper
     cfg = SplitConfig(
         batch_size=int(h["batch_size"]),
@@ -358,26 +364,35 @@ def make_party(
         datasets=None if x is None else {DATASET: x},
         config=cfg,
         params=model.params,
+        cut_sum=cut_sum,
     )
     party.run_id = model.training  # the commands carry the training id
     return party
 
 
 async def run_leader(
-    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+    transport: Transport,
+    model: PartyModel,
+    x: np.ndarray | None,
+    spec: TaskSpec,
+    cut_sum: CutSum | None = None,
 ) -> Predictions:
     """Leader, after negotiation: check every follower's model description (`confirm`),
     forward ``spec.samples`` rows, tell the followers to stop."""
     followers = [p for p in model.topology.parties if p != model.party]
     digests = await confirm(transport, model, followers)
-    party = await asyncio.to_thread(make_party, transport, model, x, spec)
+    party = await asyncio.to_thread(make_party, transport, model, x, spec, cut_sum)
     out = await party.predict(DATASET, int(spec.samples), batch_size=int(spec.hyper["batch_size"]))
     await party.stop(reason="done")
     return Predictions(out, model.training, {model.party: model.digest, **digests})
 
 
 async def run_follower(
-    transport: Transport, model: PartyModel, x: np.ndarray | None, spec: TaskSpec
+    transport: Transport,
+    model: PartyModel,
+    x: np.ndarray | None,
+    spec: TaskSpec,
+    cut_sum: CutSum | None = None,
 ) -> int:
     """Follower, after negotiation: describe its model to the leader, then answer its
     batches; returns batches served. `NegotiationError` if the leader refuses the model."""
@@ -396,7 +411,7 @@ async def run_follower(
             }
         ),
     )
-    party = await asyncio.to_thread(make_party, transport, model, x, spec)
+    party = await asyncio.to_thread(make_party, transport, model, x, spec, cut_sum)
     served = await party.serve()
     if party.stop_meta.get("reason") == "refused":
         reasons = [str(r) for r in party.stop_meta.get("reasons", [])]

@@ -49,6 +49,7 @@ from tandem.transports.base import AdmittingTransport, Frame, Transport
 
 from ..privacy.config import Privacy, checked
 from ..privacy.label import randomize_labels
+from ..privacy.securesum import CutSum
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
 from .metrics import Metric, metric_names, task_metrics
@@ -81,6 +82,8 @@ class SplitParty:
       audit: the leakage audit (`tandem.parties.privacy.audit`): enabled, the party scores what
         it sends on its own data, one record per epoch in ``audit.history``; None: as
         ``privacy.audit`` and ``privacy.audit_share`` say.
+      cut_sum: the summing stage reads the sum of its cuts (`tandem.parties.privacy.
+        securesum.CutSum`; a secure-sum follower's carries its agreed seeds).
     """
 
     def __init__(
@@ -99,6 +102,7 @@ class SplitParty:
         progress: bool = False,
         privacy: Privacy | Mapping[str, Any] | None = None,
         audit: AuditSettings | None = None,
+        cut_sum: CutSum | None = None,
     ) -> None:
         self.name = name
         self.topology = topology
@@ -137,6 +141,7 @@ class SplitParty:
             params=params,
             compressor=self.config.compressor,
             privacy=self.privacy,
+            cut_sum=cut_sum,
         )
         #: The leakage audit of what this party sends, or None (off: nothing is captured).
         if audit is None and self.privacy.audit:  # [privacy] audit, audit_share

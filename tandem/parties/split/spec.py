@@ -30,6 +30,9 @@ Fields (all JSON data, see docs/parties.md#task-spec):
   ``privacy`` (the ``[privacy]`` seed and defense tables,
   `tandem.parties.privacy.config.Privacy.spec_fields`; recorded when a defense is on or the
   seed is not 0: every party trains with these defenses);
+  ``aggregate`` and, for ``"secure_sum"``, ``sum_ring`` (``{"bits", "frac", "bound"}``; the
+  loss stage reads the sum of its cuts, `tandem.parties.privacy.securesum`; recorded when not
+  ``"concat"``: a secure sum's act messages are then ``uint<bits>[rows, width]`` ring words);
 * ``security``: ``{"auth": "hmac"|"none", "tls": bool, "max_frame_bytes": int,
   "reject_nonfinite": bool}``;
 * ``alignment``: ``{"size", "commitment"}`` from `tandem.parties.alignment.AlignedIds`, or null.
@@ -57,6 +60,8 @@ from tandem.errors import ConfigError
 
 from ..privacy.config import mismatch_reasons as privacy_mismatch
 from ..privacy.config import privacy_from
+from ..privacy.securesum import ring_channels
+from ..privacy.securesum import spec_fields as sum_spec_fields
 from .compress import from_hyper
 from .hyper import HYPER_KEYS, SPEC_DEFAULTS
 
@@ -181,6 +186,10 @@ class TaskSpec:
             shape = tuple(int(d) for d in e.get("shape", [e["width"]]))
             for kind in ("act", "grad"):
                 out[f"{kind}/{e['src']}->{e['dst']}"] = (str(e["dtype"]), shape)
+        if "aggregate" in self.hyper:  # a secure sum's cuts travel as flat ring words
+            topo = Topology.from_dict(self.topology)
+            for ch, dtype in ring_channels(self.hyper, topo).items():
+                out[ch] = (dtype, (math.prod(out[ch][1]),))
         return out
 
     # -- checks ----------------------------------------------------------------------------
@@ -376,6 +385,7 @@ def build_spec(
             **({} if test_samples is None else {"test_samples": int(test_samples)}),
             **from_hyper(hyper).spec_fields(),
             **privacy_from(hyper.get("privacy")).spec_fields(),
+            **sum_spec_fields(hyper),
             **({"validation_samples": int(validation_samples)} if validation_samples else {}),
             **({} if split is None else {"split": dict(split)}),
             **({} if not fingerprints else {"fingerprints": dict(fingerprints)}),

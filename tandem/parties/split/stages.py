@@ -23,6 +23,11 @@ sends is sliced to the group's real rows (a peer pads what it receives itself), 
 stage masks the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents,
 and what they add to any parameter gradient, are zero; `predictions` returns real rows only.
 
+Summed cuts (``cut_sum``, `tandem.parties.privacy.securesum.CutSum`): the summing stage's
+kernels take one input, the sum of its K cuts (`_inputs`), and its one input gradient goes back
+on every cut's gradient channel; with a secure sum a follower sends its cut as masked ring words
+(`_scatter`), keyed by the batch number (`begin` calls since construction) and the row ids.
+
 Exactness: the loss stage scales each micro-batch's summed loss by ``1/B`` (``B`` = batch rows),
 gradients are summed over micro-batches, and ``U`` applies one optax update per batch, so any
 ``n`` gives the parameters of ``n = 1`` up to floating-point reassociation.
@@ -47,6 +52,7 @@ from tandem.parties.privacy.audit import PartyAudit
 
 from ..privacy.config import Privacy
 from ..privacy.cut import CutDefenses
+from ..privacy.securesum import CutSum
 from .compress import CutCompressor, Feedback, payload_arrays
 
 
@@ -66,8 +72,11 @@ class StageHandler:
         params: Mapping[str, Any] | None = None,
         compressor: CutCompressor | None = None,
         privacy: Privacy | None = None,
+        cut_sum: CutSum | None = None,
     ) -> None:
         self.topology = topology
+        self.cut_sum = cut_sum
+        self._batches = -1  # `begin` calls; the constructor's own makes it 0
         #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
         self.compressor = compressor or CutCompressor()
         self.feedback: dict[str, Feedback | None] = {}
@@ -92,7 +101,7 @@ class StageHandler:
                 self.models[s],
                 optimizer,
                 loss if self.stages[s].loss else None,
-                differentiable=[i != FEATURES for i in self.stages[s].inputs],
+                differentiable=[i != FEATURES for i in self._read_inputs(s)],
             )
             for s in self.stages
         }
@@ -123,15 +132,32 @@ class StageHandler:
         self.audit: PartyAudit | None = None
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
 
+    def _read_inputs(self, stage: str) -> tuple[str, ...]:
+        """What ``stage``'s kernels read: its inputs, or their sum (named by the first)."""
+        inputs = self.stages[stage].inputs
+        return inputs[:1] if self._sums(stage) else inputs
+
+    def _sums(self, stage: str) -> bool:
+        return self.cut_sum is not None and self.cut_sum.stage == stage
+
     def _check_inputs(self) -> None:
+        if self.cut_sum is not None:
+            self.cut_sum.check(self.topology, self.out_dims)
+            if self.cut_sum.secure and not self.compressor.exact:
+                raise ConfigError(
+                    "model.aggregate = 'secure_sum' sends ring words that a compressor would "
+                    f"corrupt; set train.compress = 'none' (got {self.compressor.kind!r})"
+                )
         for s in self.stages.values():
             model = self.models[s.name]
-            if len(model.in_dims) != len(s.inputs):
+            inputs = self._read_inputs(s.name)
+            if len(model.in_dims) != len(inputs):
+                summed = " (model.aggregate sums them into one)" if self._sums(s.name) else ""
                 raise ConfigError(
-                    f"stage {s.name!r} has {len(s.inputs)} inputs {list(s.inputs)} "
+                    f"stage {s.name!r} has {len(inputs)} inputs {list(inputs)}{summed} "
                     f"but its model declares {len(model.in_dims)} in_dims"
                 )
-            for i, d in zip(s.inputs, model.in_dims, strict=True):
+            for i, d in zip(inputs, model.in_dims, strict=True):
                 if i != FEATURES and i in self.out_dims and self.out_dims[i] != d:
                     raise ConfigError(
                         f"stage {s.name!r} expects width {d} from {i!r}, which "
@@ -157,6 +183,11 @@ class StageHandler:
         training step; no defense acts without row ids)."""
         self.step = step
         self.row_ids = None if row_ids is None or not train else np.asarray(row_ids)
+        self._batches += 1
+        #: the ids keying this batch's secure-sum masks (row positions without ids)
+        self.mask_rows = (
+            np.arange(bounds[-1][1] if bounds else 0) if row_ids is None else (np.asarray(row_ids))
+        )
         # kept as host numpy: a group is a zero-copy row slice that the jitted kernel takes
         # directly (an eager jax slice per op costs a dispatch of its own)
         self.features = (
@@ -217,6 +248,25 @@ class StageHandler:
         lo, hi = self.bounds[m]
         return np.arange(self.padded[m]) < hi - lo
 
+    def _inputs(self, stage: str, m: int) -> list:
+        """The arrays ``stage``'s kernels read for op ``m`` (one sum for a summing stage)."""
+        names = self.stages[stage].inputs
+        if not self._sums(stage):
+            return [self._input(stage, i, m) for i in names]
+        assert self.cut_sum is not None
+        parts = [self._gather(f"act/{i}->{stage}", m) for i in names]
+        return [self._pad(self.cut_sum.combine(parts, self.cut_shape(names[0])), m)]
+
+    def _sealed(self, channel: str) -> bool:
+        """Whether this party's messages on ``channel`` are a secure sum's masked words."""
+        c = self.cut_sum
+        return (
+            c is not None
+            and c.secure
+            and channel.startswith("act/")
+            and channel.endswith(f"->{c.stage}")
+        )
+
     def _gather(self, channel: str, m: int) -> np.ndarray:
         """The arrived messages of op ``m`` on ``channel`` (taken out of the inbox), as one
         array in row order."""
@@ -238,6 +288,18 @@ class StageHandler:
             )
         if self.audit is not None and self.train:
             self._audit(self.audit, channel, m, array)
+        if self._sealed(channel):
+            assert self.cut_sum is not None
+            host, base = np.asarray(array), self.bounds[m][0]
+            for j in range(m * self.per_op, (m + 1) * self.per_op):
+                lo, hi = self.msg_bounds[j]
+                out[(channel, j)] = self.cut_sum.seal(
+                    host[lo - base : hi - base],
+                    self._batches,
+                    self.mask_rows[lo:hi],
+                    where=f"{self.party!r}'s cut on {channel!r}",
+                )
+            return
         if self.compressor.exact:
             if self.per_op == 1:
                 out[(channel, m)] = np.asarray(array)
@@ -283,7 +345,10 @@ class StageHandler:
         return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
     def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
-        for name, g in zip(self.stages[stage].inputs, input_grads, strict=True):
+        names = self.stages[stage].inputs
+        if self._sums(stage):  # d(sum)/d(summand) = 1: each cut gets the sum's gradient
+            input_grads = [input_grads[0]] * len(names)
+        for name, g in zip(names, input_grads, strict=True):
             if name == FEATURES:
                 continue
             if name in self.stages:
@@ -306,7 +371,7 @@ class StageHandler:
             jax.block_until_ready(self.params[s])
             return out
         if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
-            xs = [self._input(s, i, m) for i in self.stages[s].inputs]
+            xs = self._inputs(s, m)
         if op.kind is Kind.FORWARD:
             if self.train:
                 y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
@@ -361,6 +426,16 @@ class StageHandler:
         shape = self.out_shapes.get(stage, ())
         return shape if len(shape) > 1 else (self.out_dims[stage],)
 
+    def channel_cut(self, channel: str) -> tuple[str, tuple[int, ...]]:
+        """(dtype, shape after the rows) of the tensors on ``channel``: its source stage's
+        output and cotangent, or the flat ring words of a secure sum's cuts."""
+        kind, _, edge = channel.partition("/")
+        src, _, dst = edge.partition("->")
+        c = self.cut_sum
+        if kind == "act" and c is not None and c.ring is not None and c.stage == dst:
+            return c.ring.dtype.name, (self.out_dims[src],)
+        return self.out_dtypes[src], self.cut_shape(src)
+
     def receive(self, op: Op, array) -> None:
         """Store a peer's message after checking it is ``dtype[rows of the message, *shape]``
         of the stage whose output (activation) or its cotangent (gradient) it carries (the
@@ -374,7 +449,8 @@ class StageHandler:
                 f"{self.party!r} received a tensor on {op.channel!r} but knows no model of "
                 f"stage {src!r}; pass a StageModel for every stage of the topology"
             )
-        dtype, expected = self.out_dtypes[src], (hi - lo, *self.cut_shape(src))
+        dtype, shape = self.channel_cut(op.channel)
+        expected = (hi - lo, *shape)
         if not self.compressor.exact:
             self._receive_encoded(op, array, dtype, expected)
             return

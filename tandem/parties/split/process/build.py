@@ -237,8 +237,9 @@ class PartySetup:
                     in_dims.append(int(out[i]["out_dim"]))
             own = s.owner == self.name
             cut: dict[str, Any] = {}
+            read = self.read_dims(s, in_dims)
             if own:
-                model = self.stage_model(s.name, in_dims, vocab)
+                model = self.stage_model(s.name, read, vocab)
                 width = model.out_dim
                 shape, dtype = list(model.out_shape or ()), model.out_dtype
                 self.check_cut_inputs(s, model, out)
@@ -255,10 +256,16 @@ class PartySetup:
             out[s.name] = {
                 "in_dims": in_dims,
                 "out_dim": width,
-                "sizes": [sum(in_dims), *m.hidden, width] if mlp_sized else None,
+                "sizes": [sum(read), *m.hidden, width] if mlp_sized else None,
                 **cut,
             }
         return {s.name: out[s.name] for s in topo.stages}
+
+    def read_dims(self, stage: Stage, in_dims: Sequence[int]) -> list[int]:
+        """The input widths ``stage``'s model reads: ``in_dims``, or one of them when
+        ``[model] aggregate`` sums the loss stage's cuts (`tandem.parties.privacy.securesum`)."""
+        summed = stage.loss and self.model.aggregate != "concat"
+        return list(in_dims[:1]) if summed else list(in_dims)
 
     def declared_width(self, stage: Stage) -> int:
         """The output width this config gives another party's ``stage``: ``[model.<stage>]
@@ -369,7 +376,7 @@ class PartySetup:
                 int(features[s.owner]) if i == FEATURES else int(widths[i]["out_dim"])
                 for i in s.inputs
             ]
-            out[s.name] = self.stage_model(s.name, dims, vocab)
+            out[s.name] = self.stage_model(s.name, self.read_dims(s, dims), vocab)
         return out
 
 

@@ -132,6 +132,7 @@ async def predict_command(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     """Everything `predict_command` does but printing; returns the summary."""
     from .. import inference
+    from . import cut_sum
     from .build import PartyData, load_party_config
     from .session import connected
 
@@ -156,6 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     x, rows = await asyncio.to_thread(inference.prepare_rows, model, x, args.rows, alignment)
     data = PartyData(train=x, alignment=alignment)
     t0 = time.perf_counter()
+    topo = model.topology
     if model.is_leader:
         spec = inference.inference_spec(
             model,
@@ -165,8 +167,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             alignment=alignment,
             security=cfg.security(),
         )
-        async with connected(cfg, data=data, spec=spec) as session:
-            result = await inference.run_leader(session.transport, model, x, session.spec)
+        proposal = cut_sum.with_cut_sum(cfg, spec)
+        async with connected(cfg, data=data, spec=proposal) as session:
+            cs = cut_sum.party_cut_sum(cfg, session.spec.hyper, topo)
+            result = await inference.run_leader(session.transport, model, x, session.spec, cs)
         await asyncio.to_thread(write_predictions, args.out, result.outputs, model.loss, ids)
         extra: dict[str, Any] = {
             "out": args.out,
@@ -174,11 +178,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "digests": result.digests,
         }
     else:
-        check = inference.inference_check(
-            model, rows=rows, alignment=alignment, security=cfg.security()
+        check = cut_sum.checking(
+            cfg,
+            topo,
+            inference.inference_check(
+                model, rows=rows, alignment=alignment, security=cfg.security()
+            ),
         )
-        async with connected(cfg, data=data, check=check) as session:
-            batches = await inference.run_follower(session.transport, model, x, session.spec)
+        describe = cut_sum.describing(cfg)
+        async with connected(cfg, data=data, check=check, describe=describe) as session:
+            cs = cut_sum.party_cut_sum(cfg, session.spec.hyper, topo)
+            batches = await inference.run_follower(session.transport, model, x, session.spec, cs)
         extra = {"batches": batches}
     return {
         "command": "predict",

@@ -56,7 +56,7 @@ from .. import negotiate
 from ..admission import NegotiationAdmission, negotiation_streams
 from ..compress import mismatch_reasons
 from ..spec import TaskSpec, build_spec, cut_of
-from . import notice
+from . import cut_sum, notice
 from .build import PartyData, PartySetup
 from .config import PartyConfigError
 
@@ -125,7 +125,7 @@ def leader_spec(
         features=features,
         samples=data.samples,
         stage_widths=cfg.stage_widths(features, data.vocab, described_cuts(cfg, described)),
-        hyper=cfg.hyper(),
+        hyper={**cfg.hyper(), **cut_sum.spec_hyper(cfg, described)},
         security=cfg.security(),
         alignment=data.alignment,
         test_samples=0 if data.y_test is None else len(data.y_test),
@@ -143,6 +143,8 @@ def describe_data(data: PartyData, cfg: PartySetup | None = None) -> dict[str, A
     out: dict[str, Any] = {"features": data.features, "fingerprint": data.fingerprint}
     if cfg is not None:
         out["cuts"] = cfg.own_cuts(data.features, data.vocab)
+        if cut_sum.secure(cfg):
+            out["sum_offer"] = cut_sum.offer(cfg)
     return out
 
 
@@ -235,6 +237,7 @@ def follower_check(
         )
         hyper = spec.hyper
         reasons += mismatch_reasons(cfg.name, hyper, cfg.train)
+        reasons += cut_sum.follower_reasons(cfg, hyper, cfg.topology())
         for part, rows in (("test", data.test), ("validation", data.validation)):
             want = int(hyper.get(f"{part}_samples", 0))
             have = 0 if rows is None else len(rows)
@@ -279,18 +282,20 @@ async def connect(
     cfg: PartySetup,
     *,
     data: PartyData | None = None,
-    spec: TaskSpec | None = None,
+    spec: TaskSpec | Callable[[dict[str, dict[str, Any]]], TaskSpec] | None = None,
     check: Callable[[TaskSpec], list[str]] | None = None,
     checkpoints: Mapping[int, str] | None = None,
     finished: Collection[int] = (),
     prepare: Callable[[Session], Awaitable[None]] | None = None,
     refusals: Sequence[str] = (),
+    describe: Callable[[], dict[str, Any]] | None = None,
 ) -> Session:
     """Start ``cfg``'s transport, reach the peers, negotiate; see the module docstring.
 
     Args:
       data: this party's data (default: `PartySetup.load_data`, in a thread).
-      spec: leader only, the spec to propose (default `leader_spec`).
+      spec: leader only, the spec to propose (default `leader_spec`), or a function of the
+        followers' descriptions (`negotiate.gather`) that builds it.
       check: follower only, the acceptance check (default `follower_check`).
       checkpoints: ``{step: spec_hash}`` of the checkpoints this party holds
         (`tandem.parties.split.checkpoint.CheckpointStore.index`); only those of the agreed
@@ -301,6 +306,8 @@ async def connect(
         start (a follower's failure here is sent to the leader as the reason).
       refusals: this party's own reasons not to start (e.g. its data changed since its
         checkpoints): a leader aborts with them, a follower refuses the proposal with them.
+      describe: follower only, with ``check``: what it tells a leader that asks (its
+        key offer of a secure sum, `tandem.parties.split.process.cut_sum`; ``{}`` when None).
     Without ``spec`` (leader) or ``check`` (follower) this is a training start: the leader
     first gathers each follower's data description (`negotiate.gather`: feature count,
     fingerprint) for the spec. Reaching the peers, then agreeing, are each bounded by
@@ -338,6 +345,7 @@ async def connect(
                 check,
                 prepare,
                 refusals,
+                describe,
             )
         )
     except Exception as exc:
@@ -358,10 +366,11 @@ async def _agree(
     finished: Collection[int],
     negotiating: NegotiationAdmission,
     told: set[str],
-    spec: TaskSpec | None,
+    spec: TaskSpec | Callable[[dict[str, dict[str, Any]]], TaskSpec] | None,
     check: Callable[[TaskSpec], list[str]] | None,
     prepare: Callable[[Session], Awaitable[None]] | None,
     refusals: Sequence[str],
+    describe: Callable[[], dict[str, Any]] | None = None,
 ) -> Session:
     """`connect`'s steps 3 to 5 on the started ``transport``."""
     topology = cfg.topology()
@@ -374,6 +383,8 @@ async def _agree(
                 followers = [p for p in topology.parties if p != cfg.name]
                 if spec is None:
                     spec = await _training_spec(cfg, data, transport, followers, refusals, told)
+                elif not isinstance(spec, TaskSpec):  # built from what the followers describe
+                    spec = spec(await negotiate.gather(transport, followers))
                 agreed = spec
                 digest = agreed.spec_hash()
                 agreement = await negotiate.propose_agreement(
@@ -395,7 +406,7 @@ async def _agree(
                     check=check or follower_check(cfg, data, refusals),
                     checkpoints=lambda h: [s for s, d in held.items() if d == h],
                     finished=lambda h: finished,
-                    describe=None if told_data is None else lambda: told_data,
+                    describe=describe if told_data is None else lambda: told_data,
                 )
     except TimeoutError:
         raise PartyStartError(

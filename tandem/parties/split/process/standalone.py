@@ -56,6 +56,7 @@ from ..observe import party_metrics
 from ..party import SplitParty
 from ..reporting import Reporter, validation_for
 from ..spec import TaskSpec
+from . import cut_sum
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .graceful import leaf, until, with_grace
 from .party_trace import DEFAULT_BATCHES, BatchTrace
@@ -80,6 +81,7 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
         labels=data.labels(),
         config=split_config_from(spec.hyper),
         privacy=agreed(spec.hyper.get("privacy"), cfg.config.privacy),
+        cut_sum=cut_sum.party_cut_sum(cfg, spec.hyper, topo),
     )
 
 
