@@ -55,6 +55,7 @@ from tandem.parties.data import DataConfig
 from tandem.parties.http_security import HttpSecurity, security_of
 
 from .downlink import MODES
+from .preprocessing import PreprocessingTable
 
 
 class FLConfigError(ConfigError):
@@ -328,6 +329,7 @@ class ServerFile(Section):
     data: Data
     http: Security = Field(default_factory=Security)
     secagg: SecAggTable | None = None
+    preprocessing: PreprocessingTable = Field(default_factory=PreprocessingTable)
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
@@ -423,6 +425,7 @@ class ServerConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: SecAggTable | None = None
+    preprocessing: PreprocessingTable = PreprocessingTable()
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
@@ -436,7 +439,11 @@ class ServerConfig:
             "model": _plain(self.model),
             "optimizer": _plain(self.optimizer.describe()),
             "compression": self.compression.model_dump(),
-        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()}) | (
+            {}
+            if self.preprocessing == PreprocessingTable()
+            else {"preprocessing": self.preprocessing.model_dump()}
+        )
 
     def identity_hash(self) -> str:
         text = json.dumps(self.identity(), sort_keys=True)
@@ -496,6 +503,7 @@ def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
         data=f.data.table(os.fspath(path)),
         security=security_of(f.http),
         secagg=f.secagg,
+        preprocessing=f.preprocessing,
     )
 
 
