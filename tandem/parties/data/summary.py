@@ -49,8 +49,7 @@ def summarize(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> dict[str
     non-finite value, text in a numeric column."""
     if len(train_rows) == 0:
         raise DataError(
-            f"no training rows in {table.source!r}; lower data.split.test and "
-            "data.split.validation"
+            f"no training rows in {table.source!r}; lower data.split.test and data.split.validation"
         )
     numeric, categorical = feature_columns(table, cfg)
     return {
@@ -151,12 +150,13 @@ def merge(
     declared = {}
     if cfg.vocabularies is not None:
         declared = read_declared(cfg.vocabularies, categorical, cfg.where)
-    nums = {n: [0, 0, 0.0, 0.0] for n in numeric}  # present, missing, sum, sumsq
+    nums: dict[str, list[Any]] = {n: [0, 0, 0.0, 0.0] for n in numeric}  # present, missing,
+    # sum, sum of squares
     cats: dict[str, dict[Any, int]] = {c: {} for c in categorical}
     kinds: dict[str, str] = {}
     for party, summary in sorted(summaries.items()):
         _add(party, summary, nums, cats, kinds)
-    stats = [_numeric_state(n, *nums[n], cfg) for n in numeric]
+    stats = [_numeric_state(n, nums[n], cfg) for n in numeric]
     vocabularies = []
     for name in categorical:
         if name in declared:
@@ -234,10 +234,10 @@ def _add(
         ) from None
 
 
-def _numeric_state(
-    name: str, present: int, missing: int, total: float, sq: float, cfg: DataConfig
-) -> tuple[float, float, float]:
-    """``(fill, mean, std)`` of a numeric column from its summed summary, as `fit` gives."""
+def _numeric_state(name: str, sums: list[Any], cfg: DataConfig) -> tuple[float, float, float]:
+    """``(fill, mean, std)`` of a numeric column from its summed summary ``[present, missing,
+    sum, sum of squares]``, as `fit` gives."""
+    present, missing, total, sq = int(sums[0]), int(sums[1]), float(sums[2]), float(sums[3])
     if present == 0 and (cfg.missing == "mean" or missing == 0):
         raise DataError(
             f"numeric column {name!r} has no value in any party's training rows, so it has no "

@@ -430,19 +430,23 @@ class ServerConfig:
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
         the trained model (not ``rounds``, timeouts, addresses or the evaluation data)."""
-        return {
-            "name": self.name,
-            "clients": list(self.clients),
-            "fraction": self.fraction,
-            "seed": self.seed,
-            "loss": self.loss,
-            "model": _plain(self.model),
-            "optimizer": _plain(self.optimizer.describe()),
-            "compression": self.compression.model_dump(),
-        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()}) | (
-            {}
-            if self.preprocessing == PreprocessingTable()
-            else {"preprocessing": self.preprocessing.model_dump()}
+        return (
+            {
+                "name": self.name,
+                "clients": list(self.clients),
+                "fraction": self.fraction,
+                "seed": self.seed,
+                "loss": self.loss,
+                "model": _plain(self.model),
+                "optimizer": _plain(self.optimizer.describe()),
+                "compression": self.compression.model_dump(),
+            }
+            | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+            | (
+                {}
+                if self.preprocessing == PreprocessingTable()
+                else {"preprocessing": self.preprocessing.model_dump()}
+            )
         )
 
     def identity_hash(self) -> str:

@@ -303,6 +303,24 @@ class DeployedServer(FLServer):
             ) from None
 
 
+def _warn(cfg: ServerConfig) -> None:
+    """The stderr warnings of a configuration that protects less than the defaults."""
+    if cfg.preprocessing.mode == "per_client":
+        log.warning(
+            '%s: [preprocessing] mode = "per_client": every client scales and encodes with '
+            "its own statistics (the same input means different things on different clients)",
+            cfg.path,
+        )
+    if cfg.secagg is not None and cfg.secagg.public_keys is None:
+        log.warning(
+            "%s: secure aggregation without secagg.public_keys: the clients cannot check "
+            "each other's round keys, so it protects their updates from an honest-but-curious "
+            "server only (one that substitutes keys could read them); give every client a key "
+            "(tandem keys generate NAME) and list them in [secagg] public_keys",
+            cfg.path,
+        )
+
+
 async def run_server(
     cfg: ServerConfig,
     *,
@@ -317,20 +335,7 @@ async def run_server(
 
     from .export import export_global
 
-    if cfg.preprocessing.mode == "per_client":
-        log.warning(
-            "%s: [preprocessing] mode = \"per_client\": every client scales and encodes with "
-            "its own statistics (the same input means different things on different clients)",
-            cfg.path,
-        )
-    if cfg.secagg is not None and cfg.secagg.public_keys is None:
-        log.warning(
-            "%s: secure aggregation without secagg.public_keys: the clients cannot check "
-            "each other's round keys, so it protects their updates from an honest-but-curious "
-            "server only (one that substitutes keys could read them); give every client a key "
-            "(tandem keys generate NAME) and list them in [secagg] public_keys",
-            cfg.path,
-        )
+    _warn(cfg)
     restored = None
     if cfg.checkpoint is not None and not fresh:
         restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
