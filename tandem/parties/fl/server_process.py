@@ -303,6 +303,16 @@ class DeployedServer(FLServer):
             ) from None
 
 
+async def _early_setup(cfg: ServerConfig) -> ServerSetup | None:
+    """The setup when it needs no client (``per_client`` preprocessing), else None once the
+    server's data has been read (its errors come before any client is waited for)."""
+    if cfg.preprocessing.mode == "per_client":
+        return await asyncio.to_thread(prepare_server, cfg)
+    out = out_width(cfg.model, cfg.loss, cfg.path)
+    await asyncio.to_thread(load_rows, cfg.data, loss=cfg.loss, out=out)
+    return None
+
+
 def _warn(cfg: ServerConfig) -> None:
     """The stderr warnings of a configuration that protects less than the defaults."""
     if cfg.preprocessing.mode == "per_client":
@@ -354,17 +364,12 @@ async def run_server(
             reject_nonfinite=False,
         ),
     )
-    setup = None
-    if cfg.preprocessing.mode == "per_client":
-        setup = await asyncio.to_thread(prepare_server, cfg)
-    else:  # the data's errors now, not once the clients are there
-        out = out_width(cfg.model, cfg.loss, cfg.path)
-        await asyncio.to_thread(load_rows, cfg.data, loss=cfg.loss, out=out)
+    setup = await _early_setup(cfg)
     async with started(built) as transport:
         if on_ready is not None:
             on_ready(addressing(transport, "an FL server").address())
         hellos: list[tuple[str, int, str | None]] = []
-        if setup is None:
+        if setup is None:  # federated preprocessing: the clients' summaries first
             summaries, hellos = await gather_summaries(transport, cfg)
             setup = await asyncio.to_thread(prepare_server, cfg, summaries)
         server = DeployedServer(transport, cfg, setup, on_round=on_round)
