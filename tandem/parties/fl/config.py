@@ -262,6 +262,9 @@ class ServerTable(Section):
     eval_every: int = Field(default=1, ge=0)
     checkpoint: str | None = Field(default=None, description="path or fsspec URL")
     export: str | None = None
+    compile_cache: str = Field(
+        default="auto", description='JAX compilation cache folder, "auto" or "off"'
+    )
 
     @field_validator("checkpoint", "export")
     @classmethod
@@ -358,6 +361,9 @@ class ClientTable(Section):
     port: Port = 0
     advertise_url: Url | None = None
     reconnect_timeout: Positive = 300.0
+    compile_cache: str = Field(
+        default="auto", description='JAX compilation cache folder, "auto" or "off"'
+    )
 
     @model_validator(mode="after")
     def _needed(self) -> ClientTable:
@@ -426,6 +432,7 @@ class ServerConfig:
     security: HttpSecurity
     secagg: SecAggTable | None = None
     preprocessing: PreprocessingTable = PreprocessingTable()
+    compile_cache: str = "auto"
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
@@ -472,6 +479,7 @@ class ClientConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: ClientSecAgg = ClientSecAgg()
+    compile_cache: str = "auto"
 
 
 # -- loading ---------------------------------------------------------------------------------
