@@ -3,6 +3,7 @@ model over HTTP on loopback.
 
     python -m bench.fl --json                       # one JSON line
     python -m bench.fl --plot docs/img/fl_accuracy_vs_bytes.png
+    python -m bench.fl --json --startup-only        # launch to end of round one (bench.fl_startup)
 
 Accuracy run (memory transport, exact byte counters): 20 clients, half sampled per round,
 Dirichlet alpha 0.5, MLP 64-128-64-10 (17,226 parameters), the same seeds and rounds for both.
@@ -98,6 +99,17 @@ def plot(path: str, result: dict) -> None:
     log(f"wrote {path}")
 
 
+def startup_figures() -> dict:
+    """`bench.fl_startup.startup` in a fresh temporary folder (its own compilation cache)."""
+    import tempfile
+    from pathlib import Path
+
+    from bench.fl_startup import startup
+
+    with tempfile.TemporaryDirectory(prefix="tandem-fl-startup-") as folder:
+        return startup(Path(folder))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON line")
@@ -112,7 +124,16 @@ def main(argv=None) -> int:
     )
     p.add_argument("--http-rounds", type=int, default=20)
     p.add_argument("--skip-http", action="store_true", help="accuracy runs only")
+    p.add_argument(
+        "--startup-only",
+        action="store_true",
+        help="only first_round_s and client_peak_rss_mb: 11 processes (bench.fl_startup)",
+    )
+    p.add_argument("--skip-startup", action="store_true", help="leave the process start-up out")
     args = p.parse_args(argv)
+    if args.startup_only:
+        print(orjson.dumps({"bench": "fl", **startup_figures()}).decode(), flush=True)
+        return 0
 
     result = accuracy_runs(args.rounds, args.seed)
     dense, comp = result["runs"]["dense"], result["runs"]["compressed"]
@@ -155,6 +176,8 @@ def main(argv=None) -> int:
         out["s_per_round_1m_compressed"] = round(
             http_seconds_per_round("compressed", args.http_rounds, 3, args.seed), 4
         )
+    if not args.skip_startup:
+        out.update(startup_figures())
     print(
         orjson.dumps(out).decode()
         if args.json

@@ -2,12 +2,15 @@
 
 `run_client(cfg)`:
 
-1. says ``hello`` to the server (version 0) and waits for its ``welcome``: the `Task` (model
-   spec, loss, init seed) and the seed of its local shuffles. A server that is not up yet is
+1. summarises its training rows (`tandem.parties.data.summary`; no row leaves it), says
+   ``hello`` to the server (version 0, with the summary) and waits for its ``welcome``: the
+   `Task` (model spec, loss, init seed, the federated preprocessing state) and the seed of its
+   local shuffles. A server that is not up yet is
    retried with backoff for up to ``reconnect_timeout`` seconds; a server that refuses this
    client (not in its roster, or another secret) stops it with an error saying so;
-2. reads its ``[data]`` through the shared loader (labels checked against the task's loss)
-   and trains on the rows of the split's training part;
+2. reads its ``[data]`` through the shared loader (labels checked against the task's loss),
+   preprocessed with the task's state (or, when the server runs ``per_client`` preprocessing,
+   its own fit, with a warning on stderr), and trains on the rows of the split's training part;
 3. serves rounds (`FLClient`) until the server says ``stop``. When the server is lost (its
    transport notices a restart, or ``[http] peer_timeout`` without an answer), it says
    ``hello`` again with the version it holds, retrying with backoff until the server is back
@@ -34,7 +37,7 @@ from . import protocol as P
 from .client import FLClient
 from .config import ClientConfig
 from .downlink import ClientModel
-from .task import Task, load_rows, out_width, part
+from .task import Task, input_width, load_rows, out_width, part
 from .train import LocalTrainer
 
 log = logging.getLogger(__name__)
@@ -55,8 +58,14 @@ class RefusedError(TandemError):
 class Connection:
     """This client's side of the link: hello with backoff, and the server's answer."""
 
-    def __init__(self, transport: Transport, cfg: ClientConfig, url: str) -> None:
-        self.transport, self.cfg, self.url = transport, cfg, url
+    def __init__(
+        self,
+        transport: Transport,
+        cfg: ClientConfig,
+        url: str,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        self.transport, self.cfg, self.url, self.summary = transport, cfg, url, summary
         self.server = cfg.server_name
         self.reconnects = 0
 
@@ -68,7 +77,7 @@ class Connection:
                 await self.transport.send(
                     self.server,
                     P.HELLO,
-                    Frame(meta={"kind": "hello", "version": version, "url": self.url}),
+                    Frame(meta=self._hello_meta(version)),
                 )
                 return
             except AuthenticationError as exc:
@@ -89,6 +98,12 @@ class Connection:
                 )
             await asyncio.sleep(delay)
             delay = min(2 * delay, 5.0)
+
+    def _hello_meta(self, version: int) -> dict[str, Any]:
+        meta: dict[str, Any] = {"kind": "hello", "version": version, "url": self.url}
+        if self.summary is not None:
+            meta["summary"] = self.summary
+        return meta
 
     async def next_frame(self, version: int) -> Frame:
         """The next model-channel frame; when the link to the server is lost, say hello again
@@ -180,15 +195,25 @@ async def connect(link: Connection) -> dict[str, Any]:
 
 def prepare_client(cfg: ClientConfig, task: Task) -> tuple[LocalTrainer, np.ndarray, np.ndarray]:
     """Read this client's training rows and build its trainer (blocking: run in a thread)."""
-    data, x, y = load_rows(cfg.data, loss=task.loss, out=out_width(task.model, task.loss, cfg.path))
+    state = task.state()
+    if state is None:
+        log.warning(
+            "%s: the server runs per-client preprocessing ([preprocessing] mode = "
+            '"per_client"): this client scales and encodes with its own statistics, so the same '
+            "input means different things on different clients; the server's default "
+            '(mode = "global") fits one state from every client\'s summary',
+            cfg.path,
+        )
+    out = out_width(task.model, task.loss, cfg.path)
+    data, x, y = load_rows(cfg.data, loss=task.loss, out=out, state=state)
     x_train, y_train = part(data, x, y, "train")
     if x_train.shape[0] == 0:
         raise TandemError(
             f"{cfg.path}: the training part of {cfg.data.source!r} is empty; lower "
             "data.split.test / data.split.validation"
         )
-    expected = list(task.model.get("in_dims", []))
-    if expected != [x.shape[1]]:
+    expected = input_width(task.model)
+    if expected != x.shape[1]:
         raise TandemError(
             f"{cfg.path}: the server's model takes {expected} features but "
             f"{cfg.data.source!r} gives {x.shape[1]} columns; use the columns the server's "
@@ -213,9 +238,12 @@ async def run_client(
             host=cfg.host, port=cfg.port, advertise_url=cfg.advertise_url
         ),
     )
+    from tandem.parties.data.summary import summarize_source
+
+    summary = await asyncio.to_thread(summarize_source, cfg.data)
     async with started(built) as transport:
         url = cfg.advertise_url or addressing(transport, "an FL client").address()
-        link = Connection(transport, cfg, url)
+        link = Connection(transport, cfg, url, summary)
         welcome = await connect(link)
         task = Task.from_meta(welcome.get("task"))
         trainer, x, y = await asyncio.to_thread(prepare_client, cfg, task)

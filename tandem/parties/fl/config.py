@@ -55,6 +55,7 @@ from tandem.parties.data import DataConfig
 from tandem.parties.http_security import HttpSecurity, security_of
 
 from .downlink import MODES
+from .preprocessing import PreprocessingTable
 
 
 class FLConfigError(ConfigError):
@@ -261,6 +262,9 @@ class ServerTable(Section):
     eval_every: int = Field(default=1, ge=0)
     checkpoint: str | None = Field(default=None, description="path or fsspec URL")
     export: str | None = None
+    compile_cache: str = Field(
+        default="auto", description='JAX compilation cache folder, "auto" or "off"'
+    )
 
     @field_validator("checkpoint", "export")
     @classmethod
@@ -328,6 +332,7 @@ class ServerFile(Section):
     data: Data
     http: Security = Field(default_factory=Security)
     secagg: SecAggTable | None = None
+    preprocessing: PreprocessingTable = Field(default_factory=PreprocessingTable)
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
@@ -356,6 +361,9 @@ class ClientTable(Section):
     port: Port = 0
     advertise_url: Url | None = None
     reconnect_timeout: Positive = 300.0
+    compile_cache: str = Field(
+        default="auto", description='JAX compilation cache folder, "auto" or "off"'
+    )
 
     @model_validator(mode="after")
     def _needed(self) -> ClientTable:
@@ -423,20 +431,30 @@ class ServerConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: SecAggTable | None = None
+    preprocessing: PreprocessingTable = PreprocessingTable()
+    compile_cache: str = "auto"
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
         the trained model (not ``rounds``, timeouts, addresses or the evaluation data)."""
-        return {
-            "name": self.name,
-            "clients": list(self.clients),
-            "fraction": self.fraction,
-            "seed": self.seed,
-            "loss": self.loss,
-            "model": _plain(self.model),
-            "optimizer": _plain(self.optimizer.describe()),
-            "compression": self.compression.model_dump(),
-        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+        return (
+            {
+                "name": self.name,
+                "clients": list(self.clients),
+                "fraction": self.fraction,
+                "seed": self.seed,
+                "loss": self.loss,
+                "model": _plain(self.model),
+                "optimizer": _plain(self.optimizer.describe()),
+                "compression": self.compression.model_dump(),
+            }
+            | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+            | (
+                {}
+                if self.preprocessing == PreprocessingTable()
+                else {"preprocessing": self.preprocessing.model_dump()}
+            )
+        )
 
     def identity_hash(self) -> str:
         text = json.dumps(self.identity(), sort_keys=True)
@@ -461,6 +479,7 @@ class ClientConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: ClientSecAgg = ClientSecAgg()
+    compile_cache: str = "auto"
 
 
 # -- loading ---------------------------------------------------------------------------------
@@ -496,6 +515,7 @@ def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
         data=f.data.table(os.fspath(path)),
         security=security_of(f.http),
         secagg=f.secagg,
+        preprocessing=f.preprocessing,
     )
 
 

@@ -2,8 +2,12 @@
 
 `run_server(cfg)`:
 
-1. reads its ``[data]`` (the held-out evaluation set) through the shared loader and builds the
-   `Task` (the ``[model]`` spec with ``in_dims`` from the data, the loss, the seed);
+1. under federated preprocessing (``[preprocessing] mode = "global"``, the default), reads the
+   hellos of ``min_clients`` clients (up to ``wait`` seconds), each with the summary of its
+   training rows, and merges them into one state (`tandem.parties.fl.preprocessing`); then
+   reads its ``[data]`` (the held-out evaluation set) through the shared loader, under that
+   state (or its own fit, ``per_client``), and builds the `Task` (the ``[model]`` spec with
+   ``in_dims`` from the data, the loss, the seed, the state);
 2. builds the `FLServer` (`build_fl_config`: the ``[compression]`` preset with the
    ``[optimizer]``) and, unless ``fresh``, resumes from ``server.checkpoint`` when one is there
    (refusing one written with another configuration);
@@ -40,6 +44,7 @@ from . import checkpoint as ckpt
 from . import presets
 from . import protocol as P
 from .config import ServerConfig
+from .preprocessing import global_state
 from .server import FLConfig, FLServer, RoundReport
 from .task import Task, load_rows, out_width, with_inputs
 from .train import LocalTrainer
@@ -93,12 +98,21 @@ class ServerSetup:
     fingerprint: str
 
 
-def prepare_server(cfg: ServerConfig) -> ServerSetup:
+def prepare_server(
+    cfg: ServerConfig, summaries: dict[str, dict[str, Any]] | None = None
+) -> ServerSetup:
     """Read the evaluation data and build the task, the trainer and the `FLConfig`
-    (blocking: call it in a thread)."""
-    data, x, y = load_rows(cfg.data, loss=cfg.loss, out=out_width(cfg.model, cfg.loss, cfg.path))
-    spec = with_inputs(cfg.model, int(x.shape[1]), cfg.path)
-    probe = Task(spec, cfg.loss, cfg.seed, 0, cfg.identity_hash())
+    (blocking: call it in a thread). ``summaries`` (client -> its hello's summary): the
+    federated preprocessing state is merged from them; None: the server's own fit, and the
+    clients fit theirs."""
+    state = None
+    if summaries is not None:
+        state = global_state(cfg.data, summaries, cfg.preprocessing.min_count)
+    out = out_width(cfg.model, cfg.loss, cfg.path)
+    data, x, y = load_rows(cfg.data, loss=cfg.loss, out=out, state=state)
+    spec = with_inputs(cfg.model, int(x.shape[1]), cfg.path, state or data.preprocessing)
+    shared = None if state is None else state.to_json()
+    probe = Task(spec, cfg.loss, cfg.seed, 0, cfg.identity_hash(), shared)
     try:
         trainer = LocalTrainer(
             probe.stage_model(), optax.identity(), loss=cfg.loss, init_seed=cfg.seed
@@ -112,9 +126,64 @@ def prepare_server(cfg: ServerConfig) -> ServerSetup:
         fl=build_fl_config(cfg, trainer.dim),
         x=x,
         y=y,
-        preprocessing=data.preprocessing.to_json(),
-        fingerprint=data.fingerprint,
+        preprocessing=data.preprocessing.to_json() if shared is None else shared,
+        fingerprint=data.fingerprint if shared is None else _fingerprint(data.fingerprint, shared),
     )
+
+
+def _fingerprint(own: str, state: dict[str, Any]) -> str:
+    """The server data's fingerprint bound to the federated state its rows were read under."""
+    import hashlib
+    import json
+
+    text = json.dumps({"data": own, "preprocessing": state}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def gather_summaries(
+    transport: Transport, cfg: ServerConfig
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None]]]:
+    """Read hellos until ``cfg.min_clients`` roster clients have sent one with a summary
+    (`ConfigError` after ``cfg.wait`` seconds, naming the missing clients). Returns their
+    summaries and every hello read, ``(client, version, url)``, for the server to answer."""
+    summaries: dict[str, dict[str, Any]] = {}
+    hellos: list[tuple[str, int, str | None]] = []
+
+    async def read(c: str) -> None:
+        while c not in summaries:
+            try:
+                frame = await transport.recv(c, P.HELLO)
+            except TandemError:  # its link closed: it says hello again when it is back
+                return
+            try:
+                version, url = P.check_hello(frame)
+                summary = P.hello_summary(frame)
+            except P.UpdateError as exc:
+                log.warning("%s: hello from %r refused: %s", transport.name, c, exc)
+                continue
+            hellos.append((c, version, url))
+            if summary is not None:
+                summaries[c] = summary
+
+    deadline = time.monotonic() + cfg.wait
+    async with asyncio.TaskGroup() as tg:
+        readers: dict[str, asyncio.Task[None]] = {}
+        while len(summaries) < cfg.min_clients and time.monotonic() <= deadline:
+            for c in cfg.clients:
+                if c not in readers and c in transport.peers:
+                    readers[c] = tg.create_task(read(c))
+            await asyncio.sleep(0.05)
+        for task in readers.values():
+            task.cancel()
+    if len(summaries) < cfg.min_clients:
+        missing = [c for c in cfg.clients if c not in summaries]
+        raise ConfigError(
+            f"{cfg.path}: only {len(summaries)} of the {cfg.min_clients} clients needed "
+            f"(server.min_clients) connected within {cfg.wait:g} s with the summary of their "
+            f"data (federated preprocessing); missing: {missing}. Start them (tandem fl client "
+            "--config ...), or lower server.min_clients, or raise server.wait"
+        )
+    return summaries, hellos
 
 
 class DeployedServer(FLServer):
@@ -234,6 +303,34 @@ class DeployedServer(FLServer):
             ) from None
 
 
+async def _early_setup(cfg: ServerConfig) -> ServerSetup | None:
+    """The setup when it needs no client (``per_client`` preprocessing), else None once the
+    server's data has been read (its errors come before any client is waited for)."""
+    if cfg.preprocessing.mode == "per_client":
+        return await asyncio.to_thread(prepare_server, cfg)
+    out = out_width(cfg.model, cfg.loss, cfg.path)
+    await asyncio.to_thread(load_rows, cfg.data, loss=cfg.loss, out=out)
+    return None
+
+
+def _warn(cfg: ServerConfig) -> None:
+    """The stderr warnings of a configuration that protects less than the defaults."""
+    if cfg.preprocessing.mode == "per_client":
+        log.warning(
+            '%s: [preprocessing] mode = "per_client": every client scales and encodes with '
+            "its own statistics (the same input means different things on different clients)",
+            cfg.path,
+        )
+    if cfg.secagg is not None and cfg.secagg.public_keys is None:
+        log.warning(
+            "%s: secure aggregation without secagg.public_keys: the clients cannot check "
+            "each other's round keys, so it protects their updates from an honest-but-curious "
+            "server only (one that substitutes keys could read them); give every client a key "
+            "(tandem keys generate NAME) and list them in [secagg] public_keys",
+            cfg.path,
+        )
+
+
 async def run_server(
     cfg: ServerConfig,
     *,
@@ -248,15 +345,7 @@ async def run_server(
 
     from .export import export_global
 
-    setup = await asyncio.to_thread(prepare_server, cfg)
-    if cfg.secagg is not None and cfg.secagg.public_keys is None:
-        log.warning(
-            "%s: secure aggregation without secagg.public_keys: the clients cannot check "
-            "each other's round keys, so it protects their updates from an honest-but-curious "
-            "server only (one that substitutes keys could read them); give every client a key "
-            "(tandem keys generate NAME) and list them in [secagg] public_keys",
-            cfg.path,
-        )
+    _warn(cfg)
     restored = None
     if cfg.checkpoint is not None and not fresh:
         restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
@@ -275,13 +364,20 @@ async def run_server(
             reject_nonfinite=False,
         ),
     )
+    setup = await _early_setup(cfg)
     async with started(built) as transport:
+        if on_ready is not None:
+            on_ready(addressing(transport, "an FL server").address())
+        hellos: list[tuple[str, int, str | None]] = []
+        if setup is None:  # federated preprocessing: the clients' summaries first
+            summaries, hellos = await gather_summaries(transport, cfg)
+            setup = await asyncio.to_thread(prepare_server, cfg, summaries)
         server = DeployedServer(transport, cfg, setup, on_round=on_round)
         if restored is not None:
             ckpt.restore(server, restored, cfg.identity())
         resumed = server.next_round if restored is not None else None
-        if on_ready is not None:
-            on_ready(addressing(transport, "an FL server").address())
+        for c, version, url in hellos:
+            await server.welcome(c, version, url)
         failure: TandemError | None = None
         async with asyncio.TaskGroup() as tg:
             watcher = tg.create_task(server.watch())
@@ -321,4 +417,11 @@ async def run_server(
     }
 
 
-__all__ = ["DeployedServer", "ServerSetup", "build_fl_config", "prepare_server", "run_server"]
+__all__ = [
+    "DeployedServer",
+    "ServerSetup",
+    "build_fl_config",
+    "gather_summaries",
+    "prepare_server",
+    "run_server",
+]

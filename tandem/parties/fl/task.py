@@ -5,10 +5,13 @@ with `tandem.engine.kernels.model_from_spec`, so any model kind that function kn
 the loss, the seed of the initial parameters (every party builds the same version-0 model from
 it; no bytes needed) and the flat parameter count (a check). ``identity`` names the server's
 configuration: a client that reconnects to a server now running another configuration stops
-instead of mixing two trainings.
+instead of mixing two trainings. ``preprocessing`` is the federated preprocessing state
+(`tandem.parties.fl.preprocessing`; JSON of `tandem.parties.data.Preprocessing`), or None when
+each client fits its own (``[preprocessing] mode = "per_client"``).
 
 `load_rows` reads a party's ``[data]`` through the shared loader (`tandem.parties.data`) and
-returns the float32 features and the labels of the rows asked for.
+returns the float32 features (``[numeric | categorical codes]``) and the labels of its rows,
+under a given preprocessing state or, without one, the party's own.
 """
 
 from __future__ import annotations
@@ -22,20 +25,23 @@ import optax
 
 from tandem.engine.kernels import LOSSES, StageModel, model_from_spec
 from tandem.errors import ConfigError
-from tandem.parties.data import DataConfig, PartyDataset, load_party_data
+from tandem.parties.data import DataConfig, PartyDataset, Preprocessing, load_party_data
 
+from .preprocessing import apply_state, feature_matrix
 from .train import LocalTrainer
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """The model spec (JSON data), the loss, the init seed, the flat size and the identity."""
+    """The model spec (JSON data), the loss, the init seed, the flat size, the identity and
+    the federated preprocessing state (or None)."""
 
     model: Mapping[str, Any]
     loss: str
     init_seed: int
     dim: int
     identity: str
+    preprocessing: Mapping[str, Any] | None = None
 
     def stage_model(self) -> StageModel:
         return model_from_spec(self.model)
@@ -59,8 +65,23 @@ class Task:
             )
         return trainer
 
+    def state(self) -> Preprocessing | None:
+        """The federated preprocessing state, or None (`tandem.errors.ConfigError` when the
+        welcome's is malformed)."""
+        if self.preprocessing is None:
+            return None
+        from tandem.parties.data import DataError
+
+        try:
+            return Preprocessing.from_json(self.preprocessing)
+        except DataError as exc:
+            raise ConfigError(f"welcome meta.task.preprocessing: {exc}") from None
+
     def to_meta(self) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"model": dict(self.model)}
+        meta = dataclasses.asdict(self) | {"model": dict(self.model)}
+        if self.preprocessing is None:
+            del meta["preprocessing"]
+        return meta
 
     @classmethod
     def from_meta(cls, meta: Any) -> Task:
@@ -74,12 +95,21 @@ class Task:
                 init_seed=int(meta["init_seed"]),
                 dim=int(meta["dim"]),
                 identity=str(meta["identity"]),
+                preprocessing=_mapping(meta.get("preprocessing")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"welcome meta.task is malformed: {exc!r}") from None
         if task.loss not in LOSSES:
             raise ConfigError(f"welcome names loss {task.loss!r}, not one of {sorted(LOSSES)}")
         return task
+
+
+def _mapping(value: Any) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise TypeError(f"preprocessing must be an object, got {type(value).__name__}")
+    return dict(value)
 
 
 def out_width(model: Mapping[str, Any], loss: str, where: str) -> int | None:
@@ -96,18 +126,33 @@ def out_width(model: Mapping[str, Any], loss: str, where: str) -> int | None:
 
 
 def load_rows(
-    cfg: DataConfig, *, loss: str, out: int | None
+    cfg: DataConfig, *, loss: str, out: int | None, state: Preprocessing | None = None
 ) -> tuple[PartyDataset, np.ndarray, np.ndarray]:
-    """``(dataset, features, labels)`` of every row of ``cfg``'s table (float32 features)."""
+    """``(dataset, features, labels)`` of every row of ``cfg``'s table: float32 features
+    ``[numeric | categorical codes]`` under ``state``, or under the party's own fit when
+    ``state`` is None (``dataset.preprocessing`` is that own fit either way)."""
     data = load_party_data(cfg, loss=loss, out=out)
-    if data.features.categorical.shape[1]:
-        raise ConfigError(
-            f"{cfg.where}: data.categorical is set, but a federated model takes numeric "
-            "features only; remove data.categorical (or encode those columns as numbers)"
-        )
     if data.labels is None:
         raise ConfigError(f"{cfg.where}: data.label_column is required for federated parties")
-    return data, np.asarray(data.features.numeric, np.float32), data.labels
+    if state is None:
+        return data, feature_matrix(data.features), data.labels
+    own = data.preprocessing
+    if (own.numeric, own.categorical) != (state.numeric, state.categorical):
+        raise ConfigError(
+            f"{cfg.where}: the features are {list(own.numeric)} (numeric) and "
+            f"{list(own.categorical)} (categorical) here, but the server's preprocessing has "
+            f"{list(state.numeric)} and {list(state.categorical)}; give every party the same "
+            "data.features and data.categorical"
+        )
+    return data, apply_state(cfg, data, state), data.labels
+
+
+def input_width(model: Mapping[str, Any]) -> int | None:
+    """The feature columns ``model`` (a task's spec) reads, when its spec says so."""
+    if model.get("kind") == "embedding" and "n_dense" in model and "vocab" in model:
+        return int(model["n_dense"]) + len(model["vocab"])
+    dims = model.get("in_dims")
+    return int(dims[0]) if isinstance(dims, list) and len(dims) == 1 else None
 
 
 def part(
@@ -118,9 +163,18 @@ def part(
     return x[take], y[take]
 
 
-def with_inputs(model: Mapping[str, Any], features: int, where: str) -> dict[str, Any]:
-    """``model`` with ``in_dims = [features]`` (the spec's own ``in_dims`` must agree)."""
+def with_inputs(
+    model: Mapping[str, Any], features: int, where: str, state: Preprocessing | None = None
+) -> dict[str, Any]:
+    """``model`` with ``in_dims = [features]`` (the spec's own ``in_dims`` must agree); an
+    ``embedding`` model gets ``n_dense`` and ``vocab`` from ``state`` instead, where absent."""
     spec = dict(model)
+    if spec.get("kind") == "embedding":
+        if state is None:
+            return spec
+        spec.setdefault("n_dense", len(state.numeric))
+        spec.setdefault("vocab", [v.size for v in state.vocabularies])
+        return spec
     given = spec.setdefault("in_dims", [features])
     if list(given) != [features]:
         raise ConfigError(
@@ -130,4 +184,4 @@ def with_inputs(model: Mapping[str, Any], features: int, where: str) -> dict[str
     return spec
 
 
-__all__ = ["Task", "load_rows", "out_width", "part", "with_inputs"]
+__all__ = ["Task", "input_width", "load_rows", "out_width", "part", "with_inputs"]

@@ -1,0 +1,53 @@
+"""Start-up of federated processes: the compile cache setting, and a second process loading
+the first one's compiled training step from the shared folder instead of compiling it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tandem.parties.fl.startup import cache_folder
+
+STEP = """
+import sys
+from tandem.parties.fl.startup import enable_compilation_cache
+import numpy as np
+folder = enable_compilation_cache(sys.argv[1])
+from tandem.parties.fl.train import LocalTrainer
+import optax
+trainer = LocalTrainer([8, 16, 3], optax.sgd(0.1), epochs=1, batch_size=16)
+x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+y = (np.arange(64) % 3).astype(np.int32)
+trainer.train(trainer.init_vec, x, y, 0)
+print(folder)
+"""
+
+
+def test_cache_folder_rules(monkeypatch, tmp_path):
+    assert cache_folder("off") is None
+    assert cache_folder(str(tmp_path / "c")) == str(tmp_path / "c")
+    monkeypatch.setenv("TANDEM_COMPILE_CACHE", str(tmp_path / "env"))
+    assert cache_folder("auto") == str(tmp_path / "env")
+    monkeypatch.setenv("TANDEM_COMPILE_CACHE", "off")
+    assert cache_folder("auto") is None
+    monkeypatch.delenv("TANDEM_COMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_folder("auto") == str(tmp_path / "xdg" / "tandem" / "jax")
+
+
+def test_a_second_process_reuses_the_first_ones_compiled_step(tmp_path):
+    folder = tmp_path / "jax"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+    def run() -> set[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", STEP, str(folder)], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == str(folder)
+        return set(os.listdir(folder))
+
+    first = run()
+    assert first  # the training step was written
+    assert run() == first  # and found again: nothing new compiled
