@@ -76,7 +76,7 @@ async def party_command(args) -> int:
 
     from .build import load_party_config
     from .cli_report import report_error, report_error_json
-    from .compile_cache import compile_cache_folder, enable_compile_cache
+    from tandem.parties.compile_cache import compile_cache_folder, enable_compile_cache
     from .party_trace import DEFAULT_BATCHES, BatchTrace
     from .standalone import run_party
 
