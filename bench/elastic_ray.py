@@ -49,10 +49,11 @@ def write_job(
     rows: int = ROWS,
     epochs: int = EPOCHS,
     max_workers: int = 3,
+    reserve_cpus: float = 0.0,
 ) -> Path:
     """Write two shards, the model description and ``job.toml`` into ``folder``; return the
     job's path. ``slot``: each worker claims one ``slot`` resource (and no CPU), so the nodes
-    holding slots decide where workers go."""
+    holding slots decide where workers go; ``reserve_cpus``: `[ray] reserve_cpus`."""
     folder = Path(folder)
     (folder / "data").mkdir(parents=True, exist_ok=True)
     (folder / "data" / "model.json").write_text(json.dumps(SPEC.to_dict()))
@@ -72,6 +73,7 @@ max_workers = {max_workers}
 data_server_cpus = 0.5
 data_server_resources = {{ data = 1.0 }}
 coordinator_cpus = 0.5
+reserve_cpus = {reserve_cpus}
 poll = 0.2
 storage = "file://{folder}/storage"
 
@@ -183,17 +185,39 @@ async def _disturb(run: Any, cl: _Cluster, first: Any, seen: dict[str, Any]) -> 
         lost = set(run.live_workers())
         while run.counts["worker_lost"] < len(lost):
             await asyncio.sleep(0.1)
+        seen["lost_names"] = lost
+        seen["added_before"] = run.counts["worker_added"]
         node = cl.add(2)
         seen["added"] = time.monotonic()
         while "scaled" not in seen:
             for name, where in run.live_workers().items():
-                if where == node.node_id and (await run.worker_status(name)).get("batches"):
-                    seen["scaled"] = time.monotonic()
+                status = await run.worker_status(name)
+                if where == node.node_id and status.get("batches"):
+                    seen["scaled"], seen["new_worker"] = time.monotonic(), (name, status)
             await asyncio.sleep(0.1)
-        seen["lost_names"] = lost
         await asyncio.Event().wait()  # until training ends (cancelled then)
     finally:
         watcher.cancel()
+
+
+def _breakdown(run: Any, seen: dict[str, Any]) -> dict[str, float] | None:
+    """Where ``scale_up_s`` went: seconds from the node's addition to each step of its first
+    worker's start (one machine: every node's `time.monotonic` is the same clock)."""
+    if "new_worker" not in seen:
+        return None
+    name, status = seen["new_worker"]
+    at: dict[str, float] = {}
+    for t, kind, detail in run.events:
+        if detail.get("name") == name and kind in ("worker_added", "worker_live"):
+            at.setdefault({"worker_added": "scheduled", "worker_live": "placed"}[kind], t)
+    stamps = status["stamps"]
+    at |= {k: stamps[k] for k in ("process", "run", "built") if k in stamps}
+    joined = [t for t, kind, names in seen["events"] if kind == "joined" and name in names]
+    if joined:
+        at["joined"] = joined[0]
+    at |= {f"batch_{k}": stamps[k] for k in ("received", "computed", "acked") if k in stamps}
+    at["seen_done"] = seen["scaled"]
+    return {k: round(t - seen["added"], 2) for k, t in sorted(at.items(), key=lambda kv: kv[1])}
 
 
 def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
@@ -203,7 +227,8 @@ def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
     seen: dict[str, Any] = {"events": []}
     with _Cluster() as cl:
         first = cl.add(2)
-        summary = asyncio.run(RayLaunch(job).run(lambda r: _disturb(r, cl, first, seen)))
+        run = RayLaunch(job)
+        summary = asyncio.run(run.run(lambda r: _disturb(r, cl, first, seen)))
     ids = all_ids(folder)
     lost = dup = 0
     for epoch in summary["history"]:
@@ -216,11 +241,14 @@ def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
         if kind == "removed" and set(names) & seen.get("lost_names", set())
     ]
     recover = (removed[0] - seen["removed"]) / INTERVAL if removed and "removed" in seen else None
+    ray_saw = [t for t, kind, d in run.events if kind == "worker_lost"]
     return {
         "lost_batches": lost + ids.__len__() * (epochs - summary["epochs"]),
         "duplicated_batches": dup,
         "scale_up_s": round(seen["scaled"] - seen["added"], 2) if "scaled" in seen else None,
+        "scale_up_breakdown_s": _breakdown(run, seen),
         "node_loss_recover_heartbeats": round(recover, 2) if recover is not None else None,
+        "node_loss_ray_notified_s": round(ray_saw[0] - seen["removed"], 2) if ray_saw else None,
         "final_loss": round(summary["history"][-1]["loss"], 4),
         "workers": summary["ray"],
     }

@@ -3,7 +3,8 @@
 A `ray.cluster_utils.Cluster`: a head node (the coordinator and both data servers, through a
 ``data`` resource only it has) and worker nodes holding ``slot`` resources, so the test decides
 which node holds workers. One run sees a node holding workers removed mid-epoch, a node added,
-and the coordinator's actor killed (Ray restarts it; it resumes from the journal on the shared
+a worker stopped because the cluster needs its room back (``reserve_cpus``; the coordinator
+removes it at once, told by the supervisor), and the coordinator's actor killed (Ray restarts it; it resumes from the journal on the shared
 storage). Every batch of every epoch must be committed exactly once, and the final loss stay
 within noise of an undisturbed run of the same job (the in-process `LocalCluster`).
 """
@@ -64,6 +65,11 @@ def test_a_job_file_names_what_is_wrong(tmp_path, monkeypatch):
         Job(text.replace("[coordinator]\n", '[coordinator]\njournal = "j"\n'), str(path))
     with pytest.raises(ConfigError, match=r"min_workers.*above max_workers"):
         Job(text.replace("min_workers = 1", "min_workers = 9"), str(path))
+    assert job.ray.compile_cache_folder == job.ray.storage_path + "/compile-cache"
+    assert _ray(compile_cache=False).compile_cache_folder is None
+    assert _ray(compile_cache="/cache").compile_cache_folder == "/cache"
+    with pytest.raises(ConfigError, match=r"compile_cache.*is empty"):
+        Job(text.replace("poll = 0.2", 'poll = 0.2\ncompile_cache = ""'), str(path))
     with pytest.raises(ConfigError, match=r"storage.*file:// URL"):
         Job(text.replace('storage = "', 'storage = "s3://b/'), str(path))
     monkeypatch.delenv(SECRET_ENV)
@@ -100,8 +106,12 @@ async def _until(check, what: str, limit: float = 120.0):
 
 
 @pytest.mark.slow
-def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(cluster, tmp_path):
-    job = read_job(str(write_job(tmp_path, secret_env=SECRET_ENV, slot=True)))
+def test_node_loss_node_join_room_back_and_coordinator_kill_keep_every_batch_exactly_once(
+    cluster, tmp_path
+):
+    from ray.util.placement_group import placement_group
+
+    job = read_job(str(write_job(tmp_path, secret_env=SECRET_ENV, slot=True, reserve_cpus=1.0)))
     seen: dict[str, object] = {}
 
     async def script(run: RayLaunch) -> None:
@@ -123,6 +133,18 @@ def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
 
         await _until(on_new_node, "a worker on the added node")
         await _until(committed, "commits after the join")
+        # someone else needs the room back: 1 of the 1.5 free CPUs (reserve_cpus = 1)
+        hog = placement_group([{"CPU": 1.0}])
+        await asyncio.to_thread(ray.get, hog.ready(), timeout=60)
+        await _until(lambda: asyncio.sleep(0, run.counts["worker_stopped"]), "a worker stopped")
+        (stopped,) = [d["name"] for _, k, d in run.events if k == "worker_stopped"]
+
+        async def coordinator_removed():
+            s = await run.coordinator_status()
+            return any(k == "removed" and stopped in names for _, k, names in s["events"])
+
+        await _until(coordinator_removed, "the coordinator removing the stopped worker")
+        await _until(committed, "commits after the removal")
         await asyncio.to_thread(ray.kill, run.coordinator, no_restart=False)
         seen["killed"] = True
 
@@ -134,6 +156,7 @@ def test_node_loss_node_join_and_coordinator_kill_keep_every_batch_exactly_once(
         assert sorted(epoch["committed"]) == ids  # exactly once, whatever happened
     assert summary["resumed"] is not None  # the restarted coordinator read its journal
     assert summary["ray"]["worker_lost"] >= 2 and summary["ray"]["restarted"] >= 1
+    assert summary["ray"]["worker_stopped"] == 1
     final, reference = summary["history"][-1]["loss"], reference_loss(tmp_path)
     assert final < 0.5 * summary["initial_loss"]
     assert abs(final - reference) < 0.5 * reference + 0.05, (final, reference)

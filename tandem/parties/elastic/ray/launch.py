@@ -254,15 +254,15 @@ class RayLaunch:
                 break
             except ray.exceptions.ActorUnavailableError as again:
                 if time.monotonic() > deadline:
-                    raise self._gone(name, role, exc, again) from again
+                    raise self._not_back(name, role, exc, again) from again
                 time.sleep(0.2)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
-                raise self._gone(name, role, exc, again) from again
+                raise self._not_back(name, role, exc, again) from again
         self._static[name] = (actor, role, table, actor.run.remote(table, self.job.path))
         self._event("restarted", role=role, name=name)
 
     @staticmethod
-    def _gone(name: str, role: str, exc: Exception, again: Exception) -> ElasticError:
+    def _not_back(name: str, role: str, exc: Exception, again: Exception) -> ElasticError:
         return ElasticError(
             f"the {role} {name!r} died ({exc.__class__.__name__}) and Ray did not restart it "
             f"within {COME_BACK_S:g} s ({again.__class__.__name__}); raise [ray] restarts or "
@@ -277,8 +277,10 @@ class RayLaunch:
                 continue
             try:
                 result = ray.get(w.ref)
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as exc:
                 del self.workers[name]
+                if isinstance(exc, ray.exceptions.ActorDiedError):
+                    self._gone(name)  # max_restarts=0: dead for good, never a false positive
                 self._event("worker_lost", name=name, node=w.node)
                 continue
             except ray.exceptions.RayTaskError as exc:
@@ -314,7 +316,7 @@ class RayLaunch:
             max_restarts=0,
             scheduling_strategy="SPREAD",
             runtime_env=self._env,
-        ).remote("worker")
+        ).remote("worker", cfg.compile_cache_folder)
         self.workers[name] = LaunchedWorker(name, actor, actor.place.remote())
         self._event("worker_added", name=name)
 
@@ -324,7 +326,14 @@ class RayLaunch:
         name = max((w for w in self.workers.values() if w.state == "live"), key=_order).name
         w = self.workers.pop(name)
         ray.kill(w.actor, no_restart=True)
+        self._gone(name)
         self._event("worker_stopped", name=name, node=w.node)
+
+    def _gone(self, name: str) -> None:
+        """Tell the coordinator that worker ``name`` is dead for good: it leaves at the next
+        detection instead of after ``timeout`` of silence. Fire and forget: a coordinator that
+        is restarting misses it and silence removes the worker as before."""
+        self.coordinator.gone.remote([name])
 
 
 def _order(w: LaunchedWorker) -> int:
