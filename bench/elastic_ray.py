@@ -11,12 +11,23 @@ Reported:
   the end of the run, with ``max_workers`` 1 and 4 (4 slots on 2 nodes);
   ``speedup_4_vs_1`` is their ratio (2 shared cores cap it well below 4 on a small machine).
 * a disturbed run (2 worker slots on one node, then that node removed mid-epoch, then a node
-  with 2 slots added): ``lost_batches`` / ``duplicated_batches`` over every epoch's committed
-  record (both must be 0); ``scale_up_s``: from ``add_node`` returning to the first batch a
+  with 2 slots added; stopped once ``--disturbed-epochs`` and two epochs after the new worker's
+  first batch have closed, so it never ends before its disturbances): ``epochs`` closed,
+  ``lost_batches`` / ``duplicated_batches`` over every closed epoch's committed record (both
+  must be 0); ``scale_up_s``: from ``add_node`` returning to the first batch a
   worker placed on the new node reports done (its batch count leaves 0; target <= 10 s);
+  ``scale_up_breakdown_s``: seconds from ``add_node`` returning to each step of that worker's
+  start, in order: ``scheduled`` (the supervisor asked Ray for it; negative when it was
+  already queued for want of a node), ``process`` (its actor process built), ``placed`` (the
+  supervisor learnt its node), ``run`` / ``built`` (its role asked for / imported and
+  listening), ``joined`` (the coordinator's detection took it in), ``batch_received``,
+  ``batch_computed`` (the kernels compiled or loaded from the compile cache), ``batch_acked``,
+  ``seen_done`` (the benchmark saw it);
   ``node_loss_recover_heartbeats``: from ``remove_node`` returning to the coordinator's
   ``removed`` event for the lost workers, in detection intervals T (``interval_s``; target
-  <= 3); ``final_loss`` beside ``reference_loss`` (the same job undisturbed, in one process).
+  <= 3); ``node_loss_ray_notified_s``: from ``remove_node`` returning to the supervisor seeing
+  the first worker actor dead; ``final_loss`` beside ``reference_loss`` (the same job
+  undisturbed, in one process).
 """
 
 from __future__ import annotations
@@ -195,6 +206,12 @@ async def _disturb(run: Any, cl: _Cluster, first: Any, seen: dict[str, Any]) -> 
                 if where == node.node_id and status.get("batches"):
                     seen["scaled"], seen["new_worker"] = time.monotonic(), (name, status)
             await asyncio.sleep(0.1)
+        # a few more epochs, then stop: the run never ends before the disturbances are done
+        start = seen["progress"]["epoch"]
+        while seen["progress"]["epoch"] < max(seen["epochs"], start + 2):
+            await asyncio.sleep(0.1)
+        while not await run.stop():
+            await asyncio.sleep(0.1)
         await asyncio.Event().wait()  # until training ends (cancelled then)
     finally:
         watcher.cancel()
@@ -223,8 +240,8 @@ def _breakdown(run: Any, seen: dict[str, Any]) -> dict[str, float] | None:
 def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
     from tandem.parties.elastic.ray import RayLaunch, read_job
 
-    job = read_job(str(write_job(folder, epochs=epochs, max_workers=2)))
-    seen: dict[str, Any] = {"events": []}
+    job = read_job(str(write_job(folder, epochs=1000, max_workers=2)))
+    seen: dict[str, Any] = {"events": [], "epochs": epochs}
     with _Cluster() as cl:
         first = cl.add(2)
         run = RayLaunch(job)
@@ -243,7 +260,8 @@ def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
     recover = (removed[0] - seen["removed"]) / INTERVAL if removed and "removed" in seen else None
     ray_saw = [t for t, kind, d in run.events if kind == "worker_lost"]
     return {
-        "lost_batches": lost + ids.__len__() * (epochs - summary["epochs"]),
+        "epochs": summary["epochs"],
+        "lost_batches": lost,
         "duplicated_batches": dup,
         "scale_up_s": round(seen["scaled"] - seen["added"], 2) if "scaled" in seen else None,
         "scale_up_breakdown_s": _breakdown(run, seen),
@@ -261,7 +279,9 @@ def cli() -> int:
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--rows", type=int, default=1024, help="rows per shard (throughput runs)")
     p.add_argument("--epochs", type=int, default=3, help="epochs of the throughput runs")
-    p.add_argument("--disturbed-epochs", type=int, default=8)
+    p.add_argument(
+        "--disturbed-epochs", type=int, default=8, help="epochs at least (stopped after)"
+    )
     args = p.parse_args()
     os.environ.setdefault(SECRET_ENV, os.urandom(16).hex())  # the nodes inherit it
     result: dict[str, Any] = {"interval_s": INTERVAL}
@@ -269,7 +289,7 @@ def cli() -> int:
         _say("disturbed run: node removed, node added")
         result.update(_disturbed(Path(tmp) / "disturbed", args.disturbed_epochs))
         result["reference_loss"] = round(
-            reference_loss(Path(tmp) / "disturbed", epochs=args.disturbed_epochs), 4
+            reference_loss(Path(tmp) / "disturbed", epochs=result["epochs"]), 4
         )
         for n in (1, 4):
             _say(f"throughput with {n} worker(s)")

@@ -69,6 +69,14 @@ class RoleActor:
     def _probe(self, point: str, batch: int) -> None:
         self.stamps.setdefault(point, time.monotonic())
 
+    def stop(self) -> bool:
+        """The coordinator's side: finish after its next detection, even mid-epoch (its summary
+        covers the epochs closed so far). False when it is not running yet."""
+        if self.role != "coordinator" or self._obj is None:
+            return False
+        self._obj.request_stop()
+        return True
+
     def gone(self, workers: list[str]) -> bool:
         """The coordinator's side: ``workers`` died for good (their actors are dead and never
         restart); they leave at the next detection, whatever their last heartbeat. False when

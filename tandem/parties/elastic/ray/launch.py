@@ -36,11 +36,14 @@ COME_BACK_S = 120.0
 
 @dataclasses.dataclass
 class LaunchedWorker:
-    """One worker actor. ``state``: ``starting`` (asked for, not yet placed) or ``live``."""
+    """One worker actor. ``state``: ``starting`` (asked for, not yet placed) or ``live``.
+    Its role is asked for with the actor (``run`` queued behind ``place``), so a new worker
+    starts the moment its process is up, not a supervision step later."""
 
     name: str
     actor: Any
     ref: Any  # place() while starting, run() while live
+    run: Any = None
     state: str = "starting"
     node: str = ""
 
@@ -103,6 +106,13 @@ class RayLaunch:
         import ray
 
         return await asyncio.to_thread(ray.get, self.coordinator.status.remote(since), timeout=30)
+
+    async def stop(self) -> bool:
+        """Ask the coordinator to finish after its next detection, even mid-epoch (`run` then
+        returns its summary of the epochs closed so far); False when it is not running."""
+        import ray
+
+        return bool(await asyncio.to_thread(ray.get, self.coordinator.stop.remote(), timeout=30))
 
     async def worker_status(self, name: str) -> dict[str, Any]:
         """A worker actor's `RoleActor.status`."""
@@ -295,9 +305,7 @@ class RayLaunch:
                 continue
             if w.state == "starting":
                 _, _, w.node = result
-                w.state = "live"
-                table = self.job.worker_table(name, self.coordinator_url, "127.0.0.1")
-                w.ref = w.actor.run.remote(table, self.job.path)
+                w.state, w.ref = "live", w.run
                 self._event("worker_live", name=name, node=w.node)
             else:
                 del self.workers[name]
@@ -317,7 +325,11 @@ class RayLaunch:
             scheduling_strategy="SPREAD",
             runtime_env=self._env,
         ).remote("worker", cfg.compile_cache_folder)
-        self.workers[name] = LaunchedWorker(name, actor, actor.place.remote())
+        table = self.job.worker_table(name, self.coordinator_url, "127.0.0.1")  # run: its IP
+        place = actor.place.remote()
+        self.workers[name] = LaunchedWorker(
+            name, actor, place, actor.run.remote(table, self.job.path)
+        )
         self._event("worker_added", name=name)
 
     def _stop_worker(self) -> None:

@@ -5,9 +5,9 @@
 built from the table `job.Job` made. ``path`` is the job file (relative ``[data]`` paths start
 at its folder). ``watch`` receives the role's object (`Coordinator`, `DataServer`, `Worker`)
 once built, so its actor can report progress while it runs; a worker calls ``probe(point,
-batch)`` at each step of each batch (`Worker`'s ``chaos`` points; it must not raise). It returns the role's result as
-plain JSON-able data: the coordinator's summary, a data server's ``{}``, a worker's
-``{"batches": n}``.
+batch)`` at each step of each batch (`Worker`'s ``chaos`` points; it must not raise). It
+returns the role's result as plain JSON-able data: the coordinator's summary, a data
+server's ``{}``, a worker's ``{"batches": n}``.
 """
 
 from __future__ import annotations
