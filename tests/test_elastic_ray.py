@@ -120,6 +120,7 @@ async def _until(check, what: str, limit: float = 120.0):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)  # a cluster of 3 nodes on 2 shared cores: slow when the suite is
 def test_node_loss_node_join_room_back_and_coordinator_kill_keep_every_batch_exactly_once(
     cluster, tmp_path
 ):
@@ -175,7 +176,7 @@ def test_node_loss_node_join_room_back_and_coordinator_kill_keep_every_batch_exa
             except ray.exceptions.RayActorError:  # still restarting
                 return False
             p = s.get("progress")
-            return p is not None and p["epoch"] >= max(at + 2, EPOCHS)
+            return p is not None and p["epoch"] >= max(at + 1, EPOCHS)
 
         await _until(resumed_and_past, "epochs closed by the restarted coordinator")
         await _until(run.stop, "the coordinator taking the stop")
