@@ -8,7 +8,7 @@ import os
 import pytest
 
 from party_helpers import Job
-from tandem.parties.split.process.compile_cache import FOLDER, compile_cache_folder
+from tandem.parties.compile_cache import FOLDER, compile_cache_folder
 from tandem.parties.split.process.config import PartyConfigError
 
 

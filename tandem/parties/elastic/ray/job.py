@@ -69,6 +69,11 @@ class RaySection(Section):
     poll: Positive = Field(default=1.0, description="seconds between scaling decisions")
     restarts: int = Field(default=-1, ge=-1, description="restarts of a static role (-1: any)")
     storage: str = Field(description="fsspec URL every node reaches: journal and checkpoints")
+    compile_cache: bool | str = Field(
+        default=True,
+        description="JAX's compilation cache of the workers: true: storage/compile-cache "
+        "(JAX_COMPILATION_CACHE_DIR wins), a folder every node reaches, or false",
+    )
     worker_env: dict[str, str] = Field(
         default_factory=dict,
         description="environment of the role processes (never secrets: Ray stores it)",
@@ -81,6 +86,8 @@ class RaySection(Section):
                 "min_workers",
                 f"is {self.min_workers}, above max_workers = {self.max_workers}; lower it",
             )
+        if self.compile_cache == "":
+            raise Invalid("compile_cache", "is empty; give a folder, true or false")
         if not self.storage.startswith(("file://", "/")):
             raise Invalid(
                 "storage",
@@ -94,6 +101,14 @@ class RaySection(Section):
     def storage_path(self) -> str:
         """``storage`` as a local path (it is a shared mount on every node)."""
         return self.storage.removeprefix("file://")
+
+    @property
+    def compile_cache_folder(self) -> str | None:
+        """Where workers keep their compiled kernels (None: no cache), so a worker started on a
+        new node loads them instead of compiling (`tandem.parties.compile_cache`)."""
+        from tandem.parties.compile_cache import compile_cache_folder
+
+        return compile_cache_folder(self.compile_cache, self.storage_path, None)
 
     def worker_claim(self) -> dict[str, float]:
         """What one worker claims, in `ray.available_resources` keys."""

@@ -36,11 +36,14 @@ COME_BACK_S = 120.0
 
 @dataclasses.dataclass
 class LaunchedWorker:
-    """One worker actor. ``state``: ``starting`` (asked for, not yet placed) or ``live``."""
+    """One worker actor. ``state``: ``starting`` (asked for, not yet placed) or ``live``.
+    Its role is asked for with the actor (``run`` queued behind ``place``), so a new worker
+    starts the moment its process is up, not a supervision step later."""
 
     name: str
     actor: Any
     ref: Any  # place() while starting, run() while live
+    run: Any = None
     state: str = "starting"
     node: str = ""
 
@@ -103,6 +106,13 @@ class RayLaunch:
         import ray
 
         return await asyncio.to_thread(ray.get, self.coordinator.status.remote(since), timeout=30)
+
+    async def stop(self) -> bool:
+        """Ask the coordinator to finish after its next detection, even mid-epoch (`run` then
+        returns its summary of the epochs closed so far); False when it is not running."""
+        import ray
+
+        return bool(await asyncio.to_thread(ray.get, self.coordinator.stop.remote(), timeout=30))
 
     async def worker_status(self, name: str) -> dict[str, Any]:
         """A worker actor's `RoleActor.status`."""
@@ -254,15 +264,15 @@ class RayLaunch:
                 break
             except ray.exceptions.ActorUnavailableError as again:
                 if time.monotonic() > deadline:
-                    raise self._gone(name, role, exc, again) from again
+                    raise self._not_back(name, role, exc, again) from again
                 time.sleep(0.2)
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError) as again:
-                raise self._gone(name, role, exc, again) from again
+                raise self._not_back(name, role, exc, again) from again
         self._static[name] = (actor, role, table, actor.run.remote(table, self.job.path))
         self._event("restarted", role=role, name=name)
 
     @staticmethod
-    def _gone(name: str, role: str, exc: Exception, again: Exception) -> ElasticError:
+    def _not_back(name: str, role: str, exc: Exception, again: Exception) -> ElasticError:
         return ElasticError(
             f"the {role} {name!r} died ({exc.__class__.__name__}) and Ray did not restart it "
             f"within {COME_BACK_S:g} s ({again.__class__.__name__}); raise [ray] restarts or "
@@ -277,8 +287,10 @@ class RayLaunch:
                 continue
             try:
                 result = ray.get(w.ref)
-            except ray.exceptions.RayActorError:
+            except ray.exceptions.RayActorError as exc:
                 del self.workers[name]
+                if isinstance(exc, ray.exceptions.ActorDiedError):
+                    self._gone(name)  # max_restarts=0: dead for good, never a false positive
                 self._event("worker_lost", name=name, node=w.node)
                 continue
             except ray.exceptions.RayTaskError as exc:
@@ -293,9 +305,7 @@ class RayLaunch:
                 continue
             if w.state == "starting":
                 _, _, w.node = result
-                w.state = "live"
-                table = self.job.worker_table(name, self.coordinator_url, "127.0.0.1")
-                w.ref = w.actor.run.remote(table, self.job.path)
+                w.state, w.ref = "live", w.run
                 self._event("worker_live", name=name, node=w.node)
             else:
                 del self.workers[name]
@@ -314,8 +324,12 @@ class RayLaunch:
             max_restarts=0,
             scheduling_strategy="SPREAD",
             runtime_env=self._env,
-        ).remote("worker")
-        self.workers[name] = LaunchedWorker(name, actor, actor.place.remote())
+        ).remote("worker", cfg.compile_cache_folder)
+        table = self.job.worker_table(name, self.coordinator_url, "127.0.0.1")  # run: its IP
+        place = actor.place.remote()
+        self.workers[name] = LaunchedWorker(
+            name, actor, place, actor.run.remote(table, self.job.path)
+        )
         self._event("worker_added", name=name)
 
     def _stop_worker(self) -> None:
@@ -324,7 +338,14 @@ class RayLaunch:
         name = max((w for w in self.workers.values() if w.state == "live"), key=_order).name
         w = self.workers.pop(name)
         ray.kill(w.actor, no_restart=True)
+        self._gone(name)
         self._event("worker_stopped", name=name, node=w.node)
+
+    def _gone(self, name: str) -> None:
+        """Tell the coordinator that worker ``name`` is dead for good: it leaves at the next
+        detection instead of after ``timeout`` of silence. Fire and forget: a coordinator that
+        is restarting misses it and silence removes the worker as before."""
+        self.coordinator.gone.remote([name])
 
 
 def _order(w: LaunchedWorker) -> int:

@@ -4,9 +4,10 @@
 ``tandem elastic coordinator|data-server|worker`` commands build from their files (`..cli`),
 built from the table `job.Job` made. ``path`` is the job file (relative ``[data]`` paths start
 at its folder). ``watch`` receives the role's object (`Coordinator`, `DataServer`, `Worker`)
-once built, so its actor can report progress while it runs. It returns the role's result as
-plain JSON-able data: the coordinator's summary, a data server's ``{}``, a worker's
-``{"batches": n}``.
+once built, so its actor can report progress while it runs; a worker calls ``probe(point,
+batch)`` at each step of each batch (`Worker`'s ``chaos`` points; it must not raise). It
+returns the role's result as plain JSON-able data: the coordinator's summary, a data
+server's ``{}``, a worker's ``{"batches": n}``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ ROLES = ("coordinator", "data-server", "worker")
 
 
 async def run_role(
-    role: str, table: dict[str, Any], path: str, watch: Callable[[Any], None] = lambda o: None
+    role: str,
+    table: dict[str, Any],
+    path: str,
+    watch: Callable[[Any], None] = lambda o: None,
+    probe: Callable[[str, int], None] = lambda point, batch: None,
 ) -> dict[str, Any]:
     """Run ``role`` (one of `ROLES`) to its end; see the module docstring."""
     if role == "coordinator":
@@ -33,7 +38,7 @@ async def run_role(
         await _data_server(validate(DataServerFile, table, path=path), path, watch)
         return {}
     if role == "worker":
-        return await _worker(validate(WorkerFile, table, path=path), watch)
+        return await _worker(validate(WorkerFile, table, path=path), watch, probe)
     raise ValueError(f"role is {role!r}; choose one of {', '.join(ROLES)}")
 
 
@@ -86,7 +91,9 @@ async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], No
         await ds.run()
 
 
-async def _worker(cfg: WorkerFile, watch: Callable[[Any], None]) -> dict[str, Any]:
+async def _worker(
+    cfg: WorkerFile, watch: Callable[[Any], None], probe: Callable[[str, int], None]
+) -> dict[str, Any]:
     from ..worker import Worker
 
     async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
@@ -96,6 +103,7 @@ async def _worker(cfg: WorkerFile, watch: Callable[[Any], None]) -> dict[str, An
             heartbeat=cfg.heartbeat,
             url=cfg.advertise_url or t.url,
             join_timeout=cfg.join_timeout,
+            chaos=probe,
         )
         watch(worker)
         await worker.run()

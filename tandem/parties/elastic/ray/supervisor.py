@@ -8,8 +8,9 @@ worker), -1 (stop one) or 0:
   node can hold it);
 * a worker still starting (asked for, not yet placed): 0, since available resources do not
   show its claim yet;
-* fewer than ``max_workers`` and every resource a worker claims available beyond the reserve
-  (``available[r] >= claim[r] + reserve[r]``): +1;
+* fewer than ``max_workers``, every resource a worker claims available beyond the reserve
+  (``available[r] >= claim[r] + reserve[r]``) and no reserve short (below): +1 (a worker that
+  claims no CPU must not be added while CPUs are short, or it would be stopped at once);
 * more than ``min_workers`` and available CPUs below ``reserve_cpus`` (or GPUs below
   ``reserve_gpus``): -1, giving the room back to whoever needs it;
 * otherwise 0.
@@ -40,9 +41,9 @@ def decide(available: Mapping[str, float], live: int, starting: int, cfg: RaySec
         return 1
     if starting:
         return 0
-    if live < cfg.max_workers and fits(available, cfg.worker_claim(), reserve):
-        return 1
     short = any(reserve[r] > 0 and available.get(r, 0.0) < reserve[r] for r in ("CPU", "GPU"))
+    if live < cfg.max_workers and not short and fits(available, cfg.worker_claim(), reserve):
+        return 1
     if live > cfg.min_workers and short:
         return -1
     return 0

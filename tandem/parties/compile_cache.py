@@ -1,11 +1,12 @@
-"""JAX's persistent compilation cache for a party process (``[checkpoint] compile_cache``).
+"""JAX's persistent compilation cache for a role process (split learning's ``[checkpoint]
+compile_cache``, elastic training's ``[ray] compile_cache``).
 
 A party's kernels are compiled at their first call in each process; with the cache, XLA's
 executables are kept in a folder and a restarted (resumed) party, or any later process with
-the same folder, loads them instead of compiling again. Only the process layer calls
-`enable_compile_cache` (the ``tandem party`` command, before its first compilation): JAX
-reads the setting once per process, at the first compilation, and the library itself never
-changes a process-wide setting.
+the same folder, loads them instead of compiling again. Only a process layer calls
+`enable_compile_cache` (the ``tandem party`` command; a Ray actor of ``tandem elastic launch``),
+before its first compilation: JAX reads the setting once per process, at the first
+compilation, and the library itself never changes a process-wide setting.
 
 ``compile_cache``: ``true`` (the default) is the folder ``compile-cache`` in the checkpoint
 folder (else in the export folder, else no cache) unless the environment already names one
