@@ -30,6 +30,7 @@ from tandem.transports.base import Frame, Transport
 from . import compression as C
 from . import protocol as P
 from .downlink import ClientModel
+from .dp import clip_l2
 from .train import LocalTrainer
 
 
@@ -163,6 +164,8 @@ class FLClient:
         self.rounds_trained += 1
         await self.before_reply(rnd)
         if meta.get("secagg"):
+            if isinstance(meta.get("dp"), dict):  # client-level DP: this client clips
+                payload, _ = clip_l2(payload, float(meta["dp"]["clip"]))
             await self._secure(rnd, payload, meta["secagg"])
             return
         arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))

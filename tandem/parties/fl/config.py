@@ -18,6 +18,8 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
     [secagg]         # secure aggregation (optional): max_dropout, scale, clip, stage_timeout,
                      # noise_std, public_keys (the clients' Ed25519 identity keys)
+    [dp]             # differential privacy (optional; fl/private_config.py)
+    [aggregation]    # rule = "mean" | "median" | "trimmed_mean" | "krum" | ...
 
     # client.toml
     [client]         # name, server (URL), server_name, host, port, reconnect_timeout
@@ -55,6 +57,7 @@ from tandem.parties.data import DataConfig
 from tandem.parties.http_security import HttpSecurity, security_of
 
 from .downlink import MODES
+from .private_config import AggregationTable, DPTable
 
 
 class FLConfigError(ConfigError):
@@ -328,6 +331,8 @@ class ServerFile(Section):
     data: Data
     http: Security = Field(default_factory=Security)
     secagg: SecAggTable | None = None
+    dp: DPTable | None = None
+    aggregation: AggregationTable = AggregationTable()
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
@@ -423,20 +428,31 @@ class ServerConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: SecAggTable | None = None
+    dp: DPTable | None = None
+    aggregation: AggregationTable = AggregationTable()
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
         the trained model (not ``rounds``, timeouts, addresses or the evaluation data)."""
-        return {
-            "name": self.name,
-            "clients": list(self.clients),
-            "fraction": self.fraction,
-            "seed": self.seed,
-            "loss": self.loss,
-            "model": _plain(self.model),
-            "optimizer": _plain(self.optimizer.describe()),
-            "compression": self.compression.model_dump(),
-        } | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+        return (
+            {
+                "name": self.name,
+                "clients": list(self.clients),
+                "fraction": self.fraction,
+                "seed": self.seed,
+                "loss": self.loss,
+                "model": _plain(self.model),
+                "optimizer": _plain(self.optimizer.describe()),
+                "compression": self.compression.model_dump(),
+            }
+            | ({} if self.secagg is None else {"secagg": self.secagg.model_dump()})
+            | ({} if self.dp is None else {"dp": self.dp.model_dump()})
+            | (
+                {"aggregation": self.aggregation.model_dump()}
+                if self.aggregation.model_fields_set
+                else {}
+            )
+        )
 
     def identity_hash(self) -> str:
         text = json.dumps(self.identity(), sort_keys=True)
@@ -496,6 +512,8 @@ def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
         data=f.data.table(os.fspath(path)),
         security=security_of(f.http),
         secagg=f.secagg,
+        dp=f.dp,
+        aggregation=f.aggregation,
     )
 
 

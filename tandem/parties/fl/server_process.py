@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,7 +76,17 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
         )
     secagg = None if cfg.secagg is None else cfg.secagg.build()
     try:
-        return dataclasses.replace(fl, optimizer=cfg.optimizer.build(), secagg=secagg)
+        dp = None
+        if cfg.dp is not None:
+            per_round = max(1, math.ceil(cfg.fraction * len(cfg.clients)))
+            dp = cfg.dp.build(rounds=cfg.rounds, sampled=per_round, clients=len(cfg.clients))
+        return dataclasses.replace(
+            fl,
+            optimizer=cfg.optimizer.build(),
+            secagg=secagg,
+            dp=dp,
+            aggregator=cfg.aggregation.build(),
+        )
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
