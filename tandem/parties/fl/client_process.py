@@ -60,6 +60,10 @@ class Connection:
         self.server = cfg.server_name
         self.reconnects = 0
 
+    def hello_meta(self, version: int) -> dict[str, Any]:
+        meta = {"kind": "hello", "version": version, "url": self.url}
+        return meta | ({"final": True} if self.cfg.final_model is not None else {})
+
     async def hello(self, version: int, deadline: float) -> None:
         """Deliver a hello, retrying with backoff until ``deadline`` (monotonic seconds)."""
         delay = 0.1
@@ -68,7 +72,7 @@ class Connection:
                 await self.transport.send(
                     self.server,
                     P.HELLO,
-                    Frame(meta={"kind": "hello", "version": version, "url": self.url}),
+                    Frame(meta=self.hello_meta(version)),
                 )
                 return
             except AuthenticationError as exc:
@@ -230,9 +234,13 @@ async def run_client(
             on_round=on_round,
             signer=cfg.secagg.signer(),
             roster=cfg.secagg.roster(),
+            max_refusals=cfg.max_refusals,
         )
         log.info("%s: joined (%d rows, %d parameters)", cfg.name, x.shape[0], trainer.dim)
         await client.run()
+    written = None
+    if cfg.final_model is not None and client.final_model is not None:
+        written = await asyncio.to_thread(write_final, cfg.final_model, client.final_model)
     return {
         "role": "client",
         "name": cfg.name,
@@ -241,7 +249,21 @@ async def run_client(
         "version": client.state.version,
         "reconnects": link.reconnects,
         "errors": client.errors,
+        "refusals": client.refusals,
+        "final_model": written,
     }
+
+
+def write_final(location: str, model: np.ndarray) -> str:
+    """Write the server's final model (flat float32 ``params``) as safetensors to
+    ``location`` (a path or fsspec URL); returns the location."""
+    import fsspec
+    from safetensors.numpy import save
+
+    data = save({"params": np.ascontiguousarray(model, np.float32)}, {"format": "tandem-fl"})
+    with fsspec.open(location, "wb") as f:
+        f.write(data)
+    return location
 
 
 __all__ = ["ProcessClient", "RefusedError", "ServerLostError", "prepare_client", "run_client"]

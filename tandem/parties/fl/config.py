@@ -22,7 +22,8 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [aggregation]    # rule = "mean" | "median" | "trimmed_mean" | "krum" | ...
 
     # client.toml
-    [client]         # name, server (URL), server_name, host, port, reconnect_timeout
+    [client]         # name, server (URL), server_name, host, port, reconnect_timeout,
+                     # max_refusals, final_model (a .safetensors path for the final model)
     [train]          # epochs, batch_size
     [optimizer]      # the local optimizer (default: sgd, learning_rate 0.05)
     [data]           # this client's rows (it trains on the split's training part)
@@ -361,6 +362,13 @@ class ClientTable(Section):
     port: Port = 0
     advertise_url: Url | None = None
     reconnect_timeout: Positive = 300.0
+    max_refusals: int = Field(default=3, ge=1, description="stop after this many refusals")
+    final_model: str | None = Field(default=None, description="write the final model here")
+
+    @field_validator("final_model")
+    @classmethod
+    def _final(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
 
     @model_validator(mode="after")
     def _needed(self) -> ClientTable:
@@ -471,6 +479,8 @@ class ClientConfig:
     port: int
     advertise_url: str | None
     reconnect_timeout: float
+    max_refusals: int
+    final_model: str | None
     epochs: int
     batch_size: int
     optimizer: OptimizerConfig

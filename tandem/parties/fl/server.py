@@ -194,6 +194,7 @@ class FLServer:
         if isinstance(transport, SizeAdmittingTransport):
             transport.admit_size = self.bounds.admit_size
         self.reports: list[RoundReport] = []
+        self.final_to: set[str] = set()  # clients that asked for the final model with stop
         self.roster = roster  # checks the clients' signed secure-aggregation keys
         self.per_round = max(1, math.ceil(cfg.fraction * len(self.clients)))
         self.dp_clip = None if cfg.dp is None else cfg.dp.clip
@@ -393,12 +394,23 @@ class FLServer:
                     continue  # a late reply to a past round: discard, keep waiting
                 if verdict:
                     rejected[c] = verdict
+                    await self._tell_refused(c, r, verdict)
                 return
         except TandemError:
             return  # link closed or peer unknown: the client is left out of this round
         finally:
             self.inflight.pop(c, None)
             self.bounds.close(c)
+
+    async def _tell_refused(self, c: str, r: int, reason: str) -> None:
+        """Tell ``c`` at once that its update of round ``r`` was refused, and why (a
+        ``refused`` control message: the client reports it and stops after its own limit)."""
+        meta = {"kind": P.REFUSED, "round": r, "reason": reason[:500]}
+        try:
+            async with asyncio.timeout(1.0):
+                await self.transport.send(c, P.MODEL, Frame(meta=meta))
+        except (TandemError, TimeoutError):
+            pass  # best effort: the refusal is in the round report either way
 
     async def _next_update(self, c: str) -> Frame | str:
         """``c``'s next update-channel frame, or the reason its update was refused at the
@@ -548,12 +560,15 @@ class FLServer:
         self.planner.record(idx)
 
     async def stop_clients(self, timeout: float = 1.0) -> None:
-        """Tell every client to stop (best effort: a gone client is skipped)."""
+        """Tell every client to stop (best effort: a gone client is skipped); those in
+        ``final_to`` (they asked for it) get the final model with it."""
+        final = Frame(meta={"kind": "stop", "version": self.planner.version}, arrays=(self.model,))
 
         async def stop(c: str) -> None:
+            frame = final if c in self.final_to else Frame(meta={"kind": "stop"})
             try:
-                async with asyncio.timeout(timeout):
-                    await self.transport.send(c, P.MODEL, Frame(meta={"kind": "stop"}))
+                async with asyncio.timeout(timeout if c not in self.final_to else 30 * timeout):
+                    await self.transport.send(c, P.MODEL, frame)
             except (TandemError, TimeoutError):
                 pass
 
