@@ -155,3 +155,43 @@ async def test_private_rounds_run_end_to_end_and_report_epsilon(setup, secure):
     if secure:  # shares sized for the fewest survivors the secure sum completes with
         thr = sec.threshold(4)
         assert server.secagg.noise_std == pytest.approx(1e-4 * clip * math.sqrt(4 / thr))
+
+
+# -- processes ---------------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # five processes importing JAX on a loaded 2-core machine
+async def test_processes_run_distributed_dp_under_secure_aggregation_from_toml(tmp_path):
+    """``tandem fl server`` and four clients from TOML alone: secure aggregation, distributed
+    DP at a target epsilon; every round line carries epsilon and the time, the summary the
+    final epsilon, and a client that asks gets the final model (``client.final_model``)."""
+    from safetensors.numpy import load_file
+
+    from fl_process_helpers import CLIENTS, Federation
+
+    fed = Federation(tmp_path, rounds=2)
+    fed.server["secagg"] = {"max_dropout": 0.3, "clip": 1.0, "stage_timeout": 10.0}
+    fed.server["dp"] = {"mode": "distributed", "clip": 0.5, "target_epsilon": 8.0, "delta": 1e-3}
+    fed.server["compression"] = {"preset": "compressed", "uplink_ratio": 10}
+    fed.clients["bank_a"]["client"]["final_model"] = "out/bank_a_final.safetensors"
+    fed.write()
+    server = fed.start("server")
+    clients = {c: fed.start(c) for c in CLIENTS}
+    try:
+        rc, summary, err = server.finish(200)
+        results = {c: clients[c].finish(60) for c in CLIENTS}
+    finally:
+        for p in (server, *clients.values()):
+            if p.popen.poll() is None:
+                p.popen.kill()
+    assert rc == 0 and summary is not None, err[-3000:]
+    assert summary["rounds"] == 2 and summary["dp"]["mode"] == "distributed", summary
+    z = summary["dp"]["noise_multiplier"]
+    want = epsilon(z, rounds=2, sampled=4, clients=4, delta=1e-3)
+    assert summary["dp"]["epsilon"] == pytest.approx(want, abs=1e-3) and want <= 8.0
+    lines = [line for line in err.splitlines() if line.startswith("round ")]
+    assert len(lines) == 2 and all("epsilon" in x and "elapsed" in x for x in lines), lines
+    for c, (crc, cres, cerr) in results.items():
+        assert crc == 0 and cres is not None and cres["rounds_trained"] == 2, f"{c}: {cerr}"
+    final = results["bank_a"][1]["final_model"]
+    assert final is not None and results["bank_b"][1]["final_model"] is None
+    assert load_file(final)["params"].shape == (summary["params"],)

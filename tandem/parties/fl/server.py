@@ -381,6 +381,7 @@ class FLServer:
                 frame = await self._next_update(c)
                 if isinstance(frame, str):  # refused by the transport from its head
                     rejected[c] = frame
+                    await self._tell_refused(c, r, frame)
                     return
                 if frame.meta.get("kind") == P.RESYNC:
                     verdict = await self._resync(c, r, seed, frame, resynced)
