@@ -124,6 +124,9 @@ def test_the_dp_table_solves_the_noise_and_defaults_delta():
     built = table.build(rounds=10, sampled=5, clients=20)
     assert built.delta == pytest.approx(1 / 20) and built.clip == 0.5
     assert epsilon(built.noise_multiplier, rounds=10, sampled=5, clients=20, delta=0.05) <= 8.0
+    adaptive = DPTable.model_validate({"target_epsilon": 1.0, "adaptive": True})
+    strict = adaptive.build(rounds=30, sampled=20, clients=100)  # a large z: count_std follows
+    assert strict.noise_multiplier > 1 and strict.payload_multiplier() > strict.noise_multiplier
     for bad in ({}, {"target_epsilon": 1.0, "noise_multiplier": 1.0}):
         with pytest.raises(ValueError, match="exactly one of noise_multiplier"):
             DPTable.model_validate(bad)
@@ -190,6 +193,7 @@ async def test_processes_run_distributed_dp_under_secure_aggregation_from_toml(t
     assert summary["dp"]["epsilon"] == pytest.approx(want, abs=1e-3) and want <= 8.0
     lines = [line for line in err.splitlines() if line.startswith("round ")]
     assert len(lines) == 2 and all("epsilon" in x and "elapsed" in x for x in lines), lines
+    assert "unknown_peer" not in err, err[-3000:]  # a normal join logs no refusal
     for c, (crc, cres, cerr) in results.items():
         assert crc == 0 and cres is not None and cres["rounds_trained"] == 2, f"{c}: {cerr}"
     final = results["bank_a"][1]["final_model"]

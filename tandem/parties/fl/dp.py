@@ -83,11 +83,11 @@ class DPConfig:
             raise ConfigError(
                 f"dp.sampling must be one of {list(SAMPLINGS)}, got {self.sampling!r}"
             )
-        if self.adaptive and 2 * self.count_std * self.noise_multiplier <= 1:
+        if self.adaptive and 2 * self.count_std <= self.noise_multiplier:
             raise ConfigError(
                 f"dp.count_std = {self.count_std} is too small for dp.noise_multiplier = "
-                f"{self.noise_multiplier}: adaptive clipping needs 2 * count_std * "
-                "noise_multiplier > 1 (the bits' share of the privacy budget); raise count_std "
+                f"{self.noise_multiplier}: adaptive clipping needs 2 * count_std > "
+                "noise_multiplier (the bits' share of the privacy budget); raise count_std "
                 "(Andrew et al. suggest clients per round / 20)"
             )
 

@@ -70,8 +70,8 @@ class DPTable(Section):
                 sampling=self.sampling,
             )
         count_std = self.count_std
-        if count_std is None:  # Andrew et al.: m / 20, kept above the 1 / (2 z) floor
-            count_std = max(sampled / 20, 1.0 / z)
+        if count_std is None:  # Andrew et al.: m / 20, kept above the z / 2 floor
+            count_std = max(sampled / 20, z)
         return DPConfig(
             clip=self.clip,
             noise_multiplier=z,
