@@ -114,3 +114,28 @@ async def test_multi_krum_keeps_accuracy_where_the_mean_collapses():
     acc = {k: v.reports[-1].accuracy for k, v in runs.items()}
     ref = clean.reports[-1].accuracy
     assert acc["multi_krum"] >= ref - 0.05 and acc["mean"] < ref - 0.3, (acc, ref)
+
+
+def test_the_server_toml_selects_a_rule_and_refuses_it_under_secure_aggregation(tmp_path):
+    from fl_process_helpers import Federation
+    from tandem.parties.fl.config import load_server_config
+    from tandem.parties.fl.server_process import build_fl_config
+
+    fed = Federation(tmp_path, rounds=1)
+    fed.server["aggregation"] = {"rule": "multi_krum", "byzantine": 1}
+    fed.write()
+    cfg = load_server_config(fed.path("server"))
+    built = build_fl_config(cfg, 100)
+    assert not built.aggregator.linear and cfg.identity()["aggregation"]["rule"] == "multi_krum"
+    v = [np.ones(3, np.float32)] * 3 + [np.full(3, 1e6, np.float32)]
+    np.testing.assert_allclose(built.aggregator.aggregate((), v, [1] * 4)[0], np.ones(3))
+    fed.server["secagg"] = {"max_dropout": 0.2}
+    fed.write()
+    with pytest.raises(ConfigError, match=r"server.toml: secure aggregation cannot run a non-line"):
+        build_fl_config(load_server_config(fed.path("server")), 100)
+    fed.server.pop("secagg")
+    fed.server["aggregation"] = {"rule": "median"}
+    fed.server["dp"] = {"noise_multiplier": 1.0}
+    fed.write()
+    with pytest.raises(ConfigError, match=r"\[dp\] needs the mean aggregation rule"):
+        build_fl_config(load_server_config(fed.path("server")), 100)
