@@ -245,10 +245,10 @@ async def test_a_refused_update_is_rejected_not_dropped_and_its_client_is_told(s
     assert sorted(r0.rejected) == ["c0", "c1", "c2"] and not r0.dropped
     told = {c.transport.name: c for c in seen}
     for name, why in (("c0", "NaN"), ("c1", "exceeds the limit"), ("c2", "meta.n")):
-        assert told[name].refusals == 1, name
+        assert told[name].refused_updates == 1, name
         assert "round 0: the server refused this update" in told[name].errors[0]
         assert why in told[name].errors[0], told[name].errors
-    assert told["c3"].refusals == 0
+    assert told["c3"].refused_updates == 0
 
 
 def test_a_client_stops_at_its_max_refusals(setup):

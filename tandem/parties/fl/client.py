@@ -85,7 +85,7 @@ class FLClient:
         self.state = ClientModel(trainer.init_vec)
         self.rounds_trained = 0
         self.errors: list[str] = []
-        self.refusals = 0
+        self.refused_updates = 0  # updates the server refused
         self.max_refusals = max_refusals
         self.final_model: np.ndarray | None = None  # the server's, when sent with stop
 
@@ -138,15 +138,16 @@ class FLClient:
     def refused(self, meta: Mapping[str, Any]) -> None:
         """The server refused this client's update: log it at once (a warning), count it,
         and raise `UpdateRefusedError` at the ``max_refusals``-th refusal."""
-        self.refusals += 1
+        self.refused_updates += 1
         why = f"round {meta.get('round')}: the server refused this update: {meta.get('reason')}"
         self.errors.append(why)
         log.warning("%s: %s", self.transport.name, why)
-        if self.max_refusals is not None and self.refusals >= self.max_refusals:
+        if self.max_refusals is not None and self.refused_updates >= self.max_refusals:
             raise UpdateRefusedError(
-                f"the server refused {self.refusals} updates of {self.transport.name!r} (the "
-                f"last: {why}); stopping at client.max_refusals = {self.max_refusals}. Check "
-                "this client's data (NaN or Inf values) and its learning rate"
+                f"the server refused {self.refused_updates} updates of "
+                f"{self.transport.name!r} (the last: {why}); stopping at "
+                f"client.max_refusals = {self.max_refusals}. Check this client's data (NaN or "
+                "Inf values) and its learning rate"
             )
 
     async def _secure(self, rnd: int, payload: np.ndarray, params: Any) -> None:

@@ -249,7 +249,7 @@ async def run_client(
         "version": client.state.version,
         "reconnects": link.reconnects,
         "errors": client.errors,
-        "refusals": client.refusals,
+        "refusals": client.refused_updates,
         "final_model": written,
     }
 
