@@ -16,12 +16,30 @@ Each metric group is a function ``(args) -> dict`` in `METRICS`; ``--only NAME``
   (the server transport's counters, headers and every secure-aggregation message included).
 * ``secagg_acc_delta``: plain minus secure accuracy in points after ``--acc-rounds`` rounds of
   digits, 10 clients, Dirichlet 0.5, MLP 64-128-64-10, rand-k uplink; same seeds.
+
+``dp`` (tandem.parties.fl.dp, central DP with adaptive clipping at the median update norm):
+digits over ``--dp-clients`` clients (Dirichlet 0.5), ``--dp-fraction`` of them per round,
+``--dp-rounds`` rounds, MLP 64-64-10, FedAvg with server momentum 0.5.
+
+* ``acc_nonprivate``: accuracy (%) without DP;
+* ``dp_acc``: epsilon -> accuracy (%) at epsilon 8 and 1, delta = 1 / clients (the noise
+  multiplier solved by the RDP accountant for those rounds and that sampling rate).
+
+``byzantine`` (tandem.parties.fl.robust): digits over 20 clients (Dirichlet 0.5), every client
+each round, ``--byz-rounds`` rounds, MLP 64-64-10; 20% of the clients (4) attack by sending
+their update times 1000 ("scale") or times -1 ("sign"):
+
+* ``clean_acc``: the mean without attackers;
+* ``mean_acc_attacked``: attack -> the mean's accuracy under it;
+* ``byzantine_acc``: rule -> its worst accuracy over the two attacks
+  (``byzantine_acc_by_attack`` has each).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -29,9 +47,12 @@ from collections.abc import Callable
 import orjson
 
 from tandem.parties.fl import presets
+from tandem.parties.fl.aggregate import ServerRule
 from tandem.parties.fl.client import FLClient, compress_update
 from tandem.parties.fl.data import FederatedData, load_federated_digits
+from tandem.parties.fl.dp import DPConfig, noise_for_epsilon
 from tandem.parties.fl.federation import make_trainer, run_memory_federation
+from tandem.parties.fl.robust import build_rule
 from tandem.parties.fl.secagg import SecAggConfig
 from tandem.parties.fl.secagg.client import LeaveRound
 
@@ -129,7 +150,122 @@ def accuracy_pair(args: argparse.Namespace) -> tuple[float, float]:
     return out[0], out[1]
 
 
-METRICS: dict[str, Callable[[argparse.Namespace], dict]] = {"secagg": secagg}
+def dp(args: argparse.Namespace) -> dict:
+    n, rounds = args.dp_clients, args.dp_rounds
+    data = load_federated_digits(n, 0.5, args.seed)
+    trainer = make_trainer(data, [64], lr=0.1, epochs=2, init_seed=args.seed)
+    per_round = max(1, round(args.dp_fraction * n))
+    base = presets.dense(
+        rounds=rounds,
+        fraction=per_round / n,
+        seed=args.seed,
+        eval_every=0,
+        round_timeout=600.0,
+    )
+    base = dataclasses.replace(base, rule=ServerRule(momentum=0.5))
+
+    def run(cfg) -> float:
+        server = asyncio.run(run_memory_federation(data, trainer, cfg))
+        return round(100 * server.reports[-1].accuracy, 2)
+
+    acc_plain = run(base)
+    log(f"dp: non-private {acc_plain}%")
+    out: dict = {}
+    multipliers: dict = {}
+    for eps in (8.0, 1.0):
+        kw = dict(rounds=rounds, sampled=per_round, clients=n, delta=1.0 / n)
+        z = noise_for_epsilon(eps, **kw)
+        cfg = DPConfig(
+            clip=0.5,
+            noise_multiplier=z,
+            delta=1.0 / n,
+            adaptive=True,
+            quantile=0.5,
+            count_std=max(per_round / 20, z),
+        )
+        out[str(int(eps))] = run(dataclasses.replace(base, dp=cfg))
+        multipliers[str(int(eps))] = round(z, 4)
+        log(f"dp: epsilon {eps} (z {z:.3f}): {out[str(int(eps))]}%")
+    return {
+        "dp_clients": n,
+        "dp_per_round": per_round,
+        "dp_rounds": rounds,
+        "acc_nonprivate": acc_plain,
+        "dp_acc": out,
+        "dp_noise_multiplier": multipliers,
+    }
+
+
+def attacking_client(bad: set[str], factor: float) -> Callable[..., FLClient]:
+    """An `FLClient` class whose clients in ``bad`` send ``factor`` times their update."""
+
+    class Scaled:
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def __getattr__(self, name: str):
+            return getattr(self.inner, name)
+
+        def train(self, *a):
+            return factor * self.inner.train(*a)
+
+    class Attacker(FLClient):
+        def __init__(self, *a, **kw) -> None:
+            super().__init__(*a, **kw)
+            if self.transport.name in bad:
+                self.trainer = Scaled(self.trainer)  # type: ignore[assignment]
+
+    return Attacker
+
+
+BYZ_RULES = {
+    "mean": {},
+    "median": {},
+    "trimmed_mean": {"trim": 0.2},
+    "krum": {"byzantine": 4},
+    "multi_krum": {"byzantine": 4},
+    "norm_bound": {"norm": 1.0},
+}
+
+
+def byzantine(args: argparse.Namespace) -> dict:
+    n = 20
+    data = load_federated_digits(n, 0.5, args.seed)
+    trainer = make_trainer(data, [64], lr=0.1, epochs=2, init_seed=args.seed)
+    base = presets.dense(
+        rounds=args.byz_rounds, fraction=1.0, seed=args.seed, eval_every=0, round_timeout=600.0
+    )
+    bad = {f"c{i}" for i in range(0, n, 5)}  # 20%
+
+    def run(rule: str, factor: float | None) -> float:
+        cfg = dataclasses.replace(base, aggregator=build_rule(rule, **BYZ_RULES[rule]))
+        cls = FLClient if factor is None else attacking_client(bad, factor)
+        server = asyncio.run(run_memory_federation(data, trainer, cfg, client_cls=cls))
+        return round(100 * server.reports[-1].accuracy, 2)
+
+    clean = run("mean", None)
+    log(f"byzantine: clean mean {clean}%")
+    by_attack: dict = {}
+    for attack, factor in (("scale", 1000.0), ("sign", -1.0)):
+        by_attack[attack] = {}
+        for rule in BYZ_RULES:
+            by_attack[attack][rule] = run(rule, factor)
+            log(f"byzantine: {attack} attack, {rule}: {by_attack[attack][rule]}%")
+    worst = {rule: min(by_attack[a][rule] for a in by_attack) for rule in BYZ_RULES}
+    return {
+        "clean_acc": clean,
+        "mean_acc_attacked": {a: by_attack[a]["mean"] for a in by_attack},
+        "byzantine_acc": {r: v for r, v in worst.items() if r != "mean"},
+        "byzantine_acc_by_attack": by_attack,
+        "byzantine_attackers": len(bad),
+    }
+
+
+METRICS: dict[str, Callable[[argparse.Namespace], dict]] = {
+    "secagg": secagg,
+    "dp": dp,
+    "byzantine": byzantine,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -139,6 +275,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=100)
     p.add_argument("--acc-rounds", type=int, default=30)
+    p.add_argument("--dp-clients", type=int, default=100)
+    p.add_argument("--dp-fraction", type=float, default=0.2)
+    p.add_argument("--dp-rounds", type=int, default=30)
+    p.add_argument("--byz-rounds", type=int, default=15)
     args = p.parse_args(argv)
     out: dict = {"bench": "fl_private"}
     for name in args.only or sorted(METRICS):

@@ -229,3 +229,35 @@ async def test_a_restarted_client_resyncs_and_rejoins_exactly(setup):
     assert all("c2" in r.accepted for r in server.reports), [r.accepted for r in server.reports]
     for name, c in clients.items():
         assert c.state.model.tobytes() == snapshots[c.state.version], name
+
+
+async def test_a_refused_update_is_rejected_not_dropped_and_its_client_is_told(setup):
+    data, trainer = setup
+    seen: list[FLClient] = []
+
+    class Told(Malicious):
+        def __init__(self, *args, **kw) -> None:
+            super().__init__(*args, **kw)
+            seen.append(self)
+
+    server = await run_memory_federation(data, trainer, compressed(2), client_cls=Told)
+    r0 = server.reports[0]
+    assert sorted(r0.rejected) == ["c0", "c1", "c2"] and not r0.dropped
+    told = {c.transport.name: c for c in seen}
+    for name, why in (("c0", "NaN"), ("c1", "exceeds the limit"), ("c2", "meta.n")):
+        assert told[name].refused_updates == 1, name
+        assert "round 0: the server refused this update" in told[name].errors[0]
+        assert why in told[name].errors[0], told[name].errors
+    assert told["c3"].refused_updates == 0
+
+
+def test_a_client_stops_at_its_max_refusals(setup):
+    from tandem.parties.fl.client import UpdateRefusedError
+    from tandem.transports.memory import MemoryNetwork
+
+    data, trainer = setup
+    x, y = data.clients[0]
+    client = FLClient(MemoryNetwork().endpoint("c0"), "server", x, y, trainer, max_refusals=2)
+    client.refused({"round": 0, "reason": "update refused: NaN"})
+    with pytest.raises(UpdateRefusedError, match=r"refused 2 updates.*client.max_refusals = 2"):
+        client.refused({"round": 1, "reason": "update refused: NaN"})

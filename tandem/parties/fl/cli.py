@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -139,11 +140,15 @@ async def server_command(args: argparse.Namespace) -> int:
         def on_ready(url: str) -> None:
             print(f"{cfg.name}: listening on {url}", file=sys.stderr, flush=True)
 
+        started = time.monotonic()
+
         def on_round(rep) -> None:
             acc = "" if rep.accuracy is None else f", accuracy {100 * rep.accuracy:.2f}%"
+            eps = "" if rep.epsilon is None else f", epsilon {rep.epsilon:.3f}"
             print(
                 f"round {rep.round + 1}/{cfg.rounds}: {len(rep.accepted)}/{len(rep.sampled)} "
-                f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}",
+                f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}{eps}, "
+                f"{rep.seconds:.2f} s (elapsed {time.monotonic() - started:.1f} s)",
                 file=sys.stderr,
                 flush=True,
             )

@@ -19,18 +19,22 @@ it does hold, and the server re-plans that client's model message from that vers
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from tandem.errors import FrameError, TransportClosedError
+from tandem.errors import FrameError, TandemError, TransportClosedError
 from tandem.transports.base import Frame, Transport
 
 from . import compression as C
 from . import protocol as P
 from .downlink import ClientModel
+from .dp import clip_l2
 from .train import LocalTrainer
+
+log = logging.getLogger(__name__)
 
 
 def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> np.ndarray:
@@ -45,6 +49,10 @@ def compress_update(delta: np.ndarray, uplink: Mapping[str, Any], seed: int) -> 
             C.sketch_compress(delta, seed, int(uplink["rows"]), int(uplink["cols"])), np.float32
         )
     raise P.UpdateError(f"unknown uplink kind {kind!r}; expected one of {P.UPLINK_KINDS}")
+
+
+class UpdateRefusedError(TandemError):
+    """The server refused this client's updates ``client.max_refusals`` times."""
 
 
 class FLClient:
@@ -67,6 +75,7 @@ class FLClient:
         seed: int = 0,
         signer: Any = None,
         roster: Any = None,
+        max_refusals: int | None = None,
     ) -> None:
         self.transport, self.server = transport, server
         self.x, self.y = x, y
@@ -76,6 +85,9 @@ class FLClient:
         self.state = ClientModel(trainer.init_vec)
         self.rounds_trained = 0
         self.errors: list[str] = []
+        self.refused_updates = 0  # updates the server refused
+        self.max_refusals = max_refusals
+        self.final_model: np.ndarray | None = None  # the server's, when sent with stop
 
     async def before_reply(self, rnd: int) -> None:
         """Hook run after training, before replying (tests use it to be late)."""
@@ -103,7 +115,12 @@ class FLClient:
         """Act on one model-channel message; True when it is ``stop``."""
         kind = frame.meta.get("kind")
         if kind == "stop":
+            if len(frame.arrays) == 1 and frame.arrays[0].shape == self.state.model.shape:
+                self.final_model = np.asarray(frame.arrays[0], np.float32)
             return True
+        if kind == P.REFUSED:
+            self.refused(frame.meta)
+            return False
         if kind not in P.MODEL_KINDS:
             await self.control(frame)
             return False
@@ -117,6 +134,21 @@ class FLClient:
             if isinstance(exc, P.DownlinkError) and frame.meta.get("train"):
                 await self._resync(frame.meta.get("round"))
         return False
+
+    def refused(self, meta: Mapping[str, Any]) -> None:
+        """The server refused this client's update: log it at once (a warning), count it,
+        and raise `UpdateRefusedError` at the ``max_refusals``-th refusal."""
+        self.refused_updates += 1
+        why = f"round {meta.get('round')}: the server refused this update: {meta.get('reason')}"
+        self.errors.append(why)
+        log.warning("%s: %s", self.transport.name, why)
+        if self.max_refusals is not None and self.refused_updates >= self.max_refusals:
+            raise UpdateRefusedError(
+                f"the server refused {self.refused_updates} updates of "
+                f"{self.transport.name!r} (the last: {why}); stopping at "
+                f"client.max_refusals = {self.max_refusals}. Check this client's data (NaN or "
+                "Inf values) and its learning rate"
+            )
 
     async def _secure(self, rnd: int, payload: np.ndarray, params: Any) -> None:
         """Send ``payload`` into round ``rnd``'s secure sum (`secagg.client.contribute`)."""
@@ -163,6 +195,8 @@ class FLClient:
         self.rounds_trained += 1
         await self.before_reply(rnd)
         if meta.get("secagg"):
+            if isinstance(meta.get("dp"), dict):  # client-level DP: this client clips
+                payload, _ = clip_l2(payload, float(meta["dp"]["clip"]))
             await self._secure(rnd, payload, meta["secagg"])
             return
         arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))

@@ -69,6 +69,14 @@ class Connection:
         self.server = cfg.server_name
         self.reconnects = 0
 
+    def hello_meta(self, version: int) -> dict[str, Any]:
+        """The hello's meta: version held, own URL, the data summary for the federated
+        preprocessing, and whether this client wants the final model."""
+        meta: dict[str, Any] = {"kind": "hello", "version": version, "url": self.url}
+        if self.summary is not None:
+            meta["summary"] = self.summary
+        return meta | ({"final": True} if self.cfg.final_model is not None else {})
+
     async def hello(self, version: int, deadline: float) -> None:
         """Deliver a hello, retrying with backoff until ``deadline`` (monotonic seconds)."""
         delay = 0.1
@@ -77,7 +85,7 @@ class Connection:
                 await self.transport.send(
                     self.server,
                     P.HELLO,
-                    Frame(meta=self._hello_meta(version)),
+                    Frame(meta=self.hello_meta(version)),
                 )
                 return
             except AuthenticationError as exc:
@@ -98,12 +106,6 @@ class Connection:
                 )
             await asyncio.sleep(delay)
             delay = min(2 * delay, 5.0)
-
-    def _hello_meta(self, version: int) -> dict[str, Any]:
-        meta: dict[str, Any] = {"kind": "hello", "version": version, "url": self.url}
-        if self.summary is not None:
-            meta["summary"] = self.summary
-        return meta
 
     async def next_frame(self, version: int) -> Frame:
         """The next model-channel frame; when the link to the server is lost, say hello again
@@ -258,9 +260,13 @@ async def run_client(
             on_round=on_round,
             signer=cfg.secagg.signer(),
             roster=cfg.secagg.roster(),
+            max_refusals=cfg.max_refusals,
         )
         log.info("%s: joined (%d rows, %d parameters)", cfg.name, x.shape[0], trainer.dim)
         await client.run()
+    written = None
+    if cfg.final_model is not None and client.final_model is not None:
+        written = await asyncio.to_thread(write_final, cfg.final_model, client.final_model)
     return {
         "role": "client",
         "name": cfg.name,
@@ -269,7 +275,21 @@ async def run_client(
         "version": client.state.version,
         "reconnects": link.reconnects,
         "errors": client.errors,
+        "refusals": client.refused_updates,
+        "final_model": written,
     }
+
+
+def write_final(location: str, model: np.ndarray) -> str:
+    """Write the server's final model (flat float32 ``params``) as safetensors to
+    ``location`` (a path or fsspec URL); returns the location."""
+    import fsspec
+    from safetensors.numpy import save
+
+    data = save({"params": np.ascontiguousarray(model, np.float32)}, {"format": "tandem-fl"})
+    with fsspec.open(location, "wb") as f:
+        f.write(data)
+    return location
 
 
 __all__ = ["ProcessClient", "RefusedError", "ServerLostError", "prepare_client", "run_client"]

@@ -18,9 +18,12 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
     [secagg]         # secure aggregation (optional): max_dropout, scale, clip, stage_timeout,
                      # noise_std, public_keys (the clients' Ed25519 identity keys)
+    [dp]             # differential privacy (optional; fl/private_config.py)
+    [aggregation]    # rule = "mean" | "median" | "trimmed_mean" | "krum" | ...
 
     # client.toml
-    [client]         # name, server (URL), server_name, host, port, reconnect_timeout
+    [client]         # name, server (URL), server_name, host, port, reconnect_timeout,
+                     # max_refusals, final_model (a .safetensors path for the final model)
     [train]          # epochs, batch_size
     [optimizer]      # the local optimizer (default: sgd, learning_rate 0.05)
     [data]           # this client's rows (it trains on the split's training part)
@@ -56,6 +59,7 @@ from tandem.parties.http_security import HttpSecurity, security_of
 
 from .downlink import MODES
 from .preprocessing import PreprocessingTable
+from .private_config import AggregationTable, DPTable
 
 
 class FLConfigError(ConfigError):
@@ -333,6 +337,8 @@ class ServerFile(Section):
     http: Security = Field(default_factory=Security)
     secagg: SecAggTable | None = None
     preprocessing: PreprocessingTable = Field(default_factory=PreprocessingTable)
+    dp: DPTable | None = None
+    aggregation: AggregationTable = AggregationTable()
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
@@ -364,6 +370,13 @@ class ClientTable(Section):
     compile_cache: str = Field(
         default="auto", description='JAX compilation cache folder, "auto" or "off"'
     )
+    max_refusals: int = Field(default=3, ge=1, description="stop after this many refusals")
+    final_model: str | None = Field(default=None, description="write the final model here")
+
+    @field_validator("final_model")
+    @classmethod
+    def _final(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
 
     @model_validator(mode="after")
     def _needed(self) -> ClientTable:
@@ -433,6 +446,8 @@ class ServerConfig:
     secagg: SecAggTable | None = None
     preprocessing: PreprocessingTable = PreprocessingTable()
     compile_cache: str = "auto"
+    dp: DPTable | None = None
+    aggregation: AggregationTable = AggregationTable()
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
@@ -454,6 +469,12 @@ class ServerConfig:
                 if self.preprocessing == PreprocessingTable()
                 else {"preprocessing": self.preprocessing.model_dump()}
             )
+            | ({} if self.dp is None else {"dp": self.dp.model_dump()})
+            | (
+                {"aggregation": self.aggregation.model_dump()}
+                if self.aggregation.model_fields_set
+                else {}
+            )
         )
 
     def identity_hash(self) -> str:
@@ -473,6 +494,8 @@ class ClientConfig:
     port: int
     advertise_url: str | None
     reconnect_timeout: float
+    max_refusals: int
+    final_model: str | None
     epochs: int
     batch_size: int
     optimizer: OptimizerConfig
@@ -516,6 +539,8 @@ def load_server_config(path: str | os.PathLike[str]) -> ServerConfig:
         security=security_of(f.http),
         secagg=f.secagg,
         preprocessing=f.preprocessing,
+        dp=f.dp,
+        aggregation=f.aggregation,
     )
 
 

@@ -45,6 +45,7 @@ MODEL = "fl/model"
 UPDATE = "fl/update"
 HELLO = "fl/hello"
 WELCOME = "welcome"  # kind of a MODEL-channel message answering a hello
+REFUSED = "refused"  # kind of a MODEL-channel message: your update was refused
 RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
 UPLINK_KINDS = ("dense", "randk", "sketch")
 MODEL_KINDS = ("full", "delta")  # model messages; "stop" and the control kinds are not

@@ -54,6 +54,7 @@ from .aggregate import ServerRule, ServerState, optax_step, server_step
 from .aggregator import Aggregator, check_secure, weighted_mean
 from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
+from .dp import DPConfig, epsilon, next_clip, noisy_sum
 from .secagg import SecAggConfig
 from .train import LocalTrainer
 
@@ -78,10 +79,13 @@ class FLConfig:
     optimizer: optax.GradientTransformation | None = None
     aggregator: Aggregator = weighted_mean()
     secagg: SecAggConfig | None = None
+    dp: DPConfig | None = None
 
     def __post_init__(self) -> None:
         if self.secagg is not None:
             check_secure(self.aggregator)
+        if self.dp is not None:
+            _check_dp(self.dp, self.aggregator, self.secagg)
         if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):
             raise ConfigError(
                 "with a server optimizer, momentum and learning rate belong to it: leave "
@@ -102,6 +106,33 @@ class FLConfig:
             )
 
 
+def _check_dp(dp: DPConfig, rule: Aggregator, secagg: SecAggConfig | None) -> None:
+    """Refuse the combinations of differential privacy that cannot hold, naming why."""
+    if not rule.linear:
+        raise ConfigError(
+            "[dp] needs the mean aggregation rule: the noise is calibrated to the sensitivity "
+            "of a sum of clipped updates, which a median, trimmed mean, Krum or norm bound "
+            "does not have; remove [aggregation] rule or [dp]"
+        )
+    if dp.mode == "distributed" and secagg is None:
+        raise ConfigError(
+            'dp.mode = "distributed" needs secure aggregation ([secagg]): without it the '
+            "server sees each client's update with only its small noise share; add [secagg] "
+            'or use dp.mode = "central"'
+        )
+    if dp.adaptive and secagg is not None:
+        raise ConfigError(
+            "dp.adaptive with secure aggregation is not supported: adaptive clipping needs the "
+            "clients' clipped-or-not bits summed, and the secure sum carries the update only; "
+            "use a fixed dp.clip, or turn secure aggregation off"
+        )
+    if secagg is not None and secagg.noise_std > 0:
+        raise ConfigError(
+            f"secagg.noise_std = {secagg.noise_std} and [dp] both add noise; set the noise "
+            "through [dp] only (dp.noise_multiplier) and leave secagg.noise_std at 0"
+        )
+
+
 @dataclasses.dataclass
 class RoundReport:
     round: int
@@ -115,6 +146,8 @@ class RoundReport:
     seconds: float
     accuracy: float | None = None
     secure: dict | None = None  # under secure aggregation: threshold, stage sizes, cheats
+    epsilon: float | None = None  # under [dp]: epsilon at dp.delta after this round
+    clip: float | None = None  # under [dp]: the clip norm this round used
 
 
 class FLServer:
@@ -161,10 +194,19 @@ class FLServer:
         if isinstance(transport, SizeAdmittingTransport):
             transport.admit_size = self.bounds.admit_size
         self.reports: list[RoundReport] = []
+        self.final_to: set[str] = set()  # clients that asked for the final model with stop
         self.roster = roster  # checks the clients' signed secure-aggregation keys
-        if cfg.secagg is not None:
-            m = max(1, math.ceil(cfg.fraction * len(self.clients)))
-            cfg.secagg.check(m)  # the ring sum of a round cannot overflow
+        self.per_round = max(1, math.ceil(cfg.fraction * len(self.clients)))
+        self.dp_clip = None if cfg.dp is None else cfg.dp.clip
+        self.dp_rng = np.random.default_rng()  # OS entropy: DP noise must not be replayable
+        self.secagg = cfg.secagg  # with distributed DP: its noise shares set below
+        if cfg.secagg is not None and cfg.dp is not None and cfg.dp.mode == "distributed":
+            # shares sized for the fewest survivors the secure sum completes with
+            thr = cfg.secagg.threshold(self.per_round)
+            std = cfg.dp.noise_multiplier * cfg.dp.clip * math.sqrt(self.per_round / thr)
+            self.secagg = dataclasses.replace(cfg.secagg, noise_std=std)
+        if self.secagg is not None:
+            self.secagg.check(self.per_round)  # the ring sum of a round cannot overflow
             self.bounds.secagg_slack = 256 * len(self.clients)
 
     # -- accounting ----------------------------------------------------------------------------
@@ -220,8 +262,13 @@ class FLServer:
                         )
         except TimeoutError:
             pass
+        clip = self.dp_clip
         if secure is not None and "sum" in secure:
-            mean = secure.pop("sum") / np.float32(len(accepted))
+            total = secure.pop("sum")
+            if self.cfg.dp is not None and self.cfg.dp.mode == "central":
+                std = self.cfg.dp.noise_multiplier * self.cfg.dp.clip
+                total = total + self.dp_rng.normal(0.0, std, total.shape).astype(np.float32)
+            mean = total / np.float32(len(accepted))
             await asyncio.to_thread(self._step, self._decode(mean, seed))
         elif accepted:
             names = sorted(accepted)
@@ -246,6 +293,8 @@ class FLServer:
             seconds=time.perf_counter() - t0,
             accuracy=acc,
             secure=secure,
+            epsilon=await asyncio.to_thread(self.epsilon, r + 1),
+            clip=clip,
         )
         self.reports.append(report)
         if self.on_round is not None:
@@ -267,10 +316,10 @@ class FLServer:
         survivors' payload sum) unless the round was aborted."""
         from .secagg.server import Aborted, SecureRound
 
-        assert self.cfg.secagg is not None  # Invariant: called under secure aggregation only
+        assert self.secagg is not None  # Invariant: called under secure aggregation only
         shape = P.expected_shape(self.uplink, self.d)
         sr = SecureRound(
-            self.transport, self.cfg.secagg, r, sampled, shape,
+            self.transport, self.secagg, r, sampled, shape,
             wait=self.cfg.round_timeout, roster=self.roster,
         )  # fmt: skip
         params = sr.params()
@@ -332,6 +381,7 @@ class FLServer:
                 frame = await self._next_update(c)
                 if isinstance(frame, str):  # refused by the transport from its head
                     rejected[c] = frame
+                    await self._tell_refused(c, r, frame)
                     return
                 if frame.meta.get("kind") == P.RESYNC:
                     verdict = await self._resync(c, r, seed, frame, resynced)
@@ -345,12 +395,23 @@ class FLServer:
                     continue  # a late reply to a past round: discard, keep waiting
                 if verdict:
                     rejected[c] = verdict
+                    await self._tell_refused(c, r, verdict)
                 return
         except TandemError:
             return  # link closed or peer unknown: the client is left out of this round
         finally:
             self.inflight.pop(c, None)
             self.bounds.close(c)
+
+    async def _tell_refused(self, c: str, r: int, reason: str) -> None:
+        """Tell ``c`` at once that its update of round ``r`` was refused, and why (a
+        ``refused`` control message: the client reports it and stops after its own limit)."""
+        meta = {"kind": P.REFUSED, "round": r, "reason": reason[:500]}
+        try:
+            async with asyncio.timeout(1.0):
+                await self.transport.send(c, P.MODEL, Frame(meta=meta))
+        except (TandemError, TimeoutError):
+            pass  # best effort: the refusal is in the round report either way
 
     async def _next_update(self, c: str) -> Frame | str:
         """``c``'s next update-channel frame, or the reason its update was refused at the
@@ -423,6 +484,8 @@ class FLServer:
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
         if secagg is not None:
             meta["secagg"] = secagg
+            if self.dp_clip is not None:  # the clients clip: the server never sees an update
+                meta["dp"] = {"clip": self.dp_clip}
         await self._send(c, meta, arrays)
 
     def _decode(self, payload: np.ndarray, seed: int) -> np.ndarray:
@@ -440,10 +503,36 @@ class FLServer:
         """The round's update by `FLConfig.aggregator`: decoded once after combining when the
         aggregator is linear, else each payload decoded first (see `aggregator`)."""
         rule = self.cfg.aggregator
+        if self.cfg.dp is not None:
+            return self._decode(self._private_mean(payloads), seed)
         if not rule.linear:
             payloads = [self._decode(p, seed) for p in payloads]
         combined, self.agg_state = rule.aggregate(self.agg_state, payloads, weights)
         return self._decode(combined, seed) if rule.linear else combined
+
+    def _private_mean(self, payloads: list[np.ndarray]) -> np.ndarray:
+        """Central DP: the clipped payloads' noisy sum over their count (unweighted: a
+        client's sample count would change the sensitivity); adaptive clipping moves on."""
+        dp, clip = self.cfg.dp, self.dp_clip
+        assert dp is not None and clip is not None  # Invariant: called under [dp] only
+        std = dp.payload_multiplier() * clip
+        total, within = noisy_sum(payloads, clip, std, self.dp_rng)
+        self.dp_clip = next_clip(dp, clip, within, len(payloads), self.dp_rng)
+        return total / np.float32(len(payloads))
+
+    def epsilon(self, rounds: int) -> float | None:
+        """Epsilon at ``dp.delta`` after ``rounds`` rounds (None without [dp])."""
+        dp = self.cfg.dp
+        if dp is None:
+            return None
+        return epsilon(
+            dp.noise_multiplier,
+            rounds=rounds,
+            sampled=self.per_round,
+            clients=len(self.clients),
+            delta=dp.delta,
+            sampling=dp.sampling,
+        )
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
@@ -472,12 +561,15 @@ class FLServer:
         self.planner.record(idx)
 
     async def stop_clients(self, timeout: float = 1.0) -> None:
-        """Tell every client to stop (best effort: a gone client is skipped)."""
+        """Tell every client to stop (best effort: a gone client is skipped); those in
+        ``final_to`` (they asked for it) get the final model with it."""
+        final = Frame(meta={"kind": "stop", "version": self.planner.version}, arrays=(self.model,))
 
         async def stop(c: str) -> None:
+            frame = final if c in self.final_to else Frame(meta={"kind": "stop"})
             try:
-                async with asyncio.timeout(timeout):
-                    await self.transport.send(c, P.MODEL, Frame(meta={"kind": "stop"}))
+                async with asyncio.timeout(timeout if c not in self.final_to else 30 * timeout):
+                    await self.transport.send(c, P.MODEL, frame)
             except (TandemError, TimeoutError):
                 pass
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -80,7 +81,17 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
         )
     secagg = None if cfg.secagg is None else cfg.secagg.build()
     try:
-        return dataclasses.replace(fl, optimizer=cfg.optimizer.build(), secagg=secagg)
+        dp = None
+        if cfg.dp is not None:
+            per_round = max(1, math.ceil(cfg.fraction * len(cfg.clients)))
+            dp = cfg.dp.build(rounds=cfg.rounds, sampled=per_round, clients=len(cfg.clients))
+        return dataclasses.replace(
+            fl,
+            optimizer=cfg.optimizer.build(),
+            secagg=secagg,
+            dp=dp,
+            aggregator=cfg.aggregation.build(),
+        )
     except ConfigError as exc:
         raise ConfigError(f"{cfg.path}: {exc}") from None
 
@@ -238,6 +249,8 @@ class DeployedServer(FLServer):
                 self.refused_hellos.append(f"{c}: {exc}")
                 log.warning("%s: hello from %r refused: %s", self.transport.name, c, exc)
                 continue
+            if frame.meta.get("final") is True:  # it asked for the final model with stop
+                self.final_to.add(c)
             await self.welcome(c, version, url)
 
     async def welcome(self, c: str, version: int, url: str | None) -> None:
@@ -331,25 +344,11 @@ def _warn(cfg: ServerConfig) -> None:
         )
 
 
-async def run_server(
-    cfg: ServerConfig,
-    *,
-    fresh: bool = False,
-    on_round: Callable[[RoundReport], None] | None = None,
-    on_ready: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Run the server of ``cfg`` to the end (see the module docstring); returns the summary.
+def _transport(cfg: ServerConfig) -> Any:
+    """The server's transport, built (not started): the roster's names admitted, no other."""
+    from tandem.transports.factory import common_scheme, make_transport
 
-    ``on_ready(url)`` is called once the server listens; ``on_round`` after every round."""
-    from tandem.transports.factory import addressing, common_scheme, make_transport, started
-
-    from .export import export_global
-
-    _warn(cfg)
-    restored = None
-    if cfg.checkpoint is not None and not fresh:
-        restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
-    built = make_transport(
+    return make_transport(
         common_scheme([cfg.advertise_url] if cfg.advertise_url else []),
         name=cfg.name,
         **cfg.security.transport_settings(
@@ -364,8 +363,44 @@ async def run_server(
             reject_nonfinite=False,
         ),
     )
+
+
+async def _serve_rounds(server: DeployedServer, cfg: ServerConfig) -> None:
+    """Wait for the clients, run the rounds; a `TandemError` surfaces as itself."""
+    failure: TandemError | None = None
+    async with asyncio.TaskGroup() as tg:
+        watcher = tg.create_task(server.watch())
+        try:
+            await server.wait_for_clients(cfg.min_clients, cfg.wait)
+            await server.run()
+        except TandemError as exc:  # raised below, not wrapped in an exception group
+            failure = exc
+        finally:
+            watcher.cancel()
+    if failure is not None:
+        raise failure
+
+
+async def run_server(
+    cfg: ServerConfig,
+    *,
+    fresh: bool = False,
+    on_round: Callable[[RoundReport], None] | None = None,
+    on_ready: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the server of ``cfg`` to the end (see the module docstring); returns the summary.
+
+    ``on_ready(url)`` is called once the server listens; ``on_round`` after every round."""
+    from tandem.transports.factory import addressing, started
+
+    from .export import export_global
+
+    _warn(cfg)
+    restored = None
+    if cfg.checkpoint is not None and not fresh:
+        restored = await asyncio.to_thread(ckpt.load, cfg.checkpoint)
     setup = await _early_setup(cfg)
-    async with started(built) as transport:
+    async with started(_transport(cfg)) as transport:
         if on_ready is not None:
             on_ready(addressing(transport, "an FL server").address())
         hellos: list[tuple[str, int, str | None]] = []
@@ -378,18 +413,7 @@ async def run_server(
         resumed = server.next_round if restored is not None else None
         for c, version, url in hellos:
             await server.welcome(c, version, url)
-        failure: TandemError | None = None
-        async with asyncio.TaskGroup() as tg:
-            watcher = tg.create_task(server.watch())
-            try:
-                await server.wait_for_clients(cfg.min_clients, cfg.wait)
-                await server.run()
-            except TandemError as exc:  # raised below, not wrapped in an exception group
-                failure = exc
-            finally:
-                watcher.cancel()
-        if failure is not None:
-            raise failure
+        await _serve_rounds(server, cfg)
         final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
         exported = None
         if cfg.export is not None:
@@ -414,6 +438,25 @@ async def run_server(
         "resyncs": server.resyncs,
         "export": exported,
         "checkpoint": cfg.checkpoint,
+        "aggregation": cfg.aggregation.rule,
+    } | _privacy(server)
+
+
+def _privacy(server: DeployedServer) -> dict[str, Any]:
+    """The summary's DP entries: epsilon at delta after every round run (resumed included)."""
+    dp = server.cfg.dp
+    if dp is None:
+        return {}
+    eps = server.epsilon(server.next_round)
+    return {
+        "dp": {
+            "mode": dp.mode,
+            "epsilon": None if eps is None else round(eps, 4),
+            "delta": dp.delta,
+            "noise_multiplier": round(dp.noise_multiplier, 6),
+            "clip": server.dp_clip,
+            "adaptive": dp.adaptive,
+        }
     }
 
 

@@ -298,7 +298,10 @@ class HttpServer:
         if r.status != 421:  # 421 is how a sender learns whom to sign for (`rebinds`)
             counter = self.refused_handshakes if handshake else self.refused
             counter[r.reason] = counter.get(r.reason, 0) + 1
-        if r.reason not in QUIET_REASONS:
+        # an admissible newcomer's stream handshake is refused before its first frame (POST)
+        # admits it: normal flow. Were it not admissible, that POST's refusal is logged.
+        joining = handshake and r.reason == "unknown_peer" and self.cfg.admit_unknown
+        if r.reason not in QUIET_REASONS and not joining:
             self.quiet.info(
                 "%s: refused request (%d %s): %s", self.cfg.name, r.status, r.reason, r.text
             )
