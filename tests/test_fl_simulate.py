@@ -145,3 +145,11 @@ def test_cli_simulate_prints_one_result_line():
     result = json.loads(lines[0])
     assert result["clients"] == 30 and result["per_round"] == 5
     assert result["peak_live_clients"] <= 5 and result["rounds"] == 2
+
+
+def test_bench_fl_sim_one_setting_in_process(monkeypatch):
+    from bench import fl_sim
+
+    monkeypatch.setitem(fl_sim.SETTINGS, "tiny", (40, 4, 12, [8], 6, 1))
+    r = fl_sim.run_one("tiny", rounds=2, warmup=1, seed=0)
+    assert r["peak_live"] == 4 and r["s_per_round"] > 0 and r["pss_mb"] > 0

@@ -44,14 +44,14 @@ def register_simulate(fl_sub) -> None:
 def _source(args: argparse.Namespace):
     """(source, test set or None, number of classes)."""
     from ..data import load_federated_digits
-    from .sources import FilePerClient, TablePartition
+    from .sources import ClientSource, FilePerClient, TablePartition
 
     if args.table and args.clients_glob:
         raise ConfigError("give --table or --clients-glob, not both")
     if args.clients_glob:
-        src = FilePerClient(args.clients_glob, args.label)
-        labels = np.concatenate([src.load(i)[1] for i in range(min(len(src), 50))])
-        return src, None, int(labels.max()) + 1
+        files = FilePerClient(args.clients_glob, args.label)
+        labels = np.concatenate([files.load(i)[1] for i in range(min(len(files), 50))])
+        return files, None, int(labels.max()) + 1
     if args.table:
         from tandem.parties.data.table import read_table
 
@@ -59,7 +59,7 @@ def _source(args: argparse.Namespace):
         names = [n for n in t.available if n not in (args.label, "id")]
         x = np.stack([np.asarray(t[n].values, np.float32) for n in names], axis=1)
         y = np.asarray(t[args.label].values).astype(np.int32)
-        src = TablePartition(x, y, args.clients, alpha=args.alpha, seed=args.seed)
+        src: ClientSource = TablePartition(x, y, args.clients, alpha=args.alpha, seed=args.seed)
         return src, None, int(y.max()) + 1
     data = load_federated_digits(1, 1.0, args.seed)
     x, y = data.clients[0]

@@ -137,8 +137,7 @@ def per_round_fraction(per_round: int, clients: int) -> float:
     """The `FLConfig.fraction` that samples exactly ``per_round`` of ``clients``."""
     if not 1 <= per_round <= clients:
         raise ConfigError(
-            f"--per-round must be between 1 and the number of clients ({clients}), "
-            f"got {per_round}"
+            f"--per-round must be between 1 and the number of clients ({clients}), got {per_round}"
         )
     f = per_round / clients
     while math.ceil(f * clients) > per_round:  # float rounding: step just below
