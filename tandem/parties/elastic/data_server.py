@@ -68,7 +68,7 @@ class DataServer:
         self.spec = spec
         self.shard = shard
         self.url = url
-        self.n_batches = shard.n_batches(spec.batch_size)
+        self.n_batches = shard.n_batches(spec.batch_size, spec.drop_last)
         self.index: int | None = None
         self.ps: ParamServer | None = None
         self._lock = asyncio.Lock()
