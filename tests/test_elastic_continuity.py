@@ -181,4 +181,52 @@ def test_a_restarted_coordinators_summary_covers_the_whole_run(tmp_path):
     assert progress and all(" loss " in ln for ln in progress), lines
     result = json.loads(([ln for ln in lines if ln.startswith("{")] or [rest.splitlines()[-1]])[0])
     assert result["recoveries"] == summary["recoveries"] and result["restarts"] == 1
-    assert "test_accuracy" in result and "test_cross_entropy" in result
+    assert "test_accuracy" not in result  # these shards hold no test rows
+
+
+async def test_a_regression_data_server_reports_its_test_mse(tmp_path):
+    import numpy as np
+
+    from tandem.parties.elastic import protocol as P
+    from tandem.parties.elastic.data_server import DataServer
+    from tandem.parties.elastic.party_data import load_party_shard
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=200), rng.normal(size=200)
+    rows = [f"r{i},{a[i]:.5f},{b[i]:.5f},{2 * a[i] - b[i]:.5f}" for i in range(200)]
+    (tmp_path / "reg.csv").write_text("id,a,b,target\n" + "\n".join(rows) + "\n")
+    text = (
+        '[data]\nsource = "reg.csv"\nid_column = "id"\nlabel_column = "target"\n'
+        "[data.split]\ntest = 0.25\nseed = 1\n"
+        '[model]\nkind = "mlp"\nhidden = [8]\nout = 1\n[train]\nloss = "mse"\nbatch_size = 16\n'
+    )
+    import tomllib
+
+    cfg = {"path": str(tmp_path / "ds0.toml"), **tomllib.loads(text)}
+    party = load_party_shard(cfg, path=cfg["path"])
+    net = MemoryNetwork()
+    coord = net.endpoint("coordinator")
+    ds = DataServer(
+        net.endpoint("ds0"), coordinator="coordinator", spec=party.spec, shard=party.train,
+        test=party.test,
+    )  # fmt: skip
+
+    async def call(op, **meta):
+        await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
+        return (await coord.recv("ds0", P.REPLY)).meta
+
+    async with asyncio.timeout(30), asyncio.TaskGroup() as tg:
+        server = tg.create_task(ds.run())
+        await call("hello", index=0)
+        test = await call("test")
+        await call("stop")
+        await server
+    assert (
+        test["objective"] == "mse"
+        and test["accuracy"] is None
+        and test["rows"] == len(party.test.y) > 0
+    )
+    metrics = result_metrics({"ds0": test})
+    assert set(metrics) == {"test_mse"} and metrics["test_mse"] == round(test["loss"], 6)
