@@ -23,6 +23,8 @@ appends the commit (``seq``, generation, epoch, the batch ids) to its journal an
 commits it in the ledger. A coordinator restarted after ``kill -9`` replays its journal and
 restores every data server to the journal's ``seq``, so a checkpoint written but not yet
 journaled is discarded and its batches issued again: each batch stays committed exactly once.
+Rollbacks and recoveries are journaled as well, so a restarted coordinator's counters (and so
+its summary) cover the whole run (`journal`).
 
 **Data server failures.** A data server that does not answer (killed, restarted, unreachable
 for ``call_timeout``) stops the round: the coordinator waits up to ``recover_timeout`` for every
