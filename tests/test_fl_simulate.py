@@ -153,3 +153,27 @@ def test_bench_fl_sim_one_setting_in_process(monkeypatch):
     monkeypatch.setitem(fl_sim.SETTINGS, "tiny", (40, 4, 12, [8], 6, 1))
     r = fl_sim.run_one("tiny", rounds=2, warmup=1, seed=0)
     assert r["peak_live"] == 4 and r["s_per_round"] > 0 and r["pss_mb"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+# Ray starts its processes with fork+exec; JAX (loaded here) warns on any fork
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+def test_client_rounds_as_ray_tasks_give_the_same_model(monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the Ray workers inherit it
+    ray = pytest.importorskip("ray")
+    from tandem.parties.fl.simulate.on_ray import RayTrainer, build_trainer
+
+    data = load_federated_digits(6, 0.5, seed=1)
+    spec = {"sizes": [64, 16, 10], "lr": 0.1, "epochs": 1, "batch_size": 16, "init_seed": 0,
+            "loss": "softmax"}  # fmt: skip
+    cfg = compressed(2, 120.0, fraction=0.5)
+    local = asyncio.run(simulate(_source(data), build_trainer(spec), cfg))
+    # a cluster of its own ("local"), never one another process started on this machine
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = asyncio.run(simulate(_source(data), RayTrainer(spec), cfg))
+    finally:
+        ray.shutdown()
+    assert [r.accepted for r in remote.reports] == [r.accepted for r in local.reports]
+    np.testing.assert_allclose(remote.model, local.model, rtol=0, atol=1e-6)

@@ -1,4 +1,5 @@
-"""Federated simulation of many virtual clients in one process (`simulate`); see
+"""Federated simulation of many virtual clients in one process (`simulate`), their training
+optionally as Ray tasks (`on_ray`, imported on use: it needs the ``ray`` extra); see
 docs/federated.md, "Simulation"."""
 
 from .run import ClientPool, SimServer, VirtualClient, per_round_fraction, simulate

@@ -37,6 +37,12 @@ def register_simulate(fl_sub) -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=0.05, help="client SGD learning rate")
     p.add_argument("--timeout", type=float, default=60.0, help="per-round deadline (s)")
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="train client rounds as Ray tasks on this cluster ('auto', 'ray://host:10001', "
+        "or 'local' to start one here; the ray extra)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=simulate_command)
 
@@ -78,10 +84,19 @@ async def simulate_command(args: argparse.Namespace) -> int:
         src, test, classes = await asyncio.to_thread(_source, args)
         features = (await asyncio.to_thread(src.load, 0))[0].shape[1]
         hidden = [int(h) for h in args.hidden.split(",") if h]
-        trainer = LocalTrainer(
-            [features, *hidden, classes], optax.sgd(args.lr), epochs=args.epochs,
-            init_seed=args.seed,
-        )  # fmt: skip
+        sizes = [features, *hidden, classes]
+        if args.ray:
+            from .on_ray import RayTrainer, connect
+
+            await asyncio.to_thread(connect, args.ray)
+            trainer: LocalTrainer = RayTrainer(
+                {"sizes": sizes, "lr": args.lr, "epochs": args.epochs, "batch_size": 16,
+                 "init_seed": args.seed, "loss": "softmax"}
+            )  # fmt: skip
+        else:
+            trainer = LocalTrainer(
+                sizes, optax.sgd(args.lr), epochs=args.epochs, init_seed=args.seed
+            )
         cfg = FLConfig(rounds=args.rounds, seed=args.seed, round_timeout=args.timeout)
 
         def on_round(rep) -> None:
