@@ -177,3 +177,23 @@ def test_client_rounds_as_ray_tasks_give_the_same_model(monkeypatch):
         ray.shutdown()
     assert [r.accepted for r in remote.reports] == [r.accepted for r in local.reports]
     np.testing.assert_allclose(remote.model, local.model, rtol=0, atol=1e-6)
+
+
+def test_cli_simulate_partitions_a_table_and_refuses_text_features(tmp_path):
+    rng = np.random.default_rng(0)
+    rows = [f"{i},{rng.normal():.4f},{rng.normal():.4f},{i % 3}" for i in range(90)]
+    (tmp_path / "t.csv").write_text("id,a,b,label\n" + "\n".join(rows) + "\n")
+    (tmp_path / "bad.csv").write_text("id,a,city,label\n1,0.5,north,0\n2,0.1,south,1\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    args = ["--label", "label", "--clients", "6", "--per-round", "2", "--rounds", "1"]
+    args += ["--hidden", "4", "--quiet"]
+    run = lambda table: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "tandem", "fl", "simulate", "--table", table, *args],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    ok = run(str(tmp_path / "t.csv"))
+    assert ok.returncode == 0, ok.stderr
+    result = json.loads(ok.stdout)
+    assert result["clients"] == 6 and result["params"] == 2 * 4 + 4 + 4 * 3 + 3
+    bad = run(str(tmp_path / "bad.csv"))
+    assert bad.returncode == 2 and "not numeric" in bad.stderr and bad.stdout == ""

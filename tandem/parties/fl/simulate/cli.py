@@ -63,6 +63,12 @@ def _source(args: argparse.Namespace):
 
         t = read_table(args.table)
         names = [n for n in t.available if n not in (args.label, "id")]
+        text = [n for n in names if t.kind(n) not in ("int", "float")]
+        if text:
+            raise ConfigError(
+                f"--table {args.table!r}: columns {text} are not numeric; a simulated "
+                "client's features must be numbers (drop them from the table)"
+            )
         x = np.stack([np.asarray(t[n].values, np.float32) for n in names], axis=1)
         y = np.asarray(t[args.label].values).astype(np.int32)
         src: ClientSource = TablePartition(x, y, args.clients, alpha=args.alpha, seed=args.seed)
