@@ -181,21 +181,40 @@ async def _coordinator(args) -> int:
     return 0
 
 
+#: The name of the test metric each loss reports (its mean over the test rows).
+TEST_METRIC = {"softmax": "test_cross_entropy", "binary": "test_log_loss", "mse": "test_mse"}
+
+
+def test_metrics(test: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The result line's test metrics over every data server's test rows (weighted by rows):
+    the mean of the loss in use under its name (`TEST_METRIC`: ``test_mse`` for a
+    regression), and ``test_accuracy`` for a classifier."""
+    rows = [t for t in test.values() if t.get("rows")]
+    if not rows:
+        return {}
+    n = sum(t["rows"] for t in rows)
+    out: dict[str, Any] = {}
+    objective = rows[0].get("objective") or ("mse" if rows[0].get("accuracy") is None else None)
+    if objective in TEST_METRIC and all(t.get("loss") is not None for t in rows):
+        out[TEST_METRIC[objective]] = round(sum(t["loss"] * t["rows"] for t in rows) / n, 6)
+    if all(t.get("accuracy") is not None for t in rows):
+        out["test_accuracy"] = round(sum(t["accuracy"] * t["rows"] for t in rows) / n, 4)
+    return out
+
+
 def _coordinator_result(summary: dict[str, Any]) -> dict[str, Any]:
     """The coordinator's JSON line from its run's summary."""
     result = {
         "epochs": summary["epochs"],
         "rollbacks": summary["rollbacks"],
         "recoveries": summary["recoveries"],
+        "restarts": summary.get("restarts", 0),
         "initial_loss": round(summary["initial_loss"], 4),
         "final_loss": round(summary["history"][-1]["loss"], 4),
     }
     if summary["resumed"] is not None:
         result["resumed"] = summary["resumed"]
-    tested = [t for t in summary["test"].values() if t["accuracy"] is not None and t["rows"]]
-    if tested:  # over every data server's test rows
-        right = sum(t["accuracy"] * t["rows"] for t in tested)
-        result["test_accuracy"] = round(right / sum(t["rows"] for t in tested), 4)
+    result.update(test_metrics(summary["test"]))
     if summary["exports"]:
         result["exports"] = summary["exports"]
     return result

@@ -18,8 +18,10 @@ and the fix. docs/elastic.md#configuration lists every key::
                  [data] + [model] (+ [train]) tables of the shared contract
     worker:      coordinator (URL), coordinator_name, heartbeat, join_timeout
 
-Paths other than ``[data]``'s are used as written (fsspec URLs or paths from the working
-folder); ``[data]``'s start at the file's folder (docs/data.md).
+Every relative path in a file starts at that file's folder, as ``[data] source`` does
+(docs/data.md): ``journal`` and ``roster`` of the coordinator, ``checkpoints``, ``export``,
+``model`` and ``shard`` of a data server (`PATH_KEYS`); for a file read from an fsspec URL
+they start at the URL's folder. URLs (``scheme://...``) and absolute paths are kept.
 """
 
 from __future__ import annotations
@@ -188,6 +190,35 @@ class WorkerFile(RoleFile):
     join_timeout: float = Field(default=60.0, description="seconds to wait for a WELCOME")
 
 
+#: The keys of each role that name a file or folder (resolved against the TOML's folder).
+PATH_KEYS: dict[str, tuple[str, ...]] = {
+    "CoordinatorFile": ("journal", "roster"),
+    "DataServerFile": ("checkpoints", "export", "model", "shard"),
+    "WorkerFile": (),
+}
+
+
+def resolve_at(location: str, toml_url: str) -> str:
+    """``location`` as the role file at ``toml_url`` means it: a relative path starts at the
+    file's folder (a local folder, or the folder of an fsspec URL); URLs and absolute paths
+    are kept as written."""
+    if "://" in location or os.path.isabs(location):
+        return location
+    location = os.path.expanduser(location)
+    if os.path.isabs(location):
+        return location
+    if "://" in toml_url and not toml_url.startswith("file://"):
+        return f"{toml_url.rsplit('/', 1)[0]}/{location}"
+    folder = os.path.dirname(os.path.abspath(toml_url.removeprefix("file://")))
+    return os.path.join(folder, location)
+
+
+def _resolve_paths(cfg: R, url: str) -> R:
+    keys = PATH_KEYS.get(type(cfg).__name__, ())
+    update = {k: resolve_at(v, url) for k in keys if isinstance(v := getattr(cfg, k, None), str)}
+    return cfg.model_copy(update=update) if update else cfg
+
+
 def load_role(model: type[R], url: str | os.PathLike[str]) -> R:
     """Read the TOML at ``url`` (a path or an fsspec URL) and check it as ``model``; a
     `ConfigError` names the file, the key and the fix."""
@@ -204,7 +235,7 @@ def load_role(model: type[R], url: str | os.PathLike[str]) -> R:
             f"config {url!r}: unknown key(s) {unknown}; accepted: {sorted(model.model_fields)}"
         )
     try:
-        return validate(model, raw, path=url, error=_Located)
+        return _resolve_paths(validate(model, raw, path=url, error=_Located), url)
     except _Located as exc:
         text = str(exc).removeprefix(f"{url}: ")
         for key in model.model_fields:  # a top-level key is quoted, as the role's own words
@@ -225,10 +256,12 @@ ROLE_FILES: dict[str, type[RoleFile]] = {
 }
 
 __all__ = [
+    "PATH_KEYS",
     "ROLE_FILES",
     "CoordinatorFile",
     "DataServerFile",
     "RoleFile",
     "WorkerFile",
     "load_role",
+    "resolve_at",
 ]

@@ -23,6 +23,8 @@ appends the commit (``seq``, generation, epoch, the batch ids) to its journal an
 commits it in the ledger. A coordinator restarted after ``kill -9`` replays its journal and
 restores every data server to the journal's ``seq``, so a checkpoint written but not yet
 journaled is discarded and its batches issued again: each batch stays committed exactly once.
+Rollbacks and recoveries are journaled as well, so a restarted coordinator's counters (and so
+its summary) cover the whole run (`journal`).
 
 **Data server failures.** A data server that does not answer (killed, restarted, unreachable
 for ``call_timeout``) stops the round: the coordinator waits up to ``recover_timeout`` for every
@@ -112,6 +114,7 @@ class Coordinator:
         self.initial_loss: float | None = None
         self.journal = Journal(config.journal) if config.journal else None
         self.resumed: dict[str, Any] | None = None  # what a restart found in the journal
+        self.restarts = 0  # restarts of the coordinator during the run (from the journal)
         self._seq = 0  # the last committed checkpoint every data server holds
         self.training = uuid.uuid4().hex  # the run's id (kept across restarts by the journal)
         self.test: dict[str, dict[str, Any]] = {}
@@ -240,6 +243,11 @@ class Coordinator:
         self.training = str(start.get("training", self.training))
         self._seq = state.seq
         self._ckpt_digest = dict(state.digests)
+        p, counts = self.progress, state.counts
+        p.checkpoints, p.rollbacks = counts["checkpoints"], counts["rollbacks"]
+        p.recoveries, self.restarts = counts["recoveries"], counts["restarts"]
+        ledger.reissued = counts["reissued"]
+        p.loss = self.history[-1]["loss"] if self.history else self.initial_loss
         self.resumed = {
             "epoch": state.epoch,
             "committed": len(state.committed),
@@ -248,7 +256,8 @@ class Coordinator:
         }
         self._event("resumed", dict(self.resumed))
         log.info("resuming from journal %s: %s", self.cfg.journal, self.resumed)
-        await self._recover("the coordinator restarted")
+        self.restarts += 1
+        await self._recover("the coordinator restarted", restart=True)
 
     def _batches(self) -> dict[str, list[int]]:
         return {
@@ -352,9 +361,10 @@ class Coordinator:
         self._event("joined", sorted(det.joined))
         self.workers.forget(det.left)
 
-    async def _recover(self, reason: str) -> None:
+    async def _recover(self, reason: str, restart: bool = False) -> None:
         """Wait for every data server, restore them all to the last committed checkpoint at a
-        new generation, and issue every uncommitted batch again (module docstring)."""
+        new generation, and issue every uncommitted batch again (module docstring); journaled
+        (``restart``: because the coordinator restarted) so the counts survive a restart."""
         self._set_phase("recover")
         ledger = self._ready_ledger
         log.warning("recovering the data servers (%s)", reason)
@@ -400,6 +410,7 @@ class Coordinator:
         n = ledger.rollback()
         if ledger.generation != gen:
             raise ElasticError(f"ledger generation {ledger.generation} != restore's {gen}")
+        await self._journal_counted("recover", gen, n, restart=restart)
         self.progress.rollbacks += 1
         self.progress.recoveries += 1
         self._event("recover", n)
@@ -421,6 +432,7 @@ class Coordinator:
             )
         self.workers.audit.forget()
         n = ledger.rollback()
+        await self._journal_counted("rollback", gen, n)
         self.progress.rollbacks += 1
         self._event("rollback", n)
         log.info(
@@ -428,6 +440,19 @@ class Coordinator:
             sorted(det.joined),
             sorted(det.left),
             n,
+        )
+
+    async def _journal_counted(self, kind: str, gen: int, reissued: int, **extra: Any) -> None:
+        """Journal a ``rollback`` or ``recover`` (`journal` module: kept for the counts)."""
+        await self._journal(
+            {
+                "kind": kind,
+                "seq": self._seq,
+                "generation": gen,
+                "digests": dict(self._ckpt_digest),
+                "reissued": reissued,
+                **extra,
+            }
         )
 
     def _remember(self, reps: dict[str, Frame]) -> None:
@@ -496,7 +521,7 @@ class Coordinator:
             tests = await self._call_all("test")
             exports = await self._call_all("export", training=self.training)
         self.test = {
-            ds: {k: rep.meta.get(k) for k in ("rows", "loss", "accuracy")}
+            ds: {k: rep.meta.get(k) for k in ("rows", "loss", "accuracy", "objective")}
             for ds, rep in tests.items()
         }
         self.exports = {ds: rep.meta["path"] for ds, rep in exports.items() if rep.meta["path"]}
@@ -529,6 +554,7 @@ class Coordinator:
             "checkpoints": self.progress.checkpoints,
             "rollbacks": self.progress.rollbacks,
             "recoveries": self.progress.recoveries,
+            "restarts": self.restarts,
             "on_change": self.cfg.on_change,
             "resumed": self.resumed,
             "training": self.training,

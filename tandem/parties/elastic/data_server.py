@@ -68,7 +68,7 @@ class DataServer:
         self.spec = spec
         self.shard = shard
         self.url = url
-        self.n_batches = shard.n_batches(spec.batch_size)
+        self.n_batches = shard.n_batches(spec.batch_size, spec.drop_last)
         self.index: int | None = None
         self.ps: ParamServer | None = None
         self._lock = asyncio.Lock()
@@ -222,7 +222,12 @@ class DataServer:
             x, y = self.test.x, self.test.y
             loss = await asyncio.to_thread(ps.loss, x, y)
             accuracy = await asyncio.to_thread(ps.accuracy, x, y)
-            return {"rows": len(y), "loss": loss, "accuracy": accuracy}, ()
+            return {
+                "rows": len(y),
+                "loss": loss,
+                "accuracy": accuracy,
+                "objective": self.spec.loss,
+            }, ()
         if op == "export":
             if self.export is None:
                 return {"path": None}, ()

@@ -8,12 +8,19 @@ Records (one JSON object per line)::
     {"kind": "commit", "seq": 4, "generation": 9, "epoch": 0, "batches": [3, 1048579],
      "digests": {...}}
     {"kind": "epoch", "seq": 5, "epoch": 0, "loss": 0.41, "generation": 10, "digests": {...}}
+    {"kind": "rollback", "seq": 5, "generation": 11, "digests": {...}, "reissued": 3}
+    {"kind": "recover", "seq": 5, "generation": 12, "digests": {...}, "reissued": 0,
+     "restart": true}
 
 ``commit`` adds ``batches`` to the committed ids of ``epoch``; ``epoch`` closes that epoch (its
 committed ids and loss join the history) and starts the next with nothing committed. ``seq`` is
 the parameter-server checkpoint every data server holds for that state (`store.CheckpointStore`),
 ``digests`` their SHA-256 digests, so a restarted coordinator can restore every data server to it
-and check the restore bit for bit.
+and check the restore bit for bit. ``rollback`` and ``recover`` change no state but the
+generation; they are journaled so that the run's counters (`JournalState.counts`:
+``checkpoints``, ``rollbacks``, ``recoveries``, ``restarts``, ``reissued``) survive a restart of
+the coordinator, whose summary then covers the whole run. A ``recover`` counts as a rollback
+too (it rolls every data server back), as the coordinator counts it.
 
 Crash safety: a record counts once its line and newline are on disk. `Journal.open` drops a torn
 last line (``kill -9`` in the middle of a write) and truncates the file to its last complete
@@ -31,6 +38,9 @@ from typing import Any
 
 from .errors import JournalError
 
+#: The run's counters a journal keeps (`JournalState.counts`).
+COUNTS = ("checkpoints", "rollbacks", "recoveries", "restarts", "reissued")
+
 
 @dataclasses.dataclass
 class JournalState:
@@ -44,6 +54,7 @@ class JournalState:
     history: list[dict[str, Any]]
     digests: dict[str, str]
     records: int
+    counts: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 class Journal:
@@ -117,9 +128,19 @@ def replay(records: list[dict[str, Any]], where: str = "journal") -> JournalStat
         digests=dict(start["digests"]),
         records=len(records),
     )
+    counts = state.counts
+    for key in COUNTS:
+        counts[key] = 0
     for record in records[1:]:
         kind = record.get("kind")
-        if kind == "commit":
+        if kind in ("rollback", "recover"):
+            counts["rollbacks"] += 1
+            counts["reissued"] += int(record.get("reissued", 0))
+            if kind == "recover":
+                counts["recoveries"] += 1
+                counts["restarts"] += bool(record.get("restart"))
+        elif kind == "commit":
+            counts["checkpoints"] += 1
             if int(record["epoch"]) != state.epoch:
                 raise JournalError(
                     f"{where!r}: a commit of epoch {record['epoch']} follows epoch {state.epoch}; "

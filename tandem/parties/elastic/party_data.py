@@ -17,6 +17,7 @@ A data server's TOML may describe its shard with the same tables as every other 
     lr = 0.01
     batch_size = 32
     seed = 0
+    drop_last = true             # false: also train each epoch's partial last batch
 
 `load_party_shard` reads the table through `tandem.parties.data.load_party_data` (the split, the
 preprocessing fitted on this data server's training rows, the labels checked against the
@@ -53,6 +54,7 @@ TRAIN_KEYS: dict[str, tuple[type, ...]] = {
     "lr": (float, int),
     "batch_size": (int,),
     "seed": (int,),
+    "drop_last": (bool,),
 }
 
 
@@ -132,6 +134,7 @@ def load_party_shard(config: Mapping[str, Any], *, path: str | None = None) -> P
         lr=float(train.get("lr", 0.01)),
         batch_size=train.get("batch_size", 32),
         seed=train.get("seed", 0),
+        drop_last=train.get("drop_last", True),
     )
     labels = dataset.labels
     if labels is None:  # label_column is set, so the loader returned labels

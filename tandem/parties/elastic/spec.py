@@ -45,7 +45,10 @@ class ModelSpec:
     Exactly one of ``sizes`` (the built-in MLP: input, hidden..., classes; softmax loss) and
     ``model`` (a `tandem.engine.kernels.StageModel` spec that `model_from_spec` rebuilds, with
     one input) describes the network; ``loss`` is ``"softmax"`` (integer class labels),
-    ``"binary"`` or ``"mse"`` (one output column, float labels)."""
+    ``"binary"`` or ``"mse"`` (one output column, float labels). ``drop_last``: drop each
+    epoch's partial last batch (the default: every batch has one shape, so one compilation),
+    or train it as one more, smaller batch (``false``: every row is trained every epoch, at the
+    cost of one more compilation for its shape); see `Shard.n_batches`."""
 
     sizes: tuple[int, ...] = ()
     optimizer: str = "adam"
@@ -54,6 +57,7 @@ class ModelSpec:
     seed: int = 0
     model: Mapping[str, Any] | None = dataclasses.field(default=None, hash=False)
     loss: str = "softmax"
+    drop_last: bool = True
 
     def __post_init__(self) -> None:
         if self.model is None and (
@@ -84,6 +88,8 @@ class ModelSpec:
             )
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError(f"model 'lr' must be a positive number, got {self.lr!r}")
+        if not isinstance(self.drop_last, bool):
+            raise ConfigError(f"model 'drop_last' must be true or false, got {self.drop_last!r}")
         if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
             raise ConfigError(f"model 'batch_size' must be an int >= 1, got {self.batch_size!r}")
 
@@ -119,6 +125,8 @@ class ModelSpec:
             del d["sizes"]
             d["model"] = json.loads(json.dumps(self.model))
             d["loss"] = self.loss
+        if not self.drop_last:  # absent when true, so older descriptions keep their digest
+            d["drop_last"] = False
         return d
 
     @property
@@ -160,9 +168,11 @@ class Shard:
     x: np.ndarray  # float32 [n, d]
     y: np.ndarray  # int32 [n] (softmax) or float32 [n] (binary, mse)
 
-    def n_batches(self, batch_size: int) -> int:
-        """Full batches per epoch (the remainder is dropped so every batch has one shape)."""
-        return len(self.y) // batch_size
+    def n_batches(self, batch_size: int, drop_last: bool = True) -> int:
+        """Batches per epoch: the full ones, and with ``drop_last`` false also the partial last
+        one (its rows are the permutation's remainder, `batch`)."""
+        full, rest = divmod(len(self.y), batch_size)
+        return full + (0 if drop_last or not rest else 1)
 
     def batch(
         self, spec: ModelSpec, epoch: int, index: int, salt: int

@@ -4,6 +4,7 @@
     tandem fl server --config server.toml [--fresh]   # the server, over HTTP
     tandem fl client --config bank_a.toml             # one client, over HTTP
     tandem fl demo                                    # everything in one process (memory)
+    tandem fl simulate --clients N --per-round K      # N virtual clients, K alive at once
 
 Each prints progress on stderr and, at the end, one JSON line on stdout: the server its final
 accuracy and loss on its evaluation data, the export and the bytes up and down; a client what
@@ -86,6 +87,9 @@ def register(sub) -> None:
     cli.add_argument("--config", required=True, help="client TOML (path or fsspec URL)")
     cli.add_argument("-v", "--verbose", action="store_true", help="log every reconnection")
     cli.set_defaults(func=client_command)
+    from .simulate.cli import register_simulate
+
+    register_simulate(fl_sub)
 
 
 def _logging(verbose: bool) -> None:

@@ -1,0 +1,232 @@
+"""What a new user hit in elastic training (issue 44, point 4): counters and the summary
+continuous across a coordinator restart, every path of a role's TOML at that TOML's folder,
+the partial last batch trained on request, the test metric of the loss in the result line,
+and the shared secret from the environment or a file."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from tandem.parties.elastic.cli import test_metrics as result_metrics
+from tandem.parties.elastic.config import (
+    CoordinatorFile,
+    DataServerFile,
+    WorkerFile,
+    load_role,
+    resolve_at,
+)
+from tandem.parties.elastic.journal import Journal
+from tandem.parties.elastic.local import LocalCluster
+from tandem.parties.elastic.spec import ModelSpec, make_dataset
+from test_elastic_durable import Run
+
+SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
+
+
+# -- paths ------------------------------------------------------------------------------------
+def test_every_path_of_a_role_file_starts_at_its_folder(tmp_path, monkeypatch):
+    folder = tmp_path / "job"
+    folder.mkdir()
+    (folder / "coordinator.toml").write_text(
+        'name = "coordinator"\nsecret = "s"\njournal = "state/journal.jsonl"\n'
+        'roster = "workers.toml"\n[data_servers]\nds0 = "http://127.0.0.1:1"\n'
+    )
+    (folder / "ds0.toml").write_text(
+        'name = "ds0"\nsecret = "s"\ncoordinator = "http://127.0.0.1:2"\n'
+        'model = "model.json"\nshard = "../shards/s0.npz"\ncheckpoints = "ckpt/ds0"\n'
+        'export = "out/model.safetensors"\n'
+    )
+    monkeypatch.chdir(tmp_path.parent)  # the working folder must not matter
+    coord = load_role(CoordinatorFile, str(folder / "coordinator.toml"))
+    assert coord.journal == str(folder / "state" / "journal.jsonl")
+    assert coord.roster == str(folder / "workers.toml")
+    ds = load_role(DataServerFile, str(folder / "ds0.toml"))
+    assert ds.model == str(folder / "model.json")
+    assert ds.shard == str(folder / ".." / "shards" / "s0.npz")
+    assert ds.checkpoints == str(folder / "ckpt" / "ds0")
+    assert ds.export == str(folder / "out" / "model.safetensors")
+    # URLs and absolute paths are kept; a file read from a URL resolves at the URL's folder
+    assert resolve_at("s3://b/ckpt", str(folder / "x.toml")) == "s3://b/ckpt"
+    assert resolve_at("/abs/j.jsonl", str(folder / "x.toml")) == "/abs/j.jsonl"
+    assert resolve_at("ckpt/ds0", "memory://jobs/a/ds0.toml") == "memory://jobs/a/ckpt/ds0"
+
+
+# -- the shared secret from the environment or a file ------------------------------------------
+def test_elastic_roles_take_secret_env_and_secret_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("ELASTIC_SECRET", "from-the-env")
+    (tmp_path / "secret.txt").write_text("from-a-file\n")
+    common = 'coordinator = "http://127.0.0.1:2"\nhost = "127.0.0.1"\n'
+    (tmp_path / "w_env.toml").write_text(
+        f'name = "w0"\n{common}[security]\nsecret_env = "ELASTIC_SECRET"\n'
+    )
+    (tmp_path / "w_file.toml").write_text(
+        f'name = "w1"\n{common}[security]\nsecret_file = "secret.txt"\n'
+    )
+    monkeypatch.chdir(tmp_path.parent)
+    env = load_role(WorkerFile, str(tmp_path / "w_env.toml"))
+    assert env.signed and env.transport_settings()["secret"] == b"from-the-env"
+    file = load_role(WorkerFile, str(tmp_path / "w_file.toml"))
+    assert file.signed and file.transport_settings()["secret"] == b"from-a-file"
+    (tmp_path / "both.toml").write_text(
+        f'name = "w2"\n{common}secret = "x"\n[security]\nsecret_env = "ELASTIC_SECRET"\n'
+    )
+    with pytest.raises(Exception, match="given twice"):
+        load_role(WorkerFile, str(tmp_path / "both.toml"))
+
+
+# -- the partial last batch ---------------------------------------------------------------------
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_the_partial_last_batch_is_dropped_or_trained_as_asked(drop_last):
+    spec = ModelSpec(
+        sizes=SPEC.sizes, optimizer="adam", lr=0.02, batch_size=16, seed=0, drop_last=drop_last
+    )
+    shards = make_dataset(2, 250, spec, seed=3)  # 250 rows: 15 full batches and 10 rows
+    assert [s.n_batches(16, drop_last) for s in shards] == [15 + (not drop_last)] * 2
+    if not drop_last:
+        x, y = shards[0].batch(spec, 0, 15, 0)
+        assert len(y) == 250 - 15 * 16
+    cluster = LocalCluster(spec, shards, interval=0.2, epochs=2, workers=2)
+    summary = asyncio.run(cluster.run())
+    per_epoch = 2 * (15 + (not drop_last))
+    assert [len(h["committed"]) for h in summary["history"]] == [per_epoch] * 2
+    assert summary["history"][-1]["loss"] < summary["initial_loss"]
+    # the default keeps the digest older descriptions had
+    assert ("drop_last" in spec.to_dict()) == (not drop_last)
+
+
+# -- the result line's test metric --------------------------------------------------------------
+def test_the_result_line_names_the_test_metric_of_the_loss():
+    regression = {
+        "ds0": {"rows": 10, "loss": 0.5, "accuracy": None, "objective": "mse"},
+        "ds1": {"rows": 30, "loss": 0.1, "accuracy": None, "objective": "mse"},
+    }
+    assert result_metrics(regression) == {"test_mse": 0.2}
+    classifier = {
+        "ds0": {"rows": 10, "loss": 0.4, "accuracy": 0.9, "objective": "softmax"},
+        "ds1": {"rows": 10, "loss": 0.2, "accuracy": 0.7, "objective": "softmax"},
+    }
+    assert result_metrics(classifier) == {"test_cross_entropy": 0.3, "test_accuracy": 0.8}
+    binary = {"ds0": {"rows": 4, "loss": 0.3, "accuracy": 0.5, "objective": "binary"}}
+    assert result_metrics(binary) == {"test_log_loss": 0.3, "test_accuracy": 0.5}
+    assert result_metrics({"ds0": {"rows": 0, "loss": None, "accuracy": None}}) == {}
+
+
+# -- counters across a coordinator restart ------------------------------------------------------
+def test_the_journal_keeps_the_runs_counters():
+    records = [
+        {"kind": "start", "seq": 0, "digests": {}, "initial_loss": 1.0},
+        {"kind": "commit", "seq": 1, "generation": 1, "epoch": 0, "batches": [0], "digests": {}},
+        {"kind": "rollback", "seq": 1, "generation": 2, "digests": {}, "reissued": 2},
+        {"kind": "recover", "seq": 1, "generation": 3, "digests": {}, "reissued": 1},
+        {"kind": "commit", "seq": 2, "generation": 4, "epoch": 0, "batches": [1], "digests": {}},
+        {"kind": "recover", "seq": 2, "generation": 5, "digests": {}, "reissued": 0,
+         "restart": True},
+    ]  # fmt: skip
+    from tandem.parties.elastic.journal import replay
+
+    state = replay(records)
+    assert state is not None and state.generation == 5 and state.committed == [0, 1]
+    assert state.counts == {
+        "checkpoints": 2,
+        "rollbacks": 3,
+        "recoveries": 2,
+        "restarts": 1,
+        "reissued": 3,
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_a_restarted_coordinators_summary_covers_the_whole_run(tmp_path):
+    run = Run(tmp_path, on_change="keep")
+    try:
+        for name in ("ds0", "ds1", "w0", "w1", "coordinator"):
+            run.start(name)
+        run.wait_for_progress(epochs_closed=1)
+        run.kill("ds0")  # a recovery the first coordinator makes
+        run.start("ds0")
+        run.wait_for_progress(epochs_closed=2)
+        journal = Journal(tmp_path / "journal.jsonl").open()
+        assert journal is not None
+        before = dict(journal.counts)
+        assert before["recoveries"] >= 1, before
+        run.kill("coordinator")
+        coord = run.start("coordinator")
+        lines: list[str] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the restarted coordinator's progress lines
+            line = coord.stdout.readline()
+            if not line or line.startswith("{"):
+                lines.append(line)
+                break
+            lines.append(line)
+        rest, _ = coord.communicate(timeout=240)
+        assert coord.returncode == 0, "".join(lines) + rest
+        for name in ("w0", "w1", "ds0", "ds1"):
+            out, _ = run.procs[name].communicate(timeout=30)
+            assert run.procs[name].returncode == 0, f"{name}: {out}"
+    finally:
+        run.close()
+    summary = json.loads(run.summary.read_text())
+    assert summary["restarts"] == 1
+    assert summary["recoveries"] == before["recoveries"] + 1  # its own restart's, added
+    assert summary["rollbacks"] >= before["rollbacks"] + 1
+    assert summary["checkpoints"] > before["checkpoints"]
+    assert summary["epochs"] == 4 and len(summary["history"]) == 4
+    progress = [ln for ln in lines if " committed " in ln]
+    assert progress and all(" loss " in ln for ln in progress), lines
+    result = json.loads(([ln for ln in lines if ln.startswith("{")] or [rest.splitlines()[-1]])[0])
+    assert result["recoveries"] == summary["recoveries"] and result["restarts"] == 1
+    assert "test_accuracy" not in result  # these shards hold no test rows
+
+
+async def test_a_regression_data_server_reports_its_test_mse(tmp_path):
+    import numpy as np
+
+    from tandem.parties.elastic import protocol as P
+    from tandem.parties.elastic.data_server import DataServer
+    from tandem.parties.elastic.party_data import load_party_shard
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
+
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(size=200), rng.normal(size=200)
+    rows = [f"r{i},{a[i]:.5f},{b[i]:.5f},{2 * a[i] - b[i]:.5f}" for i in range(200)]
+    (tmp_path / "reg.csv").write_text("id,a,b,target\n" + "\n".join(rows) + "\n")
+    text = (
+        '[data]\nsource = "reg.csv"\nid_column = "id"\nlabel_column = "target"\n'
+        "[data.split]\ntest = 0.25\nseed = 1\n"
+        '[model]\nkind = "mlp"\nhidden = [8]\nout = 1\n[train]\nloss = "mse"\nbatch_size = 16\n'
+    )
+    import tomllib
+
+    cfg = {"path": str(tmp_path / "ds0.toml"), **tomllib.loads(text)}
+    party = load_party_shard(cfg, path=cfg["path"])
+    net = MemoryNetwork()
+    coord = net.endpoint("coordinator")
+    ds = DataServer(
+        net.endpoint("ds0"), coordinator="coordinator", spec=party.spec, shard=party.train,
+        test=party.test,
+    )  # fmt: skip
+
+    async def call(op, **meta):
+        await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
+        return (await coord.recv("ds0", P.REPLY)).meta
+
+    async with asyncio.timeout(30), asyncio.TaskGroup() as tg:
+        server = tg.create_task(ds.run())
+        await call("hello", index=0)
+        test = await call("test")
+        await call("stop")
+        await server
+    assert (
+        test["objective"] == "mse"
+        and test["accuracy"] is None
+        and test["rows"] == len(party.test.y) > 0
+    )
+    metrics = result_metrics({"ds0": test})
+    assert set(metrics) == {"test_mse"} and metrics["test_mse"] == round(test["loss"], 6)
