@@ -8,7 +8,7 @@ import os
 import pytest
 
 from party_helpers import Job
-from tandem.parties.split.process.compile_cache import FOLDER, compile_cache_folder
+from tandem.parties.compile_cache import FOLDER, cache_folder, compile_cache_folder, role_homes
 from tandem.parties.split.process.config import PartyConfigError
 
 
@@ -65,3 +65,81 @@ def test_a_second_process_on_the_same_folder_compiles_nothing(tmp_path):
     for role, folder in folders.items():
         assert len(before[role]) >= 4, f"{role} cached {sorted(before[role])}"
         assert cache_entries(folder) == before[role], f"{role} compiled again"
+
+
+def test_the_homes_of_the_fl_and_elastic_roles():
+    """Checkpoint's folder, then the export's, then the TOML's; URLs are not local folders."""
+    env: dict[str, str] = {}
+    homes = role_homes(
+        "/s/state/server.ckpt", "/s/out/m.st", "/s/server.toml", checkpoint_is_file=True
+    )
+    assert cache_folder(True, homes, env) == os.path.join("/s/state", FOLDER)
+    homes = role_homes("s3://b/ckpt", None, "/s/ds.toml", checkpoint_is_file=False)
+    assert cache_folder(True, homes, env) == os.path.join("/s", FOLDER)
+    homes = role_homes("file:///d/ckpts", None, "/s/ds.toml", checkpoint_is_file=False)
+    assert cache_folder(True, homes, env) == os.path.join("/d/ckpts", FOLDER)
+    assert cache_folder(False, homes, env) is None
+    assert cache_folder("/x", homes, env) == "/x"
+    assert cache_folder(True, homes, {"JAX_COMPILATION_CACHE_DIR": "/env"}) == "/env"
+
+
+def test_fl_and_elastic_files_take_the_key_and_refuse_an_empty_folder(tmp_path):
+    from fl_process_helpers import Federation
+    from tandem.parties.elastic.config import WorkerFile, load_role
+    from tandem.parties.elastic.errors import ConfigError as ElasticConfigError
+    from tandem.parties.fl.config import FLConfigError, load_client_config, load_server_config
+
+    fed = Federation(tmp_path, rounds=1)
+    fed.server["server"]["compile_cache"] = "jax-cache"
+    fed.clients["bank_a"]["client"]["compile_cache"] = False
+    fed.write()
+    assert load_server_config(fed.path("server")).compile_cache == str(tmp_path / "jax-cache")
+    assert load_client_config(fed.path("bank_a")).compile_cache is False
+    assert load_client_config(fed.path("bank_b")).compile_cache is True
+    fed.server["server"]["compile_cache"] = ""
+    fed.write()
+    with pytest.raises(FLConfigError, match="compile_cache"):
+        load_server_config(fed.path("server"))
+    worker = tmp_path / "worker.toml"
+    worker.write_text('name = "w"\ncoordinator = "http://127.0.0.1:1"\ncompile_cache = "c"\n')
+    assert load_role(WorkerFile, str(worker)).compile_cache == "c"
+    worker.write_text('name = "w"\ncoordinator = "http://127.0.0.1:1"\ncompile_cache = ""\n')
+    with pytest.raises(ElasticConfigError, match="compile_cache"):
+        load_role(WorkerFile, str(worker))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)  # six processes importing JAX on a loaded machine
+def test_a_second_federation_on_the_same_folders_compiles_nothing(tmp_path):
+    """The FL server (default folder: beside its checkpoint) and its clients (beside their
+    TOML files) fill their caches in a first run; a second start of every process (the
+    server with --fresh: the same rounds again) adds no entry."""
+    from fl_process_helpers import Federation
+
+    fed = Federation(tmp_path, rounds=1)
+    clients = ("bank_a", "bank_b")
+    fed.server["server"]["clients"] = list(clients)
+    fed.write()
+    folders = {"server": tmp_path / "state" / FOLDER, "clients": tmp_path / FOLDER}
+    saved = os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
+    try:
+        before = None
+        for tag, extra in (("", ()), (".2", ("--fresh",))):
+            procs = {"server": fed.start("server", tag, *extra)}
+            procs |= {c: fed.start(c, tag) for c in clients}
+            try:
+                runs = {name: p.finish(240) for name, p in procs.items()}
+            finally:
+                for p in procs.values():
+                    if p.popen.poll() is None:
+                        p.popen.kill()
+            for name, (rc, out, err) in runs.items():
+                assert rc == 0 and out is not None, f"{name}{tag}: {err[-3000:]}"
+            if before is None:
+                before = {k: cache_entries(f) for k, f in folders.items()}
+    finally:
+        if saved is not None:
+            os.environ["JAX_COMPILATION_CACHE_DIR"] = saved
+    for key, folder in folders.items():
+        assert len(before[key]) >= 1, f"{key} cached {sorted(before[key])}"
+        assert cache_entries(folder) == before[key], f"{key} compiled again"

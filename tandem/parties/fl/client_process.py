@@ -198,6 +198,17 @@ def prepare_client(cfg: ClientConfig, task: Task) -> tuple[LocalTrainer, np.ndar
     return trainer, x_train, y_train
 
 
+def use_compile_cache(cfg: ClientConfig) -> None:
+    """Point this process's JAX at the client's compile cache (``client.compile_cache``:
+    default ``compile-cache`` beside its TOML file). `run_client` is the process's entry point
+    (``tandem fl client``), so it may set this process-wide setting, before the first
+    compilation."""
+    from tandem.parties.compile_cache import cache_folder, enable_compile_cache, role_homes
+
+    homes = role_homes(None, None, cfg.path, checkpoint_is_file=True)
+    enable_compile_cache(cache_folder(cfg.compile_cache, homes))
+
+
 async def run_client(
     cfg: ClientConfig, *, on_round: Callable[[int], None] | None = None
 ) -> dict[str, Any]:
@@ -205,6 +216,7 @@ async def run_client(
     ``on_round(r)`` is called when it has trained for round ``r``, before it replies."""
     from tandem.transports.factory import addressing, common_scheme, make_transport, started
 
+    use_compile_cache(cfg)
     built = make_transport(
         common_scheme([cfg.server]),
         name=cfg.name,
@@ -244,4 +256,11 @@ async def run_client(
     }
 
 
-__all__ = ["ProcessClient", "RefusedError", "ServerLostError", "prepare_client", "run_client"]
+__all__ = [
+    "ProcessClient",
+    "RefusedError",
+    "ServerLostError",
+    "prepare_client",
+    "run_client",
+    "use_compile_cache",
+]

@@ -9,7 +9,7 @@ docs/federated.md#running-a-federation has the full tables. In short::
     # server.toml
     [server]         # name, host, port, clients (the roster: no one else may join), rounds,
                      # fraction, min_clients, round_timeout, wait, seed, loss, eval_every,
-                     # checkpoint (path or fsspec URL), export (path)
+                     # checkpoint (path or fsspec URL), export (path), compile_cache
     [optimizer]      # any optax optimizer: name + its keyword arguments
                      # FedAvg: name = "sgd", learning_rate = 1.0; FedAdam: "adam"; FedYogi: "yogi"
     [compression]    # preset = "dense" | "compressed", and the preset's knobs
@@ -20,7 +20,8 @@ docs/federated.md#running-a-federation has the full tables. In short::
                      # noise_std, public_keys (the clients' Ed25519 identity keys)
 
     # client.toml
-    [client]         # name, server (URL), server_name, host, port, reconnect_timeout
+    [client]         # name, server (URL), server_name, host, port, reconnect_timeout,
+                     # compile_cache
     [train]          # epochs, batch_size
     [optimizer]      # the local optimizer (default: sgd, learning_rate 0.05)
     [data]           # this client's rows (it trains on the split's training part)
@@ -48,6 +49,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tandem.engine.kernels import LOSSES
 from tandem.errors import ConfigError
+from tandem.parties.compile_cache import DESCRIPTION as CACHE_DESCRIPTION
+from tandem.parties.compile_cache import check_setting
 from tandem.parties.config import Data, Section, Security, validate
 from tandem.parties.config.base import Invalid, Names
 from tandem.parties.config.sections import ModelSpec, Port, Positive, Url, exposure
@@ -150,6 +153,15 @@ def _location(value: str | None, info: ValidationInfo) -> str | None:
     if value is None or "://" in value or "://" in path or os.path.isabs(value):
         return value
     return os.path.join(os.path.dirname(os.path.abspath(path)), value)
+
+
+def _cache_setting(value: bool | str, info: ValidationInfo) -> bool | str:
+    """``compile_cache`` checked, a folder relative to the config file's folder."""
+    try:
+        setting = check_setting(value, "")
+    except ValueError as exc:
+        raise Invalid("", str(exc)) from None
+    return _location(setting, info) if isinstance(setting, str) else setting
 
 
 class SecAggTable(Section):
@@ -261,11 +273,17 @@ class ServerTable(Section):
     eval_every: int = Field(default=1, ge=0)
     checkpoint: str | None = Field(default=None, description="path or fsspec URL")
     export: str | None = None
+    compile_cache: bool | str = Field(default=True, description=CACHE_DESCRIPTION)
 
     @field_validator("checkpoint", "export")
     @classmethod
     def _resolve(cls, value: str | None, info: ValidationInfo) -> str | None:
         return _location(value, info)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache(cls, value: bool | str, info: ValidationInfo) -> bool | str:
+        return _cache_setting(value, info)
 
     @field_validator("fraction")
     @classmethod
@@ -356,6 +374,12 @@ class ClientTable(Section):
     port: Port = 0
     advertise_url: Url | None = None
     reconnect_timeout: Positive = 300.0
+    compile_cache: bool | str = Field(default=True, description=CACHE_DESCRIPTION)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache(cls, value: bool | str, info: ValidationInfo) -> bool | str:
+        return _cache_setting(value, info)
 
     @model_validator(mode="after")
     def _needed(self) -> ClientTable:
@@ -423,6 +447,7 @@ class ServerConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: SecAggTable | None = None
+    compile_cache: bool | str = True  # not in `identity`: the cache never changes a result
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes
@@ -461,6 +486,7 @@ class ClientConfig:
     data: DataConfig
     security: HttpSecurity
     secagg: ClientSecAgg = ClientSecAgg()
+    compile_cache: bool | str = True
 
 
 # -- loading ---------------------------------------------------------------------------------

@@ -234,6 +234,17 @@ class DeployedServer(FLServer):
             ) from None
 
 
+def use_compile_cache(cfg: ServerConfig) -> None:
+    """Point this process's JAX at the server's compile cache (``server.compile_cache``:
+    default ``compile-cache`` beside the checkpoint, else the export, else the TOML file).
+    `run_server` is the process's entry point (``tandem fl server``), so it may set this
+    process-wide setting, before the first compilation."""
+    from tandem.parties.compile_cache import cache_folder, enable_compile_cache, role_homes
+
+    homes = role_homes(cfg.checkpoint, cfg.export, cfg.path, checkpoint_is_file=True)
+    enable_compile_cache(cache_folder(cfg.compile_cache, homes))
+
+
 async def run_server(
     cfg: ServerConfig,
     *,
@@ -248,6 +259,7 @@ async def run_server(
 
     from .export import export_global
 
+    use_compile_cache(cfg)
     setup = await asyncio.to_thread(prepare_server, cfg)
     if cfg.secagg is not None and cfg.secagg.public_keys is None:
         log.warning(
@@ -321,4 +333,11 @@ async def run_server(
     }
 
 
-__all__ = ["DeployedServer", "ServerSetup", "build_fl_config", "prepare_server", "run_server"]
+__all__ = [
+    "DeployedServer",
+    "ServerSetup",
+    "build_fl_config",
+    "prepare_server",
+    "run_server",
+    "use_compile_cache",
+]

@@ -73,10 +73,10 @@ async def party_command(args) -> int:
     2 bad config. A failure is reported on stderr as one readable line, then one JSON line
     ``{"status": "error", "reason", "exit_code", "party"}`` (stdout keeps results only)."""
     from tandem.errors import ConfigError, TandemError
+    from tandem.parties.compile_cache import compile_cache_folder, enable_compile_cache
 
     from .build import load_party_config
     from .cli_report import report_error, report_error_json
-    from .compile_cache import compile_cache_folder, enable_compile_cache
     from .party_trace import DEFAULT_BATCHES, BatchTrace
     from .standalone import run_party
 
