@@ -42,6 +42,7 @@ ENTRY_KEYS = {
     "link_bytes",
     "first_epoch_vs_steady",
     "auto_vs_best_fixed",
+    "breakdown",
 }
 TOP_KEYS = {
     "vs_centralized",
@@ -114,6 +115,14 @@ def test_bench_scale_tiny(tmp_path):
     assert entry["rows_per_s"] > 0 and entry["centralized_rows_per_s"] > 0
     assert len(entry["epoch_s"]) == 4
     assert entry["auto_vs_best_fixed"] is None  # a fixed count: no comparison runs
+    kernels = entry["breakdown"]  # every kernel of both sides timed, by both clocks
+    for clock in ("wall_ms", "cpu_ms"):
+        assert {"forward", "loss", "backward", "update", "d2h", "h2d", "encode", "decode"} <= set(
+            kernels["pipelined"][clock]
+        )
+        assert {"step", "forward", "value_and_grad", "update"} <= set(kernels["centralized"][clock])
+    assert kernels["lane_ms"] > 0 and kernels["centralized_step_ms"] > 0
+    assert kernels["pipelined"]["groups"] == 1 and kernels["pipelined"]["padded_rows"] == 1.0
     # one micro-batch per batch: the pipelined run is the centralized one up to float order
     assert out["auc_vs_centralized"] < 0.01
     assert out["auc_joint"] > out["auc_leader_only"]

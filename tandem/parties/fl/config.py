@@ -161,7 +161,9 @@ def _cache_setting(value: bool | str, info: ValidationInfo) -> bool | str:
         setting = check_setting(value, "")
     except ValueError as exc:
         raise Invalid("", str(exc)) from None
-    return _location(setting, info) if isinstance(setting, str) else setting
+    if isinstance(setting, str):
+        return _location(setting, info) or setting
+    return setting
 
 
 class SecAggTable(Section):
