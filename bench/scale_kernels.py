@@ -125,11 +125,13 @@ def pipelined(
     owner = {s: s.removeprefix("bottom_") if s != "top" else leader for s in models}
     by_party = {p: Clock() for p in data}  # each kernel's time on its party's lane
 
-    def timed(stage: str, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def timed(where: str, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` timed as kernel ``name`` on the lane of ``where`` (a stage or a party)."""
+        party = owner.get(where, where)
         wall, cpu = clock.wall[name], clock.cpu[name]
         out = clock.run(name, fn, *args, **kwargs)
-        by_party[owner[stage]].wall[name] += clock.wall[name] - wall
-        by_party[owner[stage]].cpu[name] += clock.cpu[name] - cpu
+        by_party[party].wall[name] += clock.wall[name] - wall
+        by_party[party].cpu[name] += clock.cpu[name] - cpu
         return out
 
     def pad(x: np.ndarray, rows: int) -> np.ndarray:
