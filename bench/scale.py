@@ -126,6 +126,8 @@ class Settings:
     align_max: int = 200_000
     reference_max: int = 1_000_000
     trace: bool = False
+    #: time the kernels one by one after the runs (`breakdown`), up to ``reference_max`` rows
+    breakdown: bool = True
     timeout: float = 1800.0
     vocab: tuple[int, ...] = tuple(ctr.vocab_sizes())
 
@@ -579,7 +581,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     )
     ref = centralized(work, folder, settings, train=reference)
     kernels = None
-    if reference:
+    if reference and settings.breakdown:
         log(f"{rows} rows: the kernel-by-kernel breakdown (bench.scale_kernels)")
         groups = int(lead.get("n_groups") or 1)
         batches = math.ceil(ref["train_rows"] / settings.batch_size)
@@ -767,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the parties hold their features in memory ([data] in_memory = true) instead "
         "of the default file mapping",
     )
+    ap.add_argument(
+        "--no-breakdown",
+        action="store_true",
+        help="skip the kernel-by-kernel breakdown (sizes[..].breakdown is then null)",
+    )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
         "--work-dir",
@@ -790,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         reference_max=args.reference_max,
         timeout=args.timeout,
         trace=args.trace,
+        breakdown=not args.no_breakdown,
         vocab=tuple(ctr.vocab_sizes(args.vocab_min, args.vocab_max)),
     )
     work_dir = Path(args.work_dir)

@@ -108,7 +108,7 @@ def pipelined(
     import jax.numpy as jnp
     import optax
 
-    from tandem.engine.kernels import StageKernels, get_loss
+    from tandem.engine.kernels import StageKernels, get_loss, owned_copy
     from tandem.engine.microbatch import bucket_rows, group_bounds
 
     data, models, order = loaded["data"], loaded["models"], loaded["order"]
@@ -117,7 +117,7 @@ def pipelined(
         s: StageKernels(m, optax.adam(lr), get_loss("binary") if s == "top" else None)
         for s, m in models.items()
     }
-    params = {s: loaded["init"][s] for s in models}
+    params = {s: owned_copy(loaded["init"][s]) for s in models}  # update donates them
     opt = {s: k[s].init_opt(params[s]) for s in models}
     bounds = group_bounds(batch, groups)
     padded = [bucket_rows(hi - lo, batch) for lo, hi in bounds]
@@ -198,13 +198,13 @@ def centralized(loaded: dict[str, Any], batch: int, batches: int, lr: float) -> 
     import jax
     import optax
 
-    from tandem.engine.kernels import get_loss
+    from tandem.engine.kernels import get_loss, owned_copy
 
     data, models, order = loaded["data"], loaded["models"], loaded["order"]
     leader = next(iter(data))
     loss = get_loss("binary")
     optimizer = optax.adam(lr)
-    params = {s: loaded["init"][s] for s in models}
+    params = {s: owned_copy(loaded["init"][s]) for s in models}  # update donates them
     opt_state = optimizer.init(params)
 
     def forward(params, xs):
