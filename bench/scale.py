@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import secrets
 import shutil
@@ -125,6 +126,8 @@ class Settings:
     align_max: int = 200_000
     reference_max: int = 1_000_000
     trace: bool = False
+    #: time the kernels one by one after the runs (`breakdown`), up to ``reference_max`` rows
+    breakdown: bool = True
     timeout: float = 1800.0
     vocab: tuple[int, ...] = tuple(ctr.vocab_sizes())
 
@@ -463,6 +466,59 @@ def centralized(
     }
 
 
+# -- the kernel-by-kernel breakdown ---------------------------------------------------------
+def breakdown(
+    work: ctr.Workload, folder: Path, settings: Settings, groups: int, batch_s: float
+) -> dict[str, Any]:
+    """`bench.scale_kernels` for both sides: the parties' kernels in a process launched as
+    party 0 is (`party_launch`: the same pinning and XLA flags) at ``groups`` groups, the
+    centralized reference's in a process launched as this one runs it; plus what the
+    figures mean together: ``lane_ms`` (the busiest party's kernels per batch: the critical
+    path), ``centralized_step_ms``, ``kernels_vs_centralized`` (centralized step ÷ lane: the
+    ``vs_centralized`` the pipeline would reach if nothing but kernels took time) and
+    ``engine_ms`` (the run's last epoch per batch minus ``lane_ms``: the pipeline's waits,
+    the transport and the engine; ``batch_s``: that epoch's seconds per batch), each by the
+    wall clock and, for the kernels, the CPU clock."""
+    env = child_env("breakdown")
+    common = ["--parties", ",".join(work.parties), "--cut", str(ctr.CUT)]
+    common += [
+        "--batch-size",
+        str(settings.batch_size),
+        "--learning-rate",
+        str(settings.learning_rate),
+    ]
+    sides = {}
+    for which, (side_env, prefix) in (
+        ("pipelined", party_launch(env, 0, settings.party_threads)),
+        ("centralized", (env, [])),
+    ):
+        argv = [*prefix, sys.executable, "-m", "bench.scale_kernels", str(folder), "--which", which]
+        argv += [*common, "--groups", str(groups)]
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=side_env, cwd=ROOT, timeout=settings.timeout
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"bench.scale: the {which} breakdown failed:\n{done.stderr[-3000:]}")
+        sides[which] = json.loads(done.stdout.strip().splitlines()[-1])
+    pipe, central = sides["pipelined"], sides["centralized"]
+    lane = max(pipe["by_party_wall_ms"].values())
+    lane_cpu = max(pipe["by_party_cpu_ms"].values())
+    step, step_cpu = central["wall_ms"]["step"], central["cpu_ms"]["step"]
+    batch_ms = 1e3 * batch_s
+    return {
+        "pipelined": pipe,
+        "centralized": central,
+        "lane_ms": round(lane, 3),
+        "lane_cpu_ms": round(lane_cpu, 3),
+        "centralized_step_ms": step,
+        "centralized_step_cpu_ms": step_cpu,
+        "kernels_vs_centralized": round(step / lane, 3),
+        "kernels_vs_centralized_cpu": round(step_cpu / lane_cpu, 3),
+        "batch_ms": round(batch_ms, 3),
+        "engine_ms": round(batch_ms - lane, 3),
+    }
+
+
 # -- one size ---------------------------------------------------------------------------------
 def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     work = ctr.Workload(rows, settings.followers, settings.seed, vocab=settings.vocab)
@@ -524,6 +580,12 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         )
     )
     ref = centralized(work, folder, settings, train=reference)
+    kernels = None
+    if reference and settings.breakdown:
+        log(f"{rows} rows: the kernel-by-kernel breakdown (bench.scale_kernels)")
+        groups = int(lead.get("n_groups") or 1)
+        batches = math.ceil(ref["train_rows"] / settings.batch_size)
+        kernels = breakdown(work, folder, settings, groups, last["seconds"] / batches)
     joint, alone = ref["joint"] or {}, ref["leader_only"] or {}
     train_rows = ref["train_rows"]
     rows_per_s = train_rows / last["seconds"]
@@ -564,6 +626,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "centralized_epoch_s": [round(s, 3) for s in joint.get("epoch_s", [])],
         "vs_centralized": round(rows_per_s / joint["rows_per_s"], 3) if joint else None,
         "link_bytes": _link_bytes(lead),
+        "breakdown": kernels,
         **auto_figures([e["seconds"] for e in exact["history"]], train_rows, fixed_rates),
     }
     if compressed is not None:
@@ -706,6 +769,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the parties hold their features in memory ([data] in_memory = true) instead "
         "of the default file mapping",
     )
+    ap.add_argument(
+        "--no-breakdown",
+        action="store_true",
+        help="skip the kernel-by-kernel breakdown (sizes[..].breakdown is then null)",
+    )
     ap.add_argument("--timeout", type=float, default=Settings.timeout, help="seconds per run")
     ap.add_argument(
         "--work-dir",
@@ -729,6 +797,7 @@ def main(argv: list[str] | None = None) -> int:
         reference_max=args.reference_max,
         timeout=args.timeout,
         trace=args.trace,
+        breakdown=not args.no_breakdown,
         vocab=tuple(ctr.vocab_sizes(args.vocab_min, args.vocab_max)),
     )
     work_dir = Path(args.work_dir)

@@ -42,6 +42,7 @@ ENTRY_KEYS = {
     "link_bytes",
     "first_epoch_vs_steady",
     "auto_vs_best_fixed",
+    "breakdown",
 }
 TOP_KEYS = {
     "vs_centralized",
@@ -103,6 +104,7 @@ def test_bench_scale_tiny(tmp_path):
         learning_rate=0.01,
         vocab=tuple(ctr.vocab_sizes(10, 100)),
         timeout=240.0,
+        breakdown=False,  # its two processes would double the test's time (next test)
     )
     entry = run_size(6000, settings, tmp_path)
     out = summarize({6000: entry}, settings)
@@ -114,6 +116,7 @@ def test_bench_scale_tiny(tmp_path):
     assert entry["rows_per_s"] > 0 and entry["centralized_rows_per_s"] > 0
     assert len(entry["epoch_s"]) == 4
     assert entry["auto_vs_best_fixed"] is None  # a fixed count: no comparison runs
+    assert entry["breakdown"] is None  # timed apart: test_the_breakdown_times_every_kernel
     # one micro-batch per batch: the pipelined run is the centralized one up to float order
     assert out["auc_vs_centralized"] < 0.01
     assert out["auc_joint"] > out["auc_leader_only"]
@@ -130,3 +133,27 @@ def test_bench_scale_tiny(tmp_path):
         == by_stage["bottom_follower"] - tables["follower"]
         > 0
     )
+
+
+@pytest.mark.timeout(300)
+def test_the_breakdown_times_every_kernel(tmp_path):
+    """`bench.scale_kernels` on a tiny workload, in this process: every kernel of the parties
+    (at 4 groups of 1000 rows: padded past the ladder) and of the centralized step is timed
+    by both clocks."""
+    pytest.importorskip("pyarrow")
+    from bench import scale_kernels
+
+    work = ctr.Workload(3000, 1, 0, vocab=tuple(ctr.vocab_sizes(10, 100)))
+    ctr.generate(work, tmp_path)
+    urls = {p: "http://127.0.0.1:1" for p in work.parties}
+    ctr.write_configs(work, tmp_path, urls=urls, train={"batch_size": 1000}, aligned=False)
+    loaded = scale_kernels.load(tmp_path, work.parties, ctr.CUT)
+    pipe = scale_kernels.pipelined(loaded, 4, 1000, 1, 0.01)
+    central = scale_kernels.centralized(loaded, 1000, 1, 0.01)
+    for clock in ("wall_ms", "cpu_ms"):
+        kernels = {"forward", "loss", "backward", "update", "zeros", "d2h", "h2d", "encode"}
+        assert kernels | {"decode"} <= set(pipe[clock])
+        assert {"step", "forward", "value_and_grad", "update"} <= set(central[clock])
+        assert all(v >= 0 for v in pipe[clock].values())
+    assert set(pipe["by_party_wall_ms"]) == {"leader", "follower"}
+    assert pipe["groups"] == 4 and pipe["padded_rows"] > 1.0

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from party_helpers import Job
-from tandem.parties.compile_cache import FOLDER, compile_cache_folder
+from tandem.parties.compile_cache import FOLDER, cache_folder, compile_cache_folder, role_homes
 from tandem.parties.split.process.config import PartyConfigError
 
 
@@ -65,3 +65,31 @@ def test_a_second_process_on_the_same_folder_compiles_nothing(tmp_path):
     for role, folder in folders.items():
         assert len(before[role]) >= 4, f"{role} cached {sorted(before[role])}"
         assert cache_entries(folder) == before[role], f"{role} compiled again"
+
+
+def test_the_homes_of_the_fl_and_elastic_roles():
+    """Checkpoint's folder, then the export's, then the TOML's; URLs are not local folders."""
+    env: dict[str, str] = {}
+    homes = role_homes(
+        "/s/state/server.ckpt", "/s/out/m.st", "/s/server.toml", checkpoint_is_file=True
+    )
+    assert cache_folder(True, homes, env) == os.path.join("/s/state", FOLDER)
+    homes = role_homes("s3://b/ckpt", None, "/s/ds.toml", checkpoint_is_file=False)
+    assert cache_folder(True, homes, env) == os.path.join("/s", FOLDER)
+    homes = role_homes("file:///d/ckpts", None, "/s/ds.toml", checkpoint_is_file=False)
+    assert cache_folder(True, homes, env) == os.path.join("/d/ckpts", FOLDER)
+    assert cache_folder(False, homes, env) is None
+    assert cache_folder("/x", homes, env) == "/x"
+    assert cache_folder(True, homes, {"JAX_COMPILATION_CACHE_DIR": "/env"}) == "/env"
+
+
+def test_elastic_files_take_the_key_and_refuse_an_empty_folder(tmp_path):
+    from tandem.parties.elastic.config import WorkerFile, load_role
+    from tandem.parties.elastic.errors import ConfigError as ElasticConfigError
+
+    worker = tmp_path / "worker.toml"
+    worker.write_text('name = "w"\ncoordinator = "http://127.0.0.1:1"\ncompile_cache = "c"\n')
+    assert load_role(WorkerFile, str(worker)).compile_cache == "c"
+    worker.write_text('name = "w"\ncoordinator = "http://127.0.0.1:1"\ncompile_cache = ""\n')
+    with pytest.raises(ElasticConfigError, match="compile_cache"):
+        load_role(WorkerFile, str(worker))

@@ -312,6 +312,58 @@ def get_loss(name: str) -> Callable:
         raise ConfigError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}") from None
 
 
+def _restrict(apply: Callable, diff: tuple[bool, ...] | None, xs: tuple) -> tuple[Callable, tuple]:
+    """``apply`` as a function of (params, the differentiable inputs) only, with those inputs;
+    ``diff`` None: every input is differentiable."""
+    if diff is None:
+        return apply, xs
+    if len(xs) != len(diff):
+        raise ValueError(f"stage takes {len(diff)} inputs, got {len(xs)}")
+
+    def f(params, *dxs):
+        it = iter(dxs)
+        return apply(params, *(next(it) if d else x for d, x in zip(diff, xs, strict=True)))
+
+    return f, tuple(x for d, x in zip(diff, xs, strict=True) if d)
+
+
+def _spread(diff: tuple[bool, ...] | None, grads) -> tuple:
+    """Input gradients in input order, ``None`` for the non-differentiable ones."""
+    if diff is None:
+        return tuple(grads)
+    it = iter(grads)
+    return tuple(next(it) if d else None for d in diff)
+
+
+def _loss_step_fn(
+    traces: collections.Counter[str],
+    apply: Callable,
+    diff: tuple[bool, ...] | None,
+    loss: Callable,
+) -> Callable:
+    """The unjitted fused loss stage: forward, loss (padded rows masked out), backward and
+    accumulation of the parameter gradients into ``acc`` in one kernel."""
+
+    def loss_step(params, acc, loss_acc, labels, scale, *xs, mask=None):
+        traces["loss_step"] += 1
+        f, dxs = _restrict(apply, diff, xs)
+
+        def objective(params, *dxs):
+            logits = f(params, *dxs)
+            per_row = loss(logits, labels)
+            if mask is not None:  # padded rows: no loss, so no gradient (a select,
+                # not a product, so even a non-finite loss there contributes nothing)
+                keep = mask.reshape(mask.shape + (1,) * (per_row.ndim - 1))
+                per_row = jnp.where(keep, per_row, jnp.zeros_like(per_row))
+            return scale * jnp.sum(per_row), logits
+
+        argnums = tuple(range(len(dxs) + 1))
+        (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(params, *dxs)
+        return _add(acc, grads[0]), loss_acc + value, logits, _spread(diff, grads[1:])
+
+    return loss_step
+
+
 class StageKernels:
     """The jitted kernels of one stage (see module docstring)."""
 
@@ -325,49 +377,30 @@ class StageKernels:
     ) -> None:
         self.model = model
         self.traces: collections.Counter[str] = collections.Counter()
+        traces = self.traces
         apply = model.apply
         diff = tuple(differentiable) if differentiable is not None else None
 
-        def split(xs):
-            """``apply`` as a function of (params, the differentiable inputs) only."""
-            if diff is None:
-                return apply, xs
-            if len(xs) != len(diff):
-                raise ValueError(f"stage takes {len(diff)} inputs, got {len(xs)}")
-
-            def f(params, *dxs):
-                it = iter(dxs)
-                return apply(params, *(next(it) if d else x for d, x in zip(diff, xs, strict=True)))
-
-            return f, tuple(x for d, x in zip(diff, xs, strict=True) if d)
-
-        def spread(grads):
-            """Input gradients in input order, ``None`` for the non-differentiable ones."""
-            if diff is None:
-                return tuple(grads)
-            it = iter(grads)
-            return tuple(next(it) if d else None for d in diff)
-
         def forward(params, *xs):
-            self.traces["forward"] += 1
-            f, dxs = split(xs)
+            traces["forward"] += 1
+            f, dxs = _restrict(apply, diff, xs)
             return jax.vjp(f, params, *dxs)
 
         def backward(vjp, cot, acc):
-            self.traces["backward"] += 1
+            traces["backward"] += 1
             grads = vjp(cot)
-            return _add(acc, grads[0]), spread(grads[1:])
+            return _add(acc, grads[0]), _spread(diff, grads[1:])
 
         def predict(params, *xs):
-            self.traces["predict"] += 1
+            traces["predict"] += 1
             return apply(params, *xs)
 
         def zeros(params):
-            self.traces["zeros"] += 1
+            traces["zeros"] += 1
             return jax.tree_util.tree_map(jnp.zeros_like, params)
 
         def update(params, opt_state, grads):
-            self.traces["update"] += 1
+            traces["update"] += 1
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return optax.apply_updates(params, updates), opt_state
 
@@ -378,28 +411,8 @@ class StageKernels:
         self.update = jax.jit(update, donate_argnums=(0, 1))  # params, opt_state
         self.init_opt = optimizer.init
         if loss is not None:
-
-            def loss_step(params, acc, loss_acc, labels, scale, *xs, mask=None):
-                self.traces["loss_step"] += 1
-
-                f, dxs = split(xs)
-
-                def objective(params, *dxs):
-                    logits = f(params, *dxs)
-                    per_row = loss(logits, labels)
-                    if mask is not None:  # padded rows: no loss, so no gradient (a select,
-                        # not a product, so even a non-finite loss there contributes nothing)
-                        keep = mask.reshape(mask.shape + (1,) * (per_row.ndim - 1))
-                        per_row = jnp.where(keep, per_row, jnp.zeros_like(per_row))
-                    return scale * jnp.sum(per_row), logits
-
-                argnums = tuple(range(len(dxs) + 1))
-                (value, logits), grads = jax.value_and_grad(objective, argnums, has_aux=True)(
-                    params, *dxs
-                )
-                return _add(acc, grads[0]), loss_acc + value, logits, spread(grads[1:])
-
-            self.loss_step = jax.jit(loss_step, donate_argnums=(1,))  # acc
+            step = _loss_step_fn(traces, apply, diff, loss)
+            self.loss_step = jax.jit(step, donate_argnums=(1,))  # acc
 
 
 def owned_copy(tree):

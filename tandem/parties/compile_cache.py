@@ -1,27 +1,34 @@
-"""JAX's persistent compilation cache for a role process (split learning's ``[checkpoint]
-compile_cache``, elastic training's ``[ray] compile_cache``).
+"""JAX's persistent compilation cache for a role's process: a ``tandem party``
+(``[checkpoint] compile_cache``), an FL server or client (``server.compile_cache``,
+``client.compile_cache``), an elastic data server or worker (``compile_cache``).
 
-A party's kernels are compiled at their first call in each process; with the cache, XLA's
-executables are kept in a folder and a restarted (resumed) party, or any later process with
-the same folder, loads them instead of compiling again. Only a process layer calls
-`enable_compile_cache` (the ``tandem party`` command; a Ray actor of ``tandem elastic launch``),
-before its first compilation: JAX reads the setting once per process, at the first
-compilation, and the library itself never changes a process-wide setting.
+A role's kernels are compiled at their first call in each process; with the cache, XLA's
+executables are kept in a folder and a restarted (resumed) role, or any later process with
+the same folder, loads them instead of compiling again. Only the process layer calls
+`enable_compile_cache` (each role's command, before its first compilation): JAX reads the
+setting once per process, at the first compilation, and the library itself never changes a
+process-wide setting.
 
-``compile_cache``: ``true`` (the default) is the folder ``compile-cache`` in the checkpoint
-folder (else in the export folder, else no cache) unless the environment already names one
-(``JAX_COMPILATION_CACHE_DIR``, which then wins); a string is a folder (relative to the TOML
-file); ``false`` turns the cache off.
+The setting: ``true`` (the default) is the folder ``compile-cache`` in the role's first local
+home (a ``tandem party``: its checkpoint folder, else its export folder, else no cache; the
+other roles: `role_homes`) unless the environment already names one
+(``JAX_COMPILATION_CACHE_DIR``, which then wins); a string is a folder; ``false`` turns the
+cache off. An empty string is refused (`check_setting`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-#: The default cache folder's name, beside the checkpoints (in the checkpoint folder).
+#: The default cache folder's name, in the role's home folder (beside its checkpoints).
 FOLDER = "compile-cache"
 _ENV = "JAX_COMPILATION_CACHE_DIR"
+
+#: The help text of every role's ``compile_cache`` key.
+DESCRIPTION = (
+    "compiled-kernel cache: true (a folder beside the checkpoints), a folder, or false (off)"
+)
 
 
 def compile_cache_folder(
@@ -30,8 +37,19 @@ def compile_cache_folder(
     export_dir: str | None,
     environ: Mapping[str, str] | None = None,
 ) -> str | None:
-    """The folder a party process caches its compiled kernels in, or None for no cache (the
-    rules in the module docstring). Pure: reads only its arguments."""
+    """The folder a ``tandem party`` caches its compiled kernels in, or None for no cache
+    (the rules in the module docstring). Pure: reads only its arguments."""
+    return cache_folder(setting, (checkpoint_dir, export_dir), environ)
+
+
+def cache_folder(
+    setting: bool | str,
+    homes: Sequence[str | None],
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The cache folder for ``setting``: a named folder as is, ``false`` None, ``true`` the
+    environment's folder, else ``compile-cache`` in the first home that is not None (no home:
+    None). Pure: reads only its arguments (``environ`` None: ``os.environ``)."""
     environ = os.environ if environ is None else environ
     if setting is False:
         return None
@@ -39,8 +57,44 @@ def compile_cache_folder(
         return setting
     if environ.get(_ENV):
         return environ[_ENV]
-    home = checkpoint_dir or export_dir
+    home = next((h for h in homes if h is not None), None)
     return None if home is None else os.path.join(home, FOLDER)
+
+
+def local_folder(location: str | None, *, is_file: bool) -> str | None:
+    """The local folder of ``location`` (a path, or a ``file://`` URL): the folder itself, or
+    for a file its parent; None for None or another file system's URL (a cache must be a
+    local folder)."""
+    if location is None:
+        return None
+    if location.startswith("file://"):
+        location = location.removeprefix("file://")
+    elif "://" in location:
+        return None
+    return os.path.dirname(os.path.abspath(location)) if is_file else location
+
+
+def role_homes(
+    checkpoint: str | None, export: str | None, config: str, *, checkpoint_is_file: bool
+) -> tuple[str | None, ...]:
+    """The homes of an FL or elastic role, in order: its checkpoint's local folder, its
+    export's, then its TOML file's (a role without files of its own, as a client or a worker,
+    keeps its cache beside its configuration)."""
+    return (
+        local_folder(checkpoint, is_file=checkpoint_is_file),
+        local_folder(export, is_file=True),
+        local_folder(config, is_file=True),
+    )
+
+
+def check_setting(value: bool | str, base: str) -> bool | str:
+    """A checked ``compile_cache`` value: a folder is resolved against ``base`` (the folder
+    relative paths start at); an empty string raises `ValueError` with the fix."""
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("is empty; give a folder, true (the default folder) or false")
+        return os.path.join(base, value)
+    return value
 
 
 def enable_compile_cache(folder: str | None) -> None:
@@ -62,4 +116,13 @@ def enable_compile_cache(folder: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-__all__ = ["FOLDER", "compile_cache_folder", "enable_compile_cache"]
+__all__ = [
+    "DESCRIPTION",
+    "FOLDER",
+    "cache_folder",
+    "check_setting",
+    "compile_cache_folder",
+    "enable_compile_cache",
+    "local_folder",
+    "role_homes",
+]

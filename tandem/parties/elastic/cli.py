@@ -220,6 +220,18 @@ def _coordinator_result(summary: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
+def _use_compile_cache(
+    setting: bool | str, checkpoints: str | None, export: str | None, config: str
+) -> None:
+    """Point this role process's JAX at its compile cache (``compile_cache``: default
+    ``compile-cache`` in the checkpoint folder, else beside the export, else beside the TOML
+    file), before its first compilation."""
+    from tandem.parties.compile_cache import cache_folder, enable_compile_cache, role_homes
+
+    homes = role_homes(checkpoints, export, config, checkpoint_is_file=False)
+    enable_compile_cache(cache_folder(setting, homes))
+
+
 async def _data_server(args) -> int:
     from .data_server import DataServer
     from .party_data import load_party_shard
@@ -230,6 +242,7 @@ async def _data_server(args) -> int:
     party: PartyShard | None = None
     try:
         cfg = load_role(DataServerFile, args.config)
+        _use_compile_cache(cfg.compile_cache, cfg.checkpoints, cfg.export, args.config)
         if cfg.data is not None:
             party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=args.config)
             spec, shard = party.spec, party.train
@@ -276,6 +289,7 @@ async def _worker(args) -> int:
     _logging(args)
     try:
         cfg = load_role(WorkerFile, args.config)
+        _use_compile_cache(cfg.compile_cache, None, None, args.config)
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.coordinator_name

@@ -14,9 +14,10 @@ and the fix. docs/elastic.md#configuration lists every key::
                  [workers] / roster, admit_workers, on_change, call_timeout,
                  recover_timeout, journal
     data server: coordinator (URL), coordinator_name, checkpoints, coordinator_wait, export,
+                 compile_cache,
                  and its shard: model = "<description URL>" + shard = "<.npz URL>", or the
                  [data] + [model] (+ [train]) tables of the shared contract
-    worker:      coordinator (URL), coordinator_name, heartbeat, join_timeout
+    worker:      coordinator (URL), coordinator_name, heartbeat, join_timeout, compile_cache
 
 Every relative path in a file starts at that file's folder, as ``[data] source`` does
 (docs/data.md): ``journal`` and ``roster`` of the coordinator, ``checkpoints``, ``export``,
@@ -31,8 +32,10 @@ import os
 import tomllib
 from typing import Any, Literal, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from tandem.parties.compile_cache import DESCRIPTION as CACHE_DESCRIPTION
+from tandem.parties.compile_cache import check_setting
 from tandem.parties.config import Data, Section, Security, validate
 from tandem.parties.config.base import Invalid
 from tandem.parties.config.sections import Peers, Port, Positive, Url, exposure
@@ -145,6 +148,12 @@ class DataServerFile(RoleFile):
     export: str | None = Field(default=None, description="write the trained model here")
     checkpoints: str | None = Field(default=None, description="durable checkpoints (fsspec)")
     coordinator_wait: float = 60.0
+    compile_cache: bool | str = Field(default=True, description=CACHE_DESCRIPTION)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache(cls, value: bool | str) -> bool | str:
+        return _cache_setting(value)
 
     @model_validator(mode="after")
     def _shard(self) -> DataServerFile:
@@ -188,6 +197,20 @@ class WorkerFile(RoleFile):
     coordinator_name: str = "coordinator"
     heartbeat: float = Field(default=0.3, description="seconds between heartbeats")
     join_timeout: float = Field(default=60.0, description="seconds to wait for a WELCOME")
+    compile_cache: bool | str = Field(default=True, description=CACHE_DESCRIPTION)
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache(cls, value: bool | str) -> bool | str:
+        return _cache_setting(value)
+
+
+def _cache_setting(value: bool | str) -> bool | str:
+    """``compile_cache`` checked (a folder is used as written, as the other paths here)."""
+    try:
+        return check_setting(value, "")
+    except ValueError as exc:
+        raise Invalid("", str(exc)) from None
 
 
 #: The keys of each role that name a file or folder (resolved against the TOML's folder).

@@ -9,7 +9,7 @@ docs/federated.md#running-a-federation has the full tables. In short::
     # server.toml
     [server]         # name, host, port, clients (the roster: no one else may join), rounds,
                      # fraction, min_clients, round_timeout, wait, seed, loss, eval_every,
-                     # checkpoint (path or fsspec URL), export (path)
+                     # checkpoint (path or fsspec URL), export (path), compile_cache
     [optimizer]      # any optax optimizer: name + its keyword arguments
                      # FedAvg: name = "sgd", learning_rate = 1.0; FedAdam: "adam"; FedYogi: "yogi"
     [compression]    # preset = "dense" | "compressed", and the preset's knobs

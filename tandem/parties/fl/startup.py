@@ -52,12 +52,7 @@ def enable_compilation_cache(setting: str) -> str | None:
             exc,
         )
         return None
-    import jax
+    from tandem.parties.compile_cache import enable_compile_cache
 
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    enable_compile_cache(folder)
     return folder
-
-
-__all__ = ["cache_folder", "enable_compilation_cache"]
