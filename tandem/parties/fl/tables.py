@@ -1,0 +1,101 @@
+"""The ``[optimizer]`` and ``[compression]`` tables of a federated TOML file (read by
+`tandem.parties.fl.config`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optax
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from tandem.errors import ConfigError
+from tandem.parties.config import Section
+from tandem.parties.config.base import Invalid
+
+from .downlink import MODES
+
+PRESETS = ("dense", "compressed")
+
+
+class OptimizerConfig(Section):
+    """``[optimizer]``: ``optax.<name>(**kwargs)``, the server's (or a client's local)
+    optimizer; every key but ``name`` is a keyword argument of it."""
+
+    model_config = {**Section.model_config, "extra": "allow"}
+
+    name: str | None = Field(default=None, description='an optax optimizer: "sgd", "adam", ...')
+
+    @model_validator(mode="after")
+    def _optax(self) -> OptimizerConfig:
+        from .build import build_optimizer
+
+        if not self.name:
+            raise Invalid(
+                "",
+                '[optimizer] needs `name`, an optax optimizer such as "sgd", "adam" or '
+                f'"yogi", got {self.name!r}',
+            )
+        try:
+            build_optimizer(self.name, self.kwargs)
+        except ConfigError as exc:
+            raise Invalid("", str(exc)) from None
+        return self
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+    def build(self) -> optax.GradientTransformation:
+        from .build import build_optimizer
+
+        return build_optimizer(str(self.name), self.kwargs)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, **self.kwargs}
+
+
+class CompressionConfig(Section):
+    """``[compression]``: ``preset`` "dense" (dense uplink, full downlink) or "compressed"
+    (rand-k uplink keeping 1/``uplink_ratio`` of the coordinates, or a count sketch of that
+    size with ``sketch``; error feedback applying the top 1/``topk_ratio``; ``downlink``
+    deltas; ``downlink`` defaults to "full" for dense and "version" for compressed)."""
+
+    preset: str = "dense"
+    uplink_ratio: int = Field(default=60, ge=1)
+    topk_ratio: int = Field(default=50, ge=1)
+    sketch: bool = False
+    downlink: str = "full"
+    anchor_every: int = Field(default=10, ge=1)
+    log_size: int = Field(default=16, ge=1)
+    lossless: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _downlink(cls, table: Any) -> Any:
+        if isinstance(table, Mapping) and "downlink" not in table:
+            mode = "version" if table.get("preset") == "compressed" else "full"
+            return {**table, "downlink": mode}
+        return table
+
+    @field_validator("preset", "downlink")
+    @classmethod
+    def _choice(cls, value: str, info: ValidationInfo) -> str:
+        choices = PRESETS if info.field_name == "preset" else MODES
+        if value not in choices:
+            raise Invalid("", f"must be one of {list(choices)}, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _knobs(self) -> CompressionConfig:
+        knobs = sorted({"uplink_ratio", "topk_ratio", "sketch"} & self.model_fields_set)
+        if self.preset == "dense" and knobs:
+            raise Invalid(
+                "",
+                f'compression {knobs} apply to preset = "compressed" only; remove them or set '
+                'preset = "compressed"',
+            )
+        return self
+
+
+__all__ = ["PRESETS", "CompressionConfig", "OptimizerConfig"]
