@@ -27,10 +27,14 @@ Summary keys (on the ``imbalanced`` task): ``undefended_norm_attack_auc``,
 ``undefended_cosine_attack_auc``, ``best_label_defense`` (the defended case with the smallest
 larger-of-both attack AUCs among those with ``auc_delta <= 0.01``, else overall: ``name``,
 ``norm_attack_auc``, ``cosine_attack_auc``, ``auc_delta``), ``best_feature_defense`` (smallest
-``feature_r2`` likewise: ``name``, ``feature_r2``, ``auc_delta``), ``secure_sum_vs_plain``
-(rows/s of the secure sum of two followers' cuts over the plain sum). Each is None until the
-defenses and the secure sum are in `DEFENSES` / `SECURE_SUM` (filled where they are merged).
-``load``: the load average before and after.
+``feature_r2`` likewise: ``name``, ``feature_r2``, ``auc_delta``; None when no defended case
+ran), ``secure_sum_vs_plain`` (rows/s of the secure sum of two followers' cuts over the plain
+sum, `bench.securesum.measure` with `SECURE_SUM`; None with ``--no-secure-sum``). ``load``: the
+load average before and after.
+
+``--defenses a,b`` runs only those cases of `DEFENSES` (and ``none``). Every case trains
+``--epochs`` epochs (default 10: defended runs converge more slowly, and the figures compare
+them at one training budget) with batch 256 and Adam at 1e-2, seed ``--seed``.
 """
 
 from __future__ import annotations
@@ -52,14 +56,34 @@ from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower
 from tandem.errors import ConfigError
 from tandem.parties.privacy.audit import AuditSettings
+from tandem.parties.privacy.config import privacy_from
 from tandem.parties.split import SplitConfig, SplitParty
 from tandem.transports.memory import MemoryNetwork
 
-#: Defense name -> the ``[privacy]`` settings of its case ("none": undefended). Each defense
-#: enters at three strengths, e.g. ``"label_dp_eps1": {"label_dp_epsilon": 1.0}``.
-DEFENSES: dict[str, dict[str, Any]] = {"none": {}}
-#: The ``[privacy]`` settings of the secure sum of two followers' cuts (None: not available).
-SECURE_SUM: dict[str, Any] | None = None
+#: Defense name -> the ``[privacy]`` tables of its case ("none": undefended); each defense at
+#: three strengths, weakest first.
+DEFENSES: dict[str, dict[str, Any]] = {
+    "none": {},
+    **{
+        f"gradient_alignment_noise{n:g}": {"gradient_alignment": {"norm": 1.0, "noise": n}}
+        for n in (1.0, 2.0, 4.0)
+    },
+    **{
+        f"gradient_dp_nm{n:g}": {"gradient_dp": {"clip": 0.3, "noise_multiplier": n}}
+        for n in (1.0, 1.5, 2.0)
+    },
+    **{
+        f"label_dp_eps{e:g}": {"label_dp": {"epsilon": e, "prior": "uniform"}}
+        for e in (4.0, 2.0, 1.0)
+    },
+    **{
+        f"activation_dp_nm{n:g}": {"activation_dp": {"clip": 1.0, "noise_multiplier": n}}
+        for n in (0.1, 0.2, 0.5)
+    },
+    **{f"nopeek_w{w:g}": {"nopeek": {"weight": w}} for w in (0.05, 0.1, 0.2)},
+}
+#: `bench.securesum.measure`'s arguments for ``secure_sum_vs_plain`` (None: not measured).
+SECURE_SUM: dict[str, Any] | None = {"k": 2, "batches": 12, "repeats": 2}
 #: An undefended run's test AUC may drop by this much for a defense to count as free.
 AUC_BUDGET = 0.01
 CUT = 16
@@ -113,13 +137,8 @@ def ctr_task(rows: int, seed: int = 0) -> Task:
 
 
 def _party_options(privacy: dict[str, Any]) -> dict[str, Any]:
-    """`SplitParty` keyword arguments of a case's ``[privacy]`` settings (beyond the audit)."""
-    if privacy:
-        raise ConfigError(
-            f"privacy settings {sorted(privacy)} need the typed [privacy] section; pass them "
-            "to SplitParty where that section is merged"
-        )
-    return {}
+    """`SplitParty` keyword arguments of a case's ``[privacy]`` tables (beyond the audit)."""
+    return {"privacy": privacy_from({"seed": 0, **privacy})}
 
 
 async def run_case(
@@ -212,12 +231,16 @@ def summary(tasks: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
         "best_feature_defense": _best(
             cases, lambda c: c["feature_r2"], ("feature_r2", "auc_delta")
         ),
-        "secure_sum_vs_plain": None if SECURE_SUM is None else _secure_sum_ratio(),
+        "secure_sum_vs_plain": None,
     }
 
 
-def _secure_sum_ratio() -> float:  # pragma: no cover - wired where the secure sum is merged
-    raise ConfigError("the secure sum's bench case is wired where [privacy] aggregate lands")
+def secure_sum_ratio(**settings: Any) -> float:
+    """``secure_sum_vs_plain`` of `bench.securesum.measure` with ``settings``: training rows
+    per second of the followers' cuts summed securely over summed in the clear."""
+    from bench import securesum
+
+    return float(securesum.measure(**settings)["secure_sum_vs_plain"])
 
 
 def plot(tasks: dict[str, dict[str, dict[str, Any]]], path: str) -> None:
@@ -263,15 +286,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
     for task in (makers[t]() for t in chosen):
         cases = {}
-        for name, privacy in DEFENSES.items():
+        for name, privacy in _chosen(args.defenses).items():
             t0 = time.perf_counter()
             cases[name] = await run_case(
                 task, privacy, epochs=epochs, batch_size=args.batch_size, seed=args.seed
             )
             log(f"{task.name}/{name}: {cases[name]} ({time.perf_counter() - t0:.1f} s)")
         tasks[task.name] = with_deltas(cases)
+    out = summary(tasks)
+    if SECURE_SUM is not None and not args.no_secure_sum:
+        settings = {"k": 2, "batches": 3, "repeats": 1} if args.quick else SECURE_SUM
+        # bench.securesum runs its own jobs with asyncio.run: on a thread of its own
+        out["secure_sum_vs_plain"] = await asyncio.to_thread(secure_sum_ratio, **settings)
     out = {
-        **summary(tasks),
+        **out,
         "tasks": tasks,
         "rows": {"imbalanced": rows, "ctr": ctr_rows if "ctr" in tasks else None},
         "epochs": epochs,
@@ -282,18 +310,31 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _chosen(names: str | None) -> dict[str, dict[str, Any]]:
+    """The `DEFENSES` cases ``names`` (comma-separated; "none" always runs) or all."""
+    if names is None:
+        return DEFENSES
+    wanted = ["none", *(n for n in names.split(",") if n != "none")]
+    unknown = sorted(set(wanted) - set(DEFENSES))
+    if unknown:
+        raise ConfigError(f"--defenses names unknown cases {unknown}; choose from {list(DEFENSES)}")
+    return {n: DEFENSES[n] for n in wanted}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.privacy", description=__doc__)
     p.add_argument("--json", action="store_true", help="print one JSON line on stdout")
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     p.add_argument("--rows", type=int, default=20_000, help="imbalanced task's training rows")
     p.add_argument("--ctr-rows", type=int, default=200_000, help="CTR task's training rows")
-    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--tasks", default="imbalanced,ctr", help="comma-separated tasks to run (imbalanced, ctr)"
     )
+    p.add_argument("--no-secure-sum", action="store_true", help="skip the secure-sum measurement")
+    p.add_argument("--defenses", help="comma-separated cases of DEFENSES to run (default all)")
     p.add_argument("--plot", help="draw attack AUC vs auc_delta into this picture")
     args = p.parse_args(argv)
     out = asyncio.run(run(args))

@@ -19,7 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_run_prints_the_undefended_figures():
     out = subprocess.run(
-        [sys.executable, "-m", "bench.privacy", "--quick", "--json", "--tasks", "imbalanced"],
+        [
+            sys.executable,
+            "-m",
+            "bench.privacy",
+            *("--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"),
+            "--no-secure-sum",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -99,3 +105,43 @@ def test_plot_draws_the_tradeoff(tmp_path):
     path = tmp_path / "tradeoff.png"
     privacy.plot({"imbalanced": cases}, str(path))
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_every_defense_enters_at_three_strengths_and_each_case_is_a_valid_privacy_table():
+    from tandem.parties.privacy.config import DEFENSES as KEYS
+    from tandem.parties.privacy.config import privacy_from
+
+    for key in KEYS:
+        cases = [name for name, table in privacy.DEFENSES.items() if set(table) == {key}]
+        assert len(cases) == 3, (key, cases)
+    for table in privacy.DEFENSES.values():
+        assert privacy_from(table).defended == bool(table)
+
+
+def test_unknown_defense_cases_are_refused():
+    from tandem.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--defenses names unknown cases \\['mixup'\\]"):
+        privacy.main(["--defenses", "mixup"])
+
+
+async def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
+    """Gradient DP blinds both label attacks, NoPeek is a feature defense: the summary names
+    each (a tiny run: the figures are the bench's, not this test's)."""
+    task = privacy.imbalanced(1500, seed=1)
+    cases = {
+        name: await privacy.run_case(task, privacy.DEFENSES[name], epochs=1, batch_size=128, seed=1)
+        for name in ("none", "gradient_dp_nm2", "nopeek_w0.2")
+    }
+    out = privacy.summary({"imbalanced": privacy.with_deltas(cases)})
+    assert cases["none"]["norm_attack_auc"] > 0.7
+    assert cases["gradient_dp_nm2"]["norm_attack_auc"] < 0.65
+    assert cases["gradient_dp_nm2"]["cosine_attack_auc"] < 0.65
+    assert out["best_label_defense"]["name"] == "gradient_dp_nm2"
+    assert out["best_feature_defense"]["name"] in ("gradient_dp_nm2", "nopeek_w0.2")
+
+
+def test_the_run_measures_the_secure_sum_against_the_plain_sum(capsys):
+    assert privacy.main(["--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert json.loads(line)["secure_sum_vs_plain"] > 0

@@ -143,7 +143,7 @@ def test_softmax_labels_are_skipped_with_a_reason():
 ROWS, VAL = 2000, 400
 
 
-def _job(audit: AuditSettings | None, rows: int = ROWS):
+def _job(audit: AuditSettings | None, rows: int = ROWS, privacy=None):
     """Leader (labels, 3 columns) and follower (4 columns), an imbalanced binary label."""
     rng = np.random.default_rng(5)
     n = rows + VAL
@@ -161,7 +161,7 @@ def _job(audit: AuditSettings | None, rows: int = ROWS):
     def split(x):
         return {"train": x[:rows], "test": x[rows:]}
 
-    common = {"config": cfg, "audit": audit}
+    common = {"config": cfg, "audit": audit, "privacy": privacy}
     leader = SplitParty(
         "leader",
         topo,
@@ -211,6 +211,32 @@ async def test_a_two_party_run_reports_the_audit_per_epoch(tmp_path):
     assert "audit_norm_auc" not in fol[-1]  # the follower has no labels
     # TensorBoard got the leader's audit scalars
     assert any(b"audit/norm_auc" in p.read_bytes() for p in tb.iterdir())
+
+
+async def test_under_label_dp_the_audit_scores_against_the_true_labels(monkeypatch):
+    """Label DP trains on randomized labels; the audit scores the gradients against the true
+    ones (the secret), so strong label DP reads as near chance, and the labels it is handed
+    are the true labels of every training row, not the randomized copy."""
+    handed: list[np.ndarray] = []
+    sent = audit_mod.PartyAudit.sent
+
+    def spy(self, channel, tensor, labels, features):
+        if labels is not None:
+            handed.append(np.asarray(labels).reshape(-1))
+        return sent(self, channel, tensor, labels, features)
+
+    monkeypatch.setattr(audit_mod.PartyAudit, "sent", spy)
+    privacy = {"label_dp": {"epsilon": 0.1, "prior": "uniform"}}
+    leader, follower = _job(AuditSettings(True, share=0.05, seed=3), privacy=privacy)
+    await _train(leader, follower, ReportConfig(), epochs=1)
+    true = leader.private.secret["train"]
+    trained = leader.labels["train"]
+    assert np.mean(true != trained) > 0.3  # eps 0.1: about 47 % of the labels flipped
+    assert len(np.concatenate(handed)) == ROWS  # one epoch: every training row once
+    assert np.sort(np.concatenate(handed)).tolist() == np.sort(true).tolist()
+    record = leader.audit.history[-1]
+    # the gradients follow the randomized labels: against the true ones the attacks are blind
+    assert record["audit_norm_auc"] < 0.62 and record["audit_cosine_auc"] < 0.62
 
 
 async def test_nothing_is_captured_when_the_audit_is_off(tmp_path, monkeypatch):

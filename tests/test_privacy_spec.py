@@ -91,19 +91,21 @@ def _finish(procs):
 @pytest.mark.slow
 def test_two_tandem_party_processes_train_with_defenses_from_toml_alone(tmp_path):
     """bank (labels) clips and noises its cut gradients; shop noises its activations (stated
-    in its own TOML too, agreeing) and regularises its bottom with NoPeek."""
+    in its own TOML too, agreeing) and regularises its bottom with NoPeek; both audit what
+    they send (``audit = true``: each party's own key), into the history and final lines."""
     from tests.table_helpers import TableJob
 
     job = TableJob(tmp_path, ["bank", "shop"], epochs=3)
     privacy = {
         "seed": 5,
+        "audit": True,
         **GRADIENT_DP,
         "activation_dp": {"clip": 1.0, "noise_multiplier": 0.3, "delta": 1e-5},
         "nopeek": {"weight": 0.2},
     }
     job.cfg["bank"]["privacy"] = privacy
     job.cfg["bank"]["log"] = {"history": "history.jsonl"}
-    job.cfg["shop"]["privacy"] = {"activation_dp": privacy["activation_dp"]}
+    job.cfg["shop"]["privacy"] = {"activation_dp": privacy["activation_dp"], "audit": True}
     lines = _finish({p: job.start(p) for p in ("bank", "shop")})
     lead, fol = lines["bank"], lines["shop"]
     assert lead["status"] == fol["status"] == "done"
@@ -113,6 +115,17 @@ def test_two_tandem_party_processes_train_with_defenses_from_toml_alone(tmp_path
     eps = [h["privacy_epsilon"] for h in history]
     assert len(eps) == 3 and eps == sorted(eps) and eps[0] < eps[-1] == lead["privacy_epsilon"]
     assert lead["test_accuracy"] > 0.6
+    _assert_audited(history, lead, fol)
+
+
+def _assert_audited(history, lead, followers):
+    """The leader's audit keys in every epoch's history record and its final line; each
+    auditing follower's feature R^2 in its own final line."""
+    for key in ("audit_norm_auc", "audit_cosine_auc"):
+        assert all(0.5 <= h[key] <= 1 for h in history), history
+        assert lead[key] == history[-1][key]
+    for fol in followers if isinstance(followers, list) else [followers]:
+        assert 0 <= fol["audit_feature_r2"] <= 1 and "audit_norm_auc" not in fol
 
 
 @pytest.mark.slow
@@ -135,7 +148,8 @@ def test_a_follower_stating_other_defenses_refuses_the_spec(tmp_path):
 @pytest.mark.slow
 def test_three_tandem_party_processes_in_a_star_train_with_defenses(tmp_path):
     """bank leads shop and telco (a star): RR-with-prior labels and norm alignment on bank,
-    activation DP on both followers, each from its TOML alone."""
+    activation DP on both followers, each from its TOML alone; bank and shop audit what they
+    send, telco does not (the audit is each party's own)."""
     from tests.table_helpers import TableJob
 
     parties = ["bank", "shop", "telco"]
@@ -149,8 +163,15 @@ def test_three_tandem_party_processes_in_a_star_train_with_defenses(tmp_path):
         "label_dp": {"epsilon": 3.0, "prior": "uniform"},
         "gradient_alignment": {"norm": 0.5, "noise": 0.2},
         "activation_dp": {"clip": 1.0, "noise_multiplier": 0.3},
+        "audit": True,
     }
+    job.cfg["bank"]["log"] = {"history": "history.jsonl"}
+    job.cfg["shop"]["privacy"] = {"audit": True}
     lines = _finish({p: job.start(p) for p in parties})
     assert {x["status"] for x in lines.values()} == {"done"}
     assert len({x["spec_hash"] for x in lines.values()}) == 1
     assert lines["bank"]["privacy_epsilon"] > 0
+    history = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 2
+    _assert_audited(history, lines["bank"], [lines["shop"]])
+    assert not [k for k in lines["telco"] if k.startswith("audit_")]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -168,6 +168,14 @@ class PartyAudit:
         if self.open is not None and self.open != epoch:
             self.end_epoch(self.open)
         self.open = epoch
+
+    def command(self, meta: Mapping[str, Any]) -> None:
+        """A follower got the leader's command ``meta``: ``stop`` ends the open epoch
+        (`close`), a training batch's opens its ``epoch`` (`at_epoch`); others change nothing."""
+        if meta.get("cmd") == "stop":
+            self.close()
+        elif meta.get("cmd") == "batch" and meta.get("mode") == "train":
+            self.at_epoch(int(meta.get("epoch", 0)))
 
     def close(self) -> None:
         """Training ended: end the epoch still open (if any)."""

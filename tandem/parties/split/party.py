@@ -44,12 +44,11 @@ from tandem.engine.runtime import BatchStats, PartyRuntime
 from tandem.engine.topology import Topology
 from tandem.engine.trace import Trace
 from tandem.errors import ConfigError, EngineError
-from tandem.parties.privacy.audit import AuditSettings, make_audit
 from tandem.transports.base import AdmittingTransport, Frame, Transport
 
-from ..privacy.config import Privacy, checked
-from ..privacy.label import randomize_labels
 from ..privacy.securesum import CutSum
+from ..privacy.setup import AuditSettings, Privacy
+from ..privacy.setup import setup as privacy_setup
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
 from .metrics import Metric, metric_names, task_metrics
@@ -76,14 +75,10 @@ class SplitParty:
       config: the shared `SplitConfig`.
       trace: record ops and transfers here.
       optimizer: overrides ``config.optimizer`` with any optax transformation.
-      privacy: the ``[privacy]`` defenses and audit (`tandem.parties.privacy.config.Privacy`
-        or its table as a mapping; None: all off). Every party must pass the same defenses
-        (`tandem party` negotiates them in the task spec).
-      audit: the leakage audit (`tandem.parties.privacy.audit`): enabled, the party scores what
-        it sends on its own data, one record per epoch in ``audit.history``; None: as
-        ``privacy.audit`` and ``privacy.audit_share`` say.
-      cut_sum: the summing stage reads the sum of its cuts (`tandem.parties.privacy.
-        securesum.CutSum`; a secure-sum follower's carries its agreed seeds).
+      privacy, audit: ``[privacy]`` (`Privacy` or its table; None: off; every party passes
+        the leader's) and the audit's settings (None: as ``privacy`` says), made into labels and
+        an audit by `tandem.parties.privacy.setup`; the audit's records: ``audit.history``.
+      cut_sum: the summing stage reads its cuts' sum (`tandem.parties.privacy.securesum`).
     """
 
     def __init__(
@@ -107,8 +102,9 @@ class SplitParty:
         self.name = name
         self.topology = topology
         self.config = config or SplitConfig()
-        #: the [privacy] section this party trains with
-        self.privacy = checked(privacy, loss=self.config.loss)
+        #: privacy set-up: ``[privacy]``, the labels trained on (``labels``) and the true ones
+        self.private = privacy_setup(privacy, labels, loss=self.config.loss, audit=audit)
+        self.privacy, self.labels = self.private.privacy, self.private.labels
         self.transport = transport
         self.trace = trace
         self.progress = progress
@@ -119,12 +115,6 @@ class SplitParty:
             k: v if isinstance(v, RowSource) else np.asarray(v, np.float32)
             for k, v in (datasets or {}).items()
         }
-        self.labels = {k: np.asarray(v) for k, v in (labels or {}).items()}
-        label_dp = self.privacy.label_dp
-        if label_dp is not None and "train" in self.labels:  # RR-with-prior, once, keyed by row
-            self.labels["train"] = randomize_labels(
-                self.labels["train"], label_dp, loss=self.config.loss, seed=self.privacy.seed
-            )
         #: Identifies this training run: drawn by the leader, carried by every ctl command,
         #: adopted by a follower from the leader's commands; exports record it so inference can
         #: refuse parts of different runs (`tandem.parties.split.inference`).
@@ -143,11 +133,7 @@ class SplitParty:
             privacy=self.privacy,
             cut_sum=cut_sum,
         )
-        #: The leakage audit of what this party sends, or None (off: nothing is captured).
-        if audit is None and self.privacy.audit:  # [privacy] audit, audit_share
-            audit = AuditSettings(True, self.privacy.audit_share, seed=self.privacy.seed)
-        self.audit = make_audit(audit, self.config.loss)
-        self.handler.audit = self.audit
+        self.audit = self.handler.audit = self.private.audit  # None: off, nothing captured
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()
         #: Checks every inbound frame against the batches this party runs before its transport
@@ -237,9 +223,7 @@ class SplitParty:
     ) -> BatchStats:
         n = max(1, min(n, len(idx)))
         train = mode == "train"
-        labels = None
-        if self.is_leader and train:
-            labels = self._require_labels(dataset)[idx]
+        labels, secret = self.private.batch(self.name, dataset, idx, self.is_leader and train)
         self.handler.begin(
             self._rows(dataset, idx),
             labels,
@@ -248,6 +232,7 @@ class SplitParty:
             chunks=chunks,
             row_ids=idx,
             step=self._trained,
+            secret=secret,
         )
         runtime.trace, runtime.policy = self.trace, as_policy(self.config.policy)
         runtime.bp = self.config.backpressure.scaled(chunks)
@@ -405,7 +390,7 @@ class SplitParty:
         runs; `tandem.parties.split.training` states when, and what the hooks then see.
         """
         self._require_leader("fit")
-        self._require_labels(dataset)
+        self.private.require(self.name, dataset)
         epochs = self.config.epochs if epochs is None else epochs
         await Fit(
             self,
@@ -507,14 +492,6 @@ class SplitParty:
         self._require_leader("stop")
         await self._command({**meta, "cmd": "stop"})
 
-    def _require_labels(self, dataset: str) -> np.ndarray:
-        if dataset not in self.labels:
-            raise ConfigError(
-                f"{self.name!r} owns the loss stage and needs labels to train on "
-                f"{dataset!r}: pass labels={{{dataset!r}: y}}"
-            )
-        return self.labels[dataset]
-
     def _require_leader(self, what: str) -> None:
         if not self.is_leader:
             raise ConfigError(
@@ -544,9 +521,9 @@ class SplitParty:
                 frame = await self.transport.recv(leader, CTL)
                 cmd = frame.meta.get("cmd")
                 self.run_id = frame.meta.get("run", self.run_id)
+                if self.audit is not None:  # a stop ends the audit's epoch, a batch opens one
+                    self.audit.command(frame.meta)
                 if cmd == "stop":
-                    if self.audit is not None:
-                        self.audit.close()
                     self.stop_meta = dict(frame.meta)
                     return count
                 if cmd == "keep":
@@ -564,8 +541,6 @@ class SplitParty:
                         f"{self.name!r} is at batch {self._batch} but the leader "
                         f"started batch {frame.meta.get('b')}; restart both parties"
                     )
-                if self.audit is not None and frame.meta.get("mode") == "train":
-                    self.audit.at_epoch(int(frame.meta.get("epoch", 0)))
                 self.n_groups = int(frame.meta["n"])
                 dataset = str(frame.meta["data"])
                 table = self.datasets.get(dataset)

@@ -175,12 +175,14 @@ class StageHandler:
         chunks: int = 1,
         row_ids: np.ndarray | None = None,
         step: int = 0,
+        secret: np.ndarray | None = None,
     ) -> None:
         """Bind one batch: this party's feature rows, labels (loss owner), group bounds, and
         the messages per group (the plan's ``chunks``; every group needs >= ``chunks`` rows).
         ``row_ids``: the training-set ids of the batch's rows, which key the gradients' error
         feedback (none without them) and the [privacy] defenses' noise, with ``step`` (the
-        training step; no defense acts without row ids)."""
+        training step; no defense acts without row ids). ``secret``: the true labels of the
+        rows, which the audit scores against (default ``labels``; they differ under label DP)."""
         self.step = step
         self.row_ids = None if row_ids is None or not train else np.asarray(row_ids)
         self._batches += 1
@@ -196,6 +198,7 @@ class StageHandler:
             else np.asarray(features)
         )
         self.labels = None if labels is None else np.asarray(labels)
+        self.secret = self.labels if secret is None else np.asarray(secret)
         #: row ranges of the messages (micro-batch ``mb`` of an ``S``/``R`` op)
         self.msg_bounds = chunk_bounds(bounds, chunks)
         fine = computes_per_message(self.topology, self.party, chunks)
@@ -315,10 +318,11 @@ class StageHandler:
             out[(channel, j)] = self._encode(channel, host[lo - base : hi - base], lo, hi)
 
     def _audit(self, audit: PartyAudit, channel: str, m: int, array) -> None:
-        """Hand op ``m``'s outgoing ``array`` on ``channel`` to ``audit``, with the labels (loss
-        owner) and, when asked, this party's features of the same rows."""
+        """Hand op ``m``'s outgoing ``array`` on ``channel`` to ``audit``, with the true labels
+        (loss owner: the secret, not label DP's randomized training labels) and, when asked,
+        this party's features of the same rows."""
         lo, hi = self.bounds[m]
-        labels = None if self.labels is None else self.labels[lo:hi]
+        labels = None if self.secret is None else self.secret[lo:hi]
 
         def features() -> np.ndarray | None:
             return None if self.features is None else np.asarray(self.features[lo:hi])
