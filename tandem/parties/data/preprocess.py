@@ -252,7 +252,7 @@ def fit(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> Preprocessing:
         _fit_categorical(table.source, table[name], train_rows, cfg.missing, declared.get(name))
         for name in categorical
     ]
-    return _state(cfg, numeric, categorical, stats, vocabularies)
+    return preprocessing_state(cfg, numeric, categorical, stats, vocabularies)
 
 
 def fit_transform(
@@ -306,7 +306,7 @@ def fit_transform(
                 deferred = exc
         del column
         features.release()
-    state = _state(cfg, numeric, categorical, stats, vocabularies)
+    state = preprocessing_state(cfg, numeric, categorical, stats, vocabularies)
     if deferred is not None:
         state._check_columns(table)
         raise deferred
@@ -339,13 +339,16 @@ def _require_training_rows(table: Table, train_rows: np.ndarray) -> None:
         )
 
 
-def _state(
+def preprocessing_state(
     cfg: DataConfig,
     numeric: tuple[str, ...],
     categorical: tuple[str, ...],
     stats: list[tuple[float, float, float]],
     vocabularies: list[Vocabulary],
 ) -> Preprocessing:
+    """The fitted `Preprocessing` of ``cfg``'s columns: ``stats`` holds each numeric column's
+    (fill, mean, std), ``vocabularies`` each categorical column's codes (a party's own fit,
+    or the merge of every party's summary, `tandem.parties.data.summary`)."""
     return Preprocessing(
         numeric=numeric,
         categorical=categorical,

@@ -34,7 +34,7 @@ from .columns import Vocabulary
 from .config import DataConfig
 from .declared import read_declared
 from .errors import DataError
-from .preprocess import Preprocessing, feature_columns
+from .preprocess import Preprocessing, feature_columns, preprocessing_state
 from .table import Column, Table
 
 FORMAT = 1
@@ -170,19 +170,7 @@ def merge(
                 "preprocessing.min_count"
             )
         vocabularies.append(Vocabulary(kinds[name], tuple(sorted(kept))))
-    return Preprocessing(
-        numeric=numeric,
-        categorical=categorical,
-        missing=cfg.missing,
-        scale=cfg.scale,
-        fill=tuple(s[0] for s in stats),
-        mean=tuple(s[1] for s in stats),
-        std=tuple(s[2] for s in stats),
-        vocabularies=tuple(vocabularies),
-        id_column=cfg.id_column,
-        label_column=cfg.label_column,
-        all_columns=cfg.features is None,
-    )
+    return preprocessing_state(cfg, numeric, categorical, stats, vocabularies)
 
 
 def _add(

@@ -43,3 +43,24 @@ def coordinator_config(cfg: CoordinatorFile):
         recover_timeout=cfg.recover_timeout,
         journal=cfg.journal,
     )
+
+
+def data_server(t, cfg, spec, shard, store, party):
+    """The `DataServer` of a data server's file ``cfg`` on transport ``t`` (started), serving
+    ``shard`` of ``spec``; ``party`` is its loaded table (None for a pre-built shard), which
+    brings the test rows, the preprocessing and the data's fingerprint."""
+    from .data_server import DataServer
+
+    return DataServer(
+        t,
+        coordinator=cfg.coordinator_name,
+        spec=spec,
+        shard=shard,
+        url=cfg.advertise_url or t.url,
+        store=store,
+        coordinator_wait=cfg.coordinator_wait,
+        test=party.test if party else None,
+        export=cfg.export,
+        preprocessing=party.preprocessing if party else None,
+        fingerprint=party.fingerprint if party else None,
+    )

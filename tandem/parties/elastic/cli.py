@@ -28,7 +28,7 @@ from tandem._extras import needs, require
 from tandem.errors import TandemError
 from tandem.parties.progress import emit_result
 
-from .build import coordinator_config, role_transport
+from .build import coordinator_config, data_server, role_transport
 from .config import CoordinatorFile, DataServerFile, WorkerFile, load_role
 from .errors import ConfigError, NotWelcomedError
 
@@ -233,7 +233,6 @@ def _use_compile_cache(
 
 
 async def _data_server(args) -> int:
-    from .data_server import DataServer
     from .party_data import load_party_shard
     from .spec import load_shard, load_spec
     from .store import CheckpointStore
@@ -255,19 +254,7 @@ async def _data_server(args) -> int:
         return _fail(exc)
     coord = cfg.coordinator_name
     async with role_transport(cfg, {coord: cfg.coordinator}) as t:
-        ds = DataServer(
-            t,
-            coordinator=coord,
-            spec=spec,
-            shard=shard,
-            url=cfg.advertise_url or t.url,
-            store=store,
-            coordinator_wait=cfg.coordinator_wait,
-            test=party.test if party else None,
-            export=cfg.export,
-            preprocessing=party.preprocessing if party else None,
-            fingerprint=party.fingerprint if party else None,
-        )
+        ds = data_server(t, cfg, spec, shard, store, party)
         print(
             f"{cfg.name}: serving {len(shard.y)} rows ({ds.n_batches} batches) on {t.url}",
             file=sys.stderr,

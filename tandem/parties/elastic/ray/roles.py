@@ -18,7 +18,7 @@ from typing import Any
 
 from tandem.parties.config import validate
 
-from ..build import coordinator_config, role_transport
+from ..build import coordinator_config, data_server, role_transport
 from ..config import CoordinatorFile, DataServerFile, WorkerFile
 
 ROLES = ("coordinator", "data-server", "worker")
@@ -59,7 +59,6 @@ async def _coordinator(cfg: CoordinatorFile, watch: Callable[[Any], None]) -> di
 
 
 async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], None]) -> None:
-    from ..data_server import DataServer
     from ..party_data import load_party_shard
     from ..spec import load_shard, load_spec
     from ..store import CheckpointStore
@@ -74,19 +73,7 @@ async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], No
         shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
     store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
     async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
-        ds = DataServer(
-            t,
-            coordinator=cfg.coordinator_name,
-            spec=spec,
-            shard=shard,
-            url=cfg.advertise_url or t.url,
-            store=store,
-            coordinator_wait=cfg.coordinator_wait,
-            test=party.test if party else None,
-            export=cfg.export,
-            preprocessing=party.preprocessing if party else None,
-            fingerprint=party.fingerprint if party else None,
-        )
+        ds = data_server(t, cfg, spec, shard, store, party)
         watch(ds)
         await ds.run()
 
