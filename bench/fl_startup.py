@@ -115,13 +115,17 @@ def first_round(folder: Path, cache: str, timeout: float = 300.0) -> dict[str, f
             done = time.monotonic() - start
         else:
             time.sleep(0.02)
+    if done is None:
+        for p, _ in procs.values():
+            p.kill()
     rss = []
     for name, (p, err) in procs.items():
         _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must know it
         err.close()
         if name != "server":
             rss.append(usage.ru_maxrss / 1024)  # KiB on Linux
-        elif status != 0:
+        elif status != 0 and done is not None:
             raise RuntimeError(f"server failed: {(folder / 'server.err').read_text()[-2000:]}")
     if done is None:
         raise RuntimeError(f"no round one within {timeout} s; see {folder}")

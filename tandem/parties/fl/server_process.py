@@ -153,12 +153,13 @@ def _fingerprint(own: str, state: dict[str, Any]) -> str:
 
 async def gather_summaries(
     transport: Transport, cfg: ServerConfig
-) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None]]]:
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None, bool]]]:
     """Read hellos until ``cfg.min_clients`` roster clients have sent one with a summary
     (`ConfigError` after ``cfg.wait`` seconds, naming the missing clients). Returns their
-    summaries and every hello read, ``(client, version, url)``, for the server to answer."""
+    summaries and every hello read, ``(client, version, url, wants the final model)``, for
+    the server to answer."""
     summaries: dict[str, dict[str, Any]] = {}
-    hellos: list[tuple[str, int, str | None]] = []
+    hellos: list[tuple[str, int, str | None, bool]] = []
 
     async def read(c: str) -> None:
         while c not in summaries:
@@ -172,7 +173,7 @@ async def gather_summaries(
             except P.UpdateError as exc:
                 log.warning("%s: hello from %r refused: %s", transport.name, c, exc)
                 continue
-            hellos.append((c, version, url))
+            hellos.append((c, version, url, frame.meta.get("final") is True))
             if summary is not None:
                 summaries[c] = summary
 
@@ -403,7 +404,7 @@ async def run_server(
     async with started(_transport(cfg)) as transport:
         if on_ready is not None:
             on_ready(addressing(transport, "an FL server").address())
-        hellos: list[tuple[str, int, str | None]] = []
+        hellos: list[tuple[str, int, str | None, bool]] = []
         if setup is None:  # federated preprocessing: the clients' summaries first
             summaries, hellos = await gather_summaries(transport, cfg)
             setup = await asyncio.to_thread(prepare_server, cfg, summaries)
@@ -411,7 +412,9 @@ async def run_server(
         if restored is not None:
             ckpt.restore(server, restored, cfg.identity())
         resumed = server.next_round if restored is not None else None
-        for c, version, url in hellos:
+        for c, version, url, wants_final in hellos:
+            if wants_final:  # it asked for the final model with stop
+                server.final_to.add(c)
             await server.welcome(c, version, url)
         await _serve_rounds(server, cfg)
         final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)

@@ -234,6 +234,7 @@ class HttpServer:
             await self.metrics_runner.cleanup()
         if self.listener is not None:
             self.listener.abort_all()
+            await asyncio.sleep(0)  # the aborted transports close their sockets on this turn
         for (sender, channel), state in list(self.streams.items()):
             self.store.drop_pending(sender, channel, state)
 
