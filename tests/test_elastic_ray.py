@@ -138,7 +138,8 @@ def test_node_loss_node_join_room_back_and_coordinator_kill_keep_every_batch_exa
 
         await _until(committed, "the first commits")
         first = cluster.list_all_nodes()[1]
-        assert len(run.live_workers()) == 2
+        # the first worker may commit before the second has started: wait for both
+        await _until(lambda: asyncio.sleep(0, len(run.live_workers()) == 2), "both workers")
         cluster.remove_node(first)  # both workers' node, mid-epoch (Ray: in the main thread)
         seen["removed_at"] = (await run.coordinator_status())["progress"]
         await _until(lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers")
