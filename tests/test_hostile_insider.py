@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 
 from bench.hostile_insider import (
@@ -30,7 +31,7 @@ async def repeat(finished: asyncio.Event, one, rounds: int = 12, pause: float = 
             break
         try:
             out += await one(r)
-        except OSError:  # the follower finished and closed meanwhile
+        except (OSError, aiohttp.ClientConnectionError):  # the follower finished, closed
             break
         await asyncio.sleep(pause)
     return out

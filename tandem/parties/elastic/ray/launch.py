@@ -32,6 +32,9 @@ from .supervisor import decide
 PURPOSE = "tandem elastic launch (elastic training on a Ray cluster)"
 #: seconds a restarted static role's actor has to come back, and the placement group to form.
 COME_BACK_S = 120.0
+# after a stop, Ray's available resources show the freed claim only some time later; until
+# then (or this many seconds) no further step is decided, or one "short" would stop several
+SETTLE_S = 10.0
 
 
 @dataclasses.dataclass
@@ -81,6 +84,7 @@ class RayLaunch:
         self._env: dict[str, Any] | None = None
         self._owns_ray = False
         self._next = 0
+        self._settling: tuple[float, float] | None = None  # (CPUs seen at a stop, deadline)
 
     # -- the caller's side ---------------------------------------------------------------
     async def run(
@@ -245,11 +249,18 @@ class RayLaunch:
             self._static[name] = (actor, role, table, ray.put(None))  # ended: nothing to watch
         self._watch_workers()
         live = sum(w.state == "live" for w in self.workers.values())
-        step = decide(ray.available_resources(), live, len(self.workers) - live, self.job.ray)
+        available = ray.available_resources()
+        if self._settling is not None:
+            cpus, deadline = self._settling
+            if available.get("CPU", 0.0) <= cpus and time.monotonic() < deadline:
+                return None  # the stopped worker's claim is not visible yet
+            self._settling = None
+        step = decide(available, live, len(self.workers) - live, self.job.ray)
         if step > 0:
             self._add_worker()
         elif step < 0:
             self._stop_worker()
+            self._settling = (available.get("CPU", 0.0), time.monotonic() + SETTLE_S)
         return None
 
     def _come_back(self, name: str, actor: Any, role: str, table: dict, exc: Exception) -> None:

@@ -15,9 +15,10 @@ worker), -1 (stop one) or 0:
   ``reserve_gpus``): -1, giving the room back to whoever needs it;
 * otherwise 0.
 
-One step at a time: a change is visible in the next poll's resources, so the rule never
-overshoots. A worker that died (its node went away) is simply no longer live; the rule replaces
-it when it may.
+One step at a time. A start shows as a starting worker at once; a stop frees its claim in
+Ray's resources only later, so the launcher decides nothing after a stop until the freed CPUs
+show (or a settle time passes), and the rule never overshoots. A worker that died (its node
+went away) is simply no longer live; the rule replaces it when it may.
 """
 
 from __future__ import annotations
