@@ -385,6 +385,10 @@ class Data(Section):
     )
     categorical: Names = ()
     vocabularies: str | None = None
+    hash_buckets: dict[str, int] = Field(
+        default_factory=dict, description="categorical column -> buckets of its seeded hash"
+    )
+    hash_seed: int = Field(default=0, ge=0, lt=2**64, description="the same on every party")
     missing: Literal["error", "mean", "zero"] = "error"
     scale: Literal["standard", "none"] = "standard"
     aligned: str | None = Field(default=None, description="the `tandem align --out` file")

@@ -23,15 +23,21 @@ from .table import Column
 @dataclasses.dataclass(frozen=True)
 class Vocabulary:
     """The sorted training values of a categorical column (``kind`` "int" or "string");
-    ``values[i]`` has code ``i + 1``, 0 is unseen or missing."""
+    ``values[i]`` has code ``i + 1``, 0 is unseen or missing. A *hashed* column
+    (``buckets > 0``, `tandem.parties.data.hashed`) has no values: a value's code is its
+    seeded hash's bucket plus 1, and 0 is missing.
+
+    Invariant: ``buckets == 0 or values == ()``."""
 
     kind: str
     values: tuple[int | str, ...]
+    buckets: int = 0
+    seed: int = 0
 
     @property
     def size(self) -> int:
         """The number of codes, the reserved 0 included (an embedding table's row count)."""
-        return len(self.values) + 1
+        return self.buckets + 1 if self.buckets else len(self.values) + 1
 
 
 ROWS = 1 << 16  # rows transformed at a time: bounds each column's temporaries to a few MB

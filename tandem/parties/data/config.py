@@ -11,6 +11,8 @@
     features = ["age", "city"]      # optional; default: every column but id and label
     categorical = ["city"]          # optional; encoded to integer codes, 0 = unseen or missing
     vocabularies = "codes.json"     # optional: fixed value lists of categorical columns
+    hash_buckets = { city = 64 }    # optional: categorical columns coded by a seeded hash
+    hash_seed = 0                   # the seed of that hash (the same on every party)
     missing = "error"               # "error" | "mean" | "zero"
     scale = "standard"              # "standard" | "none"
     aligned = "a_aligned.csv"       # optional: the `tandem align --out` file
@@ -44,6 +46,8 @@ DATA_KEYS = (
     "features",
     "categorical",
     "vocabularies",
+    "hash_buckets",
+    "hash_seed",
     "missing",
     "scale",
     "aligned",
@@ -72,6 +76,9 @@ class DataConfig:
     of the TOML file when they are relative local paths; ``path`` is that TOML file (for
     messages), or None when the table did not come from a file. ``vocabularies`` (resolved
     likewise) is a JSON file of declared vocabularies (`tandem.parties.data.declared`).
+    ``hash_buckets`` maps a categorical column to its number of hashed buckets (its codes are
+    a seeded hash of the value, `tandem.parties.data.hashed`: no vocabulary is fitted or
+    exchanged), in ``categorical`` order; ``hash_seed`` is that hash's seed.
     ``in_memory`` and ``spill_dir`` say where a split-learning party keeps its packed features
     (`tandem.parties.data.mapped`); federated and elastic parties hold theirs in memory.
 
@@ -92,11 +99,17 @@ class DataConfig:
     in_memory: bool = False
     spill_dir: str | None = None
     vocabularies: str | None = None
+    hash_buckets: tuple[tuple[str, int], ...] = ()
+    hash_seed: int = 0
 
     @property
     def where(self) -> str:
         """The prefix of messages about a key: the TOML file, or ``[data]``."""
         return self.path if self.path is not None else "[data]"
+
+    def hashed(self, name: str) -> int:
+        """The hashed buckets of categorical column ``name``, 0 when it is not hashed."""
+        return dict(self.hash_buckets).get(name, 0)
 
 
 def parse_data_config(
@@ -137,6 +150,13 @@ def parse_data_config(
             f"{where}: data.vocabularies is set but data.categorical lists no column; list "
             "the categorical columns in data.categorical, or remove data.vocabularies"
         )
+    hash_buckets = _hash_buckets(table.get("hash_buckets", {}), categorical, where)
+    hash_seed = table.get("hash_seed", 0)
+    if isinstance(hash_seed, bool) or not isinstance(hash_seed, int) or not 0 <= hash_seed < 2**64:
+        raise DataError(
+            f"{where}: data.hash_seed must be an integer in [0, 2**64), got {hash_seed!r}; "
+            "every party must use the same seed"
+        )
     missing = _choice(table, "missing", MISSING, "error", where)
     scale = _choice(table, "scale", SCALE, "standard", where)
     aligned = _optional_string(table, "aligned", where)
@@ -172,7 +192,32 @@ def parse_data_config(
         in_memory=in_memory,
         spill_dir=None if spill_dir is None else _resolve(spill_dir, base),
         vocabularies=None if vocabularies is None else _resolve(vocabularies, base),
+        hash_buckets=hash_buckets,
+        hash_seed=hash_seed,
     )
+
+
+def _hash_buckets(table: Any, categorical: tuple[str, ...], where: str) -> tuple:
+    """``((column, buckets), ...)`` of ``[data] hash_buckets`` in ``categorical`` order."""
+    from .hashed import MAX_BUCKETS
+
+    if not isinstance(table, Mapping):
+        raise DataError(
+            f"{where}: data.hash_buckets must be a table of column = bucket count (e.g. "
+            f"hash_buckets = {{ city = 64 }}), got {table!r}"
+        )
+    for name, n in table.items():
+        if name not in categorical:
+            raise DataError(
+                f"{where}: data.hash_buckets names {name!r}, which data.categorical does not "
+                "list; only a categorical column is hashed: add it to data.categorical"
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BUCKETS:
+            raise DataError(
+                f"{where}: data.hash_buckets.{name} must be an integer in [1, {MAX_BUCKETS}] "
+                f"(the number of buckets its values hash into), got {n!r}"
+            )
+    return tuple((c, int(table[c])) for c in categorical if c in table)
 
 
 def _split(table: Any, where: str) -> SplitConfig:

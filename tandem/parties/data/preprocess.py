@@ -21,6 +21,9 @@ The rules (docs/data.md states them for users):
   ``vocabulary[i]`` has code ``i + 1``; code 0 is reserved for a value not in the vocabulary
   and for a missing cell. Integer and string columns are accepted (and float columns whose
   values are all whole numbers).
+  A column of ``cfg.hash_buckets`` has no vocabulary: a value's code is ``1 + `` its seeded
+  hash mod the bucket count (`tandem.parties.data.hashed`), nothing is fitted, no value is
+  unseen, and 0 is a missing cell.
 * Missing numeric cells: ``"error"`` refuses, naming file, row and column; ``"mean"`` fills in
   the mean of the column's training values; ``"zero"`` fills in 0 (before scaling). Missing
   categorical cells are refused under ``"error"`` and get code 0 otherwise.
@@ -111,6 +114,7 @@ class Preprocessing:
             ],
             "categorical": [
                 {"name": n, "kind": v.kind, "vocabulary": list(v.values)}
+                | ({"buckets": v.buckets, "seed": v.seed} if v.buckets else {})
                 for n, v in zip(self.categorical, self.vocabularies, strict=True)
             ],
         }
@@ -136,7 +140,10 @@ class Preprocessing:
                 values = tuple(convert(v) for v in c["vocabulary"])
                 if list(values) != sorted(set(values)):
                     raise ValueError(f"vocabulary of {c['name']!r} is not sorted and unique")
-                vocabularies.append(Vocabulary(c["kind"], values))
+                buckets, seed = int(c.get("buckets", 0)), int(c.get("seed", 0))
+                if buckets and (values or not 0 < buckets < 2**24 or not 0 <= seed < 2**64):
+                    raise ValueError(f"hashed column {c['name']!r} has values or bad buckets")
+                vocabularies.append(Vocabulary(c["kind"], values, buckets, seed))
             return cls(
                 numeric=tuple(str(c["name"]) for c in numeric),
                 categorical=tuple(str(c["name"]) for c in categorical),
@@ -249,7 +256,7 @@ def fit(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> Preprocessing:
     stats = [_fit_numeric(table.source, table[name], train_rows, cfg) for name in numeric]
     declared = _declared(cfg, categorical)
     vocabularies = [
-        _fit_categorical(table.source, table[name], train_rows, cfg.missing, declared.get(name))
+        _fit_categorical(table.source, table[name], train_rows, cfg, declared.get(name))
         for name in categorical
     ]
     return preprocessing_state(cfg, numeric, categorical, stats, vocabularies)
@@ -294,7 +301,7 @@ def fit_transform(
     for j, name in enumerate(categorical):
         column = table[name]
         vocabularies.append(
-            _fit_categorical(table.source, column, train_rows, cfg.missing, declared.get(name))
+            _fit_categorical(table.source, column, train_rows, cfg, declared.get(name))
         )
         if deferred is None:
             try:
@@ -408,18 +415,27 @@ def _fit_categorical(
     source: str,
     column: Column,
     train_rows: np.ndarray,
-    missing_rule: str,
+    cfg: DataConfig,
     declared: Declared | None = None,
 ) -> Vocabulary:
     """The vocabulary of a categorical column: its training values, or ``declared`` once
-    checked against them (same kind, at least one training value in it)."""
+    checked against them (same kind, at least one training value in it), or its hashed
+    buckets (``cfg.hash_buckets``: nothing fitted)."""
     column = col.categorical_column(source, column)
     keep = train_rows
     if column.missing is not None:
         missing = column.missing[train_rows]
-        if missing_rule == "error" and missing.any():
+        if cfg.missing == "error" and missing.any():
             col.refuse_missing(source, column.name, int(train_rows[np.argmax(missing)]))
         keep = train_rows[~missing]
+    if cfg.hashed(column.name):
+        if declared is not None:
+            raise DataError(
+                f"{cfg.where}: categorical column {column.name!r} is in data.hash_buckets and "
+                "has a list in data.vocabularies; give it one of the two"
+            )
+        kind = "int" if column.kind == "int" else "string"
+        return Vocabulary(kind, (), cfg.hashed(column.name), cfg.hash_seed)
     text = column.arrow_text
     if text is not None:
         fitted = col.arrow_vocabulary(text, keep)
@@ -516,11 +532,13 @@ def _transform_categorical(
         if missing_rule == "error" and filled:
             col.refuse_missing(source, column.name, col.row(rows, selected), saved)
     text = column.arrow_text
-    known = None if text is None else col.arrow_vocabulary_text(vocabulary)
+    known = None if text is None or vocabulary.buckets else col.arrow_vocabulary_text(vocabulary)
     # pyarrow builds its lookup table on each call: text takes bigger chunks
     for chunk in col.chunks(len(out), col.ROWS if text is None else col.TEXT_ROWS):
         take = chunk if rows is None else rows[chunk]
-        if text is not None:
+        if vocabulary.buckets:
+            codes = _hash_codes(vocabulary, column, text, take)
+        elif text is not None:
             codes = col.arrow_encode(known, col.arrow_take(text, take))
         else:
             codes = col.encode(vocabulary, column.kind, column.values[take])
@@ -529,6 +547,17 @@ def _transform_categorical(
         out[chunk] = codes
     zeros = int(np.count_nonzero(out == 0))
     return filled, zeros - filled
+
+
+def _hash_codes(
+    vocabulary: Vocabulary, column: Column, text: Any, take: slice | np.ndarray
+) -> np.ndarray:
+    from .hashed import arrow_hash_codes, hash_codes
+
+    b, seed = vocabulary.buckets, vocabulary.seed
+    if text is not None:
+        return arrow_hash_codes(col.arrow_take(text, take), b, seed)
+    return hash_codes(column.values[take], column.kind, b, seed)
 
 
 __all__ = [

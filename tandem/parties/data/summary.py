@@ -3,14 +3,18 @@
 `summarize(table, cfg, train_rows)` (or `summarize_source(cfg)`, which reads ``cfg``'s table
 and its split first) returns a JSON-able *summary* of a party's training rows: per numeric
 feature the count of present values, the count of missing cells, the sum and the sum of
-squares of the present values; per categorical feature the count of every value. No row
-leaves the party, only these sums.
+squares of the present values (and ``peak``, their largest magnitude: it stays with the
+party, which checks it against the bound of a secure sum, `tandem.parties.fl.secure_summary`);
+per categorical feature the count of every value, except for a hashed column
+(``[data] hash_buckets``), whose summary lists no value at all. No row leaves
+the party, only these sums.
 
 `merge(summaries, ...)` turns the summaries of every party into one `Preprocessing`, exactly
 the state `tandem.parties.data.preprocess.fit` would fit on the union of their training rows
 (up to floating-point reassociation), with one difference for categorical columns: a value
 enters the vocabulary only when its count summed over the parties is at least ``min_count``
 (a rare value, which could single out one party's row, then gets code 0 like an unseen one).
+A hashed column's state is its buckets and seed from ``cfg``, whatever the summaries hold.
 
 The rules for missing cells and scaling are ``cfg``'s (the merging party's ``[data]``):
 ``"mean"`` fills in the mean of the present values over all parties; ``"zero"`` fills in 0,
@@ -57,7 +61,8 @@ def summarize(table: Table, cfg: DataConfig, train_rows: np.ndarray) -> dict[str
         "rows": len(train_rows),
         "numeric": [_numeric(table.source, table[n], train_rows, cfg.missing) for n in numeric],
         "categorical": [
-            _categorical(table.source, table[n], train_rows, cfg.missing) for n in categorical
+            _categorical(table.source, table[n], train_rows, cfg.missing, cfg.hashed(n) > 0)
+            for n in categorical
         ],
     }
 
@@ -101,10 +106,13 @@ def _numeric(source: str, column: Column, rows: np.ndarray, rule: str) -> dict[s
         "missing": 0 if missing is None else int(np.count_nonzero(missing)),
         "sum": float(values.sum()),
         "sumsq": float(np.dot(values, values)),
+        "peak": float(np.abs(values).max()) if values.size else 0.0,
     }
 
 
-def _categorical(source: str, column: Column, rows: np.ndarray, rule: str) -> dict[str, Any]:
+def _categorical(
+    source: str, column: Column, rows: np.ndarray, rule: str, hashed: bool
+) -> dict[str, Any]:
     column = col.categorical_column(source, column)
     keep = rows
     if column.missing is not None:
@@ -114,7 +122,11 @@ def _categorical(source: str, column: Column, rows: np.ndarray, rule: str) -> di
         keep = rows[~missing]
     kind = "int" if column.kind == "int" else "string"
     text = column.arrow_text
-    if text is not None:
+    values: list[Any]
+    counts: list[int]
+    if hashed:  # coded by a seeded hash: no value needs to leave the party
+        values, counts = [], []
+    elif text is not None:
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -159,6 +171,10 @@ def merge(
     stats = [_numeric_state(n, nums[n], cfg) for n in numeric]
     vocabularies = []
     for name in categorical:
+        if cfg.hashed(name):
+            kind = kinds.get(name, "string")
+            vocabularies.append(Vocabulary(kind, (), cfg.hashed(name), cfg.hash_seed))
+            continue
         if name in declared:
             vocabularies.append(Vocabulary(*declared[name]))
             continue

@@ -113,7 +113,7 @@ def load_party_shard(config: Mapping[str, Any], *, path: str | None = None) -> P
     x = np.concatenate(
         [dataset.features.numeric, dataset.features.categorical.astype(np.float32)], axis=1
     )
-    vocab = [len(v.values) + 1 for v in dataset.preprocessing.vocabularies]
+    vocab = [v.size for v in dataset.preprocessing.vocabularies]
     model = model_from_toml(
         config["model"],
         in_dims=[x.shape[1]],

@@ -315,7 +315,9 @@ def check_models(cfg, model) -> None:
     export holds for that stage (another factory, kwargs, kind or widths): the export's model
     is what predicts, so a differing config means another training was meant."""
     state = (model.data or {}).get("preprocessing") or {}
-    vocab = [len(c["vocabulary"]) + 1 for c in state.get("categorical", [])]
+    vocab = [
+        int(c.get("buckets") or len(c["vocabulary"])) + 1 for c in state.get("categorical", [])
+    ]
     reasons = []
     for stage in model.topology.stages_of(model.party):
         if stage.name not in cfg.model.stages:
