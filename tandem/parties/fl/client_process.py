@@ -3,7 +3,9 @@
 `run_client(cfg)`:
 
 1. summarises its training rows (`tandem.parties.data.summary`; no row leaves it), says
-   ``hello`` to the server (version 0, with the summary) and waits for its ``welcome``: the
+   ``hello`` to the server (version 0), answers its request for the summary (in the clear,
+   or the numeric sums through the secure sum: `tandem.parties.fl.summary_exchange`) and
+   waits for its ``welcome``: the
    `Task` (model spec, loss, init seed, the federated preprocessing state) and the seed of its
    local shuffles. A server that is not up yet is
    retried with backoff for up to ``reconnect_timeout`` seconds; a server that refuses this
@@ -37,6 +39,7 @@ from . import protocol as P
 from .client import FLClient
 from .config import ClientConfig
 from .downlink import ClientModel
+from .summary_exchange import SUMMARIZE
 from .task import Task, input_width, load_rows, out_width, part
 from .train import LocalTrainer
 
@@ -70,12 +73,30 @@ class Connection:
         self.reconnects = 0
 
     def hello_meta(self, version: int) -> dict[str, Any]:
-        """The hello's meta: version held, own URL, the data summary for the federated
-        preprocessing, and whether this client wants the final model."""
+        """The hello's meta: version held, own URL, and whether this client wants the final
+        model (the data summary goes only when the server asks for it, `answer_summary`)."""
         meta: dict[str, Any] = {"kind": "hello", "version": version, "url": self.url}
-        if self.summary is not None:
-            meta["summary"] = self.summary
         return meta | ({"final": True} if self.cfg.final_model is not None else {})
+
+    async def answer_summary(self, request: dict[str, Any]) -> None:
+        """Answer the server's ``summarize`` request (`summary_exchange.answer`): in the
+        clear, or the numeric sums through the secure sum, as the server runs."""
+        from .summary_exchange import answer
+
+        if self.summary is None:
+            raise RefusedError(
+                f"{self.cfg.path}: the server asked for this client's data summary, which it "
+                "did not compute"
+            )
+        await answer(
+            self.transport,
+            self.server,
+            request,
+            self.summary,
+            where=self.cfg.path,
+            signer=self.cfg.secagg.signer(),
+            roster=self.cfg.secagg.roster(),
+        )
 
     async def hello(self, version: int, deadline: float) -> None:
         """Deliver a hello, retrying with backoff until ``deadline`` (monotonic seconds)."""
@@ -186,6 +207,11 @@ async def connect(link: Connection) -> dict[str, Any]:
                     frame = await link.transport.recv(link.server, P.MODEL)
                 if frame.meta.get("kind") == P.WELCOME:
                     return dict(frame.meta)
+                if frame.meta.get("kind") == SUMMARIZE:
+                    break
+            await link.answer_summary(dict(frame.meta))
+            deadline = time.monotonic() + link.cfg.reconnect_timeout  # merging takes a while
+            return dict((await _welcome(link, deadline)).meta)
         except (TimeoutError, TransportClosedError):
             if time.monotonic() > deadline:
                 raise ServerLostError(
@@ -193,6 +219,16 @@ async def connect(link: Connection) -> dict[str, Any]:
                     f"{link.cfg.name!r} within client.reconnect_timeout = "
                     f"{link.cfg.reconnect_timeout:g} s"
                 ) from None
+
+
+async def _welcome(link: Connection, deadline: float) -> Frame:
+    """The welcome after the summary exchange (`TimeoutError` when none came by
+    ``deadline``)."""
+    while True:
+        async with asyncio.timeout(max(0.1, deadline - time.monotonic())):
+            frame = await link.transport.recv(link.server, P.MODEL)
+        if frame.meta.get("kind") == P.WELCOME:
+            return frame
 
 
 def prepare_client(cfg: ClientConfig, task: Task) -> tuple[LocalTrainer, np.ndarray, np.ndarray]:

@@ -8,6 +8,13 @@ categorical value enters the vocabulary only when that many training rows hold i
 the `Task` of every ``welcome``, evaluates on its own rows under it and stores it in the export.
 Every party therefore scales and encodes exactly as the export does at prediction.
 
+Under secure aggregation the numeric sums travel through the secure sum instead
+(`tandem.parties.fl.summary_exchange`, `tandem.parties.fl.secure_summary`): the server learns
+their totals only. A categorical column then needs hashed buckets (``[data] hash_buckets``) or
+declared values (``data.vocabularies``), unless ``[preprocessing] reveal_categories = true``
+lets the clients send their value counts in the clear; ``max_abs`` bounds every numeric value
+so the secure sum cannot overflow.
+
 ``[preprocessing] mode = "per_client"`` keeps the old behaviour, each client fitting on its own
 rows; its clients warn on stderr (their inputs then mean different things on each client).
 
@@ -41,6 +48,17 @@ class PreprocessingTable(Section):
     )
     min_count: int = Field(
         default=1, ge=1, description="training rows a categorical value needs, over all clients"
+    )
+    max_abs: float = Field(
+        default=1e12,
+        gt=0,
+        description="under [secagg]: the largest |value| of a numeric feature (the secure "
+        "sum of the summaries refuses larger ones, so it cannot overflow)",
+    )
+    reveal_categories: bool = Field(
+        default=False,
+        description="under [secagg]: let clients send their categorical value counts in the "
+        "clear (else hash the columns, data.hash_buckets, or declare data.vocabularies)",
     )
 
 

@@ -10,12 +10,15 @@ Channels (one FIFO each way per client):
   delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
   (``sketch``).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
-  ``meta = {kind: "hello", version, url, summary}`` (the model version it holds, 0 when it has
-  none, where it listens, and the summary of its training rows for federated preprocessing,
-  `tandem.parties.data.summary`); no arrays. The server answers on ``fl/model`` with
+  ``meta = {kind: "hello", version, url}`` (the model version it holds, 0 when it has none,
+  and where it listens); no arrays. The server answers on ``fl/model`` with
   ``{kind: "welcome", task, client_seed, reset}``: the task (`tandem.parties.fl.task.Task`), the
   seed of the client's local shuffles, and whether it must drop the model it holds (it holds a
-  version this server never made).
+  version this server never made). Before round one, under federated preprocessing, the
+  server first asks for the client's data summary (``{kind: "summarize", ...}`` on
+  ``fl/model``, answered by ``{kind: "summary", summary}`` on ``fl/hello``; under secure
+  aggregation the numeric sums go through a secure sum instead):
+  `tandem.parties.fl.summary_exchange`.
 
 * ``fl/secagg`` both ways, under secure aggregation (a training request then carries
   ``meta.secagg``): the four stages of `tandem.parties.fl.secagg` replace the ``fl/update``
@@ -139,15 +142,6 @@ def check_hello(frame: Frame) -> tuple[int, str | None]:
     if url is not None and not is_transport_url(url):
         raise UpdateError(f"hello meta.url must be {url_hint()}, or absent; got {url!r}")
     return version, url
-
-
-def hello_summary(frame: Frame) -> dict[str, Any] | None:
-    """The preprocessing summary of a checked hello, or None when it carries none; its
-    content is checked when merged (`tandem.parties.data.summary.merge`)."""
-    summary = frame.meta.get("summary")
-    if summary is not None and not isinstance(summary, dict):
-        raise UpdateError(f"hello meta.summary must be an object, got {type(summary).__name__}")
-    return summary
 
 
 def check_update(

@@ -3,8 +3,10 @@
 `run_server(cfg)`:
 
 1. under federated preprocessing (``[preprocessing] mode = "global"``, the default), reads the
-   hellos of ``min_clients`` clients (up to ``wait`` seconds), each with the summary of its
-   training rows, and merges them into one state (`tandem.parties.fl.preprocessing`); then
+   hellos of ``min_clients`` clients (up to ``wait`` seconds), asks them for the summaries of
+   their training rows (in the clear, or their numeric sums through the secure sum under
+   ``[secagg]``: `tandem.parties.fl.summary_exchange`) and merges them into one state
+   (`tandem.parties.fl.preprocessing`); then
    reads its ``[data]`` (the held-out evaluation set) through the shared loader, under that
    state (or its own fit, ``per_client``), and builds the `Task` (the ``[model]`` spec with
    ``in_dims`` from the data, the loss, the seed, the state);
@@ -47,6 +49,7 @@ from . import protocol as P
 from .config import ServerConfig
 from .preprocessing import global_state
 from .server import FLConfig, FLServer, RoundReport
+from .summary_exchange import SUMMARY, check_summary_config, gather_summaries
 from .task import Task, load_rows, out_width, with_inputs
 from .train import LocalTrainer
 
@@ -151,53 +154,6 @@ def _fingerprint(own: str, state: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-async def gather_summaries(
-    transport: Transport, cfg: ServerConfig
-) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None, bool]]]:
-    """Read hellos until ``cfg.min_clients`` roster clients have sent one with a summary
-    (`ConfigError` after ``cfg.wait`` seconds, naming the missing clients). Returns their
-    summaries and every hello read, ``(client, version, url, wants the final model)``, for
-    the server to answer."""
-    summaries: dict[str, dict[str, Any]] = {}
-    hellos: list[tuple[str, int, str | None, bool]] = []
-
-    async def read(c: str) -> None:
-        while c not in summaries:
-            try:
-                frame = await transport.recv(c, P.HELLO)
-            except TandemError:  # its link closed: it says hello again when it is back
-                return
-            try:
-                version, url = P.check_hello(frame)
-                summary = P.hello_summary(frame)
-            except P.UpdateError as exc:
-                log.warning("%s: hello from %r refused: %s", transport.name, c, exc)
-                continue
-            hellos.append((c, version, url, frame.meta.get("final") is True))
-            if summary is not None:
-                summaries[c] = summary
-
-    deadline = time.monotonic() + cfg.wait
-    async with asyncio.TaskGroup() as tg:
-        readers: dict[str, asyncio.Task[None]] = {}
-        while len(summaries) < cfg.min_clients and time.monotonic() <= deadline:
-            for c in cfg.clients:
-                if c not in readers and c in transport.peers:
-                    readers[c] = tg.create_task(read(c))
-            await asyncio.sleep(0.05)
-        for task in readers.values():
-            task.cancel()
-    if len(summaries) < cfg.min_clients:
-        missing = [c for c in cfg.clients if c not in summaries]
-        raise ConfigError(
-            f"{cfg.path}: only {len(summaries)} of the {cfg.min_clients} clients needed "
-            f"(server.min_clients) connected within {cfg.wait:g} s with the summary of their "
-            f"data (federated preprocessing); missing: {missing}. Start them (tandem fl client "
-            "--config ...), or lower server.min_clients, or raise server.wait"
-        )
-    return summaries, hellos
-
-
 class DeployedServer(FLServer):
     """An `FLServer` whose clients connect themselves (``hello``) and that checkpoints after
     every round. ``connected`` holds the clients heard from since this process started."""
@@ -244,6 +200,8 @@ class DeployedServer(FLServer):
                 frame = await self.transport.recv(c, P.HELLO)
             except TandemError:
                 return
+            if frame.meta.get("kind") == SUMMARY:  # a late answer of the summary exchange
+                continue
             try:
                 version, url = P.check_hello(frame)
             except P.UpdateError as exc:
@@ -322,6 +280,7 @@ async def _early_setup(cfg: ServerConfig) -> ServerSetup | None:
     server's data has been read (its errors come before any client is waited for)."""
     if cfg.preprocessing.mode == "per_client":
         return await asyncio.to_thread(prepare_server, cfg)
+    await asyncio.to_thread(check_summary_config, cfg)
     out = out_width(cfg.model, cfg.loss, cfg.path)
     await asyncio.to_thread(load_rows, cfg.data, loss=cfg.loss, out=out)
     return None

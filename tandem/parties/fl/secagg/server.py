@@ -136,6 +136,12 @@ class SecureRound:
     async def run(self) -> tuple[list[str], np.ndarray]:
         """The sum of the surviving clients' payloads (float32, ``shape``) and their names.
         Raises `Aborted` (after telling the clients) when the round cannot complete."""
+        names, words = await self.run_words()
+        return names, M.decode(words, self.cfg.scale)
+
+    async def run_words(self) -> tuple[list[str], np.ndarray]:
+        """`run`'s sum as the ring's words (uint32, the sum of the encoded payloads modulo
+        2**32), for callers that decode an exact integer sum themselves."""
         try:
             return await self._stages()
         except Aborted:
@@ -166,7 +172,7 @@ class SecureRound:
         for c in u3:
             total += masked[c].arrays[0]
         total = await asyncio.to_thread(self._unmask, total, u2, u3, {c: unmask[c] for c in u4})
-        return u3, M.decode(total, self.cfg.scale)
+        return u3, total
 
     # -- validation of what each client sent -------------------------------------------------
     def _advert_ok(self, c: str, f: Frame) -> bool:
