@@ -18,14 +18,17 @@ import numpy as np
 import pytest
 
 from fl_process_helpers import SECRET, to_toml
+from ports import free_port
 from tandem.errors import ConfigError
 from tandem.parties.data import DataError, read_table
 from tandem.parties.data.summary import merge, summarize, summarize_source
+from tandem.parties.export.stages import read_description
 from tandem.parties.fl import secure_summary as S
-from tandem.parties.fl.client_process import Connection, connect
+from tandem.parties.fl.client_process import Connection, connect, run_client
 from tandem.parties.fl.config import load_client_config, load_server_config
 from tandem.parties.fl.preprocessing import global_state
 from tandem.parties.fl.secagg.messages import SECAGG
+from tandem.parties.fl.server_process import run_server
 from tandem.parties.fl.summary_exchange import check_summary_config, gather_summaries
 from tandem.transports.base import Frame
 from tandem.transports.memory import MemoryNetwork
@@ -44,7 +47,9 @@ def write_party(path: Path, n: int, shift: float, seed: int) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def write_configs(tmp_path: Path, *, secagg: bool, hashed: bool, reveal: bool = False):
+def write_configs(
+    tmp_path: Path, *, secagg: bool, hashed: bool, reveal: bool = False, port: int = 1
+):
     data = {
         "id_column": "id",
         "label_column": "y",
@@ -55,7 +60,15 @@ def write_configs(tmp_path: Path, *, secagg: bool, hashed: bool, reveal: bool = 
         write_party(tmp_path / f"{c}.csv", 60 + 10 * i, (0.0, 5.0, 20.0)[i], i)
     write_party(tmp_path / "server.csv", 40, 2.0, 9)
     server = {
-        "server": {"port": 1, "clients": CLIENTS, "rounds": 1, "loss": "binary", "wait": 30.0},
+        "server": {
+            "port": port,
+            "clients": CLIENTS,
+            "rounds": 1,
+            "loss": "binary",
+            "wait": 60.0,
+            "round_timeout": 60.0,
+            "export": "out/global.safetensors",
+        },
         "model": {"kind": "mlp", "hidden": [4], "out_dim": 1},
         "data": {"source": "server.csv", **data},
         "http": {"secret": SECRET},
@@ -64,7 +77,12 @@ def write_configs(tmp_path: Path, *, secagg: bool, hashed: bool, reveal: bool = 
     (tmp_path / "server.toml").write_text(to_toml(server))
     for c in CLIENTS:
         table = {
-            "client": {"name": c, "server": "http://127.0.0.1:1", "reconnect_timeout": 30.0},
+            "client": {
+                "name": c,
+                "server": f"http://127.0.0.1:{port}",
+                "port": free_port() if port != 1 else 1,
+                "reconnect_timeout": 60.0,
+            },
             "data": {"source": f"{c}.csv", **data, "split": {"test": 0.0}},
             "http": {"secret": SECRET},
         }
@@ -214,3 +232,31 @@ def test_without_secure_aggregation_the_exchange_sends_the_summaries_in_the_clea
     assert state == clear_state(scfg, own)
     table = read_table(ccfgs[0].data.source)
     assert summarize(table, ccfgs[0].data, np.arange(3))["categorical"][0]["values"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # four parties importing and compiling on a loaded 2-core machine
+def test_a_secure_federation_over_http_trains_under_the_securely_merged_state_and_exports_it(
+    tmp_path,
+):
+    """``run_server`` and three ``run_client`` over HTTP with ``[secagg]`` and a hashed
+    string column: the summaries' secure sum, then secure training rounds; the export holds
+    the state the clear merge gives."""
+    scfg, ccfgs = write_configs(tmp_path, secagg=True, hashed=True, port=free_port())
+
+    async def federation():
+        async with asyncio.timeout(240):
+            server = asyncio.create_task(run_server(scfg, fresh=True))
+            results = await asyncio.gather(*(run_client(c) for c in ccfgs))
+            return await server, results
+
+    summary, results = asyncio.run(federation())
+    assert summary["rounds"] == 1 and all(r["rounds_trained"] == 1 for r in results)
+    state = read_description(tmp_path / "out" / "global.safetensors")["data"]["preprocessing"]
+    expected = clear_state(scfg, {c.name: summarize_source(c.data) for c in ccfgs}).to_json()
+    assert state["categorical"] == expected["categorical"]
+    assert state["categorical"][0]["buckets"] == 32
+    for got, want in zip(state["numeric"], expected["numeric"], strict=True):
+        assert got["name"] == want["name"]
+        for key in ("fill", "mean", "std"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9)

@@ -188,7 +188,7 @@ async def _exchange(
     await reader.until(lambda: set(asked) <= set(reader.answers), deadline)
     answered = {c: reader.answers[c] for c in asked if c in reader.answers}
     if len(answered) < cfg.min_clients:
-        _refuse_missing(cfg, list(answered))
+        _refuse_missing(cfg, list(answered), asked)
     if cfg.secagg is None:
         return answered
     columns = _columns(answered)
@@ -226,11 +226,12 @@ def _columns(answered: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return names or []
 
 
-def _refuse_missing(cfg: ServerConfig, present: list[str]) -> None:
+def _refuse_missing(cfg: ServerConfig, present: list[str], asked: list[str] | None = None) -> None:
     missing = [c for c in cfg.clients if c not in present]
+    what = "connected" if asked is None else f"of the {len(asked)} asked answered"
     raise ConfigError(
         f"{cfg.path}: only {len(present)} of the {cfg.min_clients} clients needed "
-        f"(server.min_clients) connected within {cfg.wait:g} s with the summary of their "
+        f"(server.min_clients) {what} within {cfg.wait:g} s with the summary of their "
         f"data (federated preprocessing); missing: {missing}. Start them (tandem fl client "
         "--config ...), or lower server.min_clients, or raise server.wait"
     )
