@@ -19,7 +19,9 @@ from tandem.parties.elastic.config import (
     load_role,
     resolve_at,
 )
-from tandem.parties.elastic.journal import Journal
+from tandem.parties.elastic.errors import JournalError
+from tandem.parties.elastic.journal import TALLY, Journal, replay
+from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.local import LocalCluster
 from tandem.parties.elastic.spec import ModelSpec, make_dataset
 from test_elastic_durable import Run
@@ -126,8 +128,6 @@ def test_the_journal_keeps_the_runs_counters():
         {"kind": "recover", "seq": 2, "generation": 5, "digests": {}, "reissued": 0,
          "restart": True},
     ]  # fmt: skip
-    from tandem.parties.elastic.journal import replay
-
     state = replay(records)
     assert state is not None and state.generation == 5 and state.committed == [0, 1]
     assert state.counts == {
@@ -137,6 +137,69 @@ def test_the_journal_keeps_the_runs_counters():
         "restarts": 1,
         "reissued": 3,
     }
+
+
+def test_the_journal_keeps_the_runs_tally_of_refusals_strikes_and_bans():
+    tally = {"reissued": 7, "refused_reports": 2, "fenced_reports": 4,
+             "strikes": {"liar": 3, "slow": 1}, "banned": ["liar"]}  # fmt: skip
+    records = [
+        {"kind": "start", "seq": 0, "digests": {}, "initial_loss": 1.0},
+        {"kind": "rollback", "seq": 0, "generation": 1, "digests": {}, "reissued": 2,
+         "tally": {**tally, "reissued": 2, "strikes": {}, "banned": []}},
+        {"kind": "commit", "seq": 1, "generation": 2, "epoch": 0, "batches": [0], "digests": {},
+         "tally": tally},
+    ]  # fmt: skip
+    state = replay(records)
+    assert state is not None and state.tally == tally
+    assert state.counts["reissued"] == 7  # the tally's: checkpoints and refusals re-issue too
+    no_tally = replay(records[:1])
+    assert no_tally is not None and no_tally.tally == {**TALLY, "strikes": {}, "banned": []}
+    broken = [records[0], {**records[2], "tally": {"reissued": 1}}]
+    with pytest.raises(JournalError, match="tally .* is malformed.*fenced_reports"):
+        replay(broken)
+
+
+def test_a_restarted_coordinator_takes_back_the_tally_and_keeps_the_bans():
+    """Every count of the summary a restart would reset comes back from the journal's tally."""
+    first = _coordinator()
+    ledger = first.ledger = Ledger({"ds0": [0, 1, 2, 3]})
+    audit = first.workers.audit
+    for worker in ("liar", "honest"):
+        first.membership.beat(worker, "i", 0.0)
+    first.membership.detect(0.0)
+    assert ledger.assign("liar") == ("ds0", 0) and ledger.assign("honest") == ("ds0", 1)
+    first.workers.report("liar", {"ok": True, "batch": 0, "gen": 0})
+    first.workers.report("honest", {"ok": True, "batch": 1, "gen": 0})
+    first.workers.report("honest", {"ok": True, "batch": 3, "gen": 0})  # not its batch: refused
+    first.workers.settle(applied=[1])  # the liar's batch 0 never reached the data server
+    assert ledger.unapplied([1]) == 1
+    ledger.checkpoint([1])
+    assert ledger.assign("liar") == ("ds0", 0)
+    first.workers.report("liar", {"ok": True, "batch": 0, "gen": 1})  # fenced: refused, banned
+    assert audit.banned == {"liar"} and audit.refused == 1
+    tally = first.workers.tally()
+    before = first.summary()
+
+    again = _coordinator()  # what `_resume` does with the journal's last tally
+    again.ledger = Ledger({"ds0": [0, 1, 2, 3]}, generation=ledger.generation)
+    again.workers.restore(replay([{"kind": "start", "seq": 0, "digests": {}}, {
+        "kind": "recover", "seq": 1, "generation": 2, "digests": {}, "reissued": 0,
+        "tally": tally}]).tally)  # fmt: skip
+    after = again.summary()
+    for key in ("reissued", "refused_reports", "false_reports", "fenced", "fenced_reports"):
+        assert after[key] == before[key], key
+    assert before["fenced"] == ["liar"] and before["refused_reports"] == 1
+    assert before["reissued"] == 2 and before["fenced_reports"] == 1
+    assert "liar" in again.membership.banned and not again.membership.beat("liar", "j", 1.0)
+    assert again.workers.tally() == tally
+
+
+def _coordinator():
+    from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
+    from tandem.transports.memory import MemoryNetwork
+
+    config = CoordinatorConfig(data_servers=("ds0",), false_reports=2)
+    return Coordinator(MemoryNetwork().endpoint("coordinator"), config)
 
 
 @pytest.mark.slow

@@ -142,6 +142,26 @@ class Workforce:
         self.busy.pop(worker, None)
         self.event("fenced", worker)
 
+    def tally(self, requeued: int = 0) -> dict[str, Any]:
+        """The run's cumulative counts for the journal (`journal.TALLY`), with ``requeued``
+        more batches re-issued (those the checkpoint being journaled is about to put back)."""
+        ledger = self.ledger()
+        return {
+            "reissued": ledger.reissued + requeued,
+            "refused_reports": ledger.refused,
+            **self.audit.tally(),
+        }
+
+    def restore(self, tally: Mapping[str, Any]) -> None:
+        """Take back a journaled `tally` after a restart: the ledger's counts, the audit's
+        strikes and refusals, and the bans (a banned worker stays out of the membership)."""
+        ledger = self.ledger()
+        ledger.reissued = int(tally["reissued"])
+        ledger.refused = int(tally["refused_reports"])
+        self.audit.restore(tally)
+        for worker in sorted(self.audit.banned):
+            self.membership.ban(worker)
+
     def forget(self, workers: Iterable[str]) -> None:
         for worker in workers:
             self.busy.pop(worker, None)
