@@ -293,3 +293,35 @@ async def test_a_regression_data_server_reports_its_test_mse(tmp_path):
     )
     metrics = result_metrics({"ds0": test})
     assert set(metrics) == {"test_mse"} and metrics["test_mse"] == round(test["loss"], 6)
+
+
+async def test_a_worker_is_welcomed_while_the_data_servers_are_still_starting():
+    """Workers are welcomed before the coordinator's hello to the data servers returns (a
+    hello may wait a minute for data servers that import and compile), so a worker's
+    ``join_timeout`` never runs out while the coordinator is up; a done-report that reaches
+    a coordinator with no ledger yet is ignored."""
+    from tandem.parties.elastic import protocol as P
+    from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
+
+    net = MemoryNetwork()
+    coord = Coordinator(
+        net.endpoint("coordinator"), CoordinatorConfig(data_servers=("ds0",), interval=0.1)
+    )
+    net.endpoint("ds0")  # a data server that has not answered yet
+    worker = net.endpoint("w0")
+    run = asyncio.create_task(coord.run())
+    try:
+        async with asyncio.timeout(20):
+            await worker.send("coordinator", P.HB, Frame(meta={"incarnation": "a", "url": ""}))
+            welcome = await worker.recv("coordinator", P.WELCOME)
+            assert welcome.meta["data_servers"] == {"ds0": ""}
+            done = {"ok": True, "batch": 0, "gen": 0}
+            await worker.send("coordinator", P.DONE, Frame(meta=done))
+            await asyncio.sleep(0.3)  # the report task takes it; nothing may fail
+        assert coord.phase == "hello" and coord.ledger is None and not run.done()
+    finally:
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run

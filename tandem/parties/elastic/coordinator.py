@@ -102,7 +102,7 @@ class Coordinator:
             transport,
             self.membership,
             data_servers={ds: servers.get(ds, "") for ds in config.data_servers},
-            ledger=lambda: self._ready_ledger,
+            ledger=lambda: self.ledger,
             event=self._event,
             clock=clock,
             wake=self._wake,
@@ -166,9 +166,9 @@ class Coordinator:
         """Train ``epochs`` epochs; returns a summary. Leaves no task running."""
         async with asyncio.TaskGroup() as tg:
             helpers = [tg.create_task(self.calls.replies_from(ds)) for ds in self.cfg.data_servers]
+            helpers.append(tg.create_task(self.workers.discover(tg)))  # welcome workers at once
             try:
                 await self._hello()
-                helpers.append(tg.create_task(self.workers.discover(tg)))
                 await self._train()
                 await self._finish()
                 await self._stop()
@@ -271,10 +271,19 @@ class Coordinator:
         cfg, ledger = self.cfg, self._ready_ledger
         if len(self.history) >= cfg.epochs:  # resumed after the last epoch closed
             return
+        since = said = self.clock()
         while len(self.membership.live) < max(cfg.min_workers, 1) or not self.membership.live:
             self._set_phase("waiting")
             await self._wait(cfg.interval)
             self.membership.detect(self.clock())
+            if self.clock() - said > max(10.0, 10 * cfg.interval):  # name what it waits for
+                said = self.clock()
+                log.warning(
+                    "waiting %.0f s for %d live worker(s) (min_workers); live: %s, watched: %s",
+                    said - since, max(cfg.min_workers, 1), sorted(self.membership.live),
+                    sorted(self._watched),
+                )  # fmt: skip
+                self._report()
         self._event("live", sorted(self.membership.live))
         while True:
             self._set_phase("train")
