@@ -206,6 +206,8 @@ class FLClient:
             "version": self.state.version,
             "kind": uplink["kind"],
         }
+        if isinstance(meta.get("serial"), str):  # which server process asked (see FLServer)
+            out["serial"] = meta["serial"][:32]
         if info is not None:
             out["zlib"] = info
         try:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -181,6 +182,10 @@ class FLServer:
             None if cfg.optimizer is None else cfg.optimizer.init(jnp.asarray(self.model))
         )
         self.next_round = 0  # where `run` starts (a restored server sets it)
+        # names this server process in its training requests; a reply naming another (sent to
+        # a server that has since restarted, and delivered to this one) is stale: discarded
+        self.serial = secrets.token_hex(8)  # fixed width: the requests' size never varies
+        self.stale = 0  # such replies discarded
         self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(
             self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
@@ -470,6 +475,9 @@ class FLServer:
             return f"update from {c!r} refused: {exc}"
         if rnd < r:
             return "late"
+        if frame.meta.get("serial", self.serial) != self.serial:
+            self.stale += 1  # a reply to an earlier server's request: its own will follow
+            return "late"
         if rnd > r:
             return f"update from {c!r} refused: round {rnd} is in the future (current round {r})"
         self.known[c] = max(self.known[c], ver)
@@ -482,6 +490,7 @@ class FLServer:
         (``secagg``: the secure sum's parameters, `secagg.server.SecureRound.params`)."""
         meta, arrays = self.planner.plan(self.model, self.known[c])
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
+        meta["serial"] = self.serial
         if secagg is not None:
             meta["secagg"] = secagg
             if self.dp_clip is not None:  # the clients clip: the server never sees an update
