@@ -11,7 +11,8 @@ Channels (one FIFO each way per client):
   the dense delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
   (``sketch``). ``serial`` echoes the request's: a reply naming another server process (one
   that has since restarted; the client's transport delivered it again to the new one) is
-  discarded like a late one.
+  discarded like a late one. When the request said ``evaluate``, the update's meta also has
+  ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
   ``meta = {kind: "hello", version, url, summary}`` (the model version it holds, 0 when it has
   none, where it listens, and the summary of its training rows for federated preprocessing,

@@ -9,7 +9,8 @@ A round ``r``:
    model message planned by `DownlinkPlanner` for the version that client last confirmed,
    then wait for its update. A client that answers ``resync`` (it restarted and holds an older
    version) gets a message re-planned from the version it names, once per round. Late replies
-   to past rounds are dropped; an update that fails
+   to past rounds, and replies naming another server process's ``serial`` (sent to it before
+   a restart), are dropped; an update that fails
    `protocol.check_update` (NaN or Inf included) is refused (the reason is in the round
    report) and the round goes on; an update refused from its head (larger than the negotiated
    model's encoded size: `bounds.UpdateBounds`) or for a sample count above the client's
