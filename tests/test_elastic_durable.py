@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -112,9 +114,50 @@ def test_a_ledger_restored_from_the_journal_issues_only_the_rest():
 EPOCHS = 4
 
 
+class Output:
+    """A child's merged stdout and stderr, read line by line by a thread: every wait on it has
+    a deadline, and a child never blocks on a full pipe while the test waits on another."""
+
+    def __init__(self, name: str, proc: subprocess.Popen) -> None:
+        self.name = name
+        self.lines: list[str] = []
+        self._new: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(
+            target=self._read, args=(proc.stdout,), name=f"output of {name}", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        try:
+            for line in stream:
+                self.lines.append(line)
+                self._new.put(line)
+        except (OSError, ValueError):  # the stream was closed under us: the end
+            pass
+        finally:
+            self._new.put(None)
+
+    def next_line(self, deadline: float) -> str | None:
+        """The next line (None once the child closed its output); `TimeoutError` naming the
+        child when nothing came by ``deadline`` (`time.monotonic`)."""
+        try:
+            line = self._new.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"no output from {self.name} in time") from None
+        if line is None:
+            self._new.put(None)  # the end stays the end
+        return line
+
+    def join(self, timeout: float = 10.0) -> str:
+        """Everything the child wrote (after it exited)."""
+        self._thread.join(timeout)
+        return "".join(self.lines)
+
+
 class Run:
     """Two data servers (durable checkpoints), two workers and a coordinator (a journal) as
-    separate processes over HTTP on 127.0.0.1."""
+    separate processes over HTTP on 127.0.0.1. Every wait on them is bounded; a failed wait
+    names what it waited for and shows the tail of every process's output."""
 
     def __init__(self, tmp_path, on_change: str = "rollback") -> None:
         self.tmp = tmp_path
@@ -157,7 +200,9 @@ class Run:
         )
         self.env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
+        self.out: dict[str, Output] = {}
         self.summary = tmp_path / "summary.json"
+        self.cwd: str | None = None  # the children's working folder (None: the test's)
 
     def start(self, name: str) -> subprocess.Popen:
         role = (
@@ -170,37 +215,64 @@ class Run:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            cwd=self.cwd,
         )
+        self.out[name] = Output(name, self.procs[name])
         return self.procs[name]
 
-    def wait_for_progress(self, epochs_closed: int) -> list[str]:
+    def tails(self, lines: int = 15) -> str:
+        """The last ``lines`` lines of every process's output, for a failure message."""
+        return "".join(
+            f"--- {name} (exit {self.procs[name].poll()}) ---\n" + "".join(out.lines[-lines:])
+            for name, out in self.out.items()
+        )
+
+    def coordinator_lines(self, until, seconds: float, what: str) -> list[str]:
+        """The coordinator's next lines, up to the first for which ``until(line)`` holds (or
+        its end of output); `AssertionError` naming ``what`` after ``seconds``."""
+        seen: list[str] = []
+        deadline = time.monotonic() + seconds
+        try:
+            while (line := self.out["coordinator"].next_line(deadline)) is not None:
+                seen.append(line)
+                if until(line):
+                    return seen
+        except TimeoutError:
+            pass
+        raise AssertionError(f"no {what} within {seconds:g} s:\n{self.tails()}")
+
+    def wait_for_progress(self, epochs_closed: int, seconds: float = 90) -> list[str]:
         """Read the coordinator's status lines until ``epochs_closed`` epochs are closed and
         the current one has commits."""
-        coord, seen = self.procs["coordinator"], []
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            line = coord.stdout.readline()
-            if not line:
-                break
-            seen.append(line)
-            if line.startswith(f"epoch {epochs_closed} committed ") and not line.split(
-                " committed "
-            )[1].startswith("0/"):
-                return seen
-        raise AssertionError("no progress:\n" + "".join(seen))
+        head = f"epoch {epochs_closed} committed "
+        return self.coordinator_lines(
+            lambda ln: ln.startswith(head) and not ln[len(head) :].startswith("0/"),
+            seconds,
+            f"commit in epoch {epochs_closed}",
+        )
 
     def kill(self, name: str) -> None:
         os.kill(self.procs[name].pid, signal.SIGKILL)
         assert self.procs[name].wait(timeout=10) == -signal.SIGKILL
+        self.out[name].join()
         self.procs[name].stdout.close()
 
+    def exit_of(self, name: str, seconds: float) -> str:
+        """Wait up to ``seconds`` for ``name`` to exit 0; its whole output."""
+        try:
+            code = self.procs[name].wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{name} still running after {seconds:g} s:\n{self.tails()}"
+            ) from None
+        out = self.out[name].join()
+        assert code == 0, f"{name} exited {code}:\n{out[-4000:]}\n{self.tails()}"
+        return out
+
     def finish(self) -> dict:
-        coord = self.procs["coordinator"]
-        out, _ = coord.communicate(timeout=240)
-        assert coord.returncode == 0, out
+        self.exit_of("coordinator", 240)
         for name in ("w0", "w1", "ds0", "ds1"):  # the others rode the restart out
-            rest, _ = self.procs[name].communicate(timeout=30)
-            assert self.procs[name].returncode == 0, f"{name}: {rest}"
+            self.exit_of(name, 30)
         summary = json.loads(self.summary.read_text())
         all_ids = sorted(
             i * (1 << 20) + b
@@ -214,10 +286,11 @@ class Run:
         return summary
 
     def close(self) -> None:
-        for p in self.procs.values():
+        for name, p in self.procs.items():
             if p.poll() is None:
                 p.kill()
                 p.wait(timeout=10)
+            self.out[name].join()
             if p.stdout and not p.stdout.closed:
                 p.stdout.close()
 

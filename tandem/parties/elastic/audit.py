@@ -18,13 +18,17 @@ Contract:
 * A worker with ``limit`` strikes or more is `banned`: the coordinator removes it from the
   membership for good.
 
+* `tally()` and `restore(tally)` carry the strikes, the bans and the refusal count across a
+  restart of the coordinator (the coordinator journals the tally with each record).
+
 Invariant: ``strikes[w] >= 1`` for every fenced ``w``; ``banned`` holds exactly the workers
 with ``strikes >= limit``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 class ReportAudit:
@@ -63,6 +67,27 @@ class ReportAudit:
 
     def forget(self) -> None:
         self._reported.clear()
+
+    def tally(self) -> dict[str, Any]:
+        """The counts to keep across a restart: ``strikes`` (worker -> count), ``banned``
+        (sorted) and ``fenced_reports`` (reports refused from fenced workers)."""
+        return {
+            "strikes": dict(sorted(self.strikes.items())),
+            "banned": sorted(self.banned),
+            "fenced_reports": self.refused,
+        }
+
+    def restore(self, tally: Mapping[str, Any]) -> None:
+        """Take back what `tally` returned (before any report is recorded). The bans are
+        recomputed from the strikes and this audit's ``limit``, so the invariant holds even
+        when the restarted coordinator runs with another limit; a worker banned before keeps
+        its ban."""
+        self.strikes = {str(w): int(n) for w, n in tally.get("strikes", {}).items() if int(n) > 0}
+        self.banned = {w for w, n in self.strikes.items() if n >= self.limit}
+        for w in tally.get("banned", ()):  # banned under a lower limit: still banned
+            self.banned.add(str(w))
+            self.strikes[str(w)] = max(self.strikes.get(str(w), 0), self.limit)
+        self.refused = int(tally.get("fenced_reports", 0))
 
     def _strike(self, worker: str) -> bool:
         self.strikes[worker] = self.strikes.get(worker, 0) + 1

@@ -23,8 +23,9 @@ appends the commit (``seq``, generation, epoch, the batch ids) to its journal an
 commits it in the ledger. A coordinator restarted after ``kill -9`` replays its journal and
 restores every data server to the journal's ``seq``, so a checkpoint written but not yet
 journaled is discarded and its batches issued again: each batch stays committed exactly once.
-Rollbacks and recoveries are journaled as well, so a restarted coordinator's counters (and so
-its summary) cover the whole run (`journal`).
+Rollbacks and recoveries are journaled as well, and every record carries the run's tally
+(re-issued batches, refused reports, false-report strikes and bans), so a restarted
+coordinator's counters, its bans and so its summary cover the whole run (`journal`).
 
 **Data server failures.** A data server that does not answer (killed, restarted, unreachable
 for ``call_timeout``) stops the round: the coordinator waits up to ``recover_timeout`` for every
@@ -101,7 +102,7 @@ class Coordinator:
             transport,
             self.membership,
             data_servers={ds: servers.get(ds, "") for ds in config.data_servers},
-            ledger=lambda: self._ready_ledger,
+            ledger=lambda: self.ledger,
             event=self._event,
             clock=clock,
             wake=self._wake,
@@ -165,9 +166,9 @@ class Coordinator:
         """Train ``epochs`` epochs; returns a summary. Leaves no task running."""
         async with asyncio.TaskGroup() as tg:
             helpers = [tg.create_task(self.calls.replies_from(ds)) for ds in self.cfg.data_servers]
+            helpers.append(tg.create_task(self.workers.discover(tg)))  # welcome workers at once
             try:
                 await self._hello()
-                helpers.append(tg.create_task(self.workers.discover(tg)))
                 await self._train()
                 await self._finish()
                 await self._stop()
@@ -246,7 +247,8 @@ class Coordinator:
         p, counts = self.progress, state.counts
         p.checkpoints, p.rollbacks = counts["checkpoints"], counts["rollbacks"]
         p.recoveries, self.restarts = counts["recoveries"], counts["restarts"]
-        ledger.reissued = counts["reissued"]
+        self.workers.restore(state.tally)
+        ledger.reissued = counts["reissued"]  # the tally's, or the older journals' deltas
         p.loss = self.history[-1]["loss"] if self.history else self.initial_loss
         self.resumed = {
             "epoch": state.epoch,
@@ -269,10 +271,19 @@ class Coordinator:
         cfg, ledger = self.cfg, self._ready_ledger
         if len(self.history) >= cfg.epochs:  # resumed after the last epoch closed
             return
+        since = said = self.clock()
         while len(self.membership.live) < max(cfg.min_workers, 1) or not self.membership.live:
             self._set_phase("waiting")
             await self._wait(cfg.interval)
             self.membership.detect(self.clock())
+            if self.clock() - said > max(10.0, 10 * cfg.interval):  # name what it waits for
+                said = self.clock()
+                log.warning(
+                    "waiting %.0f s for %d live worker(s) (min_workers); live: %s, watched: %s",
+                    said - since, max(cfg.min_workers, 1), sorted(self.membership.live),
+                    sorted(self._watched),
+                )  # fmt: skip
+                self._report()
         self._event("live", sorted(self.membership.live))
         while True:
             self._set_phase("train")
@@ -337,6 +348,7 @@ class Coordinator:
         reps = await self._call_all("checkpoint", arrays=merged, seq=seq)
         self._check_replicas(reps)
         digests = {ds: rep.meta["digest"] for ds, rep in reps.items()}
+        self.workers.settle(applied)  # before the record, so its tally holds the strikes
         await self._journal(
             {
                 "kind": "commit",
@@ -345,11 +357,11 @@ class Coordinator:
                 "epoch": ledger.epoch,
                 "batches": applied,
                 "digests": digests,
+                "tally": self.workers.tally(requeued=ledger.unapplied(applied)),
             }
         )
         self._seq = seq
         self._remember(reps)
-        self.workers.settle(applied)
         committed = ledger.checkpoint(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
@@ -451,6 +463,7 @@ class Coordinator:
                 "generation": gen,
                 "digests": dict(self._ckpt_digest),
                 "reissued": reissued,
+                "tally": self.workers.tally(),
                 **extra,
             }
         )
@@ -482,6 +495,7 @@ class Coordinator:
                 "loss": loss,
                 "generation": ledger.generation,
                 "digests": {ds: rep.meta["digest"] for ds, rep in reps.items()},
+                "tally": self.workers.tally(),
             }
         )
         self._seq = seq
@@ -564,6 +578,7 @@ class Coordinator:
             "refused_reports": self.ledger.refused if self.ledger else 0,
             "false_reports": dict(self.workers.audit.strikes),
             "fenced": sorted(self.workers.audit.banned),
+            "fenced_reports": self.workers.audit.refused,
             "generation": self.ledger.generation if self.ledger else 0,
         }
 

@@ -6,7 +6,8 @@ Records (one JSON object per line)::
     {"kind": "start", "data_servers": [...], "spec": "<digest>", "seq": 0,
      "digests": {ds: sha256}, "initial_loss": 1.38}
     {"kind": "commit", "seq": 4, "generation": 9, "epoch": 0, "batches": [3, 1048579],
-     "digests": {...}}
+     "digests": {...}, "tally": {"reissued": 2, "refused_reports": 1, "fenced_reports": 0,
+     "strikes": {}, "banned": []}}
     {"kind": "epoch", "seq": 5, "epoch": 0, "loss": 0.41, "generation": 10, "digests": {...}}
     {"kind": "rollback", "seq": 5, "generation": 11, "digests": {...}, "reissued": 3}
     {"kind": "recover", "seq": 5, "generation": 12, "digests": {...}, "reissued": 0,
@@ -21,6 +22,14 @@ generation; they are journaled so that the run's counters (`JournalState.counts`
 ``checkpoints``, ``rollbacks``, ``recoveries``, ``restarts``, ``reissued``) survive a restart of
 the coordinator, whose summary then covers the whole run. A ``recover`` counts as a rollback
 too (it rolls every data server back), as the coordinator counts it.
+
+Every record after ``start`` also carries ``tally``: the run's cumulative counts *as they stand
+once the record takes effect* (`TALLY`: ``reissued``, ``refused_reports``, ``fenced_reports``,
+``strikes`` per worker, ``banned`` workers). Counts that move between records (a report
+refused, a worker fenced) are thus kept as of the last record; `JournalState.tally` is the last
+one, and when present its ``reissued`` is ``counts["reissued"]`` (it also holds the batches a
+checkpoint or a refused report put back, which the ``reissued`` of a ``rollback`` or
+``recover`` record does not). A journal written without tallies replays with zero tallies.
 
 Crash safety: a record counts once its line and newline are on disk. `Journal.open` drops a torn
 last line (``kill -9`` in the middle of a write) and truncates the file to its last complete
@@ -41,6 +50,15 @@ from .errors import JournalError
 #: The run's counters a journal keeps (`JournalState.counts`).
 COUNTS = ("checkpoints", "rollbacks", "recoveries", "restarts", "reissued")
 
+#: The cumulative counts each record's ``tally`` holds, with their value before any record.
+TALLY: dict[str, Any] = {
+    "reissued": 0,
+    "refused_reports": 0,
+    "fenced_reports": 0,
+    "strikes": {},
+    "banned": [],
+}
+
 
 @dataclasses.dataclass
 class JournalState:
@@ -55,6 +73,7 @@ class JournalState:
     digests: dict[str, str]
     records: int
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    tally: dict[str, Any] = dataclasses.field(default_factory=lambda: _tally(TALLY))
 
 
 class Journal:
@@ -163,4 +182,24 @@ def replay(records: list[dict[str, Any]], where: str = "journal") -> JournalStat
         state.seq = int(record["seq"])
         state.generation = int(record["generation"])
         state.digests = dict(record["digests"])
+        if "tally" in record:
+            state.tally = _tally(record["tally"], where)
+            counts["reissued"] = state.tally["reissued"]
     return state
+
+
+def _tally(raw: Any, where: str = "journal") -> dict[str, Any]:
+    """A record's ``tally``, checked and copied (`JournalError` when malformed)."""
+    try:
+        return {
+            "reissued": int(raw["reissued"]),
+            "refused_reports": int(raw["refused_reports"]),
+            "fenced_reports": int(raw["fenced_reports"]),
+            "strikes": {str(w): int(n) for w, n in dict(raw["strikes"]).items()},
+            "banned": sorted(str(w) for w in raw["banned"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise JournalError(
+            f"{where!r}: a record's tally {raw!r} is malformed ({exc!r}); it needs the keys "
+            f"{sorted(TALLY)}: restore the journal from a backup, or move it away to start afresh"
+        ) from None

@@ -147,6 +147,11 @@ class Ledger:
         self._requeue()
         return applied
 
+    def unapplied(self, applied: Iterable[int]) -> int:
+        """How many batches `checkpoint(applied)` would put back to pending (and count in
+        ``reissued``): those in flight or completed but not in ``applied``."""
+        return len((set(self.in_flight) | self.completed) - set(applied))
+
     def restore(self, committed: Iterable[int]) -> None:
         """Mark ``committed`` (read back from the coordinator's journal) as committed before
         anything is assigned; `LedgerError` for an id not in the epoch or listed twice."""

@@ -80,7 +80,9 @@ def _train_table(raw: Any, where: str) -> dict[str, Any]:
             f"{where}: [train] has unknown keys {unknown}; accepted: {sorted(TRAIN_KEYS)}"
         )
     for key, kinds in TRAIN_KEYS.items():
-        if key in raw and (not isinstance(raw[key], kinds) or isinstance(raw[key], bool)):
+        # a bool is an int to isinstance: only a bool key takes one
+        wrong_bool = isinstance(raw.get(key), bool) and bool not in kinds
+        if key in raw and (not isinstance(raw[key], kinds) or wrong_bool):
             raise ConfigError(
                 f"{where}: train.{key} must be {' or '.join(k.__name__ for k in kinds)}, "
                 f"got {raw[key]!r}"

@@ -27,6 +27,7 @@ from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
 from .audit import ReportAudit
+from .errors import ElasticError
 from .ledger import Ledger
 from .membership import Membership
 
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 
 class Workforce:
-    """The workers of one coordinator. ``ledger()`` returns the current batch ledger;
-    ``event(kind, detail)`` records an event; ``wake`` is set whenever something changed."""
+    """The workers of one coordinator. ``ledger()`` returns the current batch ledger (None
+    until the coordinator's hello built it: workers are welcomed before, see `discover`);
+        ``event(kind, detail)`` records an event; ``wake`` is set whenever something changed."""
 
     def __init__(
         self,
@@ -43,7 +45,7 @@ class Workforce:
         membership: Membership,
         *,
         data_servers: Mapping[str, str],
-        ledger: Callable[[], Ledger],
+        ledger: Callable[[], Ledger | None],
         event: Callable[[str, Any], None],
         clock: Callable[[], float],
         wake: asyncio.Event,
@@ -66,7 +68,9 @@ class Workforce:
 
     async def discover(self, tg: asyncio.TaskGroup) -> None:
         """Watch every addressable peer that is not a data server (forever: cancel it and
-        `listeners`); the watchers run in ``tg``."""
+        `listeners`); the watchers run in ``tg``. The coordinator starts it before its hello
+        to the data servers (which may wait for them to start and compile), so a worker is
+        welcomed within its ``join_timeout`` however long the data servers take."""
         skip = set(self.data_servers) | {self.t.name}
         while True:
             for peer in self.t.peers:
@@ -113,6 +117,10 @@ class Workforce:
         if not (meta.get("ok") and isinstance(batch, int) and isinstance(gen, int)):
             return
         ledger = self.ledger()
+        if ledger is None:  # before the hello: a report of an earlier coordinator's batch
+            log.info("%s: report of batch %d from %r before the ledger: ignored", self.t.name,
+                     batch, worker)  # fmt: skip
+            return
         if self.audit.fenced(worker) and gen == ledger.generation:
             ledger.release(batch, worker)
             self.event("report_refused", (worker, batch))
@@ -142,6 +150,32 @@ class Workforce:
         self.busy.pop(worker, None)
         self.event("fenced", worker)
 
+    def tally(self, requeued: int = 0) -> dict[str, Any]:
+        """The run's cumulative counts for the journal (`journal.TALLY`), with ``requeued``
+        more batches re-issued (those the checkpoint being journaled is about to put back)."""
+        ledger = self._ledger()
+        return {
+            "reissued": ledger.reissued + requeued,
+            "refused_reports": ledger.refused,
+            **self.audit.tally(),
+        }
+
+    def restore(self, tally: Mapping[str, Any]) -> None:
+        """Take back a journaled `tally` after a restart: the ledger's counts, the audit's
+        strikes and refusals, and the bans (a banned worker stays out of the membership)."""
+        ledger = self._ledger()
+        ledger.reissued = int(tally["reissued"])
+        ledger.refused = int(tally["refused_reports"])
+        self.audit.restore(tally)
+        for worker in sorted(self.audit.banned):
+            self.membership.ban(worker)
+
+    def _ledger(self) -> Ledger:
+        ledger = self.ledger()
+        if ledger is None:
+            raise ElasticError("the coordinator has no batch ledger before its hello phase")
+        return ledger
+
     def forget(self, workers: Iterable[str]) -> None:
         for worker in workers:
             self.busy.pop(worker, None)
@@ -161,7 +195,7 @@ class Workforce:
     def assign(self) -> list[tuple[str, dict]]:
         """Give every idle live worker the next pending batch: ``(data server, train
         request)`` pairs."""
-        ledger = self.ledger()
+        ledger = self._ledger()
         out = []
         idle = self.membership.live - set(self.busy) - self.membership.banned
         for worker in sorted(idle):

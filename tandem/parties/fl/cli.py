@@ -131,6 +131,7 @@ async def server_command(args: argparse.Namespace) -> int:
     import asyncio
 
     from .config import load_server_config
+    from .evaluation import round_text
     from .server_process import run_server
     from .startup import enable_compilation_cache
 
@@ -151,7 +152,8 @@ async def server_command(args: argparse.Namespace) -> int:
             eps = "" if rep.epsilon is None else f", epsilon {rep.epsilon:.3f}"
             print(
                 f"round {rep.round + 1}/{cfg.rounds}: {len(rep.accepted)}/{len(rep.sampled)} "
-                f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}{eps}, "
+                f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}"
+                f"{round_text(rep.evaluation)}{eps}, "
                 f"{rep.seconds:.2f} s (elapsed {time.monotonic() - started:.1f} s)",
                 file=sys.stderr,
                 flush=True,

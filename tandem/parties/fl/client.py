@@ -32,6 +32,7 @@ from . import compression as C
 from . import protocol as P
 from .downlink import ClientModel
 from .dp import clip_l2
+from .evaluation import EVAL, EVALUATE, measure
 from .train import LocalTrainer
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,9 @@ class UpdateRefusedError(TandemError):
 class FLClient:
     """One client: ``transport`` to ``server``, local data ``(x, y)``, a `LocalTrainer`.
 
-    ``seed`` seeds the local shuffles (combined with the round's seed). Under secure
+    ``seed`` seeds the local shuffles (combined with the round's seed); ``validation``
+    (rows never trained on) is where it evaluates the global model when a request asks
+    (``meta.evaluate``: `tandem.parties.fl.evaluation`). Under secure
     aggregation (a training request with ``meta.secagg``), ``signer`` (this client's
     `tandem.transports.keys.SigningKey`) signs its round keys and ``roster`` (a
     `tandem.transports.keys.Roster`) checks the other clients' (see `secagg.client`).
@@ -76,9 +79,11 @@ class FLClient:
         signer: Any = None,
         roster: Any = None,
         max_refusals: int | None = None,
+        validation: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> None:
         self.transport, self.server = transport, server
         self.x, self.y = x, y
+        self.validation = validation
         self.trainer = trainer
         self.seed = seed
         self.signer, self.roster = signer, roster
@@ -150,7 +155,9 @@ class FLClient:
                 "Inf values) and its learning rate"
             )
 
-    async def _secure(self, rnd: int, payload: np.ndarray, params: Any) -> None:
+    async def _secure(
+        self, rnd: int, payload: np.ndarray, params: Any, beside: dict[str, Any]
+    ) -> None:
         """Send ``payload`` into round ``rnd``'s secure sum (`secagg.client.contribute`)."""
         from .secagg.client import LeaveRound, RoundAbandoned, contribute
 
@@ -164,6 +171,7 @@ class FLClient:
                 signer=self.signer,
                 roster=self.roster,
                 hook=self.secagg_stage,
+                beside=beside,
             )
         except (RoundAbandoned, LeaveRound) as exc:
             self.errors.append(str(exc))
@@ -190,6 +198,9 @@ class FLClient:
             return
         rnd, seed, uplink = int(meta["round"]), int(meta["seed"]), meta["uplink"]
         local_seed = (self.seed * 1_000_003 + seed) & 0xFFFFFFFF
+        beside: dict[str, Any] = {}
+        if meta.get(EVALUATE):  # the global model this request brings, before training
+            beside[EVAL] = await asyncio.to_thread(measure, self.trainer, model, self.validation)
         delta = await asyncio.to_thread(self.trainer.train, model, self.x, self.y, local_seed)
         payload = await asyncio.to_thread(compress_update, delta, uplink, seed)
         self.rounds_trained += 1
@@ -197,7 +208,7 @@ class FLClient:
         if meta.get("secagg"):
             if isinstance(meta.get("dp"), dict):  # client-level DP: this client clips
                 payload, _ = clip_l2(payload, float(meta["dp"]["clip"]))
-            await self._secure(rnd, payload, meta["secagg"])
+            await self._secure(rnd, payload, meta["secagg"], beside)
             return
         arrays, info = P.pack_arrays((payload,), bool(meta.get("lossless")))
         out = {
@@ -205,7 +216,9 @@ class FLClient:
             "n": int(self.x.shape[0]),
             "version": self.state.version,
             "kind": uplink["kind"],
-        }
+        } | beside
+        if isinstance(meta.get("serial"), str):  # which server process asked (see FLServer)
+            out["serial"] = meta["serial"][:32]
         if info is not None:
             out["zlib"] = info
         try:

@@ -12,7 +12,9 @@
    client (not in its roster, or another secret) stops it with an error saying so;
 2. reads its ``[data]`` through the shared loader (labels checked against the task's loss),
    preprocessed with the task's state (or, when the server runs ``per_client`` preprocessing,
-   its own fit, with a warning on stderr), and trains on the rows of the split's training part;
+   its own fit, with a warning on stderr), and trains on the rows of the split's training part
+   (when the server asks, it evaluates the global model on the validation part's rows:
+   `tandem.parties.fl.evaluation`);
 3. serves rounds (`FLClient`) until the server says ``stop``. When the server is lost (its
    transport notices a restart, or ``[http] peer_timeout`` without an answer), it says
    ``hello`` again with the version it holds, retrying with backoff until the server is back
@@ -233,8 +235,12 @@ async def _welcome(link: Connection, deadline: float) -> Frame:
             return frame
 
 
-def prepare_client(cfg: ClientConfig, task: Task) -> tuple[LocalTrainer, np.ndarray, np.ndarray]:
-    """Read this client's training rows and build its trainer (blocking: run in a thread)."""
+def prepare_client(
+    cfg: ClientConfig, task: Task
+) -> tuple[LocalTrainer, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Read this client's rows and build its trainer (blocking: run in a thread); returns
+    the trainer, the training part's rows and labels, and the validation part's
+    (``data.split.validation``: what it evaluates the global model on when asked)."""
     state = task.state()
     if state is None:
         log.warning(
@@ -260,7 +266,7 @@ def prepare_client(cfg: ClientConfig, task: Task) -> tuple[LocalTrainer, np.ndar
             "data has (data.features)"
         )
     trainer = task.trainer(cfg.optimizer.build(), epochs=cfg.epochs, batch_size=cfg.batch_size)
-    return trainer, x_train, y_train
+    return trainer, x_train, y_train, part(data, x, y, "validation")
 
 
 async def run_client(
@@ -286,7 +292,7 @@ async def run_client(
         link = Connection(transport, cfg, url, summary)
         welcome = await connect(link)
         task = Task.from_meta(welcome.get("task"))
-        trainer, x, y = await asyncio.to_thread(prepare_client, cfg, task)
+        trainer, x, y, validation = await asyncio.to_thread(prepare_client, cfg, task)
         seed = welcome.get("client_seed")
         client = ProcessClient(
             link,
@@ -299,6 +305,7 @@ async def run_client(
             signer=cfg.secagg.signer(),
             roster=cfg.secagg.roster(),
             max_refusals=cfg.max_refusals,
+            validation=validation,
         )
         log.info("%s: joined (%d rows, %d parameters)", cfg.name, x.shape[0], trainer.dim)
         await client.run()
@@ -309,6 +316,7 @@ async def run_client(
         "role": "client",
         "name": cfg.name,
         "rows": int(x.shape[0]),
+        "validation_rows": int(validation[0].shape[0]),
         "rounds_trained": client.rounds_trained,
         "version": client.state.version,
         "reconnects": link.reconnects,

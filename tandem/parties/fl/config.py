@@ -9,12 +9,14 @@ docs/federated.md#running-a-federation has the full tables. In short::
     # server.toml
     [server]         # name, host, port, clients (the roster: no one else may join), rounds,
                      # fraction, min_clients, round_timeout, wait, seed, loss, eval_every,
+                     # evaluate ("server" | "clients": federated evaluation),
                      # checkpoint (path or fsspec URL), export (path), compile_cache
     [optimizer]      # any optax optimizer: name + its keyword arguments
                      # FedAvg: name = "sgd", learning_rate = 1.0; FedAdam: "adam"; FedYogi: "yogi"
     [compression]    # preset = "dense" | "compressed", and the preset's knobs
     [model]          # a model spec (shared ModelSpec): kind = "mlp", hidden = [64], out_dim
-    [data]           # the held-out evaluation set (shared [data], docs/data.md)
+    [data]           # the held-out evaluation set (shared [data], docs/data.md); with
+                     # evaluate = "clients", label_column may be left out
     [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
     [secagg]         # secure aggregation (optional): max_dropout, scale, clip, stage_timeout,
                      # noise_std, public_keys (the clients' Ed25519 identity keys)
@@ -26,7 +28,8 @@ docs/federated.md#running-a-federation has the full tables. In short::
                      # max_refusals, final_model (a .safetensors path for the final model)
     [train]          # epochs, batch_size
     [optimizer]      # the local optimizer (default: sgd, learning_rate 0.05)
-    [data]           # this client's rows (it trains on the split's training part)
+    [data]           # this client's rows (it trains on the split's training part and
+                     # evaluates, when asked, on its validation part)
     [http]           # as the server's
     [secagg]         # private_key (this client's Ed25519 key), public_keys (the roster)
 
@@ -44,7 +47,7 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -180,6 +183,11 @@ class ServerTable(Section):
     seed: int = Field(default=0, ge=0)
     loss: str = "softmax"
     eval_every: int = Field(default=1, ge=0)
+    evaluate: Literal["server", "clients"] = Field(
+        default="server",
+        description='where the global model is evaluated: "server" (its labelled [data]) or '
+        '"clients" (their validation rows, data.split.validation)',
+    )
     checkpoint: str | None = Field(default=None, description="path or fsspec URL")
     export: str | None = None
     compile_cache: str = Field(
@@ -233,8 +241,7 @@ def _labelled(data: Data) -> None:
     if data.label_column is None:
         raise Invalid(
             "",
-            "data.label_column is required: federated parties train (clients) and evaluate "
-            "(the server) on labelled rows",
+            "data.label_column is required: a federated client trains on labelled rows",
         )
 
 
@@ -258,7 +265,14 @@ class ServerFile(Section):
 
     @model_validator(mode="after")
     def _checks(self) -> ServerFile:
-        _labelled(self.data)
+        if self.server.evaluate == "server" and self.data.label_column is None:
+            raise Invalid(
+                "",
+                'data.label_column is required with server.evaluate = "server" (the default: '
+                "the server evaluates on its labelled [data]); set it, or let the clients "
+                'evaluate on their validation rows with server.evaluate = "clients" (each '
+                "client's data.split.validation)",
+            )
         if self.http.secret_bytes is None:
             raise Invalid(
                 "",
@@ -364,6 +378,7 @@ class ServerConfig:
     compile_cache: str = "auto"
     dp: DPTable | None = None
     aggregation: AggregationTable = AggregationTable()
+    evaluate: str = "server"  # or "clients" (`tandem.parties.fl.evaluation`)
 
     def identity(self) -> dict[str, Any]:
         """What a checkpoint must have been written with to be resumed: everything that shapes

@@ -26,7 +26,8 @@ from .server_process import prepare_server
 async def run_local(
     server_cfg: ServerConfig, client_cfgs: Sequence[ClientConfig]
 ) -> dict[str, Any]:
-    """Train in one process; returns ``{"accuracy" (percent or None), "loss", "model"}``."""
+    """Train in one process; returns ``{"accuracy" (percent or None), "loss", "model",
+    "reports"}`` (accuracy and loss on the server's [data]; None when it has no labels)."""
     names = [c.name for c in client_cfgs]
     if sorted(names) != sorted(server_cfg.clients):
         raise ConfigError(
@@ -37,24 +38,31 @@ async def run_local(
     net = MemoryNetwork()
     clients = []
     for cfg in client_cfgs:
-        trainer, x, y = await asyncio.to_thread(prepare_client, cfg, setup.task)
+        trainer, x, y, val = await asyncio.to_thread(prepare_client, cfg, setup.task)
         seed = server_cfg.clients.index(cfg.name)
-        clients.append(FLClient(net.endpoint(cfg.name), server_cfg.name, x, y, trainer, seed=seed))
+        link = net.endpoint(cfg.name)
+        clients.append(FLClient(link, server_cfg.name, x, y, trainer, seed=seed, validation=val))
     server = FLServer(
         net.endpoint(server_cfg.name),
         server_cfg.clients,
         setup.trainer,
         setup.fl,
-        test_set=(setup.x, setup.y) if setup.trainer.classifies else None,
+        test_set=(setup.x, setup.y)
+        if setup.trainer.classifies and setup.y is not None and server_cfg.evaluate == "server"
+        else None,
     )
     async with asyncio.TaskGroup() as tg:
         for c in clients:
             tg.create_task(c.run())
         await server.run()
-    final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
+    final = None
+    if setup.y is not None:
+        final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
     return {
-        "accuracy": None if final.accuracy is None else round(100 * final.accuracy, 2),
-        "loss": final.loss,
+        "accuracy": None
+        if final is None or final.accuracy is None
+        else round(100 * final.accuracy, 2),
+        "loss": None if final is None else final.loss,
         "model": server.model,
         "reports": server.reports,
     }

@@ -5,10 +5,14 @@ Channels (one FIFO each way per client):
 * ``fl/model`` server -> client. ``meta.kind`` is ``"full"`` (arrays: the model),
   ``"delta"`` (arrays: indices, values; the client sets ``model[indices] = values``), or
   ``"stop"``. ``meta.train`` says whether a reply is expected; ``meta.uplink`` says how to
-  compress it and ``meta.seed`` is the round's shared seed.
-* ``fl/update`` client -> server: ``meta = {round, n, version, kind}`` and one array: the dense
-  delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
-  (``sketch``).
+  compress it and ``meta.seed`` is the round's shared seed; ``meta.serial`` (16 hex digits)
+  names the server process that asked.
+* ``fl/update`` client -> server: ``meta = {round, n, version, kind, serial}`` and one array:
+  the dense delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
+  (``sketch``). ``serial`` echoes the request's: a reply naming another server process (one
+  that has since restarted; the client's transport delivered it again to the new one) is
+  discarded like a late one. When the request said ``evaluate``, the update's meta also has
+  ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
   ``meta = {kind: "hello", version, url}`` (the model version it holds, 0 when it has none,
   and where it listens); no arrays. The server answers on ``fl/model`` with

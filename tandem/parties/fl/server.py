@@ -9,7 +9,8 @@ A round ``r``:
    model message planned by `DownlinkPlanner` for the version that client last confirmed,
    then wait for its update. A client that answers ``resync`` (it restarted and holds an older
    version) gets a message re-planned from the version it names, once per round. Late replies
-   to past rounds are dropped; an update that fails
+   to past rounds, and replies naming another server process's ``serial`` (sent to it before
+   a restart), are dropped; an update that fails
    `protocol.check_update` (NaN or Inf included) is refused (the reason is in the round
    report) and the round goes on; an update refused from its head (larger than the negotiated
    model's encoded size: `bounds.UpdateBounds`) or for a sample count above the client's
@@ -37,100 +38,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from tandem.errors import ConfigError, TandemError
 from tandem.transports.base import Frame, SizeAdmittingTransport, Transport
 
 from . import compression as C
 from . import protocol as P
-from .aggregate import ServerRule, ServerState, optax_step, server_step
-from .aggregator import Aggregator, check_secure, weighted_mean
+from .aggregate import ServerState, optax_step, server_step
 from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
-from .dp import DPConfig, epsilon, next_clip, noisy_sum
-from .secagg import SecAggConfig
+from .dp import epsilon, next_clip, noisy_sum
+from .evaluation import EVAL, EVALUATE, check_eval, combine
+from .server_config import FLConfig as FLConfig
 from .train import LocalTrainer
-
-
-@dataclasses.dataclass(frozen=True)
-class FLConfig:
-    """Everything the server decides. See docs/federated.md for each option."""
-
-    rounds: int = 50
-    fraction: float = 0.5
-    round_timeout: float = 30.0
-    seed: int = 0
-    uplink: dict = dataclasses.field(default_factory=lambda: {"kind": "dense"})
-    rule: ServerRule = ServerRule()
-    downlink: str = "full"
-    log_size: int = 16
-    anchor_every: int = 10
-    lossless: bool = False
-    sketch_median: bool = True
-    eval_every: int = 1
-    max_update_bytes: int | None = None
-    optimizer: optax.GradientTransformation | None = None
-    aggregator: Aggregator = weighted_mean()
-    secagg: SecAggConfig | None = None
-    dp: DPConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.secagg is not None:
-            check_secure(self.aggregator)
-        if self.dp is not None:
-            _check_dp(self.dp, self.aggregator, self.secagg)
-        if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):
-            raise ConfigError(
-                "with a server optimizer, momentum and learning rate belong to it: leave "
-                f"rule.momentum = 0 and rule.lr = 1 (got {self.rule.momentum}, {self.rule.lr}); "
-                "e.g. optax.sgd(0.1, momentum=0.9)"
-            )
-        if self.rounds < 0:
-            raise ConfigError(f"rounds must be >= 0, got {self.rounds}")
-        if not 0 < self.fraction <= 1:
-            raise ConfigError(
-                f"fraction of clients per round must be in (0, 1], got {self.fraction}"
-            )
-        if not self.round_timeout > 0:
-            raise ConfigError(f"round_timeout must be > 0 s, got {self.round_timeout}")
-        if self.eval_every < 0:
-            raise ConfigError(
-                f"eval_every must be >= 0 (0 = only at the end), got {self.eval_every}"
-            )
-
-
-def _check_dp(dp: DPConfig, rule: Aggregator, secagg: SecAggConfig | None) -> None:
-    """Refuse the combinations of differential privacy that cannot hold, naming why."""
-    if not rule.linear:
-        raise ConfigError(
-            "[dp] needs the mean aggregation rule: the noise is calibrated to the sensitivity "
-            "of a sum of clipped updates, which a median, trimmed mean, Krum or norm bound "
-            "does not have; remove [aggregation] rule or [dp]"
-        )
-    if dp.mode == "distributed" and secagg is None:
-        raise ConfigError(
-            'dp.mode = "distributed" needs secure aggregation ([secagg]): without it the '
-            "server sees each client's update with only its small noise share; add [secagg] "
-            'or use dp.mode = "central"'
-        )
-    if dp.adaptive and secagg is not None:
-        raise ConfigError(
-            "dp.adaptive with secure aggregation is not supported: adaptive clipping needs the "
-            "clients' clipped-or-not bits summed, and the secure sum carries the update only; "
-            "use a fixed dp.clip, or turn secure aggregation off"
-        )
-    if secagg is not None and secagg.noise_std > 0:
-        raise ConfigError(
-            f"secagg.noise_std = {secagg.noise_std} and [dp] both add noise; set the noise "
-            "through [dp] only (dp.noise_multiplier) and leave secagg.noise_std at 0"
-        )
 
 
 @dataclasses.dataclass
@@ -148,6 +75,7 @@ class RoundReport:
     secure: dict | None = None  # under secure aggregation: threshold, stage sizes, cheats
     epsilon: float | None = None  # under [dp]: epsilon at dp.delta after this round
     clip: float | None = None  # under [dp]: the clip norm this round used
+    evaluation: dict | None = None  # the clients' validation rows (`evaluation.combine`)
 
 
 class FLServer:
@@ -181,6 +109,11 @@ class FLServer:
             None if cfg.optimizer is None else cfg.optimizer.init(jnp.asarray(self.model))
         )
         self.next_round = 0  # where `run` starts (a restored server sets it)
+        # names this server process in its training requests; a reply naming another (sent to
+        # a server that has since restarted, and delivered to this one) is stale: discarded
+        self.serial = secrets.token_hex(8)  # fixed width: the requests' size never varies
+        self.stale = 0  # such replies discarded
+        self.round_evals: dict[str, tuple[int, float, float]] = {}  # client -> its eval sums
         self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(
             self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
@@ -234,6 +167,11 @@ class FLServer:
     async def after_round(self, report: RoundReport) -> None:
         """Hook: called after each round, before the next one sends anything."""
 
+    def evaluates(self, r: int) -> bool:
+        """Whether round ``r`` evaluates (`FLConfig.eval_every`; the last round always)."""
+        every = self.cfg.eval_every
+        return r == self.cfg.rounds - 1 or bool(every and (r + 1) % every == 0)
+
     def sample(self, r: int) -> tuple[list[str], int]:
         rng = np.random.default_rng([self.cfg.seed, r])
         m = max(1, math.ceil(self.cfg.fraction * len(self.clients)))
@@ -242,6 +180,7 @@ class FLServer:
 
     async def round(self, r: int) -> RoundReport:
         t0, up0, down0 = time.perf_counter(), self.bytes_up(), self.bytes_down()
+        self.round_evals = {}
         sampled, seed = self.sample(r)
         broadcast = self.planner.anchor_due()
         if broadcast:
@@ -276,10 +215,7 @@ class FLServer:
                 self._apply, [accepted[c][1] for c in names], [accepted[c][0] for c in names], seed
             )
         acc = None
-        last = r == self.cfg.rounds - 1
-        if self.test_set is not None and (
-            last or (self.cfg.eval_every and (r + 1) % self.cfg.eval_every == 0)
-        ):
+        if self.test_set is not None and self.evaluates(r):
             acc = await asyncio.to_thread(self.trainer.accuracy, self.model, *self.test_set)
         report = RoundReport(
             round=r,
@@ -295,6 +231,9 @@ class FLServer:
             secure=secure,
             epsilon=await asyncio.to_thread(self.epsilon, r + 1),
             clip=clip,
+            evaluation=combine(self.round_evals, self.trainer.classifies)
+            if self.cfg.client_eval and self.evaluates(r)
+            else None,
         )
         self.reports.append(report)
         if self.on_round is not None:
@@ -342,6 +281,12 @@ class FLServer:
         try:
             survivors, total = await sr.run()
             accepted.update({c: (1, None) for c in survivors})
+            for c in survivors:  # the evaluation sums travel beside the masked input
+                if self.cfg.client_eval and self.evaluates(r):
+                    try:
+                        self.round_evals[c] = check_eval(sr.evals.get(c), who=c, max_rows=2**31)
+                    except P.UpdateError as exc:
+                        out.setdefault("eval_refused", {})[c] = str(exc)
             for c in survivors:  # each trained on this round's model message
                 self.known[c] = max(self.known[c], self.planner.version)
             out["sum"] = total
@@ -470,8 +415,16 @@ class FLServer:
             return f"update from {c!r} refused: {exc}"
         if rnd < r:
             return "late"
+        if frame.meta.get("serial", self.serial) != self.serial:
+            self.stale += 1  # a reply to an earlier server's request: its own will follow
+            return "late"
         if rnd > r:
             return f"update from {c!r} refused: round {rnd} is in the future (current round {r})"
+        if self.cfg.client_eval and self.evaluates(r):
+            try:
+                self.round_evals[c] = check_eval(frame.meta.get(EVAL), who=c, max_rows=2**31)
+            except P.UpdateError as exc:
+                return f"update from {c!r} refused: {exc}"
         self.known[c] = max(self.known[c], ver)
         self.bounds.accepted(c, n)
         accepted[c] = (n, payload)
@@ -482,6 +435,9 @@ class FLServer:
         (``secagg``: the secure sum's parameters, `secagg.server.SecureRound.params`)."""
         meta, arrays = self.planner.plan(self.model, self.known[c])
         meta.update(round=r, seed=seed, train=True, uplink=self.uplink, lossless=self.cfg.lossless)
+        meta["serial"] = self.serial
+        if self.cfg.client_eval and self.evaluates(r):
+            meta[EVALUATE] = True
         if secagg is not None:
             meta["secagg"] = secagg
             if self.dp_clip is not None:  # the clients clip: the server never sees an update

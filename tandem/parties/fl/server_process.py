@@ -6,10 +6,11 @@
    hellos of ``min_clients`` clients (up to ``wait`` seconds), asks them for the summaries of
    their training rows (in the clear, or their numeric sums through the secure sum under
    ``[secagg]``: `tandem.parties.fl.summary_exchange`) and merges them into one state
-   (`tandem.parties.fl.preprocessing`); then
-   reads its ``[data]`` (the held-out evaluation set) through the shared loader, under that
-   state (or its own fit, ``per_client``), and builds the `Task` (the ``[model]`` spec with
-   ``in_dims`` from the data, the loss, the seed, the state);
+   (`tandem.parties.fl.preprocessing`); then reads its ``[data]`` (the held-out evaluation
+   set; without ``label_column`` only its features, and the clients evaluate:
+   `tandem.parties.fl.evaluation`) through the shared loader, under that state (or its own
+   fit, ``per_client``), and builds the `Task` (the ``[model]`` spec with ``in_dims`` from the
+   data, the loss, the seed, the state);
 2. builds the `FLServer` (`build_fl_config`: the ``[compression]`` preset with the
    ``[optimizer]``) and, unless ``fresh``, resumes from ``server.checkpoint`` when one is there
    (refusing one written with another configuration);
@@ -20,8 +21,9 @@
 4. waits for ``min_clients`` clients (up to ``wait`` seconds), then runs the remaining rounds;
    after each round the checkpoint is written (atomically) before the next round sends
    anything, so every version a client holds is one the checkpoint knows;
-5. sends ``stop``, evaluates the final model on its data and exports it in split learning's
-   format (`tandem.parties.fl.export`), and returns the summary that the CLI prints as JSON.
+5. sends ``stop``, evaluates the final model on its data (when labelled) and exports it in
+   split learning's format (`tandem.parties.fl.export`), and returns the summary that the
+   CLI prints as JSON.
 
 The server's transport waits on clients without a liveness timeout: every wait is bounded by
 the round's deadline instead, so a client that restarts within its round is still waited for.
@@ -47,10 +49,11 @@ from . import checkpoint as ckpt
 from . import presets
 from . import protocol as P
 from .config import ServerConfig
+from .evaluation import latest
 from .preprocessing import global_state
 from .server import FLConfig, FLServer, RoundReport
 from .summary_exchange import SUMMARY, check_summary_config, gather_summaries
-from .task import Task, load_rows, out_width, with_inputs
+from .task import Task, load_features, out_width, with_inputs
 from .train import LocalTrainer
 
 log = logging.getLogger(__name__)
@@ -68,6 +71,7 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
         anchor_every=c.anchor_every,
         log_size=c.log_size,
         eval_every=cfg.eval_every,
+        client_eval=cfg.evaluate == "clients",
     )
     if c.preset == "dense":
         fl = presets.dense(downlink=c.downlink, **common)
@@ -107,7 +111,7 @@ class ServerSetup:
     trainer: LocalTrainer
     fl: FLConfig
     x: np.ndarray
-    y: np.ndarray
+    y: np.ndarray | None  # None: the server's [data] has no labels (its clients evaluate)
     preprocessing: dict[str, Any]
     fingerprint: str
 
@@ -123,7 +127,7 @@ def prepare_server(
     if summaries is not None:
         state = global_state(cfg.data, summaries, cfg.preprocessing.min_count)
     out = out_width(cfg.model, cfg.loss, cfg.path)
-    data, x, y = load_rows(cfg.data, loss=cfg.loss, out=out, state=state)
+    data, x = load_features(cfg.data, loss=cfg.loss, out=out, state=state)
     spec = with_inputs(cfg.model, int(x.shape[1]), cfg.path, state or data.preprocessing)
     shared = None if state is None else state.to_json()
     probe = Task(spec, cfg.loss, cfg.seed, 0, cfg.identity_hash(), shared)
@@ -139,7 +143,7 @@ def prepare_server(
         trainer=trainer,
         fl=build_fl_config(cfg, trainer.dim),
         x=x,
-        y=y,
+        y=data.labels,
         preprocessing=data.preprocessing.to_json() if shared is None else shared,
         fingerprint=data.fingerprint if shared is None else _fingerprint(data.fingerprint, shared),
     )
@@ -166,7 +170,9 @@ class DeployedServer(FLServer):
         *,
         on_round: Callable[[RoundReport], None] | None = None,
     ) -> None:
-        test_set = (setup.x, setup.y) if setup.trainer.classifies else None
+        test_set = None
+        if setup.trainer.classifies and setup.y is not None and cfg.evaluate == "server":
+            test_set = (setup.x, setup.y)
         super().__init__(
             transport,
             cfg.clients,
@@ -282,7 +288,7 @@ async def _early_setup(cfg: ServerConfig) -> ServerSetup | None:
         return await asyncio.to_thread(prepare_server, cfg)
     await asyncio.to_thread(check_summary_config, cfg)
     out = out_width(cfg.model, cfg.loss, cfg.path)
-    await asyncio.to_thread(load_rows, cfg.data, loss=cfg.loss, out=out)
+    await asyncio.to_thread(load_features, cfg.data, loss=cfg.loss, out=out)
     return None
 
 
@@ -376,7 +382,9 @@ async def run_server(
                 server.final_to.add(c)
             await server.welcome(c, version, url)
         await _serve_rounds(server, cfg)
-        final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
+        final = None
+        if setup.y is not None:
+            final = await asyncio.to_thread(server.trainer.evaluate, server.model, setup.x, setup.y)
         exported = None
         if cfg.export is not None:
             exported = await asyncio.to_thread(
@@ -388,9 +396,13 @@ async def run_server(
         "name": cfg.name,
         "rounds": len(reports),
         "resumed_at": resumed,
-        "accuracy": None if final.accuracy is None else round(100 * final.accuracy, 2),
-        "loss": round(final.loss, 6),
-        "eval_rows": int(setup.x.shape[0]),
+        "accuracy": None
+        if final is None or final.accuracy is None
+        else round(100 * final.accuracy, 2),
+        "loss": None if final is None else round(final.loss, 6),
+        "eval_rows": 0 if final is None else int(setup.x.shape[0]),
+        "evaluate": cfg.evaluate,
+        "client_eval": latest(reports),
         "params": setup.task.dim,
         "version": server.planner.version,
         "bytes_up": sum(r.up_bytes for r in reports),

@@ -131,11 +131,20 @@ def load_rows(
     """``(dataset, features, labels)`` of every row of ``cfg``'s table: float32 features
     ``[numeric | categorical codes]`` under ``state``, or under the party's own fit when
     ``state`` is None (``dataset.preprocessing`` is that own fit either way)."""
-    data = load_party_data(cfg, loss=loss, out=out)
+    data, x = load_features(cfg, loss=loss, out=out, state=state)
     if data.labels is None:
         raise ConfigError(f"{cfg.where}: data.label_column is required for federated parties")
+    return data, x, data.labels
+
+
+def load_features(
+    cfg: DataConfig, *, loss: str, out: int | None, state: Preprocessing | None = None
+) -> tuple[PartyDataset, np.ndarray]:
+    """As `load_rows`, for a table that may have no labels (``dataset.labels`` is None
+    then): a server that leaves evaluation to its clients."""
+    data = load_party_data(cfg, loss=loss, out=out)
     if state is None:
-        return data, feature_matrix(data.features), data.labels
+        return data, feature_matrix(data.features)
     own = data.preprocessing
     if (own.numeric, own.categorical) != (state.numeric, state.categorical):
         raise ConfigError(
@@ -144,7 +153,7 @@ def load_rows(
             f"{list(state.numeric)} and {list(state.categorical)}; give every party the same "
             "data.features and data.categorical"
         )
-    return data, apply_state(cfg, data, state), data.labels
+    return data, apply_state(cfg, data, state)
 
 
 def input_width(model: Mapping[str, Any]) -> int | None:

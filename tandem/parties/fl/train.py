@@ -142,9 +142,19 @@ class LocalTrainer:
     ) -> Evaluation:
         """The mean loss and the accuracy (None for "mse") of flat parameters ``vec`` on
         ``(x, y)``, in batches of ``batch_size`` rows."""
-        self._check(x, y)
         if x.shape[0] == 0:
             raise ShapeError("cannot evaluate on zero rows; give the evaluation set some rows")
+        loss, right = self.sums(vec, x, y, batch_size=batch_size)
+        n = x.shape[0]
+        return Evaluation(loss / n, right / n if self.classifies else None)
+
+    def sums(
+        self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, *, batch_size: int = 1024
+    ) -> tuple[float, float]:
+        """``(loss sum, correct count)`` of flat parameters ``vec`` over the rows of
+        ``(x, y)`` (the count is 0 for "mse"; both 0 for no rows): sums, so that parties can
+        add theirs up (federated evaluation, `tandem.parties.fl.evaluation`)."""
+        self._check(x, y)
         params = unflatten(vec, self.spec)
         loss = right = 0.0
         for start in range(0, x.shape[0], batch_size):
@@ -152,8 +162,7 @@ class LocalTrainer:
                 params, x[start : start + batch_size], y[start : start + batch_size]
             )
             loss, right = loss + float(part_loss), right + float(part_right)
-        n = x.shape[0]
-        return Evaluation(loss / n, right / n if self.classifies else None)
+        return loss, right
 
     def accuracy(self, vec: np.ndarray, x: np.ndarray, y: np.ndarray) -> float:
         """Top-1 accuracy (0..1) of flat parameters ``vec`` on ``(x, y)``."""

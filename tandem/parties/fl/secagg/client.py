@@ -211,9 +211,12 @@ async def contribute(
     roster: Any = None,
     hook: Hook | None = None,
     rng: np.random.Generator | None = None,
+    beside: dict[str, Any] | None = None,
 ) -> None:
     """Take part in round ``rnd``'s secure sum with ``payload`` (float32). ``params`` is the
     training request's ``meta.secagg``: ``scale``, ``clip``, ``bound``, ``noise``, ``wait``.
+    ``beside`` (plain JSON) travels in the clear in the masked input's meta (the federated
+    evaluation's sums: `tandem.parties.fl.evaluation`).
     ``hook(rnd, stage)`` runs before each send (stages ``advertise``, ``shares``,
     ``masked``, ``unmask``). Raises `RoundAbandoned` when the round ends without this client
     (the caller goes on)."""
@@ -229,7 +232,7 @@ async def contribute(
     held = await asyncio.to_thread(run.open_shares, await run.recv("shares"))
     masked = await asyncio.to_thread(run.masked, payload, sorted(held), rng)
     await step(rnd, "masked")
-    await run.send({"kind": "masked"}, (masked,))
+    await run.send({**(beside or {}), "kind": "masked"}, (masked,))
     log.info("%s: round %d: masked input sent", run.me, rnd)
     surv = (await run.recv("survivors")).meta.get("names")
     meta, arrays = run.unmask(surv, held, thr)

@@ -91,6 +91,7 @@ class SecureRound:
         self.label = f"{t.name}|{rnd}".encode()
         self.cheats: dict[str, str] = {}
         self.stages: dict[str, int] = {}
+        self.evals: dict[str, Any] = {}  # U3 client -> the ``eval`` beside its masked input
 
     def params(self) -> dict[str, Any]:
         """What the training request's ``meta.secagg`` tells each client."""
@@ -165,6 +166,7 @@ class SecureRound:
         self.index = {c: i for i, c in enumerate(u1)}
         masked = await gather(self.t, u2, self.rnd, "masked", self.cfg.stage_timeout)
         u3 = self._enough("masked", [c for c, f in masked.items() if self._masked_ok(f)])
+        self.evals = {c: masked[c].meta.get("eval") for c in u3}
         await self._broadcast({c: ({"kind": "survivors", "names": u3}, ()) for c in u3})
         unmask = await gather(self.t, u3, self.rnd, "unmask", self.cfg.stage_timeout)
         u4 = self._enough("unmask", [c for c, f in unmask.items() if self._unmask_ok(f, u2, u3)])

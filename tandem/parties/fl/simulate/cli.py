@@ -4,8 +4,9 @@ Data: one table split over the clients by a seeded Dirichlet split over the labe
 (``--table URL --label COLUMN``, default scikit-learn's digits), or one file per client
 (``--clients-glob PATTERN --label COLUMN``; the number of clients is the number of files).
 Progress on stderr; one JSON line on stdout: clients, per round, rounds, parameters, the final
-test accuracy (percent; None without a test set), seconds per round and the most client
-states alive at once.
+test accuracy (percent; None without a test set), seconds per round, the most client
+states alive at once, and with ``--validation SHARE`` the clients' last evaluation of the
+global model on their held-out rows (``client_eval``: `tandem.parties.fl.evaluation`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def register_simulate(fl_sub) -> None:
         metavar="ADDRESS",
         help="train client rounds as Ray tasks on this cluster ('auto', 'ray://host:10001', "
         "or 'local' to start one here; the ray extra)",
+    )
+    p.add_argument(
+        "--validation",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of each client's rows held out of its training; the clients then evaluate "
+        "the global model on them every round (federated evaluation)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=simulate_command)
@@ -82,6 +91,7 @@ def _source(args: argparse.Namespace):
 async def simulate_command(args: argparse.Namespace) -> int:
     import optax
 
+    from ..evaluation import latest, round_text
     from ..server import FLConfig
     from ..train import LocalTrainer
     from .run import simulate
@@ -103,21 +113,33 @@ async def simulate_command(args: argparse.Namespace) -> int:
             trainer = LocalTrainer(
                 sizes, optax.sgd(args.lr), epochs=args.epochs, init_seed=args.seed
             )
-        cfg = FLConfig(rounds=args.rounds, seed=args.seed, round_timeout=args.timeout)
+        cfg = FLConfig(
+            rounds=args.rounds,
+            seed=args.seed,
+            round_timeout=args.timeout,
+            client_eval=args.validation > 0,
+        )
 
         def on_round(rep) -> None:
             if not args.quiet:
                 acc = "" if rep.accuracy is None else f", accuracy {100 * rep.accuracy:.2f}%"
                 print(
                     f"round {rep.round + 1}/{args.rounds}: {len(rep.accepted)}/"
-                    f"{len(rep.sampled)} clients, {rep.seconds:.2f} s{acc}",
+                    f"{len(rep.sampled)} clients, {rep.seconds:.2f} s{acc}"
+                    f"{round_text(rep.evaluation)}",
                     file=sys.stderr,
                     flush=True,
                 )
 
         t0 = time.perf_counter()
         server = await simulate(
-            src, trainer, cfg, per_round=args.per_round, test_set=test, on_round=on_round
+            src,
+            trainer,
+            cfg,
+            per_round=args.per_round,
+            test_set=test,
+            on_round=on_round,
+            validation=args.validation,
         )
         seconds = time.perf_counter() - t0
     except TandemError as exc:
@@ -133,6 +155,7 @@ async def simulate_command(args: argparse.Namespace) -> int:
             "accuracy": None if last is None else round(100 * last, 2),
             "s_per_round": round(seconds / max(1, args.rounds), 4),
             "peak_live_clients": server.pool.peak,
+            "client_eval": latest(server.reports),
         }
     )
     return 0

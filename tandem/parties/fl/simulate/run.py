@@ -38,6 +38,7 @@ from tandem.transports.memory import MemoryNetwork
 
 from .. import protocol as P
 from ..client import FLClient
+from ..evaluation import hold_out
 from ..server import FLConfig, FLServer, RoundReport
 from ..train import LocalTrainer
 from .sources import ClientSource
@@ -71,8 +72,11 @@ class ClientPool:
         trainer: LocalTrainer,
         limit: int,
         tg: asyncio.TaskGroup,
+        validation: float = 0.0,
+        seed: int = 0,
     ) -> None:
         self.net, self.server, self.source, self.trainer = net, server, source, trainer
+        self.validation, self.seed = validation, seed
         self.index = {n: i for i, n in enumerate(names)}
         self.limit, self.live, self.peak, self.built = limit, 0, 0, 0
         self._places = asyncio.Semaphore(limit)
@@ -87,7 +91,10 @@ class ClientPool:
         try:
             i = self.index[name]
             x, y = await asyncio.to_thread(self.source.load, i)
-            client = VirtualClient(self.net.endpoint(name), self.server, x, y, self.trainer, seed=i)
+            (x, y), val = hold_out(x, y, self.validation, seed=[self.seed, i])
+            client = VirtualClient(
+                self.net.endpoint(name), self.server, x, y, self.trainer, seed=i, validation=val
+            )
         except BaseException:
             self._release()
             raise
@@ -154,11 +161,15 @@ async def simulate(
     test_set: tuple[Any, Any] | None = None,
     on_round: Callable[[RoundReport], None] | None = None,
     names: Sequence[str] | None = None,
+    validation: float = 0.0,
 ) -> SimServer:
     """Run ``cfg.rounds`` rounds with ``len(source)`` virtual clients, ``per_round`` of them
     sampled each round (default: ``cfg.fraction`` of them); returns the finished server
     (``model``, ``reports``, ``pool.peak``). Client ``i`` is named ``names[i]`` (default
-    ``c<i>``, as `tandem.parties.fl.federation.client_names`) and seeded with ``i``."""
+    ``c<i>``, as `tandem.parties.fl.federation.client_names`) and seeded with ``i``.
+    ``validation``: the share of each client's rows held out of its training (seeded by
+    ``(cfg.seed, i)``), where it evaluates the global model when ``cfg.client_eval`` asks
+    (`tandem.parties.fl.evaluation`)."""
     n = len(source)
     if n < 1:
         raise ConfigError("a simulation needs at least one client; the source has none")
@@ -175,7 +186,9 @@ async def simulate(
     limit = max(1, math.ceil(cfg.fraction * n))
     net = MemoryNetwork()
     async with asyncio.TaskGroup() as tg:
-        pool = ClientPool(net, "server", names, source, trainer, limit, tg)
+        pool = ClientPool(
+            net, "server", names, source, trainer, limit, tg, validation, seed=cfg.seed
+        )
         server = SimServer(
             net.endpoint("server"),
             names,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tandem.engine.kernels import StageModel, check_inputs, mlp_stage
-from tandem.engine.topology import BUILTIN, FEATURES, Stage, Topology
+from tandem.engine.topology import FEATURES, Stage, Topology
 from tandem.errors import ConfigError
 from tandem.parties.config import Data
 from tandem.parties.http_security import security_of
@@ -28,6 +28,7 @@ from ..hyper import HYPER_KEYS, SPLIT_FIELDS
 from ..spec import cut_of
 from .build_data import PartyData, load_data
 from .config import PartyConfig, PartyConfigError, load_party_file
+from .topology_ref import TopologyRef, talks_to, topology_of, topology_ref
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,15 +43,6 @@ class DataConfig:
     test: str | None = None
     aligned: str | None = None
     table: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class TopologyRef:
-    """Which topology: a built-in ``name`` with its arguments, or a JSON file's path."""
-
-    topology: str
-    topology_args: tuple[str | int, ...] = ()
-    topology_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(init=False, eq=False)
@@ -81,7 +73,7 @@ class PartySetup:
                 test=d.test,
                 aligned=d.aligned,
             )
-        self.topology_ref = _topology_ref(config)
+        self.topology_ref = topology_ref(config)
         self._topology: Topology | None = None
         self._models: dict[Any, StageModel] = {}
 
@@ -94,7 +86,7 @@ class PartySetup:
         """The configured topology (built-in by name, or read from a JSON file; read once,
         then cached, so later calls do no file I/O)."""
         if self._topology is None:
-            self._topology = _topology(self.topology_ref, self.path)
+            self._topology = topology_of(self.topology_ref, self.path)
         return self._topology
 
     def security(self) -> dict[str, Any]:
@@ -461,99 +453,11 @@ def _check_compress(train: Mapping[str, Any], path: str) -> None:
         raise PartyConfigError(f"{path}: [train] {exc}") from None
 
 
-def _topology(model: TopologyRef, path: str) -> Topology:
-    from tandem.errors import TopologyError
-
-    if model.topology in BUILTIN:
-        kwargs = dict(model.topology_kwargs)
-        try:
-            if model.topology == "star":
-                return _star(list(model.topology_args), kwargs)
-            return BUILTIN[model.topology](*model.topology_args, **kwargs)
-        except (TypeError, TopologyError) as exc:
-            given = list(model.topology_args) or kwargs
-            raise PartyConfigError(
-                f"{path}: the arguments {given} do not fit the built-in topology "
-                f"{model.topology!r}: {exc}"
-            ) from None
-    import json
-
-    try:
-        with open(model.topology, encoding="utf-8") as f:
-            return Topology.from_dict(json.load(f))
-    except (ValueError, TopologyError) as exc:
-        raise PartyConfigError(f"{path}: model.topology file {model.topology!r}: {exc}") from None
-
-
-def _star(args: list[Any], kwargs: dict[str, Any]) -> Topology:
-    """A star: ``followers`` a count (parties ``follower0``... as `tandem.engine.topology.star`)
-    or a list of names (stages ``bottom_<name>``), one leader with the top (and, with
-    ``leader_bottom``, ``bottom_<leader>``)."""
-    from tandem.engine.topology import star
-    from tandem.errors import TopologyError
-
-    followers = kwargs.pop("followers", args.pop(0) if args else None)
-    leader = kwargs.pop("leader", args.pop(0) if args else "leader")
-    if args or set(kwargs) - {"leader_bottom"}:
-        raise TypeError(f"star takes followers, leader, leader_bottom; got extra {args or kwargs}")
-    if isinstance(followers, int) and not isinstance(followers, bool):
-        return star(followers, leader, **kwargs)
-    if not isinstance(followers, list) or not followers:
-        raise TopologyError(f"followers must be a count or a list of names, got {followers!r}")
-    names = [str(f) for f in followers]
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice or leader in names:
-        raise TopologyError(
-            f"party names must differ: {twice or [leader]} given twice (the leader is {leader!r})"
-        )
-    stages = [Stage(f"bottom_{n}", n, (FEATURES,)) for n in names]
-    if kwargs.get("leader_bottom"):
-        stages.append(Stage(f"bottom_{leader}", leader, (FEATURES,)))
-    stages.append(Stage("top", leader, tuple(s.name for s in stages), loss=True))
-    return Topology(tuple(stages))
-
-
-def _talks_to(topo: Topology, name: str) -> list[str]:
-    """The parties ``name`` exchanges frames with: every other party for the leader (it
-    drives them all); a follower: the leader and the parties across its cut edges."""
-    if topo.label_owner == name:
-        return [p for p in topo.parties if p != name]
-    peers = {topo.label_owner}
-    for e in topo.edges():
-        if name in (e.src_party, e.dst_party):
-            peers.update((e.src_party, e.dst_party))
-    peers.discard(name)
-    return sorted(peers)
-
-
 def split_config_from(hyper: Mapping[str, Any]):
     """A `SplitConfig` from the ``train`` table or a spec's ``hyper`` (extra keys ignored)."""
     from ..party import SplitConfig
 
     return SplitConfig(**{k: v for k, v in hyper.items() if k in SPLIT_FIELDS})
-
-
-def _topology_ref(c: PartyConfig) -> TopologyRef:
-    if c.topology is not None:
-        if c.topology.file is not None:
-            return TopologyRef(c.topology.file)
-        return TopologyRef(str(c.topology.kind), (), c.topology.arguments())
-    args = tuple(c.model.topology_args or ())
-    name = c.model.topology or "leader_follower"
-    if name not in BUILTIN:
-        name = _file(c.path, name, "model.topology")
-    return TopologyRef(name, args)
-
-
-def _file(path: str, value: str, key: str) -> str:
-    base = os.path.dirname(os.path.abspath(path))
-    full = value if os.path.isabs(value) else os.path.join(base, value)
-    if not os.path.exists(full):
-        raise PartyConfigError(
-            f"{path}: {key} = {value!r}: no such file ({full}); fix the path "
-            "(relative paths start at the config file's folder)"
-        )
-    return full
 
 
 def load_party_config(path: str | os.PathLike) -> PartySetup:
@@ -575,7 +479,7 @@ def load_party_config(path: str | os.PathLike) -> PartySetup:
             f"{'owns' if is_owner else 'does not own'} the loss stage; the leader is "
             f"{topo.label_owner!r}"
         )
-    missing = [p for p in _talks_to(topo, cfg.name) if p not in cfg.peers]
+    missing = [p for p in talks_to(topo, cfg.name) if p not in cfg.peers]
     if missing:
         raise PartyConfigError(f'{path}: [peers] lacks {missing}; add `name = "http://host:port"`')
     others = [p for p in topo.parties if p != cfg.name]
