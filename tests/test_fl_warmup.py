@@ -115,3 +115,25 @@ def test_warm_up_rounds_are_dense_rounds_and_compressed_stays_near_dense():
     cold = dataclasses.replace(cfgs["compressed"], warmup=None, rounds=1)
     first = asyncio.run(run_memory_federation(data, trainer, cold)).reports[0]
     assert 100 * first.accuracy < 100 * dense[0].accuracy - 5, (first.accuracy, dense[0].accuracy)
+
+
+def test_a_reply_to_a_denser_past_round_is_discarded_as_late_not_refused():
+    from fl_helpers import small_setup
+    from tandem.parties.fl import presets
+    from tandem.parties.fl.server import FLServer
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
+
+    _, trainer = small_setup()
+    d = trainer.dim
+    cfg = presets.compressed(d, warmup=Warmup(1, 0), rounds=2)
+    server = FLServer(MemoryNetwork().endpoint("server"), ["c0"], trainer, cfg)
+    assert server.uplink == {"kind": "dense"}  # round 0's, the largest: it sizes the bound
+    assert server.max_update_bytes > 4 * d
+    server.uplink, server.topk = round_compression(cfg.warmup, 1, cfg.uplink, cfg.rule.topk, d)
+    assert server.uplink == cfg.uplink
+    meta = {"n": 5, "version": 0, "kind": "dense"}
+    dense = (np.zeros(d, np.float32),)
+    assert server._judge("c0", 1, Frame(meta={**meta, "round": 0}, arrays=dense), {}) == "late"
+    refused = server._judge("c0", 1, Frame(meta={**meta, "round": 1}, arrays=dense), {})
+    assert refused is not None and "differs from the round's uplink" in refused
