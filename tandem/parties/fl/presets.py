@@ -12,6 +12,7 @@ from tandem.errors import ConfigError
 
 from .aggregate import ServerRule
 from .server import FLConfig
+from .warmup import Warmup
 
 SKETCH_ROWS = 5
 """Rows of the preset count sketch: the robust estimate (`compression.sketch_estimate`) then
@@ -45,10 +46,13 @@ def compressed(
     downlink: str = "version",
     sketch: bool = False,
     sketch_rows: int = SKETCH_ROWS,
+    warmup: Warmup | None = None,
     **kw,
 ) -> FLConfig:
     """Compressed both ways (see module doc); ``sketch`` uses a ``sketch_rows`` x ``cols``
-    count sketch of the same payload (`sketch_shape`) instead of rand-k."""
+    count sketch of the same payload (`sketch_shape`) instead of rand-k. ``warmup`` (a
+    `Warmup`; ``[compression]`` of a server's TOML gives ``Warmup(2, 4)``) starts dense and
+    ramps to these ratios; None compresses from round one."""
     if sketch:
         rows, cols = sketch_shape(d, uplink_ratio, sketch_rows)
         uplink = {"kind": "sketch", "rows": rows, "cols": cols}
@@ -57,4 +61,4 @@ def compressed(
     rule = ServerRule(
         momentum=momentum, topk=max(1, d // topk_ratio), lr=server_lr, momentum_stop=sketch
     )
-    return FLConfig(uplink=uplink, rule=rule, downlink=downlink, **kw)
+    return FLConfig(uplink=uplink, rule=rule, downlink=downlink, warmup=warmup, **kw)

@@ -58,6 +58,7 @@ from .dp import epsilon, next_clip, noisy_sum
 from .evaluation import EVAL, EVALUATE, check_eval, combine
 from .server_config import FLConfig as FLConfig
 from .train import LocalTrainer
+from .warmup import round_compression
 
 
 @dataclasses.dataclass
@@ -100,7 +101,11 @@ class FLServer:
         self.transport, self.clients = transport, list(clients)
         self.trainer, self.cfg = trainer, cfg
         self.d = trainer.dim
-        self.uplink = P.check_uplink(cfg.uplink, self.d)
+        self.base_uplink = P.check_uplink(cfg.uplink, self.d)
+        # this round's uplink and top-k (`warmup.round_compression`); round 0's are the largest
+        self.uplink, self.topk = round_compression(
+            cfg.warmup, 0, self.base_uplink, cfg.rule.topk, self.d
+        )
         self.model = np.array(trainer.init_vec, np.float32, copy=True)
         self.state = ServerState.zeros(self.d)
         combined = P.expected_shape(self.uplink, self.d) if cfg.aggregator.linear else (self.d,)
@@ -182,6 +187,9 @@ class FLServer:
         t0, up0, down0 = time.perf_counter(), self.bytes_up(), self.bytes_down()
         self.round_evals = {}
         sampled, seed = self.sample(r)
+        self.uplink, self.topk = round_compression(
+            self.cfg.warmup, r, self.base_uplink, self.cfg.rule.topk, self.d
+        )
         broadcast = self.planner.anchor_due()
         if broadcast:
             self.planner.set_anchor()
@@ -402,6 +410,9 @@ class FLServer:
     def _judge(self, c: str, r: int, frame: Frame, accepted: dict) -> str | None:
         """Check ``c``'s update for round ``r`` and accept it; returns why it is refused,
         ``"late"`` for a reply to a past round, or None once accepted."""
+        rnd = frame.meta.get("round")
+        if isinstance(rnd, int) and not isinstance(rnd, bool) and 0 <= rnd < r:
+            return "late"  # discarded unread: its round's uplink may differ from this one's
         try:
             rnd, n, ver, payload = P.check_update(
                 frame,
@@ -497,14 +508,15 @@ class FLServer:
     def _step(self, agg: np.ndarray) -> None:
         """Run the server rule on the round's ``(d,)`` update, move the model, log it."""
         if self.cfg.optimizer is None:
-            idx, values, self.state = server_step(self.cfg.rule, self.state, agg)
+            rule = dataclasses.replace(self.cfg.rule, topk=self.topk)
+            idx, values, self.state = server_step(rule, self.state, agg)
         else:
             idx, values, self.opt_state, residual = optax_step(
                 self.cfg.optimizer,
                 self.opt_state,
                 self.model,
                 agg,
-                topk=self.cfg.rule.topk,
+                topk=self.topk,
                 residual=self.state.residual,
             )
             self.state = ServerState(self.state.momentum, residual)

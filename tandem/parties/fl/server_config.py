@@ -16,6 +16,7 @@ from .aggregate import ServerRule
 from .aggregator import Aggregator, check_secure, weighted_mean
 from .dp import DPConfig
 from .secagg import SecAggConfig
+from .warmup import Warmup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class FLConfig:
     aggregator: Aggregator = weighted_mean()
     secagg: SecAggConfig | None = None
     dp: DPConfig | None = None
+    warmup: Warmup | None = None  # the compression ramp (`warmup`): dense rounds first
     client_eval: bool = False  # federated evaluation (`tandem.parties.fl.evaluation`)
 
     def __post_init__(self) -> None:

@@ -84,6 +84,7 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
             server_lr=1.0,
             downlink=c.downlink,
             sketch=c.sketch,
+            warmup=c.warmup(),
             **common,
         )
     secagg = None if cfg.secagg is None else cfg.secagg.build()

@@ -59,7 +59,10 @@ class CompressionConfig(Section):
     """``[compression]``: ``preset`` "dense" (dense uplink, full downlink) or "compressed"
     (rand-k uplink keeping 1/``uplink_ratio`` of the coordinates, or a count sketch of that
     size with ``sketch``; error feedback applying the top 1/``topk_ratio``; ``downlink``
-    deltas; ``downlink`` defaults to "full" for dense and "version" for compressed)."""
+    deltas; ``downlink`` defaults to "full" for dense and "version" for compressed).
+    A compressed federation starts dense: ``warmup_rounds`` dense rounds, then ``ramp_rounds``
+    rounds whose share of coordinates falls geometrically to the configured one
+    (`tandem.parties.fl.warmup`)."""
 
     preset: str = "dense"
     uplink_ratio: int = Field(default=60, ge=1)
@@ -69,6 +72,8 @@ class CompressionConfig(Section):
     anchor_every: int = Field(default=10, ge=1)
     log_size: int = Field(default=16, ge=1)
     lossless: bool = False
+    warmup_rounds: int = Field(default=2, ge=0, description="dense rounds first (compressed)")
+    ramp_rounds: int = Field(default=4, ge=0, description="rounds from dense to the ratios")
 
     @model_validator(mode="before")
     @classmethod
@@ -88,7 +93,10 @@ class CompressionConfig(Section):
 
     @model_validator(mode="after")
     def _knobs(self) -> CompressionConfig:
-        knobs = sorted({"uplink_ratio", "topk_ratio", "sketch"} & self.model_fields_set)
+        knobs = sorted(
+            {"uplink_ratio", "topk_ratio", "sketch", "warmup_rounds", "ramp_rounds"}
+            & self.model_fields_set
+        )
         if self.preset == "dense" and knobs:
             raise Invalid(
                 "",
@@ -96,6 +104,14 @@ class CompressionConfig(Section):
                 'preset = "compressed"',
             )
         return self
+
+    def warmup(self) -> Any:
+        """The compressed preset's `tandem.parties.fl.warmup.Warmup` (None when it is off)."""
+        from .warmup import Warmup
+
+        if self.warmup_rounds == 0 and self.ramp_rounds == 0:
+            return None
+        return Warmup(self.warmup_rounds, self.ramp_rounds)
 
 
 __all__ = ["PRESETS", "CompressionConfig", "OptimizerConfig"]

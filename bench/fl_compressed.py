@@ -1,0 +1,265 @@
+"""Benchmark: compressed FL against dense on a user-like non-IID tabular task (issue 43, point 5).
+
+    python -m bench.fl_compressed --json                 # one JSON line on stdout
+    python -m bench.fl_compressed --plot docs/img/fl_compressed_curve.png
+
+**Task** (`make_task`, seeded, synthetic): six clients ("branches"), each a table of 20 numeric
+columns and one string categorical column (``segment``, 8 values); the label (binary) depends
+non-linearly on both (products and squares of numeric columns, a categorical offset and a
+categorical-times-numeric interaction), plus label noise. Non-IID two ways: each client's
+numeric means are shifted by its own draw (covariate shift, which also skews its labels), and
+its categorical mix is a Dirichlet(``alpha``) draw. The held-out test set mixes every client's
+distribution. The categorical column is one-hot encoded over the global vocabulary (what the
+federated preprocessing gives every client), so the model sees 28 inputs.
+
+**Runs** (`tandem.parties.fl.federation.run_memory_federation`, memory transport, byte counters
+of the server's transport): every client each round, local SGD, the server FedAdam
+(``optax.adam(0.01, eps=1e-3)``, the docs' configuration); dense (dense uplink, full downlink)
+against `presets.compressed` with its defaults, same seeds and rounds. Default model: MLP
+28-1024-1000-2 (1,056,698 parameters), 20 rounds.
+
+Keys: ``compressed_acc_gap`` (dense minus compressed final accuracy, points; target <= 0.5),
+``compressed_early_deficit`` (the largest dense-minus-compressed gap over the rounds, points;
+target <= 0.5: no early round below dense's), ``compressed_uplink_ratio`` and
+``compressed_downlink_ratio`` (dense bytes / compressed bytes over the run), and
+``compressed_curve``: round -> [dense, compressed] accuracy (%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+import time
+
+import numpy as np
+import optax
+import orjson
+
+from tandem.parties.fl import presets
+from tandem.parties.fl.data import FederatedData
+from tandem.parties.fl.federation import run_memory_federation
+from tandem.parties.fl.server import FLConfig
+from tandem.parties.fl.train import LocalTrainer
+from tandem.parties.fl.warmup import Warmup
+
+NUMERIC = 20
+SEGMENTS = tuple(f"seg_{c}" for c in "abcdefgh")
+HIDDEN_1M = [1024, 1000]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """Rows of the user-like table: ``numeric`` (n, 20) float32, ``segment`` (n,) strings,
+    ``label`` (n,) int32."""
+
+    numeric: np.ndarray
+    segment: np.ndarray
+    label: np.ndarray
+
+    def features(self) -> np.ndarray:
+        """float32 ``[numeric | one-hot(segment)]`` over the global vocabulary `SEGMENTS`."""
+        codes = np.searchsorted(np.asarray(SEGMENTS), self.segment)
+        onehot = np.eye(len(SEGMENTS), dtype=np.float32)[codes]
+        return np.concatenate([self.numeric, onehot], axis=1)
+
+
+def _label(numeric: np.ndarray, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The shared concept: a fixed non-linear score of both column kinds, thresholded."""
+    w = np.random.default_rng(12345).normal(size=NUMERIC) / np.sqrt(NUMERIC)
+    offset = np.linspace(-1.0, 1.0, len(SEGMENTS))
+    slope = np.cos(np.arange(len(SEGMENTS)))
+    x = numeric
+    score = (
+        x @ w
+        + 0.8 * x[:, 0] * x[:, 1]
+        - 0.5 * (x[:, 2] ** 2 - 1.0)
+        + np.tanh(2.0 * x[:, 3])
+        + offset[codes]
+        + slope[codes] * x[:, 4]
+    )
+    score += rng.normal(scale=0.45, size=score.shape)
+    return (score > 0.3).astype(np.int32)
+
+
+def make_client_table(
+    rows: int, client: int, *, alpha: float, shift: float, seed: int, draw: int = 0
+) -> Table:
+    """Client ``client``'s rows: its own numeric mean shift and categorical mix (drawn from
+    ``seed`` and the client's index, so a client's distribution is fixed by the seed); the
+    rows themselves from ``draw`` too (0: training rows, 1: test rows)."""
+    dist = np.random.default_rng([seed, client, 0])
+    mean = dist.normal(scale=shift, size=NUMERIC)
+    mix = dist.dirichlet(np.full(len(SEGMENTS), alpha))
+    rng = np.random.default_rng([seed, client, 1 + draw])
+    numeric = (rng.normal(size=(rows, NUMERIC)) + mean).astype(np.float32)
+    codes = rng.choice(len(SEGMENTS), size=rows, p=mix)
+    return Table(numeric, np.asarray(SEGMENTS)[codes], _label(numeric, codes, rng))
+
+
+def make_task(
+    *,
+    clients: int = 6,
+    rows: int = 4000,
+    test_rows: int = 3000,
+    alpha: float = 0.5,
+    shift: float = 0.6,
+    seed: int = 0,
+) -> FederatedData:
+    """The user-like task: ``clients`` tables of ``rows`` rows (see the module) and a test set
+    of ``test_rows`` rows drawn evenly from every client's distribution."""
+    kw = dict(alpha=alpha, shift=shift, seed=seed)
+    parts = []
+    for c in range(clients):
+        t = make_client_table(rows, c, **kw)
+        parts.append((t.features(), t.label))
+    per = max(1, test_rows // clients)
+    tests = [make_client_table(per, c, draw=1, **kw) for c in range(clients)]
+    x_test = np.concatenate([t.features() for t in tests])
+    y_test = np.concatenate([t.label for t in tests])
+    return FederatedData(tuple(parts), x_test, y_test, num_classes=2)
+
+
+def _trainer(data: FederatedData, hidden: list[int], seed: int) -> LocalTrainer:
+    sizes = [data.num_features, *hidden, data.num_classes]
+    return LocalTrainer(sizes, optax.sgd(0.05), epochs=1, batch_size=32, init_seed=seed)
+
+
+def configs(d: int, rounds: int, seed: int, warmup: Warmup | None) -> dict[str, FLConfig]:
+    """Dense and compressed FedAdam (``optax.adam(0.01, eps=1e-3)``) with every client each
+    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``)."""
+    common = dict(rounds=rounds, fraction=1.0, seed=seed, eval_every=1, round_timeout=600.0)
+    adam = optax.adam(0.01, eps=1e-3)
+    return {
+        "dense": presets.dense(optimizer=adam, **common),
+        "compressed": presets.compressed(
+            d, momentum=0.0, server_lr=1.0, optimizer=adam, warmup=warmup, **common
+        ),
+    }
+
+
+def run(
+    data: FederatedData, hidden: list[int], rounds: int, seed: int, warmup: Warmup | None
+) -> dict:
+    """Both federations on ``data``; returns the bench keys (see the module)."""
+    trainer = _trainer(data, hidden, seed)
+    curves: dict[str, list[float]] = {}
+    up: dict[str, int] = {}
+    down: dict[str, int] = {}
+    for name, cfg in configs(trainer.dim, rounds, seed, warmup).items():
+        t0 = time.perf_counter()
+        server = asyncio.run(run_memory_federation(data, trainer, cfg))
+        curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
+        up[name], down[name] = server.bytes_up(), server.bytes_down()
+        log(f"{name} ({trainer.dim} params, {time.perf_counter() - t0:.1f} s): {curves[name]}")
+    dense, comp = curves["dense"], curves["compressed"]
+    return {
+        "compressed_params": trainer.dim,
+        "compressed_rounds": rounds,
+        "compressed_warmup": None if warmup is None else dataclasses.asdict(warmup),
+        "compressed_acc_dense": dense[-1],
+        "compressed_acc": comp[-1],
+        "compressed_acc_gap": round(dense[-1] - comp[-1], 2),
+        "compressed_early_deficit": round(max(a - b for a, b in zip(dense, comp, strict=True)), 2),
+        "compressed_majority": round(100 * majority(data), 2),
+        "compressed_uplink_ratio": round(up["dense"] / up["compressed"], 2),
+        "compressed_downlink_ratio": round(down["dense"] / down["compressed"], 2),
+        "compressed_curve": {
+            str(r): [a, b] for r, (a, b) in enumerate(zip(dense, comp, strict=True))
+        },
+    }
+
+
+def majority(data: FederatedData) -> float:
+    """Share of the test set's most frequent label (what a constant model scores)."""
+    return float(np.bincount(data.y_test).max() / data.y_test.size)
+
+
+def plot(path: str, out: dict) -> None:
+    """Accuracy per round of both runs (needs the ``plot`` extra)."""
+    from tandem._extras import needs
+
+    with needs("plot", "bench.fl_compressed --plot"):
+        from matplotlib.figure import Figure
+
+    curve = out["compressed_curve"]
+    rounds = [int(r) + 1 for r in curve]
+    fig = Figure(figsize=(6.4, 4.2))
+    ax = fig.subplots()
+    w = out["compressed_warmup"]
+    label = (
+        "compressed, no warm-up"
+        if w is None
+        else (f"compressed, {w['dense_rounds']} dense + {w['ramp_rounds']} ramp rounds")
+    )
+    ax.plot(rounds, [curve[str(r - 1)][0] for r in rounds], marker="o", label="dense")
+    ax.plot(rounds, [curve[str(r - 1)][1] for r in rounds], marker="s", label=label)
+    for extra in out.get("compressed_baselines", []):
+        ax.plot(rounds, extra["curve"], linestyle="--", label=extra["label"])
+    ax.axhline(out["compressed_majority"], color="grey", linewidth=0.8, label="majority class")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(
+        f"6 non-IID clients, 20 numeric + 1 categorical, {out['compressed_params']:,} params, "
+        "FedAdam",
+        fontsize=9,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    log(f"wrote {path}")
+
+
+def compressed_gap(args: argparse.Namespace) -> dict:
+    """The bench keys for ``args`` (also `bench.fl_private`'s ``compressed`` metric)."""
+    data = make_task(rows=args.rows, seed=args.seed)
+    warmup = Warmup(args.warmup_rounds, args.ramp_rounds)
+    out = run(data, list(args.hidden), args.rounds, args.seed, warmup)
+    if getattr(args, "baseline", False):  # the same task compressed from round one
+        base = run(data, list(args.hidden), args.rounds, args.seed, None)
+        out["compressed_baselines"] = [
+            {
+                "label": "compressed, no warm-up",
+                "curve": [v[1] for v in base["compressed_curve"].values()],
+            }
+        ]
+        out["compressed_acc_gap_no_warmup"] = base["compressed_acc_gap"]
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The knobs of `compressed_gap`, named ``--<prefix>rows`` ... (`bench.fl_private` uses
+    the prefix ``compressed-``)."""
+    w = Warmup()
+    p.add_argument(f"--{prefix}rows", dest="rows", type=int, default=4000, help="rows per client")
+    p.add_argument(f"--{prefix}hidden", dest="hidden", type=int, nargs="+", default=HIDDEN_1M)
+    p.add_argument(f"--{prefix}rounds", dest="rounds", type=int, default=20)
+    p.add_argument(
+        f"--{prefix}warmup-rounds", dest="warmup_rounds", type=int, default=w.dense_rounds
+    )
+    p.add_argument(f"--{prefix}ramp-rounds", dest="ramp_rounds", type=int, default=w.ramp_rounds)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line")
+    p.add_argument("--plot", metavar="PNG", help="draw both accuracy curves (plot extra)")
+    p.add_argument("--baseline", action="store_true", help="also run compressed without warm-up")
+    p.add_argument("--seed", type=int, default=0)
+    add_arguments(p)
+    args = p.parse_args(argv)
+    out = {"bench": "fl_compressed", **compressed_gap(args)}
+    if args.plot:
+        plot(args.plot, out)
+    print(orjson.dumps(out).decode() if args.json else out, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

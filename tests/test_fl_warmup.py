@@ -1,0 +1,139 @@
+"""The compression ramp (`tandem.parties.fl.warmup`): dense rounds first, then geometrically
+sparser rounds down to the configured compression; its TOML keys; and, end to end, compressed
+FedAdam on a small version of the user-like task of ``bench.fl_compressed`` reaching dense."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from bench import fl_compressed as B
+from fl_process_helpers import to_toml
+from tandem.errors import ConfigError
+from tandem.parties.fl.config import FLConfigError, load_server_config
+from tandem.parties.fl.federation import run_memory_federation
+from tandem.parties.fl.server_process import build_fl_config
+from tandem.parties.fl.warmup import Warmup, round_compression
+
+D = 60_000
+RANDK = {"kind": "randk", "k": D // 60}
+
+
+def test_density_is_dense_then_ramps_geometrically_then_stays_at_the_floor():
+    w = Warmup(2, 2)
+    got = [w.density(r, 1 / 64) for r in range(6)]
+    assert got[:2] == [1.0, 1.0]
+    assert got[2:4] == pytest.approx([64 ** (-1 / 3), 64 ** (-2 / 3)])  # 1/4, 1/16
+    assert got[4:] == [1 / 64, 1 / 64]
+    assert [Warmup(0, 0).density(r, 0.1) for r in range(3)] == [0.1] * 3
+
+
+def test_round_compression_is_dense_first_and_never_sparser_than_configured():
+    w = Warmup(1, 3)
+    settings = [round_compression(w, r, RANDK, D // 50, D) for r in range(8)]
+    assert settings[0] == ({"kind": "dense"}, None)
+    ks = [up["k"] for up, _ in settings[1:]]
+    tops = [t for _, t in settings[1:]]
+    assert ks == sorted(ks, reverse=True) and tops == sorted(tops, reverse=True)
+    assert min(ks) == RANDK["k"] and min(tops) == D // 50  # the floor, never below
+    assert settings[-1] == (RANDK, D // 50)
+    assert round_compression(None, 0, RANDK, 7, D) == (RANDK, 7)  # off: as configured
+
+
+def test_a_sketch_ramps_by_its_columns_and_dense_stays_dense():
+    sketch = {"kind": "sketch", "rows": 5, "cols": 200}
+    up, top = round_compression(Warmup(0, 1), 0, sketch, None, D)
+    assert up["rows"] == 5 and up["cols"] > 200 and top is None
+    assert round_compression(Warmup(), 9, sketch, None, D) == (sketch, None)
+    assert round_compression(Warmup(), 0, {"kind": "dense"}, None, D) == ({"kind": "dense"}, None)
+
+
+def test_negative_rounds_are_refused_by_name():
+    with pytest.raises(ConfigError, match="compression.warmup_rounds"):
+        Warmup(-1, 0)
+
+
+def _server_toml(tmp_path, compression: dict):
+    table = {
+        "server": {"clients": ["a", "b"], "rounds": 3},
+        "model": {"kind": "mlp", "hidden": [8], "out_dim": 2},
+        "data": {"source": "eval.csv", "label_column": "y"},
+        "http": {"secret": "s"},
+        "compression": compression,
+    }
+    path = tmp_path / "server.toml"
+    path.write_text(to_toml(table))
+    return load_server_config(path)
+
+
+def test_toml_compressed_preset_starts_dense_by_default_and_can_turn_it_off(tmp_path):
+    cfg = _server_toml(tmp_path, {"preset": "compressed"})
+    assert build_fl_config(cfg, D).warmup == Warmup(2, 4)
+    off = {"preset": "compressed", "warmup_rounds": 0, "ramp_rounds": 0}
+    assert build_fl_config(_server_toml(tmp_path, off), D).warmup is None
+    assert build_fl_config(_server_toml(tmp_path, {}), D).warmup is None  # dense preset
+    with pytest.raises(FLConfigError, match='apply to preset = "compressed" only'):
+        _server_toml(tmp_path, {"warmup_rounds": 3})
+    with pytest.raises(FLConfigError, match=r"compression\.ramp_rounds"):
+        _server_toml(tmp_path, {"preset": "compressed", "ramp_rounds": -1})
+
+
+SMALL = dict(clients=6, rows=1000, test_rows=1200, seed=0)
+
+
+def test_the_user_like_task_is_seeded_non_iid_and_mixes_both_column_kinds():
+    t = B.make_client_table(50, 0, alpha=0.5, shift=0.6, seed=0)
+    assert t.numeric.shape == (50, 20) and t.segment.dtype.kind == "U"
+    assert set(t.segment) <= set(B.SEGMENTS)
+    a, b = B.make_task(**SMALL), B.make_task(**SMALL)
+    assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(a.clients, b.clients, strict=True))
+    rates = [float(y.mean()) for _, y in a.clients]
+    assert max(rates) - min(rates) > 0.3  # label skew from the shifted clients
+    assert a.num_features == 28 and a.num_classes == 2
+
+
+def test_warm_up_rounds_are_dense_rounds_and_compressed_stays_near_dense():
+    """The small version of the task (MLP 28-512-2, 8 rounds): the warm-up rounds are dense
+    FL's rounds exactly, every later round stays within 3.5 points of dense while carrying
+    1/20 of its uplink or less by the end; compressed from round one starts far below."""
+    data = B.make_task(**SMALL)
+    trainer = B._trainer(data, [512], seed=0)
+    cfgs = B.configs(trainer.dim, 8, 0, Warmup())
+    servers = {
+        name: asyncio.run(run_memory_federation(data, trainer, cfg)) for name, cfg in cfgs.items()
+    }
+    dense, comp = servers["dense"].reports, servers["compressed"].reports
+    for r in range(2):
+        assert comp[r].accuracy == dense[r].accuracy
+        assert comp[r].up_bytes == dense[r].up_bytes
+    gaps = [100 * (a.accuracy - b.accuracy) for a, b in zip(dense, comp, strict=True)]
+    assert max(gaps) < 3.5, gaps
+    assert comp[-1].up_bytes * 20 < dense[-1].up_bytes
+    cold = dataclasses.replace(cfgs["compressed"], warmup=None, rounds=1)
+    first = asyncio.run(run_memory_federation(data, trainer, cold)).reports[0]
+    assert 100 * first.accuracy < 100 * dense[0].accuracy - 5, (first.accuracy, dense[0].accuracy)
+
+
+def test_a_reply_to_a_denser_past_round_is_discarded_as_late_not_refused():
+    from fl_helpers import small_setup
+    from tandem.parties.fl import presets
+    from tandem.parties.fl.server import FLServer
+    from tandem.transports.base import Frame
+    from tandem.transports.memory import MemoryNetwork
+
+    _, trainer = small_setup()
+    d = trainer.dim
+    cfg = presets.compressed(d, warmup=Warmup(1, 0), rounds=2)
+    server = FLServer(MemoryNetwork().endpoint("server"), ["c0"], trainer, cfg)
+    assert server.uplink == {"kind": "dense"}  # round 0's, the largest: it sizes the bound
+    assert server.max_update_bytes > 4 * d
+    server.uplink, server.topk = round_compression(cfg.warmup, 1, cfg.uplink, cfg.rule.topk, d)
+    assert server.uplink == cfg.uplink
+    meta = {"n": 5, "version": 0, "kind": "dense"}
+    dense = (np.zeros(d, np.float32),)
+    assert server._judge("c0", 1, Frame(meta={**meta, "round": 0}, arrays=dense), {}) == "late"
+    refused = server._judge("c0", 1, Frame(meta={**meta, "round": 1}, arrays=dense), {})
+    assert refused is not None and "differs from the round's uplink" in refused
