@@ -14,7 +14,9 @@ import pytest
 def test_bench_fl_tiny(capsys):
     from bench.fl import main
 
-    assert main(["--rounds", "3", "--rounds-1m", "1", "--skip-http", "--json"]) == 0
+    assert (
+        main(["--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"]) == 0
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1, lines
     out = orjson.loads(lines[0])

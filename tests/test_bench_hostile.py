@@ -42,8 +42,9 @@ def test_hostile_bench_smoke():
 @pytest.mark.slow
 def test_hostile_bench_covers_the_elastic_and_fl_roles():
     """The role attacks (`bench.hostile_roles`) run under ``bench.hostile`` with their
-    verdicts and figures in the JSON line."""
-    attacks = "elastic_forged_control,done_without_gradients,oversized_update,nonfinite_wait"
+    verdicts and figures in the JSON line: one elastic and one FL attack here (each attack
+    itself is tested in test_elastic_hostile.py and test_fl_bounds.py)."""
+    attacks = "done_without_gradients,oversized_update"
     done = subprocess.run(
         [sys.executable, "-m", "bench.hostile", "--json", "--attacks", attacks]
         + ["--epochs", "1", "--seconds", "3", "--budget-mib", "64"],
@@ -57,4 +58,3 @@ def test_hostile_bench_covers_the_elastic_and_fl_roles():
     assert set(result["per_attack"]) == set(attacks.split(","))
     assert result["per_attack"]["done_without_gradients"]["fenced"] == ["w1"]
     assert result["per_attack"]["oversized_update"]["bytes_from_c3"] < 1 << 20
-    assert result["per_attack"]["nonfinite_wait"]["max_round_s"] < 30 / 4
