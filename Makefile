@@ -18,10 +18,12 @@ demo: $(BIN)/python
 	$(BIN)/tandem demo
 
 # lint, format, types, then the whole suite on TEST_WORKERS pytest-xdist processes (CI has 2
-# cores; an idle worker takes half of a busy one's queue); the first failing step stops it
+# cores). Files with slow tests are collected first (tests/conftest.py) and `--dist load`
+# hands tests out in that order as workers free up: the long ones start early and the session
+# ends on short ones. The first failing step stops it
 TEST_WORKERS ?= 2
 test: install lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load
 
 lint: install
 	$(BIN)/ruff check .

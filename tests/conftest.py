@@ -36,6 +36,15 @@ def pytest_configure(config):
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Files holding a ``slow`` test run first, each file's tests kept together and in order.
+    ``--dist load`` (the Makefile) hands tests to the workers in this order as they free up:
+    the long tests start early and the session ends on short ones instead of one worker
+    waiting for the other's last long test (longest-first scheduling)."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
+
+
 def pytest_sessionstart(session):
     # This process (an xdist worker, or the only one) compiles as before: see the docstring.
     # JAX decides once per process, at its first compilation, whether to use the cache.
