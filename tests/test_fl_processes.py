@@ -5,7 +5,8 @@ and exits 2 saying so. One client is killed (SIGKILL) while the server waits on 
 started again; later the server is killed (SIGKILL) and started again, resuming from its
 checkpoint while the clients reconnect. Training must complete every round, export the global
 model, and end within 1 point of test accuracy of the same configuration run in one process
-over the memory transport (`tandem.parties.fl.local.run_local`). Every round waits for all
+over the memory transport (`tandem.parties.fl.local.run_local`). The server aggregates with a
+robust rule from its TOML (a trimmed mean). Every round waits for all
 four clients (``min_clients = 4``, long round deadline) and everything is seeded, so the two
 runs see the same updates in the same rounds: the comparison does not depend on when the
 kills land.
@@ -34,6 +35,7 @@ def rounds_done(proc) -> int:
 @pytest.mark.timeout(300)  # six processes importing JAX on a loaded 2-core machine
 async def test_kill_a_client_and_the_server_training_completes_as_in_one_process(tmp_path):
     fed = Federation(tmp_path, rounds=ROUNDS)
+    fed.server["aggregation"] = {"rule": "trimmed_mean", "trim": 0.25}
     fed.clients["mallory"] = {  # holds the secret but is not in the server's roster
         **fed.clients["bank_a"],
         "client": {**fed.clients["bank_a"]["client"], "name": "mallory", "port": 0},
@@ -62,6 +64,7 @@ async def test_kill_a_client_and_the_server_training_completes_as_in_one_process
                 p.popen.kill()
     assert summary is not None, err[-3000:]
     assert summary["rounds"] == ROUNDS and summary["version"] == ROUNDS
+    assert summary["aggregation"] == "trimmed_mean", summary
     assert 0 < summary["resumed_at"] <= first_part  # resumed, at most the round it died in
     assert (tmp_path / "out" / "global.safetensors").exists()
     exported = load_model_sync(str(tmp_path / "out" / "global.safetensors"))

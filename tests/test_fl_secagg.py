@@ -286,13 +286,18 @@ def test_non_linear_rules_and_overflowing_rings_are_refused():
 async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed_after_masking(
     tmp_path,
 ):
-    """``tandem fl server`` and four clients, secure aggregation with signed keys from TOML
-    alone; bank_b is killed (SIGKILL) once it has sent its masked input in the last round,
-    and that round completes with the others."""
+    """``tandem fl server`` and four clients from TOML alone: secure aggregation with signed
+    keys, distributed DP at a target epsilon and the compressed uplink; bank_b is killed
+    (SIGKILL) once it has sent its masked input in the last round, and that round completes
+    with the others. Every round line carries epsilon and the time, the summary the final
+    epsilon, and a client that asks gets the final model (``client.final_model``)."""
     import signal
+
+    from safetensors.numpy import load_file
 
     from fl_process_helpers import CLIENTS, Federation
     from party_helpers import wait_until
+    from tandem.parties.fl.dp import epsilon
     from tandem.transports.keys import generate
 
     fed = Federation(tmp_path, rounds=2)
@@ -301,9 +306,11 @@ async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed
     fed.server["server"]["round_timeout"] = 30.0
     fed.server["secagg"] = {"max_dropout": 0.3, "clip": 1.0, "stage_timeout": 5.0}
     fed.server["secagg"]["public_keys"] = roster
+    fed.server["dp"] = {"mode": "distributed", "clip": 0.5, "target_epsilon": 8.0, "delta": 1e-3}
     fed.server["compression"] = {"preset": "compressed", "uplink_ratio": 10}
     for c in CLIENTS:
         fed.clients[c]["secagg"] = {"private_key": str(keys[c][0]), "public_keys": roster}
+    fed.clients["bank_a"]["client"]["final_model"] = "out/bank_a_final.safetensors"
     fed.write()
     server = fed.start("server", "", "-v")
     clients = {c: fed.start(c, "", "-v") for c in CLIENTS}
@@ -326,6 +333,16 @@ async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed
     assert "aborted" not in err, err[-3000:]
     for c, (crc, cres, cerr) in results.items():
         assert crc == 0 and cres is not None and cres["rounds_trained"] == 2, f"{c}: {cerr[-2000:]}"
+    assert summary["dp"]["mode"] == "distributed", summary
+    z = summary["dp"]["noise_multiplier"]
+    want = epsilon(z, rounds=2, sampled=4, clients=4, delta=1e-3)
+    assert summary["dp"]["epsilon"] == pytest.approx(want, abs=1e-3) and want <= 8.0
+    lines = [line for line in err.splitlines() if line.startswith("round ")]
+    assert len(lines) == 2 and all("epsilon" in x and "elapsed" in x for x in lines), lines
+    assert "unknown_peer" not in err, err[-3000:]  # a normal join logs no refusal
+    final = results["bank_a"][1]["final_model"]
+    assert final is not None and results["bank_c"][1]["final_model"] is None
+    assert load_file(final)["params"].shape == (summary["params"],)
 
 
 def test_the_secagg_tables_of_the_toml_files_are_checked_and_built(tmp_path):
