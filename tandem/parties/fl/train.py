@@ -103,7 +103,7 @@ class LocalTrainer:
             right = jnp.sum(_correct(loss, out, y)) if loss != "mse" else jnp.float32(0)
             return jnp.sum(per_sample(out, y)), right
 
-        self._step = jax.jit(step)
+        self._step = jax.jit(step, donate_argnums=(0, 1))
         self._sums = jax.jit(sums)
 
     @property
