@@ -8,9 +8,9 @@ returns the seconds from that launch until the server prints its round-one line,
 largest peak resident set size of the clients (``ru_maxrss`` of each process, from
 ``os.wait4``), and the CPU seconds (user + system) each client used, from launch to exit (with
 one round, that is its start-up plus one local epoch): a figure that, unlike the wall time,
-barely moves with the load of a shared machine. Each run uses the compilation cache folder given (`tandem.parties.fl.startup`):
-the first run on a fresh folder compiles (``cold``), the next finds the executables
-(``warm``, what a machine that has run a federation before sees).
+barely moves with the load of a shared machine. Each run uses the compilation cache folder
+given (`tandem.parties.fl.startup`): the first run on a fresh folder compiles (``cold``), the
+next finds the executables (``warm``, what a machine that has run a federation before sees).
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ def loaded(code: str) -> set[str]:
 
 
 def heavy(modules: set[str]) -> list[str]:
-    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in NOT_FOR_A_CLIENT))
+    return sorted(
+        m for m in modules if any(m == h or m.startswith(f"{h}.") for h in NOT_FOR_A_CLIENT)
+    )
 
 
 def test_a_client_loads_nothing_it_does_not_use():
