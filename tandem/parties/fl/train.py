@@ -43,11 +43,22 @@ def _initial(model: StageModel, seed: int) -> tuple[np.ndarray, FlatSpec]:
     eager compile per layer's random draw: in an FL client that was a third of its start-up
     CPU and 50 MB. The function is local, so its trace and lowering are freed with it."""
     init_fn = model.init
+    key = jax.random.key(seed)
+    leaves, treedef = jax.tree_util.tree_flatten(jax.eval_shape(init_fn, key))
+    spec = FlatSpec(treedef, tuple(a.shape for a in leaves), tuple(a.dtype for a in leaves))
 
-    def init(key):
-        return init_fn(key)
+    def init(key):  # flat inside the function: the vector is built once, not leaf by leaf
+        flat = [a.reshape(-1).astype(jnp.float32) for a in jax.tree_util.tree_leaves(init_fn(key))]
+        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
 
-    return flatten(jax.jit(init)(jax.random.key(seed)))
+    return np.array(jax.jit(init)(key)), spec
+
+
+def _unshared(state, params):
+    """``state`` with a copy of each leaf that is one of ``params``' (an optimizer that keeps
+    the parameters in its state must not share the buffers the step donates)."""
+    held = {id(leaf) for leaf in jax.tree_util.tree_leaves(params)}
+    return jax.tree_util.tree_map(lambda a: jnp.copy(a) if id(a) in held else a, state)
 
 
 class Evaluation(NamedTuple):
@@ -139,9 +150,7 @@ class LocalTrainer:
         """Train from flat parameters ``vec``; returns ``new - vec`` (float32, flat)."""
         self._check(x, y)
         params = unflatten(vec, self.spec)
-        # from buffers of its own: a state that keeps the parameters must not share the
-        # donated ones
-        opt_state = self.optimizer.init(unflatten(vec, self.spec))
+        opt_state = _unshared(self.optimizer.init(params), params)
         rng = np.random.default_rng(seed)
         n, b = x.shape[0], self.batch_size
         for _ in range(self.epochs):
@@ -153,7 +162,9 @@ class LocalTrainer:
                 pad = np.resize(sel, b)  # repeats indices; masked out of the loss
                 params, opt_state = self._step(params, opt_state, x[pad], y[pad], mask)
         new, _ = flatten(params)
-        return new - np.asarray(vec, np.float32)
+        del params
+        new -= np.asarray(vec, np.float32)  # in place: `flatten` made a new vector
+        return new
 
     def evaluate(
         self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, *, batch_size: int = 1024
