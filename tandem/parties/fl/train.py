@@ -40,8 +40,9 @@ def _correct(loss: str, out: jax.Array, y: jax.Array) -> jax.Array:
 def _initial(model: StageModel, seed: int) -> tuple[np.ndarray, FlatSpec]:
     """The model's initial flat parameters from ``seed``, computed by one compiled function
     (found in the persistent compilation cache after the first process) rather than an
-    eager compile per layer's random draw: in an FL client that was a third of its start-up
-    CPU and 50 MB. The function is local, so its trace and lowering are freed with it."""
+    eager compile per layer's random draw (with the cache warm, an FL client of the 1.1M
+    MLP built its trainer in 0.11 CPU s and 22 MB instead of 0.24 s and 57 MB). The function
+    is local, so its trace and lowering are freed with it."""
     init_fn = model.init
     key = jax.random.key(seed)
     leaves, treedef = jax.tree_util.tree_flatten(jax.eval_shape(init_fn, key))
