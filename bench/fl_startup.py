@@ -6,9 +6,11 @@ dense, one local epoch. `first_round` writes the CSVs and TOML files into a fold
 ``python -m tandem fl server`` and 10 ``python -m tandem fl client`` processes at once, and
 returns the seconds from that launch until the server prints its round-one line, and the
 largest peak resident set size of the clients (``ru_maxrss`` of each process, from
-``os.wait4``). Each run uses the compilation cache folder given (`tandem.parties.fl.startup`):
-the first run on a fresh folder compiles (``cold``), the next finds the executables
-(``warm``, what a machine that has run a federation before sees).
+``os.wait4``), and the CPU seconds (user + system) each client used, from launch to exit (with
+one round, that is its start-up plus one local epoch): a figure that, unlike the wall time,
+barely moves with the load of a shared machine. Each run uses the compilation cache folder
+given (`tandem.parties.fl.startup`): the first run on a fresh folder compiles (``cold``), the
+next finds the executables (``warm``, what a machine that has run a federation before sees).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ def write_federation(folder: Path, cache: str) -> None:
 
 
 def first_round(folder: Path, cache: str, timeout: float = 300.0) -> dict[str, float]:
-    """``{first_round_s, client_peak_rss_mb, accuracy}`` of one launch (module docstring)."""
+    """``{first_round_s, client_peak_rss_mb, client_cpu_s, client_cpu_max_s, accuracy}`` of
+    one launch (module docstring): ``client_cpu_s`` is the clients' mean CPU seconds."""
     folder.mkdir(parents=True, exist_ok=True)
     write_federation(folder, cache)
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1"}
@@ -118,13 +121,14 @@ def first_round(folder: Path, cache: str, timeout: float = 300.0) -> dict[str, f
     if done is None:
         for p, _ in procs.values():
             p.kill()
-    rss = []
+    rss, cpu = [], []
     for name, (p, err) in procs.items():
         _, status, usage = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must know it
         err.close()
         if name != "server":
             rss.append(usage.ru_maxrss / 1024)  # KiB on Linux
+            cpu.append(usage.ru_utime + usage.ru_stime)
         elif status != 0 and done is not None:
             raise RuntimeError(f"server failed: {(folder / 'server.err').read_text()[-2000:]}")
     if done is None:
@@ -134,6 +138,8 @@ def first_round(folder: Path, cache: str, timeout: float = 300.0) -> dict[str, f
     return {
         "first_round_s": round(done, 2),
         "client_peak_rss_mb": round(max(rss), 1),
+        "client_cpu_s": round(sum(cpu) / len(cpu), 2),
+        "client_cpu_max_s": round(max(cpu), 2),
         "accuracy": summary["accuracy"],
     }
 
@@ -146,8 +152,11 @@ def startup(folder: Path) -> dict[str, Any]:
     return {
         "first_round_s": warm["first_round_s"],
         "client_peak_rss_mb": warm["client_peak_rss_mb"],
+        "client_cpu_s": warm["client_cpu_s"],
+        "client_cpu_max_s": warm["client_cpu_max_s"],
         "first_round_cold_s": cold["first_round_s"],
         "client_peak_rss_cold_mb": cold["client_peak_rss_mb"],
+        "client_cpu_cold_s": cold["client_cpu_s"],
         "first_round_accuracy": warm["accuracy"],
         "startup_params": 1_101_570,
     }

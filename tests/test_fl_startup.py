@@ -51,3 +51,46 @@ def test_a_second_process_reuses_the_first_ones_compiled_step(tmp_path):
     first = run()
     assert first  # the training step was written
     assert run() == first  # and found again: nothing new compiled
+
+
+def test_training_leaves_its_input_alone_with_donated_buffers():
+    """The step donates the parameters' buffers: neither the caller's vector nor a state that
+    holds the parameters (here twice) may share them, and the result is sgd's."""
+    import jax
+    import numpy as np
+    import optax
+
+    from tandem.parties.fl.train import LocalTrainer
+
+    def keeps(params):
+        return {"slow": params, "again": params}
+
+    def update(grads, state, params=None):
+        return jax.tree_util.tree_map(lambda g: -0.1 * g, grads), state
+
+    x = np.random.default_rng(0).normal(size=(50, 8)).astype(np.float32)
+    y = (np.arange(50) % 3).astype(np.int32)
+    holding = LocalTrainer([8, 16, 3], optax.GradientTransformation(keeps, update), batch_size=16)
+    plain = LocalTrainer([8, 16, 3], optax.sgd(0.1), batch_size=16)
+    vec = holding.init_vec.copy()
+    first = holding.train(vec, x, y, 0)
+    assert np.array_equal(vec, holding.init_vec)  # the input is untouched
+    assert np.array_equal(first, holding.train(vec, x, y, 0))
+    assert np.array_equal(first, plain.train(plain.init_vec, x, y, 0))
+    assert holding.traces == 1
+
+
+def test_the_initial_parameters_are_the_models_draw():
+    import jax
+    import numpy as np
+    import optax
+
+    from tandem.engine.kernels import mlp_stage
+    from tandem.parties.fl.compression import flatten
+    from tandem.parties.fl.train import LocalTrainer
+
+    model = mlp_stage([8], [16], 3, activate_last=False)
+    trainer = LocalTrainer(model, optax.sgd(0.1), init_seed=5)
+    eager, spec = flatten(model.init(jax.random.key(5)))
+    assert trainer.spec == spec and trainer.init_vec.dtype == np.float32
+    np.testing.assert_allclose(trainer.init_vec, eager, rtol=1e-6, atol=1e-7)

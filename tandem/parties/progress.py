@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.progress import Progress, ProgressColumn
+if TYPE_CHECKING:  # rich is imported by the commands that draw a bar, not by the others
+    from rich.progress import Progress, ProgressColumn
 
 
 def progress_bar(*columns: str | ProgressColumn, enabled: bool = True) -> Progress:
     """A `rich.progress.Progress` drawing on stderr; a no-op display when not ``enabled``.
     ``columns`` as for ``Progress`` (none: rich's default columns)."""
+    from rich.console import Console
+    from rich.progress import Progress
+
     return Progress(*columns, console=Console(stderr=True), disable=not enabled)
 
 

@@ -28,6 +28,21 @@ COMMAND_MODULES = [
     "tandem.parties.cli.keys_cmd",
 ]
 
+#: The top-level commands each of `COMMAND_MODULES` registers (tests check the two agree).
+#: A command line naming one of them imports only its module: a command module may import
+#: its system's stack (JAX, optax, pydantic models), and an FL client has no use for split
+#: learning's or elastic training's.
+COMMANDS = {
+    "demo": "tandem.parties.split.process.cli",
+    "party": "tandem.parties.split.process.cli",
+    "predict": "tandem.parties.split.process.cli",
+    "elastic": "tandem.parties.elastic.cli",
+    "fl": "tandem.parties.fl.cli",
+    "align": "tandem.parties.alignment.cli",
+    "config": "tandem.parties.cli.config_cmd",
+    "keys": "tandem.parties.cli.keys_cmd",
+}
+
 
 def run_async(
     main: Callable[[], Coroutine[Any, Any, int]], *, colocate_threads: bool = False
@@ -52,20 +67,31 @@ def run_async(
     return uvloop.run(main())
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_modules(argv: Sequence[str] | None) -> list[str]:
+    """The modules to register for ``argv``: the one whose command ``argv`` names (its first
+    word that is not an option), else all of them (no command, ``--help``, or a word that is
+    no command: argparse then lists every command)."""
+    first = next((a for a in argv or () if not a.startswith("-")), None)
+    return [COMMANDS[first]] if first in COMMANDS else COMMAND_MODULES
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``tandem`` parser: every command, or with ``argv`` only the one it names (its
+    module alone is imported, see `COMMANDS`)."""
     parser = argparse.ArgumentParser(
         prog="tandem",
         description="Train one model across parties that do not share their data.",
     )
     parser.add_argument("--version", action="version", version=f"tandem {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    for name in COMMAND_MODULES if argv is None else command_modules(argv):
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         return run_async(

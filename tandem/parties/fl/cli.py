@@ -25,10 +25,6 @@ import orjson
 from tandem.errors import TandemError
 from tandem.parties.progress import emit_result
 
-from . import presets
-from .data import load_federated_digits
-from .federation import make_trainer, run_memory_federation
-
 
 def register(sub) -> None:
     fl = sub.add_parser("fl", help="horizontal federated learning")
@@ -191,6 +187,10 @@ async def client_command(args: argparse.Namespace) -> int:
 
 async def demo(args: argparse.Namespace) -> int:
     from tandem.parties.progress import progress_bar
+
+    from . import presets
+    from .data import load_federated_digits
+    from .federation import make_trainer, run_memory_federation
 
     data = load_federated_digits(args.clients, args.alpha, args.seed)
     hidden = [int(h) for h in args.hidden.split(",") if h]

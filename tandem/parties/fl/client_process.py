@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tandem.errors import AuthenticationError, TandemError, TransportClosedError
+from tandem.parties.memory import release_free_memory
 from tandem.transports.base import Frame, Transport
 
 from . import protocol as P
@@ -174,6 +175,8 @@ class ProcessClient(FLClient):
         self.link, self.task, self.on_round = link, task, on_round
 
     async def before_reply(self, rnd: int) -> None:
+        # the round's training temporaries go back to the system before the update is sent
+        release_free_memory()
         if self.on_round is not None:
             self.on_round(rnd)
 
@@ -266,6 +269,7 @@ def prepare_client(
             "data has (data.features)"
         )
     trainer = task.trainer(cfg.optimizer.build(), epochs=cfg.epochs, batch_size=cfg.batch_size)
+    release_free_memory()  # the load's and the trace's temporaries: peak RSS is what counts
     return trainer, x_train, y_train, part(data, x, y, "validation")
 
 
