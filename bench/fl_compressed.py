@@ -130,28 +130,42 @@ def _trainer(data: FederatedData, hidden: list[int], seed: int) -> LocalTrainer:
     return LocalTrainer(sizes, optax.sgd(0.05), epochs=1, batch_size=32, init_seed=seed)
 
 
-def configs(d: int, rounds: int, seed: int, warmup: Warmup | None) -> dict[str, FLConfig]:
+def configs(
+    d: int, rounds: int, seed: int, warmup: Warmup | None, bits: int = 0
+) -> dict[str, FLConfig]:
     """Dense and compressed FedAdam (``optax.adam(0.01, eps=1e-3)``) with every client each
-    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``)."""
+    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``)
+    and ``uplink_bits=bits`` (0: rand-k)."""
     common = dict(rounds=rounds, fraction=1.0, seed=seed, eval_every=1, round_timeout=600.0)
     adam = optax.adam(0.01, eps=1e-3)
     return {
         "dense": presets.dense(optimizer=adam, **common),
         "compressed": presets.compressed(
-            d, momentum=0.0, server_lr=1.0, optimizer=adam, warmup=warmup, **common
+            d,
+            momentum=0.0,
+            server_lr=1.0,
+            optimizer=adam,
+            warmup=warmup,
+            uplink_bits=bits,
+            **common,
         ),
     }
 
 
 def run(
-    data: FederatedData, hidden: list[int], rounds: int, seed: int, warmup: Warmup | None
+    data: FederatedData,
+    hidden: list[int],
+    rounds: int,
+    seed: int,
+    warmup: Warmup | None,
+    bits: int = 0,
 ) -> dict:
     """Both federations on ``data``; returns the bench keys (see the module)."""
     trainer = _trainer(data, hidden, seed)
     curves: dict[str, list[float]] = {}
     up: dict[str, int] = {}
     down: dict[str, int] = {}
-    for name, cfg in configs(trainer.dim, rounds, seed, warmup).items():
+    for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits).items():
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
@@ -162,6 +176,7 @@ def run(
         "compressed_params": trainer.dim,
         "compressed_rounds": rounds,
         "compressed_warmup": None if warmup is None else dataclasses.asdict(warmup),
+        "compressed_uplink_bits": bits,
         "compressed_acc_dense": dense[-1],
         "compressed_acc": comp[-1],
         "compressed_acc_gap": round(dense[-1] - comp[-1], 2),
@@ -197,6 +212,8 @@ def plot(path: str, out: dict) -> None:
         if w is None
         else (f"compressed, {w['dense_rounds']} dense + {w['ramp_rounds']} ramp rounds")
     )
+    if out.get("compressed_uplink_bits"):
+        label = f"compressed, {out['compressed_uplink_bits']}-bit uplink with error feedback"
     ax.plot(rounds, [curve[str(r - 1)][0] for r in rounds], marker="o", label="dense")
     ax.plot(rounds, [curve[str(r - 1)][1] for r in rounds], marker="s", label=label)
     for extra in out.get("compressed_baselines", []):
@@ -220,7 +237,8 @@ def compressed_gap(args: argparse.Namespace) -> dict:
     """The bench keys for ``args`` (also `bench.fl_private`'s ``compressed`` metric)."""
     data = make_task(rows=args.rows, seed=args.seed)
     warmup = Warmup(args.warmup_rounds, args.ramp_rounds)
-    out = run(data, list(args.hidden), args.rounds, args.seed, warmup)
+    bits = getattr(args, "uplink_bits", 0)
+    out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits)
     if getattr(args, "baseline", False):  # the same task compressed from round one
         base = run(data, list(args.hidden), args.rounds, args.seed, None)
         out["compressed_baselines"] = [
@@ -244,6 +262,14 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
         f"--{prefix}warmup-rounds", dest="warmup_rounds", type=int, default=w.dense_rounds
     )
     p.add_argument(f"--{prefix}ramp-rounds", dest="ramp_rounds", type=int, default=w.ramp_rounds)
+    p.add_argument(
+        f"--{prefix}uplink-bits",
+        dest="uplink_bits",
+        type=int,
+        default=0,
+        choices=(0, 2, 4, 8),
+        help="quantized uplink with error feedback (presets.compressed uplink_bits); 0: rand-k",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
