@@ -9,8 +9,9 @@ Channels (one FIFO each way per client):
   names the server process that asked.
 * ``fl/update`` client -> server: ``meta = {round, n, version, kind, serial}`` and one array:
   the dense delta (``dense``), the ``k`` rand-k values (``randk``), the ``rows x cols`` sketch
-  (``sketch``), or a uint8 block-quantized payload (``quant``, `tandem.parties.fl.quantize`). ``serial`` echoes the request's: a reply naming another server process (one
-  that has since restarted; the client's transport delivered it again to the new one) is
+  (``sketch``), or a uint8 block-quantized payload (``quant``, `tandem.parties.fl.quantize`).
+  ``serial`` echoes the request's: a reply naming another server process (one that has since
+  restarted; the client's transport delivered it again to the new one) is
   discarded like a late one. When the request said ``evaluate``, the update's meta also has
   ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
