@@ -131,11 +131,12 @@ def _trainer(data: FederatedData, hidden: list[int], seed: int) -> LocalTrainer:
 
 
 def configs(
-    d: int, rounds: int, seed: int, warmup: Warmup | None, bits: int = 0
+    d: int, rounds: int, seed: int, warmup: Warmup | None, bits: int = 0, lossless: bool = False
 ) -> dict[str, FLConfig]:
     """Dense and compressed FedAdam (``optax.adam(0.01, eps=1e-3)``) with every client each
-    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``)
-    and ``uplink_bits=bits`` (0: rand-k)."""
+    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``),
+    ``uplink_bits=bits`` (0: rand-k) and, with ``lossless``, its frames deflated (dense's
+    never are: the ratios compare against plain float32)."""
     common = dict(rounds=rounds, fraction=1.0, seed=seed, eval_every=1, round_timeout=600.0)
     adam = optax.adam(0.01, eps=1e-3)
     return {
@@ -148,6 +149,7 @@ def configs(
             warmup=warmup,
             uplink_bits=bits,
             **common,
+            lossless=lossless,
         ),
     }
 
@@ -159,13 +161,14 @@ def run(
     seed: int,
     warmup: Warmup | None,
     bits: int = 0,
+    lossless: bool = False,
 ) -> dict:
     """Both federations on ``data``; returns the bench keys (see the module)."""
     trainer = _trainer(data, hidden, seed)
     curves: dict[str, list[float]] = {}
     up: dict[str, int] = {}
     down: dict[str, int] = {}
-    for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits).items():
+    for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits, lossless).items():
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
@@ -177,6 +180,7 @@ def run(
         "compressed_rounds": rounds,
         "compressed_warmup": None if warmup is None else dataclasses.asdict(warmup),
         "compressed_uplink_bits": bits,
+        "compressed_lossless": lossless,
         "compressed_acc_dense": dense[-1],
         "compressed_acc": comp[-1],
         "compressed_acc_gap": round(dense[-1] - comp[-1], 2),
@@ -214,6 +218,7 @@ def plot(path: str, out: dict) -> None:
     )
     if out.get("compressed_uplink_bits"):
         label = f"compressed, {out['compressed_uplink_bits']}-bit uplink with error feedback"
+        label += ", deflated" if out.get("compressed_lossless") else ""
     ax.plot(rounds, [curve[str(r - 1)][0] for r in rounds], marker="o", label="dense")
     ax.plot(rounds, [curve[str(r - 1)][1] for r in rounds], marker="s", label=label)
     for extra in out.get("compressed_baselines", []):
@@ -237,8 +242,8 @@ def compressed_gap(args: argparse.Namespace) -> dict:
     """The bench keys for ``args`` (also `bench.fl_private`'s ``compressed`` metric)."""
     data = make_task(rows=args.rows, seed=args.seed)
     warmup = Warmup(args.warmup_rounds, args.ramp_rounds)
-    bits = getattr(args, "uplink_bits", 0)
-    out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits)
+    bits, lossless = getattr(args, "uplink_bits", 0), getattr(args, "lossless", False)
+    out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits, lossless)
     if getattr(args, "baseline", False):  # the same task compressed from round one
         base = run(data, list(args.hidden), args.rounds, args.seed, None)
         out["compressed_baselines"] = [
@@ -269,6 +274,12 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
         default=0,
         choices=(0, 2, 4, 8),
         help="quantized uplink with error feedback (presets.compressed uplink_bits); 0: rand-k",
+    )
+    p.add_argument(
+        f"--{prefix}lossless",
+        dest="lossless",
+        action="store_true",
+        help="deflate the compressed run's frames ([compression] lossless)",
     )
 
 
