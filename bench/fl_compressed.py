@@ -2,6 +2,7 @@
 
     python -m bench.fl_compressed --json                 # one JSON line on stdout
     python -m bench.fl_compressed --plot docs/img/fl_compressed_curve.png
+    python -m bench.fl_compressed --json --uplink-bits 4 --lossless   # quantized uplink
 
 **Task** (`make_task`, seeded, synthetic): six clients ("branches"), each a table of 20 numeric
 columns and one string categorical column (``segment``, 8 values); the label (binary) depends
@@ -15,7 +16,9 @@ federated preprocessing gives every client), so the model sees 28 inputs.
 **Runs** (`tandem.parties.fl.federation.run_memory_federation`, memory transport, byte counters
 of the server's transport): every client each round, local SGD, the server FedAdam
 (``optax.adam(0.01, eps=1e-3)``, the docs' configuration); dense (dense uplink, full downlink)
-against `presets.compressed` with its defaults, same seeds and rounds. Default model: MLP
+against `presets.compressed` with its defaults (rand-k with the warm-up), or with
+``--uplink-bits`` its quantized uplink (`tandem.parties.fl.quantize`; ``--lossless`` deflates
+the compressed run's frames), same seeds and rounds. Default model: MLP
 28-1024-1000-2 (1,056,698 parameters), 20 rounds.
 
 Keys: ``compressed_acc_gap`` (dense minus compressed final accuracy, points; target <= 0.5),
