@@ -164,3 +164,16 @@ def test_four_bit_uplink_tracks_dense_round_by_round_on_the_user_like_task():
     gaps = [100 * (a.accuracy - b.accuracy) for a, b in zip(dense, comp, strict=True)]
     assert max(gaps) <= 0.5 + 1e-9, gaps  # 6 test rows of 1,200
     assert servers["compressed"].bytes_up() * 7 < servers["dense"].bytes_up()
+
+
+def test_the_server_bounds_a_quantized_update_by_its_payload_size():
+    from fl_helpers import small_setup
+    from tandem.parties.fl.server import FLServer
+    from tandem.transports.memory import MemoryNetwork
+
+    _, trainer = small_setup()
+    d = trainer.dim
+    cfg = presets.compressed(d, uplink_bits=4, rounds=1)
+    server = FLServer(MemoryNetwork().endpoint("server"), ["c0"], trainer, cfg)
+    size = payload_size(d, 4, 256)
+    assert size < server.max_update_bytes <= size + size // 64 + 4096

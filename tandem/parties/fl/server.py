@@ -127,7 +127,8 @@ class FLServer:
         self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
         self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
-        raw = 4 * math.prod(P.expected_shape(self.uplink, self.d))
+        itemsize = 1 if self.uplink["kind"] == "quant" else 4  # uint8 codes, else float32
+        raw = itemsize * math.prod(P.expected_shape(self.uplink, self.d))
         self.max_update_bytes = cfg.max_update_bytes or raw + raw // 64 + 4096
         self.bounds = UpdateBounds(self.max_update_bytes, sizes)
         if isinstance(transport, SizeAdmittingTransport):
