@@ -177,3 +177,18 @@ def test_the_server_bounds_a_quantized_update_by_its_payload_size():
     server = FLServer(MemoryNetwork().endpoint("server"), ["c0"], trainer, cfg)
     size = payload_size(d, 4, 256)
     assert size < server.max_update_bytes <= size + size // 64 + 4096
+
+
+async def test_quantized_rounds_over_http_deflated():
+    """The uint8 payload crosses the real HTTP transport, deflated, and every client's update
+    is accepted; its bytes stay below a fifth of a float32 update."""
+    from fl_helpers import small_setup
+    from tandem.parties.fl.federation import run_http_federation
+
+    data, trainer = small_setup()
+    cfg = presets.compressed(
+        trainer.dim, uplink_bits=4, rounds=2, fraction=1.0, round_timeout=20.0, lossless=True
+    )
+    server = await run_http_federation(data, trainer, cfg, secret=b"fl-test-secret")
+    assert [r.accepted for r in server.reports] == [["c0", "c1", "c2", "c3"]] * 2
+    assert all(r.up_bytes < 4 * 4 * trainer.dim / 5 for r in server.reports)
