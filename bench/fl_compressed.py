@@ -2,6 +2,7 @@
 
     python -m bench.fl_compressed --json                 # one JSON line on stdout
     python -m bench.fl_compressed --plot docs/img/fl_compressed_curve.png
+    python -m bench.fl_compressed --json --uplink-bits 4 --lossless   # quantized uplink
 
 **Task** (`make_task`, seeded, synthetic): six clients ("branches"), each a table of 20 numeric
 columns and one string categorical column (``segment``, 8 values); the label (binary) depends
@@ -15,7 +16,9 @@ federated preprocessing gives every client), so the model sees 28 inputs.
 **Runs** (`tandem.parties.fl.federation.run_memory_federation`, memory transport, byte counters
 of the server's transport): every client each round, local SGD, the server FedAdam
 (``optax.adam(0.01, eps=1e-3)``, the docs' configuration); dense (dense uplink, full downlink)
-against `presets.compressed` with its defaults, same seeds and rounds. Default model: MLP
+against `presets.compressed` with its defaults (rand-k with the warm-up), or with
+``--uplink-bits`` its quantized uplink (`tandem.parties.fl.quantize`; ``--lossless`` deflates
+the compressed run's frames), same seeds and rounds. Default model: MLP
 28-1024-1000-2 (1,056,698 parameters), 20 rounds.
 
 Keys: ``compressed_acc_gap`` (dense minus compressed final accuracy, points; target <= 0.5),
@@ -130,28 +133,45 @@ def _trainer(data: FederatedData, hidden: list[int], seed: int) -> LocalTrainer:
     return LocalTrainer(sizes, optax.sgd(0.05), epochs=1, batch_size=32, init_seed=seed)
 
 
-def configs(d: int, rounds: int, seed: int, warmup: Warmup | None) -> dict[str, FLConfig]:
+def configs(
+    d: int, rounds: int, seed: int, warmup: Warmup | None, bits: int = 0, lossless: bool = False
+) -> dict[str, FLConfig]:
     """Dense and compressed FedAdam (``optax.adam(0.01, eps=1e-3)``) with every client each
-    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``)."""
+    round; compressed is `presets.compressed` with ``warmup`` (the TOML default: ``Warmup()``),
+    ``uplink_bits=bits`` (0: rand-k) and, with ``lossless``, its frames deflated (dense's
+    never are: the ratios compare against plain float32)."""
     common = dict(rounds=rounds, fraction=1.0, seed=seed, eval_every=1, round_timeout=600.0)
     adam = optax.adam(0.01, eps=1e-3)
     return {
         "dense": presets.dense(optimizer=adam, **common),
         "compressed": presets.compressed(
-            d, momentum=0.0, server_lr=1.0, optimizer=adam, warmup=warmup, **common
+            d,
+            momentum=0.0,
+            server_lr=1.0,
+            optimizer=adam,
+            warmup=warmup,
+            uplink_bits=bits,
+            **common,
+            lossless=lossless,
         ),
     }
 
 
 def run(
-    data: FederatedData, hidden: list[int], rounds: int, seed: int, warmup: Warmup | None
+    data: FederatedData,
+    hidden: list[int],
+    rounds: int,
+    seed: int,
+    warmup: Warmup | None,
+    bits: int = 0,
+    lossless: bool = False,
 ) -> dict:
     """Both federations on ``data``; returns the bench keys (see the module)."""
     trainer = _trainer(data, hidden, seed)
     curves: dict[str, list[float]] = {}
     up: dict[str, int] = {}
     down: dict[str, int] = {}
-    for name, cfg in configs(trainer.dim, rounds, seed, warmup).items():
+    for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits, lossless).items():
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
@@ -162,6 +182,8 @@ def run(
         "compressed_params": trainer.dim,
         "compressed_rounds": rounds,
         "compressed_warmup": None if warmup is None else dataclasses.asdict(warmup),
+        "compressed_uplink_bits": bits,
+        "compressed_lossless": lossless,
         "compressed_acc_dense": dense[-1],
         "compressed_acc": comp[-1],
         "compressed_acc_gap": round(dense[-1] - comp[-1], 2),
@@ -197,6 +219,9 @@ def plot(path: str, out: dict) -> None:
         if w is None
         else (f"compressed, {w['dense_rounds']} dense + {w['ramp_rounds']} ramp rounds")
     )
+    if out.get("compressed_uplink_bits"):
+        label = f"compressed, {out['compressed_uplink_bits']}-bit uplink with error feedback"
+        label += ", deflated" if out.get("compressed_lossless") else ""
     ax.plot(rounds, [curve[str(r - 1)][0] for r in rounds], marker="o", label="dense")
     ax.plot(rounds, [curve[str(r - 1)][1] for r in rounds], marker="s", label=label)
     for extra in out.get("compressed_baselines", []):
@@ -220,7 +245,8 @@ def compressed_gap(args: argparse.Namespace) -> dict:
     """The bench keys for ``args`` (also `bench.fl_private`'s ``compressed`` metric)."""
     data = make_task(rows=args.rows, seed=args.seed)
     warmup = Warmup(args.warmup_rounds, args.ramp_rounds)
-    out = run(data, list(args.hidden), args.rounds, args.seed, warmup)
+    bits, lossless = getattr(args, "uplink_bits", 0), getattr(args, "lossless", False)
+    out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits, lossless)
     if getattr(args, "baseline", False):  # the same task compressed from round one
         base = run(data, list(args.hidden), args.rounds, args.seed, None)
         out["compressed_baselines"] = [
@@ -244,6 +270,20 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
         f"--{prefix}warmup-rounds", dest="warmup_rounds", type=int, default=w.dense_rounds
     )
     p.add_argument(f"--{prefix}ramp-rounds", dest="ramp_rounds", type=int, default=w.ramp_rounds)
+    p.add_argument(
+        f"--{prefix}uplink-bits",
+        dest="uplink_bits",
+        type=int,
+        default=0,
+        choices=(0, 2, 4, 8),
+        help="quantized uplink with error feedback (presets.compressed uplink_bits); 0: rand-k",
+    )
+    p.add_argument(
+        f"--{prefix}lossless",
+        dest="lossless",
+        action="store_true",
+        help="deflate the compressed run's frames ([compression] lossless)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

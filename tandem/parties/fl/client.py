@@ -93,6 +93,8 @@ class FLClient:
         self.refused_updates = 0  # updates the server refused
         self.max_refusals = max_refusals
         self.final_model: np.ndarray | None = None  # the server's, when sent with stop
+        # a quantized uplink's error feedback: (round, uplink, residual) of the last update
+        self.feedback: tuple[int, dict, np.ndarray] | None = None
 
     async def before_reply(self, rnd: int) -> None:
         """Hook run after training, before replying (tests use it to be late)."""
@@ -178,6 +180,23 @@ class FLClient:
         except TransportClosedError:
             return
 
+    def _quantize(self, rnd: int, delta: np.ndarray, uplink: Mapping[str, Any]) -> np.ndarray:
+        """Round ``rnd``'s quantized payload with error feedback (`quantize.quantize_feedback`).
+
+        The residual of the last update is added only when it was made under the same uplink
+        and at most ``uplink["max_gap"]`` rounds ago: a client that missed more rounds drops
+        it (it was owed to a model that has moved on since), as does a restarted client."""
+        from .quantize import quantize_feedback
+
+        residual = None
+        if self.feedback is not None:
+            last, was, res = self.feedback
+            if was == dict(uplink) and 0 < rnd - last <= int(uplink.get("max_gap", 1)):
+                residual = res
+        payload, res = quantize_feedback(delta, residual, int(uplink["bits"]), int(uplink["block"]))
+        self.feedback = (rnd, dict(uplink), res)
+        return payload
+
     async def _resync(self, rnd: Any) -> None:
         if not isinstance(rnd, int):
             return
@@ -202,7 +221,10 @@ class FLClient:
         if meta.get(EVALUATE):  # the global model this request brings, before training
             beside[EVAL] = await asyncio.to_thread(measure, self.trainer, model, self.validation)
         delta = await asyncio.to_thread(self.trainer.train, model, self.x, self.y, local_seed)
-        payload = await asyncio.to_thread(compress_update, delta, uplink, seed)
+        if uplink["kind"] == "quant":
+            payload = await asyncio.to_thread(self._quantize, rnd, delta, uplink)
+        else:
+            payload = await asyncio.to_thread(compress_update, delta, uplink, seed)
         self.rounds_trained += 1
         await self.before_reply(rnd)
         if meta.get("secagg"):

@@ -47,12 +47,30 @@ def compressed(
     sketch: bool = False,
     sketch_rows: int = SKETCH_ROWS,
     warmup: Warmup | None = None,
+    uplink_bits: int = 0,
+    quant_block: int = 256,
+    feedback_max_gap: int = 3,
     **kw,
 ) -> FLConfig:
     """Compressed both ways (see module doc); ``sketch`` uses a ``sketch_rows`` x ``cols``
     count sketch of the same payload (`sketch_shape`) instead of rand-k. ``warmup`` (a
     `Warmup`; ``[compression]`` of a server's TOML gives ``Warmup(2, 4)``) starts dense and
-    ramps to these ratios; None compresses from round one."""
+    ramps to these ratios; None compresses from round one.
+
+    ``uplink_bits`` (2, 4 or 8; 0: off) sends every coordinate at that many bits instead
+    (`quantize`, blocks of ``quant_block``, each client's error feedback kept for
+    ``feedback_max_gap`` rounds) and applies every coordinate of the server's step (no top-k:
+    ``topk_ratio``, ``sketch`` and ``uplink_ratio`` are then unused, and ``warmup`` changes
+    nothing). On ``bench.fl_compressed`` 4 bits track dense round by round."""
+    if uplink_bits:
+        uplink = {
+            "kind": "quant",
+            "bits": uplink_bits,
+            "block": quant_block,
+            "max_gap": feedback_max_gap,
+        }
+        rule = ServerRule(momentum=momentum, topk=None, lr=server_lr)
+        return FLConfig(uplink=uplink, rule=rule, downlink=downlink, warmup=warmup, **kw)
     if sketch:
         rows, cols = sketch_shape(d, uplink_ratio, sketch_rows)
         uplink = {"kind": "sketch", "rows": rows, "cols": cols}

@@ -8,9 +8,10 @@ Channels (one FIFO each way per client):
   compress it and ``meta.seed`` is the round's shared seed; ``meta.serial`` (16 hex digits)
   names the server process that asked.
 * ``fl/update`` client -> server: ``meta = {round, n, version, kind, serial}`` and one array:
-  the dense delta (``dense``), the ``k`` rand-k values (``randk``) or the ``rows x cols`` sketch
-  (``sketch``). ``serial`` echoes the request's: a reply naming another server process (one
-  that has since restarted; the client's transport delivered it again to the new one) is
+  the dense delta (``dense``), the ``k`` rand-k values (``randk``), the ``rows x cols`` sketch
+  (``sketch``), or a uint8 block-quantized payload (``quant``, `tandem.parties.fl.quantize`).
+  ``serial`` echoes the request's: a reply naming another server process (one that has since
+  restarted; the client's transport delivered it again to the new one) is
   discarded like a late one. When the request said ``evaluate``, the update's meta also has
   ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
@@ -48,13 +49,15 @@ from tandem.errors import TandemError
 from tandem.transports.base import Frame
 from tandem.transports.factory import is_transport_url, url_hint
 
+from .quantize import check_quant, levels, payload_size, split_payload
+
 MODEL = "fl/model"
 UPDATE = "fl/update"
 HELLO = "fl/hello"
 WELCOME = "welcome"  # kind of a MODEL-channel message answering a hello
 REFUSED = "refused"  # kind of a MODEL-channel message: your update was refused
 RESYNC = "resync"  # kind of an UPDATE-channel message: "I hold version v; re-plan from it"
-UPLINK_KINDS = ("dense", "randk", "sketch")
+UPLINK_KINDS = ("dense", "randk", "sketch", "quant")
 MODEL_KINDS = ("full", "delta")  # model messages; "stop" and the control kinds are not
 
 
@@ -113,6 +116,8 @@ def expected_shape(uplink: Mapping[str, Any], d: int) -> tuple[int, ...]:
         return (d,)
     if kind == "randk":
         return (int(uplink["k"]),)
+    if kind == "quant":
+        return (payload_size(d, int(uplink["bits"]), int(uplink["block"])),)
     return (int(uplink["rows"]), int(uplink["cols"]))
 
 
@@ -151,7 +156,8 @@ def check_hello(frame: Frame) -> tuple[int, str | None]:
 def check_update(
     frame: Frame, *, uplink: Mapping[str, Any], d: int, version: int, max_bytes: int
 ) -> tuple[int, int, int, np.ndarray]:
-    """Validate a client update; returns ``(round, n, version, payload float32)``.
+    """Validate a client update; returns ``(round, n, version, payload)`` (float32; uint8
+    for a ``quant`` uplink).
 
     Raises `UpdateError` for: frames over ``max_bytes``, missing/ill-typed meta, a kind other
     than the round's ``uplink``, wrong array count/shape/dtype, NaN or Inf values.
@@ -174,11 +180,32 @@ def check_update(
         raise UpdateError(f"an update carries exactly one array, got {len(arrays)}")
     a = arrays[0]
     shape = expected_shape(uplink, d)
+    if uplink["kind"] == "quant":
+        _check_quant_payload(a, shape, uplink, d)
+        return rnd, n, ver, a
     if a.dtype != np.float32 or a.shape != shape:
         raise UpdateError(f"update array must be float32 {shape}, got {a.dtype} {a.shape}")
     if not np.isfinite(a).all():
         raise UpdateError("update contains NaN or Inf; check the client's learning rate")
     return rnd, n, ver, a
+
+
+def _check_quant_payload(
+    a: np.ndarray, shape: tuple[int, ...], uplink: Mapping[str, Any], d: int
+) -> None:
+    """A quantized payload (`tandem.parties.fl.quantize`): uint8 of the right size, finite
+    block scales, every code within ``2L``."""
+    if a.dtype != np.uint8 or a.shape != shape:
+        raise UpdateError(f"quantized update must be uint8 {shape}, got {a.dtype} {a.shape}")
+    bits, block = int(uplink["bits"]), int(uplink["block"])
+    scales, codes = split_payload(a, d, bits, block)
+    if not np.isfinite(scales).all():
+        raise UpdateError("quantized update has NaN or Inf block scales; check the client's lr")
+    if codes.size and int(codes.max()) > 2 * levels(bits):
+        raise UpdateError(
+            f"quantized update has a code above {2 * levels(bits)} (bits = {bits}); "
+            "encode with tandem.parties.fl.quantize.quantize"
+        )
 
 
 def check_uplink(uplink: Mapping[str, Any], d: int) -> dict[str, Any]:
@@ -190,6 +217,11 @@ def check_uplink(uplink: Mapping[str, Any], d: int) -> dict[str, Any]:
         raise ConfigError(f"uplink kind {kind!r} is not one of {UPLINK_KINDS}")
     if kind == "randk" and not (isinstance(uplink.get("k"), int) and 1 <= uplink["k"] <= d):
         raise ConfigError(f"rand-k uplink needs an integer k in [1, {d}], got {uplink.get('k')!r}")
+    if kind == "quant":
+        check_quant(uplink.get("bits"), uplink.get("block"))
+        gap = uplink.get("max_gap", 1)
+        if not isinstance(gap, int) or isinstance(gap, bool) or gap < 0:
+            raise ConfigError(f"quantized uplink max_gap must be an integer >= 0, got {gap!r}")
     if kind == "sketch" and not all(
         isinstance(uplink.get(f), int) and uplink[f] >= 1 for f in ("rows", "cols")
     ):

@@ -56,6 +56,7 @@ from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
 from .dp import epsilon, next_clip, noisy_sum
 from .evaluation import EVAL, EVALUATE, check_eval, combine
+from .quantize import dequantize
 from .server_config import FLConfig as FLConfig
 from .train import LocalTrainer
 from .warmup import round_compression
@@ -126,7 +127,8 @@ class FLServer:
         self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
         self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
-        raw = 4 * math.prod(P.expected_shape(self.uplink, self.d))
+        itemsize = 1 if self.uplink["kind"] == "quant" else 4  # uint8 codes, else float32
+        raw = itemsize * math.prod(P.expected_shape(self.uplink, self.d))
         self.max_update_bytes = cfg.max_update_bytes or raw + raw // 64 + 4096
         self.bounds = UpdateBounds(self.max_update_bytes, sizes)
         if isinstance(transport, SizeAdmittingTransport):
@@ -464,18 +466,22 @@ class FLServer:
             return np.asarray(
                 C.sketch_estimate(payload, seed, self.d, median=self.cfg.sketch_median)
             )
+        if kind == "quant":
+            return dequantize(payload, self.d, int(self.uplink["bits"]), int(self.uplink["block"]))
         return payload
 
     def _combine(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> np.ndarray:
         """The round's update by `FLConfig.aggregator`: decoded once after combining when the
-        aggregator is linear, else each payload decoded first (see `aggregator`)."""
+        aggregator is linear and the uplink too (not ``quant``: each client's block scales are
+        its own), else each payload decoded first (see `aggregator`)."""
         rule = self.cfg.aggregator
         if self.cfg.dp is not None:
             return self._decode(self._private_mean(payloads), seed)
-        if not rule.linear:
+        linear = rule.linear and self.uplink["kind"] != "quant"
+        if not linear:
             payloads = [self._decode(p, seed) for p in payloads]
         combined, self.agg_state = rule.aggregate(self.agg_state, payloads, weights)
-        return self._decode(combined, seed) if rule.linear else combined
+        return self._decode(combined, seed) if linear else combined
 
     def _private_mean(self, payloads: list[np.ndarray]) -> np.ndarray:
         """Central DP: the clipped payloads' noisy sum over their count (unweighted: a

@@ -46,6 +46,15 @@ class FLConfig:
     def __post_init__(self) -> None:
         if self.secagg is not None:
             check_secure(self.aggregator)
+        if self.uplink.get("kind") == "quant" and (self.secagg is not None or self.dp is not None):
+            raise ConfigError(
+                "compression.uplink_bits (a quantized uplink) cannot be combined with "
+                f"{'[secagg]' if self.secagg is not None else '[dp]'}: each client quantizes "
+                "with its own block scales, so payloads only add up once decoded one by one, "
+                "which a secure sum (it sees only the total) and the DP noise calibrated on the "
+                "payload sum cannot do; set compression.uplink_bits = 0 (rand-k or sketch "
+                "uplink) or remove that table"
+            )
         if self.dp is not None:
             _check_dp(self.dp, self.aggregator, self.secagg)
         if self.optimizer is not None and (self.rule.momentum or self.rule.lr != 1.0):

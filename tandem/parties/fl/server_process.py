@@ -85,6 +85,9 @@ def build_fl_config(cfg: ServerConfig, dim: int) -> FLConfig:
             downlink=c.downlink,
             sketch=c.sketch,
             warmup=c.warmup(),
+            uplink_bits=c.uplink_bits,
+            quant_block=c.quant_block,
+            feedback_max_gap=c.feedback_max_gap,
             **common,
         )
     secagg = None if cfg.secagg is None else cfg.secagg.build()

@@ -62,7 +62,8 @@ class CompressionConfig(Section):
     deltas; ``downlink`` defaults to "full" for dense and "version" for compressed).
     A compressed federation starts dense: ``warmup_rounds`` dense rounds, then ``ramp_rounds``
     rounds whose share of coordinates falls geometrically to the configured one
-    (`tandem.parties.fl.warmup`)."""
+    (`tandem.parties.fl.warmup`). ``uplink_bits`` (2, 4, 8) replaces rand-k by a
+    block-quantized uplink with the clients' error feedback (`tandem.parties.fl.quantize`)."""
 
     preset: str = "dense"
     uplink_ratio: int = Field(default=60, ge=1)
@@ -74,6 +75,13 @@ class CompressionConfig(Section):
     lossless: bool = False
     warmup_rounds: int = Field(default=2, ge=0, description="dense rounds first (compressed)")
     ramp_rounds: int = Field(default=4, ge=0, description="rounds from dense to the ratios")
+    uplink_bits: int = Field(
+        default=0, description="2, 4 or 8: a block-quantized uplink with error feedback; 0: off"
+    )
+    quant_block: int = Field(default=256, ge=1, description="coordinates per quantized block")
+    feedback_max_gap: int = Field(
+        default=3, ge=0, description="rounds a client keeps its quantization residual"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -93,15 +101,26 @@ class CompressionConfig(Section):
 
     @model_validator(mode="after")
     def _knobs(self) -> CompressionConfig:
-        knobs = sorted(
+        named = (
             {"uplink_ratio", "topk_ratio", "sketch", "warmup_rounds", "ramp_rounds"}
-            & self.model_fields_set
-        )
+            | {"uplink_bits", "quant_block", "feedback_max_gap"}
+        ) & self.model_fields_set
+        knobs = sorted(named)
         if self.preset == "dense" and knobs:
             raise Invalid(
                 "",
                 f'compression {knobs} apply to preset = "compressed" only; remove them or set '
                 'preset = "compressed"',
+            )
+        if self.uplink_bits not in (0, 2, 4, 8):
+            raise Invalid("", f"uplink_bits must be 0 (off), 2, 4 or 8, got {self.uplink_bits}")
+        unused = sorted({"uplink_ratio", "topk_ratio", "sketch"} & self.model_fields_set)
+        if self.uplink_bits and unused:
+            raise Invalid(
+                "",
+                f"compression {unused} do not apply with uplink_bits = {self.uplink_bits} (a "
+                "quantized uplink sends every coordinate and the server applies them all); "
+                "remove them or set uplink_bits = 0",
             )
         return self
 
