@@ -129,21 +129,7 @@ def parse_data_config(
     label_column = _optional_string(table, "label_column", where)
     features = _names(table, "features", where) if "features" in table else None
     categorical = _names(table, "categorical", where) if "categorical" in table else ()
-    for key, names in (("features", features or ()), ("categorical", categorical)):
-        for special, role in ((id_column, "id_column"), (label_column, "label_column")):
-            if special is not None and special in names:
-                raise DataError(
-                    f"{where}: data.{key} lists {special!r}, which is data.{role}; the id and "
-                    f"the label are never features: remove {special!r} from data.{key}"
-                )
-    if features is not None:
-        absent = [c for c in categorical if c not in features]
-        if absent:
-            raise DataError(
-                f"{where}: data.categorical lists {absent} but data.features does not; "
-                "list every feature in data.features (categorical ones too), or leave "
-                "data.features out to use every column but the id and the label"
-            )
+    _check_column_roles(features, categorical, id_column, label_column, where)
     vocabularies = _optional_string(table, "vocabularies", where)
     if vocabularies is not None and not categorical:
         raise DataError(
@@ -195,6 +181,32 @@ def parse_data_config(
         hash_buckets=hash_buckets,
         hash_seed=hash_seed,
     )
+
+
+def _check_column_roles(
+    features: tuple[str, ...] | None,
+    categorical: tuple[str, ...],
+    id_column: str | None,
+    label_column: str | None,
+    where: str,
+) -> None:
+    """Refuse an id or label listed as a feature, and a categorical column missing from an
+    explicit feature list."""
+    for key, names in (("features", features or ()), ("categorical", categorical)):
+        for special, role in ((id_column, "id_column"), (label_column, "label_column")):
+            if special is not None and special in names:
+                raise DataError(
+                    f"{where}: data.{key} lists {special!r}, which is data.{role}; the id and "
+                    f"the label are never features: remove {special!r} from data.{key}"
+                )
+    if features is not None:
+        absent = [c for c in categorical if c not in features]
+        if absent:
+            raise DataError(
+                f"{where}: data.categorical lists {absent} but data.features does not; "
+                "list every feature in data.features (categorical ones too), or leave "
+                "data.features out to use every column but the id and the label"
+            )
 
 
 def _hash_buckets(table: Any, categorical: tuple[str, ...], where: str) -> tuple:
