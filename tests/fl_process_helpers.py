@@ -120,3 +120,20 @@ class Federation:
                 env=env,
             )
         return Proc(popen, out, err)
+
+
+def compression_server(tmp_path: Path, compression: dict[str, Any]):
+    """A small server TOML whose ``[compression]`` table is ``compression``, loaded
+    (`load_server_config`)."""
+    from tandem.parties.fl.config import load_server_config
+
+    table = {
+        "server": {"clients": ["a", "b"], "rounds": 3},
+        "model": {"kind": "mlp", "hidden": [8], "out_dim": 2},
+        "data": {"source": "eval.csv", "label_column": "y"},
+        "http": {"secret": "s"},
+        "compression": compression,
+    }
+    path = tmp_path / "server.toml"
+    path.write_text(to_toml(table))
+    return load_server_config(path)

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from bench import fl_compressed as B
-from fl_process_helpers import to_toml
+from fl_process_helpers import compression_server
 from tandem.errors import ConfigError
 from tandem.parties.fl import presets
 from tandem.parties.fl import protocol as P
 from tandem.parties.fl.client import FLClient
-from tandem.parties.fl.config import FLConfigError, load_server_config
+from tandem.parties.fl.config import FLConfigError
 from tandem.parties.fl.dp import DPConfig
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.quantize import (
@@ -121,34 +121,19 @@ def test_a_quantized_uplink_with_secure_aggregation_or_dp_is_refused_naming_why(
         presets.compressed(1000, uplink_bits=4, dp=DPConfig())
 
 
-def _server_toml(tmp_path, compression: dict):
-    table = {
-        "server": {"clients": ["a", "b"], "rounds": 3},
-        "model": {"kind": "mlp", "hidden": [8], "out_dim": 2},
-        "data": {"source": "eval.csv", "label_column": "y"},
-        "http": {"secret": "s"},
-        "compression": compression,
-    }
-    path = tmp_path / "server.toml"
-    path.write_text(to_toml(table))
-    return load_server_config(path)
-
-
 def test_toml_uplink_bits_builds_a_quantized_uplink_and_refuses_what_does_not_apply(tmp_path):
-    cfg = _server_toml(tmp_path, {"preset": "compressed", "uplink_bits": 4})
+    cfg = compression_server(tmp_path, {"preset": "compressed", "uplink_bits": 4})
     fl = build_fl_config(cfg, 10_000)
     assert fl.uplink == {"kind": "quant", "bits": 4, "block": 256, "max_gap": 3}
     assert fl.rule.topk is None  # the server applies every coordinate
-    assert build_fl_config(_server_toml(tmp_path, {"preset": "compressed"}), 10_000).uplink == {
-        "kind": "randk",
-        "k": 10_000 // 60,
-    }
+    randk = build_fl_config(compression_server(tmp_path, {"preset": "compressed"}), 10_000)
+    assert randk.uplink == {"kind": "randk", "k": 10_000 // 60}
     with pytest.raises(FLConfigError, match="uplink_bits must be 0"):
-        _server_toml(tmp_path, {"preset": "compressed", "uplink_bits": 3})
+        compression_server(tmp_path, {"preset": "compressed", "uplink_bits": 3})
     with pytest.raises(FLConfigError, match=r"\['topk_ratio'\] do not apply with uplink_bits"):
-        _server_toml(tmp_path, {"preset": "compressed", "uplink_bits": 4, "topk_ratio": 10})
+        compression_server(tmp_path, {"preset": "compressed", "uplink_bits": 4, "topk_ratio": 10})
     with pytest.raises(FLConfigError, match='apply to preset = "compressed" only'):
-        _server_toml(tmp_path, {"uplink_bits": 4})
+        compression_server(tmp_path, {"uplink_bits": 4})
 
 
 def test_four_bit_uplink_tracks_dense_round_by_round_on_the_user_like_task():

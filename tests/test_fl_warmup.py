@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bench import fl_compressed as B
-from fl_process_helpers import to_toml
+from fl_process_helpers import compression_server
 from tandem.errors import ConfigError
-from tandem.parties.fl.config import FLConfigError, load_server_config
+from tandem.parties.fl.config import FLConfigError
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.server_process import build_fl_config
 from tandem.parties.fl.warmup import Warmup, round_compression
@@ -56,29 +56,16 @@ def test_negative_rounds_are_refused_by_name():
         Warmup(-1, 0)
 
 
-def _server_toml(tmp_path, compression: dict):
-    table = {
-        "server": {"clients": ["a", "b"], "rounds": 3},
-        "model": {"kind": "mlp", "hidden": [8], "out_dim": 2},
-        "data": {"source": "eval.csv", "label_column": "y"},
-        "http": {"secret": "s"},
-        "compression": compression,
-    }
-    path = tmp_path / "server.toml"
-    path.write_text(to_toml(table))
-    return load_server_config(path)
-
-
 def test_toml_compressed_preset_starts_dense_by_default_and_can_turn_it_off(tmp_path):
-    cfg = _server_toml(tmp_path, {"preset": "compressed"})
+    cfg = compression_server(tmp_path, {"preset": "compressed"})
     assert build_fl_config(cfg, D).warmup == Warmup(2, 4)
     off = {"preset": "compressed", "warmup_rounds": 0, "ramp_rounds": 0}
-    assert build_fl_config(_server_toml(tmp_path, off), D).warmup is None
-    assert build_fl_config(_server_toml(tmp_path, {}), D).warmup is None  # dense preset
+    assert build_fl_config(compression_server(tmp_path, off), D).warmup is None
+    assert build_fl_config(compression_server(tmp_path, {}), D).warmup is None  # dense preset
     with pytest.raises(FLConfigError, match='apply to preset = "compressed" only'):
-        _server_toml(tmp_path, {"warmup_rounds": 3})
+        compression_server(tmp_path, {"warmup_rounds": 3})
     with pytest.raises(FLConfigError, match=r"compression\.ramp_rounds"):
-        _server_toml(tmp_path, {"preset": "compressed", "ramp_rounds": -1})
+        compression_server(tmp_path, {"preset": "compressed", "ramp_rounds": -1})
 
 
 SMALL = dict(clients=6, rows=1000, test_rows=1200, seed=0)
