@@ -14,11 +14,18 @@ from tandem.engine import simulator as S
 from tandem.engine.lanes import VirtualLane
 from tandem.engine.plan import LOCAL_ONLY, Kind
 from tandem.engine.policy import Backpressure, ReadySet, choose
-from tandem.engine.runtime import SEND_DEPTH, LinkDepth, PartyRuntime, message, send_depth
+from tandem.engine.runtime import (
+    SEND_DEPTH,
+    LinkDepth,
+    PartyRuntime,
+    _Outbox,
+    message,
+    send_depth,
+)
 from tandem.engine.testing import Deadlock, run_virtual
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.engine.trace import Trace
-from tandem.errors import ConfigError, PlanError
+from tandem.errors import ConfigError, EngineError, PlanError
 from tandem.transports import MemoryNetwork, codec
 from tandem.transports.base import LinkStats
 from tests.split_helpers import topologies
@@ -442,3 +449,25 @@ def test_link_depth_takes_the_least_round_trip_of_idle_sends():
     for seconds in (0.30, 0.12, 0.5):
         link.sample(seconds, 1000, 1e4)  # 0.1 s on the wire
     assert link.round_trip == pytest.approx(0.02)
+
+
+def test_the_outbound_fifo_is_bounded_and_wakes_its_waiting_lane_in_order():
+    """A peer's outbound FIFO hands items out in the order they were put, wakes a send lane
+    waiting on it, and refuses an item beyond its capacity (the runtime's capacity invariant
+    holds even if the policy broke it)."""
+    ops = [P.Op(Kind.SEND, m, channel="act/x", peer="B") for m in range(3)]
+
+    async def main():
+        box = _Outbox(2)
+        got = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        assert not got.done()
+        box.put((ops[0], None))
+        assert (await got)[0] is ops[0]
+        box.put((ops[1], None))
+        box.put((ops[2], None))
+        with pytest.raises(EngineError, match="capacity 2"):
+            box.put((ops[0], None))
+        return [(await box.get())[0] for _ in range(2)]
+
+    assert run_virtual(main()) == ops[1:]

@@ -6,9 +6,9 @@ Per batch, inside one `asyncio.TaskGroup`:
   object the simulator uses) and runs them on the party's lane (a worker thread), so sends and
   receives progress during compute. With a `ThreadLane` (``lane.drives_batches``) that loop
   itself runs on the lane's thread: after an op it takes the batch's lock, records the op's
-  completion and asks the policy again, so consecutive ops cost no thread hand-off; it sleeps on
-  a condition only when nothing is ready, and arrivals and drained sends (loop thread, same
-  lock) wake it.
+  completion and asks the policy again, so consecutive ops cost no thread hand-off; it blocks
+  (on a plain lock, `_BatchState.wait`) only when nothing is ready, and arrivals and drained
+  sends (loop thread, same batch lock) wake it.
   With a `VirtualLane` the loop is a coroutine that awaits each op (the simulator-vs-runtime
   tests run it on a virtual clock);
 * one **send lane** per peer drains that peer's outbound FIFO through the transport, keeping
@@ -189,16 +189,55 @@ class _SendLaneState:
             self.waiter.set_result(None)
 
 
+class _Outbox:
+    """One peer's outbound FIFO of ``(send op, payload)``, filled on the loop thread and drained
+    by that peer's send lane. Bounded: more than ``capacity`` items is an `EngineError` (the
+    policy never starts an op whose sends would exceed it). A deque and one waiter future: an
+    `asyncio.Queue` costs several Python calls per item on the per-frame path."""
+
+    __slots__ = ("items", "capacity", "waiter")
+
+    def __init__(self, capacity: int) -> None:
+        self.items: collections.deque[tuple[Op, Payload]] = collections.deque()
+        self.capacity = capacity
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: tuple[Op, Payload]) -> None:
+        if len(self.items) >= self.capacity:
+            raise EngineError(f"outbound queue exceeded its capacity {self.capacity}")
+        self.items.append(item)
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> tuple[Op, Payload]:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+        return self.items.popleft()
+
+
 class _BatchState:
     """Mutable bookkeeping of one batch of one plan, guarded by ``lock`` (held for
-    microseconds: never across a kernel or an ``await``). ``cond`` (same lock) wakes a
-    lane-driven compute loop waiting for a ready op; ``wake`` does that for the coroutine one."""
+    microseconds: never across a kernel or an ``await``). A lane-driven compute loop waiting
+    for a ready op sets ``waiting`` (under ``lock``) and blocks on ``wakeup``; whoever makes an
+    op ready or stops the batch clears ``waiting`` and releases ``wakeup`` once (`notify`), so
+    the wait is one C-level lock acquire instead of a `threading.Condition`'s Python code.
+    ``wake`` does that for the coroutine compute loop.
 
-    def __init__(self, plan: Plan, policy: Policy) -> None:
+    Invariant: ``wakeup`` is released at most once per ``waiting = True`` (it is held while
+    nobody waits or a wait is about to begin)."""
+
+    def __init__(self, plan: Plan, policy: Policy, lane_driven: bool = False) -> None:
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
+        self.wakeup = threading.Lock()
+        self.wakeup.acquire()
+        self.lane_driven = lane_driven
         self.stop = False  # set (under lock) when the batch is cancelled
-        self.waiting = False  # a lane-driven compute loop waits on ``cond``
+        self.waiting = False  # a lane-driven compute loop waits on ``wakeup``
         self.clock: Callable[[], float] = time.monotonic  # the trace's clock (set by run)
         self.plan = plan
         self.policy = policy  # fixed for the batch
@@ -206,10 +245,10 @@ class _BatchState:
         self.ready = ReadySet(plan.key)
         self.outbound = 0
         self.max_outbound = 0
-        self.queues: dict[str, asyncio.Queue] = {}
+        self.queues: dict[str, _Outbox] = {}
         #: frames a lane-driven compute loop queued for the send lanes, not yet moved to
         #: ``queues`` on the loop; ``handover_due``: a move is scheduled on the loop
-        self.handover: list[tuple[asyncio.Queue, tuple]] = []
+        self.handover: list[tuple[_Outbox, tuple[Op, Payload]]] = []
         self.handover_due = False
         self.wake = asyncio.Event()
         self.compute_left = len(plan.key)  # plan.key holds exactly the compute ops
@@ -224,6 +263,26 @@ class _BatchState:
         for op, k in plan.indegree.items():
             if k == 0 and op.kind is not Kind.SEND and op.kind is not Kind.RECV:
                 self.ready.add(op)
+
+    def notify(self) -> None:
+        """An op became ready or a send drained (caller holds ``lock``, on the loop thread):
+        wake the compute loop if it waits."""
+        if self.lane_driven:
+            if self.waiting:
+                self.waiting = False
+                self.wakeup.release()
+        else:
+            self.wake.set()
+
+    def wait(self) -> None:
+        """Block the lane-driven compute loop until `notify` (caller holds ``lock``; it is
+        released while blocked and held again on return)."""
+        self.waiting = True
+        self.lock.release()
+        try:
+            self.wakeup.acquire()
+        finally:
+            self.lock.acquire()
 
 
 class PartyRuntime:
@@ -285,17 +344,18 @@ class PartyRuntime:
         whatever the leader's own local-only ops still take."""
         self.bp.check_plan(plan)
         loop = asyncio.get_running_loop()
-        st = _BatchState(plan, self.policy)
+        lane_driven = getattr(self.lane, "drives_batches", False)
+        st = _BatchState(plan, self.policy, lane_driven)
         # trace clock: the loop's (virtual in tests) unless the lane's thread drives the batch;
         # then time.monotonic for every event, which asyncio's loop.time() also reads (uvloop's
         # reads the same clock, but cached once per loop iteration, in whole milliseconds)
-        st.clock = time.monotonic if getattr(self.lane, "drives_batches", False) else loop.time
+        st.clock = time.monotonic if lane_driven else loop.time
         stats = BatchStats()
         t0 = st.clock()
         sends_per_peer = collections.Counter(op.peer for op in plan.sends)
         recv_channels = collections.Counter((op.peer, op.channel) for op in plan.recvs)
         for peer in sends_per_peer:
-            st.queues[peer] = asyncio.Queue(maxsize=self.bp.capacity)
+            st.queues[peer] = _Outbox(self.bp.capacity)
         async with asyncio.TaskGroup() as tg:
             for peer, count in sends_per_peer.items():
                 tg.create_task(self._send_lane(st, peer, count, batch, stats))
@@ -357,7 +417,7 @@ class PartyRuntime:
     async def _compute_ops(
         self, st: _BatchState, handler: OpHandler, batch: int, stats: BatchStats
     ) -> None:
-        if getattr(self.lane, "drives_batches", False):
+        if st.lane_driven:
             loop = asyncio.get_running_loop()
 
             def hand_over() -> None:  # on the loop: every frame the lane thread queued
@@ -365,9 +425,9 @@ class PartyRuntime:
                     items, st.handover = st.handover, []
                     st.handover_due = False
                 for q, item in items:
-                    q.put_nowait(item)
+                    q.put(item)
 
-            def enqueue(q: asyncio.Queue, item) -> None:  # from the lane thread, st.lock held
+            def enqueue(q: _Outbox, item) -> None:  # from the lane thread, st.lock held
                 # one loop wake-up for every frame queued until the loop takes them: a loop
                 # slow to get the CPU (a loaded machine) then wakes once for several frames
                 st.handover.append((q, item))
@@ -378,7 +438,7 @@ class PartyRuntime:
             def stop() -> None:
                 with st.lock:
                     st.stop = True
-                    st.cond.notify_all()
+                    st.notify()
 
             def all_produced() -> None:  # from the lane thread, after the op's sends' enqueue
                 loop.call_soon_threadsafe(st.produced.set)
@@ -426,9 +486,7 @@ class PartyRuntime:
                     op = self._pick(st)
                     if op is not None:
                         break
-                    st.waiting = True
-                    st.cond.wait()  # an arrival, a drained send or `stop` notifies
-                    st.waiting = False
+                    st.wait()  # an arrival, a drained send or `stop` notifies
             start = clock()
             outputs = handler.compute(op)
             end = clock()
@@ -517,9 +575,7 @@ class PartyRuntime:
         with st.lock:
             st.outbound -= 1
             self._complete(st, op, None)
-            if st.waiting:
-                st.cond.notify()
-        st.wake.set()
+            st.notify()
 
     async def _receiver(
         self, st: _BatchState, handler: OpHandler, peer: str, channel: str, count: int, batch: int
@@ -539,9 +595,7 @@ class PartyRuntime:
             handler.receive(op, arrays[0] if len(arrays) == 1 else tuple(arrays))
             with st.lock:
                 self._complete(st, op, None)
-                if st.waiting:
-                    st.cond.notify()
-            st.wake.set()
+                st.notify()
 
     # -- bookkeeping -------------------------------------------------------------------------
     def _complete(
@@ -549,7 +603,7 @@ class PartyRuntime:
         st: _BatchState,
         op: Op,
         outputs: Mapping[tuple[str, int], Payload] | None,
-        enqueue: Callable[[asyncio.Queue, tuple], None] | None = None,
+        enqueue: Callable[[_Outbox, tuple[Op, Payload]], None] | None = None,
     ) -> None:
         """Record ``op``'s completion (caller holds ``st.lock``): successors whose dependencies
         are all done become ready; sends go to their peer's outbound queue (through
@@ -575,7 +629,7 @@ class PartyRuntime:
                 if st.outbound > self.bp.capacity:  # invariant guarded by policy.choose
                     raise EngineError(f"outbound queue exceeded its capacity {self.bp.capacity}")
                 if enqueue is None:
-                    st.queues[s.peer].put_nowait((s, array))
+                    st.queues[s.peer].put((s, array))
                 else:
                     enqueue(st.queues[s.peer], (s, array))
             elif kind is not Kind.RECV:
