@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 GRAD = "grad/bottom_follower->top"
 CTL = "ctl"
 ROSTER = ("leader", "follower", "auditor")
@@ -174,13 +176,13 @@ async def _rounds(ctx: Any, one: Callable[[int], Any], pause: float) -> list[int
     while ctx.going() and rounds < 40:
         try:
             statuses += await one(rounds)
-        except (OSError, TimeoutError):
-            if ctx.finished.is_set():  # the party finished its run meanwhile
-                break
-            if not rounds:  # not listening yet: the parties are still starting
+        except (OSError, TimeoutError, aiohttp.ClientConnectionError):
+            if not rounds and not ctx.finished.is_set():  # not listening yet: still starting
                 await asyncio.sleep(0.05)
                 continue
-            raise
+            # a party closed: its run ended (the job's result, not this loop, says whether it
+            # ended well: done and same_params are part of the verdict)
+            break
         rounds += 1
         await asyncio.sleep(pause)
     return statuses
