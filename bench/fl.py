@@ -104,7 +104,7 @@ def startup_figures() -> dict:
     import tempfile
     from pathlib import Path
 
-    from bench.fl_startup import startup
+    from .fl_startup import startup
 
     with tempfile.TemporaryDirectory(prefix="tandem-fl-startup-") as folder:
         return startup(Path(folder))

@@ -53,7 +53,6 @@ from collections.abc import Callable
 
 import orjson
 
-from bench import fl_compressed
 from tandem.parties.fl import presets
 from tandem.parties.fl.aggregate import ServerRule
 from tandem.parties.fl.client import FLClient, compress_update
@@ -63,6 +62,8 @@ from tandem.parties.fl.federation import make_trainer, run_memory_federation
 from tandem.parties.fl.robust import build_rule
 from tandem.parties.fl.secagg import SecAggConfig
 from tandem.parties.fl.secagg.client import LeaveRound
+
+from . import fl_compressed
 
 HIDDEN_1M = [1000, 936]
 

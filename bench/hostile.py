@@ -81,8 +81,8 @@ import aiohttp
 import numpy as np
 import orjson
 
-from bench import hostile_apart, hostile_bodies, hostile_insider, hostile_roles
-from bench.ports import free_port
+from . import hostile_apart, hostile_bodies, hostile_insider, hostile_roles
+from .ports import free_port
 
 MiB = 1 << 20
 SECRET = b"s3cret"

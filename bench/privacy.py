@@ -51,7 +51,6 @@ from typing import Any
 import numpy as np
 import orjson
 
-from bench import ctr
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower
 from tandem.errors import ConfigError
@@ -59,6 +58,8 @@ from tandem.parties.privacy.audit import AuditSettings
 from tandem.parties.privacy.config import privacy_from
 from tandem.parties.split import SplitConfig, SplitParty
 from tandem.transports.memory import MemoryNetwork
+
+from . import ctr
 
 #: Defense name -> the ``[privacy]`` tables of its case ("none": undefended); each defense at
 #: three strengths, weakest first.
@@ -238,7 +239,7 @@ def summary(tasks: dict[str, dict[str, dict[str, Any]]]) -> dict[str, Any]:
 def secure_sum_ratio(**settings: Any) -> float:
     """``secure_sum_vs_plain`` of `bench.securesum.measure` with ``settings``: training rows
     per second of the followers' cuts summed securely over summed in the clear."""
-    from bench import securesum
+    from . import securesum
 
     return float(securesum.measure(**settings)["secure_sum_vs_plain"])
 
