@@ -9,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from spec_helpers import open_security, small_hyper
 from tandem.errors import ConfigError, FrameError, ShapeError
 from tandem.parties.split.compress import KINDS, CutCompressor, from_hyper, mismatch_reasons
 from tandem.transports import codec
@@ -158,27 +159,8 @@ def _two_party_spec(**hyper):
             "bottom": {"in_dims": [3], "out_dim": 4},
             "top": {"in_dims": [4], "out_dim": 1},
         },
-        hyper={
-            "batch_size": 8,
-            "eval_batch_size": 8,
-            "groups": 1,
-            "learning_rate": 0.1,
-            "optimizer": "sgd",
-            "loss": "binary",
-            "epochs": 1,
-            "seed": 0,
-            "threshold": 2,
-            "capacity": 8,
-            "policy": "priority",
-            "checkpoint_every": 0,
-            **hyper,
-        },
-        security={
-            "auth": "none",
-            "tls": False,
-            "max_frame_bytes": 1 << 20,
-            "reject_nonfinite": False,
-        },
+        hyper=small_hyper(**hyper),
+        security=open_security(),
     )
 
 

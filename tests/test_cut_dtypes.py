@@ -13,6 +13,7 @@ import numpy as np
 import optax
 import pytest
 
+from spec_helpers import open_security, small_hyper
 from tandem.engine.kernels import StageModel, binary_logistic, derive_stage
 from tandem.engine.topology import two_party
 from tandem.errors import ConfigError, FrameError, ShapeError
@@ -267,21 +268,8 @@ def _leaves(group):
 
 
 # -- the negotiated spec ---------------------------------------------------------------------------
-HYPER = {
-    "batch_size": 8,
-    "eval_batch_size": 8,
-    "groups": 1,
-    "learning_rate": 0.1,
-    "optimizer": "sgd",
-    "loss": "binary",
-    "epochs": 1,
-    "seed": 0,
-    "threshold": 1,
-    "capacity": 2,
-    "policy": "priority",
-    "checkpoint_every": 0,
-}
-SECURITY = {"auth": "none", "tls": False, "max_frame_bytes": 1 << 20, "reject_nonfinite": True}
+HYPER = small_hyper(threshold=1, capacity=2)
+SECURITY = open_security(reject_nonfinite=True)
 
 
 def spec_with(bottom_widths):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from party_helpers import Job
+from spec_helpers import open_security, small_hyper
 from tandem.errors import FrameError
 from tandem.parties.split import negotiate
 from tandem.parties.split.checkpoint import CheckpointError, CheckpointStore
@@ -156,26 +157,10 @@ def _tiny_spec():
             "bottom_follower": {"in_dims": [2], "out_dim": 2},
             "top": {"in_dims": [2, 2], "out_dim": 1},
         },
-        hyper={
-            "batch_size": 4,
-            "eval_batch_size": 4,
-            "groups": 1,
-            "learning_rate": 0.1,
-            "optimizer": "sgd",
-            "loss": "binary",
-            "epochs": 1,
-            "seed": 0,
-            "threshold": 1,
-            "capacity": 2,
-            "policy": "priority",
-            "checkpoint_every": 3,
-        },
-        security={
-            "auth": "none",
-            "tls": False,
-            "max_frame_bytes": 1 << 20,
-            "reject_nonfinite": True,
-        },
+        hyper=small_hyper(
+            batch_size=4, eval_batch_size=4, threshold=1, capacity=2, checkpoint_every=3
+        ),
+        security=open_security(reject_nonfinite=True),
     )
 
 

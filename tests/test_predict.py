@@ -23,6 +23,7 @@ import pytest
 
 import tandem.parties.export.stages
 from ports import free_port
+from spec_helpers import small_hyper
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import leader_follower, two_party
 from tandem.parties.export import save_stages
@@ -344,20 +345,7 @@ async def test_follower_refuses_a_training_proposal(trained):
 
     fm = await inference.load_model(trained.follower, "follower")
     topo = leader_follower()
-    hyper = {
-        "batch_size": 8,
-        "eval_batch_size": 8,
-        "groups": 1,
-        "learning_rate": 0.1,
-        "optimizer": "sgd",
-        "loss": "binary",
-        "epochs": 1,
-        "seed": 0,
-        "threshold": 4,
-        "capacity": 8,
-        "policy": "priority",
-        "checkpoint_every": 10,
-    }
+    hyper = small_hyper(threshold=4, checkpoint_every=10)
     widths = {
         "bottom_leader": {"in_dims": [F_LEADER], "out_dim": CUT, "sizes": None},
         "bottom_follower": {"in_dims": [F_FOLLOWER], "out_dim": CUT, "sizes": None},

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from spec_helpers import open_security, small_hyper
 from tandem.engine.kernels import mlp_stage
 from tandem.engine.topology import star
 from tandem.errors import AuthenticationError, ConfigError
@@ -196,27 +197,8 @@ def star_spec(**hyper):
             "bottom_1": {"in_dims": [3], "out_dim": 4},
             "top": {"in_dims": [4, 4], "out_dim": 1},
         },
-        hyper={
-            "batch_size": 8,
-            "eval_batch_size": 8,
-            "groups": 1,
-            "learning_rate": 0.1,
-            "optimizer": "sgd",
-            "loss": "binary",
-            "epochs": 1,
-            "seed": 0,
-            "threshold": 2,
-            "capacity": 8,
-            "policy": "priority",
-            "checkpoint_every": 0,
-            **hyper,
-        },
-        security={
-            "auth": "none",
-            "tls": False,
-            "max_frame_bytes": 1 << 20,
-            "reject_nonfinite": False,
-        },
+        hyper=small_hyper(**hyper),
+        security=open_security(),
     )
 
 

@@ -3,7 +3,10 @@ settings. Shared by the role commands (`cli`) and the Ray actors (`ray.roles`)."
 
 from __future__ import annotations
 
-from .config import CoordinatorFile, RoleFile
+import asyncio
+from typing import Any
+
+from .config import CoordinatorFile, DataServerFile, RoleFile
 
 
 def role_transport(cfg: RoleFile, peers: dict[str, str], *, admit_unknown: bool = False):
@@ -43,6 +46,27 @@ def coordinator_config(cfg: CoordinatorFile):
         recover_timeout=cfg.recover_timeout,
         journal=cfg.journal,
     )
+
+
+async def load_data_server(cfg: DataServerFile, path: str) -> tuple[Any, Any, Any, Any]:
+    """``(spec, shard, store, party)`` of a checked data-server file read from ``path``: the
+    shard from its ``[data]`` table (``party`` the loaded `PartyShard`), or from its model
+    spec and shard files (``party`` None); ``store`` its `CheckpointStore` or None. Files are
+    read in a thread, off the loop."""
+    from .party_data import load_party_shard
+    from .spec import load_shard, load_spec
+    from .store import CheckpointStore
+
+    party = None
+    if cfg.data is not None:
+        party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=path)
+        spec, shard = party.spec, party.train
+    else:
+        assert isinstance(cfg.model, str) and cfg.shard is not None  # DataServerFile._shard
+        spec = load_spec(cfg.model)
+        shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
+    store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
+    return spec, shard, store, party
 
 
 def data_server(t, cfg, spec, shard, store, party):

@@ -28,12 +28,12 @@ from tandem._extras import needs, require
 from tandem.errors import TandemError
 from tandem.parties.progress import emit_result
 
-from .build import coordinator_config, data_server, role_transport
+from .build import coordinator_config, data_server, load_data_server, role_transport
 from .config import CoordinatorFile, DataServerFile, WorkerFile, load_role
 from .errors import ConfigError, NotWelcomedError
 
 if TYPE_CHECKING:
-    from .party_data import PartyShard
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -233,23 +233,11 @@ def _use_compile_cache(
 
 
 async def _data_server(args) -> int:
-    from .party_data import load_party_shard
-    from .spec import load_shard, load_spec
-    from .store import CheckpointStore
-
     _logging(args)
-    party: PartyShard | None = None
     try:
         cfg = load_role(DataServerFile, args.config)
         _use_compile_cache(cfg.compile_cache, cfg.checkpoints, cfg.export, args.config)
-        if cfg.data is not None:
-            party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=args.config)
-            spec, shard = party.spec, party.train
-        else:
-            assert isinstance(cfg.model, str) and cfg.shard is not None  # DataServerFile._shard
-            spec = load_spec(cfg.model)
-            shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
-        store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
+        spec, shard, store, party = await load_data_server(cfg, args.config)
     except TandemError as exc:
         return _fail(exc)
     coord = cfg.coordinator_name

@@ -12,13 +12,12 @@ server's ``{}``, a worker's ``{"batches": n}``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 from tandem.parties.config import validate
 
-from ..build import coordinator_config, data_server, role_transport
+from ..build import coordinator_config, data_server, load_data_server, role_transport
 from ..config import CoordinatorFile, DataServerFile, WorkerFile
 
 ROLES = ("coordinator", "data-server", "worker")
@@ -59,19 +58,7 @@ async def _coordinator(cfg: CoordinatorFile, watch: Callable[[Any], None]) -> di
 
 
 async def _data_server(cfg: DataServerFile, path: str, watch: Callable[[Any], None]) -> None:
-    from ..party_data import load_party_shard
-    from ..spec import load_shard, load_spec
-    from ..store import CheckpointStore
-
-    party = None
-    if cfg.data is not None:
-        party = await asyncio.to_thread(load_party_shard, cfg.contract(), path=path)
-        spec, shard = party.spec, party.train
-    else:
-        assert isinstance(cfg.model, str) and cfg.shard is not None  # DataServerFile._shard
-        spec = load_spec(cfg.model)
-        shard = await asyncio.to_thread(load_shard, cfg.shard, spec)
-    store = CheckpointStore(cfg.checkpoints) if cfg.checkpoints is not None else None
+    spec, shard, store, party = await load_data_server(cfg, path)
     async with role_transport(cfg, {cfg.coordinator_name: cfg.coordinator}) as t:
         ds = data_server(t, cfg, spec, shard, store, party)
         watch(ds)

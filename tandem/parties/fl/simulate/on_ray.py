@@ -39,16 +39,21 @@ class TrainerSpec(TypedDict):
 
 def build_trainer(spec: TrainerSpec) -> LocalTrainer:
     """The `LocalTrainer` ``spec`` describes (optax SGD)."""
+    args, kwargs = _trainer_arguments(spec)
+    return LocalTrainer(*args, **kwargs)
+
+
+def _trainer_arguments(spec: TrainerSpec) -> tuple[tuple, dict[str, Any]]:
+    """`LocalTrainer`'s arguments for ``spec``: the model's sizes, optax SGD, the rest."""
     import optax
 
-    return LocalTrainer(
-        spec["sizes"],
-        optax.sgd(spec["lr"]),
+    kwargs = dict(
         loss=spec["loss"],
         epochs=spec["epochs"],
         batch_size=spec["batch_size"],
         init_seed=spec["init_seed"],
     )
+    return (spec["sizes"], optax.sgd(spec["lr"])), kwargs
 
 
 @functools.cache
@@ -77,16 +82,8 @@ class RayTrainer(LocalTrainer):
     driver) whose ``train`` runs as a Ray task on the cluster ``ray.init`` joined."""
 
     def __init__(self, spec: TrainerSpec) -> None:
-        import optax
-
-        super().__init__(
-            spec["sizes"],
-            optax.sgd(spec["lr"]),
-            loss=spec["loss"],
-            epochs=spec["epochs"],
-            batch_size=spec["batch_size"],
-            init_seed=spec["init_seed"],
-        )
+        args, kwargs = _trainer_arguments(spec)
+        super().__init__(*args, **kwargs)
         self.description = json.dumps(spec, sort_keys=True)
         with needs("ray", "client rounds as Ray tasks (tandem fl simulate --ray)"):
             import ray
