@@ -94,3 +94,53 @@ def test_the_initial_parameters_are_the_models_draw():
     eager, spec = flatten(model.init(jax.random.key(5)))
     assert trainer.spec == spec and trainer.init_vec.dtype == np.float32
     np.testing.assert_allclose(trainer.init_vec, eager, rtol=1e-6, atol=1e-7)
+
+
+def test_the_warm_up_compiles_the_step_once_and_changes_no_result():
+    import numpy as np
+    import optax
+
+    from tandem.parties.fl.train import LocalTrainer
+
+    x = np.random.default_rng(1).normal(size=(40, 8)).astype(np.float32)
+    y = (np.arange(40) % 3).astype(np.int32)
+    warmed = LocalTrainer([8, 16, 3], optax.adam(0.01), batch_size=16)
+    cold = LocalTrainer([8, 16, 3], optax.adam(0.01), batch_size=16)
+    warmed.warm_up(x, y)
+    assert warmed.traces == 1
+    assert not warmed.init_vec.flags.writeable  # a view: whoever keeps a model copies it
+    np.testing.assert_array_equal(
+        warmed.train(warmed.init_vec, x, y, 3), cold.train(cold.init_vec, x, y, 3)
+    )
+    assert warmed.traces == 1  # training found the warmed-up step
+
+
+ARROW_POOL = """
+import sys
+if sys.argv[1] == "used":
+    import pyarrow
+    pyarrow.array([1, 2, 3])  # its default pool is made here
+from tandem.parties.fl.startup import use_system_arrow_pool
+print(use_system_arrow_pool())
+import pyarrow as pa
+print(pa.default_memory_pool().backend_name)
+"""
+
+
+def test_a_federated_process_allocates_arrow_memory_with_malloc_unless_told_otherwise():
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+
+    def pool(when: str, **extra: str) -> list[str]:
+        out = subprocess.run(
+            [sys.executable, "-c", ARROW_POOL, when],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return out.stdout.split()
+
+    assert pool("later") == ["system", "system"]
+    assert pool("used") == ["system", "system"]  # switched after pyarrow's first allocation
+    chosen = pool("later", ARROW_DEFAULT_MEMORY_POOL="mimalloc")
+    assert chosen == ["mimalloc", "mimalloc"]  # the user's choice stands

@@ -129,7 +129,7 @@ async def server_command(args: argparse.Namespace) -> int:
     from .config import load_server_config
     from .evaluation import round_text
     from .server_process import run_server
-    from .startup import enable_compilation_cache
+    from .startup import enable_compilation_cache, use_system_arrow_pool
 
     _logging(args.verbose)
     # refusals of unknown clients are always worth a line on the server's stderr
@@ -137,6 +137,7 @@ async def server_command(args: argparse.Namespace) -> int:
     try:
         cfg = await asyncio.to_thread(load_server_config, args.config)
         enable_compilation_cache(cfg.compile_cache)
+        use_system_arrow_pool()
 
         def on_ready(url: str) -> None:
             print(f"{cfg.name}: listening on {url}", file=sys.stderr, flush=True)
@@ -168,12 +169,13 @@ async def client_command(args: argparse.Namespace) -> int:
 
     from .client_process import run_client
     from .config import load_client_config
-    from .startup import enable_compilation_cache
+    from .startup import enable_compilation_cache, use_system_arrow_pool
 
     _logging(args.verbose)
     try:
         cfg = await asyncio.to_thread(load_client_config, args.config)
         enable_compilation_cache(cfg.compile_cache)
+        use_system_arrow_pool()
         print(f"{cfg.name}: connecting to {cfg.server}", file=sys.stderr, flush=True)
 
         def on_round(r: int) -> None:

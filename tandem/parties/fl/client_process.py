@@ -269,6 +269,8 @@ def prepare_client(
             "data has (data.features)"
         )
     trainer = task.trainer(cfg.optimizer.build(), epochs=cfg.epochs, batch_size=cfg.batch_size)
+    release_free_memory()  # the initialiser's temporaries
+    trainer.warm_up(x_train, y_train)
     release_free_memory()  # the load's and the trace's temporaries: peak RSS is what counts
     return trainer, x_train, y_train, part(data, x, y, "validation")
 

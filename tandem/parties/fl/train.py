@@ -49,10 +49,17 @@ def _initial(model: StageModel, seed: int) -> tuple[np.ndarray, FlatSpec]:
     spec = FlatSpec(treedef, tuple(a.shape for a in leaves), tuple(a.dtype for a in leaves))
 
     def init(key):  # flat inside the function: the vector is built once, not leaf by leaf
-        flat = [a.reshape(-1).astype(jnp.float32) for a in jax.tree_util.tree_leaves(init_fn(key))]
-        return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
+        return _flat_f32(init_fn(key))
 
-    return np.array(jax.jit(init)(key)), spec
+    # a read-only view of the compiled function's output, not a copy: whoever keeps a model
+    # from it copies it (the client's `ClientModel`, the server)
+    return np.asarray(jax.jit(init)(key)), spec
+
+
+def _flat_f32(params):
+    """The leaves of ``params`` as one float32 vector (leaf order of JAX, as `flatten`)."""
+    flat = [a.reshape(-1).astype(jnp.float32) for a in jax.tree_util.tree_leaves(params)]
+    return jnp.concatenate(flat) if flat else jnp.zeros((0,), jnp.float32)
 
 
 def _unshared(state, params):
@@ -146,6 +153,20 @@ class LocalTrainer:
                 f"local data must be x: (n, {self.features}) and y: (n,), got {x.shape} and "
                 f"{y.shape}"
             )
+
+    def warm_up(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Compile (or load from the cache) the training step by running it once on the first
+        batch of ``(x, y)`` with every row masked out; the result is dropped. A process calls
+        it while it prepares, so the trace's and the lowering's temporaries are freed before
+        training (`tandem.parties.memory.release_free_memory`), not on top of its buffers."""
+        self._check(x, y)
+        if x.shape[0] == 0:
+            return
+        params = unflatten(self.init_vec, self.spec)
+        opt_state = _unshared(self.optimizer.init(params), params)
+        pad = np.resize(np.arange(min(x.shape[0], self.batch_size)), self.batch_size)
+        mask = np.zeros(self.batch_size, np.float32)
+        jax.block_until_ready(self._step(params, opt_state, x[pad], y[pad], mask))
 
     def train(self, vec: np.ndarray, x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
         """Train from flat parameters ``vec``; returns ``new - vec`` (float32, flat)."""
