@@ -40,6 +40,13 @@ numeric and one categorical column, MLP of 1.06M parameters, 20 rounds):
 
 * ``compressed_acc_gap``: dense minus compressed final accuracy in points (target <= 0.5),
   beside ``compressed_early_deficit``, the byte ratios and the per-round curve.
+
+``sketch`` (`bench.fl_sketch`): the count sketch's heavy-hitter recovery at d = 1M,
+``--sketch-seeds`` draws:
+
+* ``sketch_recall_1m``: share of the true heavy set in the estimate's top-h (median over the
+  draws; target >= 0.95), beside ``sketch_recall_1m_min`` and the sketch's shape
+  (``sketch_rows``, ``sketch_cols``, ...).
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ from tandem.parties.fl.robust import build_rule
 from tandem.parties.fl.secagg import SecAggConfig
 from tandem.parties.fl.secagg.client import LeaveRound
 
-from . import fl_compressed
+from . import fl_compressed, fl_sketch
 
 HIDDEN_1M = [1000, 936]
 
@@ -270,11 +277,18 @@ def byzantine(args: argparse.Namespace) -> dict:
     }
 
 
+def sketch(args: argparse.Namespace) -> dict:
+    """``sketch_recall_1m`` and its companions (`bench.fl_sketch`), over ``--sketch-seeds``."""
+    keys = fl_sketch.recall_keys(args.sketch_seeds)
+    return {(k if k.startswith("sketch") else f"sketch_{k}"): v for k, v in keys.items()}
+
+
 METRICS: dict[str, Callable[[argparse.Namespace], dict]] = {
     "secagg": secagg,
     "dp": dp,
     "byzantine": byzantine,
     "compressed": fl_compressed.compressed_gap,
+    "sketch": sketch,
 }
 
 
@@ -289,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dp-fraction", type=float, default=0.2)
     p.add_argument("--dp-rounds", type=int, default=30)
     p.add_argument("--byz-rounds", type=int, default=15)
+    p.add_argument("--sketch-seeds", type=int, default=3)
     fl_compressed.add_arguments(p, prefix="compressed-")
     args = p.parse_args(argv)
     out: dict = {"bench": "fl_private"}
