@@ -184,6 +184,17 @@ def test_the_spec_validator_bounds_the_rows_of_every_form():
     check(ctl({}, sender="A"))  # a reply naming no rows
 
 
+def test_the_spec_validator_runs_on_the_transports_loop():
+    """It is an `InlineValidator`, so the HTTP transport judges each cut message on the loop
+    instead of handing it to a worker thread."""
+    from tandem.parties.split.negotiate import spec_validator
+    from tandem.transports.base import InlineValidator
+    from tests.test_cut_compress import _two_party_spec
+
+    check = spec_validator(_two_party_spec(), leader="B")
+    assert isinstance(check, InlineValidator) and check.inline is True
+
+
 def test_a_followers_admission_takes_every_form_and_bounds_it_by_its_dataset():
     parties, *_ = make_job(leader_follower(), rows=40, config=SplitConfig(batch_size=16, seed=0))
     follower = parties["follower"]

@@ -252,6 +252,39 @@ async def test_validator_and_max_frame_bytes(http_pair):
     assert (await b.recv("a", "c")).meta == {"i": 4}
 
 
+async def test_an_inline_validator_runs_on_the_loop_and_others_in_a_thread(http_pair):
+    """An `InlineValidator` judges a small frame on the event loop (no worker thread per
+    frame), refusing the same way; any other validator runs in a worker thread."""
+    import threading
+
+    from tandem.transports.base import InlineValidator
+
+    seen: list[tuple[str, bool]] = []
+
+    class Inline:
+        inline = True
+
+        def __call__(self, frame: Frame) -> None:
+            seen.append(("inline", threading.get_ident() == loop_thread))
+            if frame.meta["i"] < 0:
+                raise FrameError("negative i")
+
+    def plain(frame: Frame) -> None:
+        seen.append(("plain", threading.get_ident() == loop_thread))
+
+    loop_thread = threading.get_ident()
+    assert isinstance(Inline(), InlineValidator) and not isinstance(plain, InlineValidator)
+    a, b = await http_pair(cfg, b_kw={"validator": Inline()})
+    await a.send("b", "c", good(1))
+    assert (await b.recv("a", "c")).meta == {"i": 1}
+    with pytest.raises(FrameError, match="negative i"):
+        await a.send("b", "c", good(-1))
+    b.validator = plain
+    await a.send("b", "c", good(2))
+    assert (await b.recv("a", "c")).meta == {"i": 2}
+    assert seen == [("inline", True), ("inline", True), ("plain", False)]
+
+
 def make_cert(tmp_path, name: str, ca=None):
     """A self-signed certificate for 127.0.0.1 (or one signed by ``ca``)."""
     key = ec.generate_private_key(ec.SECP256R1())

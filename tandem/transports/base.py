@@ -146,7 +146,7 @@ class AdmittingTransport(Protocol):
     * ``spec_hash``: stamped on outgoing frames when non-empty; an inbound frame of another
       hash is refused.
     * ``validator(frame)``: called with each decoded inbound frame; raising `FrameError`
-      refuses it.
+      refuses it (in a worker thread unless it is an `InlineValidator`).
     * ``admit_stream(sender, channel)``: called on each inbound message's routing, before its
       body is read or memory reserved; raising `AdmissionError` (or `FrameError`) refuses it.
     * ``admit_frame(frame)``: called on the event loop with each complete inbound frame that
@@ -160,6 +160,20 @@ class AdmittingTransport(Protocol):
     validator: Callable[[Frame], None] | None
     admit_stream: Callable[[str, str], None] | None
     admit_frame: Callable[[Frame], None] | None
+
+
+@runtime_checkable
+class InlineValidator(Protocol):
+    """A ``validator`` (`AdmittingTransport`) that declares itself cheap enough for the event
+    loop: ``inline`` true states that judging a frame costs at most one pass over its arrays
+    (as a NaN/Inf scan does), never I/O or a wait. A transport then runs it where it runs its
+    own checks of a small frame, on the loop, instead of handing each frame to a worker thread
+    (a thread hand-off per frame that, on a party confined to one CPU, only adds a context
+    switch). Any other validator runs in a worker thread."""
+
+    inline: bool
+
+    def __call__(self, frame: Frame) -> None: ...
 
 
 @runtime_checkable

@@ -86,7 +86,13 @@ def spec_validator(spec: TaskSpec, *, leader: str) -> Callable[[Frame], None]:
 
 class _SpecValidator:
     """`spec_validator`'s check: one frame against the channels, senders, shapes and row
-    budget of ``spec`` (`FrameError` naming what differs)."""
+    budget of ``spec`` (`FrameError` naming what differs).
+
+    An `InlineValidator`: it looks at the frame's header and array shapes, and at most scans a
+    bfloat16 tensor once for NaN/Inf and a compressed payload's layout, so the transport runs
+    it on the loop beside its own checks (no worker thread per cut message)."""
+
+    inline = True
 
     def __init__(self, spec: TaskSpec, leader: str) -> None:
         self.leader = leader

@@ -18,7 +18,7 @@ from typing import Protocol
 from tandem.errors import AdmissionError, FrameError, PayloadTooLargeError
 
 from .. import codec
-from ..base import Frame
+from ..base import Frame, InlineValidator
 from .config import HttpConfig
 from .protocol import INLINE_BYTES, Refuse, spec_text
 from .scan import FiniteScan, all_finite, is_float
@@ -45,6 +45,21 @@ class FrameChecks:
     def __init__(self, config: HttpConfig, hooks: Hooks) -> None:
         self.cfg = config
         self.hooks = hooks
+        #: (validator, whether it runs on the loop) for the last validator seen: a Protocol
+        #: ``isinstance`` costs microseconds, so it is judged once per validator, not per frame
+        self._inline: tuple[object, bool] = (None, True)
+
+    def validator_inline(self) -> bool:
+        """Whether the current ``validator`` may run on the loop for a small frame: there is
+        none, or it is an `InlineValidator` with ``inline`` true."""
+        validator = self.hooks.validator
+        seen, verdict = self._inline
+        if validator is not seen:
+            verdict = validator is None or (
+                isinstance(validator, InlineValidator) and validator.inline is True
+            )
+            self._inline = (validator, verdict)
+        return verdict
 
     def check_stream(self, sender: str, channel: str) -> None:
         """The ``admit_stream`` hook (403 naming the field)."""
@@ -90,12 +105,13 @@ class FrameChecks:
         scan: FiniteScan | None = None,
     ) -> Frame:
         """The frame in ``buffer``, decoded and checked (`decode_checked`, then NaN/Inf and the
-        ``validator`` hook: in a worker thread for large arrays or any validator)."""
+        ``validator`` hook: in a worker thread for large arrays or a validator that is not an
+        `InlineValidator`)."""
         frame = self.decode_checked(sender, channel, msg_id, buffer)
         if self.cfg.reject_nonfinite or self.hooks.validator is not None:
             known = scan.verdicts(frame) if scan is not None else {}
             unknown = sum(a.nbytes for i, a in enumerate(frame.arrays) if i not in known)
-            if unknown < INLINE_BYTES and self.hooks.validator is None:
+            if unknown < INLINE_BYTES and self.validator_inline():
                 self.validate(frame, known)
             else:
                 await asyncio.to_thread(self.validate, frame, known)

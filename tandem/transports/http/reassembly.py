@@ -310,12 +310,12 @@ class Reassembler:
         awaited: the same checks in the same order, the same verdicts and counters. None, with
         nothing taken, when it would have to wait: its stream's lock is held, it is not the
         next message in order, no inbox slot or budget is free at once, or its checks run in a
-        worker thread (large payload, a ``validator``); the caller then runs
+        worker thread (large payload, a ``validator`` that is not inline); the caller then runs
         `receive_message`, which picks up where this left off."""
         sender, channel, inc, msg_id, _, _, _, total, base = head
         store, length = self.store, len(body)
         key, state = self.message_state(head, length, None)
-        if state.lock.locked() or total >= INLINE_BYTES or self.checks.hooks.validator is not None:
+        if state.lock.locked() or total >= INLINE_BYTES or not self.checks.validator_inline():
             return None
         # nothing below awaits: the stream's lock would be taken and released untouched
         turn = self.open_turn(sender, channel, state, inc, msg_id, base)
@@ -340,7 +340,8 @@ class Reassembler:
         stats.busy_seconds += time.monotonic() - t_read
         try:
             frame = self.checks.decode_checked(sender, channel, msg_id, buffer)
-            if self.cfg.reject_nonfinite:  # small arrays, no validator: on the loop
+            if self.cfg.reject_nonfinite or self.checks.hooks.validator is not None:
+                # small arrays, an inline validator if any: on the loop
                 self.checks.validate(frame)
         except BaseException:
             box.unreserve()
