@@ -81,7 +81,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from . import hostile_apart, hostile_bodies, hostile_insider, hostile_roles
+from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
 from .ports import free_port
 
 MiB = 1 << 20
@@ -795,6 +795,7 @@ async def run_job(
     seconds: float,
     sampler: Sampler | None,
     tls: ssl.SSLContext | None = None,
+    lag: hostile_lag.LoopLag | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     from tandem.parties.split.process.party_config import load_party_config
     from tandem.parties.split.process.session import leader_spec
@@ -813,6 +814,8 @@ async def run_job(
         parties["follower"].add_done_callback(lambda _: serving.set())
         if sampler is not None:
             tg.create_task(sampler.poll(job.url("follower"), tls, serving))
+        if lag is not None:
+            tg.create_task(lag.run(serving))
         await asyncio.wait(parties.values())
         finished.set()
     return {r: t.result() for r, t in parties.items()}, (hit.result() if hit else {})
@@ -844,10 +847,11 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         job.cfg["leader"]["peers"]["observer"] = observer[1]
         job.cfg["leader"]["http"]["max_nonces"] = 500
     sampler = Sampler()
-    t0 = time.monotonic()
+    lag = hostile_lag.LoopLag(stacks=bool(os.environ.get("TANDEM_HOSTILE_STACKS")))
+    t0, cpu0 = time.monotonic(), os.times()
     try:
         with sampler:
-            results, detail = await run_job(job, attack, args.seconds, sampler, tls)
+            results, detail = await run_job(job, attack, args.seconds, sampler, tls, lag)
         done = all(r["status"] == "done" for r in results.values())
     except Exception as exc:  # an attack that breaks the job is a finding, not a crash
         detail, done = {"error": _describe(exc)}, False
@@ -862,7 +866,21 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb": round(sampler.rss_mb, 1),
         "healthz_ms": [round(t, 3) for t in sampler.healthz_ms],
         "healthz_failed": sampler.healthz_failed,
+        "loop_lag": lag.summary(),
+        "cpu_s": _cpu_since(cpu0),
         "folder": str(job.folder),
+    }
+
+
+def _cpu_since(t0: os.times_result) -> dict[str, float]:
+    """CPU seconds since ``t0``: this process's (the parties, the light attackers) and its
+    waited-for children's (an attacker process of its own)."""
+    t1 = os.times()
+    return {
+        "party_process": round(t1.user + t1.system - t0.user - t0.system, 2),
+        "attacker_process": round(
+            t1.children_user + t1.children_system - t0.children_user - t0.children_system, 2
+        ),
     }
 
 
@@ -918,6 +936,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "rss_mb": out.get("rss_mb"),
                 "healthz_polls": len(out.get("healthz_ms", [])),
                 "healthz_failed": out.get("healthz_failed"),
+                "loop_lag": out.get("loop_lag"),
+                "cpu_s": out.get("cpu_s"),
             }
             print(f"{name}: {'ok' if ok else 'FAILED'} {per_attack[name]}", file=sys.stderr)
     p99 = _p99(healthz)
@@ -930,6 +950,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "healthz_p99_ms_under_attack": p99,
         "healthz_p99_ms_reference": _p99(ref.get("healthz_ms", [])),
         "reference_rss_mb": ref.get("rss_mb"),
+        "loop_lag_reference": ref.get("loop_lag"),
         "inbound_budget_mib": args.budget_mib,
         "seconds_per_attack": args.seconds,
         "epochs": args.epochs,
