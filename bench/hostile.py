@@ -89,6 +89,9 @@ SECRET = b"s3cret"
 ACT, GRAD = "act/bottom_follower->top", "grad/bottom_follower->top"
 FRAME = "/tandem/v1/frame"
 ROWS, TEST_ROWS, F_LEADER, F_FOLLOWER = 64, 24, 4, 3
+#: niceness of the attacker processes of their own (see the module docstring)
+ATTACKER_NICE = 19
+NICE_ENV = "TANDEM_HOSTILE_ATTACKER_NICE"
 CONSTANT_MB = 64  # the attackers' own buffers (a 48 MiB payload) and transient copies
 ATTACKS = (
     "identity",
@@ -953,6 +956,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "loop_lag_reference": ref.get("loop_lag"),
         "inbound_budget_mib": args.budget_mib,
         "seconds_per_attack": args.seconds,
+        "attacker_nice": args.attacker_nice,
         "epochs": args.epochs,
         "per_attack": per_attack,
         "load": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg()},
@@ -1047,6 +1051,14 @@ async def hold_heads(url: str, count: int, seconds: float) -> int:
     return opened
 
 
+def _lower_priority() -> None:
+    """An attacker process of its own runs at the niceness the parent bench was given
+    (``--attacker-nice``, through `NICE_ENV`)."""
+    nice = int(os.environ.get(NICE_ENV, "0"))
+    if nice > 0:
+        os.nice(nice)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.hostile",
@@ -1058,6 +1070,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="bound of each attack (s)")
     p.add_argument("--epochs", type=int, default=10, help="training epochs of each job")
     p.add_argument("--budget-mib", type=int, default=256, help="[http] inbound_budget (MiB)")
+    p.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=ATTACKER_NICE,
+        help="niceness of the attacker processes of their own (0: the parties' priority)",
+    )
     p.add_argument("--loris", nargs=3, metavar=("URL", "COUNT", "SECONDS"), help=argparse.SUPPRESS)
     p.add_argument("--apart", nargs=3, metavar=("NAME", "URLS", "SECONDS"), help=argparse.SUPPRESS)
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child: one run (an attack, or none)
@@ -1065,6 +1083,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from tandem.parties.cli import run_async
 
+    if args.loris or args.apart:
+        _lower_priority()
     if args.loris:
         url, count, seconds = args.loris
         print("opened", run_async(lambda: hold_heads(url, int(count), float(seconds))), flush=True)
@@ -1085,6 +1105,7 @@ def main(argv: list[str] | None = None) -> int:
         run_async(child)
         print(json.dumps(out), flush=True)
         return 0
+    os.environ[NICE_ENV] = str(args.attacker_nice)  # the children's attacker processes read it
     result = bench(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0
