@@ -10,7 +10,11 @@ run's memory is measured from the same start), with ``[http] inbound_budget`` se
 (and stops when the parties finish). The attackers whose own client work is heavy (the
 slow-loris, ``memory``, ``drained`` and ``future_flood``) run in one more process
 (`bench.hostile_apart`), so that their work does not stall the loop whose ``/healthz`` latency
-is measured. A reference run without attack comes first. After each attack the parties must
+is measured; that process runs at niceness ``--attacker-nice`` (19 by default, 0 for the
+parties' own priority). A real attacker sits on another machine: on a small one (2 cores for
+two parties and the attacker) its sending would otherwise show in the party's latency as time
+the party's loop waits in the run queue for a core, not as anything the party does. A
+reference run without attack comes first. After each attack the parties must
 finish ``done`` with exactly the reference run's exported parameters, and every hostile request
 must have been refused (no 2xx, no 5xx; a party that finished meanwhile may answer 503 or 410);
 otherwise the attack's name lands in ``failed``.
@@ -53,7 +57,11 @@ for the attackers' own buffers and transient copies), ``healthz_p99_ms_under_att
 follower's ``/healthz``, polled every 50 ms on fresh connections while it runs, over every
 attack; ``healthz_failed`` per attack counts the polls that failed while the follower served;
 ``healthz_p99_ms`` per attack, ``healthz_p99_ms_reference`` without attack), ``per_attack``
-details and ``load`` (``os.getloadavg()``). Targets: ``failed`` empty, ``max_rss_mb <=
+details and ``load`` (``os.getloadavg()``). Per run, ``loop_lag`` says why the parties' loop
+was late (`bench.hostile_lag`: late wake-ups, split into time on a CPU, i.e. the party's own
+work, time in the run queue and time blocked, e.g. on the GIL; ``TANDEM_HOSTILE_STACKS=1``
+adds where the loop thread was when it stalled) and ``cpu_s`` the CPU seconds of the parties'
+process and of the attacker process. Targets: ``failed`` empty, ``max_rss_mb <=
 rss_budget_mb``, ``healthz_p99_ms_under_attack <= 50``.
 """
 
