@@ -73,7 +73,8 @@ class LoopLag:
                     cpu, queue = (r1 - r0) / 1e6, (w1 - w0) / 1e6
                     self.on_cpu += cpu
                     self.runqueue += queue
-                    self.blocked += max(0.0, (t1 - t0) * 1e3 - cpu - queue)
+                    # neither running nor runnable, beyond the sleep asked for
+                    self.blocked += max(0.0, late * 1e3 - cpu - queue)
         finally:
             self._stop.set()
             if dog is not None:
