@@ -414,19 +414,23 @@ async def _partial_upload(url: str, headers: dict[str, str], payload: memoryview
             await writer.drain()
         if not answer.done():
             await asyncio.sleep(0.05)
-        status = None
-        if answer.done() and not answer.exception():  # (retrieved either way)
-            line = answer.result().decode("latin-1")
-            status = int(line.split()[1]) if line.startswith("HTTP/") else None
-        return status
-    except OSError:
-        return None
+        return _status_of(answer)
+    except OSError:  # reset once the receiver closed: its answer may have come before
+        return _status_of(answer)
     finally:
         if answer is not None:
             answer.cancel()
             if answer.done() and not answer.cancelled():
                 answer.exception()  # retrieved: the connection's end is expected here
         writer.transport.abort()
+
+
+def _status_of(answer: asyncio.Future[bytes] | None) -> int | None:
+    """The status of the answer's first line, when one came (None otherwise)."""
+    if answer is None or not answer.done() or answer.cancelled() or answer.exception():
+        return None
+    line = answer.result().decode("latin-1")
+    return int(line.split()[1]) if line.startswith("HTTP/") else None
 
 
 async def attack_memory(ctx: Ctx) -> dict[str, Any]:

@@ -176,7 +176,8 @@ class _Inner(asyncio.Protocol):
 async def test_a_body_is_not_buffered_before_its_handler_decides():
     """Outside a request the guard hands aiohttp at most PRE_REQUEST_LIMIT bytes, then stops
     reading; a route that reads no body leaves it stopped; a refused body is dropped as it
-    arrives (never handed to aiohttp) up to its bound, then reading stops again."""
+    arrives (never handed to aiohttp) up to its bound, then reading stops again while the
+    peer may still read its answer."""
     from tandem.transports.http.connections import PRE_REQUEST_LIMIT, ConnectionGuard, Listener
 
     listener = Listener(lambda: inner, max_connections=8, max_per_address=8,
@@ -197,7 +198,9 @@ async def test_a_body_is_not_buffered_before_its_handler_decides():
     before = inner.got
     while transport.reading:
         guard.data_received(piece)
-    assert inner.got == before and done.done()
+    assert inner.got == before and not done.done()  # the peer may still read the answer
+    guard.eof_received()  # it did, and closed its side
+    assert done.done()
     guard.connection_lost(None)
 
     # a request whose handler reads its body: reading resumes at its start

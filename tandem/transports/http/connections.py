@@ -163,28 +163,30 @@ class ConnectionGuard(asyncio.Protocol):
 
     def discard(self, limit: int) -> asyncio.Future[None]:
         """From now on, drop what the peer sends instead of handing it to aiohttp (a refused
-        request's unread body), reading again if paused; after ``limit`` bytes, pause reading
-        (the caller closes the connection). The future is done at ``limit``, at the peer's end
-        of stream, or when the connection is lost."""
+        request's unread body), reading again if paused; after ``limit`` bytes, pause reading:
+        the peer's writes then wait on a full window, costing this side nothing, while it reads
+        the answer (closing at once would reset the connection and lose the answer with it).
+        The future is done at the peer's end of stream or when the connection is lost; the
+        caller bounds the wait and closes. The connection is evictable meanwhile."""
         self._discarded = fut = self.listener.loop.create_future()
         self._discard_left = limit
+        self._enter("draining", None)
         transport = self.transport
         if transport is None or transport.is_closing():
             fut.set_result(None)
-        elif limit <= 0:
-            self._discard(0)
-        else:
+        elif limit > 0:
             self._held_back = False
             transport.resume_reading()  # type: ignore[attr-defined]
+        else:
+            transport.pause_reading()  # type: ignore[attr-defined]
         return fut
 
     def _discard(self, n: int) -> None:
         assert self._discard_left is not None
         self._discard_left -= n
-        if self._discard_left <= 0:
-            if self.transport is not None and not self.transport.is_closing():
+        if self._discard_left <= 0 and self.transport is not None:
+            if not self.transport.is_closing():
                 self.transport.pause_reading()  # type: ignore[attr-defined]
-            self._discard_done()
 
     def _discard_done(self) -> None:
         if self._discarded is not None and not self._discarded.done():
