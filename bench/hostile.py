@@ -10,7 +10,11 @@ run's memory is measured from the same start), with ``[http] inbound_budget`` se
 (and stops when the parties finish). The attackers whose own client work is heavy (the
 slow-loris, ``memory``, ``drained`` and ``future_flood``) run in one more process
 (`bench.hostile_apart`), so that their work does not stall the loop whose ``/healthz`` latency
-is measured. A reference run without attack comes first. After each attack the parties must
+is measured; that process runs at niceness ``--attacker-nice`` (19 by default, 0 for the
+parties' own priority). A real attacker sits on another machine: on a small one (2 cores for
+two parties and the attacker) its sending would otherwise show in the party's latency as time
+the party's loop waits in the run queue for a core, not as anything the party does. A
+reference run without attack comes first. After each attack the parties must
 finish ``done`` with exactly the reference run's exported parameters, and every hostile request
 must have been refused (no 2xx, no 5xx; a party that finished meanwhile may answer 503 or 410);
 otherwise the attack's name lands in ``failed``.
@@ -53,7 +57,11 @@ for the attackers' own buffers and transient copies), ``healthz_p99_ms_under_att
 follower's ``/healthz``, polled every 50 ms on fresh connections while it runs, over every
 attack; ``healthz_failed`` per attack counts the polls that failed while the follower served;
 ``healthz_p99_ms`` per attack, ``healthz_p99_ms_reference`` without attack), ``per_attack``
-details and ``load`` (``os.getloadavg()``). Targets: ``failed`` empty, ``max_rss_mb <=
+details and ``load`` (``os.getloadavg()``). Per run, ``loop_lag`` says why the parties' loop
+was late (`bench.hostile_lag`: late wake-ups, split into time on a CPU, i.e. the party's own
+work, time in the run queue and time blocked, e.g. on the GIL; ``TANDEM_HOSTILE_STACKS=1``
+adds where the loop thread was when it stalled) and ``cpu_s`` the CPU seconds of the parties'
+process and of the attacker process. Targets: ``failed`` empty, ``max_rss_mb <=
 rss_budget_mb``, ``healthz_p99_ms_under_attack <= 50``.
 """
 
@@ -81,7 +89,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from . import hostile_apart, hostile_bodies, hostile_insider, hostile_roles
+from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
 from .ports import free_port
 
 MiB = 1 << 20
@@ -89,6 +97,9 @@ SECRET = b"s3cret"
 ACT, GRAD = "act/bottom_follower->top", "grad/bottom_follower->top"
 FRAME = "/tandem/v1/frame"
 ROWS, TEST_ROWS, F_LEADER, F_FOLLOWER = 64, 24, 4, 3
+#: niceness of the attacker processes of their own (see the module docstring)
+ATTACKER_NICE = 19
+NICE_ENV = "TANDEM_HOSTILE_ATTACKER_NICE"
 CONSTANT_MB = 64  # the attackers' own buffers (a 48 MiB payload) and transient copies
 ATTACKS = (
     "identity",
@@ -403,19 +414,23 @@ async def _partial_upload(url: str, headers: dict[str, str], payload: memoryview
             await writer.drain()
         if not answer.done():
             await asyncio.sleep(0.05)
-        status = None
-        if answer.done() and not answer.exception():  # (retrieved either way)
-            line = answer.result().decode("latin-1")
-            status = int(line.split()[1]) if line.startswith("HTTP/") else None
-        return status
-    except OSError:
-        return None
+        return _status_of(answer)
+    except OSError:  # reset once the receiver closed: its answer may have come before
+        return _status_of(answer)
     finally:
         if answer is not None:
             answer.cancel()
             if answer.done() and not answer.cancelled():
                 answer.exception()  # retrieved: the connection's end is expected here
         writer.transport.abort()
+
+
+def _status_of(answer: asyncio.Future[bytes] | None) -> int | None:
+    """The status of the answer's first line, when one came (None otherwise)."""
+    if answer is None or not answer.done() or answer.cancelled() or answer.exception():
+        return None
+    line = answer.result().decode("latin-1")
+    return int(line.split()[1]) if line.startswith("HTTP/") else None
 
 
 async def attack_memory(ctx: Ctx) -> dict[str, Any]:
@@ -795,6 +810,7 @@ async def run_job(
     seconds: float,
     sampler: Sampler | None,
     tls: ssl.SSLContext | None = None,
+    lag: hostile_lag.LoopLag | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     from tandem.parties.split.process.party_config import load_party_config
     from tandem.parties.split.process.session import leader_spec
@@ -813,6 +829,8 @@ async def run_job(
         parties["follower"].add_done_callback(lambda _: serving.set())
         if sampler is not None:
             tg.create_task(sampler.poll(job.url("follower"), tls, serving))
+        if lag is not None:
+            tg.create_task(lag.run(serving))
         await asyncio.wait(parties.values())
         finished.set()
     return {r: t.result() for r, t in parties.items()}, (hit.result() if hit else {})
@@ -844,10 +862,11 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         job.cfg["leader"]["peers"]["observer"] = observer[1]
         job.cfg["leader"]["http"]["max_nonces"] = 500
     sampler = Sampler()
-    t0 = time.monotonic()
+    lag = hostile_lag.LoopLag(stacks=bool(os.environ.get("TANDEM_HOSTILE_STACKS")))
+    t0, cpu0 = time.monotonic(), os.times()
     try:
         with sampler:
-            results, detail = await run_job(job, attack, args.seconds, sampler, tls)
+            results, detail = await run_job(job, attack, args.seconds, sampler, tls, lag)
         done = all(r["status"] == "done" for r in results.values())
     except Exception as exc:  # an attack that breaks the job is a finding, not a crash
         detail, done = {"error": _describe(exc)}, False
@@ -862,7 +881,21 @@ async def one_run(args: argparse.Namespace) -> dict[str, Any]:
         "rss_mb": round(sampler.rss_mb, 1),
         "healthz_ms": [round(t, 3) for t in sampler.healthz_ms],
         "healthz_failed": sampler.healthz_failed,
+        "loop_lag": lag.summary(),
+        "cpu_s": _cpu_since(cpu0),
         "folder": str(job.folder),
+    }
+
+
+def _cpu_since(t0: os.times_result) -> dict[str, float]:
+    """CPU seconds since ``t0``: this process's (the parties, the light attackers) and its
+    waited-for children's (an attacker process of its own)."""
+    t1 = os.times()
+    return {
+        "party_process": round(t1.user + t1.system - t0.user - t0.system, 2),
+        "attacker_process": round(
+            t1.children_user + t1.children_system - t0.children_user - t0.children_system, 2
+        ),
     }
 
 
@@ -918,6 +951,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 "rss_mb": out.get("rss_mb"),
                 "healthz_polls": len(out.get("healthz_ms", [])),
                 "healthz_failed": out.get("healthz_failed"),
+                "loop_lag": out.get("loop_lag"),
+                "cpu_s": out.get("cpu_s"),
             }
             print(f"{name}: {'ok' if ok else 'FAILED'} {per_attack[name]}", file=sys.stderr)
     p99 = _p99(healthz)
@@ -930,8 +965,10 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "healthz_p99_ms_under_attack": p99,
         "healthz_p99_ms_reference": _p99(ref.get("healthz_ms", [])),
         "reference_rss_mb": ref.get("rss_mb"),
+        "loop_lag_reference": ref.get("loop_lag"),
         "inbound_budget_mib": args.budget_mib,
         "seconds_per_attack": args.seconds,
+        "attacker_nice": args.attacker_nice,
         "epochs": args.epochs,
         "per_attack": per_attack,
         "load": {"cpus": os.cpu_count(), "loadavg_start": load0, "loadavg_end": os.getloadavg()},
@@ -1026,6 +1063,14 @@ async def hold_heads(url: str, count: int, seconds: float) -> int:
     return opened
 
 
+def _lower_priority() -> None:
+    """An attacker process of its own runs at the niceness the parent bench was given
+    (``--attacker-nice``, through `NICE_ENV`)."""
+    nice = int(os.environ.get(NICE_ENV, "0"))
+    if nice > 0:
+        os.nice(nice)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.hostile",
@@ -1037,6 +1082,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=20.0, help="bound of each attack (s)")
     p.add_argument("--epochs", type=int, default=10, help="training epochs of each job")
     p.add_argument("--budget-mib", type=int, default=256, help="[http] inbound_budget (MiB)")
+    p.add_argument(
+        "--attacker-nice",
+        type=int,
+        default=ATTACKER_NICE,
+        help="niceness of the attacker processes of their own (0: the parties' priority)",
+    )
     p.add_argument("--loris", nargs=3, metavar=("URL", "COUNT", "SECONDS"), help=argparse.SUPPRESS)
     p.add_argument("--apart", nargs=3, metavar=("NAME", "URLS", "SECONDS"), help=argparse.SUPPRESS)
     p.add_argument("--one", help=argparse.SUPPRESS)  # a child: one run (an attack, or none)
@@ -1044,6 +1095,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     from tandem.parties.cli import run_async
 
+    if args.loris or args.apart:
+        _lower_priority()
     if args.loris:
         url, count, seconds = args.loris
         print("opened", run_async(lambda: hold_heads(url, int(count), float(seconds))), flush=True)
@@ -1064,6 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
         run_async(child)
         print(json.dumps(out), flush=True)
         return 0
+    os.environ[NICE_ENV] = str(args.attacker_nice)  # the children's attacker processes read it
     result = bench(args)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
     return 0

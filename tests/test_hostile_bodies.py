@@ -141,3 +141,76 @@ def test_bomb_helper_really_inflates(bombs):
         assert d.eof and not d.unused_data
         assert n == BOMB_INFLATED
         assert len(data) < 2 << 20
+
+
+class _Transport(asyncio.Transport):
+    """A transport that only records whether it is being read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading, self.closing = True, False
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def is_reading(self) -> bool:
+        return self.reading
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+class _Inner(asyncio.Protocol):
+    """aiohttp's handler, as far as the guard sees it: the bytes handed to it."""
+
+    def __init__(self) -> None:
+        self.got = 0
+
+    def data_received(self, data: bytes) -> None:
+        self.got += len(data)
+
+
+async def test_a_body_is_not_buffered_before_its_handler_decides():
+    """Outside a request the guard hands aiohttp at most PRE_REQUEST_LIMIT bytes, then stops
+    reading; a route that reads no body leaves it stopped; a refused body is dropped as it
+    arrives (never handed to aiohttp) up to its bound, then reading stops again while the
+    peer may still read its answer."""
+    from tandem.transports.http.connections import PRE_REQUEST_LIMIT, ConnectionGuard, Listener
+
+    listener = Listener(lambda: inner, max_connections=8, max_per_address=8,
+                        header_timeout=5.0, keepalive_timeout=5.0)  # fmt: skip
+    inner, transport = _Inner(), _Transport()
+    guard = ConnectionGuard(listener, "127.0.0.1", lambda: inner)
+    guard.connection_made(transport)
+    head = b"POST /tandem/v1/frame HTTP/1.1\r\nContent-Length: 50331648\r\n\r\n"
+    guard.data_received(head + bytes(1000))
+    piece = bytes(256 << 10)  # what one read of the loop brings
+    while transport.reading:
+        guard.data_received(piece)
+    assert inner.got <= PRE_REQUEST_LIMIT + len(piece)
+    listener.begin(transport, release=False)  # a refusal from the head: nothing more is read
+    assert not transport.reading and listener.holds(transport)
+    done = guard.discard(DRAIN_BYTES)
+    assert transport.reading and not done.done()
+    before = inner.got
+    while transport.reading:
+        guard.data_received(piece)
+    assert inner.got == before and not done.done()  # the peer may still read the answer
+    guard.eof_received()  # it did, and closed its side
+    assert done.done()
+    guard.connection_lost(None)
+
+    # a request whose handler reads its body: reading resumes at its start
+    inner, transport = _Inner(), _Transport()
+    guard = ConnectionGuard(listener, "127.0.0.1", lambda: inner)
+    guard.connection_made(transport)
+    guard.data_received(head + bytes(PRE_REQUEST_LIMIT))
+    assert not transport.reading
+    listener.begin(transport)
+    assert transport.reading and not listener.holds(transport)
+    guard.data_received(piece * 8)  # inside the request: all of it is the handler's
+    assert inner.got == len(head) + PRE_REQUEST_LIMIT + 8 * len(piece)
+    guard.connection_lost(None)

@@ -19,6 +19,9 @@ from .scan import SCAN_STEP, FiniteScan
 from .streams import Claim
 
 HASH_STEP = 4 << 20  # received bytes handed to the hashing thread at a time (see read_into)
+#: the most of a body left unread by its answer (a refusal, a duplicate) that is read and
+#: dropped so that the caller sees the answer; a longer remainder closes the connection
+DRAIN_BYTES = 256 << 10
 
 
 class Body(Protocol):
@@ -62,9 +65,20 @@ class PlainBody:
     brought and leaves the rest of its body in the kernel, instead of filling aiohttp's read
     buffer (up to twice ``read_bufsize``) on every waiting connection."""
 
-    def __init__(self, content: Any, content_length: int | None, transport: Any = None) -> None:
+    def __init__(
+        self,
+        content: Any,
+        content_length: int | None,
+        transport: Any = None,
+        *,
+        unread_limit: int | None = None,
+    ) -> None:
         self.content, self.content_length, self.transport = content, content_length, transport
         self.claim: Claim | None = None  # checked before every copy into the frame buffer
+        # a body refused before `begin` stays unread when longer than ``unread_limit`` (its
+        # connection is closed; see `release`); None: reading resumes after any refusal
+        self.unread_limit = unread_limit
+        self.begun = False
         # paused here only when it was reading: a pause of aiohttp's own is aiohttp's to lift
         self.paused = transport is not None and transport.is_reading()
         if self.paused:
@@ -84,6 +98,7 @@ class PlainBody:
     async def begin(
         self, buf: memoryview, offset: int, length: int, scan: FiniteScan | None
     ) -> str:
+        self.begun = True
         self.resume()
         return "plain"
 
@@ -103,7 +118,12 @@ class PlainBody:
         return pos + n
 
     def release(self) -> None:
-        self.resume()
+        """Reading resumes, except for a body refused before `begin` and longer than
+        ``unread_limit``: none of it is read into aiohttp's buffer (its connection is closed
+        once the answer is out, `server.HttpServer._close_unread`)."""
+        limit, length = self.unread_limit, self.content_length
+        if self.begun or limit is None or (length is not None and length <= limit):
+            self.resume()
 
     def abort(self) -> None:
         if self.transport is not None:

@@ -22,6 +22,13 @@ wrapped in a `ConnectionGuard`:
 
 A connection is *inside a request* from the moment its head is parsed (`Listener.begin`, called
 by the application's middleware) until its handler returns (`Listener.end`).
+
+**What aiohttp reads before a handler decides** is bounded too: outside a request, a guard hands
+aiohttp at most `PRE_REQUEST_LIMIT` bytes (the head and the start of its body), then pauses
+reading until the handler begins. Without it the loop would read a body into aiohttp's buffer
+(up to twice ``read_bufsize``, 8 MiB, per connection) before the handler could refuse it
+from its head. A refused request whose body is left unread ends through `ConnectionGuard.discard`:
+what its sender still writes is dropped as it arrives, up to a bound, never buffered.
 """
 
 from __future__ import annotations
@@ -79,6 +86,8 @@ def connection_cap(wanted: int, log: Any = None) -> int:
 #: bytes of a first request head held before aiohttp's handler exists; a head still
 #: incomplete beyond this goes to aiohttp, whose limits refuse it
 HEAD_HOLD_LIMIT = 64 << 10
+#: bytes of a request handed to aiohttp before its handler begins (see the module docstring)
+PRE_REQUEST_LIMIT = 64 << 10
 
 
 class ConnectionGuard(asyncio.Protocol):
@@ -107,6 +116,10 @@ class ConnectionGuard(asyncio.Protocol):
         self.since = listener.loop.time()
         self.gone = False
         self._timer: asyncio.TimerHandle | None = None
+        self._forwarded = 0  # bytes handed to aiohttp since the phase began (outside a request)
+        self._held_back = False  # reading paused by this guard until the handler begins
+        self._discard_left: int | None = None  # `discard`: bytes still dropped before closing
+        self._discarded: asyncio.Future[None] | None = None
 
     # -- protocol events, forwarded ---------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -128,20 +141,68 @@ class ConnectionGuard(asyncio.Protocol):
             inner = self.inner = self.make_inner()
             assert self.transport is not None
             inner.connection_made(self.transport)
-            inner.data_received(bytes(held))
+            self._forward(bytes(held))
+            return
+        if self._discard_left is not None:
+            self._discard(len(data))
             return
         if self.phase == "idle":  # the next request begins: its head has header_timeout
             self._enter("head", self.listener.header_timeout)
+        self._forward(data)
+
+    def _forward(self, data: bytes) -> None:
+        """Hand ``data`` to aiohttp; outside a request, pause reading once more than
+        `PRE_REQUEST_LIMIT` bytes went (until `begin`)."""
         assert self.inner is not None
+        if self.phase != "active":
+            self._forwarded += len(data)
+            if self._forwarded > PRE_REQUEST_LIMIT and not self._held_back:
+                self._held_back = True
+                self.transport.pause_reading()  # type: ignore[union-attr]
         self.inner.data_received(data)
 
+    def discard(self, limit: int) -> asyncio.Future[None]:
+        """From now on, drop what the peer sends instead of handing it to aiohttp (a refused
+        request's unread body), reading again if paused; after ``limit`` bytes, pause reading:
+        the peer's writes then wait on a full window, costing this side nothing, while it reads
+        the answer (closing at once would reset the connection and lose the answer with it).
+        The future is done at the peer's end of stream or when the connection is lost; the
+        caller bounds the wait and closes. The connection is evictable meanwhile."""
+        self._discarded = fut = self.listener.loop.create_future()
+        self._discard_left = limit
+        self._enter("draining", None)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            fut.set_result(None)
+        elif limit > 0:
+            self._held_back = False
+            transport.resume_reading()  # type: ignore[attr-defined]
+        else:
+            transport.pause_reading()  # type: ignore[attr-defined]
+        return fut
+
+    def _discard(self, n: int) -> None:
+        assert self._discard_left is not None
+        self._discard_left -= n
+        if self._discard_left <= 0 and self.transport is not None:
+            if not self.transport.is_closing():
+                self.transport.pause_reading()  # type: ignore[attr-defined]
+
+    def _discard_done(self) -> None:
+        if self._discarded is not None and not self._discarded.done():
+            self._discarded.set_result(None)
+
     def eof_received(self) -> bool | None:
+        if self._discard_left is not None:
+            self._discard_done()
+            return True  # the answer is written already; the caller closes
         if self.inner is None:
             return False  # closed before its first head ended: nothing to answer
         return self.inner.eof_received()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        self._discard_done()
         self.listener.forget(self)
         self._held = None
         if self.inner is not None:
@@ -156,8 +217,19 @@ class ConnectionGuard(asyncio.Protocol):
             self.inner.resume_writing()
 
     # -- phases -----------------------------------------------------------------------------
-    def begin(self) -> None:
+    @property
+    def held_back(self) -> bool:
+        """Reading is paused by this guard (`PRE_REQUEST_LIMIT`)."""
+        return self._held_back
+
+    def begin(self, release: bool = True) -> None:
+        """Inside a request; with ``release``, its handler decides from here on what is
+        read (a reading paused by this guard resumes)."""
         self._enter("active", None)
+        if self._held_back and release:
+            self._held_back = False
+            if self.transport is not None and not self.transport.is_closing():
+                self.transport.resume_reading()  # type: ignore[attr-defined]
 
     def end(self) -> None:
         self._enter("idle", self.listener.keepalive_timeout)
@@ -165,6 +237,7 @@ class ConnectionGuard(asyncio.Protocol):
     def _enter(self, phase: str, timeout: float | None) -> None:
         self._cancel_timer()
         self.phase, self.since = phase, self.listener.loop.time()
+        self._forwarded = 0
         if timeout is not None:
             self._timer = self.listener.loop.call_later(timeout, self._expired)
 
@@ -347,13 +420,23 @@ class Listener:
         if guard.transport is not None:
             self.by_transport.pop(guard.transport, None)
 
-    def begin(self, transport: Any) -> None:
-        """A request head arrived on ``transport``: inside a request until `end`."""
+    def begin(self, transport: Any, release: bool = True) -> None:
+        """A request head arrived on ``transport``: inside a request until `end`; with
+        ``release`` its handler reads the body (`ConnectionGuard.begin`)."""
         guard = self.by_transport.get(transport)
         if guard is not None:
-            guard.begin()
+            guard.begin(release)
+
+    def holds(self, transport: Any) -> bool:
+        """Whether reading ``transport`` is paused by its guard (an unread body waits)."""
+        guard = self.by_transport.get(transport)
+        return guard is not None and guard.held_back
 
     def end(self, transport: Any) -> None:
         guard = self.by_transport.get(transport)
         if guard is not None:
             guard.end()
+
+    def guard(self, transport: Any) -> ConnectionGuard | None:
+        """The guard of ``transport`` (None: not one of this listener's connections)."""
+        return self.by_transport.get(transport)

@@ -18,7 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from .. import auth
-from .body import Body, PlainBody
+from .body import DRAIN_BYTES, Body, PlainBody
 from .bulk import BulkBody
 from .identity import Gate
 from .protocol import (
@@ -71,7 +71,12 @@ class Endpoints:
         body: Body = (
             BulkBody(request)
             if bulk
-            else PlainBody(request.content, request.content_length, request.transport)
+            else PlainBody(
+                request.content,
+                request.content_length,
+                request.transport,
+                unread_limit=DRAIN_BYTES,
+            )
         )
         try:
             reply = await self.receive(request, body)

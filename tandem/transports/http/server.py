@@ -35,7 +35,7 @@ from aiohttp import hdrs, web
 
 from ..base import Frame, LinkStats
 from ..inbox import Inbox
-from .body import Body
+from .body import DRAIN_BYTES, Body
 from .checks import AdmitFrame, AdmitSize, AdmitStream, FrameChecks
 from .config import HttpConfig
 from .connections import Listener
@@ -61,10 +61,9 @@ SERVER_NAME = "tandem"  # the ``Server`` header: no software or version banner
 #: the only ``Content-Encoding`` a request may declare: Tandem never compresses bodies, so any
 #: other is refused from the headers (415) and its body is never read, let alone inflated
 IDENTITY = frozenset({"", "identity"})
-#: the most of a body left unread by its answer (a refusal, a duplicate) that is read and
-#: dropped so that the caller sees the answer; a longer remainder closes the connection
-DRAIN_BYTES = 256 << 10
 DRAIN_SECONDS = 1.0  # and the longest that takes
+#: the routes whose handlers read a request body (any other body is never read)
+BODY_PATHS = frozenset({FRAME_PATH, STREAM_PATH})
 #: refusals that are part of the protocol's normal flow, not logged
 QUIET_REASONS = frozenset(
     {"ahead", "busy", "closing", "evicted", "misdirected", "out_of_order", "too_many_peers"}
@@ -243,13 +242,15 @@ class HttpServer:
     async def _track(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """Every request passes here: a declared ``Content-Encoding`` is refused (415) before
         anything else, and an answer that leaves more than `DRAIN_BYTES` of the body unread
-        closes the connection (see `_close_unread`). Tells the listener a connection is inside
-        a request (not evictable, no timers)."""
+        closes the connection (see `_close_unread`), as does any unread body of a route that
+        reads none. Tells the listener a connection is inside a request (not evictable, no
+        timers) and, for a route that reads a body, that its handler decides what is read."""
         listener, transport = self.listener, request.transport
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+        reads_body = request.method == "POST" and request.path in BODY_PATHS
         if listener is not None:
-            listener.begin(transport)
+            listener.begin(transport, release=reads_body and encoding in IDENTITY)
         try:
-            encoding = request.headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
             if encoding not in IDENTITY:
                 resp = self.refusal(
                     Refuse(
@@ -263,7 +264,8 @@ class HttpServer:
                 resp = await handler(request)
             if not request.content.is_eof() and resp.status != 101:
                 left = request.content_length
-                if left is None or left > DRAIN_BYTES:
+                held = listener is not None and listener.holds(transport)
+                if left is None or left > DRAIN_BYTES or held:
                     await self._close_unread(request, resp)
             return resp
         finally:
@@ -274,7 +276,8 @@ class HttpServer:
         """Answer ``request`` whose body is mostly unread, then end its connection: the answer
         and an end of stream are sent, at most `DRAIN_BYTES` more of the body are read and
         dropped within `DRAIN_SECONDS` (so that a caller still writing sees the answer rather
-        than a reset), and the connection is closed. Nothing else of the body is read."""
+        than a reset), and the connection is closed. Nothing else of the body is read, and
+        what is dropped is never buffered (`connections.ConnectionGuard.discard`)."""
         transport = request.transport
         await resp.prepare(request)
         await resp.write_eof()
@@ -282,6 +285,13 @@ class HttpServer:
             return
         if transport.can_write_eof():
             transport.write_eof()
+        guard = self.listener.guard(transport) if self.listener is not None else None
+        if guard is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(DRAIN_SECONDS):
+                    await guard.discard(DRAIN_BYTES)
+            request.protocol.force_close()
+            return
         dropped = 0
         with contextlib.suppress(TimeoutError, ConnectionError, aiohttp.ClientPayloadError):
             async with asyncio.timeout(DRAIN_SECONDS):
