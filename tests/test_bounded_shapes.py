@@ -93,3 +93,31 @@ def test_padded_groups_train_exactly(topo):
     asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
     final = {s: p for party in parties.values() for s, p in party.params.items()}
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+
+
+def test_a_short_batch_runs_at_sizes_full_batches_compiled_and_trains_exactly():
+    """An epoch's last, shorter batch pads its groups up the ladder capped at the party's batch
+    size (`StageHandler.pad_to`), not at its own rows: 57 rows in one group run at 64 (a full
+    batch's one group), not at 57, a size of its own; the result is still exact."""
+    topo = leader_follower()
+    assert bucket_rows(57, ROWS) == 64 and bucket_rows(57, 57) == 57
+    rng = np.random.default_rng(7)
+    full, short = rng.permutation(ROWS), rng.permutation(ROWS)[:57]
+
+    def run(batches):
+        parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
+        init = {s: p for party in parties.values() for s, p in party.params.items()}
+        asyncio.run(train_steps(parties, topo, batches, lambda i: 1))
+        traced = {
+            (p, stage, name): count
+            for p, party in parties.items()
+            for stage, kernels in party.handler.kernels.items()
+            for name, count in kernels.traces.items()
+        }
+        final = {s: p for party in parties.values() for s, p in party.params.items()}
+        return traced, final, (topo, models, init, data, labels)
+
+    traced_full, _, _ = run([full])
+    traced_both, final, job = run([full, short])
+    assert traced_both == traced_full, "the short batch compiled a size of its own"
+    assert_trees_close(final, reference(*job, [full, short], lr=0.1))

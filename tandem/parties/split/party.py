@@ -132,6 +132,7 @@ class SplitParty:
             compressor=self.config.compressor,
             privacy=self.privacy,
             cut_sum=cut_sum,
+            pad_to=self.config.batch_size,
         )
         self.audit = self.handler.audit = self.private.audit  # None: off, nothing captured
         self.followers = tuple(p for p in topology.parties if p != name)

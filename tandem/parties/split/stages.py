@@ -18,7 +18,9 @@ gradient channel. With ``"none"`` messages are the tensors themselves, as withou
 
 Bounded shapes: each compute op runs its group padded with zero rows to
 `tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
-the kernels see a few shapes and compile each once. Padding stays inside the party: what it
+the kernels see a few shapes and compile each once. The ladder is capped at the party's batch
+size (``pad_to``), not at the bound batch's rows, so an epoch's last, shorter batch runs at
+sizes the full batches compiled. Padding stays inside the party: what it
 sends is sliced to the group's real rows (a peer pads what it receives itself), the loss
 stage masks the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents,
 and what they add to any parameter gradient, are zero; `predictions` returns real rows only.
@@ -73,9 +75,13 @@ class StageHandler:
         compressor: CutCompressor | None = None,
         privacy: Privacy | None = None,
         cut_sum: CutSum | None = None,
+        pad_to: int = 0,
     ) -> None:
         self.topology = topology
         self.cut_sum = cut_sum
+        #: the rows a group may be padded up to, at least the bound batch's: the party's batch
+        #: size, so a shorter batch (an epoch's last) runs at ladder sizes full batches compiled
+        self.pad_to = pad_to
         self._batches = -1  # `begin` calls; the constructor's own makes it 0
         #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
         self.compressor = compressor or CutCompressor()
@@ -207,7 +213,8 @@ class StageHandler:
         self.per_op = 1 if fine else chunks
         self.rows = bounds[-1][1] if bounds else 0
         #: per compute op: the rows its kernels run at (its group padded to a bucket size)
-        self.padded = [bucket_rows(hi - lo, self.rows) for lo, hi in self.bounds]
+        cap = max(self.rows, self.pad_to)
+        self.padded = [bucket_rows(hi - lo, cap) for lo, hi in self.bounds]
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
         self.vjps: dict[tuple[str, int], Any] = {}
