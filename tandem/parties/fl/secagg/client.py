@@ -121,9 +121,14 @@ class _ClientRound:
         sealed = np.zeros((len(others), SEALED), np.uint8)
         # one key per pair, both directions (the AAD says which way a box goes)
         self.enc = {v: self.c_key.agree(self.c_pk[v], b"enc|" + label, me, v) for v in others}
+        nonces = os.urandom(crypto.NONCE * len(others))  # one read for every box
         for row, v in enumerate(others):
-            key = self.enc[v]
-            box = crypto.seal(key, b_sh[idx[v]] + s_sh[idx[v]], label + f"|{me}|{v}".encode())
+            box = crypto.seal(
+                self.enc[v],
+                b_sh[idx[v]] + s_sh[idx[v]],
+                label + f"|{me}|{v}".encode(),
+                nonces[crypto.NONCE * row : crypto.NONCE * (row + 1)],
+            )
             sealed[row] = np.frombuffer(box, np.uint8)
         commits = np.zeros((len(names), 2, 32), np.uint8)
         for row, v in enumerate(names):

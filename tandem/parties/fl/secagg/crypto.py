@@ -58,11 +58,17 @@ def advert_bytes(label: bytes, name: str, c_pk: bytes, s_pk: bytes) -> bytes:
     return b"tandem secagg advertise\n" + label + b"\n" + name.encode() + b"\n" + c_pk + s_pk
 
 
-def seal(key: bytes, plaintext: bytes, aad: bytes) -> bytes:
-    """AES-256-GCM: 12-byte random nonce + ciphertext + 16-byte tag."""
+NONCE = 12  # bytes of a sealed box's nonce
+
+
+def seal(key: bytes, plaintext: bytes, aad: bytes, nonce: bytes | None = None) -> bytes:
+    """AES-256-GCM: 12-byte nonce + ciphertext + 16-byte tag. ``nonce`` must be fresh random
+    bytes (a dealer draws all of its boxes' nonces in one read); None draws them here."""
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    nonce = os.urandom(12)
+    nonce = os.urandom(NONCE) if nonce is None else nonce
+    if len(nonce) != NONCE:
+        raise ValueError(f"a nonce is {NONCE} bytes, got {len(nonce)}")
     return nonce + AESGCM(key).encrypt(nonce, plaintext, aad)
 
 

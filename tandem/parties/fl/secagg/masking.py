@@ -62,7 +62,7 @@ def prg(seed: bytes, label: bytes, n: int) -> np.ndarray:
 
     key = hashlib.sha256(b"tandem secagg prg\n" + label + b"\n" + seed).digest()
     stream = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-    return np.frombuffer(stream.update(bytes(4 * n)), "<u4").astype(RING)
+    return np.frombuffer(stream.update(bytes(4 * n)), "<u4").astype(RING, copy=False)
 
 
 def pair_sign(me: str, other: str) -> int:
@@ -81,7 +81,7 @@ def mask(
     out = np.asarray(words, RING) + prg(self_seed, label + b"|self", words.size).reshape(
         words.shape
     )
-    for v, seed in pair_seeds.items():
+    for v, seed in pair_seeds.items():  # in place: `out` is this call's own array
         m = prg(seed, label + b"|pair", words.size).reshape(words.shape)
-        out = out + m if pair_sign(me, v) > 0 else out - m
+        (np.add if pair_sign(me, v) > 0 else np.subtract)(out, m, out=out)
     return out
