@@ -322,3 +322,35 @@ def test_the_connection_cap_leaves_descriptors_for_the_partys_files(monkeypatch)
     monkeypatch.setattr(resource, "getrlimit", lambda _: (130, 4096))
     with pytest.raises(ConfigError, match="ulimit -n"):
         connection_cap(100)
+
+
+async def test_a_connection_accepted_as_the_listener_stops_is_closed_not_leaked(monkeypatch):
+    """The accept wait may be cancelled (`Listener.stop`) after a connection was accepted
+    but before the loop resumed the wait: that socket is closed then (with
+    ``loop.sock_accept`` it was lost unclosed; its peer never saw the end of the stream)."""
+    from tandem.transports.http.connections import Listener
+
+    listener = Listener(asyncio.Protocol, max_connections=8, max_per_address=8,
+                        header_timeout=5.0, keepalive_timeout=5.0)  # fmt: skip
+    port = await listener.start("127.0.0.1", 0)
+    assert listener._task is not None
+    listener._task.cancel()  # the accept loop; the test drives one wait itself
+    with pytest.raises(asyncio.CancelledError):
+        await listener._task
+    client = socket.create_connection(("127.0.0.1", port), timeout=5)  # in the backlog now
+    loop = asyncio.get_running_loop()
+    # the reader's callback runs one loop turn after the wait suspends, as on a real event
+    monkeypatch.setattr(loop, "add_reader", lambda fd, cb: loop.call_soon(cb))
+    monkeypatch.setattr(loop, "remove_reader", lambda fd: True)
+    waiting = asyncio.create_task(listener._accept_one())
+    await asyncio.sleep(0)  # the wait suspends on its future; the callback is queued
+    await asyncio.sleep(0)  # the callback accepted the connection and set the result
+    assert not waiting.done()  # ... but the wait has not resumed yet: cancel it now
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    monkeypatch.undo()
+    await listener.stop()
+    client.settimeout(5)
+    assert client.recv(1) == b""  # the accepted socket was closed, not left open
+    client.close()

@@ -343,7 +343,7 @@ class Listener:
         async with asyncio.TaskGroup() as tg:  # the handshakes in progress
             while True:
                 try:
-                    conn, addr = await self.loop.sock_accept(self._sock)
+                    conn, addr = await self._accept_one()
                 except OSError as exc:  # EMFILE/ENFILE under pressure: wait, then go on
                     self.accept_errors += 1
                     self.log.warning("accept failed: %s", exc)
@@ -363,6 +363,35 @@ class Listener:
                 # (accept returns at once while the backlog is full, and a flood would
                 # otherwise replace them before they ran once)
                 await asyncio.sleep(0)
+
+    async def _accept_one(self) -> tuple[socket.socket, Any]:
+        """The next accepted connection. Unlike ``loop.sock_accept``, a connection accepted
+        just as this wait is cancelled (`stop`) is closed here rather than lost unclosed."""
+        assert self._sock is not None
+        sock, fut = self._sock, self.loop.create_future()
+
+        def ready() -> None:
+            if fut.done():
+                return
+            try:
+                conn, addr = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                fut.set_exception(exc)
+                return
+            conn.setblocking(False)
+            fut.set_result((conn, addr))
+
+        self.loop.add_reader(sock.fileno(), ready)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result()[0].close()
+            raise
+        finally:
+            self.loop.remove_reader(sock.fileno())
 
     async def _open(self, guard: ConnectionGuard, conn: socket.socket) -> None:
         try:
