@@ -164,14 +164,15 @@ async def test_partial_uploads_across_streams_stay_within_the_budget():
         allowance = budget / MiB + UPLOADS * 2 + 64
         assert grown <= allowance, f"grew {grown:.0f} MiB over {base:.0f} MiB"
         assert statuses.count(503) >= UPLOADS - budget // DECLARED, statuses
-        held = _held(rx)
-        assert 0 < held <= budget  # abandoned partial messages, until partial_timeout
-        for _ in range(100):
+        # abandoned partial messages are held until partial_timeout (on a loaded machine the
+        # first may already be dropped by the time the last upload is refused)
+        assert _held(rx) <= budget
+        for _ in range(200):
             if _held(rx) == 0:
                 break
             await asyncio.sleep(0.05)
         assert _held(rx) == 0
-        assert 'tandem_partials_dropped_total{party="rx"}' in rx.metrics_text()
+        assert _metric(rx, "tandem_partials_dropped_total") >= 1
         x = np.arange(10, dtype=np.float32)
         await tx.send("rx", "after", Frame(arrays=(x,)))
         np.testing.assert_array_equal((await rx.recv("tx", "after")).arrays[0], x)
@@ -181,8 +182,12 @@ async def test_partial_uploads_across_streams_stay_within_the_budget():
 
 
 def _held(t: HttpTransport) -> int:
-    m = re.search(r'^tandem_inbound_bytes_held\{party="rx"\} (\d+)$', t.metrics_text(), re.M)
-    assert m is not None
+    return _metric(t, "tandem_inbound_bytes_held")
+
+
+def _metric(t: HttpTransport, name: str) -> int:
+    m = re.search(rf'^{name}\{{party="rx"\}} (\d+)$', t.metrics_text(), re.M)
+    assert m is not None, f"{name} not in the metrics"
     return int(m.group(1))
 
 
