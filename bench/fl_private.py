@@ -102,16 +102,17 @@ def dropping_client(gone: set[str], last: int) -> Callable[..., FLClient]:
     return Dropping
 
 
-def timed_round(data: FederatedData, trainer, cfg, gone: set[str]) -> tuple[float, int]:
-    """Seconds and uplink bytes of the last round of ``cfg`` (the first warms up: it
-    compiles the server's kernels and sends the full model)."""
+def timed_round(data: FederatedData, trainer, cfg, gone: set[str]) -> tuple[float, int, dict]:
+    """Seconds, uplink bytes and the secure-aggregation report (empty without) of the last
+    round of ``cfg`` (the first warms up: it compiles the server's kernels and sends the full
+    model)."""
     cls = dropping_client(gone, cfg.rounds - 1)
     server = asyncio.run(run_memory_federation(data, trainer, cfg, client_cls=cls))
     rep = server.reports[-1]
     want = len(data.clients) - len(gone)
     if len(rep.accepted) != want:
         raise RuntimeError(f"round kept {len(rep.accepted)} clients, expected {want}: {rep}")
-    return rep.seconds, rep.up_bytes
+    return rep.seconds, rep.up_bytes, rep.secure or {}
 
 
 def secagg(args: argparse.Namespace) -> dict:
@@ -127,11 +128,11 @@ def secagg(args: argparse.Namespace) -> dict:
         trainer.dim, secagg=SecAggConfig(max_dropout=0.2, stage_timeout=600.0), **common
     )
     gone = {f"c{i}" for i in range(0, n, 10)}  # 10%
-    t_plain, _ = timed_round(data, trainer, plain, gone)
+    t_plain, _, _ = timed_round(data, trainer, plain, gone)
     log(f"plain compressed round: {t_plain:.2f} s ({n} clients, {len(gone)} dropped)")
-    t_secure, up_secure = timed_round(data, trainer, secure, gone)
+    t_secure, up_secure, report = timed_round(data, trainer, secure, gone)
     log(f"secure compressed round: {t_secure:.2f} s, up {up_secure} B")
-    _, up_dense = timed_round(data, trainer, presets.dense(**common), set())
+    _, up_dense, _ = timed_round(data, trainer, presets.dense(**common), set())
     per_dense = up_dense / n
     per_secure = up_secure / (n - len(gone))  # bytes of a client that finished the round
     log(f"dense round: up {up_dense} B")
@@ -140,6 +141,8 @@ def secagg(args: argparse.Namespace) -> dict:
         "secagg_clients": n,
         "secagg_params": trainer.dim,
         "secagg_dropped": len(gone),
+        "secagg_degree": report.get("degree"),
+        "secagg_share_threshold": report.get("share_threshold"),
         "secagg_s_plain": round(t_plain, 3),
         "secagg_s_secure": round(t_secure, 3),
         "secagg_s_per_round_ratio": round(t_secure / t_plain, 3),

@@ -16,7 +16,8 @@ from tandem.parties.fl.aggregate import ServerRule
 from tandem.parties.fl.aggregator import Aggregator, coordinate_median, trimmed_mean
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.secagg import SecAggConfig, masking, shamir
-from tandem.parties.fl.secagg.client import LeaveRound, RoundAbandoned, contribute
+from tandem.parties.fl.secagg.client import LeaveRound, RoundAbandoned, _check_keys, contribute
+from tandem.parties.fl.secagg.graph import Graph, harary_parameters
 from tandem.parties.fl.secagg.server import Aborted, SecureRound
 from tandem.parties.fl.server import FLConfig, FLServer
 from tandem.transports.memory import MemoryNetwork
@@ -219,6 +220,101 @@ async def test_shares_sealed_for_another_client_do_not_open_and_the_round_aborts
     assert survivors is None and isinstance(exc, Aborted)
 
 
+# -- SecAgg+'s sparse graph --------------------------------------------------------------------
+def test_the_sparse_graph_is_regular_symmetric_and_fixed_by_the_key_list():
+    names = [f"c{i:03d}" for i in range(100)]
+    g = Graph(names, 52, b"seed")
+    for u in names:
+        near = g.neighbours(u)
+        assert len(set(near)) == 52 and u not in near and all(u in g.neighbours(v) for v in near)
+        assert g.holders(u) == near
+    assert Graph(names, 52, b"seed").neighbours("c000") == g.neighbours("c000")
+    assert Graph(names, 52, b"other").neighbours("c000") != g.neighbours("c000")
+    full = Graph(names, 99, b"seed")
+    assert full.complete and full.holders("c000") == names and len(full.neighbours("c000")) == 99
+
+
+def test_the_degree_and_threshold_follow_the_threat_model():
+    k, t = harary_parameters(100, 0.1, 0.2)
+    assert k < 99 and k // 2 < t <= k
+    assert harary_parameters(100, 0.2, 0.2)[0] > k  # more colluders: more neighbours
+    assert harary_parameters(100, 0.1, 0.3)[0] > k  # more drop-outs: more neighbours
+    assert harary_parameters(1000, 0.1, 0.2)[0] / 1000 < k / 100  # a smaller share at scale
+    assert harary_parameters(10, 0.2, 0.3) is None  # too few clients for a sparse graph
+    assert SecAggConfig(max_dropout=0.2).layout(100) == (k, t)
+    assert SecAggConfig(neighbours="all").layout(100) == (99, SecAggConfig().threshold(100))
+    assert SecAggConfig(neighbours=200).layout(100) == (99, SecAggConfig().threshold(100))
+    with pytest.raises(ConfigError, match="neighbours = 4 is too few.*keeps the guarantees is 52"):
+        SecAggConfig(neighbours=4, max_dropout=0.2).layout(100)
+    for bad in (5, 0, "some", True):
+        with pytest.raises(ConfigError, match="even degree"):
+            SecAggConfig(neighbours=bad)
+    with pytest.raises(ConfigError, match="corrupt_share"):
+        SecAggConfig(corrupt_share=0.5)
+
+
+def test_the_chosen_graph_keeps_its_guarantees_against_random_colluders_and_drop_outs():
+    """Monte Carlo over 300 graphs, each with 10% colluders and 20% drop-outs drawn at random:
+    the honest survivors stay connected, every client keeps ``t`` surviving neighbours, and
+    no client has ``2t - k`` colluding neighbours (a lying server's bound)."""
+    n, rng = 100, np.random.default_rng(7)
+    k, t = harary_parameters(n, 0.1, 0.2)
+    names = [f"c{i:03d}" for i in range(n)]
+    for trial in range(300):
+        g = Graph(names, k, rng.bytes(32))
+        order = rng.permutation(n)
+        corrupt = {names[i] for i in order[:10]}
+        dropped = {names[i] for i in order[10:30]}
+        honest = [u for u in names if u not in corrupt | dropped]
+        seen, todo = {honest[0]}, [honest[0]]
+        while todo:
+            for v in g.neighbours(todo.pop()):
+                if v in honest and v not in seen:
+                    seen.add(v)
+                    todo.append(v)
+        assert len(seen) == len(honest), trial
+        for u in names:
+            near = set(g.neighbours(u))
+            assert len(near - dropped) >= t and len(near & corrupt) < 2 * t - k, (trial, u)
+
+
+def test_a_client_refuses_a_key_list_with_a_bad_degree_or_threshold():
+    names = [f"c{i:02d}" for i in range(10)]
+    meta = {"names": names, "t": 5, "k": 6}
+    meta.update({key: ["00" * 32] * 10 for key in ("c_pk", "s_pk")})
+    meta.update({key: [""] * 10 for key in ("key_id", "sig")})
+    t, graph = _check_keys(meta, "c00", b"server|0", None)
+    assert t == 5 and len(graph.neighbours("c00")) == 6
+    for k, thr, why in ((5, 4, "degree"), (10, 6, "degree"), (6, 3, "threshold"), (9, 5, "thr")):
+        with pytest.raises(RoundAbandoned, match=why):
+            _check_keys({**meta, "k": k, "t": thr}, "c00", b"server|0", None)
+
+
+async def test_a_sparse_round_shares_with_neighbours_only_and_survives_drop_outs():
+    p = payloads_of(40, seed=2)
+    cfg = SecAggConfig(stage_timeout=2.0, max_dropout=0.2)
+    k, t = cfg.layout(40)
+    assert k < 39
+    dealt: dict[str, int] = {}
+
+    def counting(c):
+        def edit(frame):
+            dealt[c] = frame.arrays[0].shape[0]
+            return frame
+
+        return lambda tr: Tamper(tr, "shares", edit)
+
+    gone = sorted(p)[5:9]  # 10% build their masked input and leave
+    sr, survivors, total = await secure_sum(
+        p, cfg, drop=dict.fromkeys(gone, "masked"), wrap={c: counting(c) for c in p}
+    )
+    assert sr.degree == k and sr.t_share == t and set(dealt.values()) == {k}
+    assert survivors == [c for c in sorted(p) if c not in gone]
+    want = np.sum([p[c] for c in survivors], axis=0)
+    assert np.abs(total - want).max() <= 40 / (2 * cfg.scale) + 1e-6
+    assert not sr.cheats
+
+
 async def test_signed_keys_are_checked_and_a_substituted_key_is_refused(tmp_path):
     from tandem.transports.keys import Roster, SigningKey, generate
 
@@ -356,6 +452,10 @@ def test_the_secagg_tables_of_the_toml_files_are_checked_and_built(tmp_path):
     cfg = load_server_config(fed.path("server"))
     built = build_fl_config(cfg, 100)
     assert built.secagg == SecAggConfig(max_dropout=0.2, clip=0.5, noise_std=0.01)
+    fed.server["secagg"] = {"neighbours": "all", "corrupt_share": 0.2}
+    fed.write()
+    built = build_fl_config(load_server_config(fed.path("server")), 100)
+    assert built.secagg == SecAggConfig(neighbours="all", corrupt_share=0.2)
     assert cfg.secagg is not None and cfg.secagg.roster() is None
     assert "secagg" in cfg.identity()
     fed.server["secagg"] = {"max_dropout": 0.6}

@@ -18,8 +18,9 @@ docs/federated.md#running-a-federation has the full tables. In short::
     [data]           # the held-out evaluation set (shared [data], docs/data.md); with
                      # evaluate = "clients", label_column may be left out
     [http]           # the shared [security] section: secret_env / secret_file, TLS, insecure
-    [secagg]         # secure aggregation (optional): max_dropout, scale, clip, stage_timeout,
-                     # noise_std, public_keys (the clients' Ed25519 identity keys)
+    [secagg]         # secure aggregation (optional): max_dropout, neighbours, corrupt_share,
+                     # scale, clip, stage_timeout, noise_std, public_keys (the clients'
+                     # Ed25519 identity keys)
     [dp]             # differential privacy (optional; fl/private_config.py)
     [aggregation]    # rule = "mean" | "median" | "trimmed_mean" | "krum" | ...
 
@@ -88,6 +89,8 @@ class SecAggTable(Section):
     clip: Positive = 1.0
     stage_timeout: Positive = 30.0
     noise_std: float = Field(default=0.0, ge=0)
+    neighbours: int | Literal["auto", "all"] = "auto"
+    corrupt_share: float = Field(default=0.1, ge=0, lt=0.5)
     public_keys: dict[str, str] | None = None
 
     @field_validator("public_keys")
@@ -106,6 +109,8 @@ class SecAggTable(Section):
             clip=self.clip,
             stage_timeout=self.stage_timeout,
             noise_std=self.noise_std,
+            neighbours=self.neighbours,
+            corrupt_share=self.corrupt_share,
         )
 
     def roster(self) -> Any:

@@ -74,7 +74,7 @@ class RoundReport:
     version: int
     seconds: float
     accuracy: float | None = None
-    secure: dict | None = None  # under secure aggregation: threshold, stage sizes, cheats
+    secure: dict | None = None  # under secure aggregation: thresholds, degree, stages, cheats
     epsilon: float | None = None  # under [dp]: epsilon at dp.delta after this round
     clip: float | None = None  # under [dp]: the clip norm this round used
     evaluation: dict | None = None  # the clients' validation rows (`evaluation.combine`)
@@ -305,6 +305,7 @@ class FLServer:
         for c, why in sr.cheats.items():
             rejected[c] = f"secure aggregation: {c} {why}"
         out["stages"] = dict(sr.stages)
+        out["degree"], out["share_threshold"] = sr.degree, sr.t_share
         return out
 
     async def _send_anchor(self, c: str) -> None:

@@ -1,10 +1,11 @@
-"""The client side of a secure-aggregation round (Bonawitz et al., CCS 2017; the stages
-are described in docs/federated.md, "Secure aggregation").
+"""The client side of a secure-aggregation round (SecAgg+, Bell et al., CCS 2020, over the
+stages of Bonawitz et al., CCS 2017; described in docs/federated.md, "Secure aggregation").
 
 `contribute` runs after local training, in place of sending the update in the clear:
 advertise two fresh X25519 public keys (signed with the client's identity key when it has
-one), share its self-mask seed and mask key t-of-n with the round's other clients (sealed
-pairwise, relayed by the server), send its masked payload, then answer the server's
+one), share its self-mask seed and mask key t-of-k with its neighbours in the round's sharing
+graph (`graph`; sealed pairwise, relayed by the server), send its payload masked with those
+neighbours, then answer the server's
 unmasking request with the shares it holds. Each stage's wait is bounded by ``wait``; a
 round the server aborts or that runs out of time is abandoned (nothing is revealed).
 """
@@ -24,6 +25,7 @@ from tandem.transports.base import Frame, Transport
 
 from . import crypto, shamir
 from . import masking as M
+from .graph import Graph, check_degree, graph_seed
 from .messages import SEALED, SECAGG, SHARE
 
 log = logging.getLogger(__name__)
@@ -55,16 +57,23 @@ async def _recv(t: Transport, server: str, rnd: int, kind: str, wait: float) -> 
         raise RoundAbandoned(f"round {rnd}: no {kind!r} message within {wait} s") from None
 
 
-def _check_keys(meta: dict[str, Any], me: str, label: bytes, roster: Any) -> int:
-    """Validate the server's key list; returns the threshold. Raises `RoundAbandoned`."""
+def _check_keys(meta: dict[str, Any], me: str, label: bytes, roster: Any) -> tuple[int, Graph]:
+    """Validate the server's key list; returns the threshold and the round's sharing graph.
+    Raises `RoundAbandoned`."""
     names, t = meta.get("names"), meta.get("t")
     if not isinstance(names, list) or me not in names or len(set(names)) != len(names):
         raise RoundAbandoned(f"the key list must name this client once, got {names!r}")
-    if not isinstance(t, int) or not len(names) // 2 < t <= len(names):
-        raise RoundAbandoned(f"threshold t={t!r} must exceed half of {len(names)} clients")
     for key in ("c_pk", "s_pk", "key_id", "sig"):
         if not isinstance(meta.get(key), list) or len(meta[key]) != len(names):
             raise RoundAbandoned(f"the key list's {key} must have one entry per client")
+    try:
+        k = check_degree(meta.get("k"), len(names))
+    except ValueError as exc:
+        raise RoundAbandoned(f"the key list's sharing graph: {exc}") from None
+    graph = Graph(names, k, graph_seed(label, names, meta["c_pk"], meta["s_pk"]))
+    held = len(graph.holders(me))
+    if not isinstance(t, int) or not held // 2 < t <= held:
+        raise RoundAbandoned(f"threshold t={t!r} must exceed half of the {held} share holders")
     if roster is not None:
         for i, name in enumerate(names):
             data = crypto.advert_bytes(
@@ -75,11 +84,14 @@ def _check_keys(meta: dict[str, Any], me: str, label: bytes, roster: Any) -> int
             except TandemError as exc:
                 why = f"{name}'s advertised keys are not signed by it: {exc}"
                 raise RoundAbandoned(why) from None
-    return t
+    return t, graph
 
 
 class _ClientRound:
     """One client's state in one round: fresh keys and seed, and the stages in order."""
+
+    graph: Graph  # set by `deal`
+    own: tuple[bytes, bytes] | None  # this client's shares of its own secrets (complete graph)
 
     def __init__(self, t: Transport, server: str, rnd: int, params: dict[str, Any]) -> None:
         self.t, self.server, self.rnd, self.params = t, server, rnd, params
@@ -107,20 +119,26 @@ class _ClientRound:
             "sig": sig,
         }
 
-    def deal(self, keys: dict[str, Any], thr: int) -> tuple[dict[str, Any], tuple]:
-        """The ``shares`` message: sealed shares for the others, commitments for all."""
+    def deal(self, keys: dict[str, Any], thr: int, graph: Graph) -> tuple[dict[str, Any], tuple]:
+        """The ``shares`` message: sealed shares for the other holders of this client's
+        secrets, and commitments to every holder's shares."""
         me, label = self.me, self.label
         names = list(keys["names"])
+        self.graph = graph
         idx = {n: i + 1 for i, n in enumerate(names)}
         self.c_pk = {n: bytes.fromhex(h) for n, h in zip(names, keys["c_pk"], strict=True)}
         self.s_pk = {n: bytes.fromhex(h) for n, h in zip(names, keys["s_pk"], strict=True)}
-        b_sh = shamir.split(self.b_seed, list(idx.values()), thr)
-        s_sh = shamir.split(self.s_key.secret(), list(idx.values()), thr)
-        self.own = (b_sh[idx[me]], s_sh[idx[me]])
-        others = [n for n in names if n != me]
+        holders = graph.holders(me)
+        xs = [idx[h] for h in holders]
+        b_sh = shamir.split(self.b_seed, xs, thr)
+        s_sh = shamir.split(self.s_key.secret(), xs, thr)
+        self.own = (b_sh[idx[me]], s_sh[idx[me]]) if graph.complete else None
+        others = [n for n in holders if n != me]
         sealed = np.zeros((len(others), SEALED), np.uint8)
         # one key per pair, both directions (the AAD says which way a box goes)
-        self.enc = {v: self.c_key.agree(self.c_pk[v], b"enc|" + label, me, v) for v in others}
+        self.enc = {
+            v: self.c_key.agree(self.c_pk[v], b"enc|" + label, me, v) for v in graph.neighbours(me)
+        }
         nonces = os.urandom(crypto.NONCE * len(others))  # one read for every box
         for row, v in enumerate(others):
             box = crypto.seal(
@@ -130,8 +148,8 @@ class _ClientRound:
                 nonces[crypto.NONCE * row : crypto.NONCE * (row + 1)],
             )
             sealed[row] = np.frombuffer(box, np.uint8)
-        commits = np.zeros((len(names), 2, 32), np.uint8)
-        for row, v in enumerate(names):
+        commits = np.zeros((len(holders), 2, 32), np.uint8)
+        for row, v in enumerate(holders):
             for col, (what, sh) in enumerate(((b"b", b_sh), (b"s", s_sh))):
                 commits[row, col] = np.frombuffer(
                     crypto.commit(label, me, v, what, sh[idx[v]]), np.uint8
@@ -152,11 +170,12 @@ class _ClientRound:
             or got.arrays[0].shape != (len(senders), SEALED)
         ):
             raise RoundAbandoned(f"round {self.rnd}: malformed relayed shares {dict(got.meta)!r}")
-        held = {self.me: self.own}
+        held = {} if self.own is None else {self.me: self.own}
+        near = set(self.graph.neighbours(self.me))
         for u, row in zip(senders, got.arrays[0], strict=True):
-            if u not in self.c_pk or u == self.me or u in held:
+            if u not in near or u in held:
                 raise RoundAbandoned(
-                    f"round {self.rnd}: relayed shares from {u!r}, not in the key list"
+                    f"round {self.rnd}: relayed shares from {u!r}, not a neighbour in the key list"
                 )
             key = self.enc[u]
             plain = crypto.open_sealed(
@@ -188,11 +207,13 @@ class _ClientRound:
     ) -> tuple[dict, tuple]:
         """The ``unmask`` message: b-shares of the survivors, s-shares of the others."""
         shared = sorted(held)
+        g = self.graph
         if (
             not isinstance(surv, list)
             or self.me not in surv
-            or len(surv) < thr
-            or not set(surv) <= set(shared)
+            or not set(surv) <= set(g.names)
+            or not set(surv) & set(g.neighbours(self.me)) <= set(shared)
+            or len(set(surv) & set(g.holders(self.me))) < thr
         ):
             raise RoundAbandoned(f"round {self.rnd}: the survivor list {surv!r} is not acceptable")
         b_of = [u for u in shared if u in surv]
@@ -230,8 +251,8 @@ async def contribute(
     await step(rnd, "advertise")
     await run.send(run.advert(signer))
     keys = dict((await run.recv("keys")).meta)
-    thr = _check_keys(keys, run.me, run.label, roster)
-    meta, arrays = await asyncio.to_thread(run.deal, keys, thr)
+    thr, graph = _check_keys(keys, run.me, run.label, roster)
+    meta, arrays = await asyncio.to_thread(run.deal, keys, thr, graph)
     await step(rnd, "shares")
     await run.send(meta, arrays)
     held = await asyncio.to_thread(run.open_shares, await run.recv("shares"))

@@ -1,12 +1,14 @@
-"""The server side of a secure-aggregation round (Bonawitz et al., CCS 2017; the stages
-are described in docs/federated.md, "Secure aggregation").
+"""The server side of a secure-aggregation round (SecAgg+, Bell et al., CCS 2020, over the
+stages of Bonawitz et al., CCS 2017; described in docs/federated.md, "Secure aggregation").
 
 `SecureRound.run` drives the four stages over the clients that were sent the round's training
 request: collect the signed key adverts (U1, bounded by the round's deadline: it covers the
-clients' training), relay the sealed shares (U2), collect the masked payloads (U3), collect the
-unmasking shares (U4) and rebuild each U3 client's self-mask seed and each U2-but-not-U3
-client's mask key. Every stage needs at least ``t`` clients, else the round is aborted (the
-model does not move). The server learns the sum of U3's payloads and the sets U1..U4.
+clients' training) and fix the sharing graph over them (`graph`), relay the sealed shares to
+their holders (U2), collect the masked payloads (U3), collect the unmasking shares (U4) and
+rebuild each U3 client's self-mask seed and the mask key of each U2-but-not-U3 client that a
+survivor masked with. Every stage needs at least ``thr`` clients and every secret ``t_share``
+valid shares, else the round is aborted (the model does not move). The server learns the sum
+of U3's payloads and the sets U1..U4.
 
 Shares returned at unmasking are checked against the commitments their dealer published at
 stage 1: a holder that returns a wrong share is named (``cheats``) and its share is ignored; a
@@ -23,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from tandem.errors import TandemError
+from tandem.errors import ConfigError, TandemError
 from tandem.transports.base import Frame, Transport
 
 from . import crypto, shamir
 from . import masking as M
 from .config import SecAggConfig
+from .graph import Graph, graph_seed
 from .messages import SEALED, SECAGG, SECRET, SHARE
 
 log = logging.getLogger(__name__)
@@ -87,7 +90,9 @@ class SecureRound:
         self.t, self.cfg, self.rnd = t, cfg, rnd
         self.clients, self.shape, self.wait, self.roster = sorted(clients), shape, wait, roster
         self.n = len(self.clients)
-        self.thr = cfg.threshold(self.n)
+        self.thr = cfg.threshold(self.n)  # clients needed at every stage
+        self.t_share = self.thr  # shares needed to rebuild a secret (set with the graph)
+        self.degree: int | None = None  # the sharing graph's degree (n - 1: complete)
         self.label = f"{t.name}|{rnd}".encode()
         self.cheats: dict[str, str] = {}
         self.stages: dict[str, int] = {}
@@ -155,11 +160,12 @@ class SecureRound:
         keys: dict[str, Any] = {
             k: [adverts[c].meta[k] for c in u1] for k in ("c_pk", "s_pk", "key_id", "sig")
         }
-        keys.update(kind="keys", names=u1, t=self.thr)
+        self._plan_graph(u1, keys)
+        keys.update(kind="keys", names=u1, t=self.t_share, k=self.graph.k)
         await self._broadcast({c: (keys, ()) for c in u1})
         self.s_pk = {c: bytes.fromhex(adverts[c].meta["s_pk"]) for c in u1}
         shares = await gather(self.t, u1, self.rnd, "shares", self.cfg.stage_timeout)
-        u2 = self._enough("shares", [c for c, f in shares.items() if self._shares_ok(c, f, u1)])
+        u2 = self._enough("shares", [c for c, f in shares.items() if self._shares_ok(c, f)])
         await self._broadcast({v: self._relay(v, u2, shares) for v in u2})
         self.commits = {u: shares[u].arrays[1] for u in u2}
         self.b_hash = {u: bytes.fromhex(shares[u].meta["b_hash"]) for u in u2}
@@ -175,6 +181,16 @@ class SecureRound:
             total += masked[c].arrays[0]
         total = await asyncio.to_thread(self._unmask, total, u2, u3, {c: unmask[c] for c in u4})
         return u3, total
+
+    def _plan_graph(self, u1: list[str], keys: dict[str, Any]) -> None:
+        """The round's sharing graph over the key list ``u1`` and its share threshold."""
+        try:
+            k, self.t_share = self.cfg.layout(len(u1), self.n)
+        except ConfigError as exc:
+            raise Aborted(f"round {self.rnd}: {exc}") from None
+        self.graph = Graph(u1, k, graph_seed(self.label, u1, keys["c_pk"], keys["s_pk"]))
+        self.row = {u: {h: i for i, h in enumerate(self.graph.holders(u))} for u in u1}
+        self.degree = self.graph.k
 
     # -- validation of what each client sent -------------------------------------------------
     def _advert_ok(self, c: str, f: Frame) -> bool:
@@ -195,22 +211,23 @@ class SecureRound:
                 return False
         return True
 
-    def _shares_ok(self, c: str, f: Frame, u1: list[str]) -> bool:
-        others = [v for v in u1 if v != c]
+    def _shares_ok(self, c: str, f: Frame) -> bool:
+        holders = self.graph.holders(c)
+        others = [v for v in holders if v != c]
         ok = (
             f.meta.get("to") == others
             and len(f.arrays) == 2
             and f.arrays[0].dtype == np.uint8
             and f.arrays[0].shape == (len(others), SEALED)
             and f.arrays[1].dtype == np.uint8
-            and f.arrays[1].shape == (len(u1), 2, 32)
+            and f.arrays[1].shape == (len(holders), 2, 32)
             and isinstance(f.meta.get("b_hash"), str)
             and len(f.meta["b_hash"]) == 64
         )
         return bool(ok)
 
     def _relay(self, v: str, u2: list[str], shares: dict[str, Frame]) -> tuple[dict, tuple]:
-        senders = [u for u in u2 if u != v]
+        senders = [u for u in u2 if u != v and v in self.row[u]]
         rows = [shares[u].arrays[0][shares[u].meta["to"].index(v)] for u in senders]
         table = np.array(rows, np.uint8).reshape(len(senders), SEALED)
         return {"kind": "shares", "from": senders}, (table,)
@@ -240,15 +257,16 @@ class SecureRound:
             if dealer not in f.meta[key]:
                 continue
             share = f.arrays[col][f.meta[key].index(dealer)].tobytes()
-            want = self.commits[dealer][self.index[h], col].tobytes()
+            row = self.row[dealer].get(h)
+            want = None if row is None else self.commits[dealer][row, col].tobytes()
             if crypto.commit(self.label, dealer, h, what, share) != want:
                 self.cheats[h] = f"returned a share of {dealer}'s secret that it was not dealt"
                 continue
             out[self.index[h] + 1] = share
-        if len(out) < self.thr:
+        if len(out) < self.t_share:
             raise Aborted(
                 f"round {self.rnd}: only {len(out)} valid shares of {dealer}'s secret, below "
-                f"the threshold {self.thr}"
+                f"the threshold {self.t_share}"
             )
         return out
 
@@ -257,22 +275,25 @@ class SecureRound:
     ) -> np.ndarray:
         label = self.label
         for u in u3:
-            b = shamir.combine(self._collect(u, b"b", unmask), SECRET, self.thr)
+            b = shamir.combine(self._collect(u, b"b", unmask), SECRET, self.t_share)
             if crypto.secret_hash(label, u, b) != self.b_hash[u]:
                 self.cheats[u] = "dealt inconsistent shares of its self-mask seed"
                 raise Aborted(f"round {self.rnd}: {u} dealt inconsistent shares; round aborted")
             total -= M.prg(b, label + b"|self", total.size).reshape(total.shape)
         for u in sorted(set(u2) - set(u3)):
+            masked_with = [v for v in u3 if v in self.row[u]]
+            if not masked_with:
+                continue  # no survivor masked with u: nothing of its to remove
             try:
                 key = crypto.KeyPair.from_secret(
-                    shamir.combine(self._collect(u, b"s", unmask), SECRET, self.thr)
+                    shamir.combine(self._collect(u, b"s", unmask), SECRET, self.t_share)
                 )
             except (shamir.ShareError, ValueError):
                 key = None
             if key is None or key.public != self.s_pk[u]:
                 self.cheats[u] = "dealt inconsistent shares of its mask key"
                 raise Aborted(f"round {self.rnd}: {u} dealt inconsistent shares; round aborted")
-            for v in u3:
+            for v in masked_with:
                 seed = key.agree(self.s_pk[v], b"mask|" + label, u, v)
                 m = M.prg(seed, label + b"|pair", total.size).reshape(total.shape)
                 total = total - m if M.pair_sign(v, u) > 0 else total + m
