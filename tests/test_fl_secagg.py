@@ -292,7 +292,7 @@ def test_a_client_refuses_a_key_list_with_a_bad_degree_or_threshold():
 
 async def test_a_sparse_round_shares_with_neighbours_only_and_survives_drop_outs():
     p = payloads_of(40, seed=2)
-    cfg = SecAggConfig(stage_timeout=2.0, max_dropout=0.2)
+    cfg = SecAggConfig(stage_timeout=3.0, max_dropout=0.2)
     k, t = cfg.layout(40)
     assert k < 39
     dealt: dict[str, int] = {}
