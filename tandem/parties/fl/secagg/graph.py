@@ -98,23 +98,28 @@ class Graph:
         n = len(self.names)
         self.complete = k >= n - 1
         self.k = n - 1 if self.complete else k
-        if self.complete:
-            self._near = {u: [v for v in self.names if v != u] for u in self.names}
-            return
-        ring = sorted(self.names, key=lambda u: hashlib.sha256(seed + u.encode()).digest())
-        at = {u: i for i, u in enumerate(ring)}
-        half = k // 2
-        self._near = {
-            u: sorted(ring[(at[u] + d) % n] for d in range(-half, half + 1) if d != 0) for u in ring
-        }
+        self._near: dict[str, list[str]] = {}  # filled as asked: a client needs its own only
+        if not self.complete:
+            self._ring = sorted(
+                self.names, key=lambda u: hashlib.sha256(seed + u.encode()).digest()
+            )
+            self._at = {u: i for i, u in enumerate(self._ring)}
 
     def neighbours(self, u: str) -> list[str]:
         """The clients ``u`` masks with (sorted by name)."""
-        return self._near[u]
+        near = self._near.get(u)
+        if near is None:
+            if self.complete:
+                near = [v for v in self.names if v != u]
+            else:
+                at, n, half = self._at[u], len(self._ring), self.k // 2
+                near = sorted(self._ring[(at + d) % n] for d in range(-half, half + 1) if d != 0)
+            self._near[u] = near
+        return near
 
     def holders(self, u: str) -> list[str]:
         """The clients holding shares of ``u``'s secrets, in the order of their commitments."""
-        return self.names if self.complete else self._near[u]
+        return self.names if self.complete else self.neighbours(u)
 
 
 def graph_seed(
