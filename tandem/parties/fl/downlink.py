@@ -177,10 +177,17 @@ class ClientModel:
 
     `apply` raises `DownlinkError` if a delta's base is newer than what this client holds
     (the server never plans that), leaving the state unchanged.
+
+    Invariant: ``model`` is read-only and never written in place (a delta builds a new
+    array), so it holds a model without copying it: a read-only initial model as given (a
+    trainer's ``init_vec``), a full model as received (a received frame's arrays are the
+    receiver's own: every transport copies them or receives into a buffer of its own, unless
+    a `tandem.transports.memory.MemoryNetwork` is built with ``copy=False``). Each copy
+    avoided is the model's size off a client's peak memory.
     """
 
     def __init__(self, initial: np.ndarray) -> None:
-        self.model = np.array(initial, np.float32, copy=True)
+        self.model = _read_only(initial, copy=initial.flags.writeable)
         self.version = 0
 
     def apply(self, meta: Mapping[str, Any], arrays: tuple[np.ndarray, ...]) -> np.ndarray:
@@ -196,7 +203,7 @@ class ClientModel:
                     f"full model must be float32 {self.model.shape}, got "
                     f"{model.dtype} {model.shape}"
                 )
-            self.model = np.array(model, copy=True)
+            self.model = _read_only(model, copy=False)
         elif kind == "delta":
             base = meta.get("base")
             if not isinstance(base, int) or base > self.version:
@@ -209,9 +216,18 @@ class ClientModel:
                 raise DownlinkError(
                     "delta indices and values differ in shape or index past the model's end"
                 )
-            self.model = self.model.copy()
-            self.model[idx.astype(np.int64)] = values
+            model = self.model.copy()
+            model[idx.astype(np.int64)] = values
+            self.model = _read_only(model, copy=False)
         else:
             raise DownlinkError(f"unknown model message kind {kind!r}")
         self.version = version
         return self.model
+
+
+def _read_only(model: np.ndarray, *, copy: bool) -> np.ndarray:
+    """``model`` as float32 (a copy when ``copy`` or another dtype), in a read-only view."""
+    view = np.array(model, np.float32, copy=True) if copy else np.asarray(model, np.float32)
+    view = view.view()
+    view.flags.writeable = False
+    return view
