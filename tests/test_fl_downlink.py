@@ -93,6 +93,22 @@ def test_client_refuses_delta_from_the_future_and_keeps_state():
         DownlinkPlanner(4, "sometimes")
 
 
+def test_client_holds_models_without_copying_and_never_writes_them():
+    initial = np.arange(4, dtype=np.float32)
+    initial.flags.writeable = False  # as a trainer's init_vec
+    c = ClientModel(initial)
+    assert np.shares_memory(c.model, initial)  # a read-only model is held as it is
+    mine = np.zeros(4, np.float32)
+    assert not np.shares_memory(ClientModel(mine).model, mine)  # a writable one is copied
+    received = np.full(4, 2.0, np.float32)  # a received frame's array, the client's own
+    assert c.apply({"kind": "full", "version": 1}, (received,)) is c.model
+    assert np.shares_memory(c.model, received) and not c.model.flags.writeable
+    held = c.model
+    c.apply({"kind": "delta", "version": 2, "base": 1}, (np.array([3], np.uint16), np.ones(1)))
+    assert c.model.tolist() == [2, 2, 2, 1] and held.tolist() == [2, 2, 2, 2]
+    assert initial.tolist() == [0, 1, 2, 3] and not c.model.flags.writeable
+
+
 async def test_client_skips_a_message_it_cannot_apply_and_keeps_serving():
     from fl_helpers import small_setup
     from tandem.parties.fl import protocol as P
