@@ -143,8 +143,10 @@ async def test_fit_announces_before_its_own_update(groups):
     _, held, leader, follower = await _fit(groups, hold=True)
     assert held.in_time == [True] * 6
     assert leader.batches_done == follower.batches_done == 6
-    if groups == "auto":  # the tuner observed every batch, each at the count it ran at
-        assert [n for n, _ in leader.tuner_path] == held.ran_at
+    if groups == "auto":  # the tuner observed batches only at the count each ran at
+        observed = iter(held.ran_at)
+        assert all(n in observed for n, _ in leader.tuner_path)  # a subsequence
+        assert leader.tuner_path[0][0] == held.ran_at[0]
 
 
 def test_the_tuner_learns_only_from_batches_at_the_count_it_asked_for():

@@ -11,9 +11,9 @@ Announcing ahead: the command of the next batch is sent while the current one ru
 so a follower finds it waiting when its update is done: one round trip per batch
 fewer on a long link. It leaves once the leader's last op whose result is sent has
 run (`PartyRuntime.run`'s ``produced``: its own backward and updates may still be
-running), with a fixed ``groups`` and with ``"auto"`` alike: the tuner reads only
-the batch's wall there (rule 1 of `GroupTuner` also reads the compute and bytes so
-far), so it picks the next batch's ``n`` before that batch's command leaves.
+running), with a fixed ``groups`` and with ``"auto"`` alike, at the count current
+then: the tuner observes a batch once all its compute has run (``computed``), so
+its choice applies to the batch after the one already announced.
 ``announce_ahead``: None (the default) announces ahead only without ``after_batch``,
 where each command otherwise waits for the hook (which may stop training, and a
 command sent cannot be taken back); True announces ahead with the hook too, and a
@@ -24,10 +24,11 @@ runs between two batches of the leader: batch ``b``'s update is done and ``b + 1
 compute has not begun, so its parameters, optimizer state, ``step`` and ``loss_sum``
 are batch ``b``'s (a follower may meanwhile run ``b + 1``'s forward, which changes
 none of them). With ``after_epoch``, an epoch's first command waits for it. The
-tuner's wall of a batch is the time from its command to the next one's (without
-announcing ahead: to the batch's end). The tuner learns only from a batch that ran at the
-count it asked for (`retune`): one that ran at another (a count restored from a checkpoint)
-is no sample, and the next batch runs at the tuner's count.
+tuner's wall of a batch is the time from the end of the previous batch's compute to the end
+of its own (from its command, when that was not announced ahead; to the batch's end, when the
+next is not announced ahead). The tuner learns only from a batch that ran at the
+count it asked for (`retune`): one that ran at another (announced before the tuner's last
+choice, or a count restored from a checkpoint) is no sample.
 """
 
 from __future__ import annotations
@@ -237,12 +238,21 @@ class Fit:
             (n, c, sent), self.ahead = self.ahead, None
             await sent
         nxt = self.following(epoch, i) if self.ahead_ok and not self.stopping else None
-        announce = (
-            None
-            if nxt is None
-            else Announce(party, tg, len(idx), n, nxt, self.dataset, self.n_rows)
+        announce = None if nxt is None else Announce(party, tg, nxt, self.dataset, self.n_rows)
+
+        async def computed(stats: BatchStats) -> None:
+            retune(party, stats.compute, len(idx), n)
+
+        stats = await party._run_batch(
+            runtime,
+            idx,
+            n,
+            "train",
+            self.dataset,
+            c,
+            computed=None if announce is None else computed,
+            produced=announce,
         )
-        stats = await party._run_batch(runtime, idx, n, "train", self.dataset, c, produced=announce)
         if announce is None:
             retune(party, stats.compute, len(idx), n)
         else:
@@ -265,13 +275,15 @@ def link_counters(party: SplitParty) -> dict[tuple[str, str], tuple[int, float]]
 
 
 def retune(party: SplitParty, compute: float, rows: int, ran_at: int) -> None:
-    """Feed the tuner the batch of ``rows`` rows that ran at ``ran_at`` groups and has run its
-    compute (``compute`` seconds so far): its wall is the period since the previous mark (this
-    batch's command was issued then), and the link counters' change over it; the next batch's
-    command is issued now (`Fit`).
+    """Feed the tuner the batch of ``rows`` rows that ran at ``ran_at`` groups and has run all
+    its compute (``compute`` seconds): its wall is the period since the previous mark (the end
+    of the previous batch's compute, or this batch's command when not announced ahead), and
+    the link counters' change
+    over it. The tuner's count becomes ``n_groups``, which the next command not yet sent uses.
 
-    Only a full batch that ran at the count the tuner asked for (``tuner_state.n``) is a
-    sample; after one that ran at another count the tuner's count is asked for again."""
+    Only a full batch that ran at the count the tuner asked for (``tuner_state.n``) is a sample:
+    one announced before the tuner's last choice, or run at a count restored from a checkpoint,
+    is not, and the tuner's count is asked for again."""
     now, after = time.perf_counter(), link_counters(party)
     (start, before), party._tune_mark = party._tune_mark, (now, after)
     if party.config.groups != "auto" or rows < party.config.batch_size:
@@ -293,10 +305,9 @@ def retune(party: SplitParty, compute: float, rows: int, ran_at: int) -> None:
 
 class Announce:
     """The hook (`PartyRuntime.run`'s ``produced``) by which a leader's `SplitParty.fit`,
-    once a training batch of ``rows`` rows running at ``n`` groups ran its last op whose
-    result is sent, re-tunes ``n`` and sends the command of the next training batch
-    ``nxt = (epoch, i, row indices)`` as a task of ``tg``; ``ahead`` then holds (n, chunks,
-    that task).
+    once a training batch ran its last op whose result is sent, sends the command of the next
+    training batch ``nxt = (epoch, i, row indices)`` at the party's current ``n_groups`` as a
+    task of ``tg``; ``ahead`` then holds (n, chunks, that task).
 
     The command then reaches the followers beside the batch's last gradients, so a follower
     starts the next batch as soon as its update is done instead of a round trip later.
@@ -307,19 +318,15 @@ class Announce:
         self,
         party: SplitParty,
         tg: asyncio.TaskGroup,
-        rows: int,
-        n: int,
         nxt: tuple[int, int, np.ndarray],
         dataset: str,
         n_rows: int,
     ) -> None:
-        self.party, self.tg, self.rows, self.nxt, self.dataset = party, tg, rows, nxt, dataset
-        self.n, self.n_rows = n, n_rows
+        self.party, self.tg, self.nxt, self.dataset, self.n_rows = party, tg, nxt, dataset, n_rows
         self.ahead: tuple[int, int, asyncio.Task] | None = None
 
     async def __call__(self, stats: BatchStats) -> None:
         party = self.party
-        retune(party, stats.compute, self.rows, self.n)
         epoch, i, idx = self.nxt
         # the batch after the running one, which `_run_batch` has not counted yet
         n, c, cmd = party._batch_command(
