@@ -1,7 +1,8 @@
 """`PartyRuntime.run`'s ``produced`` hook fires once the batch's last compute op whose result
 is sent has run, while its local-only ops (here the leader's update) may still be running; and
-a leader's `SplitParty.fit` with a fixed ``groups`` announces the next batch there, before its
-own update of the current one is done, training exactly as before."""
+a leader's `SplitParty.fit`, with a fixed ``groups`` or ``"auto"``, announces the next batch
+there, before its own update of the current one is done, training exactly as before; its tuner
+learns only from batches that ran at the count it asked for."""
 
 import asyncio
 import threading

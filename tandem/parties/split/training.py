@@ -278,8 +278,8 @@ def retune(party: SplitParty, compute: float, rows: int, ran_at: int) -> None:
     """Feed the tuner the batch of ``rows`` rows that ran at ``ran_at`` groups and has run all
     its compute (``compute`` seconds): its wall is the period since the previous mark (the end
     of the previous batch's compute, or this batch's command when not announced ahead), and
-    the link counters' change
-    over it. The tuner's count becomes ``n_groups``, which the next command not yet sent uses.
+    the link counters' change over it. The tuner's count becomes ``n_groups``, which the next
+    command not yet sent uses.
 
     Only a full batch that ran at the count the tuner asked for (``tuner_state.n``) is a sample:
     one announced before the tuner's last choice, or run at a count restored from a checkpoint,
