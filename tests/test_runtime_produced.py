@@ -1,20 +1,25 @@
 """`PartyRuntime.run`'s ``produced`` hook fires once the batch's last compute op whose result
 is sent has run, while its local-only ops (here the leader's update) may still be running; and
-a leader's `SplitParty.fit` with a fixed ``groups`` announces the next batch there, before its
-own update of the current one is done, training exactly as before."""
+a leader's `SplitParty.fit`, with a fixed ``groups`` or ``"auto"``, announces the next batch
+there, before its own update of the current one is done, training exactly as before; its tuner
+learns only from batches that ran at the count it asked for."""
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import jax
 import numpy as np
+import pytest
 
 from tandem.engine.lanes import ThreadLane
+from tandem.engine.microbatch import GroupTuner
 from tandem.engine.plan import Kind
 from tandem.engine.runtime import BatchStats
 from tandem.engine.topology import two_party
 from tandem.parties.split import SplitConfig
 from tandem.parties.split.party import CTL
+from tandem.parties.split.training import retune
 from tests.split_helpers import make_job
 
 CFG = dict(batch_size=8, groups=2, optimizer="adam", learning_rate=0.1, threshold=2, capacity=16)
@@ -28,6 +33,7 @@ class _HeldUpdates:
 
     def __init__(self, handler) -> None:
         self.inner, self.release, self.in_time = handler, threading.Event(), []
+        self.ran_at: list[int] = []  # each update's batch: its group count
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -35,6 +41,7 @@ class _HeldUpdates:
     def compute(self, op):
         if op.kind is Kind.UPDATE:
             self.in_time.append(self.release.wait(WAIT_S))
+            self.ran_at.append(len(self.inner.bounds))
         return self.inner.compute(op)
 
 
@@ -130,12 +137,38 @@ async def _fit(groups, hold: bool):
     return hist.result(), held, leader, follower
 
 
-async def test_fit_with_a_fixed_n_announces_before_its_own_update():
+@pytest.mark.parametrize("groups", [2, "auto"])
+async def test_fit_announces_before_its_own_update(groups):
     # every update but the last waits for the next batch's command: with the announcement
     # after the update (``computed``) each would wait WAIT_S and note False
-    _, held, leader, follower = await _fit(2, hold=True)
+    _, held, leader, follower = await _fit(groups, hold=True)
     assert held.in_time == [True] * 6
     assert leader.batches_done == follower.batches_done == 6
+    if groups == "auto":  # the tuner observed batches only at the count each ran at
+        observed = iter(held.ran_at)
+        assert all(n in observed for n, _ in leader.tuner_path)  # a subsequence
+        assert leader.tuner_path[0][0] == held.ran_at[0]
+
+
+def test_the_tuner_learns_only_from_batches_at_the_count_it_asked_for():
+    party = SimpleNamespace(
+        config=SplitConfig(**{**CFG, "groups": "auto"}),
+        followers=(),
+        tuner=GroupTuner(8),
+        tuner_path=[],
+        _tune_mark=(0.0, {}),
+    )
+    party.tuner_state = party.tuner.init()
+    party.n_groups = party.tuner_state.n
+    retune(party, 0.1, 8, party.n_groups)  # rule 1: no link measured, so n = 1
+    assert party.n_groups == party.tuner_state.n == 1
+    state = party.tuner_state
+    retune(party, 0.1, 8, 4)  # a batch run at a count it did not ask for: no sample
+    assert party.tuner_state is state and party.n_groups == 1
+    assert [n for n, _ in party.tuner_path] == [4]  # rule 1's batch only
+    retune(party, 0.1, 8, 1)
+    assert party.tuner_state.batches == 2
+    assert [n for n, _ in party.tuner_path] == [4, 1]
 
 
 async def test_announcing_before_the_update_trains_exactly_the_same():

@@ -9,10 +9,11 @@ in order, whether or not it was announced ahead: exactness does not depend on it
 
 Announcing ahead: the command of the next batch is sent while the current one runs,
 so a follower finds it waiting when its update is done: one round trip per batch
-fewer on a long link. With a fixed ``groups`` it leaves once the leader's last op
-whose result is sent has run (`PartyRuntime.run`'s ``produced``: its own backward
-and updates may still be running), with ``"auto"`` once all its compute for the
-batch has run (``computed``), since the tuner picks the next ``n`` from it.
+fewer on a long link. It leaves once the leader's last op whose result is sent has
+run (`PartyRuntime.run`'s ``produced``: its own backward and updates may still be
+running), with a fixed ``groups`` and with ``"auto"`` alike, at the count current
+then: the tuner observes a batch once all its compute has run (``computed``), so
+its choice applies to the batch after the one already announced.
 ``announce_ahead``: None (the default) announces ahead only without ``after_batch``,
 where each command otherwise waits for the hook (which may stop training, and a
 command sent cannot be taken back); True announces ahead with the hook too, and a
@@ -23,8 +24,11 @@ runs between two batches of the leader: batch ``b``'s update is done and ``b + 1
 compute has not begun, so its parameters, optimizer state, ``step`` and ``loss_sum``
 are batch ``b``'s (a follower may meanwhile run ``b + 1``'s forward, which changes
 none of them). With ``after_epoch``, an epoch's first command waits for it. The
-tuner's wall of a batch is the time from its command to the next one's (without
-announcing ahead: to the batch's end).
+tuner's wall of a batch is the time from the end of the previous batch's compute to the end
+of its own (from its command, when that was not announced ahead; to the batch's end, when the
+next is not announced ahead). The tuner learns only from a batch that ran at the
+count it asked for (`retune`): one that ran at another (announced before the tuner's last
+choice, or a count restored from a checkpoint) is no sample.
 """
 
 from __future__ import annotations
@@ -143,8 +147,6 @@ class Fit:
         self.last = self.first + epochs
         self.start_batch = start_batch
         self.ahead_ok = after_batch is None if announce_ahead is None else announce_ahead
-        #: the next command needs nothing of this batch's compute (no tuner to feed)
-        self.fixed_n = party.config.groups != "auto"
         self.ahead: tuple[int, int, asyncio.Task] | None = None
         self.stopping = False
         self._order: dict[int, list[np.ndarray]] = {}
@@ -236,9 +238,11 @@ class Fit:
             (n, c, sent), self.ahead = self.ahead, None
             await sent
         nxt = self.following(epoch, i) if self.ahead_ok and not self.stopping else None
-        announce = (
-            None if nxt is None else Announce(party, tg, len(idx), nxt, self.dataset, self.n_rows)
-        )
+        announce = None if nxt is None else Announce(party, tg, nxt, self.dataset, self.n_rows)
+
+        async def computed(stats: BatchStats) -> None:
+            retune(party, stats.compute, len(idx), n)
+
         stats = await party._run_batch(
             runtime,
             idx,
@@ -246,11 +250,11 @@ class Fit:
             "train",
             self.dataset,
             c,
-            computed=None if self.fixed_n else announce,
-            produced=announce if self.fixed_n else None,
+            computed=None if announce is None else computed,
+            produced=announce,
         )
         if announce is None:
-            retune(party, stats.compute, len(idx))
+            retune(party, stats.compute, len(idx), n)
         else:
             self.ahead = announce.ahead
 
@@ -270,13 +274,22 @@ def link_counters(party: SplitParty) -> dict[tuple[str, str], tuple[int, float]]
     return out
 
 
-def retune(party: SplitParty, compute: float, rows: int) -> None:
-    """Feed the tuner the batch that just finished its compute: its wall is the period
-    since the previous mark (this batch's command was issued then), and the link
-    counters' change over it; the next batch's command is issued now (`Fit`)."""
+def retune(party: SplitParty, compute: float, rows: int, ran_at: int) -> None:
+    """Feed the tuner the batch of ``rows`` rows that ran at ``ran_at`` groups and has run all
+    its compute (``compute`` seconds): its wall is the period since the previous mark (the end
+    of the previous batch's compute, or this batch's command when not announced ahead), and
+    the link counters' change over it. The tuner's count becomes ``n_groups``, which the next
+    command not yet sent uses.
+
+    Only a full batch that ran at the count the tuner asked for (``tuner_state.n``) is a sample:
+    one announced before the tuner's last choice, or run at a count restored from a checkpoint,
+    is not, and the tuner's count is asked for again."""
     now, after = time.perf_counter(), link_counters(party)
     (start, before), party._tune_mark = party._tune_mark, (now, after)
     if party.config.groups != "auto" or rows < party.config.batch_size:
+        return
+    if party.tuner_state.started and ran_at != party.tuner_state.n:
+        party.n_groups = party.tuner_state.n
         return
     links = []
     for k, (b1, t1) in after.items():
@@ -291,11 +304,10 @@ def retune(party: SplitParty, compute: float, rows: int) -> None:
 
 
 class Announce:
-    """The hook (`PartyRuntime.run`'s ``computed``, or ``produced`` with a fixed ``n``) by
-    which a leader's `SplitParty.fit`, once a training batch of ``rows`` rows ran its compute
-    (or its last op whose result is sent), re-tunes ``n`` and sends the command of the next
-    training batch ``nxt = (epoch, i, row indices)`` as a task of ``tg``; ``ahead`` then holds
-    (n, chunks, that task).
+    """The hook (`PartyRuntime.run`'s ``produced``) by which a leader's `SplitParty.fit`,
+    once a training batch ran its last op whose result is sent, sends the command of the next
+    training batch ``nxt = (epoch, i, row indices)`` at the party's current ``n_groups`` as a
+    task of ``tg``; ``ahead`` then holds (n, chunks, that task).
 
     The command then reaches the followers beside the batch's last gradients, so a follower
     starts the next batch as soon as its update is done instead of a round trip later.
@@ -306,18 +318,15 @@ class Announce:
         self,
         party: SplitParty,
         tg: asyncio.TaskGroup,
-        rows: int,
         nxt: tuple[int, int, np.ndarray],
         dataset: str,
         n_rows: int,
     ) -> None:
-        self.party, self.tg, self.rows, self.nxt, self.dataset = party, tg, rows, nxt, dataset
-        self.n_rows = n_rows
+        self.party, self.tg, self.nxt, self.dataset, self.n_rows = party, tg, nxt, dataset, n_rows
         self.ahead: tuple[int, int, asyncio.Task] | None = None
 
     async def __call__(self, stats: BatchStats) -> None:
         party = self.party
-        retune(party, stats.compute, self.rows)
         epoch, i, idx = self.nxt
         # the batch after the running one, which `_run_batch` has not counted yet
         n, c, cmd = party._batch_command(
