@@ -140,12 +140,16 @@ def payloads_of(n: int, shape=(500,), seed=0):
     return {f"c{i:02d}": rng.normal(0, 0.05, shape).astype(np.float32) for i in range(n)}
 
 
-async def test_the_sum_equals_the_unmasked_sum_within_fixed_point_error():
+@pytest.mark.parametrize("neighbours, degree", [("auto", 8), ("all", 9)])
+async def test_the_sum_equals_the_unmasked_sum_within_fixed_point_error(neighbours, degree):
     p = payloads_of(10)
-    sr, survivors, total = await secure_sum(p)
+    sr, survivors, total = await secure_sum(
+        p, SecAggConfig(stage_timeout=1.0, neighbours=neighbours)
+    )
     assert survivors == sorted(p) and sr.stages == dict.fromkeys(
         ("advertise", "shares", "masked", "unmask"), 10
     )
+    assert sr.degree == degree
     want = np.sum([p[c] for c in survivors], axis=0)
     assert np.abs(total - want).max() <= 10 / (2 * FAST.scale) + 1e-6
     assert not sr.cheats
