@@ -11,7 +11,9 @@ Each metric group is a function ``(args) -> dict`` in `METRICS`; ``--only NAME``
   10 clients dropping in the round (secure: after building their masked input, before sending
   it, so their mask keys are rebuilt from shares; plain: after training, before replying;
   both close their link, so neither waits for a deadline). Each federation runs a warm-up
-  round first (JAX compiles, the full model goes down); the second round is timed.
+  round first (JAX compiles, the full model goes down); the second round is timed. The
+  secure round runs SecAgg+ with ``max_dropout = 0.2`` (``--neighbours``: its
+  ``secagg.neighbours``); ``secagg_degree`` and ``secagg_share_threshold`` are its graph's.
 * ``secagg_uplink_ratio``: dense uplink bytes / secure compressed uplink bytes of that round
   (the server transport's counters, headers and every secure-aggregation message included).
 * ``secagg_acc_delta``: plain minus secure accuracy in points after ``--acc-rounds`` rounds of
@@ -125,7 +127,9 @@ def secagg(args: argparse.Namespace) -> dict:
     plain = presets.compressed(trainer.dim, **common)
     compress_update(trainer.init_vec, plain.uplink, 1)
     secure = presets.compressed(
-        trainer.dim, secagg=SecAggConfig(max_dropout=0.2, stage_timeout=600.0), **common
+        trainer.dim,
+        secagg=SecAggConfig(max_dropout=0.2, stage_timeout=600.0, neighbours=args.neighbours),
+        **common,
     )
     gone = {f"c{i}" for i in range(0, n, 10)}  # 10%
     t_plain, _, _ = timed_round(data, trainer, plain, gone)
@@ -301,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", choices=sorted(METRICS), action="append")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=100)
+    p.add_argument(
+        "--neighbours",
+        type=lambda v: v if v in ("auto", "all") else int(v),
+        default="auto",
+        help='secagg.neighbours of the timed secure round: "auto" (SecAgg+), "all" or a degree',
+    )
     p.add_argument("--acc-rounds", type=int, default=30)
     p.add_argument("--dp-clients", type=int, default=100)
     p.add_argument("--dp-fraction", type=float, default=0.2)
