@@ -92,7 +92,6 @@ class SecureRound:
         self.n = len(self.clients)
         self.thr = cfg.threshold(self.n)  # clients needed at every stage
         self.t_share = self.thr  # shares needed to rebuild a secret (set with the graph)
-        self.degree: int | None = None  # the sharing graph's degree (n - 1: complete)
         self.label = f"{t.name}|{rnd}".encode()
         self.cheats: dict[str, str] = {}
         self.stages: dict[str, int] = {}
@@ -182,6 +181,12 @@ class SecureRound:
         total = await asyncio.to_thread(self._unmask, total, u2, u3, {c: unmask[c] for c in u4})
         return u3, total
 
+    @property
+    def degree(self) -> int | None:
+        """The round's sharing-graph degree (``n - 1``: complete); None before the key list."""
+        graph = getattr(self, "graph", None)
+        return None if graph is None else graph.k
+
     def _plan_graph(self, u1: list[str], keys: dict[str, Any]) -> None:
         """The round's sharing graph over the key list ``u1`` and its share threshold."""
         try:
@@ -190,7 +195,6 @@ class SecureRound:
             raise Aborted(f"round {self.rnd}: {exc}") from None
         self.graph = Graph(u1, k, graph_seed(self.label, u1, keys["c_pk"], keys["s_pk"]))
         self.row = {u: {h: i for i, h in enumerate(self.graph.holders(u))} for u in u1}
-        self.degree = self.graph.k
 
     # -- validation of what each client sent -------------------------------------------------
     def _advert_ok(self, c: str, f: Frame) -> bool:
@@ -249,17 +253,35 @@ class SecureRound:
         )
 
     # -- unmasking ---------------------------------------------------------------------------
-    def _collect(self, dealer: str, what: bytes, unmask: dict[str, Frame]) -> dict[int, bytes]:
-        """The shares of ``dealer``'s secret ``what`` (b or s) that match its commitments."""
-        col, key = (0, "b_of") if what == b"b" else (1, "s_of")
+    def _index_unmask(self, unmask: dict[str, Frame]) -> dict[str, tuple[dict[str, int], ...]]:
+        """Per holder, the row of each dealer's b-share and s-share in its ``unmask`` message;
+        a holder that names a dealer whose shares it was not dealt is named a cheat."""
         out = {}
         for h, f in unmask.items():
-            if dealer not in f.meta[key]:
+            out[h] = tuple({d: i for i, d in enumerate(f.meta[key])} for key in ("b_of", "s_of"))
+            for dealer in (d for rows in out[h] for d in rows if h not in self.row[d]):
+                self.cheats[h] = f"returned a share of {dealer}'s secret that it was not dealt"
+        return out
+
+    def _collect(
+        self,
+        dealer: str,
+        what: bytes,
+        unmask: dict[str, Frame],
+        rows: dict[str, tuple[dict[str, int], ...]],
+    ) -> dict[int, bytes]:
+        """The shares of ``dealer``'s secret ``what`` (b or s) that match its commitments, from
+        its holders' ``unmask`` messages (``rows``: `_index_unmask`). O(holders) per dealer."""
+        col = 0 if what == b"b" else 1
+        out = {}
+        for h, row in self.row[dealer].items():
+            at = rows[h][col].get(dealer) if h in rows else None
+            if at is None:
                 continue
-            share = f.arrays[col][f.meta[key].index(dealer)].tobytes()
-            row = self.row[dealer].get(h)
-            want = None if row is None else self.commits[dealer][row, col].tobytes()
-            if crypto.commit(self.label, dealer, h, what, share) != want:
+            share = unmask[h].arrays[col][at].tobytes()
+            if crypto.commit(self.label, dealer, h, what, share) != (
+                self.commits[dealer][row, col].tobytes()
+            ):
                 self.cheats[h] = f"returned a share of {dealer}'s secret that it was not dealt"
                 continue
             out[self.index[h] + 1] = share
@@ -273,9 +295,9 @@ class SecureRound:
     def _unmask(
         self, total: np.ndarray, u2: list[str], u3: list[str], unmask: dict[str, Frame]
     ) -> np.ndarray:
-        label = self.label
+        label, rows = self.label, self._index_unmask(unmask)
         for u in u3:
-            b = shamir.combine(self._collect(u, b"b", unmask), SECRET, self.t_share)
+            b = shamir.combine(self._collect(u, b"b", unmask, rows), SECRET, self.t_share)
             if crypto.secret_hash(label, u, b) != self.b_hash[u]:
                 self.cheats[u] = "dealt inconsistent shares of its self-mask seed"
                 raise Aborted(f"round {self.rnd}: {u} dealt inconsistent shares; round aborted")
@@ -286,7 +308,7 @@ class SecureRound:
                 continue  # no survivor masked with u: nothing of its to remove
             try:
                 key = crypto.KeyPair.from_secret(
-                    shamir.combine(self._collect(u, b"s", unmask), SECRET, self.t_share)
+                    shamir.combine(self._collect(u, b"s", unmask, rows), SECRET, self.t_share)
                 )
             except (shamir.ShareError, ValueError):
                 key = None
