@@ -287,7 +287,7 @@ def test_a_close_call_is_measured_again_before_the_first_search_settles():
     """8 lost to 6 by less than three tolerances, so every count that near (6, 8, and 4 at
     0.83) is measured again, each as often, and the pooled means decide: 8 (0.80 against
     0.80 for 6, a tie that goes to the larger). Without the re-measuring 6 is kept."""
-    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10, recheck_max=10)
     s, _ = _settle_on_sequence(tuner, _start_at_three(tuner), _unlucky_eight())
     assert s.n == 8
     assert [len(s.walls[k]) for k in (4, 6, 8)] == [8, 8, 8]  # one round: 8 won it
@@ -441,7 +441,7 @@ def test_the_first_search_takes_any_faster_n_a_settled_one_only_beyond_the_toler
     """The rule's start is a guess, so the first search moves to any faster mean (a margin
     there keeps a lucky start). Once settled, a re-check moves only for more than
     ``tolerance``: noise does not flap n."""
-    tuner = GroupTuner(batch=64, samples=1, recheck=6)
+    tuner = GroupTuner(batch=64, samples=1, recheck=6, recheck_max=6)
     n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])
     assert n == 2  # rule: n = 2
     walls = {1: 1.1, 2: 1.0, 4: 0.99, 8: 1.2}
@@ -467,7 +467,7 @@ def test_a_recheck_gives_a_tie_to_the_larger_count_as_the_first_search_does(eigh
     the first search's rule (ties to the larger n, shorter fill and drain), which a first
     search misled by a spell could not apply. A larger count further behind leaves n alone,
     and so does a smaller one that is level (the margin: noise does not flap n)."""
-    tuner = GroupTuner(batch=64, samples=1, recheck=6)
+    tuner = GroupTuner(batch=64, samples=1, recheck=6, recheck_max=6)
     n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])
     assert n == 2  # rule: n = 2
     walls = {1: 1.1, 2: 1.0, 4: 0.99, 8: 1.2}
@@ -521,7 +521,7 @@ def test_a_recheck_measures_a_win_again_before_leaving_the_settled_n():
     are followed by more of 6 (0.84), and once its pooled mean no longer beats 8 by the
     tolerance, 8 stays. A win that holds when measured again, both counts to eight batches,
     still moves n (the tuner follows a real change)."""
-    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10, recheck_max=10)
     s = _recheck_of_eight(tuner, [0.84])
     assert s.n == 8
     assert len(s.walls[6]) > 4 and tuner.mean(s, 6) > 0.80 * (1 - tuner.tolerance)
@@ -554,7 +554,7 @@ def test_a_recheck_measures_a_win_again_in_alternating_blocks_so_a_spell_does_no
     out ahead of the 8 measured before it. The trial alternates the two in mirrored blocks
     (8, 6, 8, 6, 8: the midpoint 11 ran when it began), so the spell weighs on both alike and
     8 stays. Measuring them in turn (each to eight batches, pooled) moved n to 6."""
-    tuner = GroupTuner(batch=2048, samples=4, recheck=10)
+    tuner = GroupTuner(batch=2048, samples=4, recheck=10, recheck_max=10)
     n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(8e6, 1e6)])
     assert n == 8  # rule: ceil(8/1)
     curve = {8: 0.80, 6: 0.808, 16: 0.95, 4: 0.95, 11: 0.95}
@@ -578,3 +578,51 @@ def test_a_recheck_measures_a_win_again_in_alternating_blocks_so_a_spell_does_no
     assert len(blocks) == 5 and blocks[0] == blocks[2] == blocks[4] != blocks[1] == blocks[3]
     # eight samples each, and a skipped batch at each switch (three into 8, from 11 and 6)
     assert (trial.count(8), trial.count(6)) == (8 + 3, 8 + 2)
+
+
+def _recheck_starts(tuner: GroupTuner, state: TunerState, walls: dict[int, float], batches: int):
+    """The batch numbers at which re-checks start over ``batches`` batches at ``walls``."""
+    starts = []
+    for _ in range(batches):
+        was = state.settled
+        _, state = tuner.observe(state, walls.get(state.n, 1.3))
+        if was and not state.settled:
+            starts.append(state.batches)
+    return state, starts
+
+
+def test_each_recheck_that_keeps_n_doubles_the_wait_before_the_next_up_to_recheck_max():
+    """Rule 5's backoff: a settled n the re-checks keep confirming is probed ever more rarely
+    (the probes run slower counts), and a move sets the wait back to ``recheck``."""
+    tuner = GroupTuner(batch=64, samples=1, recheck=10, recheck_max=40)
+    walls = {1: 1.2, 2: 1.1, 4: 1.0, 8: 1.1, 3: 1.05, 6: 1.05, 16: 1.2}
+    s = tuner.resume(4)
+    s, starts = _recheck_starts(tuner, s, walls, 400)
+    assert s.n == 4
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    waits = [min(10 * 2 ** (i + 1), 40) for i in range(len(gaps))]
+    # each gap is the wait plus the re-check's own probes (a few batches)
+    assert all(w < g <= w + 12 for g, w in zip(gaps, waits, strict=True)), (starts, gaps)
+    assert starts[0] <= 11 and gaps[-1] > 40  # the first after `recheck`, the last at the cap
+    walls[8] = 0.5  # the link changed: 8 is now far faster
+    s, _ = _run_until_settled(tuner, dataclasses.replace(s, settled_at=s.batches - 40), walls, 60)
+    assert s.n == 8 and s.interval == 10  # a move: the next re-check comes `recheck` in
+
+
+def test_resume_starts_settled_at_the_given_count_and_first_rechecks_after_recheck():
+    tuner = GroupTuner(batch=64, samples=2, recheck=10)
+    s = tuner.resume(6)
+    assert s.n == 6 and s.settled and s.started and s.best == 6
+    for _ in range(9):
+        n, s = tuner.observe(s, 1.0)
+        assert n == 6  # no search: the first `recheck` batches run the remembered count
+    assert len(s.walls[6]) == 8  # the first batch (it loads the kernels) is no sample
+    n, s = tuner.observe(s, 1.0)
+    assert not s.settled and n in (3, 12)  # then the neighbours are probed again
+    short = GroupTuner(batch=64, samples=2, recheck=1)  # a re-check before any sample
+    n, s = short.observe(short.resume(4), 1.0)
+    assert n == 4 and not s.settled  # it samples the count first, then probes
+    with pytest.raises(ConfigError, match="batch=64"):
+        tuner.resume(65)
+    with pytest.raises(ConfigError, match="recheck_max"):
+        GroupTuner(batch=64, recheck=10, recheck_max=5)

@@ -174,6 +174,8 @@ class TunerState:
     tolerance. ``confirm_to``: samples each count of a close call is to reach (0: none).
     ``confirmed``: re-measuring rounds this search has taken. ``trial``: a re-check's win
     being measured again. ``refuted``: counts whose win did not hold in this re-check.
+    ``interval``: batches from settling to the next re-check (0: ``recheck``).
+    ``recheck_from``: the settled count the running re-check started from (0: none yet).
 
     Invariant: ``1 <= n <= batch`` once a batch was observed; ``best`` is a count that has
     samples in ``walls`` once the first search has probed a neighbour.
@@ -193,6 +195,8 @@ class TunerState:
     confirmed: int = 0
     trial: Trial | None = None
     refuted: frozenset[int] = frozenset()
+    interval: int = 0
+    recheck_from: int = 0
 
     @property
     def settled(self) -> bool:
@@ -229,7 +233,9 @@ class GroupTuner:
        When that pick is not the fastest or a larger count is within ``3 * tolerance``, every
        count that near gets ``samples`` more batches and the rule is applied again (at most
        ``confirm`` rounds).
-    5. Re-check: every ``recheck`` batches the neighbours are probed again. A move now needs a
+    5. Re-check: ``recheck`` batches after settling the neighbours are probed again; each
+       re-check that settles on the count it started from doubles the wait before the next
+       (up to ``recheck_max``), a move sets it back to ``recheck``. A move now needs a
        gain beyond ``tolerance`` (or, for a larger count, staying within it), and with
        ``verify`` it is measured again in alternating blocks ``a(m) b(2m) a(2m) b(2m) a(m)``,
        ``m = samples // 2``, before ``n`` moves; a refuted count sits out the re-check.
@@ -245,6 +251,7 @@ class GroupTuner:
     prefer_larger: bool = True
     confirm: int = 2
     recheck: int = 50
+    recheck_max: int = 800
     verify: bool = True
 
     def __post_init__(self) -> None:
@@ -254,6 +261,11 @@ class GroupTuner:
             raise ConfigError(
                 f"GroupTuner.samples is the batches averaged per count and must be >= 1, "
                 f"got {self.samples!r}"
+            )
+        if not 1 <= self.recheck <= self.recheck_max:
+            raise ConfigError(
+                f"GroupTuner needs 1 <= recheck <= recheck_max (batches between re-checks), "
+                f"got recheck={self.recheck!r}, recheck_max={self.recheck_max!r}"
             )
         if not 0 <= self.trim < 0.5:
             raise ConfigError(
@@ -265,6 +277,24 @@ class GroupTuner:
         """The state before the first batch, which runs at ``n`` (``<= 0``: ``min(4, batch)``)."""
         n = n if n > 0 else min(4, self.batch)
         return TunerState(n=n, base=n, last_n=n)
+
+    def resume(self, n: int) -> TunerState:
+        """The state of a search that settled on ``n`` before (a checkpoint's count, or the
+        count an earlier run of the same job settled on): no search, the first batch is no
+        sample (it loads or compiles the kernels), and the first re-check comes ``recheck``
+        batches in, so a count the machine or the link no longer favours is left then."""
+        if not 1 <= n <= self.batch:
+            raise ConfigError(f"a resumed group count must be in [1, batch={self.batch}], got {n}")
+        return TunerState(
+            n=n,
+            base=n,
+            last_n=n,
+            started=True,
+            ran=frozenset({n}),
+            skip=1,
+            settled_at=0,
+            settled_once=True,
+        )
 
     def observe(
         self,
@@ -305,6 +335,7 @@ class _Search:
             {} if s.trial is None else {k: list(v) for k, v in s.trial.walls.items()}
         )
         self.refuted = set(s.refuted)
+        self.interval, self.recheck_from = s.interval, s.recheck_from
 
     def freeze(self) -> TunerState:
         trial = self.trial
@@ -325,6 +356,8 @@ class _Search:
             confirmed=self.confirmed,
             trial=trial,
             refuted=frozenset(self.refuted),
+            interval=self.interval,
+            recheck_from=self.recheck_from,
         )
 
     def _mean(self, n: int) -> float | None:
@@ -365,10 +398,10 @@ class _Search:
         if sample:
             self.walls.setdefault(self.n, []).append(wall)
         if self.settled_at is not None:
-            if self.batches - self.settled_at < cfg.recheck:
+            if self.batches - self.settled_at < (self.interval or cfg.recheck):
                 return self.n
-            self.settled_at, self.walls = None, {self.n: self.walls[self.n][-cfg.samples :]}
-            self.base = self.n
+            self.settled_at, self.walls = None, {self.n: self.walls.get(self.n, [])[-cfg.samples :]}
+            self.base = self.recheck_from = self.n
             self.refuted = set()
         return self._step()
 
@@ -505,6 +538,11 @@ class _Search:
         return self._step()
 
     def _settle(self, n: int) -> int:
+        cfg = self.cfg
+        if self.settled_once and n == self.recheck_from:  # rule 5: a re-check kept n
+            self.interval = min(2 * (self.interval or cfg.recheck), cfg.recheck_max)
+        else:
+            self.interval = cfg.recheck
         self.base = self.n = n
         self.confirm_to = 0
         self.settled_at = self.batches
