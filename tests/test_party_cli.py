@@ -8,6 +8,7 @@ bit for bit (same seed, fixed ``groups = 2``).
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import signal
 
@@ -38,6 +39,7 @@ def test_full_run_trains_evaluates_exports(reference):
     assert lead["spec_hash"] == fol["spec_hash"] and len(lead["spec_hash"]) == 64
     assert lead["resumed_from"] == fol["resumed_from"] == 0
     assert lead["epochs"] == 4 and lead["n_groups"] == 2
+    assert lead["groups_tried"] == {}  # a fixed count: the tuner ran nothing
     assert 0.0 <= lead["test_accuracy"] <= 1.0 and np.isfinite(lead["test_loss"])
     assert lead["bytes_sent"]["follower"] == fol["bytes_received"]["leader"] > 0
     # each party exported only its own stages, stamped with the same run id
@@ -417,3 +419,30 @@ def test_restart_of_a_finished_job_trains_nothing_and_exports_the_same(tmp_path)
     for key in ("test_loss", "test_accuracy", "best", "early_stopping", "validation"):
         assert again_lead[key] == lead[key], key
     assert job.checkpoints("leader") == job.checkpoints("follower") == [12, 15]
+
+
+def test_a_rerun_of_an_auto_job_starts_at_the_count_the_last_run_settled_on(tmp_path):
+    """``groups = "auto"``: the leader remembers the settled count in its compile cache
+    folder; a rerun of the job (``--fresh``: no checkpoint) starts there instead of
+    searching, and a restart of the finished job takes its checkpoint's count."""
+    job = Job(tmp_path, epochs=15, every=1000)  # 60 batches: settled, no re-check yet
+    job.cfg["leader"]["train"]["groups"] = "auto"
+    for role in ("leader", "follower"):
+        job.cfg[role]["checkpoint"]["compile_cache"] = str(tmp_path / f"cache-{role}")
+    lead = job.run_both("_first")["leader"][1]
+    assert lead["status"] == "done" and lead["groups_from"] == "search"
+    assert list(lead["groups_tried"])[0] == "4"  # the tuner's first count, then its search
+    remembered = json.loads((tmp_path / "cache-leader" / "tuned-groups.json").read_text())
+    (n,) = remembered.values()
+    assert n == lead["n_groups"]
+    assert not (tmp_path / "cache-follower" / "tuned-groups.json").exists()  # the leader's
+
+    restart = job.run_both("_restart")["leader"][1]  # its finished checkpoint's count
+    assert restart["resumed"] == "finished" and restart["groups_from"] == "checkpoint"
+    assert restart["n_groups"] == n
+
+    job.args = {"leader": ["--fresh"], "follower": ["--fresh"]}
+    again = job.run_both("_again")["leader"][1]
+    assert again["status"] == "done" and again["groups_from"] == "remembered"
+    assert list(again["groups_tried"])[0] == str(n)  # no search: it starts at n
+    assert again["groups_tried"][str(n)]["batches"] >= 45  # until the first re-check

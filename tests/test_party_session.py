@@ -346,3 +346,16 @@ def test_finished_checkpoint_holds_the_trajectory_and_the_best(tmp_path):
         leaves = jax.tree_util.tree_leaves
         for a, b in zip(leaves(want), leaves(got), strict=True):
             assert np.array_equal(np.asarray(a), b)
+
+
+def test_groups_tried_summarises_the_tuners_path_by_count_in_first_run_order():
+    from tandem.parties.split.process.standalone import groups_tried
+
+    path = [(4, 2.0), (1, 1.0), (1, 3.0), (2, 0.5), (1, 2.0), (2, 0.7)]
+    assert groups_tried(path) == {
+        "4": {"batches": 1, "mean_s": 2.0},
+        "1": {"batches": 3, "mean_s": 2.0},
+        "2": {"batches": 2, "mean_s": 0.6},
+    }
+    assert list(groups_tried(path)) == ["4", "1", "2"]
+    assert groups_tried([]) == {}

@@ -164,6 +164,9 @@ class SplitParty:
             self.config.groups if isinstance(self.config.groups, int) else 0
         )
         self.tuner_path: list[tuple[int, float]] = []
+        #: where ``n_groups`` came from: "search" (the tuner's own, or a fixed count),
+        #: "remembered" or "checkpoint" (`resume_groups`)
+        self.groups_from = "search"
         self.history: list[EpochResult] = []
         self.last_stats: BatchStats | None = None
         self.n_groups = self.tuner_state.n
@@ -568,6 +571,15 @@ class SplitParty:
         from tandem.engine.kernels import owned_copy
 
         return {s: owned_copy(p) for s, p in self.handler.params.items()}
+
+    def resume_groups(self, n: int, source: str) -> None:
+        """Start the next training batch at ``n`` groups with the tuner settled there
+        (`GroupTuner.resume`: no search; its re-checks still probe the neighbours). ``source``
+        says where ``n`` came from (``groups_from``). Only with ``groups = "auto"``."""
+        if self.config.groups != "auto":
+            raise ConfigError(f"{self.name!r}: groups is fixed at {self.config.groups}")
+        self.tuner_state = self.tuner.resume(n)
+        self.n_groups, self.groups_from = n, source
 
     def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int) -> None:
         """Resume from a checkpoint: this party's stage params and optimizer state, and the

@@ -125,6 +125,8 @@ async def resume(cfg: PartySetup, st: RunState, party: SplitParty, session: Sess
     if party.is_leader:
         party.run_id = str(r.extra.get("run_id", party.run_id))
         party.n_groups = int(r.extra.get("n_groups", party.n_groups))
+        if party.config.groups == "auto" and isinstance(r.extra.get("tuned_groups"), int):
+            party.resume_groups(int(r.extra["tuned_groups"]), "checkpoint")
 
 
 async def save(

@@ -45,6 +45,7 @@ from typing import Any
 from tandem.engine.data import epoch_batches
 from tandem.engine.topology import Topology
 from tandem.errors import TandemError, TransportClosedError
+from tandem.parties.compile_cache import compile_cache_folder
 from tandem.parties.memory import peak_rss_bytes
 from tandem.transports.base import MetricsTransport
 
@@ -56,7 +57,7 @@ from ..observe import party_metrics
 from ..party import SplitParty
 from ..reporting import Reporter, validation_for
 from ..spec import TaskSpec
-from . import cut_sum
+from . import cut_sum, tuned
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .graceful import leaf, until, with_grace
 from .party_trace import DEFAULT_BATCHES, BatchTrace
@@ -193,6 +194,7 @@ async def _lead(
         epoch0, batch0 = epoch0 + 1, 0
     cursor = (epoch0, batch0)
     left: list[str] = []
+    tuned_at = await _tuned_start(session, party)
     reporter = Reporter(
         party, cfg.report_config(), validation_for(party, batch_size=int(hyper["eval_batch_size"]))
     )
@@ -235,6 +237,9 @@ async def _lead(
             report = await reporter.finish(restore=finished and not stop.is_set())
     if party.history:
         report["train_loss"] = party.history[-1].loss
+    if tuned_at is not None and party.tuner_state.settled:
+        folder, key = tuned_at
+        await asyncio.to_thread(tuned.remember, folder, key, party.tuner_state.n)
     base = {**_leader_base(session, party), **report}
     if not finished:  # aborted mid-batch: the peers see our goodbye
         return {
@@ -250,6 +255,23 @@ async def _lead(
     return await _lead_done(session, st, party, base)
 
 
+async def _tuned_start(session: Session, party: SplitParty) -> tuple[str, str] | None:
+    """With ``groups = "auto"`` and a compile cache: where the job's count is remembered
+    (folder, `tuned.job_key`); a fresh run starts settled at the count remembered there
+    (`tandem.parties.split.process.tuned`; a resumed one started at its checkpoint's, in
+    `resume`). None with a fixed count or no cache."""
+    cfg = session.config
+    folder = compile_cache_folder(cfg.checkpoint.compile_cache, cfg.checkpoint.dir, cfg.export_dir)
+    if party.config.groups != "auto" or folder is None:
+        return None
+    key = tuned.job_key(session.spec, cfg.peers)
+    if party.groups_from == "search":
+        n = await asyncio.to_thread(tuned.recall, folder, key, party.config.batch_size)
+        if n is not None:
+            party.resume_groups(n, "remembered")
+    return folder, key
+
+
 async def _save_leader(
     st: RunState,
     store: CheckpointStore,
@@ -263,6 +285,8 @@ async def _save_leader(
     """The leader's checkpoint at data ``cursor`` (epoch, batches done in it), with what a
     restart needs beyond the parameters (run id, ``n``, and a finished job's ``report``)."""
     extra: dict[str, Any] = {"run_id": party.run_id, "n_groups": party.n_groups}
+    if party.config.groups == "auto" and party.tuner_state.settled:
+        extra["tuned_groups"] = party.tuner_state.n
     if report is not None:
         extra["report"] = report
     at = {"epoch": cursor[0], "batch": cursor[1]}
@@ -300,7 +324,21 @@ def _leader_base(session: Session, party: SplitParty) -> dict[str, Any]:
         "alignment": _plain(session.spec.alignment),
         "resumed_from": session.step,
         "n_groups": party.n_groups,
+        "groups_from": party.groups_from,
+        "groups_tried": groups_tried(party.tuner_path),
     }
+
+
+def groups_tried(path: list[tuple[int, float]]) -> dict[str, dict[str, float]]:
+    """The tuner's batches by count, in the order the counts first ran: ``{n: {"batches",
+    "mean_s"}}`` (the mean wall seconds of that count's batches, the first after each change
+    and the compiles included); empty with a fixed count."""
+    out: dict[str, dict[str, float]] = {}
+    for n, wall in path:
+        entry = out.setdefault(str(n), {"batches": 0, "mean_s": 0.0})
+        entry["batches"] += 1
+        entry["mean_s"] += (wall - entry["mean_s"]) / entry["batches"]
+    return {n: {"batches": e["batches"], "mean_s": round(e["mean_s"], 5)} for n, e in out.items()}
 
 
 async def _lead_finished(session: Session, st: RunState, party: SplitParty) -> dict[str, Any]:

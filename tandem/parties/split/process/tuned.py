@@ -1,0 +1,86 @@
+"""The leader's remembered micro-batch count: where an earlier run of the same job settled.
+
+With ``[train] groups = "auto"`` the leader's tuner searches the count (trying a few, each a
+new kernel shape) at the start of every run. A repeated run of the same job (a daily
+retrain, a rerun with other data) on the same machines would search again and, for every
+count it tries that the earlier run did not, compile again. So the leader keeps, in its
+compile cache folder (`tandem.parties.compile_cache`; off with it), the count each job last
+settled on, and a later run of the job starts there, settled (`GroupTuner.resume`): it
+loads that count's kernels from the cache and skips the search, and the tuner's re-checks
+still move it if the machine or the link changed.
+
+The job is identified by `job_key`: the agreed task spec without its data (topology,
+stages, edges, hyper-parameters, security; not the datasets, row counts or alignment,
+which change from run to run without changing the kernels or the traffic per batch) and
+the leader's peers' URLs (another link may want another count). A checkpoint's count, when
+a run resumes, wins over the remembered one.
+
+The file (`FILE`) is a cache: a missing, unreadable or malformed file, or an entry that is
+not a count the batch allows, is ignored (and then rewritten), since any count trains the
+same model (docs/design.md, "Exactness"); only the speed of the first batches is at stake.
+It holds at most `KEEP` jobs, the most recently written first, and is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+
+from ..spec import TaskSpec
+
+#: The file's name in the compile cache folder.
+FILE = "tuned-groups.json"
+#: Jobs the file remembers (the oldest written is dropped first).
+KEEP = 64
+
+
+def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
+    """SHA-256 hex of the spec's data-free fields and the peers' URLs (module docstring)."""
+    fields = spec.to_dict()
+    for data_field in ("datasets", "samples", "alignment"):
+        fields.pop(data_field)
+    fields["peers"] = dict(sorted(peers.items()))
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+
+def recall(folder: str | None, key: str, batch: int) -> int | None:
+    """The count remembered for ``key`` in ``folder``, or None (no folder, no file, no entry,
+    or an entry that is not a count in ``[1, batch]``). Blocking file I/O: call it in a
+    thread from async code."""
+    if folder is None:
+        return None
+    n = _read(os.path.join(folder, FILE)).get(key)
+    if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= batch:
+        return n
+    return None
+
+
+def remember(folder: str | None, key: str, n: int) -> None:
+    """Record ``n`` for ``key`` in ``folder`` (nothing without a folder), keeping the `KEEP`
+    most recently written jobs; the file is replaced atomically. Blocking file I/O."""
+    if folder is None:
+        return
+    path = os.path.join(folder, FILE)
+    entries = {k: v for k, v in _read(path).items() if k != key}
+    kept = dict([(key, n), *list(entries.items())[: KEEP - 1]])
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tuned-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(kept, f)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _read(path: str) -> dict[str, object]:
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

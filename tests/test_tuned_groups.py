@@ -1,0 +1,68 @@
+"""`tandem.parties.split.process.tuned`: the leader's remembered micro-batch count per job
+(the end-to-end rerun: tests/test_party_cli.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from spec_helpers import open_security, small_hyper
+
+from tandem.parties.split.process import tuned
+from tandem.parties.split.spec import TaskSpec
+
+
+def _spec(**changes) -> TaskSpec:
+    spec = TaskSpec(
+        topology={"kind": "leader_follower"},
+        datasets={"leader": {"columns": 4}},
+        samples=64,
+        stages={"top": {"kind": "mlp"}},
+        edges=[],
+        hyper=small_hyper(groups="auto"),
+        security=open_security(),
+    )
+    return dataclasses.replace(spec, **changes)
+
+
+PEERS = {"follower": "http://127.0.0.1:9001"}
+
+
+def test_the_job_key_ignores_the_data_and_follows_the_model_the_hyper_and_the_peers():
+    key = tuned.job_key(_spec(), PEERS)
+    other_data = _spec(
+        datasets={"leader": {"columns": 4, "rows": 9}}, samples=640, alignment={"size": 640}
+    )
+    assert tuned.job_key(other_data, PEERS) == key
+    assert tuned.job_key(_spec(hyper=small_hyper(groups="auto", batch_size=16)), PEERS) != key
+    assert tuned.job_key(_spec(stages={"top": {"kind": "mlp", "hidden": [8]}}), PEERS) != key
+    assert tuned.job_key(_spec(), {"follower": "http://10.0.0.2:9001"}) != key
+
+
+def test_remember_then_recall_and_a_bad_file_or_entry_reads_as_nothing(tmp_path):
+    folder = str(tmp_path / "cache")
+    assert tuned.recall(folder, "a", batch=64) is None  # no folder yet
+    assert tuned.recall(None, "a", batch=64) is None
+    tuned.remember(None, "a", 3)  # no cache: nothing to write
+    tuned.remember(folder, "a", 3)
+    tuned.remember(folder, "b", 5)
+    assert tuned.recall(folder, "a", batch=64) == 3 and tuned.recall(folder, "b", 64) == 5
+    assert tuned.recall(folder, "b", batch=4) is None  # not a count this batch allows
+    path = tmp_path / "cache" / tuned.FILE
+    path.write_text(json.dumps({"a": True, "b": 0, "c": "2", "d": 2}))
+    assert [tuned.recall(folder, k, 64) for k in "abcd"] == [None, None, None, 2]
+    path.write_text("{not json")
+    assert tuned.recall(folder, "d", 64) is None
+    tuned.remember(folder, "e", 7)  # a corrupt file is replaced
+    assert json.loads(path.read_text()) == {"e": 7}
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [tuned.FILE]  # no temp left
+
+
+def test_the_file_keeps_the_most_recently_written_jobs(tmp_path):
+    folder = str(tmp_path)
+    for i in range(tuned.KEEP + 5):
+        tuned.remember(folder, f"job{i}", 1 + i % 7)
+    tuned.remember(folder, "job10", 2)  # rewritten: now the newest
+    kept = json.loads((tmp_path / tuned.FILE).read_text())
+    assert len(kept) == tuned.KEEP and list(kept)[0] == "job10" and kept["job10"] == 2
+    assert "job0" not in kept and f"job{tuned.KEEP + 4}" in kept
