@@ -300,9 +300,11 @@ def train_parties(
     secret: str,
     compress: str | None = None,
     tag: str = "",
+    compile_cache: Path | None = None,
 ) -> dict[str, Any]:
     """One ``tandem party`` process per party; their JSON lines, peak RSS, wall seconds and
-    the leader's history."""
+    the leader's history. ``compile_cache``: the folder the parties keep their compiled
+    kernels in (one sub-folder each; None: no cache, every run compiles)."""
     urls = {p: f"http://127.0.0.1:{free_port()}" for p in work.parties}
     extra = {"compress": compress} if compress else None
     paths = ctr.write_configs(
@@ -313,6 +315,7 @@ def train_parties(
         aligned=aligned,
         extra_train=extra,
         extra_data=settings.data_keys(),
+        compile_cache=False if compile_cache is None else str(compile_cache),
     )
     env = child_env(secret)
     runs = {p: party_launch(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
@@ -520,7 +523,26 @@ def breakdown(
 
 
 # -- one size ---------------------------------------------------------------------------------
-def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """A size's workload, generated (cached in ``folder``) and aligned if ``aligned``."""
+
+    work: ctr.Workload
+    folder: Path
+    manifest: dict[str, Any]
+    aligned: bool
+    align_s: float | None
+    secret: str
+
+    def train(self, settings: Settings, **kwargs: Any) -> dict[str, Any]:
+        """`train_parties` on this workload."""
+        return train_parties(
+            self.work, self.folder, settings, aligned=self.aligned, secret=self.secret, **kwargs
+        )
+
+
+def prepare(rows: int, settings: Settings, work_dir: Path) -> Prepared:
+    """Generate the size's workload unless cached, then align it up to ``align_max`` rows."""
     work = ctr.Workload(rows, settings.followers, settings.seed, vocab=settings.vocab)
     vocab = f"v{min(settings.vocab)}-{max(settings.vocab)}"
     folder = work_dir / f"{rows}-k{settings.followers}-s{settings.seed}-{vocab}"
@@ -540,36 +562,42 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         log(f"{rows} rows: tandem align ({len(work.parties)} processes)")
         align_s = align(work, folder, secret, settings.timeout)
         log(f"{rows} rows: aligned in {align_s:.1f} s")
-    log(f"{rows} rows: tandem party x {len(work.parties)} over HTTP")
-    exact = train_parties(work, folder, settings, aligned=aligned, secret=secret)
-    lead = exact["results"][work.parties[0]]
-    last = exact["history"][-1]
+    return Prepared(work, folder, manifest, aligned, align_s, secret)
+
+
+def party_runs(rows: int, prep: Prepared, settings: Settings) -> dict[str, Any]:
+    """The size's ``tandem party`` runs: ``exact`` (the settings, an empty compile cache),
+    with ``groups = "auto"`` up to ``reference_max`` rows ``warm`` (the same run again with
+    the cache the first left: a repeated or resumed run) and ``fixed`` (each ``--fixed``
+    count's last epoch's seconds, no cache), and ``compressed`` with ``--compress``."""
+    parties = len(prep.work.parties)
+    log(f"{rows} rows: tandem party x {parties} over HTTP (an empty compile cache)")
+    cache = prep.folder / "compile-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    exact = prep.train(settings, compile_cache=cache)
+    lead, last = exact["results"][prep.work.parties[0]], exact["history"][-1]
     log(f"{rows} rows: trained, last epoch {last['seconds']:.1f} s, test auc {lead['test_auc']}")
-    fixed_rates: dict[int, float] = {}
+    out: dict[str, Any] = {"exact": exact, "warm": None, "fixed": {}, "compressed": None}
     if settings.groups == "auto" and rows <= settings.reference_max:
+        log(f"{rows} rows: again, with the compile cache the first run left (a repeated run)")
+        out["warm"] = prep.train(settings, tag="_warm", compile_cache=cache)
         for k in settings.fixed:
             log(f"{rows} rows: again with the fixed groups = {k}")
-            run = train_parties(
-                work,
-                folder,
-                dataclasses.replace(settings, groups=k),
-                aligned=aligned,
-                secret=secret,
-                tag=f"_g{k}",
-            )
-            fixed_rates[k] = run["history"][-1]["seconds"]
-    compressed = None
+            run = prep.train(dataclasses.replace(settings, groups=k), tag=f"_g{k}")
+            out["fixed"][k] = run["history"][-1]["seconds"]
     if settings.compress != "none":
         log(f"{rows} rows: again with [train] compress = {settings.compress!r}")
-        compressed = train_parties(
-            work,
-            folder,
-            settings,
-            aligned=aligned,
-            secret=secret,
-            compress=settings.compress,
-            tag="_compressed",
-        )
+        out["compressed"] = prep.train(settings, compress=settings.compress, tag="_compressed")
+    return out
+
+
+def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
+    """One size's entry of the JSON line (module docstring)."""
+    prep = prepare(rows, settings, work_dir)
+    work, folder = prep.work, prep.folder
+    runs = party_runs(rows, prep, settings)
+    exact, warm, compressed = runs["exact"], runs["warm"], runs["compressed"]
+    lead, last = exact["results"][work.parties[0]], exact["history"][-1]
     reference = rows <= settings.reference_max
     log(
         f"{rows} rows: "
@@ -589,7 +617,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     joint, alone = ref["joint"] or {}, ref["leader_only"] or {}
     train_rows = ref["train_rows"]
     rows_per_s = train_rows / last["seconds"]
-    fixed_rates = {k: train_rows / sec for k, sec in fixed_rates.items()}
+    fixed_rates = {k: train_rows / sec for k, sec in runs["fixed"].items()}
     layout = work.columns()
     state_bytes = {
         p: 12 * ref["params_by_stage"][f"bottom_{p}"]
@@ -605,8 +633,8 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "rows": rows,
         "train_rows": train_rows,
-        "aligned_by": "tandem align" if aligned else "id",
-        "align_s": None if align_s is None else round(align_s, 2),
+        "aligned_by": "tandem align" if prep.aligned else "id",
+        "align_s": None if prep.align_s is None else round(prep.align_s, 2),
         "rows_per_s": round(rows_per_s, 1),
         "epoch_s": [round(e["seconds"], 3) for e in exact["history"]],
         "load_s": {p: r.get("load_seconds") for p, r in exact["results"].items()},
@@ -621,7 +649,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "auc_joint": lead.get("test_auc"),
         "auc_centralized": joint.get("auc"),
         "auc_leader_only": alone.get("auc"),
-        "bayes_auc": manifest["bayes_auc"],
+        "bayes_auc": prep.manifest["bayes_auc"],
         "centralized_rows_per_s": round(joint["rows_per_s"], 1) if joint else None,
         "centralized_epoch_s": [round(s, 3) for s in joint.get("epoch_s", [])],
         "vs_centralized": round(rows_per_s / joint["rows_per_s"], 3) if joint else None,
@@ -629,18 +657,52 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "breakdown": kernels,
         **auto_figures([e["seconds"] for e in exact["history"]], train_rows, fixed_rates),
     }
+    if warm is not None:
+        entry["warm"] = warm_keys(warm, work.parties[0], train_rows, fixed_rates)
     if compressed is not None:
-        c_lead = compressed["results"][work.parties[0]]
-        entry["compressed"] = {
-            "compress": settings.compress,
-            "auc": c_lead.get("test_auc"),
-            "rows_per_s": round(train_rows / compressed["history"][-1]["seconds"], 1),
-            "link_bytes": _link_bytes(c_lead),
-        }
-        entry["link_bytes_ratio"] = round(entry["link_bytes"] / max(_link_bytes(c_lead), 1), 3)
-        if c_lead.get("test_auc") is not None and lead.get("test_auc") is not None:
-            entry["compressed"]["auc_delta"] = round(c_lead["test_auc"] - lead["test_auc"], 5)
+        entry.update(compressed_keys(compressed, lead, work.parties[0], train_rows, settings))
     return entry
+
+
+def warm_keys(
+    warm: dict[str, Any], leader: str, train_rows: int, fixed_rates: dict[int, float]
+) -> dict[str, Any]:
+    """The entry's ``warm``: the repeated run's epochs, last-epoch rows/s, count, and its
+    `auto_figures` against the same fixed counts."""
+    epochs = [e["seconds"] for e in warm["history"]]
+    figures = auto_figures(epochs, train_rows, fixed_rates)
+    return {
+        "epoch_s": [round(s, 3) for s in epochs],
+        "rows_per_s": round(train_rows / epochs[-1], 1),
+        "n_groups": warm["results"][leader].get("n_groups"),
+        **{
+            k: figures[k]
+            for k in ("first_epoch_vs_steady", "rows_per_s_all_epochs", "auto_vs_best_fixed")
+        },
+    }
+
+
+def compressed_keys(
+    compressed: dict[str, Any],
+    lead: dict[str, Any],
+    leader: str,
+    train_rows: int,
+    settings: Settings,
+) -> dict[str, Any]:
+    """The entry's ``compressed`` and ``link_bytes_ratio`` keys."""
+    c_lead = compressed["results"][leader]
+    out: dict[str, Any] = {
+        "compress": settings.compress,
+        "auc": c_lead.get("test_auc"),
+        "rows_per_s": round(train_rows / compressed["history"][-1]["seconds"], 1),
+        "link_bytes": _link_bytes(c_lead),
+    }
+    if c_lead.get("test_auc") is not None and lead.get("test_auc") is not None:
+        out["auc_delta"] = round(c_lead["test_auc"] - lead["test_auc"], 5)
+    return {
+        "compressed": out,
+        "link_bytes_ratio": round(_link_bytes(lead) / max(_link_bytes(c_lead), 1), 3),
+    }
 
 
 def auto_figures(
@@ -690,6 +752,8 @@ def summarize(entries: dict[int, dict[str, Any]], settings: Settings) -> dict[st
         "rss_vs_data": max(biggest["rss_vs_data"].values()),
         "auto_vs_best_fixed": ref.get("auto_vs_best_fixed"),
         "first_epoch_vs_steady": ref.get("first_epoch_vs_steady"),
+        "auto_vs_best_fixed_warm": (ref.get("warm") or {}).get("auto_vs_best_fixed"),
+        "first_epoch_vs_steady_warm": (ref.get("warm") or {}).get("first_epoch_vs_steady"),
         "auc_joint": ref["auc_joint"],
         "auc_centralized": ref["auc_centralized"],
         "auc_leader_only": ref["auc_leader_only"],
