@@ -29,7 +29,8 @@ compared, the default one last: samples per n; whether the first search already 
 before averaging. For each, the runs report: the fraction settling more than 2%, 5% and 10%
 behind the best n, the mean of best / settled time, and the batches until settling.
 ``--rechecks K`` reports the n each run holds after ``K`` re-checks instead (`GroupTuner`
-re-probes a settled n's neighbours every ``recheck`` batches), and the batches until then;
+re-probes a settled n's neighbours, ``recheck`` batches after settling and ever more rarely
+while they keep it), and the batches until then;
 ``--no-verify`` lets a re-check move on one comparison (``GroupTuner.verify`` off; a margin in
 the first search never verifies).
 """
@@ -189,7 +190,8 @@ def settle(
     verify: bool = True,
 ) -> tuple[int, int]:
     """(settled n, batches observed) of one seeded run: the n it settles on after the first
-    search and ``rechecks`` re-checks (`GroupTuner.recheck` batches apart)."""
+    search and ``rechecks`` re-checks (`GroupTuner.recheck` batches after settling, then
+    twice as many after each that kept n, up to `GroupTuner.recheck_max`)."""
     rng = np.random.default_rng(seed)
     phi = math.exp(-1.0 / drift_batches)
     # the drift's state, drawn from its stationary law; no draws without drift, so runs
@@ -207,7 +209,8 @@ def settle(
     # ``first_margin`` the first search already needs the margin a re-check needs
     state = dataclasses.replace(tuner.init(start), started=True, settled_once=first_margin)
     settles = 0
-    for _ in range(limit + rechecks * (tuner.recheck + limit)):
+    waits = sum(min(tuner.recheck << i, tuner.recheck_max) for i in range(rechecks))  # rule 5
+    for _ in range(limit + rechecks * limit + waits):
         if drift:
             x = phi * x + drift * math.sqrt(1 - phi * phi) * rng.standard_normal()
         was = state.settled
