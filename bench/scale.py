@@ -45,7 +45,8 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
 <= 2), ``auc_joint``, ``auc_leader_only`` and ``auc_vs_centralized`` (|joint - centralized|;
 target <= 0.002) at the reference size (1M when run, else the largest), ``link_bytes_ratio``
 there with ``--compress``; ``auto_vs_best_fixed`` (target >= 0.95) and
-``first_epoch_vs_steady`` (target <= 1.3) at the reference size; ``params``; ``loadavg``
+``first_epoch_vs_steady`` (target <= 1.3) at the reference size, and the same of the repeated
+run, ``auto_vs_best_fixed_warm`` and ``first_epoch_vs_steady_warm``; ``params``; ``loadavg``
 (``os.getloadavg()`` at the end); ``cpus``. A size not run gives null for the keys that need it.
 
 **The automatic count** (``--groups auto``, the default): up to ``--reference-max`` rows each
@@ -53,7 +54,14 @@ there with ``--compress``; ``auto_vs_best_fixed`` (target >= 0.95) and
 gets ``fixed_rows_per_s`` (each count's last epoch), ``best_fixed``, ``rows_per_s_all_epochs``
 (the automatic run's rows over every epoch, the first with its compilations and the tuner's
 search included), ``auto_vs_best_fixed`` = that ÷ the best fixed count's rows/s, and
-``first_epoch_vs_steady`` = the first epoch's seconds ÷ the last's.
+``first_epoch_vs_steady`` = the first epoch's seconds ÷ the last's. The automatic run starts
+on an empty compile cache (``[checkpoint] compile_cache`` in the size's folder), as a job's
+first run on a machine does; up to ``--reference-max`` rows it then runs again on the cache it
+left, as any later run of the job does (the kernels load from the cache, and the leader starts
+at the count the first run settled on, `tandem.parties.split.process.tuned`): the entry's
+``warm`` gives that run's ``epoch_s``, ``rows_per_s``, ``n_groups``,
+``rows_per_s_all_epochs``, ``first_epoch_vs_steady`` and ``auto_vs_best_fixed``. The fixed
+counts run without a cache.
 """
 
 from __future__ import annotations
