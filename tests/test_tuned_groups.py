@@ -28,7 +28,7 @@ def _spec(**changes) -> TaskSpec:
 PEERS = {"follower": "http://127.0.0.1:9001"}
 
 
-def test_the_job_key_ignores_the_data_and_follows_the_model_the_hyper_and_the_peers():
+def test_the_job_key_ignores_the_data_and_ports_and_follows_the_model_hyper_and_hosts():
     key = tuned.job_key(_spec(), PEERS)
     other_data = _spec(
         datasets={"leader": {"columns": 4, "rows": 9}}, samples=640, alignment={"size": 640}
@@ -37,6 +37,7 @@ def test_the_job_key_ignores_the_data_and_follows_the_model_the_hyper_and_the_pe
     assert tuned.job_key(_spec(hyper=small_hyper(groups="auto", batch_size=16)), PEERS) != key
     assert tuned.job_key(_spec(stages={"top": {"kind": "mlp", "hidden": [8]}}), PEERS) != key
     assert tuned.job_key(_spec(), {"follower": "http://10.0.0.2:9001"}) != key
+    assert tuned.job_key(_spec(), {"follower": "http://127.0.0.1:9002/"}) == key  # a new port
 
 
 def test_remember_then_recall_and_a_bad_file_or_entry_reads_as_nothing(tmp_path):

@@ -12,7 +12,8 @@ still move it if the machine or the link changed.
 The job is identified by `job_key`: the agreed task spec without its data (topology,
 stages, edges, hyper-parameters, security; not the datasets, row counts or alignment,
 which change from run to run without changing the kernels or the traffic per batch) and
-the leader's peers' URLs (another link may want another count). A checkpoint's count, when
+the leader's peers' hosts (another link may want another count; not their ports, which a
+rerun may pick anew). A checkpoint's count, when
 a run resumes, wins over the remembered one.
 
 The file (`FILE`) is a cache: a missing, unreadable or malformed file, or an entry that is
@@ -28,6 +29,7 @@ import json
 import os
 import tempfile
 from collections.abc import Mapping
+from urllib.parse import urlsplit
 
 from ..spec import TaskSpec
 
@@ -38,11 +40,12 @@ KEEP = 64
 
 
 def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
-    """SHA-256 hex of the spec's data-free fields and the peers' URLs (module docstring)."""
+    """SHA-256 hex of the spec's data-free fields and the peers' names and hosts (module
+    docstring); ``peers`` maps each peer's name to its URL."""
     fields = spec.to_dict()
     for data_field in ("datasets", "samples", "alignment"):
         fields.pop(data_field)
-    fields["peers"] = dict(sorted(peers.items()))
+    fields["peers"] = {name: urlsplit(url).hostname for name, url in sorted(peers.items())}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
