@@ -7,7 +7,6 @@ import dataclasses
 import json
 
 from spec_helpers import open_security, small_hyper
-
 from tandem.parties.split.process import tuned
 from tandem.parties.split.spec import TaskSpec
 
@@ -44,8 +43,8 @@ def test_remember_then_recall_and_a_bad_file_or_entry_reads_as_nothing(tmp_path)
     folder = str(tmp_path / "cache")
     assert tuned.recall(folder, "a", batch=64) is None  # no folder yet
     assert tuned.recall(None, "a", batch=64) is None
-    tuned.remember(None, "a", 3)  # no cache: nothing to write
-    tuned.remember(folder, "a", 3)
+    assert not tuned.remember(None, "a", 3)  # no cache: nothing to write
+    assert tuned.remember(folder, "a", 3)
     tuned.remember(folder, "b", 5)
     assert tuned.recall(folder, "a", batch=64) == 3 and tuned.recall(folder, "b", 64) == 5
     assert tuned.recall(folder, "b", batch=4) is None  # not a count this batch allows
@@ -67,3 +66,10 @@ def test_the_file_keeps_the_most_recently_written_jobs(tmp_path):
     kept = json.loads((tmp_path / tuned.FILE).read_text())
     assert len(kept) == tuned.KEEP and list(kept)[0] == "job10" and kept["job10"] == 2
     assert "job0" not in kept and f"job{tuned.KEEP + 4}" in kept
+
+
+def test_a_folder_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    assert not tuned.remember(str(blocker / "cache"), "a", 3)
+    assert "could not remember the tuned micro-batch count" in caplog.text

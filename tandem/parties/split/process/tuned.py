@@ -13,19 +13,21 @@ The job is identified by `job_key`: the agreed task spec without its data (topol
 stages, edges, hyper-parameters, security; not the datasets, row counts or alignment,
 which change from run to run without changing the kernels or the traffic per batch) and
 the leader's peers' hosts (another link may want another count; not their ports, which a
-rerun may pick anew). A checkpoint's count, when
-a run resumes, wins over the remembered one.
+rerun may pick anew). A checkpoint's count, when a run resumes, wins over the remembered one.
 
 The file (`FILE`) is a cache: a missing, unreadable or malformed file, or an entry that is
 not a count the batch allows, is ignored (and then rewritten), since any count trains the
 same model (docs/design.md, "Exactness"); only the speed of the first batches is at stake.
-It holds at most `KEEP` jobs, the most recently written first, and is replaced atomically.
+For the same reason a file that cannot be written (a read-only folder, a full disk) is
+logged as a warning and the run goes on. It holds at most `KEEP` jobs, the most recently
+written first, and is replaced atomically.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Mapping
@@ -37,6 +39,8 @@ from ..spec import TaskSpec
 FILE = "tuned-groups.json"
 #: Jobs the file remembers (the oldest written is dropped first).
 KEEP = 64
+
+log = logging.getLogger(__name__)
 
 
 def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
@@ -61,23 +65,30 @@ def recall(folder: str | None, key: str, batch: int) -> int | None:
     return None
 
 
-def remember(folder: str | None, key: str, n: int) -> None:
+def remember(folder: str | None, key: str, n: int) -> bool:
     """Record ``n`` for ``key`` in ``folder`` (nothing without a folder), keeping the `KEEP`
-    most recently written jobs; the file is replaced atomically. Blocking file I/O."""
+    most recently written jobs; the file is replaced atomically. False (and a warning
+    logged) when it cannot be written. Blocking file I/O."""
     if folder is None:
-        return
+        return False
     path = os.path.join(folder, FILE)
     entries = {k: v for k, v in _read(path).items() if k != key}
     kept = dict([(key, n), *list(entries.items())[: KEEP - 1]])
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tuned-", suffix=".json")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tuned-", suffix=".json")
+    except OSError as exc:
+        log.warning("could not remember the tuned micro-batch count in %s: %s", folder, exc)
+        return False
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(kept, f)
         os.replace(tmp, path)
-    except BaseException:
+    except OSError as exc:
         os.unlink(tmp)
-        raise
+        log.warning("could not remember the tuned micro-batch count in %s: %s", path, exc)
+        return False
+    return True
 
 
 def _read(path: str) -> dict[str, object]:
