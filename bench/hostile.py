@@ -90,7 +90,7 @@ import numpy as np
 import orjson
 
 from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
-from .ports import free_port
+from tandem.transports.ports import free_port
 
 MiB = 1 << 20
 SECRET = b"s3cret"
