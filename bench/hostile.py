@@ -89,8 +89,9 @@ import aiohttp
 import numpy as np
 import orjson
 
-from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
 from tandem.transports.ports import free_port
+
+from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
 
 MiB = 1 << 20
 SECRET = b"s3cret"
