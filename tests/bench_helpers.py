@@ -25,3 +25,15 @@ def run_bench(module: str, *args: str, timeout: float = 300) -> tuple[dict[str, 
     lines = [line for line in done.stdout.decode().splitlines() if line.strip()]
     assert lines, done.stderr.decode()[-3000:]
     return json.loads(lines[-1]), lines
+
+
+def hostile_attack(name: str, seconds: float = 110) -> dict[str, Any]:
+    """What ``python -m bench.hostile --attacks NAME`` reports of one attack of
+    `bench.hostile_roles` (a job of its own, no reference run): the attack's figures, and
+    ``done`` (the job ran to its end without raising)."""
+    out, _ = run_bench(
+        "hostile", "--json", "--attacks", name, "--seconds", str(seconds), timeout=seconds + 60
+    )
+    detail = out["per_attack"][name]
+    assert detail["done"], detail
+    return detail
