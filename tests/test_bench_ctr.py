@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from bench_helpers import run_bench
+from run_helpers import run_bench
 
 pq = pytest.importorskip("pyarrow.parquet")
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bench_helpers import run_bench
+from run_helpers import run_bench
 
 
 @pytest.mark.slow

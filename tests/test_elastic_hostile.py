@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench_helpers import hostile_attack
+from run_helpers import hostile_attack
 from tandem.parties.elastic.audit import ReportAudit
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership

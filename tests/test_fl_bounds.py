@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench_helpers import hostile_attack
+from run_helpers import hostile_attack
 
 HONEST = [["c0", "c1", "c2"]] * 3
 

@@ -150,7 +150,7 @@ def test_cli_simulate_prints_one_result_line():
 def test_bench_fl_sim_one_setting():
     """One setting of ``bench.fl_sim`` (its ``--one`` child) at its ``--quick`` size: 10
     clients, all 10 each round."""
-    from bench_helpers import run_bench
+    from run_helpers import run_bench
 
     r, _ = run_bench(
         "fl_sim", "--one", "flower_100", "--quick", "--rounds", "2", "--warmup", "1", "--seed", "0"

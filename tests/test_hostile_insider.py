@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench_helpers import run_bench
+from run_helpers import run_bench
 
 ATTACKS = ("stalled_partial", "forged_control", "metrics_stranger")
 

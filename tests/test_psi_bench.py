@@ -3,7 +3,7 @@ target is the benchmark's business, not a test's)."""
 
 import pytest
 
-from bench_helpers import run_bench
+from run_helpers import run_bench
 
 
 @pytest.mark.slow
