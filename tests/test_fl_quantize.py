@@ -148,7 +148,7 @@ def test_four_bit_uplink_tracks_dense_round_by_round_on_the_user_like_task():
     gaps = [a - b for a, b in out["compressed_curve"].values()]
     # 6 test rows of 1,200 (accuracies are multiples of 1/12 %, reported to 2 decimals)
     assert len(gaps) == 6 and max(gaps) <= 0.5 + 0.01, gaps
-    assert out["compressed_uplink_ratio"] > 7
+    assert out["compressed_uplink_ratio"] >= 7.01  # rounded to 2 decimals: above 7 unrounded
 
 
 def test_the_server_bounds_a_quantized_update_by_its_payload_size():
