@@ -16,7 +16,8 @@ Reported per ratio (``ratios``, keyed by the ratio as a string):
 * ``efficiency``: the median over ``repeats`` timed runs of bound / time, where the bound is
   `bench.pipeline`'s (each party's compute-lane busy seconds, each direction's bytes /
   bandwidth, from the run's own `Trace`);
-* ``batch_ms`` and its parts, medians over every timed batch, read from the trace. A batch
+* ``batch_ms`` and its parts, medians over every timed batch, read from the trace
+  (`tandem.engine.batch_time.batch_parts`, A the bottom party, B the top). A batch
   starts when the previous one's update on A ended (the first event, for a run's first batch)
   and ends when its own update on A ends. Exactly
   ``batch_ms = fill_ms + grad_start_ms + grad_link_ms + grad_gaps_ms + drain_ms`` per batch:
@@ -45,14 +46,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from tandem.engine.batch_time import PARTS, batch_parts
 from tandem.engine.lanes import ThreadLane
-from tandem.engine.trace import Trace, TraceEvent, plot_gantt
+from tandem.engine.trace import Trace, plot_gantt
 from tandem.errors import ConfigError
 from tandem.parties.cli.affinity import colocate_python_threads
 
 from .pipeline import A, B, BenchConfig, Workload, _bound, _run
-
-PARTS = ("fill_ms", "grad_start_ms", "grad_link_ms", "grad_gaps_ms", "drain_ms")
 
 
 @dataclasses.dataclass
@@ -85,44 +85,24 @@ class BalanceConfig:
             raise ConfigError(f"ratios must be positive link/compute ratios, got {self.ratios}")
 
 
+#: ``--quick``: a tiny model, two ratios, seconds in all (the smoke test's size)
+QUICK = dict(
+    batch_size=32,
+    batches=2,
+    repeats=2,
+    n_groups=4,
+    chunks=2,
+    ratios=(1.0, 2.0),
+    calibration=1,
+    d_in=8,
+    hidden=(16,),
+    cut=8,
+    top_hidden=(4,),
+)
+
+
 def _log(msg: str) -> None:
     print(f"[bench.balance] {msg}", file=sys.stderr, flush=True)
-
-
-def _lane(events: list[TraceEvent], party: str, lane: str) -> list[TraceEvent]:
-    return sorted((e for e in events if e.party == party and e.lane == lane), key=lambda e: e.start)
-
-
-def batch_parts(trace: Trace) -> list[dict[str, float]]:
-    """The parts of each batch of a traced run on the two-party workload (module docstring), in
-    milliseconds. Raises `ValueError` for a trace with no update on A or a batch that sent
-    nothing."""
-    updates = [e for e in _lane(trace.events, A, "compute") if e.name.startswith("U")]
-    if not updates:
-        raise ValueError("the trace holds no update on A: was it a training run?")
-    start = min(e.start for e in trace.events)
-    out = []
-    for update in updates:
-        end = update.end
-        inside = [e for e in trace.events if e.start >= start and e.end <= end]
-        acts, grads = _lane(inside, A, f"send->{B}"), _lane(inside, B, f"send->{A}")
-        if not acts or not grads:
-            raise ValueError(
-                f"a batch ending at {end - start:.4f} s sent no activations or no gradients"
-            )
-        busy = sum(e.end - e.start for e in grads)
-        span = max(e.end for e in grads) - grads[0].start
-        parts = {
-            "fill_ms": acts[0].start - start,
-            "grad_start_ms": grads[0].start - acts[0].start,
-            "grad_link_ms": busy,
-            "grad_gaps_ms": span - busy,
-            "drain_ms": end - max(e.end for e in grads),
-            "batch_ms": end - start,
-        }
-        out.append({k: v * 1e3 for k, v in parts.items()})
-        start = end
-    return out
 
 
 async def measure_balance(
@@ -173,7 +153,7 @@ async def measure_balance(
                     wl.set(policy="priority", trace=tr)
                     wall = await wl.run_fixed(lane, n, idx)
                     effs.append(_bound(tr, bandwidth)[0] / wall)
-                    parts += batch_parts(tr)
+                    parts += batch_parts(tr, A, B)
                     if ratio == drawn and gantt is None:
                         gantt = tr
                 row = {
@@ -208,27 +188,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--plot", metavar="PATH", help="write a Gantt PNG of a run at the ratio nearest 1"
     )
-    ap.add_argument("--n-groups", type=int, default=BalanceConfig.n_groups)
-    ap.add_argument("--chunks", type=int, default=BalanceConfig.chunks)
-    ap.add_argument("--batch-size", type=int, default=BalanceConfig.batch_size)
-    ap.add_argument("--repeats", type=int, default=BalanceConfig.repeats)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test): `QUICK`")
+    ap.add_argument("--n-groups", type=int, help=f"groups per batch ({BalanceConfig.n_groups})")
+    ap.add_argument("--chunks", type=int, help=f"messages per group ({BalanceConfig.chunks})")
+    ap.add_argument("--batch-size", type=int, help=f"rows ({BalanceConfig.batch_size})")
+    ap.add_argument("--repeats", type=int, help=f"runs per ratio ({BalanceConfig.repeats})")
     ap.add_argument(
         "--ratios",
-        default=",".join(f"{r:g}" for r in BalanceConfig.ratios),
-        help="link time / A's compute time per batch, comma-separated",
+        help="link time / A's compute time per batch, comma-separated ("
+        + ",".join(f"{r:g}" for r in BalanceConfig.ratios)
+        + ")",
     )
     args = ap.parse_args(argv)
-    try:
-        ratios = tuple(float(r) for r in args.ratios.split(","))
-    except ValueError:
-        ap.error(f"--ratios takes comma-separated numbers such as 0.8,1,1.25; got {args.ratios!r}")
-    cfg = BalanceConfig(
-        n_groups=args.n_groups,
-        chunks=args.chunks,
-        batch_size=args.batch_size,
-        repeats=args.repeats,
-        ratios=ratios,
-    )
+    given: dict = {
+        k: v
+        for k in ("n_groups", "chunks", "batch_size", "repeats")
+        if (v := getattr(args, k)) is not None
+    }
+    if args.ratios is not None:
+        try:
+            given["ratios"] = tuple(float(r) for r in args.ratios.split(","))
+        except ValueError:
+            ap.error(
+                f"--ratios takes comma-separated numbers such as 0.8,1,1.25; got {args.ratios!r}"
+            )
+    cfg = BalanceConfig(**{**(QUICK if args.quick else {}), **given})
     colocate_python_threads()  # as `tandem` and bench.pipeline do
     result = _run(measure_balance(cfg, plot=args.plot))
     if args.json:

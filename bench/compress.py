@@ -1,6 +1,7 @@
 """Cut-layer compression curve: bytes at the cut against final loss and AUC, per compressor.
 
-``python -m bench.compress --json`` prints ONE JSON line (progress on stderr). A leader and a
+``python -m bench.compress --json [--runs none bfloat16 int8 topk:0.25 ...]`` prints ONE JSON line
+(progress on stderr). A leader and a
 follower train in one process over the memory transport (no link shaping: this measures what
 compression does to the model and to the bytes, not to time; ``bench.wan --compress`` measures
 time), once exactly and once per compressor, with the same seed, data, batches and epochs.
@@ -166,6 +167,15 @@ async def curve(
     }
 
 
+def parse_run(text: str) -> tuple[str, float]:
+    """``KIND`` or ``topk:FRACTION`` -> (compress, compress_topk) of one run of `curve`."""
+    kind, _, fraction = text.partition(":")
+    try:
+        return kind, float(fraction) if fraction else 0.1
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: write KIND or topk:FRACTION") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.compress", description=__doc__)
     p.add_argument("--json", action="store_true", help="print one JSON line on stdout")
@@ -175,9 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--cut", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        type=parse_run,
+        default=DEFAULT_RUNS,
+        metavar="RUN",
+        help="the runs, exact ('none') first: KIND or topk:FRACTION (default: the whole curve)",
+    )
     args = p.parse_args(argv)
     result = asyncio.run(
         curve(
+            tuple(args.runs),
             rows=args.rows,
             features=args.features,
             epochs=args.epochs,

@@ -1,7 +1,8 @@
 """A click-through-style workload for split learning: Parquet tables split by columns, and the
 parties' TOML files.
 
-``python -m bench.ctr --rows 1000000 --out DIR [--followers 1] [--seed 0]`` writes into DIR:
+``python -m bench.ctr --rows 1000000 --out DIR [--followers 1] [--seed 0] [--vocab 1000 100000]``
+writes into DIR:
 
 * ``leader.parquet``: ``id`` (text ``c00000000``...), ``label`` (0/1), dense ``I1``..``I13``
   (float32) and categorical ``C1``..``C13`` (int64 category values);
@@ -390,10 +391,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--row-group", type=int, default=ROW_GROUP, help="rows per Parquet row group")
     ap.add_argument(
+        "--vocab",
+        type=int,
+        nargs=2,
+        default=(1_000, 100_000),
+        metavar=("SMALL", "LARGE"),
+        help="the smallest and largest vocabulary (the 26 sizes are spaced geometrically)",
+    )
+    ap.add_argument(
         "--base-port", type=int, default=8801, help="the leader's port; +1 per follower"
     )
     args = ap.parse_args(argv)
-    work = Workload(args.rows, args.followers, args.seed, row_group=args.row_group)
+    vocab = tuple(vocab_sizes(*args.vocab))
+    work = Workload(args.rows, args.followers, args.seed, vocab=vocab, row_group=args.row_group)
     out = Path(args.out)
     manifest = generate(work, out)
     urls = {p: f"http://127.0.0.1:{args.base_port + i}" for i, p in enumerate(work.parties)}

@@ -27,8 +27,7 @@ from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
 from tandem.parties.elastic.data_server import DataServer
 from tandem.parties.elastic.spec import ModelSpec, Shard
 from tandem.transports.http import HttpConfig, HttpTransport
-
-from .ports import free_port
+from tandem.transports.ports import free_port
 
 SECRET = b"bench-elastic"
 GATED = (

@@ -43,85 +43,15 @@ from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from tandem.parties.elastic.spec import ModelSpec, make_dataset, save_shard  # noqa: E402
+from tandem.parties.elastic.ray.sample import (  # noqa: E402
+    INTERVAL,
+    SPEC,
+    all_ids,
+    reference_loss,
+    write_job,
+)
 
-SPEC = ModelSpec(sizes=(8, 16, 3), optimizer="adam", lr=0.02, batch_size=16, seed=0)
-ROWS = 256
-EPOCHS = 4
-INTERVAL = 0.3
 SECRET_ENV = "TANDEM_BENCH_RAY_SECRET"
-
-
-def write_job(
-    folder: Path,
-    *,
-    secret_env: str = SECRET_ENV,
-    slot: bool = True,
-    rows: int = ROWS,
-    epochs: int = EPOCHS,
-    max_workers: int = 3,
-    reserve_cpus: float = 0.0,
-) -> Path:
-    """Write two shards, the model description and ``job.toml`` into ``folder``; return the
-    job's path. ``slot``: each worker claims one ``slot`` resource (and no CPU), so the nodes
-    holding slots decide where workers go; ``reserve_cpus``: `[ray] reserve_cpus`."""
-    folder = Path(folder)
-    (folder / "data").mkdir(parents=True, exist_ok=True)
-    (folder / "data" / "model.json").write_text(json.dumps(SPEC.to_dict()))
-    for i, shard in enumerate(make_dataset(2, rows, SPEC, seed=1)):
-        save_shard(shard, str(folder / "data" / f"shard{i}.npz"))
-    worker = "worker_cpus = 0.0\nworker_resources = { slot = 1.0 }" if slot else "worker_cpus = 1.0"
-    servers = "\n".join(
-        f'[data_servers.ds{i}]\nmodel = "{folder}/data/model.json"\n'
-        f'shard = "{folder}/data/shard{i}.npz"\ncoordinator_wait = 120.0\n'
-        for i in range(2)
-    )
-    text = f"""# tandem elastic launch --config job.toml --ray auto
-[ray]
-min_workers = 1
-max_workers = {max_workers}
-{worker}
-data_server_cpus = 0.5
-data_server_resources = {{ data = 1.0 }}
-coordinator_cpus = 0.5
-reserve_cpus = {reserve_cpus}
-poll = 0.2
-storage = "file://{folder}/storage"
-
-[security]
-secret_env = "{secret_env}"
-
-[coordinator]
-interval = {INTERVAL}
-epochs = {epochs}
-on_change = "rollback"
-recover_timeout = 120.0
-
-[worker]
-heartbeat = 0.1
-join_timeout = 120.0
-
-{servers}"""
-    path = folder / "job.toml"
-    path.write_text(text)
-    return path
-
-
-def all_ids(folder: Path, rows: int = ROWS) -> list[int]:
-    """Every batch id of one epoch of `write_job`'s shards (data server i's batch b: i<<20 | b)."""
-    per = rows // SPEC.batch_size
-    return sorted(i * (1 << 20) + b for i in range(2) for b in range(per))
-
-
-def reference_loss(folder: Path, rows: int = ROWS, epochs: int = EPOCHS) -> float:
-    """The final loss of the same job undisturbed, in one process (`LocalCluster`)."""
-    from tandem.parties.elastic.local import LocalCluster
-
-    cluster = LocalCluster(
-        SPEC, make_dataset(2, rows, SPEC, seed=1), interval=INTERVAL, epochs=epochs, workers=2
-    )
-    summary = asyncio.run(cluster.run())
-    return float(summary["history"][-1]["loss"])
 
 
 def _say(msg: str) -> None:
@@ -173,7 +103,9 @@ async def _watch(run: Any, seen: dict[str, Any]) -> None:
 def _throughput(folder: Path, workers: int, rows: int, epochs: int) -> float:
     from tandem.parties.elastic.ray import RayLaunch, read_job
 
-    job = read_job(str(write_job(folder, rows=rows, epochs=epochs, max_workers=workers)))
+    job = read_job(
+        str(write_job(folder, secret_env=SECRET_ENV, rows=rows, epochs=epochs, max_workers=workers))
+    )
     seen: dict[str, Any] = {"events": []}
     with _Cluster() as cl:
         for _ in range(2):
@@ -240,7 +172,7 @@ def _breakdown(run: Any, seen: dict[str, Any]) -> dict[str, float] | None:
 def _disturbed(folder: Path, epochs: int) -> dict[str, Any]:
     from tandem.parties.elastic.ray import RayLaunch, read_job
 
-    job = read_job(str(write_job(folder, epochs=1000, max_workers=2)))
+    job = read_job(str(write_job(folder, secret_env=SECRET_ENV, epochs=1000, max_workers=2)))
     seen: dict[str, Any] = {"events": [], "epochs": epochs}
     with _Cluster() as cl:
         first = cl.add(2)

@@ -4,14 +4,9 @@
     python -m bench.fl_compressed --plot docs/img/fl_compressed_curve.png
     python -m bench.fl_compressed --json --uplink-bits 4 --lossless   # quantized uplink
 
-**Task** (`make_task`, seeded, synthetic): six clients ("branches"), each a table of 20 numeric
-columns and one string categorical column (``segment``, 8 values); the label (binary) depends
-non-linearly on both (products and squares of numeric columns, a categorical offset and a
-categorical-times-numeric interaction), plus label noise. Non-IID two ways: each client's
-numeric means are shifted by its own draw (covariate shift, which also skews its labels), and
-its categorical mix is a Dirichlet(``alpha``) draw. The held-out test set mixes every client's
-distribution. The categorical column is one-hot encoded over the global vocabulary (what the
-federated preprocessing gives every client), so the model sees 28 inputs.
+**Task**: `tandem.parties.fl.synthetic.make_task` (seeded, synthetic): six non-IID clients
+("branches"), each a table of 20 numeric columns and one string categorical column, one-hot
+encoded into 28 inputs; a held-out test set mixing every client's distribution.
 
 **Runs** (`tandem.parties.fl.federation.run_memory_federation`, memory transport, byte counters
 of the server's transport): every client each round, local SGD, the server FedAdam
@@ -24,8 +19,10 @@ the compressed run's frames), same seeds and rounds. Default model: MLP
 Keys: ``compressed_acc_gap`` (dense minus compressed final accuracy, points; target <= 0.5),
 ``compressed_early_deficit`` (the largest dense-minus-compressed gap over the rounds, points;
 target <= 0.5: no early round below dense's), ``compressed_uplink_ratio`` and
-``compressed_downlink_ratio`` (dense bytes / compressed bytes over the run), and
-``compressed_curve``: round -> [dense, compressed] accuracy (%).
+``compressed_downlink_ratio`` (dense bytes / compressed bytes over the run),
+``compressed_curve``: round -> [dense, compressed] accuracy (%), and ``compressed_up_bytes``:
+round -> [dense, compressed] uplink bytes. ``--warmup-rounds 0 --ramp-rounds 0``: compressed
+from round one (no warm-up, as the TOML's 0 and 0).
 """
 
 from __future__ import annotations
@@ -44,88 +41,15 @@ from tandem.parties.fl import presets
 from tandem.parties.fl.data import FederatedData
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.server import FLConfig
+from tandem.parties.fl.synthetic import make_task
 from tandem.parties.fl.train import LocalTrainer
 from tandem.parties.fl.warmup import Warmup
 
-NUMERIC = 20
-SEGMENTS = tuple(f"seg_{c}" for c in "abcdefgh")
 HIDDEN_1M = [1024, 1000]
 
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class Table:
-    """Rows of the user-like table: ``numeric`` (n, 20) float32, ``segment`` (n,) strings,
-    ``label`` (n,) int32."""
-
-    numeric: np.ndarray
-    segment: np.ndarray
-    label: np.ndarray
-
-    def features(self) -> np.ndarray:
-        """float32 ``[numeric | one-hot(segment)]`` over the global vocabulary `SEGMENTS`."""
-        codes = np.searchsorted(np.asarray(SEGMENTS), self.segment)
-        onehot = np.eye(len(SEGMENTS), dtype=np.float32)[codes]
-        return np.concatenate([self.numeric, onehot], axis=1)
-
-
-def _label(numeric: np.ndarray, codes: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The shared concept: a fixed non-linear score of both column kinds, thresholded."""
-    w = np.random.default_rng(12345).normal(size=NUMERIC) / np.sqrt(NUMERIC)
-    offset = np.linspace(-1.0, 1.0, len(SEGMENTS))
-    slope = np.cos(np.arange(len(SEGMENTS)))
-    x = numeric
-    score = (
-        x @ w
-        + 0.8 * x[:, 0] * x[:, 1]
-        - 0.5 * (x[:, 2] ** 2 - 1.0)
-        + np.tanh(2.0 * x[:, 3])
-        + offset[codes]
-        + slope[codes] * x[:, 4]
-    )
-    score += rng.normal(scale=0.45, size=score.shape)
-    return (score > 0.3).astype(np.int32)
-
-
-def make_client_table(
-    rows: int, client: int, *, alpha: float, shift: float, seed: int, draw: int = 0
-) -> Table:
-    """Client ``client``'s rows: its own numeric mean shift and categorical mix (drawn from
-    ``seed`` and the client's index, so a client's distribution is fixed by the seed); the
-    rows themselves from ``draw`` too (0: training rows, 1: test rows)."""
-    dist = np.random.default_rng([seed, client, 0])
-    mean = dist.normal(scale=shift, size=NUMERIC)
-    mix = dist.dirichlet(np.full(len(SEGMENTS), alpha))
-    rng = np.random.default_rng([seed, client, 1 + draw])
-    numeric = (rng.normal(size=(rows, NUMERIC)) + mean).astype(np.float32)
-    codes = rng.choice(len(SEGMENTS), size=rows, p=mix)
-    return Table(numeric, np.asarray(SEGMENTS)[codes], _label(numeric, codes, rng))
-
-
-def make_task(
-    *,
-    clients: int = 6,
-    rows: int = 4000,
-    test_rows: int = 3000,
-    alpha: float = 0.5,
-    shift: float = 0.6,
-    seed: int = 0,
-) -> FederatedData:
-    """The user-like task: ``clients`` tables of ``rows`` rows (see the module) and a test set
-    of ``test_rows`` rows drawn evenly from every client's distribution."""
-    kw = dict(alpha=alpha, shift=shift, seed=seed)
-    parts = []
-    for c in range(clients):
-        t = make_client_table(rows, c, **kw)
-        parts.append((t.features(), t.label))
-    per = max(1, test_rows // clients)
-    tests = [make_client_table(per, c, draw=1, **kw) for c in range(clients)]
-    x_test = np.concatenate([t.features() for t in tests])
-    y_test = np.concatenate([t.label for t in tests])
-    return FederatedData(tuple(parts), x_test, y_test, num_classes=2)
 
 
 def _trainer(data: FederatedData, hidden: list[int], seed: int) -> LocalTrainer:
@@ -169,12 +93,14 @@ def run(
     """Both federations on ``data``; returns the bench keys (see the module)."""
     trainer = _trainer(data, hidden, seed)
     curves: dict[str, list[float]] = {}
+    up_rounds: dict[str, list[int]] = {}
     up: dict[str, int] = {}
     down: dict[str, int] = {}
     for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits, lossless).items():
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
         curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
+        up_rounds[name] = [r.up_bytes for r in server.reports]
         up[name], down[name] = server.bytes_up(), server.bytes_down()
         log(f"{name} ({trainer.dim} params, {time.perf_counter() - t0:.1f} s): {curves[name]}")
     dense, comp = curves["dense"], curves["compressed"]
@@ -193,6 +119,12 @@ def run(
         "compressed_downlink_ratio": round(down["dense"] / down["compressed"], 2),
         "compressed_curve": {
             str(r): [a, b] for r, (a, b) in enumerate(zip(dense, comp, strict=True))
+        },
+        "compressed_up_bytes": {
+            str(r): [a, b]
+            for r, (a, b) in enumerate(
+                zip(up_rounds["dense"], up_rounds["compressed"], strict=True)
+            )
         },
     }
 
@@ -243,8 +175,10 @@ def plot(path: str, out: dict) -> None:
 
 def compressed_gap(args: argparse.Namespace) -> dict:
     """The bench keys for ``args`` (also `bench.fl_private`'s ``compressed`` metric)."""
-    data = make_task(rows=args.rows, seed=args.seed)
+    data = make_task(rows=args.rows, test_rows=args.test_rows, seed=args.seed)
     warmup = Warmup(args.warmup_rounds, args.ramp_rounds)
+    if not (args.warmup_rounds or args.ramp_rounds):  # as the TOML's 0 and 0: no warm-up
+        warmup = None
     bits, lossless = getattr(args, "uplink_bits", 0), getattr(args, "lossless", False)
     out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits, lossless)
     if getattr(args, "baseline", False):  # the same task compressed from round one
@@ -264,6 +198,9 @@ def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     the prefix ``compressed-``)."""
     w = Warmup()
     p.add_argument(f"--{prefix}rows", dest="rows", type=int, default=4000, help="rows per client")
+    p.add_argument(
+        f"--{prefix}test-rows", dest="test_rows", type=int, default=3000, help="held-out rows"
+    )
     p.add_argument(f"--{prefix}hidden", dest="hidden", type=int, nargs="+", default=HIDDEN_1M)
     p.add_argument(f"--{prefix}rounds", dest="rounds", type=int, default=20)
     p.add_argument(

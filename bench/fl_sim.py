@@ -116,9 +116,9 @@ def run_one(name: str, rounds: int, warmup: int, seed: int) -> dict:
     }
 
 
-def in_child(name: str, rounds: int, warmup: int, seed: int) -> dict:
+def in_child(name: str, rounds: int, warmup: int, seed: int, quick: bool) -> dict:
     cmd = [sys.executable, "-m", "bench.fl_sim", "--one", name, "--rounds", str(rounds)]
-    cmd += ["--warmup", str(warmup), "--seed", str(seed)]
+    cmd += ["--warmup", str(warmup), "--seed", str(seed)] + (["--quick"] if quick else [])
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"bench.fl_sim {name} failed:\n{out.stderr[-3000:]}")
@@ -134,14 +134,14 @@ def main(argv=None) -> int:
     p.add_argument("--one", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     p.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     args = p.parse_args(argv)
-    if args.one:
-        print(orjson.dumps(run_one(args.one, args.rounds, args.warmup, args.seed)).decode())
-        return 0
-    if args.quick:
+    if args.quick:  # here and in each child (--one) alike
         SETTINGS.update(
             {k: (v[0] // 10, v[1], v[2], [32], v[4], v[5]) for k, v in SETTINGS.items()}
         )
-    r = {n: in_child(n, args.rounds, args.warmup, args.seed) for n in SETTINGS}
+    if args.one:
+        print(orjson.dumps(run_one(args.one, args.rounds, args.warmup, args.seed)).decode())
+        return 0
+    r = {n: in_child(n, args.rounds, args.warmup, args.seed, args.quick) for n in SETTINGS}
     out = {
         "bench": "fl_sim",
         "params_1m": r["1m"]["params"],

@@ -1,6 +1,7 @@
 """Benchmark: does the FL count sketch's robust estimate hold the heavy coordinates?
 
     python -m bench.fl_sketch --json            # one JSON line, about 10 s at d = 1M
+    python -m bench.fl_sketch --json --d 10000000 --seeds 1   # keys sketch_recall_10m...
 
 Workload, per seed: a vector of ``d`` coordinates, ``N(0, 1e-3)`` noise plus ``h`` heavy ones
 of magnitude uniform in [0.5, 1] and a random sign, at random places; ``h = cols // 20``, the
@@ -12,8 +13,9 @@ estimated with the seed's hashes. Recall = share of the ``h`` heaviest coordinat
 Keys: ``sketch_recall_1m`` (the robust estimate, `sketch_estimate`'s default; median over
 seeds; target >= 0.95), ``sketch_recall_1m_min``, ``sketch_recall_1m_row_median`` (the plain
 row median, for comparison), ``d``, ``rows``, ``cols``, ``h``, ``seeds``, ``sketch_floats``
-(floats a client sends), ``bench_s``. `sketch_recall(d, seeds)` is importable, so another
-benchmark (``bench.fl_private``) can report the same key.
+(floats a client sends), ``bench_s``; at another ``--d`` the suffix names it (``_300k``,
+``_10m``). `recall_keys(seeds)` is importable, so another benchmark (``bench.fl_private``) can
+report the same keys.
 """
 
 from __future__ import annotations
@@ -72,15 +74,24 @@ def sketch_recall(d: int = 1_000_000, seeds: int = 3) -> dict:
     }
 
 
-def recall_keys(seeds: int = 3) -> dict:
-    """The JSON keys of the module docstring at d = 1M (also `bench.fl_private`'s ``sketch``
+def size_label(d: int) -> str:
+    """``d`` as the keys name it: 1_000_000 -> "1m", 300_000 -> "300k", 1234 -> "1234"."""
+    for unit, name in ((1_000_000, "m"), (1_000, "k")):
+        if d % unit == 0:
+            return f"{d // unit}{name}"
+    return str(d)
+
+
+def recall_keys(seeds: int = 3, d: int = 1_000_000) -> dict:
+    """The JSON keys of the module docstring (at d = 1M: also `bench.fl_private`'s ``sketch``
     metric), ``bench_s`` included."""
     t0 = time.perf_counter()
-    r = sketch_recall(1_000_000, seeds)
+    r = sketch_recall(d, seeds)
+    at = size_label(d)
     return {
-        "sketch_recall_1m": r["recall"],
-        "sketch_recall_1m_min": r["recall_min"],
-        "sketch_recall_1m_row_median": r["recall_row_median"],
+        f"sketch_recall_{at}": r["recall"],
+        f"sketch_recall_{at}_min": r["recall_min"],
+        f"sketch_recall_{at}_row_median": r["recall_row_median"],
         **{k: r[k] for k in ("d", "rows", "cols", "h", "seeds", "sketch_floats")},
         "bench_s": time.perf_counter() - t0,
     }
@@ -90,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.fl_sketch", description=__doc__)
     ap.add_argument("--json", action="store_true", help="print one JSON line on stdout")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--d", type=int, default=1_000_000, help="coordinates of the vector")
     args = ap.parse_args(argv)
-    out = recall_keys(args.seeds)
+    out = recall_keys(args.seeds, args.d)
     if args.json:
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
     else:

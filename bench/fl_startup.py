@@ -45,8 +45,7 @@ def _toml(table: dict[str, Any]) -> str:
 
 def write_federation(folder: Path, cache: str) -> None:
     from tandem.parties.fl.data import write_digits_csvs
-
-    from .ports import free_ports
+    from tandem.transports.ports import free_ports
 
     write_digits_csvs(folder / "data", CLIENTS, alpha=0.5, seed=0)
     ports = free_ports(len(CLIENTS) + 1)

@@ -46,9 +46,10 @@ Attack classes (the rows of issue 30's table):
   follower's key signing ``stop`` as the leader (expect 403), and strangers reading
   ``/metrics`` (expect 401, nothing in it): `bench.hostile_insider`;
 * ``stranger_worker``, ``elastic_forged_control``, ``done_without_gradients`` (elastic) and
-  ``oversized_update``, ``inflated_count``, ``nonfinite_wait`` (federated): insiders and
-  outsiders against the other roles, each against a job of its own (`bench.hostile_roles`:
-  no split export to compare; the attack's own verdict decides).
+  ``oversized_update``, ``inflated_count``, ``inflated_count_after_report``,
+  ``nonfinite_wait`` (federated): insiders and outsiders against the other roles, each against
+  a job of its own (`bench.hostile_roles`: no split export to compare; the attack's own
+  verdict decides; with only these chosen, no reference run).
 
 Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest RSS of an
 attacked split run's process: both parties and the attackers that share their process) and
@@ -89,8 +90,9 @@ import aiohttp
 import numpy as np
 import orjson
 
+from tandem.transports.ports import free_port
+
 from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
-from .ports import free_port
 
 MiB = 1 << 20
 SECRET = b"s3cret"
@@ -925,8 +927,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                 return {"name": name, "detail": {"error": f"exit {done.returncode}"}, "done": False}
             return json.loads(lines[-1])
 
-        ref = run("reference")
-        reference = Job.exported_from(Path(ref["folder"])) if ref["done"] else {}
+        split = any(name not in hostile_roles.ATTACKS for name in names)
+        ref = run("reference") if split else {"done": True}  # only split runs compare with it
+        reference = Job.exported_from(Path(ref["folder"])) if split and ref["done"] else {}
         failed = [] if ref["done"] else ["reference"]
         per_attack, max_rss, healthz = {}, 0.0, []
         for name in names:

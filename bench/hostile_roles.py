@@ -19,6 +19,8 @@ Federated (four clients, the last one hostile, rounds of at most ``ROUND_TIMEOUT
   (expect 413 from its head, almost none of its body read, the round not waiting for it);
 * ``inflated_count``: an update claiming 2**31 samples (expect it refused: above the client's
   declared data size);
+* ``inflated_count_after_report``: the same after one honest round, to a server that knows no
+  roster sizes (expect it refused: above the size the client's first report declared);
 * ``nonfinite_wait``: an update holding NaN (expect it refused and the round to complete at
   once, not after its deadline).
 
@@ -330,6 +332,14 @@ async def attack_inflated_count(seconds: float) -> dict[str, Any]:
     return {"refused_ok": ok and out["max_round_s"] < ROUND_TIMEOUT / 2, **out}
 
 
+async def attack_inflated_count_after_report(seconds: float) -> dict[str, Any]:
+    out = await run_fl("count", sizes=False, honest_rounds=1, seconds=seconds)
+    first = out["accepted"][:1] == [["c0", "c1", "c2", "c3"]]
+    ok = first and out["accepted"][1:] == [["c0", "c1", "c2"]] * (out["rounds"] - 1)
+    ok = ok and all("declared" in r for r in out["rejected_c3"][1:])
+    return {"refused_ok": ok and out["max_round_s"] < ROUND_TIMEOUT / 2, **out}
+
+
 async def attack_nonfinite_wait(seconds: float) -> dict[str, Any]:
     out = await run_fl("nonfinite", seconds=seconds)
     ok = _honest_rounds(out) and all("NaN" in r for r in out["rejected_c3"])
@@ -342,6 +352,7 @@ ATTACK_FUNCS: dict[str, Callable[[float], Awaitable[dict[str, Any]]]] = {
     "done_without_gradients": attack_done_without_gradients,
     "oversized_update": attack_oversized_update,
     "inflated_count": attack_inflated_count,
+    "inflated_count_after_report": attack_inflated_count_after_report,
     "nonfinite_wait": attack_nonfinite_wait,
 }
 ATTACKS = tuple(ATTACK_FUNCS)

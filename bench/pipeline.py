@@ -137,6 +137,25 @@ class BenchConfig:
             raise ConfigError("overhead_groups must be in [1, overhead_batch]")
 
 
+#: ``--quick``: a tiny model and few batches, seconds in all (the smoke test's size)
+QUICK = dict(
+    batch_size=16,
+    batches=2,
+    repeats=2,
+    d_in=8,
+    hidden=(16,),
+    cut=8,
+    top_hidden=(4,),
+    warmup=1,
+    recalibrate=1,
+    sweep=(1, 4),
+    tune_epochs=100,
+    overhead_batch=8,
+    overhead_groups=8,
+    overhead_batches=2,
+)
+
+
 def _log(msg: str) -> None:
     print(f"[bench.pipeline] {msg}", file=sys.stderr, flush=True)
 
@@ -749,48 +768,56 @@ def main(argv: list[str] | None = None) -> int:
         metavar="DIR",
         help="write Chrome traces (Perfetto) of the first timed sequential and pipelined runs",
     )
-    ap.add_argument("--batches", type=int, default=BenchConfig.batches)
-    ap.add_argument("--repeats", type=int, default=BenchConfig.repeats)
-    ap.add_argument("--batch-size", type=int, default=BenchConfig.batch_size)
-    ap.add_argument("--seed", type=int, default=BenchConfig.seed)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test): `QUICK`")
+    ap.add_argument("--batches", type=int, help=f"batches per timed run ({BenchConfig.batches})")
+    ap.add_argument("--repeats", type=int, help=f"timed rounds ({BenchConfig.repeats})")
+    ap.add_argument("--batch-size", type=int, help=f"rows per batch ({BenchConfig.batch_size})")
+    ap.add_argument("--seed", type=int, help=f"seed ({BenchConfig.seed})")
     ap.add_argument(
         "--chunks",
         type=int,
-        default=BenchConfig.chunks,
-        help="messages per group in the pipelined runs (1: whole groups)",
+        help=f"messages per group in the pipelined runs (1: whole groups; {BenchConfig.chunks})",
+    )
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        help=f"unshaped n = 1 batches measuring compute before tuning ({BenchConfig.warmup})",
     )
     ap.add_argument(
         "--recalibrate",
         type=int,
-        default=BenchConfig.recalibrate,
         help="unshaped n = 1 batches re-measuring the compute before each timed "
         "round, the link re-shaped from them (0, the default: shape it once)",
     )
     ap.add_argument(
         "--tune-rechecks",
         type=int,
-        default=BenchConfig.tune_rechecks,
         help="re-checks the tuner goes through before the timed rounds (0: time "
-        "right after its first search)",
+        f"right after its first search; {BenchConfig.tune_rechecks})",
     )
     ap.add_argument(
         "--link-ratio",
         type=float,
-        default=BenchConfig.link_ratio,
         help="link time per batch as a multiple of the measured compute per batch "
-        "(1: the balance; above 1 the link binds)",
+        f"(1: the balance; above 1 the link binds; {BenchConfig.link_ratio})",
     )
     args = ap.parse_args(argv)
-    cfg = BenchConfig(
-        batches=args.batches,
-        repeats=args.repeats,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        chunks=args.chunks,
-        link_ratio=args.link_ratio,
-        recalibrate=args.recalibrate,
-        tune_rechecks=args.tune_rechecks,
-    )
+    given = {
+        k: v
+        for k in (
+            "batches",
+            "repeats",
+            "batch_size",
+            "seed",
+            "chunks",
+            "warmup",
+            "recalibrate",
+            "tune_rechecks",
+            "link_ratio",
+        )  # fmt: skip
+        if (v := getattr(args, k)) is not None
+    }
+    cfg = BenchConfig(**{**(QUICK if args.quick else {}), **given})
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

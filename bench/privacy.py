@@ -3,6 +3,8 @@
     python -m bench.privacy --json                 # one JSON line on stdout (progress: stderr)
     python -m bench.privacy --quick --json         # small sizes (the smoke test)
     python -m bench.privacy --plot docs/img/privacy_tradeoff.png
+    python -m bench.privacy --from run.json --json [--plot P]   # summarize a saved run again
+    python -m bench.privacy --list-defenses            # the cases: name -> [privacy] tables
 
 Two tasks, each trained by a leader (labels, its bottom and the top) and one follower (its
 bottom) in one process over the memory transport (`tandem.parties.split.SplitParty`, the
@@ -32,7 +34,10 @@ ran), ``secure_sum_vs_plain`` (rows/s of the secure sum of two followers' cuts o
 sum, `bench.securesum.measure` with `SECURE_SUM`; None with ``--no-secure-sum``). ``load``: the
 load average before and after.
 
-``--defenses a,b`` runs only those cases of `DEFENSES` (and ``none``). Every case trains
+``--defenses a,b`` runs only those cases of `DEFENSES` (and ``none``). ``--from FILE`` trains
+nothing: it reads ``tasks`` (task -> case -> figures, as a run prints them, ``auc_delta`` not
+needed) from the JSON in FILE and prints the summary keys and ``tasks`` for them (``--plot``
+draws them). ``--list-defenses`` prints `DEFENSES` as one JSON line. Every case trains
 ``--epochs`` epochs (default 10: defended runs converge more slowly, and the figures compare
 them at one training budget) with batch 256 and Adam at 1e-2, seed ``--seed``.
 """
@@ -311,6 +316,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def resummarize(path: str, plot_path: str | None) -> dict[str, Any]:
+    """The summary keys and ``tasks`` of the run saved in ``path`` (its JSON's ``tasks``),
+    ``auc_delta`` recomputed; draws them into ``plot_path`` if given."""
+    try:
+        with open(path, "rb") as f:
+            saved = orjson.loads(f.read())
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise ConfigError(f"--from {path}: cannot read a run's JSON ({exc})") from None
+    if not isinstance(saved, dict) or not isinstance(saved.get("tasks"), dict):
+        raise ConfigError(f"--from {path}: expected a JSON object with 'tasks' (a run's output)")
+    tasks = {task: with_deltas(cases) for task, cases in saved["tasks"].items()}
+    if plot_path:
+        plot(tasks, plot_path)
+    return {**summary(tasks), "tasks": tasks}
+
+
 def _chosen(names: str | None) -> dict[str, dict[str, Any]]:
     """The `DEFENSES` cases ``names`` (comma-separated; "none" always runs) or all."""
     if names is None:
@@ -337,8 +358,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-secure-sum", action="store_true", help="skip the secure-sum measurement")
     p.add_argument("--defenses", help="comma-separated cases of DEFENSES to run (default all)")
     p.add_argument("--plot", help="draw attack AUC vs auc_delta into this picture")
+    p.add_argument("--from", dest="saved", metavar="FILE", help="summarize a saved run's tasks")
+    p.add_argument("--list-defenses", action="store_true", help="print DEFENSES as JSON")
     args = p.parse_args(argv)
-    out = asyncio.run(run(args))
+    if args.list_defenses:
+        sys.stdout.write(orjson.dumps(DEFENSES).decode() + "\n")
+        return 0
+    out = resummarize(args.saved, args.plot) if args.saved else asyncio.run(run(args))
     if args.json:
         sys.stdout.write(orjson.dumps(out).decode() + "\n")
     else:

@@ -27,7 +27,8 @@ compared, the default one last: samples per n; whether the first search already 
 (``GroupTuner.prefer_larger``); rounds of measuring a close call again
 (``GroupTuner.confirm``); the share ``GroupTuner.trim`` cut at each end of an n's samples
 before averaging. For each, the runs report: the fraction settling more than 2%, 5% and 10%
-behind the best n, the mean of best / settled time, and the batches until settling.
+behind the best n, the mean of best / settled time, the batches until settling (mean and
+``batches_min``) and ``settled_n`` (settled n -> runs).
 ``--rechecks K`` reports the n each run holds after ``K`` re-checks instead (`GroupTuner`
 re-probes a settled n's neighbours, ``recheck`` batches after settling and ever more rarely
 while they keep it), and the batches until then;
@@ -327,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
                 "behind_10pct": round(float((ratio < 1 / 1.10).mean()), 4),
                 "mean_best_over_settled": round(float(ratio.mean()), 4),
                 "batches": round(float(np.mean([b for _, b in results])), 1),
+                "batches_min": min(b for _, b in results),
+                "settled_n": {
+                    str(n): sum(m == n for m, _ in results) for n in sorted({m for m, _ in results})
+                },
             }
         )
     print(json.dumps(out))

@@ -88,7 +88,7 @@ from typing import Any
 
 import numpy as np
 
-from .relay import buffer_for
+from tandem.transports.relay import buffer_for
 
 A, B = "A", "B"  # A: follower (features, bottom); B: leader (top, labels, loss)
 BENCH = "bench"  # channel of the benchmark's own control messages

@@ -3,23 +3,19 @@ returns every key with a sane value, and the invariants that hold at any size ho
 lost or applied twice; compressed traffic smaller than dense). The targets are the
 benchmarks' business, measured by running them, not by tests."""
 
-import argparse
 import math
 
-import orjson
 import pytest
+
+from run_helpers import run_bench
 
 
 @pytest.mark.slow
-def test_bench_fl_tiny(capsys):
-    from bench.fl import main
-
-    assert (
-        main(["--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"]) == 0
+def test_bench_fl_tiny():
+    out, lines = run_bench(
+        "fl", "--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"
     )
-    lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1, lines
-    out = orjson.loads(lines[0])
     assert out["rounds"] == 3 and out["params"] >= 10_000
     for key in ("acc_dense", "acc_compressed"):
         assert 0.0 <= out[key] <= 100.0, out
@@ -39,10 +35,11 @@ def test_bench_fl_tiny(capsys):
 
 
 @pytest.mark.slow
-async def test_bench_elastic_tiny():
-    from bench.elastic import main
-
-    out = await main(argparse.Namespace(interval=0.1, seconds=0.5, rows=512))
+def test_bench_elastic_tiny():
+    out, _ = run_bench(
+        "elastic", "--json", "--interval", "0.1", "--seconds", "0.5", "--rows", "512",
+        "--churn-windows", "0", "--skip-http",
+    )  # fmt: skip
     assert set(out["throughput"]) == {"1", "2", "4"}
     assert all(v > 0 for v in out["throughput"].values()), out
     assert out["detect_heartbeats"] > 0, out  # a removal can only follow the kill
@@ -56,15 +53,13 @@ async def test_bench_elastic_tiny():
 
 
 @pytest.mark.slow
-async def test_bench_elastic_churn_windows_tiny():
+def test_bench_elastic_churn_windows_tiny():
     """The churn-window keys, in one process and with workers as HTTP processes: one churn
     window each, a few T long."""
-    from bench.elastic import main
-
-    args = argparse.Namespace(
-        interval=0.1, seconds=0.3, rows=512, churn_windows=1, window=4, http=True, http_windows=1
-    )
-    out = await main(args)
+    out, _ = run_bench(
+        "elastic", "--json", "--interval", "0.1", "--seconds", "0.3", "--rows", "512",
+        "--churn-windows", "1", "--window", "4", "--http-windows", "1",
+    )  # fmt: skip
     for prefix in ("", "http_"):
         for mode in ("rollback", "keep"):
             key = f"{prefix}churn_efficiency_{mode}"

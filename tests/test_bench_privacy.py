@@ -1,6 +1,6 @@
-"""`bench.privacy`: a quick undefended run prints one JSON line with the audit's figures, and
-the summary picks the best defenses of a table by the issue's rule (attacks, then the AUC
-budget)."""
+"""`bench.privacy`, run as a user runs it: a quick undefended run prints one JSON line with the
+audit's figures, and the summary picks the best defenses of a table by the issue's rule
+(attacks, then the AUC budget; ``--from`` summarizes given figures without training)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import privacy
+from run_helpers import run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,16 +66,29 @@ def _case(auc, norm, cos, r2):
     }
 
 
-def test_the_summary_prefers_defenses_within_the_auc_budget():
-    cases = privacy.with_deltas(
-        {
-            "none": _case(0.90, 0.95, 1.00, 0.8),
-            "strong": _case(0.80, 0.50, 0.50, 0.0),  # safest, but costs 0.10 AUC
-            "mild": _case(0.895, 0.58, 0.60, 0.05),  # within 0.01 of the AUC
-            "weak": _case(0.90, 0.90, 0.95, 0.7),
-        }
+def _refused(*args: str) -> str:
+    """``python -m bench.privacy *args`` fails before training: its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.privacy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    out = privacy.summary({"imbalanced": cases})
+    assert done.returncode != 0 and done.stdout == "", done
+    return done.stderr
+
+
+def test_the_summary_prefers_defenses_within_the_auc_budget(tmp_path):
+    cases = {
+        "none": _case(0.90, 0.95, 1.00, 0.8),
+        "strong": _case(0.80, 0.50, 0.50, 0.0),  # safest, but costs 0.10 AUC
+        "mild": _case(0.895, 0.58, 0.60, 0.05),  # within 0.01 of the AUC
+        "weak": _case(0.90, 0.90, 0.95, 0.7),
+    }
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"tasks": {"imbalanced": cases}}))
+    out, _ = run_bench("privacy", "--from", str(saved), "--json")
     assert out["undefended_norm_attack_auc"] == 0.95
     assert out["best_label_defense"] == {
         "name": "mild",
@@ -85,25 +98,23 @@ def test_the_summary_prefers_defenses_within_the_auc_budget():
     }
     assert out["best_feature_defense"]["name"] == "mild"
     # none within budget: the safest overall is reported, with its cost
-    costly = privacy.with_deltas({"none": cases["none"], "strong": cases["strong"]})
-    best = privacy.summary({"imbalanced": costly})["best_label_defense"]
+    costly = {"none": cases["none"], "strong": cases["strong"]}
+    saved.write_text(json.dumps({"tasks": {"imbalanced": costly}}))
+    best = run_bench("privacy", "--from", str(saved), "--json")[0]["best_label_defense"]
     assert best["name"] == "strong" and best["auc_delta"] == pytest.approx(0.10)
 
 
 def test_unknown_tasks_are_refused():
-    from tandem.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="--tasks"):
-        privacy.main(["--tasks", "imbalanced,mnist"])
+    assert "--tasks" in _refused("--tasks", "imbalanced,mnist")
 
 
 def test_plot_draws_the_tradeoff(tmp_path):
     pytest.importorskip("matplotlib")
-    cases = privacy.with_deltas(
-        {"none": _case(0.9, 0.95, 1.0, 0.8), "mild": _case(0.895, 0.58, 0.6, 0.05)}
-    )
+    cases = {"none": _case(0.9, 0.95, 1.0, 0.8), "mild": _case(0.895, 0.58, 0.6, 0.05)}
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps({"tasks": {"imbalanced": cases}}))
     path = tmp_path / "tradeoff.png"
-    privacy.plot({"imbalanced": cases}, str(path))
+    run_bench("privacy", "--from", str(saved), "--plot", str(path), "--json")
     assert path.read_bytes()[:4] == b"\x89PNG"
 
 
@@ -111,29 +122,29 @@ def test_every_defense_enters_at_three_strengths_and_each_case_is_a_valid_privac
     from tandem.parties.privacy.config import DEFENSES as KEYS
     from tandem.parties.privacy.config import privacy_from
 
+    defenses, _ = run_bench("privacy", "--list-defenses")
+    assert defenses["none"] == {}
     for key in KEYS:
-        cases = [name for name, table in privacy.DEFENSES.items() if set(table) == {key}]
+        cases = [name for name, table in defenses.items() if set(table) == {key}]
         assert len(cases) == 3, (key, cases)
-    for table in privacy.DEFENSES.values():
+    for table in defenses.values():
         assert privacy_from(table).defended == bool(table)
 
 
 def test_unknown_defense_cases_are_refused():
-    from tandem.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="--defenses names unknown cases \\['mixup'\\]"):
-        privacy.main(["--defenses", "mixup"])
+    assert "--defenses names unknown cases ['mixup']" in _refused("--defenses", "mixup")
 
 
-async def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
+def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
     """Gradient DP blinds both label attacks, NoPeek is a feature defense: the summary names
     each (a tiny run: the figures are the bench's, not this test's)."""
-    task = privacy.imbalanced(1500, seed=1)
-    cases = {
-        name: await privacy.run_case(task, privacy.DEFENSES[name], epochs=1, batch_size=128, seed=1)
-        for name in ("none", "gradient_dp_nm2", "nopeek_w0.2")
-    }
-    out = privacy.summary({"imbalanced": privacy.with_deltas(cases)})
+    out, _ = run_bench(
+        "privacy", "--json", "--tasks", "imbalanced", "--rows", "1500", "--seed", "1",
+        "--epochs", "1", "--batch-size", "128", "--defenses", "gradient_dp_nm2,nopeek_w0.2",
+        "--no-secure-sum",
+    )  # fmt: skip
+    cases = out["tasks"]["imbalanced"]
+    assert list(cases) == ["none", "gradient_dp_nm2", "nopeek_w0.2"]
     assert cases["none"]["norm_attack_auc"] > 0.7
     assert cases["gradient_dp_nm2"]["norm_attack_auc"] < 0.65
     assert cases["gradient_dp_nm2"]["cosine_attack_auc"] < 0.65
@@ -141,7 +152,9 @@ async def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summa
     assert out["best_feature_defense"]["name"] in ("gradient_dp_nm2", "nopeek_w0.2")
 
 
-def test_the_run_measures_the_secure_sum_against_the_plain_sum(capsys):
-    assert privacy.main(["--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    assert json.loads(line)["secure_sum_vs_plain"] > 0
+def test_the_run_measures_the_secure_sum_against_the_plain_sum():
+    out, lines = run_bench(
+        "privacy", "--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"
+    )
+    assert len(lines) == 1
+    assert out["secure_sum_vs_plain"] > 0

@@ -3,20 +3,18 @@ Parquet tables, `tandem align` and `tandem party` run as OS processes over HTTP,
 centralized reference trains in this process. Checks the keys and that the joint model beats
 the leader alone (the throughput targets are the benchmark's business, not a test's)."""
 
+import json
 import math
 
 import pytest
 
-from bench import ctr
 from bench.scale import (
     ONE_THREAD_XLA_FLAGS,
-    Settings,
     auto_figures,
     parse_size,
     party_launch,
-    run_size,
-    summarize,
 )
+from run_helpers import run_bench
 
 pytestmark = pytest.mark.slow
 
@@ -79,12 +77,10 @@ def test_auto_figures_compare_every_epoch_with_the_best_fixed_count():
 
 
 def test_party_launch_confines_each_party_to_one_cpu(monkeypatch):
-    import bench.scale
-
     monkeypatch.setattr("tandem.parties.cli.affinity.thread_cpus", lambda: {2, 5})
     monkeypatch.setattr("shutil.which", lambda name: f"/bin/{name}")
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "X": "1"}
-    assert bench.scale.party_launch(env, 0, "shared") == (env, [])
+    assert party_launch(env, 0, "shared") == (env, [])
     (first, pin), *rest = (party_launch(env, i, "one") for i in range(3))
     assert first["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=1 {ONE_THREAD_XLA_FLAGS}"
     assert [pin, *(p for _, p in rest)] == [["/bin/taskset", "-c", c] for c in ("2", "5", "2")]
@@ -97,17 +93,16 @@ def test_party_launch_confines_each_party_to_one_cpu(monkeypatch):
 @pytest.mark.timeout(600)  # four processes importing JAX, and compiles, on a loaded 2-core machine
 def test_bench_scale_tiny(tmp_path):
     pytest.importorskip("pyarrow")
-    settings = Settings(
-        batch_size=1000,
-        epochs=2,
-        groups=1,
-        learning_rate=0.01,
-        vocab=tuple(ctr.vocab_sizes(10, 100)),
-        timeout=240.0,
-        breakdown=False,  # its two processes would double the test's time (next test)
-    )
-    entry = run_size(6000, settings, tmp_path)
-    out = summarize({6000: entry}, settings)
+    out, lines = run_bench(
+        "scale", "--json", "--sizes", "6000", "--batch-size", "1000", "--epochs", "2",
+        "--groups", "1", "--learning-rate", "0.01", "--vocab-min", "10", "--vocab-max", "100",
+        "--timeout", "240",
+        "--no-breakdown",  # its two processes would double the test's time (next test)
+        "--work-dir", str(tmp_path),
+        timeout=580,
+    )  # fmt: skip
+    assert len(lines) == 1
+    entry = out["sizes"]["6000"]
     assert ENTRY_KEYS <= set(entry)
     assert TOP_KEYS <= set(out)
     assert entry["aligned_by"] == "tandem align" and entry["align_s"] > 0
@@ -123,9 +118,13 @@ def test_bench_scale_tiny(tmp_path):
     assert math.isfinite(out["rss_vs_data"]) and out["params"] == entry["params"]
     # every embedding table has one row per declared category (+ code 0), seen or not: the
     # two bottoms differ by exactly their tables' difference (their MLPs are alike)
-    work = ctr.Workload(6000, 1, 0, vocab=settings.vocab)
+    [workload] = tmp_path.glob("6000-*/workload.json")  # bench.ctr's manifest of the run's data
+    manifest = json.loads(workload.read_text())
+    vocab = manifest["workload"]["vocab"]
+    assert vocab[0] == 10 and vocab[-1] == 100
     tables = {
-        p: 16 * sum(settings.vocab[j] + 1 for j in work.columns()[p][1]) for p in work.parties
+        p: 16 * sum(vocab[int(name[1:]) - 1] + 1 for name in columns["categorical"])
+        for p, columns in manifest["parties"].items()
     }
     by_stage = entry["params_by_stage"]
     assert (
@@ -137,19 +136,16 @@ def test_bench_scale_tiny(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_breakdown_times_every_kernel(tmp_path):
-    """`bench.scale_kernels` on a tiny workload, in this process: every kernel of the parties
-    (at 4 groups of 1000 rows: padded past the ladder) and of the centralized step is timed
-    by both clocks."""
+    """``python -m bench.scale_kernels`` on a tiny workload (``python -m bench.ctr``): every
+    kernel of the parties (at 4 groups of 1000 rows: padded past the ladder) and of the
+    centralized step is timed by both clocks."""
     pytest.importorskip("pyarrow")
-    from bench import scale_kernels
-
-    work = ctr.Workload(3000, 1, 0, vocab=tuple(ctr.vocab_sizes(10, 100)))
-    ctr.generate(work, tmp_path)
-    urls = {p: "http://127.0.0.1:1" for p in work.parties}
-    ctr.write_configs(work, tmp_path, urls=urls, train={"batch_size": 1000}, aligned=False)
-    loaded = scale_kernels.load(tmp_path, work.parties, ctr.CUT)
-    pipe = scale_kernels.pipelined(loaded, 4, 1000, 1, 0.01)
-    central = scale_kernels.centralized(loaded, 1000, 1, 0.01)
+    run_bench("ctr", "--rows", "3000", "--vocab", "10", "100", "--out", str(tmp_path))
+    common = ("--parties", "leader,follower", "--batch-size", "1000", "--batches", "1")
+    common += ("--learning-rate", "0.01", "--cut", "64")  # bench.ctr's cut
+    pipe, _ = run_bench("scale_kernels", str(tmp_path), "--which", "pipelined", "--groups", "4",
+                        *common)  # fmt: skip
+    central, _ = run_bench("scale_kernels", str(tmp_path), "--which", "centralized", *common)
     for clock in ("wall_ms", "cpu_ms"):
         kernels = {"forward", "loss", "backward", "update", "zeros", "d2h", "h2d", "encode"}
         assert kernels | {"decode"} <= set(pipe[clock])

@@ -3,10 +3,14 @@ and every number is finite (the targets are the benchmark's business, not a test
 
 import math
 import statistics
+import subprocess
+import sys
 
 import pytest
 
-from bench.pipeline import BenchConfig, round_order, run_benchmark
+from bench.pipeline import round_order
+from run_helpers import ROOT, run_bench
+from tandem.engine.batch_time import PARTS, batch_parts
 
 KEYS = (
     "sequential_s",
@@ -38,25 +42,13 @@ KEYS = (
 
 
 @pytest.mark.slow
-async def test_pipeline_benchmark_tiny(tmp_path):
-    cfg = BenchConfig(
-        batch_size=16,
-        batches=2,
-        repeats=2,
-        d_in=8,
-        hidden=(16,),
-        cut=8,
-        top_hidden=(4,),
-        warmup=1,
-        recalibrate=1,
-        sweep=(1, 4),
-        tune_epochs=100,
-        overhead_batch=8,
-        overhead_groups=8,
-        overhead_batches=2,
-    )
+def test_pipeline_benchmark_tiny(tmp_path):
+    """``python -m bench.pipeline --quick``: batches of 16 rows, 2 rounds, the sweep n = 1 and
+    4, one re-calibration per round, the default link ratio (1) and chunks (4)."""
     plot = tmp_path / "gantt.png"
-    result = await run_benchmark(cfg, plot=str(plot), log=lambda msg: None)
+    result, lines = run_bench("pipeline", "--quick", "--json", "--plot", str(plot))
+    assert len(lines) == 1
+    batch_size, repeats, link_ratio, chunks = 16, 2, 1.0, 4
     for key in KEYS:
         assert key in result, key
     for key in (
@@ -81,7 +73,7 @@ async def test_pipeline_benchmark_tiny(tmp_path):
         min(result["sweep"].values()) / result["pipelined_s"]
     )
     assert all(math.isfinite(t) and t > 0 for t in result["sweep"].values())
-    assert 1 <= result["n_groups"] <= cfg.batch_size
+    assert 1 <= result["n_groups"] <= batch_size
     terms = {k: v for k, v in result["bound_terms"].items() if k != "definition"}
     assert set(terms) == {"compute[A]", "compute[B]", "link[A->B]", "link[B->A]"}
     assert result["bound_s"] == pytest.approx(max(terms.values()))
@@ -89,20 +81,20 @@ async def test_pipeline_benchmark_tiny(tmp_path):
     assert result["speedup"] == pytest.approx(result["sequential_s"] / result["pipelined_s"])
     assert plot.stat().st_size > 0
     # chunked pipelined runs (the default), with whole groups timed beside them
-    assert result["chunks"] == cfg.chunks > 1 and result["workload"]["chunks"] == cfg.chunks
+    assert result["chunks"] == chunks > 1 and result["workload"]["chunks"] == chunks
     assert math.isfinite(result["unchunked_s"]) and result["unchunked_s"] > 0
     assert 0 < result["unchunked_efficiency"] and len(result["runs"]["unchunked_s"]) == 2
     # timed after the tuner's first search and one re-check: it settled twice
     assert result["tune_rechecks"] == 1 and result["tuner_settled"]
     path = [n for n, _ in result["tuner_path"]]
-    assert 1 <= result["tuner_first_n"] <= cfg.batch_size
+    assert 1 <= result["tuner_first_n"] <= batch_size
     assert len(path) > 50 + 2 * 4  # two searches of >= 4 samples, 50 batches apart
     # the link is re-shaped from the compute measured before each round
     cal = result["calibration"]
     assert cal["recalibrate"] == 1
     for key in ("compute_s", "link_s", "sequential_compute_s"):
-        assert len(cal[key]) == cfg.repeats and all(v > 0 for v in cal[key]), key
-    assert cal["link_s"] == pytest.approx([c * cfg.link_ratio for c in cal["compute_s"]])
+        assert len(cal[key]) == repeats and all(v > 0 for v in cal[key]), key
+    assert cal["link_s"] == pytest.approx([c * link_ratio for c in cal["compute_s"]])
     assert result["link_vs_compute"] == pytest.approx(
         statistics.median(
             link / c for link, c in zip(cal["link_s"], cal["sequential_compute_s"], strict=True)
@@ -169,13 +161,9 @@ async def test_schedule_replays_a_traced_run_in_the_simulator():
         _schedule(trace, wl, 8, bandwidth, latency)  # ops of n = 8 never ran
 
 
-def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
-    import json
-
-    from bench.tuner_noise import main
-
-    assert main(["--runs", "10", "--starts", "3,8"]) == 0
-    out = json.loads(capsys.readouterr().out)
+def test_tuner_noise_benchmark_prints_one_line_per_setting():
+    out, lines = run_bench("tuner_noise", "--runs", "10", "--starts", "3,8")
+    assert len(lines) == 1
     assert out["starts"] == [3, 8]
     assert out["noise_model"] == "measured" and out["noise"] is None
     assert [
@@ -196,40 +184,35 @@ def test_tuner_noise_benchmark_prints_one_line_per_setting(capsys):
     for s in out["settings"]:
         assert 0 <= s["behind_10pct"] <= s["behind_5pct"] <= s["behind_2pct"] <= 1
         assert 0 < s["mean_best_over_settled"] <= 1 and s["batches"] > 0
-    assert main(["--runs", "3", "--starts", "8", "--noise-model", "normal", "--noise", "0.05"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out, _ = run_bench(
+        "tuner_noise", "--runs", "3", "--starts", "8", "--noise-model", "normal", "--noise", "0.05"
+    )
     assert out["noise_model"] == "normal" and out["noise"] == 0.05 and len(out["settings"]) == 9
 
 
 def test_drift_moves_whole_spells_of_batches_alike():
     """``--drift``: the tuner sees the machine's slow spells on top of the per-batch noise, and
-    a seeded run is reproducible."""
-    from bench.tuner_noise import settle
-
-    calm = settle(1, samples=4, first_margin=False, noise=0.0, start=3)
-    assert settle(1, samples=4, first_margin=False, noise=0.0, start=3) == calm
-    drifting = [
-        settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2) for s in range(20)
-    ]
-    assert drifting == [
-        settle(s, samples=4, first_margin=False, noise=0.0, start=3, drift=0.2) for s in range(20)
-    ]
-    assert len({n for n, _ in drifting}) > 1  # a strong drift sends some runs elsewhere
+    a seeded run is reproducible (the default tuner: the last setting)."""
+    calm = run_bench("tuner_noise", "--runs", "2", "--starts", "3")[0]
+    assert run_bench("tuner_noise", "--runs", "2", "--starts", "3")[0] == calm
+    drift = ("tuner_noise", "--runs", "20", "--starts", "3", "--drift", "0.2")
+    drifting = run_bench(*drift)[0]
+    assert drifting["drift"] == 0.2 and run_bench(*drift)[0] == drifting
+    assert len(drifting["settings"][-1]["settled_n"]) > 1  # some runs sent elsewhere
 
 
 def test_rechecks_keep_a_settled_n_when_their_wins_are_measured_again():
     """``--rechecks``: a run goes on through re-checks; with a re-check's win measured again
     (``GroupTuner.verify``) fewer runs drift off the best n (8 on the curve) than when one
     comparison moves n."""
-    from bench.tuner_noise import settle
 
     def off_eight(verify: bool) -> int:
-        runs = [
-            settle(s, samples=4, first_margin=False, noise=0.0, start=8, rechecks=2, verify=verify)
-            for s in range(60)
-        ]
-        assert all(b > 2 * 50 for _, b in runs)  # both re-checks ran
-        return sum(n != 8 for n, _ in runs)
+        args = ("--runs", "60", "--starts", "8", "--rechecks", "2")
+        out, _ = run_bench("tuner_noise", *args, *(() if verify else ("--no-verify",)))
+        assert out["rechecks"] == 2 and out["verify"] == verify
+        default = out["settings"][-1]  # the default tuner
+        assert default["batches_min"] > 2 * 50  # both re-checks ran
+        return sum(k for n, k in default["settled_n"].items() if n != "8")
 
     assert off_eight(True) < off_eight(False)
 
@@ -248,9 +231,9 @@ def test_the_measured_noise_model_draws_the_stored_distribution():
 
 
 def test_balance_splits_each_batch_into_parts_that_add_up():
-    """`bench.balance.batch_parts` on a hand-made trace of two batches: each batch starts where
-    the previous update on A ended, and its parts sum to its length."""
-    from bench.balance import PARTS, batch_parts
+    """`tandem.engine.batch_time.batch_parts` (`bench.balance`'s parts) on a hand-made trace of
+    two batches: each batch starts where the previous update on A ended, and its parts sum to
+    its length."""
     from tandem.engine.trace import Trace, TraceEvent
 
     ms = 1e-3
@@ -267,7 +250,7 @@ def test_balance_splits_each_batch_into_parts_that_add_up():
             ("A", "compute", "U(bottom)", 11, 12),
         ]:
             tr.add(TraceEvent(party, lane, name, 0, t0 + start * ms, t0 + end * ms))
-    parts = batch_parts(tr)
+    parts = batch_parts(tr, "A", "B")
     assert len(parts) == 2
     for p in parts:
         assert p == pytest.approx(
@@ -282,61 +265,50 @@ def test_balance_splits_each_batch_into_parts_that_add_up():
         )
         assert sum(p[k] for k in PARTS) == pytest.approx(p["batch_ms"])
     with pytest.raises(ValueError, match="no update on A"):
-        batch_parts(Trace())
+        batch_parts(Trace(), "A", "B")
 
 
 @pytest.mark.slow
-async def test_balance_benchmark_tiny(tmp_path):
-    """`bench.balance` end to end on a tiny model: a row per ratio, finite efficiencies, and
-    the medians of the parts close to the median batch."""
-    from bench.balance import PARTS, BalanceConfig, measure_balance
-
-    cfg = BalanceConfig(
-        batch_size=32,
-        batches=2,
-        repeats=2,
-        n_groups=4,
-        chunks=2,
-        ratios=(1.0, 2.0),
-        calibration=1,
-        d_in=8,
-        hidden=(16,),
-        cut=8,
-        top_hidden=(4,),
-    )
+def test_balance_benchmark_tiny(tmp_path):
+    """``python -m bench.balance --quick`` end to end on a tiny model (ratios 1 and 2, 4 groups
+    of 2 chunks, 2 runs each): a row per ratio, finite efficiencies, and the medians of the
+    parts close to the median batch."""
     plot = tmp_path / "balance.png"
-    result = await measure_balance(cfg, log=lambda msg: None, plot=str(plot))
+    result, _ = run_bench("balance", "--quick", "--json", "--plot", str(plot))
+    repeats = 2
     assert set(result["ratios"]) == {"1", "2"}
     assert result["n_groups"] == 4 and result["chunks"] == 2
     for row in result["ratios"].values():
         assert math.isfinite(row["efficiency"]) and row["efficiency"] > 0
-        assert len(row["efficiency_runs"]) == cfg.repeats
+        assert len(row["efficiency_runs"]) == repeats
         assert all(row[k] >= 0 for k in PARTS) and row["batch_ms"] > 0
     slow, fast = result["ratios"]["2"], result["ratios"]["1"]
     assert slow["link_per_batch_ms"] == pytest.approx(2 * fast["link_per_batch_ms"])
     assert plot.stat().st_size > 0
 
 
-def test_balance_rejects_a_bad_config():
-    from bench.balance import BalanceConfig
-    from tandem.errors import ConfigError
+def _refused(module: str, *args: str) -> str:
+    """``python -m bench.<module> *args`` stops on its config (a `ConfigError`) before any
+    run: the error's line."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and done.stdout == "", done
+    return done.stderr.strip().splitlines()[-1]
 
-    with pytest.raises(ConfigError, match="ratios"):
-        BalanceConfig(ratios=(1.0, 0.0))
-    with pytest.raises(ConfigError, match="n_groups"):
-        BalanceConfig(batch_size=4, n_groups=5)
+
+def test_balance_rejects_a_bad_config():
+    assert "ConfigError: ratios" in _refused("balance", "--ratios", "1,0")
+    assert "ConfigError: n_groups" in _refused("balance", "--batch-size", "4", "--n-groups", "5")
 
 
 def test_pipeline_benchmark_rejects_a_bad_link_ratio():
-    from bench.pipeline import BenchConfig
-    from tandem.errors import ConfigError
-
-    for bad in (0.0, -1.0, float("nan"), float("inf")):
-        with pytest.raises(ConfigError, match="link_ratio"):
-            BenchConfig(link_ratio=bad)
-    with pytest.raises(ConfigError, match="recalibrate"):
-        BenchConfig(recalibrate=-1)
-    with pytest.raises(ConfigError, match="tune_rechecks"):
-        BenchConfig(tune_rechecks=-1)
-    with pytest.raises(ConfigError, match="warmup"):
-        BenchConfig(warmup=0)
+    for bad in ("0", "-1", "nan", "inf"):
+        assert "ConfigError: link_ratio" in _refused("pipeline", "--link-ratio", bad)
+    assert "recalibrate" in _refused("pipeline", "--recalibrate", "-1")
+    assert "ConfigError: tune_rechecks" in _refused("pipeline", "--tune-rechecks", "-1")
+    assert "ConfigError: warmup" in _refused("pipeline", "--warmup", "0")

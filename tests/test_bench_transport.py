@@ -1,23 +1,19 @@
 """Smoke test of `bench.transport` on a tiny size: two processes, raw socket and HTTP, one JSON
 line with every key (the ratio target is the benchmark's business, not a test's)."""
 
-import json
 import math
 
 import pytest
 
-from bench import transport
+from run_helpers import run_bench
 
 
 @pytest.mark.slow
-def test_bench_transport_tiny(capsys):
-    assert (
-        transport.main(["--json", "--mib", "1", "--repeats", "2", "--rounds", "2", "--small", "5"])
-        == 0
+def test_bench_transport_tiny():
+    r, lines = run_bench(
+        "transport", "--json", "--mib", "1", "--repeats", "2", "--rounds", "2", "--small", "5"
     )
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     assert len(lines) == 1
-    r = json.loads(lines[0])
     for key in (
         "raw_MBps",
         "http_MBps",

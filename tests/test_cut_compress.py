@@ -180,31 +180,27 @@ def test_a_follower_stating_another_compression_refuses_naming_both_and_the_fix(
     assert len(topk) == 1 and "0.1" in topk[0] and "0.05" in topk[0]
 
 
-def _train(kind: str, fraction: float = 0.1, *, epochs: int = 4):
-    from bench.compress import make_data, train_once
-
-    data = make_data(1200, 6, seed=3)
-    return asyncio.run(
-        train_once(
-            data,
-            compress=kind,
-            fraction=fraction,
-            epochs=epochs,
-            batch_size=100,
-            cut=16,
-            seed=3,
-        )
-    )
-
-
 @pytest.fixture(scope="module")
-def exact_run():
-    return _train("none")
+def compress_curve() -> dict:
+    """``python -m bench.compress``: the exact run, then bfloat16, int8 and top-k 25 %, on the
+    same data, batches and seed (as a user runs it)."""
+    from run_helpers import run_bench
+
+    out, _ = run_bench(
+        "compress", "--json", "--rows", "1200", "--features", "6", "--epochs", "4",
+        "--batch-size", "100", "--cut", "16", "--seed", "3",
+        "--runs", "none", "bfloat16", "int8", "topk:0.25",
+    )  # fmt: skip
+    assert [(r["compress"], r["fraction"]) for r in out["runs"]] == [
+        ("none", None), ("bfloat16", None), ("int8", None), ("topk", 0.25)
+    ]  # fmt: skip
+    return out
 
 
-@pytest.mark.parametrize(("kind", "fraction"), [("bfloat16", 0.1), ("int8", 0.1), ("topk", 0.25)])
-def test_each_compressor_trains_close_to_exact_with_fewer_bytes(exact_run, kind, fraction):
-    run = _train(kind, fraction)
+@pytest.mark.parametrize("kind", ["bfloat16", "int8", "topk"])
+def test_each_compressor_trains_close_to_exact_with_fewer_bytes(compress_curve, kind):
+    exact_run, *runs = compress_curve["runs"]
+    [run] = [r for r in runs if r["compress"] == kind]
     ratio = exact_run["cut_bytes"] / run["cut_bytes"]
     # per value: float32 -> bfloat16 halves; int8 + a scale per row of 16; top-k 25 %: 4 of
     # 16 values, each with an int32 index
@@ -240,9 +236,10 @@ def test_bfloat16_halves_the_bytes_of_a_real_send():
     assert sizes["exact"] / sizes["bf16"] > 1.98
 
 
-def test_exact_cut_bytes_count_every_float32_of_the_cut(exact_run):
+def test_exact_cut_bytes_count_every_float32_of_the_cut(compress_curve):
     """The party's cut counters: 900 training rows x 16 float32 each way per epoch, plus the
     300 test rows' activations of the evaluation."""
+    exact_run = compress_curve["runs"][0]
     assert exact_run["cut_bytes"] == 4 * (900 * 16 * 4 * 2) + 300 * 16 * 4
 
 
@@ -295,10 +292,17 @@ def test_party_configs_check_compression_values(tmp_path):
 
 
 def test_bench_wan_offers_every_compressor():
-    from bench.wan import COMPRESS_KINDS, build_parser
+    """``python -m bench.wan --compress`` accepts exactly the split package's compressors."""
+    import subprocess
+    import sys
 
-    assert COMPRESS_KINDS == KINDS
-    assert build_parser().parse_args(["--compress", "bfloat16"]).compress == "bfloat16"
+    from run_helpers import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.wan", "--help"], cwd=ROOT, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert f"--compress {{{','.join(KINDS)}}}" in done.stdout.decode()
 
 
 @pytest.mark.parametrize("kind", ["int8", "topk"])
@@ -344,13 +348,8 @@ def test_chunked_messages_are_compressed_per_message(kind):
     assert np.abs(feedback.residual).max() > 0  # lossy: something was fed back
 
 
-def test_bench_compress_curve_reports_every_run_against_exact():
-    from bench.compress import curve
-
-    out = asyncio.run(
-        curve((("none", 0.1), ("bfloat16", 0.1)), rows=400, features=4, epochs=1, cut=8)
-    )
-    exact, bf16 = out["runs"]
+def test_bench_compress_curve_reports_every_run_against_exact(compress_curve):
+    exact, bf16 = compress_curve["runs"][:2]
     assert exact["bytes_ratio"] == 1.0 and exact["d_auc"] == 0.0
     assert bf16["bytes_ratio"] == 2.0 and bf16["fraction"] is None
     assert bf16["frame_bytes"] < exact["frame_bytes"]

@@ -27,8 +27,8 @@ from tandem.parties.elastic.errors import ConfigError
 
 ray = pytest.importorskip("ray")
 
-from bench.elastic_ray import EPOCHS, all_ids, reference_loss, write_job  # noqa: E402
 from tandem.parties.elastic.ray import Job, RayLaunch, RaySection, decide, read_job  # noqa: E402
+from tandem.parties.elastic.ray.sample import EPOCHS, all_ids, reference_loss, write_job  # noqa: E402
 
 pytestmark = [
     # Ray starts nodes with fork+exec; JAX (the in-process reference run) warns on any fork

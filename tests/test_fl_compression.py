@@ -320,11 +320,10 @@ SKETCH_RECALL = 0.95
 
 @pytest.mark.slow
 def test_preset_sketch_top_h_holds_the_heavy_set_at_1m():
-    import argparse
+    """``python -m bench.fl_private --only sketch``: its keys, from `bench.fl_sketch`."""
+    from run_helpers import run_bench
 
-    from bench.fl_private import sketch  # bench.fl_private's keys, from bench.fl_sketch
-
-    r = sketch(argparse.Namespace(sketch_seeds=3))
+    r, _ = run_bench("fl_private", "--json", "--only", "sketch", "--sketch-seeds", "3")
     assert (r["sketch_rows"], r["sketch_cols"], r["sketch_h"]) == (5, 3333, 166)
     assert r["sketch_recall_1m"] >= SKETCH_RECALL and r["sketch_recall_1m_min"] >= 0.93, r
     assert r["sketch_recall_1m_row_median"] < 0.8, r  # what the robust estimate fixes
@@ -332,21 +331,22 @@ def test_preset_sketch_top_h_holds_the_heavy_set_at_1m():
 
 @pytest.mark.slow
 def test_preset_sketch_top_h_holds_the_heavy_set_at_10m():
-    from bench.fl_sketch import heavy_vector
+    """``python -m bench.fl_sketch --d 10000000``, one draw (seed 0)."""
+    from run_helpers import run_bench
 
     d = 10_000_000
     rows, cols = presets.sketch_shape(d)
-    h = cols // 20
-    x = heavy_vector(d, h, 0)
-    est = C.sketch_estimate(C.sketch_compress(x, 0, rows, cols), 0, d)
-    assert C.heavy_recall(x, est, h) >= SKETCH_RECALL
+    r, _ = run_bench("fl_sketch", "--json", "--d", str(d), "--seeds", "1")
+    assert (r["d"], r["rows"], r["cols"], r["h"], r["seeds"]) == (d, rows, cols, cols // 20, 1)
+    assert r["sketch_recall_10m"] >= SKETCH_RECALL, r
 
 
 def test_preset_sketch_top_h_holds_the_heavy_set_at_300k():
-    from bench.fl_sketch import sketch_recall
+    from run_helpers import run_bench
 
-    r = sketch_recall(300_000, seeds=2)
-    assert r["recall_min"] >= SKETCH_RECALL, r
+    r, _ = run_bench("fl_sketch", "--json", "--d", "300000", "--seeds", "2")
+    assert r["d"] == 300_000 and r["seeds"] == 2
+    assert r["sketch_recall_300k_min"] >= SKETCH_RECALL, r
 
 
 @settings(max_examples=examples(50), deadline=None, derandomize=True)

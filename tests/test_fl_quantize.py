@@ -1,17 +1,16 @@
 """The block-quantized uplink (`tandem.parties.fl.quantize`): payload layout and error bound,
 the clients' error feedback (nothing lost, only delayed; a stale residual dropped), the
 server's checks and refusals, its TOML keys, and, end to end, 4-bit compressed FedAdam on a
-small version of ``bench.fl_compressed``'s task tracking dense round by round."""
+small version of ``bench.fl_compressed``'s task tracking dense round by round (run as a user
+runs the benchmark)."""
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import numpy as np
 import pytest
 
-from bench import fl_compressed as B
 from fl_process_helpers import compression_server
 from tandem.errors import ConfigError
 from tandem.parties.fl import presets
@@ -19,7 +18,6 @@ from tandem.parties.fl import protocol as P
 from tandem.parties.fl.client import FLClient
 from tandem.parties.fl.config import FLConfigError
 from tandem.parties.fl.dp import DPConfig
-from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.quantize import (
     dequantize,
     levels,
@@ -137,18 +135,20 @@ def test_toml_uplink_bits_builds_a_quantized_uplink_and_refuses_what_does_not_ap
 
 
 def test_four_bit_uplink_tracks_dense_round_by_round_on_the_user_like_task():
-    """Small version of the task (MLP 28-512-2, 6 rounds): every round within 0.5 points of
-    dense FL while the uplink carries 7x fewer bytes."""
-    data = B.make_task(clients=6, rows=1000, test_rows=1200, seed=0)
-    trainer = B._trainer(data, [512], seed=0)
-    cfgs = B.configs(trainer.dim, 6, 0, None, bits=4)
-    servers = {
-        name: asyncio.run(run_memory_federation(data, trainer, cfg)) for name, cfg in cfgs.items()
-    }
-    dense, comp = servers["dense"].reports, servers["compressed"].reports
-    gaps = [100 * (a.accuracy - b.accuracy) for a, b in zip(dense, comp, strict=True)]
-    assert max(gaps) <= 0.5 + 1e-9, gaps  # 6 test rows of 1,200
-    assert servers["compressed"].bytes_up() * 7 < servers["dense"].bytes_up()
+    """Small version of the task (MLP 28-512-2, 6 rounds, no warm-up): every round within 0.5
+    points of dense FL while the uplink carries 7x fewer bytes."""
+    from run_helpers import run_bench
+
+    out, _ = run_bench(
+        "fl_compressed", "--json", "--rows", "1000", "--test-rows", "1200", "--hidden", "512",
+        "--rounds", "6", "--seed", "0", "--warmup-rounds", "0", "--ramp-rounds", "0",
+        "--uplink-bits", "4",
+    )  # fmt: skip
+    assert out["compressed_warmup"] is None and out["compressed_rounds"] == 6
+    gaps = [a - b for a, b in out["compressed_curve"].values()]
+    # 6 test rows of 1,200 (accuracies are multiples of 1/12 %, reported to 2 decimals)
+    assert len(gaps) == 6 and max(gaps) <= 0.5 + 0.01, gaps
+    assert out["compressed_uplink_ratio"] >= 7.01  # rounded to 2 decimals: above 7 unrounded
 
 
 def test_the_server_bounds_a_quantized_update_by_its_payload_size():

@@ -147,12 +147,16 @@ def test_cli_simulate_prints_one_result_line():
     assert result["peak_live_clients"] <= 5 and result["rounds"] == 2
 
 
-def test_bench_fl_sim_one_setting_in_process(monkeypatch):
-    from bench import fl_sim
+def test_bench_fl_sim_one_setting():
+    """One setting of ``bench.fl_sim`` (its ``--one`` child) at its ``--quick`` size: 10
+    clients, all 10 each round."""
+    from run_helpers import run_bench
 
-    monkeypatch.setitem(fl_sim.SETTINGS, "tiny", (40, 4, 12, [8], 6, 1))
-    r = fl_sim.run_one("tiny", rounds=2, warmup=1, seed=0)
-    assert r["peak_live"] == 4 and r["s_per_round"] > 0 and r["pss_mb"] > 0
+    r, _ = run_bench(
+        "fl_sim", "--one", "flower_100", "--quick", "--rounds", "2", "--warmup", "1", "--seed", "0"
+    )
+    assert r["setting"] == "flower_100"
+    assert r["peak_live"] == 10 and r["s_per_round"] > 0 and r["pss_mb"] > 0
 
 
 @pytest.mark.slow

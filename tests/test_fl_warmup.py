@@ -1,21 +1,20 @@
 """The compression ramp (`tandem.parties.fl.warmup`): dense rounds first, then geometrically
 sparser rounds down to the configured compression; its TOML keys; and, end to end, compressed
-FedAdam on a small version of the user-like task of ``bench.fl_compressed`` reaching dense."""
+FedAdam on a small version of the user-like task (`tandem.parties.fl.synthetic`) reaching
+dense, run as a user runs ``bench.fl_compressed``."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import numpy as np
 import pytest
 
-from bench import fl_compressed as B
 from fl_process_helpers import compression_server
 from tandem.errors import ConfigError
 from tandem.parties.fl.config import FLConfigError
-from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.server_process import build_fl_config
+from tandem.parties.fl.synthetic import SEGMENTS, make_client_table, make_task
 from tandem.parties.fl.warmup import Warmup, round_compression
 
 D = 60_000
@@ -72,10 +71,10 @@ SMALL = dict(clients=6, rows=1000, test_rows=1200, seed=0)
 
 
 def test_the_user_like_task_is_seeded_non_iid_and_mixes_both_column_kinds():
-    t = B.make_client_table(50, 0, alpha=0.5, shift=0.6, seed=0)
+    t = make_client_table(50, 0, alpha=0.5, shift=0.6, seed=0)
     assert t.numeric.shape == (50, 20) and t.segment.dtype.kind == "U"
-    assert set(t.segment) <= set(B.SEGMENTS)
-    a, b = B.make_task(**SMALL), B.make_task(**SMALL)
+    assert set(t.segment) <= set(SEGMENTS)
+    a, b = make_task(**SMALL), make_task(**SMALL)
     assert all(np.array_equal(x, y) for (x, _), (y, _) in zip(a.clients, b.clients, strict=True))
     rates = [float(y.mean()) for _, y in a.clients]
     assert max(rates) - min(rates) > 0.3  # label skew from the shifted clients
@@ -86,22 +85,23 @@ def test_warm_up_rounds_are_dense_rounds_and_compressed_stays_near_dense():
     """The small version of the task (MLP 28-512-2, 8 rounds): the warm-up rounds are dense
     FL's rounds exactly, every later round stays within 3.5 points of dense while carrying
     1/20 of its uplink or less by the end; compressed from round one starts far below."""
-    data = B.make_task(**SMALL)
-    trainer = B._trainer(data, [512], seed=0)
-    cfgs = B.configs(trainer.dim, 8, 0, Warmup())
-    servers = {
-        name: asyncio.run(run_memory_federation(data, trainer, cfg)) for name, cfg in cfgs.items()
-    }
-    dense, comp = servers["dense"].reports, servers["compressed"].reports
+    from run_helpers import run_bench
+
+    out, _ = run_bench(
+        "fl_compressed", "--json", "--rows", "1000", "--test-rows", "1200", "--hidden", "512",
+        "--rounds", "8", "--seed", "0", "--baseline",
+    )  # fmt: skip
+    assert out["compressed_warmup"] == dataclasses.asdict(Warmup())
+    acc, up = list(out["compressed_curve"].values()), list(out["compressed_up_bytes"].values())
+    assert len(acc) == len(up) == 8
     for r in range(2):
-        assert comp[r].accuracy == dense[r].accuracy
-        assert comp[r].up_bytes == dense[r].up_bytes
-    gaps = [100 * (a.accuracy - b.accuracy) for a, b in zip(dense, comp, strict=True)]
+        assert acc[r][0] == acc[r][1]
+        assert up[r][0] == up[r][1]
+    gaps = [a - b for a, b in acc]
     assert max(gaps) < 3.5, gaps
-    assert comp[-1].up_bytes * 20 < dense[-1].up_bytes
-    cold = dataclasses.replace(cfgs["compressed"], warmup=None, rounds=1)
-    first = asyncio.run(run_memory_federation(data, trainer, cold)).reports[0]
-    assert 100 * first.accuracy < 100 * dense[0].accuracy - 5, (first.accuracy, dense[0].accuracy)
+    assert up[-1][1] * 20 < up[-1][0]
+    [cold] = out["compressed_baselines"]  # compressed from round one
+    assert cold["curve"][0] < acc[0][0] - 5, (cold["curve"][0], acc[0][0])
 
 
 def test_a_reply_to_a_denser_past_round_is_discarded_as_late_not_refused():

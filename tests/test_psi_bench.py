@@ -1,17 +1,14 @@
 """Smoke test of `bench.psi` on a tiny size: two real processes over HTTP agree (the speed
 target is the benchmark's business, not a test's)."""
 
-import json
-
 import pytest
 
-from bench import psi
+from run_helpers import run_bench
 
 
 @pytest.mark.slow
-def test_bench_psi_tiny(capsys):
-    assert psi.main(["--json", "--sizes", "400", "--chunk", "64"]) == 0
-    record = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+def test_bench_psi_tiny():
+    record, _ = run_bench("psi", "--json", "--sizes", "400", "--chunk", "64")
     assert record["bench"] == "psi" and record["transport"] == "http-loopback"
     assert record["seconds_400"] > 0
     # 2 x 400 blinded points of 32 bytes + 2 x 400 truncated doubles of 16 bytes, plus headers

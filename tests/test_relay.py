@@ -1,6 +1,6 @@
-"""`bench.relay.DelayRelay` on loopback: bytes arrive whole and in order, never before their
-delay, the end of stream is passed on, the buffer stays bounded, and a missing target is a
-reset. Only lower bounds on time are checked (a loaded machine only ever adds time)."""
+"""`tandem.transports.relay.DelayRelay` on loopback: bytes arrive whole and in order, never
+before their delay, the end of stream is passed on, the buffer stays bounded, and a missing
+target is a reset. Only lower bounds on time are checked (a loaded machine only ever adds time)."""
 
 import asyncio
 import os
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bench.relay import READ_BYTES, DelayRelay, buffer_for
+from tandem.transports.relay import READ_BYTES, DelayRelay, buffer_for
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -1,5 +1,6 @@
-"""Loopback ports for servers a test or benchmark starts in another process, or names before
-they listen.
+"""Loopback ports for servers a test, a benchmark or a user's script starts in another process,
+or names in a config before they listen (e.g. a local try-out of ``tandem fl server`` and its
+clients).
 
 A port found by binding port 0 and closing the socket is an ephemeral port: until the server
 binds it, the kernel may hand it to any outgoing connection, and under pytest-xdist another

@@ -1,0 +1,39 @@
+"""Running a benchmark the way a user does, for the tests of the benchmarks: ``python -m
+bench.NAME ...`` in the repository root, with this environment, and its JSON line parsed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_bench(module: str, *args: str, timeout: float = 300) -> tuple[dict[str, Any], list[str]]:
+    """Run ``python -m bench.<module> *args``; it must exit 0. Returns the last line of its
+    stdout parsed as JSON, and every non-empty stdout line (a benchmark prints results only)."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    lines = [line for line in done.stdout.decode().splitlines() if line.strip()]
+    assert lines, done.stderr.decode()[-3000:]
+    return json.loads(lines[-1]), lines
+
+
+def hostile_attack(name: str, seconds: float = 110) -> dict[str, Any]:
+    """What ``python -m bench.hostile --attacks NAME`` reports of one attack of
+    `bench.hostile_roles` (a job of its own, no reference run): the attack's figures, and
+    ``done`` (the job ran to its end without raising)."""
+    out, _ = run_bench(
+        "hostile", "--json", "--attacks", name, "--seconds", str(seconds), timeout=seconds + 60
+    )
+    detail = out["per_attack"][name]
+    assert detail["done"], detail
+    return detail
