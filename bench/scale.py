@@ -327,6 +327,10 @@ def train_parties(
     )
     env = child_env(secret)
     runs = {p: party_launch(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
+    launched = {
+        p: {"cpu": prefix[-1] if prefix else None, "xla_flags": env_p.get("XLA_FLAGS")}
+        for p, (env_p, prefix) in runs.items()
+    }
     history = folder / f"history_{work.parties[0]}.jsonl"
     history.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -349,6 +353,7 @@ def train_parties(
         },
         "wall_s": time.perf_counter() - t0,
         "history": epochs,
+        "launched": launched,
     }
 
 
@@ -648,6 +653,7 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "load_s": {p: r.get("load_seconds") for p, r in exact["results"].items()},
         "wall_s": round(exact["wall_s"], 2),
         "n_groups": lead.get("n_groups"),
+        "launched": exact["launched"],
         "rss_mb": {p: round(v / 2**20, 1) for p, v in rss.items()},
         "data_mb": {p: round(v / 2**20, 1) for p, v in data_bytes.items()},
         "state_mb": {p: round(v / 2**20, 1) for p, v in state_bytes.items()},
@@ -872,6 +878,7 @@ def main(argv: list[str] | None = None) -> int:
         breakdown=not args.no_breakdown,
         vocab=tuple(ctr.vocab_sizes(args.vocab_min, args.vocab_max)),
     )
+    party_launch(dict(os.environ), 0, settings.party_threads)  # refuses before any run
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     entries = {}

@@ -12,14 +12,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_bench(module: str, *args: str, timeout: float = 300) -> tuple[dict[str, Any], list[str]]:
-    """Run ``python -m bench.<module> *args``; it must exit 0. Returns the last line of its
-    stdout parsed as JSON, and every non-empty stdout line (a benchmark prints results only)."""
+def run_bench(
+    module: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> tuple[dict[str, Any], list[str]]:
+    """Run ``python -m bench.<module> *args`` (in ``env``, default this process's); it must
+    exit 0. Returns the last line of its stdout parsed as JSON, and every non-empty stdout
+    line (a benchmark prints results only)."""
     done = subprocess.run(
         [sys.executable, "-m", f"bench.{module}", *args],
         cwd=ROOT,
         capture_output=True,
         timeout=timeout,
+        env=env,
     )
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     lines = [line for line in done.stdout.decode().splitlines() if line.strip()]

@@ -5,18 +5,17 @@ the leader alone (the throughput targets are the benchmark's business, not a tes
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
-from bench.scale import (
-    ONE_THREAD_XLA_FLAGS,
-    auto_figures,
-    parse_size,
-    party_launch,
-)
-from run_helpers import run_bench
+from run_helpers import ROOT, run_bench
 
 pytestmark = pytest.mark.slow
+#: bench.scale's flag for one-thread kernels in each party (`--party-threads one`)
+ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 
 ENTRY_KEYS = {
     "rows",
@@ -57,51 +56,40 @@ TOP_KEYS = {
 }
 
 
-def test_parse_size():
-    assert [parse_size(s) for s in ("100k", "1M", "4m", "3000", "2.5k")] == [
-        100_000,
-        1_000_000,
-        4_000_000,
-        3000,
-        2500,
-    ]
+def test_bench_scale_refuses_a_bad_size_and_a_missing_taskset_before_any_run(tmp_path):
+    """Sizes take k/M suffixes (the tiny run below uses them) and anything else is refused;
+    ``--party-threads one`` (the default) needs ``taskset`` and says so before any work."""
+    run = lambda *args, env=None: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "bench.scale", "--json", "--work-dir", str(tmp_path), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    bad = run("--sizes", "2.5x")
+    assert bad.returncode == 2 and "2.5x" in bad.stderr and not bad.stdout
+    no_taskset = run("--sizes", "6k", env={**os.environ, "PATH": str(tmp_path / "empty")})
+    assert no_taskset.returncode != 0 and "--party-threads shared" in no_taskset.stderr
+    assert not no_taskset.stdout and list(tmp_path.iterdir()) == []  # nothing generated
 
 
-def test_auto_figures_compare_every_epoch_with_the_best_fixed_count():
-    out = auto_figures([3.0, 2.0, 2.0], 1000, {1: 400.0, 2: 500.0, 4: 450.0})
-    assert out["first_epoch_vs_steady"] == 1.5
-    assert out["rows_per_s_all_epochs"] == round(3000 / 7, 1)
-    assert out["best_fixed"] == 2 and out["auto_vs_best_fixed"] == round(3000 / 7 / 500, 3)
-    none = auto_figures([1.0], 10, {})
-    assert none["best_fixed"] is None and none["auto_vs_best_fixed"] is None
-
-
-def test_party_launch_confines_each_party_to_one_cpu(monkeypatch):
-    monkeypatch.setattr("tandem.parties.cli.affinity.thread_cpus", lambda: {2, 5})
-    monkeypatch.setattr("shutil.which", lambda name: f"/bin/{name}")
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1", "X": "1"}
-    assert party_launch(env, 0, "shared") == (env, [])
-    (first, pin), *rest = (party_launch(env, i, "one") for i in range(3))
-    assert first["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=1 {ONE_THREAD_XLA_FLAGS}"
-    assert [pin, *(p for _, p in rest)] == [["/bin/taskset", "-c", c] for c in ("2", "5", "2")]
-    assert first["X"] == "1" and env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=1"
-    monkeypatch.setattr("shutil.which", lambda name: None)
-    with pytest.raises(SystemExit, match="--party-threads shared"):
-        party_launch(env, 0, "one")
-
-
-@pytest.mark.timeout(600)  # four processes importing JAX, and compiles, on a loaded 2-core machine
+@pytest.mark.timeout(600)  # six processes importing JAX, and compiles, on a loaded 2-core machine
 def test_bench_scale_tiny(tmp_path):
     pytest.importorskip("pyarrow")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     out, lines = run_bench(
-        "scale", "--json", "--sizes", "6000", "--batch-size", "1000", "--epochs", "2",
-        "--groups", "1", "--learning-rate", "0.01", "--vocab-min", "10", "--vocab-max", "100",
+        "scale", "--json", "--sizes", "6k", "--batch-size", "500", "--epochs", "4",
+        "--groups", "auto", "--fixed", "1", "--align-max", "12.5k", "--reference-max", "4m",
+        "--learning-rate", "0.01", "--vocab-min", "10", "--vocab-max", "100",
         "--timeout", "240",
         "--no-breakdown",  # its two processes would double the test's time (next test)
         "--work-dir", str(tmp_path),
         timeout=580,
+        env=env,
     )  # fmt: skip
     assert len(lines) == 1
+    assert out["settings"]["align_max"] == 12_500 and out["settings"]["reference_max"] == 4_000_000
     entry = out["sizes"]["6000"]
     assert ENTRY_KEYS <= set(entry)
     assert TOP_KEYS <= set(out)
@@ -109,10 +97,32 @@ def test_bench_scale_tiny(tmp_path):
     assert set(entry["rss_mb"]) == {"leader", "follower"}
     assert all(v > 0 for v in entry["rss_mb"].values())
     assert entry["rows_per_s"] > 0 and entry["centralized_rows_per_s"] > 0
-    assert len(entry["epoch_s"]) == 2
-    assert entry["auto_vs_best_fixed"] is None  # a fixed count: no comparison runs
+    assert len(entry["epoch_s"]) == 4
     assert entry["breakdown"] is None  # timed apart: test_the_breakdown_times_every_kernel
-    # one micro-batch per batch: the pipelined run is the centralized one up to float order
+    # each party on its own CPU, its kernels on one thread, the caller's XLA flags kept
+    cpus = sorted(os.sched_getaffinity(0))
+    flags = f"--xla_force_host_platform_device_count=1 {ONE_THREAD_XLA_FLAGS}"
+    assert entry["launched"] == {
+        "leader": {"cpu": str(cpus[0]), "xla_flags": flags},
+        "follower": {"cpu": str(cpus[1 % len(cpus)]), "xla_flags": flags},
+    }
+    # the automatic count against the fixed one: every epoch, the first included, against
+    # the fixed count's last; then the same of the repeated run on the compile cache
+    epochs, rows = entry["epoch_s"], entry["train_rows"]
+    assert entry["first_epoch_vs_steady"] == pytest.approx(epochs[0] / epochs[-1], rel=0.01)
+    all_epochs = len(epochs) * rows / sum(epochs)
+    assert entry["rows_per_s_all_epochs"] == pytest.approx(all_epochs, rel=0.01)
+    assert entry["best_fixed"] == 1 and set(entry["fixed_rows_per_s"]) == {"1"}
+    fixed = entry["fixed_rows_per_s"]["1"]
+    assert entry["auto_vs_best_fixed"] == pytest.approx(all_epochs / fixed, rel=0.01)
+    warm = entry["warm"]
+    assert len(warm["epoch_s"]) == 4 and 1 <= warm["n_groups"] <= 500
+    assert warm["auto_vs_best_fixed"] == pytest.approx(
+        warm["rows_per_s_all_epochs"] / fixed, rel=0.01
+    )
+    assert out["auto_vs_best_fixed_warm"] == warm["auto_vs_best_fixed"]
+    assert out["first_epoch_vs_steady_warm"] == warm["first_epoch_vs_steady"]
+    # any count trains the n = 1 model up to float order: the centralized one
     assert out["auc_vs_centralized"] < 0.01
     assert out["auc_joint"] > out["auc_leader_only"]
     assert math.isfinite(out["rss_vs_data"]) and out["params"] == entry["params"]
