@@ -78,7 +78,7 @@ from tandem.engine.kernels import mlp_stage
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import group_bounds
 from tandem.engine.plan import Kind, Op
-from tandem.engine.simulator import Link, simulate
+from tandem.engine.simulator import Link, replay
 from tandem.engine.topology import two_party
 from tandem.engine.trace import Trace, plot_gantt
 from tandem.errors import ConfigError
@@ -265,38 +265,15 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: float) -> float:
     """The makespan of one batch that the engine's own schedule allows with zero engine cost:
-    `tandem.engine.simulator.simulate` of both parties' plans at ``n`` (same policy and
-    backpressure), each op costing its median measured duration in ``trace`` and each send its
-    measured bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the
-    engine's cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the
-    gradient link trailing the activation link by a group)."""
-    durations: dict[tuple[str, str], list[float]] = {}
-    sizes: dict[tuple[str, str], int] = {}
-    for e in trace.events:
-        if e.lane == "compute":
-            durations.setdefault((e.party, e.name), []).append(e.end - e.start)
-        elif e.lane.startswith("send->"):
-            sizes[(e.party, e.name)] = e.nbytes
+    `tandem.engine.simulator.replay` of both parties' plans at ``n`` (same policy and
+    backpressure) at the costs ``trace`` measured, on the benchmark's link. What separates it
+    from ``pipelined_s`` is the engine's cost; what separates ``bound_s`` from it is the
+    schedule's (fill, drain and the gradient link trailing the activation link by a group)."""
     chunks = wl.leader.chunks_for(wl.cfg.batch_size, n)
     plans = {p.name: p.plan(n, "train", chunks) for p in wl.parties}
     bp = wl.leader.config.backpressure.scaled(chunks)
-    missing = [
-        f"{p}:{op}"
-        for p, plan in plans.items()
-        for op in plan.compute_ops
-        if (p, str(op)) not in durations
-    ]
-    if missing:
-        raise RuntimeError(f"the trace has no duration for {missing[:3]}: was it run at n={n}?")
-    cost = {key: statistics.median(ds) for key, ds in durations.items()}
-    result = simulate(
-        plans,
-        cost=lambda p, op: cost[(p, str(op))],
-        nbytes=lambda p, op: sizes[(p, str(op))],
-        links=lambda src, dst: Link(bandwidth, latency),
-        bp=bp,
-    )
-    return result.makespan
+    link = Link(bandwidth, latency)
+    return replay(trace, plans, links=lambda src, dst: link, bp=bp).makespan
 
 
 def round_order(ns, n_auto: int, r: int) -> list[int | None]:
