@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from bench.pipeline import round_order
 from run_helpers import ROOT, run_bench
 from tandem.engine.batch_time import PARTS, batch_parts
 
@@ -113,17 +112,40 @@ def test_pipeline_benchmark_tiny(tmp_path):
 
 
 def test_each_round_times_auto_next_to_the_fixed_run_of_its_n_on_alternating_sides():
+    """``python -m bench.pipeline --print-plan``: each timed round's runs, for every count the
+    tuner may settle on, without running them."""
+    out, lines = run_bench(
+        "pipeline",
+        "--print-plan",
+        "--batch-size",
+        "64",
+        "--repeats",
+        "4",
+        "--sweep",
+        "1,2,4,8,16,32",
+    )
+    assert len(lines) == 1
     ns = [1, 2, 4, 8, 16, 32]
-    assert round_order(ns, 8, 0) == [1, 2, 4, 8, None, 16, 32]
-    assert round_order(ns, 8, 1) == [1, 2, 4, None, 8, 16, 32]
+    assert out["sweep"] == ns and out["repeats"] == 4 and len(out["round_orders"]) == 64
+
+    def round_order(n_auto: int, r: int) -> list[int | None]:
+        return [None if n == "auto" else n for n in out["round_orders"][str(n_auto)][r]]
+
+    assert round_order(8, 0) == [1, 2, 4, 8, None, 16, 32]
+    assert round_order(8, 1) == [1, 2, 4, None, 8, 16, 32]
     for r in (0, 1):  # a count the sweep lacks: between its neighbours
-        assert round_order(ns, 6, r) == [1, 2, 4, None, 8, 16, 32]
-    assert round_order(ns, 1, 1) == [None, 1, 2, 4, 8, 16, 32]
-    assert round_order(ns, 64, 1) == [*ns, None]
+        assert round_order(6, r) == [1, 2, 4, None, 8, 16, 32]
+    assert round_order(1, 1) == [None, 1, 2, 4, 8, 16, 32]
+    assert round_order(64, 1) == [*ns, None]
     for n_auto in (1, 3, 8, 40):
         for r in range(4):
-            order = round_order(ns, n_auto, r)
+            order = round_order(n_auto, r)
             assert sorted(n for n in order if n is not None) == ns and order.count(None) == 1
+    # the sweep is capped at the batch size, as the timed rounds run it
+    out, _ = run_bench("pipeline", "--print-plan", "--batch-size", "16", "--repeats", "1")
+    assert out["sweep"] == [1, 2, 4, 8, 16] and out["round_orders"]["16"] == [
+        [1, 2, 4, 8, 16, "auto"]
+    ]
 
 
 def test_tuner_noise_benchmark_prints_one_line_per_setting():
@@ -281,3 +303,4 @@ def test_pipeline_benchmark_rejects_a_bad_link_ratio():
     assert "recalibrate" in _refused("pipeline", "--recalibrate", "-1")
     assert "ConfigError: tune_rechecks" in _refused("pipeline", "--tune-rechecks", "-1")
     assert "ConfigError: warmup" in _refused("pipeline", "--warmup", "0")
+    assert "ConfigError: sweep" in _refused("pipeline", "--sweep", "4,0", "--print-plan")
