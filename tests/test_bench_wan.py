@@ -1,4 +1,5 @@
-"""Smoke tests of `bench.wan` on a tiny configuration.
+"""Smoke tests of `bench.wan` on a tiny configuration, and of the shaped link it runs across
+(`tandem.transports.netns.NetnsLink`).
 
 The loopback test runs everywhere (two real processes over HTTP, in-transport shaping): one JSON
 line on stdout, every key present, every number finite and consistent with its definition (the
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.wan import LinkSetupError, NetnsLink
+from tandem.transports.netns import LinkSetupError, NetnsLink
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
