@@ -22,6 +22,7 @@ follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (
 ``python -m ...`` on loopback); each prints its address as one JSON line, and main relays the
 follower's address to the leader. They talk only through `HttpTransport` (HMAC with a random
 secret passed in the environment) and one raw TCP probe socket; nothing is pickled.
+``--print-commands`` prints both processes' command lines (as on loopback) and starts nothing.
 
 **The workload** (``two_party`` topology, as ``bench.pipeline``): the follower ``A`` holds the
 features and a bottom MLP ``d_in -> hidden -> cut``; the leader ``B`` holds a small top MLP, the
@@ -179,6 +180,27 @@ def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
     return json.loads(line)
 
 
+def role_commands(args: argparse.Namespace, link: NetnsLink | None) -> tuple[list[str], list[str]]:
+    """The leader's and the follower's command lines (the follower's still lacks
+    ``--peer-url``): each option in `_FORWARDED` that is set, in both, inside ``link``'s
+    namespaces, or on loopback with in-transport shaping when ``link`` is None. What
+    ``--print-commands`` prints."""
+    me = [sys.executable, "-m", "bench.wan"]
+    common = [
+        f"--{k.replace('_', '-')}=" + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
+        for k, v in vars(args).items()
+        if k in _FORWARDED and v is not None
+    ]
+    if link is not None:
+        lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
+        fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
+    else:
+        shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
+        lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
+        fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+    return lead_cmd, fol_cmd
+
+
 def run_main(args: argparse.Namespace) -> dict[str, Any]:
     """Run the whole benchmark from the parent process; returns the result dict."""
     t_start = time.perf_counter()
@@ -220,19 +242,7 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             rtt_via = "relay"
         env = {**os.environ, SECRET_ENV: secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
         me = [sys.executable, "-m", "bench.wan"]
-        common = [
-            f"--{k.replace('_', '-')}="
-            + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
-            for k, v in vars(args).items()
-            if k in _FORWARDED and v is not None
-        ]
-        if link is not None:
-            lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
-            fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
-        else:
-            shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
-            lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
-            fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+        lead_cmd, fol_cmd = role_commands(args, link)
         relay = None
         if rtt_via == "relay":  # in the follower's namespace: both directions cross it
             relay = _RelayProcess(
@@ -963,6 +973,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
     p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print the leader's and the follower's command lines as on loopback (JSON), "
+        "and exit without making a link or starting them",
+    )
+    p.add_argument(
         "--role", choices=["main", "leader", "follower"], default="main", help=argparse.SUPPRESS
     )
     p.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -996,6 +1012,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
     if args.trace is not None:
         args.trace = os.path.abspath(args.trace)
+    if args.print_commands:
+        leader, follower = role_commands(args, None)
+        print(json.dumps({"leader": leader, "follower": follower}))
+        return 0
     if args.role != "main":
         from tandem.parties.cli import run_async
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from run_helpers import run_bench
 from tandem.transports.netns import LinkSetupError, NetnsLink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -332,10 +333,19 @@ def test_size_workload_search(monkeypatch):
 
 def test_party_options_reach_both_processes():
     """The options a leader or follower process reads are forwarded to both (``--chunks``
-    and ``--send-window`` were once left out, so the leader ran with their defaults)."""
-    import bench.wan as wan
-
-    args = wan.build_parser().parse_args(["--chunks", "3", "--send-window", "5"])
-    forwarded = {k for k in vars(args) if k in wan._FORWARDED}
-    assert {"chunks", "send_window", "rtt_ms", "compress", "hidden"} <= forwarded
-    assert args.chunks == 3 and args.send_window == 5
+    and ``--send-window`` were once left out, so the leader ran with their defaults):
+    ``python -m bench.wan --print-commands`` shows both command lines."""
+    given = {
+        "chunks": "3",
+        "send-window": "5",
+        "rtt-ms": "20.0",
+        "compress": "int8",
+        "hidden": "64",
+    }
+    out, lines = run_bench("wan", "--print-commands", *(f"--{k}={v}" for k, v in given.items()))
+    assert len(lines) == 1 and set(out) == {"leader", "follower"}
+    for role, cmd in out.items():
+        assert cmd[cmd.index("--role") + 1] == role
+        assert cmd[cmd.index("-m") + 1] == "bench.wan"
+        for key, value in given.items():
+            assert f"--{key}={value}" in cmd, (role, key, cmd)
