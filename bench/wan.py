@@ -22,7 +22,8 @@ follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (
 ``python -m ...`` on loopback); each prints its address as one JSON line, and main relays the
 follower's address to the leader. They talk only through `HttpTransport` (HMAC with a random
 secret passed in the environment) and one raw TCP probe socket; nothing is pickled.
-``--print-commands`` prints both processes' command lines (as on loopback) and starts nothing.
+``--print-commands`` prints both processes' command lines (as on loopback) and starts nothing;
+``--size-only`` runs step 2 below alone, for the configured rate, and prints its widths.
 
 **The workload** (``two_party`` topology, as ``bench.pipeline``): the follower ``A`` holds the
 features and a bottom MLP ``d_in -> hidden -> cut``; the leader ``B`` holds a small top MLP, the
@@ -528,14 +529,21 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
 
 
 async def size_workload(
-    wl: Workload, link_s: float, who: str, steps: int = 4
-) -> tuple[Workload, float]:
+    wl: Workload,
+    link_s: float,
+    who: str,
+    steps: int = 4,
+    measure: Callable[[Workload, str], Awaitable[float]] = compute_per_batch,
+) -> tuple[Workload, float, dict[int, float]]:
     """Choose the hidden width so that compute per batch is within 15 % of ``link_s``.
 
     Compute grows about linearly with the width: each step interpolates between the nearest
     measured widths on either side of ``link_s`` (secant), or scales the width by the ratio
     while all measurements lie on one side. After ``steps`` measurements the measured width
-    closest to ``link_s`` is kept (never an unmeasured one)."""
+    closest to ``link_s`` is kept (never an unmeasured one). ``measure`` gives a workload's
+    compute per batch (`compute_per_batch`; ``--compute-table`` looks it up instead).
+    Returns the workload, its compute per batch and every width measured -> its compute, in
+    the order measured."""
     seen: dict[int, float] = {}
 
     def pick(h: float) -> int:
@@ -543,7 +551,7 @@ async def size_workload(
 
     hidden = wl.hidden
     for _ in range(steps):
-        seen[hidden] = c = await compute_per_batch(dataclasses.replace(wl, hidden=hidden), who)
+        seen[hidden] = c = await measure(dataclasses.replace(wl, hidden=hidden), who)
         _log(
             who,
             f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
@@ -563,7 +571,45 @@ async def size_workload(
             break
         hidden = nxt
     best = min(seen, key=lambda h: abs(math.log(link_s / seen[h])))
-    return dataclasses.replace(wl, hidden=best), seen[best]
+    return dataclasses.replace(wl, hidden=best), seen[best], seen
+
+
+def size_only(args: argparse.Namespace) -> dict[str, Any]:
+    """``--size-only``: `size_workload` for the configured rate (``cut_bytes`` per batch at
+    ``--rate-mbit``, as on loopback), from ``--hidden`` (1024), measured in this process or
+    looked up in ``--compute-table`` (a JSON object: width -> compute seconds per batch, e.g.
+    another machine's measurements; a width it lacks is an error). No link, no processes."""
+    wl = Workload(
+        batch_size=args.batch_size,
+        batches=1,
+        d_in=args.d_in,
+        hidden=args.hidden or 1024,
+        cut=args.cut,
+        top_hidden=args.top_hidden,
+        seed=args.seed,
+    )
+    link_s = wl.cut_bytes / (args.rate_mbit * 1e6 / 8)
+    measure: Callable[[Workload, str], Awaitable[float]] = compute_per_batch
+    if args.compute_table is not None:
+        with open(args.compute_table) as f:
+            table = {int(k): float(v) for k, v in json.load(f).items()}
+
+        async def lookup(w: Workload, who: str) -> float:
+            if w.hidden not in table:
+                raise SystemExit(
+                    f"--compute-table {args.compute_table} has no width {w.hidden}; "
+                    "the search picks multiples of 16 from 16 to 16384"
+                )
+            return table[w.hidden]
+
+        measure = lookup
+    sized, compute_s, seen = asyncio.run(size_workload(wl, link_s, "main", measure=measure))
+    return {
+        "link_per_batch_s": link_s,
+        "hidden": sized.hidden,
+        "compute_per_batch_s": compute_s,
+        "measured": [[h, t] for h, t in seen.items()],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -742,7 +788,7 @@ async def leader_main(args: argparse.Namespace) -> int:
         link_s = wl.cut_bytes / min(up, down)
         # 2. size the workload: compute per batch ~= link time per batch
         if args.hidden is None:
-            wl, calib = await size_workload(wl, link_s, "leader")
+            wl, calib, _ = await size_workload(wl, link_s, "leader")
         else:
             calib = None
         # 3. both parties build the job
@@ -973,6 +1019,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
     p.add_argument(
+        "--size-only",
+        action="store_true",
+        help="size the hidden width for --rate-mbit as on loopback (from --hidden, 1024), "
+        "print the widths measured (JSON), and exit without making a link",
+    )
+    p.add_argument(
+        "--compute-table",
+        metavar="FILE",
+        help="with --size-only: a JSON object width -> compute seconds per batch, looked up "
+        "instead of measuring (another machine's measurements)",
+    )
+    p.add_argument(
         "--print-commands",
         action="store_true",
         help="print the leader's and the follower's command lines as on loopback (JSON), "
@@ -1012,6 +1070,11 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
     if args.trace is not None:
         args.trace = os.path.abspath(args.trace)
+    if args.compute_table is not None and not args.size_only:
+        raise SystemExit("--compute-table is read by --size-only only; add --size-only")
+    if args.size_only:
+        print(json.dumps(size_only(args)))
+        return 0
     if args.print_commands:
         leader, follower = role_commands(args, None)
         print(json.dumps({"leader": leader, "follower": follower}))

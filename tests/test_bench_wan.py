@@ -303,31 +303,35 @@ def _children(pid: int) -> set[int]:
     return kids
 
 
-def test_size_workload_search(monkeypatch):
-    """The width search on a model of compute time (no timing): converges on a linear machine;
-    keeps the best measured width when noise keeps it from converging."""
-    import asyncio
-
-    import bench.wan as wan
-
-    wl = wan.Workload(batch_size=64, batches=1, d_in=8, hidden=1024, cut=8, top_hidden=4, seed=0)
+def test_size_workload_search(tmp_path):
+    """The width search on a model of compute time (no timing), through ``python -m bench.wan
+    --size-only --compute-table``: converges on a linear machine; keeps the best measured
+    width when noise keeps it from converging."""
+    # one direction carries 64 x 8 float32 per batch: 0.35 s at this rate
+    rate_mbit = 64 * 8 * 4 * 8 / 0.35 / 1e6
 
     def run(model):
-        async def fake(w, who, rounds=3):
-            calls.append(w.hidden)
-            return model(w.hidden)
+        table = tmp_path / "compute.json"
+        table.write_text(json.dumps({h: model(h) for h in range(16, 16385, 16)}))
+        out, lines = run_bench(
+            "wan",
+            "--size-only",
+            "--compute-table",
+            str(table),
+            *("--batch-size=64", "--d-in=8", "--cut=8", "--top-hidden=4"),
+            f"--rate-mbit={rate_mbit!r}",
+        )
+        assert len(lines) == 1 and out["link_per_batch_s"] == pytest.approx(0.35)
+        calls = [h for h, _ in out["measured"]]
+        assert calls[0] == 1024 and all(t == model(h) for h, t in out["measured"])
+        return out["hidden"], out["compute_per_batch_s"], calls
 
-        calls: list[int] = []
-        monkeypatch.setattr(wan, "compute_per_batch", fake)
-        monkeypatch.setattr(wan, "_log", lambda who, msg: None)
-        return asyncio.run(wan.size_workload(wl, 0.35, "test")), calls
-
-    (got, c), calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
-    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got.hidden)
+    got, c, calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
+    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got)
     assert len(calls) <= 4
     noisy = {1024: 0.092, 3888: 0.463, 2928: 0.217}  # a loaded machine (measured once)
-    (got, c), calls = run(lambda h: noisy.get(h, 0.6))
-    assert len(calls) <= 4 and got.hidden in calls
+    got, c, calls = run(lambda h: noisy.get(h, 0.6))
+    assert len(calls) <= 4 and got in calls
     assert c == min((noisy.get(h, 0.6) for h in calls), key=lambda t: abs(math.log(0.35 / t)))
 
 
