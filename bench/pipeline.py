@@ -37,7 +37,7 @@ ends when *both* parties have finished their last batch):
   `round_order`), so load drifting on a shared machine hits every variant alike, and
   ``auto_vs_best`` = best swept time / auto time is taken within each round and the median
   reported (paired, as ``unchunked_efficiency`` is). ``auto_vs_best_of_medians`` is the ratio
-  of the two medians instead.
+  of the two medians instead. ``--print-plan`` prints these orders and runs nothing.
 * ``overhead_us_per_op``: the engine's own cost per plan op (F/L/B/U compute ops *and* S/R
   sends/receives, both parties), with a tiny model on an unshaped memory link and many
   micro-batches: median over interleaved pairs of (runtime wall time - baseline) / ops, where
@@ -78,7 +78,7 @@ from tandem.engine.kernels import mlp_stage
 from tandem.engine.lanes import ThreadLane
 from tandem.engine.microbatch import group_bounds
 from tandem.engine.plan import Kind, Op
-from tandem.engine.simulator import Link, simulate
+from tandem.engine.simulator import Link, replay
 from tandem.engine.topology import two_party
 from tandem.engine.trace import Trace, plot_gantt
 from tandem.errors import ConfigError
@@ -115,6 +115,11 @@ class BenchConfig:
     overhead_batches: int = 10
     overhead_width: int = 4
 
+    @property
+    def swept(self) -> list[int]:
+        """The fixed counts the timed rounds run: `sweep` capped at the batch size."""
+        return sorted({min(n, self.batch_size) for n in self.sweep})
+
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.batches < 1 or self.repeats < 1:
             raise ConfigError("batch_size, batches and repeats must be >= 1")
@@ -133,6 +138,8 @@ class BenchConfig:
                 f"warmup must be >= 1 and recalibrate >= 0 batches, got "
                 f"{self.warmup} and {self.recalibrate}"
             )
+        if not self.sweep or min(self.sweep) < 1:
+            raise ConfigError(f"sweep must list group counts >= 1, got {self.sweep!r}")
         if not 1 <= self.overhead_groups <= self.overhead_batch:
             raise ConfigError("overhead_groups must be in [1, overhead_batch]")
 
@@ -265,38 +272,15 @@ def _bound(trace: Trace, bandwidth: float) -> tuple[float, dict[str, float]]:
 
 def _schedule(trace: Trace, wl: Workload, n: int, bandwidth: float, latency: float) -> float:
     """The makespan of one batch that the engine's own schedule allows with zero engine cost:
-    `tandem.engine.simulator.simulate` of both parties' plans at ``n`` (same policy and
-    backpressure), each op costing its median measured duration in ``trace`` and each send its
-    measured bytes, on the benchmark's link. What separates it from ``pipelined_s`` is the
-    engine's cost; what separates ``bound_s`` from it is the schedule's (fill, drain and the
-    gradient link trailing the activation link by a group)."""
-    durations: dict[tuple[str, str], list[float]] = {}
-    sizes: dict[tuple[str, str], int] = {}
-    for e in trace.events:
-        if e.lane == "compute":
-            durations.setdefault((e.party, e.name), []).append(e.end - e.start)
-        elif e.lane.startswith("send->"):
-            sizes[(e.party, e.name)] = e.nbytes
+    `tandem.engine.simulator.replay` of both parties' plans at ``n`` (same policy and
+    backpressure) at the costs ``trace`` measured, on the benchmark's link. What separates it
+    from ``pipelined_s`` is the engine's cost; what separates ``bound_s`` from it is the
+    schedule's (fill, drain and the gradient link trailing the activation link by a group)."""
     chunks = wl.leader.chunks_for(wl.cfg.batch_size, n)
     plans = {p.name: p.plan(n, "train", chunks) for p in wl.parties}
     bp = wl.leader.config.backpressure.scaled(chunks)
-    missing = [
-        f"{p}:{op}"
-        for p, plan in plans.items()
-        for op in plan.compute_ops
-        if (p, str(op)) not in durations
-    ]
-    if missing:
-        raise RuntimeError(f"the trace has no duration for {missing[:3]}: was it run at n={n}?")
-    cost = {key: statistics.median(ds) for key, ds in durations.items()}
-    result = simulate(
-        plans,
-        cost=lambda p, op: cost[(p, str(op))],
-        nbytes=lambda p, op: sizes[(p, str(op))],
-        links=lambda src, dst: Link(bandwidth, latency),
-        bp=bp,
-    )
-    return result.makespan
+    link = Link(bandwidth, latency)
+    return replay(trace, plans, links=lambda src, dst: link, bp=bp).makespan
 
 
 def round_order(ns, n_auto: int, r: int) -> list[int | None]:
@@ -311,6 +295,24 @@ def round_order(ns, n_auto: int, r: int) -> list[int | None]:
     whatever the run before leaves behind over both."""
     below = [n for n in ns if n < n_auto or (n == n_auto and r % 2 == 0)]
     return [*below, None, *[n for n in ns if n not in below]]
+
+
+def timed_rounds(cfg: BenchConfig) -> dict[str, Any]:
+    """What ``--print-plan`` prints: the swept counts (`BenchConfig.swept`) and, for each
+    count 1..``batch_size`` the tuner may settle on, the `round_order` of every timed round,
+    the auto run as ``"auto"``."""
+    ns = cfg.swept
+    return {
+        "sweep": ns,
+        "repeats": cfg.repeats,
+        "round_orders": {
+            str(n_auto): [
+                ["auto" if n is None else n for n in round_order(ns, n_auto, r)]
+                for r in range(cfg.repeats)
+            ]
+            for n_auto in range(1, cfg.batch_size + 1)
+        },
+    }
 
 
 # -- the pipeline measurement ---------------------------------------------------------------------
@@ -339,7 +341,7 @@ async def measure_pipeline(
             wl.set(policy="fifo", trace=None)
             await wl.run_fixed(lane, 1, idx_list[:1])
             wl.set(policy="priority", trace=None)
-            ns = sorted({min(n, cfg.batch_size) for n in cfg.sweep})
+            ns = cfg.swept
             for n in ns:
                 await wl.run_fixed(lane, n, idx_list[:1])
 
@@ -769,6 +771,18 @@ def main(argv: list[str] | None = None) -> int:
         help="write Chrome traces (Perfetto) of the first timed sequential and pipelined runs",
     )
     ap.add_argument("--quick", action="store_true", help="tiny sizes (smoke test): `QUICK`")
+    ap.add_argument(
+        "--print-plan",
+        action="store_true",
+        help="print the order of each timed round's runs for every count the tuner may "
+        "settle on (JSON), and exit without running",
+    )
+    ap.add_argument(
+        "--sweep",
+        type=lambda text: tuple(int(v) for v in text.split(",")),
+        help="fixed group counts timed besides auto, comma-separated "
+        f"({','.join(map(str, BenchConfig.sweep))})",
+    )
     ap.add_argument("--batches", type=int, help=f"batches per timed run ({BenchConfig.batches})")
     ap.add_argument("--repeats", type=int, help=f"timed rounds ({BenchConfig.repeats})")
     ap.add_argument("--batch-size", type=int, help=f"rows per batch ({BenchConfig.batch_size})")
@@ -814,10 +828,14 @@ def main(argv: list[str] | None = None) -> int:
             "recalibrate",
             "tune_rechecks",
             "link_ratio",
+            "sweep",
         )  # fmt: skip
         if (v := getattr(args, k)) is not None
     }
     cfg = BenchConfig(**{**(QUICK if args.quick else {}), **given})
+    if args.print_plan:
+        print(json.dumps(timed_rounds(cfg)))
+        return 0
     # pin the loop's thread (and the lanes it starts) to one CPU, as `tandem` does
     free = thread_cpus()
     cpu = colocate_python_threads()

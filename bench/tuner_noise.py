@@ -14,6 +14,9 @@ interpolated in log n), times a noise factor per batch (``--noise-model``):
   hiccups), which the normal model's symmetric scatter does not show.
 * ``normal``: ``1 + noise * N(0, 1)``, and 5% of batches 30% slower (a load spike).
 
+``--noise-draws N`` prints ``N`` seeded draws of the chosen model (factor - 1) beside
+`MEASURED_PERCENTILES` instead, and runs no tuner: the noise model, to check or plot.
+
 ``--drift SIGMA`` multiplies every batch by the machine's speed as well, ``exp(x)`` with ``x``
 an AR(1) process over batches (stationary std ``SIGMA``, correlation time ``--drift-batches``,
 20 by default): a shared machine's slow and fast spells, which shift whole probes of one n
@@ -281,7 +284,30 @@ def main(argv: list[str] | None = None) -> int:
         action="store_false",
         help="a re-check moves n on one comparison's win (GroupTuner.verify = False)",
     )
+    ap.add_argument(
+        "--noise-draws",
+        type=int,
+        metavar="N",
+        help="print N seeded draws of the noise model (factor - 1) and the stored "
+        "MEASURED_PERCENTILES, and exit: what the tuner's batches are scaled by",
+    )
     args = ap.parse_args(argv)
+    if args.noise_draws is not None:
+        rng = np.random.default_rng(0)
+        draws = [
+            noise_factor(rng, args.noise_model, args.noise) - 1 for _ in range(args.noise_draws)
+        ]
+        print(
+            json.dumps(
+                {
+                    "noise_model": args.noise_model,
+                    "noise": args.noise if args.noise_model == "normal" else None,
+                    "measured_percentiles": list(MEASURED_PERCENTILES),
+                    "draws": draws,
+                }
+            )
+        )
+        return 0
     starts = [int(x) for x in args.starts.split(",")]
     best = min(curve(n) for n in range(1, 65))
     out: dict = {

@@ -22,6 +22,8 @@ follower, with ``ip netns exec NS python -m bench.wan --role leader|follower`` (
 ``python -m ...`` on loopback); each prints its address as one JSON line, and main relays the
 follower's address to the leader. They talk only through `HttpTransport` (HMAC with a random
 secret passed in the environment) and one raw TCP probe socket; nothing is pickled.
+``--print-commands`` prints both processes' command lines (as on loopback) and starts nothing;
+``--size-only`` runs step 2 below alone, for the configured rate, and prints its widths.
 
 **The workload** (``two_party`` topology, as ``bench.pipeline``): the follower ``A`` holds the
 features and a bottom MLP ``d_in -> hidden -> cut``; the leader ``B`` holds a small top MLP, the
@@ -76,7 +78,6 @@ import dataclasses
 import json
 import math
 import os
-import re
 import secrets
 import signal
 import statistics
@@ -88,6 +89,7 @@ from typing import Any
 
 import numpy as np
 
+from tandem.transports.netns import LinkSetupError, NetnsLink
 from tandem.transports.relay import buffer_for
 
 A, B = "A", "B"  # A: follower (features, bottom); B: leader (top, labels, loss)
@@ -98,252 +100,6 @@ MiB = 1 << 20
 
 def _log(who: str, msg: str) -> None:
     print(f"[bench.wan {who}] {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# the link: network namespaces joined by a shaped veth pair
-# ---------------------------------------------------------------------------------------------
-class LinkSetupError(RuntimeError):
-    """The namespaces/veth/tbf link could not be built (the caller may fall back)."""
-
-
-def default_burst(rate_Bps: float) -> int:
-    """tbf's bucket: at least 64 KiB (one GSO segment train), else ~2 ms at ``rate_Bps``."""
-    return int(max(64 * 1024, rate_Bps * 0.002))
-
-
-class NetnsLink:
-    """Two network namespaces joined by a veth pair, both ends shaped by ``tbf``.
-
-    Use as a context manager; `__exit__` deletes both namespaces (which removes the veth pair)
-    whatever happened. Names carry the pid, so concurrent benchmarks do not collide."""
-
-    def __init__(
-        self,
-        rate_mbit: float,
-        *,
-        latency_ms: float = 5.0,
-        burst: int | None = None,
-        tcp_cc: str | None = None,
-        tag: str | None = None,
-    ) -> None:
-        tag = tag or str(os.getpid())
-        self.rate_mbit = rate_mbit
-        self.tcp_cc = tcp_cc  # None: the namespaces keep the kernel's default
-        self.ns = {B: f"tdmwan{tag}l", A: f"tdmwan{tag}f"}
-        self.dev = {B: f"tw{tag}l"[:15], A: f"tw{tag}f"[:15]}
-        self.ip = {B: "10.213.0.1", A: "10.213.0.2"}
-        rate_Bps = rate_mbit * 1e6 / 8
-        self.burst = burst if burst is not None else default_burst(rate_Bps)
-        # latency: the longest a packet may wait in the shaper's queue (its buffer size)
-        self.tbf = [
-            "rate",
-            f"{rate_mbit}mbit",
-            "burst",
-            str(self.burst),
-            "latency",
-            f"{latency_ms:g}ms",
-        ]
-        self._made: list[str] = []
-        self.netem: str | None = None  # the netem qdisc in front of tbf (`add_delay`)
-
-    def _ip(self, *args: str) -> None:
-        try:
-            subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
-        except FileNotFoundError:
-            raise LinkSetupError("the `ip` command (iproute2) is not installed") from None
-        except subprocess.CalledProcessError as exc:
-            raise LinkSetupError(f"`ip {' '.join(args)}` failed: {exc.stderr.strip()}") from None
-
-    def __enter__(self) -> NetnsLink:
-        try:
-            for party in (B, A):
-                self._ip("netns", "add", self.ns[party])
-                self._made.append(self.ns[party])
-            self._ip("link", "add", self.dev[B], "type", "veth", "peer", "name", self.dev[A])
-            for party in (B, A):
-                ns, dev = self.ns[party], self.dev[party]
-                self._ip("link", "set", dev, "netns", ns)
-                self._ip("-n", ns, "addr", "add", f"{self.ip[party]}/30", "dev", dev)
-                self._ip("-n", ns, "link", "set", dev, "up")
-                self._ip("-n", ns, "link", "set", "lo", "up")
-                self._ip(
-                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf", *self.tbf
-                )
-                if self.tcp_cc is not None:
-                    self._set_congestion_control(party)
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def _set_congestion_control(self, party: str) -> None:
-        """Every connection over the veth uses ``tcp_cc``: a route attribute (``congctl``),
-        because a namespace's sysctl offers only the host's ``tcp_allowed_congestion_control``."""
-        ns, dev = self.ns[party], self.dev[party]
-        try:
-            self._ip(
-                *("-n", ns, "route", "replace", "10.213.0.0/30", "dev", dev),
-                *("proto", "kernel", "scope", "link", "src", self.ip[party]),
-                *("congctl", str(self.tcp_cc)),
-            )
-        except LinkSetupError as exc:
-            raise LinkSetupError(
-                f"{exc} (is `{self.tcp_cc}` in /proc/sys/net/ipv4/"
-                "tcp_available_congestion_control? --tcp-cc default keeps the kernel's)"
-            ) from None
-
-    def congestion_control(self) -> str:
-        """The congestion control of connections over the veth: ``tcp_cc``, or the
-        namespaces' default when none was set."""
-        if self.tcp_cc is not None:
-            return self.tcp_cc
-        got = subprocess.run(
-            [*self.prefix(B), "cat", "/proc/sys/net/ipv4/tcp_congestion_control"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        return got.stdout.strip() or "unknown"
-
-    def add_delay(self, one_way_ms: float) -> str | None:
-        """Put ``netem delay`` in front of each end's ``tbf`` (``netem`` as the root qdisc,
-        ``tbf`` its child), so each direction gets ``one_way_ms`` of propagation delay on top
-        of its rate. Returns None when done, or why not (a kernel without ``sch_netem``): then
-        the ends keep their plain ``tbf`` and the caller puts a relay in the path instead."""
-        # netem's queue must hold the bytes in flight: a rate's worth of one_way_ms, in packets
-        limit = max(1000, int(self.rate_mbit * 1e6 / 8 * one_way_ms / 1e3 / 1000) * 4)
-        done: list[str] = []
-        try:
-            for party in (B, A):
-                ns, dev = self.ns[party], self.dev[party]
-                tc = ["netns", "exec", ns, "tc", "qdisc"]
-                self._ip(*tc, "del", "dev", dev, "root")
-                done.append(party)
-                self._ip(
-                    *tc,
-                    "add",
-                    "dev",
-                    dev,
-                    "root",
-                    "handle",
-                    "1:",
-                    "netem",
-                    "delay",
-                    f"{one_way_ms:g}ms",
-                    "limit",
-                    str(limit),
-                )
-                self._ip(*tc, "add", "dev", dev, "parent", "1:1", "handle", "10:", "tbf", *self.tbf)
-        except LinkSetupError as exc:
-            for party in done:  # back to the plain shaper
-                ns, dev = self.ns[party], self.dev[party]
-                tc = ["netns", "exec", ns, "tc", "qdisc"]
-                subprocess.run(
-                    ["ip", *tc, "del", "dev", dev, "root"], capture_output=True, timeout=20
-                )
-                self._ip(*tc, "add", "dev", dev, "root", "tbf", *self.tbf)
-            return str(exc)
-        self.netem = f"netem delay {one_way_ms:g}ms limit {limit}"
-        return None
-
-    def prefix(self, party: str) -> list[str]:
-        """Command prefix running a program inside ``party``'s namespace."""
-        return ["ip", "netns", "exec", self.ns[party]]
-
-    def close(self) -> None:
-        """Delete what `__enter__` made (idempotent). Deleting a namespace deletes its veth end
-        and so the pair; a pair not yet moved into a namespace is deleted explicitly."""
-        for ns in reversed(self._made):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
-        if self._made:
-            subprocess.run(["ip", "link", "del", self.dev[B]], capture_output=True, timeout=20)
-        self._made.clear()
-
-    @staticmethod
-    def remove_stale() -> list[str]:
-        """Delete namespaces left by an earlier run whose process is gone (killed with
-        SIGKILL, so its finally blocks never ran); returns their names."""
-        try:
-            out = subprocess.run(
-                ["ip", "netns", "list"], capture_output=True, text=True, timeout=20
-            ).stdout
-        except (OSError, subprocess.SubprocessError):
-            return []
-        stale = []
-        for line in out.splitlines():
-            m = re.match(r"(tdmwan(\d+)[lf])\b", line)
-            if m and not os.path.exists(f"/proc/{m.group(2)}"):
-                subprocess.run(["ip", "netns", "del", m.group(1)], capture_output=True, timeout=20)
-                stale.append(m.group(1))
-        return stale
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def counters(self) -> dict[str, dict[str, Any]]:
-        """Per party: its veth end's qdisc counters (``tc -s qdisc``: packets sent, dropped)
-        and its namespace's TCP counters (``/proc/net/snmp``, ``/proc/net/netstat``), totals
-        since the namespaces were made (connections on loopback included)."""
-        out: dict[str, dict[str, Any]] = {}
-        for party in (B, A):
-            run = [*self.prefix(party)]
-            try:
-                qdisc = subprocess.run(
-                    [*run, "tc", "-s", "qdisc", "show", "dev", self.dev[party]],
-                    capture_output=True,
-                    text=True,
-                    timeout=20,
-                    check=True,
-                ).stdout
-                snmp = subprocess.run(
-                    [*run, "cat", "/proc/net/snmp", "/proc/net/netstat"],
-                    capture_output=True,
-                    text=True,
-                    timeout=20,
-                    check=True,
-                ).stdout
-            except (OSError, subprocess.SubprocessError) as exc:
-                out[party] = {"error": str(exc)}
-                continue
-            sent = [int(v) for v in re.findall(r"Sent \d+ bytes (\d+) pkt", qdisc)]
-            dropped = [int(v) for v in re.findall(r"dropped (\d+)", qdisc)]
-            lines = snmp.splitlines()
-            tcp: dict[str, int] = {}
-            for head, vals in zip(lines, lines[1:], strict=False):
-                names, values = head.split(), vals.split()
-                if names[:1] == values[:1] and names[0] in ("Tcp:", "TcpExt:"):
-                    if not values[1].lstrip("-").isdigit():
-                        continue
-                    tcp.update(zip(names[1:], map(int, values[1:]), strict=True))
-            keep = (
-                "OutSegs",
-                "RetransSegs",
-                "TCPTimeouts",
-                "TCPLossProbes",
-                "TCPFastRetrans",
-                "TCPSpuriousRTOs",
-                "ActiveOpens",
-                "PassiveOpens",
-            )
-            out[party] = {
-                "qdisc_sent_pkts": max(sent, default=0),
-                "qdisc_dropped_pkts": max(dropped, default=0),
-                "tcp": {k: tcp[k] for k in keep if k in tcp},
-            }
-        return out
-
-    def describe(self) -> dict[str, Any]:
-        out = {
-            "kind": "netns-veth-tbf",
-            "rate_mbit": self.rate_mbit,
-            "tc": "tbf " + " ".join(self.tbf),
-            "tcp_congestion_control": self.congestion_control(),
-            "namespaces": list(self.ns.values()),
-        }
-        if self.netem is not None:
-            out["netem"] = self.netem
-        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,6 +181,27 @@ def _read_line(proc: subprocess.Popen, what: str) -> dict[str, Any]:
     return json.loads(line)
 
 
+def role_commands(args: argparse.Namespace, link: NetnsLink | None) -> tuple[list[str], list[str]]:
+    """The leader's and the follower's command lines (the follower's still lacks
+    ``--peer-url``): each option in `_FORWARDED` that is set, in both, inside ``link``'s
+    namespaces, or on loopback with in-transport shaping when ``link`` is None. What
+    ``--print-commands`` prints."""
+    me = [sys.executable, "-m", "bench.wan"]
+    common = [
+        f"--{k.replace('_', '-')}=" + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
+        for k, v in vars(args).items()
+        if k in _FORWARDED and v is not None
+    ]
+    if link is not None:
+        lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
+        fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
+    else:
+        shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
+        lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
+        fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+    return lead_cmd, fol_cmd
+
+
 def run_main(args: argparse.Namespace) -> dict[str, Any]:
     """Run the whole benchmark from the parent process; returns the result dict."""
     t_start = time.perf_counter()
@@ -466,19 +243,7 @@ def run_main(args: argparse.Namespace) -> dict[str, Any]:
             rtt_via = "relay"
         env = {**os.environ, SECRET_ENV: secrets.token_hex(16), "PYTHONUNBUFFERED": "1"}
         me = [sys.executable, "-m", "bench.wan"]
-        common = [
-            f"--{k.replace('_', '-')}="
-            + (",".join(map(str, v)) if isinstance(v, tuple) else str(v))
-            for k, v in vars(args).items()
-            if k in _FORWARDED and v is not None
-        ]
-        if link is not None:
-            lead_cmd = [*link.prefix(B), *me, "--role", "leader", "--host", link.ip[B], *common]
-            fol_cmd = [*link.prefix(A), *me, "--role", "follower", "--host", link.ip[A], *common]
-        else:
-            shape = [f"--shape-Bps={args.rate_mbit * 1e6 / 8}"]
-            lead_cmd = [*me, "--role", "leader", "--host", "127.0.0.1", *shape, *common]
-            fol_cmd = [*me, "--role", "follower", "--host", "127.0.0.1", *shape, *common]
+        lead_cmd, fol_cmd = role_commands(args, link)
         relay = None
         if rtt_via == "relay":  # in the follower's namespace: both directions cross it
             relay = _RelayProcess(
@@ -764,14 +529,21 @@ async def compute_per_batch(wl: Workload, who: str, rounds: int = 3) -> float:
 
 
 async def size_workload(
-    wl: Workload, link_s: float, who: str, steps: int = 4
-) -> tuple[Workload, float]:
+    wl: Workload,
+    link_s: float,
+    who: str,
+    steps: int = 4,
+    measure: Callable[[Workload, str], Awaitable[float]] = compute_per_batch,
+) -> tuple[Workload, float, dict[int, float]]:
     """Choose the hidden width so that compute per batch is within 15 % of ``link_s``.
 
     Compute grows about linearly with the width: each step interpolates between the nearest
     measured widths on either side of ``link_s`` (secant), or scales the width by the ratio
     while all measurements lie on one side. After ``steps`` measurements the measured width
-    closest to ``link_s`` is kept (never an unmeasured one)."""
+    closest to ``link_s`` is kept (never an unmeasured one). ``measure`` gives a workload's
+    compute per batch (`compute_per_batch`; ``--compute-table`` looks it up instead).
+    Returns the workload, its compute per batch and every width measured -> its compute, in
+    the order measured."""
     seen: dict[int, float] = {}
 
     def pick(h: float) -> int:
@@ -779,7 +551,7 @@ async def size_workload(
 
     hidden = wl.hidden
     for _ in range(steps):
-        seen[hidden] = c = await compute_per_batch(dataclasses.replace(wl, hidden=hidden), who)
+        seen[hidden] = c = await measure(dataclasses.replace(wl, hidden=hidden), who)
         _log(
             who,
             f"hidden={hidden}: compute/batch {c * 1e3:.0f} ms, link/batch "
@@ -799,7 +571,45 @@ async def size_workload(
             break
         hidden = nxt
     best = min(seen, key=lambda h: abs(math.log(link_s / seen[h])))
-    return dataclasses.replace(wl, hidden=best), seen[best]
+    return dataclasses.replace(wl, hidden=best), seen[best], seen
+
+
+def size_only(args: argparse.Namespace) -> dict[str, Any]:
+    """``--size-only``: `size_workload` for the configured rate (``cut_bytes`` per batch at
+    ``--rate-mbit``, as on loopback), from ``--hidden`` (1024), measured in this process or
+    looked up in ``--compute-table`` (a JSON object: width -> compute seconds per batch, e.g.
+    another machine's measurements; a width it lacks is an error). No link, no processes."""
+    wl = Workload(
+        batch_size=args.batch_size,
+        batches=1,
+        d_in=args.d_in,
+        hidden=args.hidden or 1024,
+        cut=args.cut,
+        top_hidden=args.top_hidden,
+        seed=args.seed,
+    )
+    link_s = wl.cut_bytes / (args.rate_mbit * 1e6 / 8)
+    measure: Callable[[Workload, str], Awaitable[float]] = compute_per_batch
+    if args.compute_table is not None:
+        with open(args.compute_table) as f:
+            table = {int(k): float(v) for k, v in json.load(f).items()}
+
+        async def lookup(w: Workload, who: str) -> float:
+            if w.hidden not in table:
+                raise SystemExit(
+                    f"--compute-table {args.compute_table} has no width {w.hidden}; "
+                    "the search picks multiples of 16 from 16 to 16384"
+                )
+            return table[w.hidden]
+
+        measure = lookup
+    sized, compute_s, seen = asyncio.run(size_workload(wl, link_s, "main", measure=measure))
+    return {
+        "link_per_batch_s": link_s,
+        "hidden": sized.hidden,
+        "compute_per_batch_s": compute_s,
+        "measured": [[h, t] for h, t in seen.items()],
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -978,7 +788,7 @@ async def leader_main(args: argparse.Namespace) -> int:
         link_s = wl.cut_bytes / min(up, down)
         # 2. size the workload: compute per batch ~= link time per batch
         if args.hidden is None:
-            wl, calib = await size_workload(wl, link_s, "leader")
+            wl, calib, _ = await size_workload(wl, link_s, "leader")
         else:
             calib = None
         # 3. both parties build the job
@@ -1209,6 +1019,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--probe-mib", type=int, default=16, help="bytes of the goodput probe")
     p.add_argument(
+        "--size-only",
+        action="store_true",
+        help="size the hidden width for --rate-mbit as on loopback (from --hidden, 1024), "
+        "print the widths measured (JSON), and exit without making a link",
+    )
+    p.add_argument(
+        "--compute-table",
+        metavar="FILE",
+        help="with --size-only: a JSON object width -> compute seconds per batch, looked up "
+        "instead of measuring (another machine's measurements)",
+    )
+    p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="print the leader's and the follower's command lines as on loopback (JSON), "
+        "and exit without making a link or starting them",
+    )
+    p.add_argument(
         "--role", choices=["main", "leader", "follower"], default="main", help=argparse.SUPPRESS
     )
     p.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
@@ -1242,6 +1070,15 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--rate-mbit must be > 0, got {args.rate_mbit}")
     if args.trace is not None:
         args.trace = os.path.abspath(args.trace)
+    if args.compute_table is not None and not args.size_only:
+        raise SystemExit("--compute-table is read by --size-only only; add --size-only")
+    if args.size_only:
+        print(json.dumps(size_only(args)))
+        return 0
+    if args.print_commands:
+        leader, follower = role_commands(args, None)
+        print(json.dumps({"leader": leader, "follower": follower}))
+        return 0
     if args.role != "main":
         from tandem.parties.cli import run_async
 

@@ -35,6 +35,12 @@ class TransportError(TandemError):
     """Root of transport-layer errors."""
 
 
+class LinkSetupError(TransportError):
+    """A shaped test link (`tandem.transports.netns.NetnsLink`: namespaces, veth, tbf) could
+    not be built: not root, no iproute2, or the kernel lacks what was asked (the caller may
+    fall back)."""
+
+
 class FrameError(TransportError, ValueError):
     """A frame could not be encoded or decoded, or does not match what was negotiated.
 

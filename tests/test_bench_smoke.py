@@ -8,7 +8,6 @@ import sys
 
 import pytest
 
-from bench.pipeline import round_order
 from run_helpers import ROOT, run_bench
 from tandem.engine.batch_time import PARTS, batch_parts
 
@@ -113,52 +112,40 @@ def test_pipeline_benchmark_tiny(tmp_path):
 
 
 def test_each_round_times_auto_next_to_the_fixed_run_of_its_n_on_alternating_sides():
+    """``python -m bench.pipeline --print-plan``: each timed round's runs, for every count the
+    tuner may settle on, without running them."""
+    out, lines = run_bench(
+        "pipeline",
+        "--print-plan",
+        "--batch-size",
+        "64",
+        "--repeats",
+        "4",
+        "--sweep",
+        "1,2,4,8,16,32",
+    )
+    assert len(lines) == 1
     ns = [1, 2, 4, 8, 16, 32]
-    assert round_order(ns, 8, 0) == [1, 2, 4, 8, None, 16, 32]
-    assert round_order(ns, 8, 1) == [1, 2, 4, None, 8, 16, 32]
+    assert out["sweep"] == ns and out["repeats"] == 4 and len(out["round_orders"]) == 64
+
+    def round_order(n_auto: int, r: int) -> list[int | None]:
+        return [None if n == "auto" else n for n in out["round_orders"][str(n_auto)][r]]
+
+    assert round_order(8, 0) == [1, 2, 4, 8, None, 16, 32]
+    assert round_order(8, 1) == [1, 2, 4, None, 8, 16, 32]
     for r in (0, 1):  # a count the sweep lacks: between its neighbours
-        assert round_order(ns, 6, r) == [1, 2, 4, None, 8, 16, 32]
-    assert round_order(ns, 1, 1) == [None, 1, 2, 4, 8, 16, 32]
-    assert round_order(ns, 64, 1) == [*ns, None]
+        assert round_order(6, r) == [1, 2, 4, None, 8, 16, 32]
+    assert round_order(1, 1) == [None, 1, 2, 4, 8, 16, 32]
+    assert round_order(64, 1) == [*ns, None]
     for n_auto in (1, 3, 8, 40):
         for r in range(4):
-            order = round_order(ns, n_auto, r)
+            order = round_order(n_auto, r)
             assert sorted(n for n in order if n is not None) == ns and order.count(None) == 1
-
-
-@pytest.mark.slow
-async def test_schedule_replays_a_traced_run_in_the_simulator():
-    """`_schedule` (``schedule_s``): the traced ops' durations and bytes, replayed by the
-    simulator on the benchmark's link, give a makespan no shorter than the link's share."""
-    import asyncio
-
-    from bench.pipeline import A, B, Workload, _schedule
-    from tandem.engine.lanes import ThreadLane
-    from tandem.engine.trace import Trace
-
-    wl = Workload(batch_size=32, n_batches=1, d_in=8, hidden=(16,), cut=8, top_hidden=(4,), seed=0)
-    bandwidth, latency = 32 * 8 * 4 / 0.02, 0.001  # 20 ms per direction per batch
-    wl.net.shape(A, B, bandwidth=bandwidth, latency=latency, both=True)
-    trace = Trace()
-    wl.set(policy="priority", trace=trace)
-
-    async def drive():
-        async with ThreadLane("test") as lane:
-            await wl.run_fixed(lane, 4, wl.batch_indices(1))
-        await wl.leader.stop()
-
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(wl.follower.serve())
-        tg.create_task(drive())
-    makespan = _schedule(trace, wl, 4, bandwidth, latency)
-    # no shorter than one direction's link time, no longer than running every traced op and
-    # send one after the other (each op ran once: its median is its one duration)
-    serial = sum(e.end - e.start for e in trace.events if e.lane == "compute") + sum(
-        e.nbytes / bandwidth + latency for e in trace.events if e.lane.startswith("send->")
-    )
-    assert 0.02 <= makespan <= serial + 1e-9
-    with pytest.raises(RuntimeError, match="no duration"):
-        _schedule(trace, wl, 8, bandwidth, latency)  # ops of n = 8 never ran
+    # the sweep is capped at the batch size, as the timed rounds run it
+    out, _ = run_bench("pipeline", "--print-plan", "--batch-size", "16", "--repeats", "1")
+    assert out["sweep"] == [1, 2, 4, 8, 16] and out["round_orders"]["16"] == [
+        [1, 2, 4, 8, 16, "auto"]
+    ]
 
 
 def test_tuner_noise_benchmark_prints_one_line_per_setting():
@@ -218,16 +205,20 @@ def test_rechecks_keep_a_settled_n_when_their_wins_are_measured_again():
 
 
 def test_the_measured_noise_model_draws_the_stored_distribution():
+    """``python -m bench.tuner_noise --noise-draws N``: the measured model's draws follow its
+    stored percentiles, the long right tail included."""
     import numpy as np
 
-    from bench.tuner_noise import MEASURED_PERCENTILES, noise_factor
-
-    rng = np.random.default_rng(0)
-    draws = np.array([noise_factor(rng, "measured", 0.0) - 1 for _ in range(20000)])
-    assert draws.min() >= MEASURED_PERCENTILES[0] and draws.max() <= MEASURED_PERCENTILES[-1]
+    out, lines = run_bench("tuner_noise", "--noise-draws", "20000")
+    assert len(lines) == 1 and out["noise_model"] == "measured" and out["noise"] is None
+    percentiles = out["measured_percentiles"]
+    assert len(percentiles) == 101
+    draws = np.array(out["draws"])
+    assert len(draws) == 20000
+    assert draws.min() >= percentiles[0] and draws.max() <= percentiles[-1]
     for q in (5, 50, 95):
-        assert np.percentile(draws, q) == pytest.approx(MEASURED_PERCENTILES[q], abs=0.01)
-    assert (draws > MEASURED_PERCENTILES[99]).mean() == pytest.approx(0.01, abs=0.003)  # the tail
+        assert np.percentile(draws, q) == pytest.approx(percentiles[q], abs=0.01)
+    assert (draws > percentiles[99]).mean() == pytest.approx(0.01, abs=0.003)  # the tail
 
 
 def test_balance_splits_each_batch_into_parts_that_add_up():
@@ -312,3 +303,4 @@ def test_pipeline_benchmark_rejects_a_bad_link_ratio():
     assert "recalibrate" in _refused("pipeline", "--recalibrate", "-1")
     assert "ConfigError: tune_rechecks" in _refused("pipeline", "--tune-rechecks", "-1")
     assert "ConfigError: warmup" in _refused("pipeline", "--warmup", "0")
+    assert "ConfigError: sweep" in _refused("pipeline", "--sweep", "4,0", "--print-plan")

@@ -1,4 +1,5 @@
-"""Smoke tests of `bench.wan` on a tiny configuration.
+"""Smoke tests of `bench.wan` on a tiny configuration, and of the shaped link it runs across
+(`tandem.transports.netns.NetnsLink`).
 
 The loopback test runs everywhere (two real processes over HTTP, in-transport shaping): one JSON
 line on stdout, every key present, every number finite and consistent with its definition (the
@@ -21,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.wan import LinkSetupError, NetnsLink
+from run_helpers import run_bench
+from tandem.transports.netns import LinkSetupError, NetnsLink
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -301,40 +303,53 @@ def _children(pid: int) -> set[int]:
     return kids
 
 
-def test_size_workload_search(monkeypatch):
-    """The width search on a model of compute time (no timing): converges on a linear machine;
-    keeps the best measured width when noise keeps it from converging."""
-    import asyncio
-
-    import bench.wan as wan
-
-    wl = wan.Workload(batch_size=64, batches=1, d_in=8, hidden=1024, cut=8, top_hidden=4, seed=0)
+def test_size_workload_search(tmp_path):
+    """The width search on a model of compute time (no timing), through ``python -m bench.wan
+    --size-only --compute-table``: converges on a linear machine; keeps the best measured
+    width when noise keeps it from converging."""
+    # one direction carries 64 x 8 float32 per batch: 0.35 s at this rate
+    rate_mbit = 64 * 8 * 4 * 8 / 0.35 / 1e6
 
     def run(model):
-        async def fake(w, who, rounds=3):
-            calls.append(w.hidden)
-            return model(w.hidden)
+        table = tmp_path / "compute.json"
+        table.write_text(json.dumps({h: model(h) for h in range(16, 16385, 16)}))
+        out, lines = run_bench(
+            "wan",
+            "--size-only",
+            "--compute-table",
+            str(table),
+            *("--batch-size=64", "--d-in=8", "--cut=8", "--top-hidden=4"),
+            f"--rate-mbit={rate_mbit!r}",
+        )
+        assert len(lines) == 1 and out["link_per_batch_s"] == pytest.approx(0.35)
+        calls = [h for h, _ in out["measured"]]
+        assert calls[0] == 1024 and all(t == model(h) for h, t in out["measured"])
+        return out["hidden"], out["compute_per_batch_s"], calls
 
-        calls: list[int] = []
-        monkeypatch.setattr(wan, "compute_per_batch", fake)
-        monkeypatch.setattr(wan, "_log", lambda who, msg: None)
-        return asyncio.run(wan.size_workload(wl, 0.35, "test")), calls
-
-    (got, c), calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
-    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got.hidden)
+    got, c, calls = run(lambda h: 0.02 + 1e-4 * h)  # 0.35 s at h = 3300
+    assert abs(0.35 / c - 1) <= 0.15 and c == pytest.approx(0.02 + 1e-4 * got)
     assert len(calls) <= 4
     noisy = {1024: 0.092, 3888: 0.463, 2928: 0.217}  # a loaded machine (measured once)
-    (got, c), calls = run(lambda h: noisy.get(h, 0.6))
-    assert len(calls) <= 4 and got.hidden in calls
+    got, c, calls = run(lambda h: noisy.get(h, 0.6))
+    assert len(calls) <= 4 and got in calls
     assert c == min((noisy.get(h, 0.6) for h in calls), key=lambda t: abs(math.log(0.35 / t)))
 
 
 def test_party_options_reach_both_processes():
     """The options a leader or follower process reads are forwarded to both (``--chunks``
-    and ``--send-window`` were once left out, so the leader ran with their defaults)."""
-    import bench.wan as wan
-
-    args = wan.build_parser().parse_args(["--chunks", "3", "--send-window", "5"])
-    forwarded = {k for k in vars(args) if k in wan._FORWARDED}
-    assert {"chunks", "send_window", "rtt_ms", "compress", "hidden"} <= forwarded
-    assert args.chunks == 3 and args.send_window == 5
+    and ``--send-window`` were once left out, so the leader ran with their defaults):
+    ``python -m bench.wan --print-commands`` shows both command lines."""
+    given = {
+        "chunks": "3",
+        "send-window": "5",
+        "rtt-ms": "20.0",
+        "compress": "int8",
+        "hidden": "64",
+    }
+    out, lines = run_bench("wan", "--print-commands", *(f"--{k}={v}" for k, v in given.items()))
+    assert len(lines) == 1 and set(out) == {"leader", "follower"}
+    for role, cmd in out.items():
+        assert cmd[cmd.index("--role") + 1] == role
+        assert cmd[cmd.index("-m") + 1] == "bench.wan"
+        for key, value in given.items():
+            assert f"--{key}={value}" in cmd, (role, key, cmd)

@@ -471,3 +471,63 @@ def test_the_outbound_fifo_is_bounded_and_wakes_its_waiting_lane_in_order():
         return [(await box.get())[0] for _ in range(2)]
 
     assert run_virtual(main()) == ops[1:]
+
+
+@pytest.mark.slow
+async def test_replay_simulates_a_traced_run_at_its_measured_costs():
+    """`simulator.replay` (``bench.pipeline``'s ``schedule_s``): the traced ops' durations and
+    bytes of a two-party run, replayed by the simulator on its link, give a makespan no
+    shorter than the link's share and no longer than every op one after the other."""
+    import dataclasses
+
+    from tandem.engine.kernels import mlp_stage
+    from tandem.engine.lanes import ThreadLane
+    from tandem.parties.split import SplitConfig, SplitParty
+
+    rows, cut = 32, 8
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, 8), dtype=np.float32)
+    y = (x @ rng.standard_normal(8, dtype=np.float32) > 0).astype(np.float32)
+    topo = two_party("A", "B")
+    models = {
+        "bottom": mlp_stage([8], [16], cut),
+        "top": mlp_stage([cut], [4], 1, activate_last=False),
+    }
+    cfg = SplitConfig(batch_size=rows, groups="auto", seed=0, learning_rate=1e-3, loss="binary")
+    net = MemoryNetwork()
+    bandwidth, latency = rows * cut * 4 / 0.02, 0.001  # 20 ms per direction per batch
+    net.shape("A", "B", bandwidth=bandwidth, latency=latency, both=True)
+    trace = Trace()
+    leader = SplitParty("B", topo, models, net.endpoint("B"), labels={"train": y}, config=cfg)
+    follower = SplitParty(
+        "A", topo, models, net.endpoint("A"), datasets={"train": x}, config=dataclasses.replace(cfg)
+    )
+    for p in (leader, follower):
+        p.config.policy, p.trace = "priority", trace
+
+    async def drive():
+        async with ThreadLane("test") as lane:
+            await leader.run_batch(np.arange(rows), n=4, lane=lane)
+        await follower.wait_batches(leader.batches_done)
+        await leader.stop()
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        tg.create_task(drive())
+
+    def replayed(n: int) -> float:
+        chunks = leader.chunks_for(rows, n)
+        plans = {p.name: p.plan(n, "train", chunks) for p in (leader, follower)}
+        bp = leader.config.backpressure.scaled(chunks)
+        link = S.Link(bandwidth, latency)
+        return S.replay(trace, plans, links=lambda src, dst: link, bp=bp).makespan
+
+    makespan = replayed(4)
+    # no shorter than one direction's link time, no longer than running every traced op and
+    # send one after the other (each op ran once: its median is its one duration)
+    serial = sum(e.end - e.start for e in trace.events if e.lane == "compute") + sum(
+        e.nbytes / bandwidth + latency for e in trace.events if e.lane.startswith("send->")
+    )
+    assert 0.02 <= makespan <= serial + 1e-9
+    with pytest.raises(PlanError, match="no duration"):
+        replayed(8)  # ops of n = 8 never ran

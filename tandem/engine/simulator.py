@@ -8,7 +8,9 @@ after their transmission ends. A frame leaves the outbound count when its transm
 
 `simulate` returns the makespan and a `Trace`; with the same costs, the runtime on a virtual
 clock produces the same per-party op order
-(tests/test_scheduling.py::test_runtime_op_order_matches_the_simulation).
+(tests/test_scheduling.py::test_runtime_op_order_matches_the_simulation). `replay` simulates
+plans at the costs a traced run measured: the schedule's own makespan, without the engine's
+cost.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
+import statistics
 from collections.abc import Callable, Mapping
 
 from tandem.errors import PlanError
@@ -62,6 +65,53 @@ def simulate(
     for plan in plans.values():
         bp.check_plan(plan)
     return _Simulation(plans, cost, nbytes, link_of, bp, chosen).run()
+
+
+def replay(
+    trace: Trace,
+    plans: Mapping[str, Plan],
+    *,
+    links: Callable[[str, str], Link] | Mapping[tuple[str, str], Link] | None = None,
+    bp: Backpressure = DEFAULT_BACKPRESSURE,
+    policy: Policy | str = PRIORITY,
+) -> SimResult:
+    """`simulate` one batch of ``plans`` at the costs a run traced in ``trace``: each compute
+    op costs the median duration of the ``trace``'s events of its party and name on the
+    ``compute`` lane, each send the bytes its ``send->PEER`` event carried.
+
+    With the plans, policy and backpressure the run used, the makespan is what the engine's
+    schedule allows with zero engine cost: a run's wall time per batch minus it is the
+    engine's own cost, and it minus a lower bound (the busiest resource) is the schedule's
+    (fill, drain). Raises `PlanError` naming the ops the trace has no duration or size for
+    (it ran at another group count or chunks)."""
+    durations: dict[tuple[str, str], list[float]] = {}
+    sizes: dict[tuple[str, str], int] = {}
+    for e in trace.events:
+        if e.lane == "compute":
+            durations.setdefault((e.party, e.name), []).append(e.end - e.start)
+        elif e.lane.startswith("send->"):
+            sizes[(e.party, e.name)] = e.nbytes
+    missing = [
+        f"{p}:{op}"
+        for p, plan in plans.items()
+        for op in plan.ops
+        if (op.is_compute and (p, str(op)) not in durations)
+        or (op.kind is Kind.SEND and (p, str(op)) not in sizes)
+    ]
+    if missing:
+        raise PlanError(
+            f"the trace has no duration or size for {len(missing)} ops of the plans, e.g. "
+            f"{missing[:3]}: trace a run at the plans' group count and chunks"
+        )
+    cost = {key: statistics.median(ds) for key, ds in durations.items()}
+    return simulate(
+        plans,
+        cost=lambda p, op: cost[(p, str(op))],
+        nbytes=lambda p, op: sizes[(p, str(op))],
+        links=links,
+        bp=bp,
+        policy=policy,
+    )
 
 
 class _Simulation:
