@@ -83,6 +83,8 @@ from typing import Any
 
 import numpy as np
 
+from tandem.parties.progress import emit_result
+
 from . import ctr
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -276,6 +278,15 @@ def party_launch(
     return {**env, "XLA_FLAGS": flags}, [taskset, "-c", str(cpus[index % len(cpus)])]
 
 
+def launch_summary(runs: dict[str, tuple[dict[str, str], list[str]]]) -> dict[str, Any]:
+    """Each party's `party_launch`, as the JSON reports it: ``cpu`` (None: not pinned) and
+    ``xla_flags``."""
+    return {
+        p: {"cpu": prefix[-1] if prefix else None, "xla_flags": env.get("XLA_FLAGS")}
+        for p, (env, prefix) in runs.items()
+    }
+
+
 def align(work: ctr.Workload, folder: Path, secret: str, timeout: float) -> float:
     """``tandem align`` for every party (ids from its Parquet file); the slowest party's
     seconds inside the alignment."""
@@ -327,10 +338,7 @@ def train_parties(
     )
     env = child_env(secret)
     runs = {p: party_launch(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
-    launched = {
-        p: {"cpu": prefix[-1] if prefix else None, "xla_flags": env_p.get("XLA_FLAGS")}
-        for p, (env_p, prefix) in runs.items()
-    }
+    launched = launch_summary(runs)
     history = folder / f"history_{work.parties[0]}.jsonl"
     history.unlink(missing_ok=True)
     t0 = time.perf_counter()
@@ -830,6 +838,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-min", type=int, default=1_000, help="smallest vocabulary")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--print-launch",
+        action="store_true",
+        help="print how each party process would start (its CPU, its XLA_FLAGS) and exit",
+    )
+    ap.add_argument(
         "--trace",
         action="store_true",
         help="each party writes a Chrome trace of a few batches into <work dir>/<size>/trace",
@@ -878,15 +891,17 @@ def main(argv: list[str] | None = None) -> int:
         breakdown=not args.no_breakdown,
         vocab=tuple(ctr.vocab_sizes(args.vocab_min, args.vocab_max)),
     )
-    party_launch(dict(os.environ), 0, settings.party_threads)  # refuses before any run
+    parties = ctr.Workload(1, settings.followers, settings.seed).parties
+    runs = {p: party_launch(dict(os.environ), i, args.party_threads) for i, p in enumerate(parties)}
+    if args.print_launch:  # how the parties would start, and nothing else
+        emit_result({"launched": launch_summary(runs)})
+        return 0
     work_dir = Path(args.work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     entries = {}
     for rows in args.sizes:
         entries[rows] = run_size(rows, settings, work_dir)
         log(json.dumps(entries[rows]))
-    from tandem.parties.progress import emit_result
-
     emit_result(summarize(entries, settings))
     return 0
 
