@@ -268,7 +268,7 @@ def party_toml(
     aligned: bool = False,
     extra_train: dict[str, Any] | None = None,
     extra_data: dict[str, Any] | None = None,
-    compile_cache: str | bool = False,
+    compile_cache: str | None = None,
 ) -> str:
     """The TOML of ``party``: its table, the star topology (the leader has a bottom too),
     embedding (dim 16) + MLP bottoms with a cut of 64, an MLP top (leader), and ``train``
@@ -276,8 +276,8 @@ def party_toml(
     ``extra_train`` keys, e.g. ``compress``; ``extra_data`` keys go to ``[data]``, e.g.
     ``in_memory``). ``urls`` maps every party to its base URL;
     ``aligned``: read ``<party>_aligned.csv`` (`tandem align --out`); ``compile_cache``: the
-    party's ``[checkpoint] compile_cache`` (a folder, or False: none; the TOML names no
-    checkpoint folder, so ``true`` would mean none too)."""
+    party's ``[checkpoint] compile_cache`` folder (None: the key's default, which without a
+    checkpoint folder is the environment's ``JAX_COMPILATION_CACHE_DIR`` if set, else none)."""
     leader = work.parties[0]
     followers = work.parties[1:]
     port = int(urls[party].rsplit(":", 1)[1])
@@ -337,7 +337,8 @@ def party_toml(
         for k, v in {**train, **(extra_train or {})}.items():
             lines.append(f"{k} = {json.dumps(v)}")
         lines += ["", "[log]", f'history = "history_{party}.jsonl"']
-    lines += ["", "[checkpoint]", f"compile_cache = {json.dumps(compile_cache)}"]
+    if compile_cache is not None:
+        lines += ["", "[checkpoint]", f"compile_cache = {json.dumps(compile_cache)}"]
     return "\n".join(lines) + "\n"
 
 
@@ -350,7 +351,7 @@ def write_configs(
     aligned: bool = False,
     extra_train: dict[str, Any] | None = None,
     extra_data: dict[str, Any] | None = None,
-    compile_cache: str | bool = False,
+    compile_cache: str | None = None,
 ) -> dict[str, Path]:
     """Write ``<party>.toml`` for every party into ``out`` (see `party_toml`); with a
     ``compile_cache`` folder, each party gets its own folder inside it."""
@@ -366,9 +367,7 @@ def write_configs(
                 aligned=aligned,
                 extra_train=extra_train,
                 extra_data=extra_data,
-                compile_cache=compile_cache
-                if isinstance(compile_cache, bool)
-                else str(Path(compile_cache) / p),
+                compile_cache=None if compile_cache is None else str(Path(compile_cache) / p),
             )
         )
     return paths

@@ -61,7 +61,8 @@ left, as any later run of the job does (the kernels load from the cache, and the
 at the count the first run settled on, `tandem.parties.split.process.tuned`): the entry's
 ``warm`` gives that run's ``epoch_s``, ``rows_per_s``, ``n_groups``,
 ``rows_per_s_all_epochs``, ``first_epoch_vs_steady`` and ``auto_vs_best_fixed``. The fixed
-counts run without a cache.
+counts run with the parties' default: no cache, unless ``JAX_COMPILATION_CACHE_DIR`` names one
+(their last epochs, which the figures use, compile nothing either way).
 """
 
 from __future__ import annotations
@@ -323,7 +324,7 @@ def train_parties(
 ) -> dict[str, Any]:
     """One ``tandem party`` process per party; their JSON lines, peak RSS, wall seconds and
     the leader's history. ``compile_cache``: the folder the parties keep their compiled
-    kernels in (one sub-folder each; None: no cache, every run compiles)."""
+    kernels in (one sub-folder each; None: the key's default, `ctr.party_toml`)."""
     urls = {p: f"http://127.0.0.1:{free_port()}" for p in work.parties}
     extra = {"compress": compress} if compress else None
     paths = ctr.write_configs(
@@ -334,7 +335,7 @@ def train_parties(
         aligned=aligned,
         extra_train=extra,
         extra_data=settings.data_keys(),
-        compile_cache=False if compile_cache is None else str(compile_cache),
+        compile_cache=None if compile_cache is None else str(compile_cache),
     )
     env = child_env(secret)
     runs = {p: party_launch(env, i, settings.party_threads) for i, p in enumerate(work.parties)}
@@ -590,7 +591,8 @@ def party_runs(rows: int, prep: Prepared, settings: Settings) -> dict[str, Any]:
     """The size's ``tandem party`` runs: ``exact`` (the settings, an empty compile cache),
     with ``groups = "auto"`` up to ``reference_max`` rows ``warm`` (the same run again with
     the cache the first left: a repeated or resumed run) and ``fixed`` (each ``--fixed``
-    count's last epoch's seconds, no cache), and ``compressed`` with ``--compress``."""
+    count's last epoch's seconds, the parties' default cache), and ``compressed`` with
+    ``--compress``."""
     parties = len(prep.work.parties)
     log(f"{rows} rows: tandem party x {parties} over HTTP (an empty compile cache)")
     cache = prep.folder / "compile-cache"
