@@ -31,13 +31,20 @@ def run_bench(
     return json.loads(lines[-1]), lines
 
 
-def hostile_attack(name: str, seconds: float = 110) -> dict[str, Any]:
-    """What ``python -m bench.hostile --attacks NAME`` reports of one attack of
-    `bench.hostile_roles` (a job of its own, no reference run): the attack's figures, and
-    ``done`` (the job ran to its end without raising)."""
+def hostile_attacks(*names: str, seconds: float = 110) -> dict[str, dict[str, Any]]:
+    """What ``python -m bench.hostile --attacks NAME,...`` reports of each of these attacks of
+    `bench.hostile_roles` (each a job of its own, one after the other in one process; no
+    reference run): ``{name: the attack's figures}``, each with ``done`` (its job ran to its
+    end without raising) asserted."""
     out, _ = run_bench(
-        "hostile", "--json", "--attacks", name, "--seconds", str(seconds), timeout=seconds + 60
+        "hostile",
+        "--json",
+        "--attacks",
+        ",".join(names),
+        "--seconds",
+        str(seconds),
+        timeout=seconds * len(names) + 60,
     )
-    detail = out["per_attack"][name]
-    assert detail["done"], detail
-    return detail
+    for name in names:
+        assert out["per_attack"][name]["done"], out["per_attack"][name]
+    return {name: out["per_attack"][name] for name in names}

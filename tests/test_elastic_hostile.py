@@ -2,17 +2,20 @@
 point 3): a worker on no roster is never admitted, a control message from a worker to a data
 server is refused and the job finishes, and a worker that reports batches done without
 pushing gradients is fenced while the job commits every batch exactly once. The jobs and
-attacks are `bench.hostile_roles`', each run by ``python -m bench.hostile --attacks NAME`` in a
-process of its own."""
+attacks are `bench.hostile_roles`', run one after the other by one ``python -m bench.hostile
+--attacks NAME,...`` for the module."""
 
 from __future__ import annotations
 
 import pytest
 
-from run_helpers import hostile_attack
+from run_helpers import hostile_attacks
 from tandem.parties.elastic.audit import ReportAudit
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership
+
+# one worker runs the module, so its benchmark fixture runs once (`--dist loadgroup`)
+pytestmark = pytest.mark.xdist_group("test_elastic_hostile")
 
 
 def test_the_audit_strikes_reports_the_data_servers_did_not_apply():
@@ -46,9 +49,14 @@ def test_a_released_batch_goes_back_to_pending_in_epoch_order():
     ledger.check()
 
 
+@pytest.fixture(scope="module")
+def attacks():
+    return hostile_attacks("stranger_worker", "elastic_forged_control", "done_without_gradients")
+
+
 @pytest.mark.slow
-def test_a_stranger_worker_with_the_secret_is_refused():
-    out = hostile_attack("stranger_worker")
+def test_a_stranger_worker_with_the_secret_is_refused(attacks):
+    out = attacks["stranger_worker"]
     assert out["refused_ok"], out
     assert not out["welcomed"] and out["task_frames_to_stranger"] == 0
     assert out["refused_heads"].get("unknown_peer", 0) > 0  # 401 at every heartbeat
@@ -56,8 +64,8 @@ def test_a_stranger_worker_with_the_secret_is_refused():
 
 
 @pytest.mark.slow
-def test_a_control_message_forged_by_a_worker_is_refused_and_the_job_finishes():
-    out = hostile_attack("elastic_forged_control")
+def test_a_control_message_forged_by_a_worker_is_refused_and_the_job_finishes(attacks):
+    out = attacks["elastic_forged_control"]
     assert out["refused_ok"], out
     assert list(out["sends"]) and all(k.startswith("AdmissionError") for k in out["sends"])
     tries = sum(out["sends"].values())
@@ -66,8 +74,8 @@ def test_a_control_message_forged_by_a_worker_is_refused_and_the_job_finishes():
 
 
 @pytest.mark.slow
-def test_a_worker_reporting_done_without_gradients_is_fenced():
-    out = hostile_attack("done_without_gradients")
+def test_a_worker_reporting_done_without_gradients_is_fenced(attacks):
+    out = attacks["done_without_gradients"]
     assert out["fenced"] == ["w1"] and out["false_reports"]["w1"] >= 3, out
     assert out["exactly_once"] and out["epochs"] == 2
     assert out["generation"] < 40, out  # no livelock of generations

@@ -14,6 +14,9 @@ import pytest
 
 from run_helpers import run_bench
 
+# one worker runs the module, so its benchmark fixture runs once (`--dist loadgroup`)
+pytestmark = pytest.mark.xdist_group("test_hostile_insider")
+
 ATTACKS = ("stalled_partial", "forged_control", "metrics_stranger")
 
 
