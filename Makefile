@@ -20,13 +20,12 @@ demo: $(BIN)/python
 # lint, format, types, then the whole suite on TEST_WORKERS pytest-xdist processes. CI has 2
 # cores; a third worker keeps them busy while other tests wait on their processes, sockets and
 # timers (the suite uses about 1.8 cores with 3 workers, 1.4 with 2). Files with slow tests are
-# collected first (tests/conftest.py) and `--dist loadgroup` hands tests out in that order as
-# workers free up: the long ones start early and the session ends on short ones; a module
-# marked with an xdist_group (one whose fixture runs a benchmark once) stays on one worker. The
-# first failing step stops it
+# collected first (tests/conftest.py) and `--dist load` hands tests out in that order as
+# workers free up: the long ones start early and the session ends on short ones. The first
+# failing step stops it
 TEST_WORKERS ?= 3
 test: install lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist load
 
 lint: install
 	$(BIN)/ruff check .

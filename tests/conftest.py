@@ -38,7 +38,7 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(config, items):
     """Files holding a ``slow`` test run first, each file's tests kept together and in order.
-    ``--dist loadgroup`` (the Makefile) hands tests to the workers in this order as they free up:
+    ``--dist load`` (the Makefile) hands tests to the workers in this order as they free up:
     the long tests start early and the session ends on short ones instead of one worker
     waiting for the other's last long test (longest-first scheduling)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}

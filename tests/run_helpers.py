@@ -29,22 +29,3 @@ def run_bench(
     lines = [line for line in done.stdout.decode().splitlines() if line.strip()]
     assert lines, done.stderr.decode()[-3000:]
     return json.loads(lines[-1]), lines
-
-
-def hostile_attacks(*names: str, seconds: float = 110) -> dict[str, dict[str, Any]]:
-    """What ``python -m bench.hostile --attacks NAME,...`` reports of each of these attacks of
-    `bench.hostile_roles` (each a job of its own, one after the other in one process; no
-    reference run): ``{name: the attack's figures}``, each with ``done`` (its job ran to its
-    end without raising) asserted."""
-    out, _ = run_bench(
-        "hostile",
-        "--json",
-        "--attacks",
-        ",".join(names),
-        "--seconds",
-        str(seconds),
-        timeout=seconds * len(names) + 60,
-    )
-    for name in names:
-        assert out["per_attack"][name]["done"], out["per_attack"][name]
-    return {name: out["per_attack"][name] for name in names}

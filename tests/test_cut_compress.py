@@ -15,9 +15,6 @@ from tandem.parties.split.compress import KINDS, CutCompressor, from_hyper, mism
 from tandem.transports import codec
 from tandem.transports.base import Frame
 
-# one worker runs the module, so its benchmark fixture runs once (`--dist loadgroup`)
-pytestmark = pytest.mark.xdist_group("test_cut_compress")
-
 
 def _x(rows=6, shape=(10,), seed=0):
     return np.random.default_rng(seed).normal(size=(rows, *shape)).astype(np.float32)

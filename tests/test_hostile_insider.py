@@ -1,56 +1,80 @@
 """Insiders with per-party keys (`tandem.transports.keys`): a roster member holds a key, but
 only its own, so it cannot sign as another party. Two attacks that worked with the shared
 secret (issue 39) are refused from their heads (403), and the job trains to the parameters
-of a run nobody attacked; strangers read nothing from ``/metrics``.
-
-The attacks are `bench.hostile_insider`'s, run as a user runs them: ``python -m bench.hostile
---attacks stalled_partial,forged_control,metrics_stranger``, each against a two-party job in a
-process of its own, after a reference run nobody attacks (``same_params``: the attacked job
-exported exactly its parameters)."""
+of a run nobody attacked; strangers read nothing from ``/metrics``."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
 import pytest
 
-from run_helpers import run_bench
-
-# one worker runs the module, so its benchmark fixture runs once (`--dist loadgroup`)
-pytestmark = pytest.mark.xdist_group("test_hostile_insider")
-
-ATTACKS = ("stalled_partial", "forged_control", "metrics_stranger")
-
-
-@pytest.fixture(scope="module")
-def attacked() -> dict:
-    out, _ = run_bench(
-        "hostile", "--json", "--attacks", ",".join(ATTACKS), "--epochs", "2", "--seconds", "20",
-        timeout=280,
-    )  # fmt: skip
-    assert set(out["per_attack"]) == set(ATTACKS), out
-    return out["per_attack"]
+from bench.hostile_insider import (
+    forged_control_round,
+    metrics_stranger_round,
+    stalled_partial_round,
+    use_keys,
+)
+from hostile_helpers import assert_done, assert_same_params, make_job, run_pair, wait_healthy
 
 
-def statuses(detail: dict) -> dict[int, int]:
-    return {int(k): n for k, n in detail["statuses"].items()}
+def keyed_job(tmp_path):
+    return make_job(tmp_path, lambda job: use_keys(job.cfg, job.folder))
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_roster_members_stalled_partial_as_the_leader_is_refused(attacked):
-    out = attacked["stalled_partial"]
-    assert out["done"] and out["same_params"], out
-    got = statuses(out)
-    assert got and set(got) <= {403, 503}, got  # 503: the follower closing
-    assert got.get(403, 0) >= 64
+async def repeat(finished: asyncio.Event, one, rounds: int = 12, pause: float = 0.2):
+    """``one(round)`` until ``rounds`` rounds or the job finished; every status."""
+    out: list[int] = []
+    for r in range(rounds):
+        if finished.is_set():
+            break
+        try:
+            out += await one(r)
+        except (OSError, aiohttp.ClientConnectionError):  # the follower finished, closed
+            break
+        await asyncio.sleep(pause)
+    return out
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_a_stop_signed_with_the_followers_key_as_the_leader_is_refused(attacked):
-    out = attacked["forged_control"]
-    assert out["done"] and out["same_params"], out
-    got = statuses(out)
-    assert got and set(got) <= {403, 503}, got
-    assert got.get(403, 0) >= 8
-    strangers = attacked["metrics_stranger"]
-    assert set(statuses(strangers)) == {401} and strangers["bytes_leaked"] == 0, strangers
+async def test_a_roster_members_stalled_partial_as_the_leader_is_refused(
+    tmp_path, hostile_reference
+):
+    job = keyed_job(tmp_path)
+
+    async def attack(job, finished):
+        await wait_healthy(job.url("follower"))
+        return await repeat(
+            finished, lambda r: stalled_partial_round(job.folder, job.url("follower"), r * 64)
+        )
+
+    results, statuses = await run_pair(job, attack)
+    assert_done(results)
+    assert statuses and set(statuses) <= {403, 503}, statuses  # 503: the follower closing
+    assert statuses.count(403) >= 64
+    assert_same_params(job, hostile_reference)
+
+
+@pytest.mark.slow
+async def test_a_stop_signed_with_the_followers_key_as_the_leader_is_refused(
+    tmp_path, hostile_reference
+):
+    job = keyed_job(tmp_path)
+    strangers: list[tuple[list[int], int]] = []
+
+    async def attack(job, finished):
+        await wait_healthy(job.url("follower"))
+        await wait_healthy(job.url("leader"))
+        strangers.append(await metrics_stranger_round([job.url("leader"), job.url("follower")]))
+        return await repeat(
+            finished, lambda r: forged_control_round(job.folder, job.url("follower"), r * 8)
+        )
+
+    results, statuses = await run_pair(job, attack)
+    assert_done(results)
+    assert statuses and set(statuses) <= {403, 503}, statuses
+    assert statuses.count(403) >= 8
+    assert_same_params(job, hostile_reference)
+    [(metric_statuses, leaked)] = strangers
+    assert set(metric_statuses) == {401} and leaked == 0
