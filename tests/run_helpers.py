@@ -29,3 +29,18 @@ def run_bench(
     lines = [line for line in done.stdout.decode().splitlines() if line.strip()]
     assert lines, done.stderr.decode()[-3000:]
     return json.loads(lines[-1]), lines
+
+
+def bench_refuses(module: str, *args: str, env: dict[str, str] | None = None) -> str:
+    """Run ``python -m bench.<module> *args`` (in ``env``, default this process's), which must
+    fail before printing anything on stdout; returns its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert done.returncode != 0 and done.stdout == "", done
+    return done.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import run_bench
+from run_helpers import bench_refuses, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,15 +68,7 @@ def _case(auc, norm, cos, r2):
 
 def _refused(*args: str) -> str:
     """``python -m bench.privacy *args`` fails before training: its stderr."""
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.privacy", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode != 0 and done.stdout == "", done
-    return done.stderr
+    return bench_refuses("privacy", *args)
 
 
 def test_the_summary_prefers_defenses_within_the_auc_budget(tmp_path):

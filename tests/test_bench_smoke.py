@@ -3,12 +3,10 @@ and every number is finite (the targets are the benchmark's business, not a test
 
 import math
 import statistics
-import subprocess
-import sys
 
 import pytest
 
-from run_helpers import ROOT, run_bench
+from run_helpers import bench_refuses, run_bench
 from tandem.engine.batch_time import PARTS, batch_parts
 
 KEYS = (
@@ -281,15 +279,7 @@ def test_balance_benchmark_tiny(tmp_path):
 def _refused(module: str, *args: str) -> str:
     """``python -m bench.<module> *args`` stops on its config (a `ConfigError`) before any
     run: the error's line."""
-    done = subprocess.run(
-        [sys.executable, "-m", f"bench.{module}", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode != 0 and done.stdout == "", done
-    return done.stderr.strip().splitlines()[-1]
+    return bench_refuses(module, *args).strip().splitlines()[-1]
 
 
 def test_balance_rejects_a_bad_config():
