@@ -626,3 +626,38 @@ def test_resume_starts_settled_at_the_given_count_and_first_rechecks_after_reche
         tuner.resume(65)
     with pytest.raises(ConfigError, match="recheck_max"):
         GroupTuner(batch=64, recheck=10, recheck_max=5)
+
+
+def test_a_resumed_count_with_an_earlier_runs_wait_and_wall_rechecks_after_twice_that_wait():
+    """Rule 6: a run that starts where an earlier one settled, with the earlier wait and
+    wall, counts as one more re-check that kept n: no probe before twice that wait."""
+    tuner = GroupTuner(batch=64, samples=2, recheck=10, recheck_max=100)
+    walls = {3: 1.1, 12: 1.1, 6: 1.0}
+    s = tuner.resume(6, interval=40, wall=1.0)
+    assert s.interval == 80 and s.expect == 1.0
+    s, starts = _recheck_starts(tuner, s, walls, 81)
+    assert starts == [80] and s.expect is None  # compared once, in range: kept
+    capped = tuner.resume(6, interval=80, wall=1.0)
+    assert capped.interval == 100  # at most recheck_max
+    for interval, wall in ((40, None), (0, 1.0)):  # without both: `recheck`, no comparison
+        s = tuner.resume(6, interval=interval, wall=wall)
+        assert s.interval == 0 and s.expect is None
+        _, starts = _recheck_starts(tuner, s, walls, 11)
+        assert starts == [10]
+
+
+@pytest.mark.parametrize("now", [1.3, 0.7])
+def test_a_resumed_count_whose_wall_drifted_from_the_earlier_runs_is_rechecked_at_once(now):
+    """Rule 6: slower or faster by more than ``drift`` than the earlier run measured (another
+    machine, another link), the neighbours are probed as soon as the drift is seen: after
+    the loading batch and ``2 * samples`` samples, not after the inherited wait."""
+    tuner = GroupTuner(batch=64, samples=2, recheck=10, recheck_max=400)
+    s = tuner.resume(6, interval=200, wall=1.0)
+    s, starts = _recheck_starts(tuner, s, {6: now, 3: 0.5}, 60)
+    assert starts[0] == 1 + 2 * 2  # the loading batch, then 2 * samples
+    assert s.best == 3  # and the faster count wins
+    near = tuner.resume(6, interval=200, wall=1.0)  # within drift (0.1): no early re-check
+    _, starts = _recheck_starts(tuner, near, {6: 1.08}, 30)
+    assert starts == []
+    with pytest.raises(ConfigError, match="drift"):
+        GroupTuner(batch=64, drift=0)

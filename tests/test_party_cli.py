@@ -433,8 +433,8 @@ def test_a_rerun_of_an_auto_job_starts_at_the_count_the_last_run_settled_on(tmp_
     assert lead["status"] == "done" and lead["groups_from"] == "search"
     assert list(lead["groups_tried"])[0] == "4"  # the tuner's first count, then its search
     remembered = json.loads((tmp_path / "cache-leader" / "tuned-groups.json").read_text())
-    (n,) = remembered.values()
-    assert n == lead["n_groups"]
+    ((n, interval, wall),) = [tuple(e.values()) for e in remembered.values()]
+    assert n == lead["n_groups"] and interval == 50 and wall > 0  # settled once, its wall
     assert not (tmp_path / "cache-follower" / "tuned-groups.json").exists()  # the leader's
 
     restart = job.run_both("_restart")["leader"][1]  # its finished checkpoint's count

@@ -39,37 +39,45 @@ def test_the_job_key_ignores_the_data_and_ports_and_follows_the_model_hyper_and_
     assert tuned.job_key(_spec(), {"follower": "http://127.0.0.1:9002/"}) == key  # a new port
 
 
+S = tuned.Settled
+
+
 def test_remember_then_recall_and_a_bad_file_or_entry_reads_as_nothing(tmp_path):
     folder = str(tmp_path / "cache")
     assert tuned.recall(folder, "a", batch=64) is None  # no folder yet
     assert tuned.recall(None, "a", batch=64) is None
-    assert not tuned.remember(None, "a", 3)  # no cache: nothing to write
-    assert tuned.remember(folder, "a", 3)
-    tuned.remember(folder, "b", 5)
-    assert tuned.recall(folder, "a", batch=64) == 3 and tuned.recall(folder, "b", 64) == 5
+    assert not tuned.remember(None, "a", S(3))  # no cache: nothing to write
+    assert tuned.remember(folder, "a", S(3, 200, 0.042))
+    tuned.remember(folder, "b", S(5))
+    assert tuned.recall(folder, "a", batch=64) == S(3, 200, 0.042)
+    assert tuned.recall(folder, "b", 64) == S(5, 0, None)
     assert tuned.recall(folder, "b", batch=4) is None  # not a count this batch allows
     path = tmp_path / "cache" / tuned.FILE
-    path.write_text(json.dumps({"a": True, "b": 0, "c": "2", "d": 2}))
-    assert [tuned.recall(folder, k, 64) for k in "abcd"] == [None, None, None, 2]
+    bad = {"a": True, "b": 0, "c": "2", "d": {"n": 2.0}, "e": [2], "f": {"interval": 9}}
+    good = {"g": 2, "h": {"n": 4, "interval": "x", "wall": -1.0}, "i": {"n": 4, "wall": True}}
+    path.write_text(json.dumps({**bad, **good}))
+    assert [tuned.recall(folder, k, 64) for k in bad] == [None] * len(bad)
+    # a bare count (earlier versions' entries) and malformed extras: the count still holds
+    assert [tuned.recall(folder, k, 64) for k in good] == [S(2), S(4), S(4)]
     path.write_text("{not json")
-    assert tuned.recall(folder, "d", 64) is None
-    tuned.remember(folder, "e", 7)  # a corrupt file is replaced
-    assert json.loads(path.read_text()) == {"e": 7}
+    assert tuned.recall(folder, "g", 64) is None
+    tuned.remember(folder, "e", S(7, 50, 0.5))  # a corrupt file is replaced
+    assert json.loads(path.read_text()) == {"e": {"n": 7, "interval": 50, "wall": 0.5}}
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [tuned.FILE]  # no temp left
 
 
 def test_the_file_keeps_the_most_recently_written_jobs(tmp_path):
     folder = str(tmp_path)
     for i in range(tuned.KEEP + 5):
-        tuned.remember(folder, f"job{i}", 1 + i % 7)
-    tuned.remember(folder, "job10", 2)  # rewritten: now the newest
+        tuned.remember(folder, f"job{i}", S(1 + i % 7))
+    tuned.remember(folder, "job10", S(2))  # rewritten: now the newest
     kept = json.loads((tmp_path / tuned.FILE).read_text())
-    assert len(kept) == tuned.KEEP and list(kept)[0] == "job10" and kept["job10"] == 2
+    assert len(kept) == tuned.KEEP and list(kept)[0] == "job10" and kept["job10"]["n"] == 2
     assert "job0" not in kept and f"job{tuned.KEEP + 4}" in kept
 
 
 def test_a_folder_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    assert not tuned.remember(str(blocker / "cache"), "a", 3)
+    assert not tuned.remember(str(blocker / "cache"), "a", S(3))
     assert "could not remember the tuned micro-batch count" in caplog.text

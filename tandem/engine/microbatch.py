@@ -176,6 +176,8 @@ class TunerState:
     being measured again. ``refuted``: counts whose win did not hold in this re-check.
     ``interval``: batches from settling to the next re-check (0: ``recheck``).
     ``recheck_from``: the settled count the running re-check started from (0: none yet).
+    ``expect``: the wall an earlier run measured at a resumed ``n`` (`GroupTuner.resume`);
+    None once this run's own mean at ``n`` was compared with it, or without one.
 
     Invariant: ``1 <= n <= batch`` once a batch was observed; ``best`` is a count that has
     samples in ``walls`` once the first search has probed a neighbour.
@@ -197,6 +199,7 @@ class TunerState:
     refuted: frozenset[int] = frozenset()
     interval: int = 0
     recheck_from: int = 0
+    expect: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -239,6 +242,11 @@ class GroupTuner:
        gain beyond ``tolerance`` (or, for a larger count, staying within it), and with
        ``verify`` it is measured again in alternating blocks ``a(m) b(2m) a(2m) b(2m) a(m)``,
        ``m = samples // 2``, before ``n`` moves; a refuted count sits out the re-check.
+    6. Resume: a run that starts settled where an earlier one settled (`resume`) counts as one
+       more re-check that kept ``n``: its wait is twice the earlier run's. Once this run has
+       ``2 * samples`` samples at ``n``, their mean is compared with the earlier run's wall
+       at ``n``; off by more than ``drift`` (the machine, the link or the data changed), the
+       re-check starts at once.
 
     Invariant: ``1 <= n <= batch`` once a batch was observed. ``observe`` never changes the
     state it is given: the same states and walls give the same counts.
@@ -253,6 +261,7 @@ class GroupTuner:
     recheck: int = 50
     recheck_max: int = 800
     verify: bool = True
+    drift: float = 0.1
 
     def __post_init__(self) -> None:
         if self.batch < 1:
@@ -267,6 +276,11 @@ class GroupTuner:
                 f"GroupTuner needs 1 <= recheck <= recheck_max (batches between re-checks), "
                 f"got recheck={self.recheck!r}, recheck_max={self.recheck_max!r}"
             )
+        if not self.drift > 0:
+            raise ConfigError(
+                f"GroupTuner.drift is the share by which a resumed count's wall may differ "
+                f"from the earlier run's before a re-check and must be > 0, got {self.drift!r}"
+            )
         if not 0 <= self.trim < 0.5:
             raise ConfigError(
                 f"GroupTuner.trim is the share of samples cut at each end before "
@@ -278,13 +292,16 @@ class GroupTuner:
         n = n if n > 0 else min(4, self.batch)
         return TunerState(n=n, base=n, last_n=n)
 
-    def resume(self, n: int) -> TunerState:
+    def resume(self, n: int, *, interval: int = 0, wall: float | None = None) -> TunerState:
         """The state of a search that settled on ``n`` before (a checkpoint's count, or the
-        count an earlier run of the same job settled on): no search, the first batch is no
-        sample (it loads or compiles the kernels), and the first re-check comes ``recheck``
-        batches in, so a count the machine or the link no longer favours is left then."""
+        count an earlier run of the same job settled on): no search, and the first batch is
+        no sample (it loads or compiles the kernels). ``interval``: that run's wait between
+        re-checks (`TunerState.interval`) and ``wall``: its wall at ``n`` (`mean`); with
+        both, the first re-check comes after twice that wait (at most ``recheck_max``) unless
+        this run's wall drifts from ``wall`` (rule 6), else ``recheck`` batches in."""
         if not 1 <= n <= self.batch:
             raise ConfigError(f"a resumed group count must be in [1, batch={self.batch}], got {n}")
+        trusted = interval > 0 and wall is not None and wall > 0
         return TunerState(
             n=n,
             base=n,
@@ -294,6 +311,8 @@ class GroupTuner:
             skip=1,
             settled_at=0,
             settled_once=True,
+            interval=min(2 * max(interval, self.recheck), self.recheck_max) if trusted else 0,
+            expect=wall if trusted else None,
         )
 
     def observe(
@@ -336,6 +355,7 @@ class _Search:
         )
         self.refuted = set(s.refuted)
         self.interval, self.recheck_from = s.interval, s.recheck_from
+        self.expect = s.expect
 
     def freeze(self) -> TunerState:
         trial = self.trial
@@ -358,6 +378,7 @@ class _Search:
             refuted=frozenset(self.refuted),
             interval=self.interval,
             recheck_from=self.recheck_from,
+            expect=self.expect,
         )
 
     def _mean(self, n: int) -> float | None:
@@ -398,6 +419,11 @@ class _Search:
         if sample:
             self.walls.setdefault(self.n, []).append(wall)
         if self.settled_at is not None:
+            if self.expect is not None and len(self.walls.get(self.n, ())) >= 2 * cfg.samples:
+                here = trimmed_mean(self.walls[self.n], cfg.trim)
+                if abs(here / self.expect - 1) > cfg.drift:  # rule 6: re-check now
+                    self.interval, self.settled_at = cfg.recheck, self.batches - cfg.recheck
+                self.expect = None
             if self.batches - self.settled_at < (self.interval or cfg.recheck):
                 return self.n
             self.settled_at, self.walls = None, {self.n: self.walls.get(self.n, [])[-cfg.samples :]}

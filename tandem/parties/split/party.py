@@ -572,13 +572,17 @@ class SplitParty:
 
         return {s: owned_copy(p) for s, p in self.handler.params.items()}
 
-    def resume_groups(self, n: int, source: str) -> None:
+    def resume_groups(
+        self, n: int, source: str, *, interval: int = 0, wall: float | None = None
+    ) -> None:
         """Start the next training batch at ``n`` groups with the tuner settled there
-        (`GroupTuner.resume`: no search; its re-checks still probe the neighbours). ``source``
-        says where ``n`` came from (``groups_from``). Only with ``groups = "auto"``."""
+        (`GroupTuner.resume`: no search; its re-checks still probe the neighbours, after
+        twice the earlier run's ``interval`` when its ``wall`` at ``n`` is given and this run
+        matches it). ``source`` says where ``n`` came from (``groups_from``). Only with
+        ``groups = "auto"``."""
         if self.config.groups != "auto":
             raise ConfigError(f"{self.name!r}: groups is fixed at {self.config.groups}")
-        self.tuner_state = self.tuner.resume(n)
+        self.tuner_state = self.tuner.resume(n, interval=interval, wall=wall)
         self.n_groups, self.groups_from = n, source
 
     def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int) -> None:

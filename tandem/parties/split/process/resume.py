@@ -126,7 +126,13 @@ async def resume(cfg: PartySetup, st: RunState, party: SplitParty, session: Sess
         party.run_id = str(r.extra.get("run_id", party.run_id))
         party.n_groups = int(r.extra.get("n_groups", party.n_groups))
         if party.config.groups == "auto" and isinstance(r.extra.get("tuned_groups"), int):
-            party.resume_groups(int(r.extra["tuned_groups"]), "checkpoint")
+            interval, wall = r.extra.get("tuned_interval"), r.extra.get("tuned_wall")
+            party.resume_groups(
+                int(r.extra["tuned_groups"]),
+                "checkpoint",
+                interval=interval if isinstance(interval, int) and interval > 0 else 0,
+                wall=float(wall) if isinstance(wall, int | float) and wall > 0 else None,
+            )
 
 
 async def save(

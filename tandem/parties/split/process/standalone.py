@@ -239,7 +239,7 @@ async def _lead(
         report["train_loss"] = party.history[-1].loss
     if tuned_at is not None and party.tuner_state.settled:
         folder, key = tuned_at
-        await asyncio.to_thread(tuned.remember, folder, key, party.tuner_state.n)
+        await asyncio.to_thread(tuned.remember, folder, key, _settled(party))
     base = {**_leader_base(session, party), **report}
     if not finished:  # aborted mid-batch: the peers see our goodbye
         return {
@@ -266,10 +266,16 @@ async def _tuned_start(session: Session, party: SplitParty) -> tuple[str, str] |
         return None
     key = tuned.job_key(session.spec, cfg.peers)
     if party.groups_from == "search":
-        n = await asyncio.to_thread(tuned.recall, folder, key, party.config.batch_size)
-        if n is not None:
-            party.resume_groups(n, "remembered")
+        got = await asyncio.to_thread(tuned.recall, folder, key, party.config.batch_size)
+        if got is not None:
+            party.resume_groups(got.n, "remembered", interval=got.interval, wall=got.wall)
     return folder, key
+
+
+def _settled(party: SplitParty) -> tuned.Settled:
+    """Where the leader's tuner is settled now (it is)."""
+    state = party.tuner_state
+    return tuned.Settled(state.n, state.interval, party.tuner.mean(state, state.n))
 
 
 async def _save_leader(
@@ -286,7 +292,9 @@ async def _save_leader(
     restart needs beyond the parameters (run id, ``n``, and a finished job's ``report``)."""
     extra: dict[str, Any] = {"run_id": party.run_id, "n_groups": party.n_groups}
     if party.config.groups == "auto" and party.tuner_state.settled:
-        extra["tuned_groups"] = party.tuner_state.n
+        settled = _settled(party)
+        extra["tuned_groups"] = settled.n
+        extra["tuned_interval"], extra["tuned_wall"] = settled.interval, settled.wall
     if report is not None:
         extra["report"] = report
     at = {"epoch": cursor[0], "batch": cursor[1]}

@@ -5,9 +5,12 @@ new kernel shape) at the start of every run. A repeated run of the same job (a d
 retrain, a rerun with other data) on the same machines would search again and, for every
 count it tries that the earlier run did not, compile again. So the leader keeps, in its
 compile cache folder (`tandem.parties.compile_cache`; off with it), the count each job last
-settled on, and a later run of the job starts there, settled (`GroupTuner.resume`): it
-loads that count's kernels from the cache and skips the search, and the tuner's re-checks
-still move it if the machine or the link changed.
+settled on (`Settled`: with the tuner's wait between re-checks then and the count's wall),
+and a later run of the job starts there, settled (`GroupTuner.resume`): it loads that
+count's kernels from the cache and skips the search. It waits twice as long as the earlier
+run before probing the neighbours again (each probe runs slower counts), unless its own
+wall at the count drifts from the remembered one (the tuner's rule 6): then it re-checks at
+once, as it does after any change of machine or link.
 
 The job is identified by `job_key`: the agreed task spec without its data (topology,
 stages, edges, hyper-parameters, security; not the datasets, row counts or alignment,
@@ -25,9 +28,11 @@ written first, and is replaced atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -43,6 +48,17 @@ KEEP = 64
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class Settled:
+    """Where a run's tuner settled: the count ``n``, its wait between re-checks
+    (``interval``, `TunerState.interval`; 0: none yet) and the count's wall in seconds per
+    batch (``wall``, `GroupTuner.mean`; None: too few samples)."""
+
+    n: int
+    interval: int = 0
+    wall: float | None = None
+
+
 def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
     """SHA-256 hex of the spec's data-free fields and the peers' names and hosts (module
     docstring); ``peers`` maps each peer's name to its URL."""
@@ -53,27 +69,37 @@ def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
-def recall(folder: str | None, key: str, batch: int) -> int | None:
-    """The count remembered for ``key`` in ``folder``, or None (no folder, no file, no entry,
-    or an entry that is not a count in ``[1, batch]``). Blocking file I/O: call it in a
-    thread from async code."""
+def recall(folder: str | None, key: str, batch: int) -> Settled | None:
+    """Where the job ``key`` settled before, from ``folder``, or None (no folder, no file, no
+    entry, or an entry whose count is not in ``[1, batch]``). An entry's malformed
+    ``interval`` or ``wall`` is dropped (0, None): the count is still used. Blocking file
+    I/O: call it in a thread from async code."""
     if folder is None:
         return None
-    n = _read(os.path.join(folder, FILE)).get(key)
-    if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= batch:
-        return n
-    return None
+    entry = _read(os.path.join(folder, FILE)).get(key)
+    if not isinstance(entry, dict):  # a bare count: the entries of earlier versions
+        entry = {"n": entry}
+    n, interval, wall = entry.get("n"), entry.get("interval"), entry.get("wall")
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= batch:
+        return None
+    if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+        interval = 0
+    if not isinstance(wall, int | float) or isinstance(wall, bool):
+        wall = None
+    elif not (math.isfinite(wall) and wall > 0):
+        wall = None
+    return Settled(n, interval, None if wall is None else float(wall))
 
 
-def remember(folder: str | None, key: str, n: int) -> bool:
-    """Record ``n`` for ``key`` in ``folder`` (nothing without a folder), keeping the `KEEP`
-    most recently written jobs; the file is replaced atomically. False (and a warning
+def remember(folder: str | None, key: str, settled: Settled) -> bool:
+    """Record ``settled`` for ``key`` in ``folder`` (nothing without a folder), keeping the
+    `KEEP` most recently written jobs; the file is replaced atomically. False (and a warning
     logged) when it cannot be written. Blocking file I/O."""
     if folder is None:
         return False
     path = os.path.join(folder, FILE)
     entries = {k: v for k, v in _read(path).items() if k != key}
-    kept = dict([(key, n), *list(entries.items())[: KEEP - 1]])
+    kept = dict([(key, dataclasses.asdict(settled)), *list(entries.items())[: KEEP - 1]])
     try:
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tuned-", suffix=".json")
