@@ -34,12 +34,21 @@ def test_bench_fl_tiny():
     assert out["uplink_ratio_1m"] > 1.0 and out["downlink_ratio_1m"] > 1.0, out
 
 
-@pytest.mark.slow
-def test_bench_elastic_tiny():
+@pytest.fixture(scope="module")
+def elastic_run():
+    """One tiny ``bench.elastic`` run for both tests below: the churn-window run goes through
+    every phase of the plain one first (steady 1/2/4 workers, one kill, churn, 4 again), then
+    one churn window each in one process and with workers as HTTP processes (a few T long)."""
     out, _ = run_bench(
         "elastic", "--json", "--interval", "0.1", "--seconds", "0.5", "--rows", "512",
-        "--churn-windows", "0", "--skip-http",
+        "--churn-windows", "1", "--window", "4", "--http-windows", "1",
     )  # fmt: skip
+    return out
+
+
+@pytest.mark.slow
+def test_bench_elastic_tiny(elastic_run):
+    out = elastic_run
     assert set(out["throughput"]) == {"1", "2", "4"}
     assert all(v > 0 for v in out["throughput"].values()), out
     assert out["detect_heartbeats"] > 0, out  # a removal can only follow the kill
@@ -53,13 +62,10 @@ def test_bench_elastic_tiny():
 
 
 @pytest.mark.slow
-def test_bench_elastic_churn_windows_tiny():
+def test_bench_elastic_churn_windows_tiny(elastic_run):
     """The churn-window keys, in one process and with workers as HTTP processes: one churn
     window each, a few T long."""
-    out, _ = run_bench(
-        "elastic", "--json", "--interval", "0.1", "--seconds", "0.3", "--rows", "512",
-        "--churn-windows", "1", "--window", "4", "--http-windows", "1",
-    )  # fmt: skip
+    out = elastic_run
     for prefix in ("", "http_"):
         for mode in ("rollback", "keep"):
             key = f"{prefix}churn_efficiency_{mode}"

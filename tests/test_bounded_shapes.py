@@ -4,6 +4,7 @@ change of the group count compiles nothing when its groups fall into sizes alrea
 padding changes no result."""
 
 import asyncio
+import functools
 
 import numpy as np
 import pytest
@@ -31,9 +32,10 @@ def config() -> SplitConfig:
     )
 
 
-def traces_after(counts: list[int], topo=None) -> dict[tuple[str, str, str], int]:
+@functools.cache  # [9, 7] serves both trace tests below (a fresh job each: fresh counters)
+def traces_after(counts: tuple[int, ...]) -> dict[tuple[str, str, str], int]:
     """Every kernel's trace count on every party after one batch per count of ``counts``."""
-    topo = topo or leader_follower()
+    topo = leader_follower()
     parties, *_ = make_job(topo, rows=ROWS, config=config())
     asyncio.run(train_steps(parties, topo, [np.arange(ROWS)] * len(counts), counts.__getitem__))
     return {
@@ -60,8 +62,8 @@ def test_a_new_count_within_the_compiled_sizes_never_retraces():
     # runs at 10, which 7 groups compiled, as 9 groups compiled 4
     assert 9 not in sizes(9) | sizes(7) and 9 in sizes(8)
     assert buckets(8) <= buckets(9) | buckets(7)
-    before = traces_after([9, 7])
-    after = traces_after([9, 7, 8, 9, 7, 8])
+    before = traces_after((9, 7))
+    after = traces_after((9, 7, 8, 9, 7, 8))
     assert after == before, f"a count within the compiled sizes retraced: {before} -> {after}"
     # and each kernel traced once per size (updates: once per batch shape)
     per_group = len(buckets(9) | buckets(7))
@@ -73,7 +75,7 @@ def test_a_new_count_within_the_compiled_sizes_never_retraces():
 def test_a_count_with_a_new_size_traces_once_more():
     # the counter catches a retrace: 4 groups run at 10 and 24 rows, and 24 is new
     assert buckets(4) - (buckets(9) | buckets(7)) == {24}
-    before, after = traces_after([9, 7]), traces_after([9, 7, 4, 4])
+    before, after = traces_after((9, 7)), traces_after((9, 7, 4, 4))
     for key, count in after.items():
         if key[2] not in ("update", "zeros"):
             assert count == before[key] + 1, key
