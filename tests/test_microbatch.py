@@ -661,3 +661,21 @@ def test_a_resumed_count_whose_wall_drifted_from_the_earlier_runs_is_rechecked_a
     assert starts == []
     with pytest.raises(ConfigError, match="drift"):
         GroupTuner(batch=64, drift=0)
+
+
+def test_settled_n_is_the_last_settled_count_during_a_recheck_and_none_before_any_settle():
+    """What a run that ends now leaves for the next (`TunerState.settled_n`): a run may end in
+    the middle of a re-check, probing a slower count; the count it settled on still holds."""
+    tuner = GroupTuner(batch=64, samples=1, recheck=5)
+    walls = {1: 1.2, 2: 1.1, 4: 1.0, 8: 1.1, 3: 1.05, 6: 1.05, 16: 1.2}
+    s = tuner.init()
+    _, s = tuner.observe(s, 1.0)
+    assert not s.settled and s.settled_n is None  # searching: nothing settled yet
+    s, _ = _run_until_settled(tuner, s, walls, 60)
+    assert s.settled and s.settled_n == s.n == 4
+    while s.settled:
+        _, s = tuner.observe(s, walls[s.n])
+    assert s.settled_n == 4  # re-checking from 4
+    while s.n == 4:
+        _, s = tuner.observe(s, walls[s.n])
+    assert s.n != 4 and s.settled_n == 4  # probing a neighbour: 4 still holds

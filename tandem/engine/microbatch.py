@@ -207,6 +207,15 @@ class TunerState:
         return self.settled_at is not None
 
     @property
+    def settled_n(self) -> int | None:
+        """The count the tuner last settled on: ``n`` while settled, during a re-check the
+        count it started from, None before the first settle (what a later run may resume
+        at: `GroupTuner.resume`)."""
+        if self.settled:
+            return self.n
+        return self.recheck_from if self.settled_once and self.recheck_from else None
+
+    @property
     def best(self) -> int:
         """The fastest ``n`` known so far: the settled one, or while the tuner still probes,
         the base whose neighbours it is trying (``n`` itself may be a probe)."""

@@ -237,9 +237,9 @@ async def _lead(
             report = await reporter.finish(restore=finished and not stop.is_set())
     if party.history:
         report["train_loss"] = party.history[-1].loss
-    if tuned_at is not None and party.tuner_state.settled:
+    if tuned_at is not None and (settled := _settled(party)) is not None:
         folder, key = tuned_at
-        await asyncio.to_thread(tuned.remember, folder, key, _settled(party))
+        await asyncio.to_thread(tuned.remember, folder, key, settled)
     base = {**_leader_base(session, party), **report}
     if not finished:  # aborted mid-batch: the peers see our goodbye
         return {
@@ -272,10 +272,12 @@ async def _tuned_start(session: Session, party: SplitParty) -> tuple[str, str] |
     return folder, key
 
 
-def _settled(party: SplitParty) -> tuned.Settled:
-    """Where the leader's tuner is settled now (it is)."""
+def _settled(party: SplitParty) -> tuned.Settled | None:
+    """Where the leader's tuner last settled (`TunerState.settled_n`; a run may end in the
+    middle of a re-check), or None before its first settle (or with a fixed count)."""
     state = party.tuner_state
-    return tuned.Settled(state.n, state.interval, party.tuner.mean(state, state.n))
+    n = state.settled_n if party.config.groups == "auto" else None
+    return None if n is None else tuned.Settled(n, state.interval, party.tuner.mean(state, n))
 
 
 async def _save_leader(
@@ -291,8 +293,7 @@ async def _save_leader(
     """The leader's checkpoint at data ``cursor`` (epoch, batches done in it), with what a
     restart needs beyond the parameters (run id, ``n``, and a finished job's ``report``)."""
     extra: dict[str, Any] = {"run_id": party.run_id, "n_groups": party.n_groups}
-    if party.config.groups == "auto" and party.tuner_state.settled:
-        settled = _settled(party)
+    if (settled := _settled(party)) is not None:
         extra["tuned_groups"] = settled.n
         extra["tuned_interval"], extra["tuned_wall"] = settled.interval, settled.wall
     if report is not None:
