@@ -3,13 +3,15 @@
 JAX runs on the CPU in tests; the suite must pass on a 2-core machine without an accelerator.
 Hypothesis profiles: `hypothesis_profiles` (``TANDEM_HYPOTHESIS_PROFILE=nightly``).
 
-One JAX compilation cache serves the processes the tests start (`pytest_configure`): every
-`tandem party`, benchmark or worker process inherits ``JAX_COMPILATION_CACHE_DIR``, so a
-kernel compiled in many processes (the same small models, runs restarted after a kill) is
-compiled once; the executables are the ones a fresh compile gives, and the folder is removed
-when the session ends. The test processes themselves keep compiling: the hostile-network
-tests attack parties running in the test's process, and their attacks need the training to
-last as long as it does with its compilations.
+One JAX compilation cache serves the whole session (`pytest_configure`): the test processes
+(xdist workers) and every `tandem party`, benchmark or worker process the tests start (they
+inherit ``JAX_COMPILATION_CACHE_DIR``). A kernel that many tests or processes compile (the same
+small models, runs restarted after a kill) is compiled once; the executables are the ones a
+fresh compile gives (the cache is keyed by the computation, the compiler and its flags), the
+trace counts the retrace tests read are Python's own and unchanged, and the folder is removed
+when the session ends. The hostile-network tests turn it off around their runs
+(`hostile_helpers.run_pair`): their attacks run beside a short training, which must last
+as long as it does with its compilations.
 """
 
 import os
@@ -34,6 +36,10 @@ def pytest_configure(config):
     # every kernel, however small or quick to compile (JAX's defaults skip those under 1 s)
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+    # with a size cap JAX takes a file lock (filelock) around each read and write of the
+    # folder: without one it writes entries in place, and a process reading an entry another
+    # is writing warns (an error here) and compiles again
+    os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(16 << 30))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,14 +49,6 @@ def pytest_collection_modifyitems(config, items):
     waiting for the other's last long test (longest-first scheduling)."""
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow_files)  # stable: order kept otherwise
-
-
-def pytest_sessionstart(session):
-    # This process (an xdist worker, or the only one) compiles as before: see the docstring.
-    # JAX decides once per process, at its first compilation, whether to use the cache.
-    import jax
-
-    jax.config.update("jax_enable_compilation_cache", False)
 
 
 @pytest.fixture

@@ -10,9 +10,10 @@ finish with the parameters of a run nobody attacked, bit for bit (`assert_same_p
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -58,13 +59,32 @@ async def run_pair(
 
     cfgs = {r: load_party_config(job.path(r)) for r in ("leader", "follower")}
     finished = asyncio.Event()
-    async with asyncio.timeout(timeout):
-        async with asyncio.TaskGroup() as tg:
-            parties = {r: tg.create_task(run_party(cfgs[r])) for r in ("follower", "leader")}
-            hit = tg.create_task(attack(job, finished)) if attack is not None else None
-            await asyncio.wait(parties.values())
-            finished.set()
+    with compiling_afresh():
+        async with asyncio.timeout(timeout):
+            async with asyncio.TaskGroup() as tg:
+                parties = {r: tg.create_task(run_party(cfgs[r])) for r in ("follower", "leader")}
+                hit = tg.create_task(attack(job, finished)) if attack is not None else None
+                await asyncio.wait(parties.values())
+                finished.set()
     return {r: t.result() for r, t in parties.items()}, None if hit is None else hit.result()
+
+
+@contextlib.contextmanager
+def compiling_afresh() -> Iterator[None]:
+    """Within: this process compiles every kernel, without the session's compilation cache
+    (tests/conftest.py), so the short training an attack runs beside lasts as long as on a
+    fresh machine. ``run_party`` itself turns no cache on: the parties' ``compile_cache`` is
+    the process layer's (`tandem.parties.compile_cache`), set by the CLI only."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
 
 
 def assert_same_params(job: Job, ref: Job) -> None:
