@@ -81,3 +81,12 @@ def test_a_folder_that_cannot_be_written_is_a_warning_not_a_failure(tmp_path, ca
     blocker.write_text("not a folder")
     assert not tuned.remember(str(blocker / "cache"), "a", S(3))
     assert "could not remember the tuned micro-batch count" in caplog.text
+
+
+def test_a_checkpoints_fields_parse_as_the_files_entries():
+    """`tuned.parse` reads a checkpoint's ``tuned_*`` fields too (tandem.parties.split.process
+    .resume): a checkpoint without them (a fixed count, no settle yet) gives None."""
+    assert tuned.parse({"n": 3, "interval": 100, "wall": 0.05}, 64) == S(3, 100, 0.05)
+    assert tuned.parse({"n": None, "interval": None, "wall": None}, 64) is None
+    assert tuned.parse({"n": 3, "interval": None, "wall": float("nan")}, 64) == S(3)
+    assert tuned.parse({"n": 65}, 64) is None  # not a count this batch allows

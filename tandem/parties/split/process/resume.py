@@ -17,7 +17,7 @@ from tandem.parties.memory import release_free_memory
 from ..checkpoint import CheckpointError, CheckpointStore
 from ..party import SplitParty
 from ..spec import SPEC_VERSION
-from . import notice
+from . import notice, tuned
 from .build import PartyData, PartySetup
 from .party_trace import BatchTrace
 from .session import Session
@@ -125,13 +125,11 @@ async def resume(cfg: PartySetup, st: RunState, party: SplitParty, session: Sess
     if party.is_leader:
         party.run_id = str(r.extra.get("run_id", party.run_id))
         party.n_groups = int(r.extra.get("n_groups", party.n_groups))
-        if party.config.groups == "auto" and isinstance(r.extra.get("tuned_groups"), int):
-            interval, wall = r.extra.get("tuned_interval"), r.extra.get("tuned_wall")
+        fields = {k: r.extra.get(f"tuned_{k}") for k in ("interval", "wall")}
+        settled = tuned.parse({"n": r.extra.get("tuned_groups"), **fields}, party.config.batch_size)
+        if party.config.groups == "auto" and settled is not None:
             party.resume_groups(
-                int(r.extra["tuned_groups"]),
-                "checkpoint",
-                interval=interval if isinstance(interval, int) and interval > 0 else 0,
-                wall=float(wall) if isinstance(wall, int | float) and wall > 0 else None,
+                settled.n, "checkpoint", interval=settled.interval, wall=settled.wall
             )
 
 

@@ -71,13 +71,19 @@ def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
 
 def recall(folder: str | None, key: str, batch: int) -> Settled | None:
     """Where the job ``key`` settled before, from ``folder``, or None (no folder, no file, no
-    entry, or an entry whose count is not in ``[1, batch]``). An entry's malformed
-    ``interval`` or ``wall`` is dropped (0, None): the count is still used. Blocking file
-    I/O: call it in a thread from async code."""
+    entry, or an entry `parse` refuses). Blocking file I/O: call it in a thread from async
+    code."""
     if folder is None:
         return None
-    entry = _read(os.path.join(folder, FILE)).get(key)
-    if not isinstance(entry, dict):  # a bare count: the entries of earlier versions
+    return parse(_read(os.path.join(folder, FILE)).get(key), batch)
+
+
+def parse(entry: object, batch: int) -> Settled | None:
+    """An entry (``{"n", "interval", "wall"}``, or a bare count as earlier versions wrote) as
+    `Settled`, or None when its count is not an int in ``[1, batch]``; a malformed
+    ``interval`` or ``wall`` is dropped (0, None) and the count still used. The file's
+    entries and a checkpoint's ``tuned_*`` fields are read so."""
+    if not isinstance(entry, dict):
         entry = {"n": entry}
     n, interval, wall = entry.get("n"), entry.get("interval"), entry.get("wall")
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= batch:
