@@ -40,15 +40,15 @@ Attack classes (the rows of issue 30's table):
   counted: at most a few, none with a traceback);
 * ``bomb`` and ``drained``: an outsider's compressed bodies to every route (expect 415) and
   64 connections of unsigned 48 MiB bodies (expect 401, none of them read beyond a small
-  bound): `bench.hostile_bodies`;
+  bound): `tandem.testing.hostile_bodies`;
 * ``stalled_partial``, ``forged_control`` and ``metrics_stranger``: with per-party keys, a
   roster member's stalled partial signed as the leader on the gradient channel and the
   follower's key signing ``stop`` as the leader (expect 403), and strangers reading
-  ``/metrics`` (expect 401, nothing in it): `bench.hostile_insider`;
+  ``/metrics`` (expect 401, nothing in it): `tandem.testing.hostile_insider`;
 * ``stranger_worker``, ``elastic_forged_control``, ``done_without_gradients`` (elastic) and
   ``oversized_update``, ``inflated_count``, ``inflated_count_after_report``,
   ``nonfinite_wait`` (federated): insiders and outsiders against the other roles, each against
-  a job of its own (`bench.hostile_roles`: no split export to compare; the attack's own
+  a job of its own (`tandem.testing.hostile_roles`: no split export to compare; the attack's own
   verdict decides; with only these chosen, no reference run).
 
 Reported: ``attacks`` (count), ``failed`` (names), ``max_rss_mb`` (the highest RSS of an
@@ -90,9 +90,10 @@ import aiohttp
 import numpy as np
 import orjson
 
+from tandem.testing import hostile_bodies, hostile_insider, hostile_roles
 from tandem.transports.ports import free_port
 
-from . import hostile_apart, hostile_bodies, hostile_insider, hostile_lag, hostile_roles
+from . import hostile_apart, hostile_lag
 
 MiB = 1 << 20
 SECRET = b"s3cret"

@@ -41,7 +41,7 @@ def test_hostile_bench_smoke():
 
 @pytest.mark.slow
 def test_hostile_bench_covers_the_elastic_and_fl_roles():
-    """The role attacks (`bench.hostile_roles`) run under ``bench.hostile`` with their
+    """The role attacks (`tandem.testing.hostile_roles`) run under ``bench.hostile`` with their
     verdicts and figures in the JSON line: one elastic and one FL attack here (each attack
     itself is tested in test_elastic_hostile.py and test_fl_bounds.py)."""
     attacks = "done_without_gradients,oversized_update"

@@ -2,16 +2,16 @@
 point 3): a worker on no roster is never admitted, a control message from a worker to a data
 server is refused and the job finishes, and a worker that reports batches done without
 pushing gradients is fenced while the job commits every batch exactly once. The jobs and
-attacks are `bench.hostile_roles`'."""
+attacks are `tandem.testing.hostile_roles`'."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import hostile_roles as H
 from tandem.parties.elastic.audit import ReportAudit
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership
+from tandem.testing import hostile_roles as H
 
 
 def test_the_audit_strikes_reports_the_data_servers_did_not_apply():

@@ -2,13 +2,13 @@
 point 4): an update larger than the negotiated model's encoded size is refused from its head
 (before its body), a sample count above the client's declared data size is refused, and a
 refused update (non-finite included) ends the round's wait for its client at once. The jobs are
-`bench.hostile_roles.run_fl` (four clients, ``c3`` hostile)."""
+`tandem.testing.hostile_roles.run_fl` (four clients, ``c3`` hostile)."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench import hostile_roles as H
+from tandem.testing import hostile_roles as H
 
 HONEST = [["c0", "c1", "c2"]] * 3
 

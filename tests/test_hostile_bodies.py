@@ -12,9 +12,10 @@ import zlib
 import aiohttp
 import pytest
 
-# attack tools bench.hostile uses too: not for the installed package, and bench cannot import tests/
-from bench.hostile_bodies import BOMB_INFLATED, ROUTES, bomb, raw_request
 from hostile_helpers import assert_done, assert_same_params, make_job, run_pair
+
+# attack tools bench.hostile uses too: not for the installed package, and bench cannot import tests/
+from tandem.testing.hostile_bodies import BOMB_INFLATED, ROUTES, bomb, raw_request
 from tandem.transports.http import HttpConfig, HttpTransport
 from tandem.transports.http.server import DRAIN_BYTES
 

@@ -10,13 +10,13 @@ import asyncio
 import aiohttp
 import pytest
 
-from bench.hostile_insider import (
+from hostile_helpers import assert_done, assert_same_params, make_job, run_pair, wait_healthy
+from tandem.testing.hostile_insider import (
     forged_control_round,
     metrics_stranger_round,
     stalled_partial_round,
     use_keys,
 )
-from hostile_helpers import assert_done, assert_same_params, make_job, run_pair, wait_healthy
 
 
 def keyed_job(tmp_path):

@@ -163,3 +163,15 @@ def test_split_core_imports_nothing_of_its_process_layer():
         f"{m} imports {dep}" for m in core for dep in graph[m] if in_package(dep, SPLIT_PROCESS)
     )
     assert wrong == []
+
+
+def test_nothing_outside_tandem_testing_imports_it():
+    """`tandem.testing` holds attacks for tests and `bench.hostile`: no part of Tandem itself
+    depends on it."""
+    graph = import_graph()
+    users = {
+        mod: sorted(t for t in targets if t.startswith("tandem.testing"))
+        for mod, targets in graph.items()
+        if not mod.startswith("tandem.testing")
+    }
+    assert {m: t for m, t in users.items() if t} == {}

@@ -1,5 +1,5 @@
 """The outsider's body attacks of `bench.hostile` (and their tools, shared with
-tests/test_hostile_bodies.py): no credentials needed.
+tests/test_hostile_bodies.py; `tandem.testing`): no credentials needed.
 
 * ``bomb``: a compressed body (gzip, deflate, br; about 1 MiB inflating to 1 GiB) sent
   unsigned to every route, again and again while the job trains (expect 415 from the headers,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -74,7 +74,7 @@ def _http(name: str, peers: dict[str, str] | None = None, **kw: Any) -> HttpTran
 async def run_elastic(
     *,
     liar: bool = False,
-    side: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]] | None = None,
+    side: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]] | None = None,
     admit_unknown: bool = False,
     epochs: int = 2,
     seconds: float = 120.0,
@@ -112,7 +112,8 @@ async def run_elastic(
         ]
         parties = {"coordinator": coord_t, "ds": servers, "ds_t": ds_t, "workers": w_t}
         async with asyncio.timeout(seconds), asyncio.TaskGroup() as tg:
-            roles = [tg.create_task(p.run()) for p in [*servers, *workers]]
+            runners: list[DataServer | Worker] = [*servers, *workers]
+            roles = [tg.create_task(p.run()) for p in runners]
             hit = tg.create_task(side(parties)) if side is not None else None
             try:
                 summary = await coordinator.run()
