@@ -9,6 +9,15 @@ Both return a `tandem.engine.kernels.StageModel` whose ``spec`` rebuilds it
 ``2**24``). Code ``0`` of every column is reserved for an unseen or missing category: a code
 outside ``[0, vocab[j])`` (negative, too large, NaN) is looked up as ``0``; a fractional code is
 truncated. Codes carry no gradient (they are indices); the embedding tables and the MLP do.
+
+**Stacked tables.** By default (``layout="stacked"``) the columns of one embedding width share
+one table: column ``j``'s rows follow column ``j-1``'s, so ``params["embed"]`` holds one table
+per distinct width (one in all, for a single ``dim``). Each column still reads only its own
+rows, and the lookup's gradient is one scatter-add per table. XLA compiles a kernel per distinct
+array shape, so with 13 columns of different vocabularies this compiles a stage's forward,
+backward and optimizer update in about half the time of one table per column, and runs them
+as fast. ``layout="per_column"`` keeps a table per column: the layout of exports written before
+stacking, which `tandem.parties.export` still reads.
 """
 
 from __future__ import annotations
@@ -51,6 +60,7 @@ def embedding_mlp(
     out_dim: int = 16,
     *,
     activate_last: bool = True,
+    layout: str = "stacked",
 ) -> StageModel:
     """Embeddings of categorical columns, concatenated with the dense columns, then an MLP.
 
@@ -60,11 +70,15 @@ def embedding_mlp(
         the reserved code 0, so a column with categories 1..k has ``vocab = k + 1``.
       dim: embedding width, one for every column or one per column.
       hidden, out_dim, activate_last: the MLP over ``n_dense + sum(dims)`` columns (see `mlp`).
+      layout: ``"stacked"`` (one table per distinct width) or ``"per_column"`` (module
+        docstring); the two compute the same function of the same initial values.
 
     The stage has one input of ``n_dense + len(vocab)`` columns (module docstring). Params:
-    ``{"embed": [table (vocab[j], dim[j]) per column], "mlp": mlp_init layers}``; tables are
-    standard normal (the scale of standardised dense features), the MLP He-initialised.
-    Spec ``{"kind": "embedding", ...}``.
+    ``{"embed": [tables], "mlp": mlp_init layers}``: stacked, one ``(sum of vocab[j], d)``
+    table per distinct width ``d`` (in the order the widths first appear), per column one
+    ``(vocab[j], dim[j])`` table per column. Every column's rows are standard normal (the
+    scale of standardised dense features), drawn from the column's own key, so both layouts
+    start from the same values; the MLP is He-initialised. Spec ``{"kind": "embedding", ...}``.
     """
     n_dense = _non_negative_int("n_dense", n_dense)
     vocab = _positive_ints("vocab", vocab, allow_empty=False)
@@ -86,9 +100,12 @@ def embedding_mlp(
     hidden = _positive_ints("hidden", hidden)
     out_dim = _positive_int("out_dim", out_dim)
     activate_last = bool(activate_last)
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
     width = n_dense + len(vocab)
     sizes = [n_dense + sum(dims), *hidden, out_dim]
     bounds = np.asarray(vocab, np.float32)
+    stack = _Stack(vocab, dims) if layout == "stacked" else None
 
     def init(key: jax.Array) -> dict[str, Any]:
         k_mlp, *k_tables = jax.random.split(key, len(vocab) + 1)
@@ -96,6 +113,8 @@ def embedding_mlp(
             jax.random.normal(k, (v, d), jnp.float32)
             for k, v, d in zip(k_tables, vocab, dims, strict=True)
         ]
+        if stack is not None:
+            tables = stack.stacked(tables)
         return {"embed": tables, "mlp": mlp_init(k_mlp, sizes)}
 
     def apply(params: dict[str, Any], x: jax.Array) -> jax.Array:
@@ -108,7 +127,10 @@ def embedding_mlp(
         known = (codes >= 0) & (codes < bounds)  # False for NaN
         idx = jnp.where(known, codes, 0).astype(jnp.int32)
         parts = [x[..., :n_dense]] if n_dense else []
-        parts += [jnp.take(t, idx[..., j], axis=0) for j, t in enumerate(params["embed"])]
+        if stack is not None:
+            parts.append(stack.lookup(params["embed"], idx))
+        else:
+            parts += [jnp.take(t, idx[..., j], axis=0) for j, t in enumerate(params["embed"])]
         h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         return mlp_apply(params["mlp"], h, activate_last=activate_last)
 
@@ -120,8 +142,72 @@ def embedding_mlp(
         "hidden": list(hidden),
         "out_dim": out_dim,
         "activate_last": activate_last,
+        "layout": layout,
     }
     return StageModel(init, apply, (width,), out_dim, spec)
+
+
+#: The table layouts of `embedding_mlp` (module docstring).
+LAYOUTS = ("stacked", "per_column")
+
+
+class _Stack:
+    """Where each column's rows lie in the stacked tables, and the lookup through them.
+
+    Column ``j`` of width ``d`` owns rows ``[start[j], start[j] + vocab[j])`` of table
+    ``table_of[j]`` (one table per distinct width). `lookup` gathers each column from a static
+    slice of its table (as fast as a table of its own) and its gradient is one scatter-add per
+    table of all its columns' rows: a `jax.custom_vjp`, since the gradient of a slice is a
+    table-sized zero array per column."""
+
+    def __init__(self, vocab: Sequence[int], dims: Sequence[int]) -> None:
+        widths = list(dict.fromkeys(dims))
+        self.table_of = [widths.index(d) for d in dims]
+        used = [0] * len(widths)
+        self.start = []
+        for t, v in zip(self.table_of, vocab, strict=True):
+            self.start.append(used[t])
+            used[t] += v
+        self.vocab = list(vocab)
+        self.widths = widths
+        self.lookup = jax.custom_vjp(self._lookup)
+        self.lookup.defvjp(self._lookup_fwd, self._lookup_bwd)
+
+    def stacked(self, tables: Sequence[jax.Array]) -> list[jax.Array]:
+        """Per-column tables (in column order) stacked into one table per width."""
+        return [
+            jnp.concatenate([x for x, t in zip(tables, self.table_of, strict=True) if t == w])
+            for w in range(len(self.widths))
+        ]
+
+    def _lookup(self, tables: list[jax.Array], idx: jax.Array) -> jax.Array:
+        """``[rows, sum(dims)]``: column j's embedding of ``idx[..., j]`` (in ``[0, vocab[j])``)."""
+        parts = [
+            jnp.take(jax.lax.slice_in_dim(tables[t], s, s + v), idx[..., j], axis=0)
+            for j, (t, s, v) in enumerate(zip(self.table_of, self.start, self.vocab, strict=True))
+        ]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+    def _lookup_fwd(self, tables, idx):
+        return self._lookup(tables, idx), (idx, [t.shape for t in tables])
+
+    def _lookup_bwd(self, residuals, cot):
+        idx, shapes = residuals
+        rows = [[] for _ in shapes]
+        grads = [[] for _ in shapes]
+        at = 0
+        for j, (t, s) in enumerate(zip(self.table_of, self.start, strict=True)):
+            d = shapes[t][1]
+            rows[t].append((idx[..., j] + s).reshape(-1))
+            grads[t].append(cot[..., at : at + d].reshape(-1, d))
+            at += d
+        out = [
+            jnp.zeros(shape, cot.dtype)
+            .at[jnp.concatenate(r)]
+            .add(jnp.concatenate(g), mode="promise_in_bounds")
+            for shape, r, g in zip(shapes, rows, grads, strict=True)
+        ]
+        return out, None
 
 
 def _positive_int(name: str, value: Any) -> int:
