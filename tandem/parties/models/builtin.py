@@ -11,12 +11,13 @@ outside ``[0, vocab[j])`` (negative, too large, NaN) is looked up as ``0``; a fr
 truncated. Codes carry no gradient (they are indices); the embedding tables and the MLP do.
 
 **Stacked tables.** By default (``layout="stacked"``) the columns of one embedding width share
-one table: column ``j``'s rows follow column ``j-1``'s, so ``params["embed"]`` holds one table
-per distinct width (one in all, for a single ``dim``). Each column still reads only its own
-rows, and the lookup's gradient is one scatter-add per table. XLA compiles a kernel per distinct
-array shape, so with 13 columns of different vocabularies this compiles a stage's forward,
-backward and optimizer update in about half the time of one table per column, and runs them
-as fast. ``layout="per_column"`` keeps a table per column: the layout of exports written before
+a table: column ``j``'s rows follow column ``j-1``'s, up to `TABLE_BYTES` a table, so
+``params["embed"]`` holds a few tables (one, for a single ``dim`` and up to 16 MiB of rows).
+Each column still reads only its own rows, and the lookup's gradient is one scatter-add per
+table. XLA compiles a kernel per distinct array shape, so with 13 columns of different
+vocabularies this compiles a stage's forward, backward and optimizer update in about half the
+time of one table per column, and runs them as fast or faster on one thread.
+``layout="per_column"`` keeps a table per column: the layout of exports written before
 stacking, which `tandem.parties.export` still reads.
 """
 
@@ -70,13 +71,15 @@ def embedding_mlp(
         the reserved code 0, so a column with categories 1..k has ``vocab = k + 1``.
       dim: embedding width, one for every column or one per column.
       hidden, out_dim, activate_last: the MLP over ``n_dense + sum(dims)`` columns (see `mlp`).
-      layout: ``"stacked"`` (one table per distinct width) or ``"per_column"`` (module
-        docstring); the two compute the same function of the same initial values.
+      layout: ``"stacked"`` (the columns of a width share tables of up to `TABLE_BYTES`) or
+        ``"per_column"`` (module docstring); the two compute the same function of the same
+        initial values.
 
     The stage has one input of ``n_dense + len(vocab)`` columns (module docstring). Params:
-    ``{"embed": [tables], "mlp": mlp_init layers}``: stacked, one ``(sum of vocab[j], d)``
-    table per distinct width ``d`` (in the order the widths first appear), per column one
-    ``(vocab[j], dim[j])`` table per column. Every column's rows are standard normal (the
+    ``{"embed": [tables], "mlp": mlp_init layers}``: stacked, ``(sum of vocab[j], d)`` tables
+    of the columns of width ``d`` in column order (a new one where the next column would
+    take a table past `TABLE_BYTES`; `_Stack`), per column one ``(vocab[j], dim[j])`` table
+    per column. Every column's rows are standard normal (the
     scale of standardised dense features), drawn from the column's own key, so both layouts
     start from the same values; the MLP is He-initialised. Spec ``{"kind": "embedding", ...}``.
     """
@@ -149,35 +152,46 @@ def embedding_mlp(
 
 #: The table layouts of `embedding_mlp` (module docstring).
 LAYOUTS = ("stacked", "per_column")
+#: Largest stacked table (bytes of float32): a column joins the open table of its width while
+#: the sum stays within this, else opens a new one. glibc serves a buffer above its largest
+#: mmap threshold (32 MiB) with a fresh mapping at every kernel call that outputs one (a new
+#: accumulator, a gradient), whose pages all fault in again: about 5 ms for 38 MB on one core.
+TABLE_BYTES = 16 << 20
 
 
 class _Stack:
     """Where each column's rows lie in the stacked tables, and the lookup through them.
 
     Column ``j`` of width ``d`` owns rows ``[start[j], start[j] + vocab[j])`` of table
-    ``table_of[j]`` (one table per distinct width). `lookup` gathers each column from a static
+    ``table_of[j]`` (a table holds columns of one width, in order, up to `TABLE_BYTES`).
+    `lookup` gathers each column from a static
     slice of its table (as fast as a table of its own) and its gradient is one scatter-add per
     table of all its columns' rows: a `jax.custom_vjp`, since the gradient of a slice is a
     table-sized zero array per column."""
 
     def __init__(self, vocab: Sequence[int], dims: Sequence[int]) -> None:
-        widths = list(dict.fromkeys(dims))
-        self.table_of = [widths.index(d) for d in dims]
-        used = [0] * len(widths)
-        self.start = []
-        for t, v in zip(self.table_of, vocab, strict=True):
-            self.start.append(used[t])
-            used[t] += v
+        self.table_of: list[int] = []
+        self.start: list[int] = []
+        rows: list[int] = []  # of each table
+        open_table: dict[int, int] = {}  # width -> the table its next column may join
+        for v, d in zip(vocab, dims, strict=True):
+            t = open_table.get(d)
+            if t is None or (rows[t] + v) * d * 4 > TABLE_BYTES:
+                t = open_table[d] = len(rows)
+                rows.append(0)
+            self.table_of.append(t)
+            self.start.append(rows[t])
+            rows[t] += v
         self.vocab = list(vocab)
-        self.widths = widths
+        self.tables = len(rows)
         self.lookup = jax.custom_vjp(self._lookup)
         self.lookup.defvjp(self._lookup_fwd, self._lookup_bwd)
 
     def stacked(self, tables: Sequence[jax.Array]) -> list[jax.Array]:
-        """Per-column tables (in column order) stacked into one table per width."""
+        """Per-column tables (in column order) stacked into this layout's tables."""
         return [
             jnp.concatenate([x for x, t in zip(tables, self.table_of, strict=True) if t == w])
-            for w in range(len(self.widths))
+            for w in range(self.tables)
         ]
 
     def _lookup(self, tables: list[jax.Array], idx: jax.Array) -> jax.Array:
