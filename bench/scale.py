@@ -16,8 +16,7 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
    *same composed model* (the parties' bottoms and top, built from the same TOMLs,
    same initialisation keys, optimizer, batch size and batch order) in this process with plain
    JAX + optax on the same preprocessed data (`centralized`), and the leader's bottom + a top
-   over it alone (`leader_only`); its embedding stages keep a table per column, the layout
-   that is faster for it (`bench.scale_kernels.as_reference`).
+   over it alone (`leader_only`).
 
 **Per size** (``sizes[<rows>]``):
 
@@ -408,7 +407,6 @@ def centralized(
     import jax.numpy as jnp
     import optax
 
-    from bench.scale_kernels import as_reference
     from tandem.engine.data import epoch_batches
     from tandem.engine.kernels import get_loss
     from tandem.parties.models import mlp
@@ -428,7 +426,6 @@ def centralized(
         models[stage] = configs[p].stage_model(stage, [data[p].train.shape[1]], data[p].vocab)
     models["top"] = configs[leader].stage_model("top", [ctr.CUT] * len(top.inputs))
     models["top_alone"] = mlp([ctr.CUT], list(ctr.TOP_HIDDEN), 1, activate_last=False)
-    models = {s: as_reference(m) for s, m in models.items()}
     key = jax.random.PRNGKey(settings.seed)
     init = {
         s: m.init(jax.random.fold_in(key, _stable_hash("top" if s == "top_alone" else s)))

@@ -63,24 +63,9 @@ class Clock:
         return {"wall_ms": table(self.wall), "cpu_ms": table(self.cpu)}
 
 
-def as_reference(model: Any) -> Any:
-    """``model`` as the centralized reference runs it: an embedding stage with a table per
-    column (`tandem.parties.models.embedding_mlp`'s ``per_column``: the same function of the
-    same initial values). One process running every stage on two threads computes the
-    per-column tables' scatter-adds and updates side by side, and its step is faster so
-    (36.5-37.4 ms against 40.6-44.9 ms stacked, 1M rows); the parties, one thread each, are
-    faster stacked."""
-    from tandem.parties.models import model_from_spec
-
-    spec = getattr(model, "spec", None) or {}
-    if spec.get("kind") == "embedding":
-        return model_from_spec({**spec, "layout": "per_column"})
-    return model
-
-
-def load(folder: Path, parties: list[str], cut: int, *, reference: bool = False) -> dict[str, Any]:
+def load(folder: Path, parties: list[str], cut: int) -> dict[str, Any]:
     """The parties' training data and stage models, built from their TOMLs as
-    `bench.scale.centralized` builds them (``reference``: as it runs them, `as_reference`)."""
+    `bench.scale.centralized` builds them."""
     import jax
 
     from tandem.parties.split.process.party_config import load_party_config
@@ -98,8 +83,6 @@ def load(folder: Path, parties: list[str], cut: int, *, reference: bool = False)
         for p in parties
     }
     models["top"] = configs[parties[0]].stage_model("top", [cut] * len(order))
-    if reference:
-        models = {s: as_reference(m) for s, m in models.items()}
     key = jax.random.PRNGKey(0)
     init = {s: m.init(jax.random.fold_in(key, _stable_hash(s))) for s, m in models.items()}
     return {"data": data, "models": models, "init": init, "order": order}
@@ -272,9 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--learning-rate", type=float, default=0.002)
     ap.add_argument("--cut", type=int, required=True)
     args = ap.parse_args(argv)
-    loaded = load(
-        args.folder, args.parties.split(","), args.cut, reference=args.which == "centralized"
-    )
+    loaded = load(args.folder, args.parties.split(","), args.cut)
     if args.which == "pipelined":
         out = pipelined(loaded, args.groups, args.batch_size, args.batches, args.learning_rate)
     else:

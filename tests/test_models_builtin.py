@@ -10,7 +10,7 @@ import pytest
 
 from tandem.engine.models import count_params, mlp_apply
 from tandem.errors import ConfigError
-from tandem.parties.models import builtin, embedding_mlp, mlp, model_from_spec
+from tandem.parties.models import embedding_mlp, mlp, model_from_spec
 from tests.models_fixture import toy_problem, train, train_bottom
 
 KEY = jax.random.PRNGKey(3)
@@ -66,7 +66,7 @@ def test_embedding_matches_a_hand_written_lookup():
 
 
 def test_embedding_gradients_reach_tables_not_codes():
-    model = embedding_mlp(1, [5, 3], dim=4, hidden=[8], out_dim=2, layout="per_column")
+    model = embedding_mlp(1, [5, 3], dim=4, hidden=[8], out_dim=2)
     params = model.init(KEY)
     x = jnp.array([[0.5, 1, 2], [-0.3, 3, 2]], jnp.float32)
 
@@ -80,57 +80,6 @@ def test_embedding_gradients_reach_tables_not_codes():
     assert rows1[2] > 0 and np.all(rows1[[0, 1]] == 0)
     assert np.all(np.asarray(g_x)[:, 1:] == 0)  # codes are indices: no gradient
     assert np.any(np.asarray(g_x)[:, 0] != 0)  # dense columns keep theirs
-
-
-@pytest.mark.parametrize(
-    "dims, table_bytes, shapes, stack",
-    [
-        (
-            [2, 5, 2],
-            16 << 20,
-            [(4 + 6, 2), (3, 5)],
-            lambda t: [jnp.concatenate([t[0], t[2]]), t[1]],
-        ),
-        ([2, 2, 2], 8 * 2 * 4, [(4 + 3, 2), (6, 2)], lambda t: [jnp.concatenate(t[:2]), t[2]]),
-    ],
-    ids=["two-widths", "capped"],
-)
-def test_stacked_tables_compute_what_a_table_per_column_computes(
-    monkeypatch, dims, table_bytes, shapes, stack
-):
-    """The default layout stacks the columns of one width into one table (widths 2, 5, 2 give
-    two tables), up to `TABLE_BYTES` a table (a cap of 8 rows of width 2 puts the third column
-    in a table of its own); from the same key it starts from the same rows, and its outputs and
-    every gradient (jitted, with repeated, unseen and NaN codes) are those of a table per
-    column."""
-    monkeypatch.setattr(builtin, "TABLE_BYTES", table_bytes)
-    vocab = [4, 3, 6]
-    stacked, per_column = (
-        embedding_mlp(2, vocab, dim=dims, hidden=[6], out_dim=3, layout=layout)
-        for layout in ("stacked", "per_column")
-    )
-    assert stacked.spec["layout"] == "stacked" and per_column.spec["layout"] == "per_column"
-    ps, pc = stacked.init(KEY), per_column.init(KEY)
-    assert [t.shape for t in ps["embed"]] == shapes
-    as_stacked = stack
-    for a, b in zip(ps["embed"], as_stacked(pc["embed"]), strict=True):
-        np.testing.assert_array_equal(a, b)
-    codes = np.array([[1, 2, 5], [1, 2, 5], [3, 0, 9], [np.nan, 1, -2], [2, 2, 0]], np.float32)
-    x = jnp.asarray(np.concatenate([np.ones((5, 2), np.float32), codes], axis=1))
-
-    def loss(model):
-        return jax.jit(jax.grad(lambda p, x: jnp.sum(jnp.tanh(model.apply(p, x))), (0, 1)))
-
-    gs, gxs = loss(stacked)(ps, x)
-    gc, gxc = loss(per_column)(pc, x)
-    np.testing.assert_allclose(stacked.apply(ps, x), per_column.apply(pc, x), rtol=1e-6)
-    for a, b in zip(gs["embed"], as_stacked(gc["embed"]), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(gs["mlp"][0]["w"], gc["mlp"][0]["w"], rtol=1e-6)
-    np.testing.assert_allclose(gxs, gxc, rtol=1e-6)
-    assert np.all(np.asarray(gxs)[:, 2:] == 0)
-    with pytest.raises(ConfigError, match="layout must be one of"):
-        embedding_mlp(2, vocab, layout="fused")
 
 
 @pytest.mark.parametrize(

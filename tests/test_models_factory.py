@@ -86,7 +86,6 @@ def test_spec_kinds_and_unknown_kind():
             "hidden": [],
             "out_dim": 2,
             "activate_last": False,
-            "layout": "stacked",
         },
         {
             "kind": "factory",

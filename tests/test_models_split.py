@@ -170,22 +170,3 @@ def test_export_refuses_a_model_without_a_reference(tmp_path):
     a.run_id = "t0"
     with pytest.raises(InferenceError, match="reference='package.module:function'"):
         asyncio.run(inference.export_party(a, tmp_path / "A.safetensors"))
-
-
-def test_an_export_from_before_stacked_tables_still_predicts(tmp_path):
-    """An embedding export written before stacked tables has no ``layout`` in its spec and a
-    table per column: it loads as such and predicts what it did; the same tensors under a
-    ``stacked`` spec do not fit it and are refused."""
-    old = embedding_mlp(1, [4, 6], dim=2, hidden=[3], out_dim=2, layout="per_column")
-    params = old.init(jax.random.PRNGKey(1))
-    spec = {k: v for k, v in old.spec.items() if k != "layout"}
-    _export_one(tmp_path / "A.safetensors", old, spec, params)
-    loaded = inference.load_model_sync(tmp_path / "A.safetensors", "A")
-    assert loaded.models["bottom"].spec["layout"] == "per_column"
-    x = np.array([[0.5, 1, 5], [-1.0, 3, 2], [0.0, 9, np.nan]], np.float32)
-    np.testing.assert_array_equal(
-        loaded.models["bottom"].apply(loaded.params["bottom"], x), old.apply(params, x)
-    )
-    _export_one(tmp_path / "B.safetensors", old, {**spec, "layout": "stacked"}, params)
-    with pytest.raises(InferenceError, match="do not fit its recorded model spec"):
-        inference.load_model_sync(tmp_path / "B.safetensors", "A")

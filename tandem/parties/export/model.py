@@ -131,7 +131,7 @@ def load_model_sync(
     for s in topo.stages:
         if s.name in own:
             try:
-                models[s.name] = model_from_spec(_with_layout(desc["stages"][s.name]["model"]))
+                models[s.name] = model_from_spec(desc["stages"][s.name]["model"])
             except ConfigError as exc:
                 raise InferenceError(
                     f"{file!r}: stage {s.name!r} cannot be rebuilt from its recorded model "
@@ -252,11 +252,3 @@ __all__ = [
     "load_model_sync",
     "resolve_export",
 ]
-
-
-def _with_layout(spec: Any) -> Any:
-    """An embedding spec as its export meant it: one written before stacked tables has no
-    ``layout`` and holds a table per column (`tandem.parties.models.embedding_mlp`)."""
-    if isinstance(spec, dict) and spec.get("kind") == "embedding" and "layout" not in spec:
-        return {**spec, "layout": "per_column"}
-    return spec

@@ -9,16 +9,6 @@ Both return a `tandem.engine.kernels.StageModel` whose ``spec`` rebuilds it
 ``2**24``). Code ``0`` of every column is reserved for an unseen or missing category: a code
 outside ``[0, vocab[j])`` (negative, too large, NaN) is looked up as ``0``; a fractional code is
 truncated. Codes carry no gradient (they are indices); the embedding tables and the MLP do.
-
-**Stacked tables.** By default (``layout="stacked"``) the columns of one embedding width share
-a table: column ``j``'s rows follow column ``j-1``'s, up to `TABLE_BYTES` a table, so
-``params["embed"]`` holds a few tables (one, for a single ``dim`` and up to 16 MiB of rows).
-Each column still reads only its own rows, and the lookup's gradient is one scatter-add per
-table. XLA compiles a kernel per distinct array shape, so with 13 columns of different
-vocabularies this compiles a stage's forward, backward and optimizer update in about half the
-time of one table per column, and runs them as fast or faster on one thread.
-``layout="per_column"`` keeps a table per column: the layout of exports written before
-stacking, which `tandem.parties.export` still reads.
 """
 
 from __future__ import annotations
@@ -61,7 +51,6 @@ def embedding_mlp(
     out_dim: int = 16,
     *,
     activate_last: bool = True,
-    layout: str = "stacked",
 ) -> StageModel:
     """Embeddings of categorical columns, concatenated with the dense columns, then an MLP.
 
@@ -71,17 +60,11 @@ def embedding_mlp(
         the reserved code 0, so a column with categories 1..k has ``vocab = k + 1``.
       dim: embedding width, one for every column or one per column.
       hidden, out_dim, activate_last: the MLP over ``n_dense + sum(dims)`` columns (see `mlp`).
-      layout: ``"stacked"`` (the columns of a width share tables of up to `TABLE_BYTES`) or
-        ``"per_column"`` (module docstring); the two compute the same function of the same
-        initial values.
 
     The stage has one input of ``n_dense + len(vocab)`` columns (module docstring). Params:
-    ``{"embed": [tables], "mlp": mlp_init layers}``: stacked, ``(sum of vocab[j], d)`` tables
-    of the columns of width ``d`` in column order (a new one where the next column would
-    take a table past `TABLE_BYTES`; `_Stack`), per column one ``(vocab[j], dim[j])`` table
-    per column. Every column's rows are standard normal (the
-    scale of standardised dense features), drawn from the column's own key, so both layouts
-    start from the same values; the MLP is He-initialised. Spec ``{"kind": "embedding", ...}``.
+    ``{"embed": [table (vocab[j], dim[j]) per column], "mlp": mlp_init layers}``; tables are
+    standard normal (the scale of standardised dense features), the MLP He-initialised.
+    Spec ``{"kind": "embedding", ...}``.
     """
     n_dense = _non_negative_int("n_dense", n_dense)
     vocab = _positive_ints("vocab", vocab, allow_empty=False)
@@ -103,12 +86,9 @@ def embedding_mlp(
     hidden = _positive_ints("hidden", hidden)
     out_dim = _positive_int("out_dim", out_dim)
     activate_last = bool(activate_last)
-    if layout not in LAYOUTS:
-        raise ConfigError(f"layout must be one of {list(LAYOUTS)}, got {layout!r}")
     width = n_dense + len(vocab)
     sizes = [n_dense + sum(dims), *hidden, out_dim]
     bounds = np.asarray(vocab, np.float32)
-    stack = _Stack(vocab, dims) if layout == "stacked" else None
 
     def init(key: jax.Array) -> dict[str, Any]:
         k_mlp, *k_tables = jax.random.split(key, len(vocab) + 1)
@@ -116,8 +96,6 @@ def embedding_mlp(
             jax.random.normal(k, (v, d), jnp.float32)
             for k, v, d in zip(k_tables, vocab, dims, strict=True)
         ]
-        if stack is not None:
-            tables = stack.stacked(tables)
         return {"embed": tables, "mlp": mlp_init(k_mlp, sizes)}
 
     def apply(params: dict[str, Any], x: jax.Array) -> jax.Array:
@@ -130,10 +108,7 @@ def embedding_mlp(
         known = (codes >= 0) & (codes < bounds)  # False for NaN
         idx = jnp.where(known, codes, 0).astype(jnp.int32)
         parts = [x[..., :n_dense]] if n_dense else []
-        if stack is not None:
-            parts.append(stack.lookup(params["embed"], idx))
-        else:
-            parts += [jnp.take(t, idx[..., j], axis=0) for j, t in enumerate(params["embed"])]
+        parts += [jnp.take(t, idx[..., j], axis=0) for j, t in enumerate(params["embed"])]
         h = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         return mlp_apply(params["mlp"], h, activate_last=activate_last)
 
@@ -145,83 +120,8 @@ def embedding_mlp(
         "hidden": list(hidden),
         "out_dim": out_dim,
         "activate_last": activate_last,
-        "layout": layout,
     }
     return StageModel(init, apply, (width,), out_dim, spec)
-
-
-#: The table layouts of `embedding_mlp` (module docstring).
-LAYOUTS = ("stacked", "per_column")
-#: Largest stacked table (bytes of float32): a column joins the open table of its width while
-#: the sum stays within this, else opens a new one. glibc serves a buffer above its largest
-#: mmap threshold (32 MiB) with a fresh mapping at every kernel call that outputs one (a new
-#: accumulator, a gradient), whose pages all fault in again: about 5 ms for 38 MB on one core.
-TABLE_BYTES = 16 << 20
-
-
-class _Stack:
-    """Where each column's rows lie in the stacked tables, and the lookup through them.
-
-    Column ``j`` of width ``d`` owns rows ``[start[j], start[j] + vocab[j])`` of table
-    ``table_of[j]`` (a table holds columns of one width, in order, up to `TABLE_BYTES`).
-    `lookup` gathers each column from a static
-    slice of its table (as fast as a table of its own) and its gradient is one scatter-add per
-    table of all its columns' rows: a `jax.custom_vjp`, since the gradient of a slice is a
-    table-sized zero array per column."""
-
-    def __init__(self, vocab: Sequence[int], dims: Sequence[int]) -> None:
-        self.table_of: list[int] = []
-        self.start: list[int] = []
-        rows: list[int] = []  # of each table
-        open_table: dict[int, int] = {}  # width -> the table its next column may join
-        for v, d in zip(vocab, dims, strict=True):
-            t = open_table.get(d)
-            if t is None or (rows[t] + v) * d * 4 > TABLE_BYTES:
-                t = open_table[d] = len(rows)
-                rows.append(0)
-            self.table_of.append(t)
-            self.start.append(rows[t])
-            rows[t] += v
-        self.vocab = list(vocab)
-        self.tables = len(rows)
-        self.lookup = jax.custom_vjp(self._lookup)
-        self.lookup.defvjp(self._lookup_fwd, self._lookup_bwd)
-
-    def stacked(self, tables: Sequence[jax.Array]) -> list[jax.Array]:
-        """Per-column tables (in column order) stacked into this layout's tables."""
-        return [
-            jnp.concatenate([x for x, t in zip(tables, self.table_of, strict=True) if t == w])
-            for w in range(self.tables)
-        ]
-
-    def _lookup(self, tables: list[jax.Array], idx: jax.Array) -> jax.Array:
-        """``[rows, sum(dims)]``: column j's embedding of ``idx[..., j]`` (in ``[0, vocab[j])``)."""
-        parts = [
-            jnp.take(jax.lax.slice_in_dim(tables[t], s, s + v), idx[..., j], axis=0)
-            for j, (t, s, v) in enumerate(zip(self.table_of, self.start, self.vocab, strict=True))
-        ]
-        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
-
-    def _lookup_fwd(self, tables, idx):
-        return self._lookup(tables, idx), (idx, [t.shape for t in tables])
-
-    def _lookup_bwd(self, residuals, cot):
-        idx, shapes = residuals
-        rows = [[] for _ in shapes]
-        grads = [[] for _ in shapes]
-        at = 0
-        for j, (t, s) in enumerate(zip(self.table_of, self.start, strict=True)):
-            d = shapes[t][1]
-            rows[t].append((idx[..., j] + s).reshape(-1))
-            grads[t].append(cot[..., at : at + d].reshape(-1, d))
-            at += d
-        out = [
-            jnp.zeros(shape, cot.dtype)
-            .at[jnp.concatenate(r)]
-            .add(jnp.concatenate(g), mode="promise_in_bounds")
-            for shape, r, g in zip(shapes, rows, grads, strict=True)
-        ]
-        return out, None
 
 
 def _positive_int(name: str, value: Any) -> int:
