@@ -40,7 +40,7 @@ def test_sets_both_thresholds_and_the_heaps_on_glibc():
         sorted(
             {
                 "MALLOC_ARENA_MAX": 2,
-                "MALLOC_MMAP_THRESHOLD_": 4 << 20,
+                "MALLOC_MMAP_THRESHOLD_": 32 << 20,
                 "MALLOC_TRIM_THRESHOLD_": 128 << 20,
             }.items()
         )
@@ -50,7 +50,7 @@ def test_sets_both_thresholds_and_the_heaps_on_glibc():
 @pytest.mark.skipif(not GLIBC, reason="mallopt is glibc's")
 def test_user_environment_wins():
     got = _in_child({"MALLOC_TRIM_THRESHOLD_": "1000000", "MALLOC_ARENA_MAX": "4"})
-    assert got == str([("MALLOC_MMAP_THRESHOLD_", 4 << 20)])
+    assert got == str([("MALLOC_MMAP_THRESHOLD_", 32 << 20)])
 
 
 @pytest.mark.parametrize(

@@ -1,18 +1,22 @@
-"""Process allocator settings for the receive path (glibc's malloc).
+"""Process allocator settings (glibc's malloc): buffers recycled in-process, not faulted in anew.
 
-Receiving a large tensor over a stream socket allocates and frees many short-lived buffers of a
-few hundred KiB: uvloop hands each 256 KiB read to the protocol as a new ``bytes`` object, and
-aiohttp's parser slices the body into more of them. Under glibc's defaults these sizes sit at
+Two kinds of buffers come and go many times a second in a party. Receiving a large tensor over a
+stream socket allocates and frees many short-lived buffers of a few hundred KiB: uvloop hands
+each 256 KiB read to the protocol as a new ``bytes`` object, and aiohttp's parser slices the
+body into more of them. And every batch, XLA allocates and frees buffers of the size of the
+model's larger arrays: a fresh gradient accumulator, the new parameters and optimizer moments
+(an embedding table of 100k rows of 16 floats is 6.4 MB). Under glibc's defaults both sit at
 the edge of the heap: freed ones are given back to the kernel (heap trimming, or munmap of
-blocks above the dynamic mmap threshold) and the next read faults fresh zeroed pages in again.
-That page churn, not the copying, is the largest cost of the HTTP receiver on a small machine
-(``bench.transport`` measures the receive path; docs/transports.md, "Benchmark").
+blocks above the dynamic mmap threshold) and the next allocation faults fresh zeroed pages in
+again. That page churn, not the copying, is the largest cost of the HTTP receiver on a small
+machine (``bench.transport`` measures the receive path; docs/transports.md, "Benchmark"), and
+it cost a 1M-row ``bench.scale`` party 8-14 % of its training speed with a 4 MiB threshold.
 
 `tune_allocator` sets three ``mallopt`` parameters so these buffers are recycled in-process:
 
-* ``M_MMAP_THRESHOLD`` = ``mmap_threshold`` (4 MiB): smaller blocks come from the heap; larger
-  ones (whole tensors) are still mapped and unmapped on their own, so their memory returns to
-  the system when the tensor dies;
+* ``M_MMAP_THRESHOLD`` = ``mmap_threshold`` (32 MiB, glibc's largest on 64-bit): smaller
+  blocks come from the heap; larger ones are still mapped and unmapped on their own, so their
+  memory returns to the system when the array dies;
 * ``M_TRIM_THRESHOLD`` = ``trim_threshold`` (128 MiB): the heap is shrunk only when that much
   is free at its top — the process keeps up to that much idle memory in exchange;
 * ``M_ARENA_MAX`` = ``arena_max`` (2): at most that many heaps. glibc's default (eight per
@@ -62,7 +66,7 @@ def _mallopt():
 
 
 def tune_allocator(
-    mmap_threshold: int = 4 << 20, trim_threshold: int = 128 << 20, arena_max: int = 2
+    mmap_threshold: int = 32 << 20, trim_threshold: int = 128 << 20, arena_max: int = 2
 ) -> dict[str, int]:
     """Set glibc's mmap and trim thresholds and its number of heaps (see the module
     docstring); idempotent. Call it before the process starts threads: a heap made already
