@@ -19,8 +19,8 @@ gradient channel. With ``"none"`` messages are the tensors themselves, as withou
 Bounded shapes: each compute op runs its group padded with zero rows to
 `tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
 the kernels see a few shapes and compile each once. The ladder is capped at the party's batch
-size (``pad_to``), not at the bound batch's rows, so an epoch's last, shorter batch runs at
-sizes the full batches compiled. Padding stays inside the party: what it
+size (``pad_to``), and a batch shorter than that (an epoch's last) runs each group at the
+smallest size already compiled that holds it, so it compiles nothing new. Padding stays inside the party: what it
 sends is sliced to the group's real rows (a peer pads what it receives itself), the loss
 stage masks the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents,
 and what they add to any parameter gradient, are zero; `predictions` returns real rows only.
@@ -80,9 +80,11 @@ class StageHandler:
         self.topology = topology
         self.cut_sum = cut_sum
         #: the rows a group may be padded up to, at least the bound batch's: the party's batch
-        #: size, so a shorter batch (an epoch's last) runs at ladder sizes full batches compiled
+        #: size, so a shorter batch (an epoch's last) runs at sizes full batches compiled
         self.pad_to = pad_to
         self._batches = -1  # `begin` calls; the constructor's own makes it 0
+        #: the padded sizes compute ops ran at so far, for prediction (False) and training
+        self._sizes_run: dict[bool, set[int]] = {False: set(), True: set()}
         #: how cut messages travel; ``feedback`` holds each gradient channel's residuals
         self.compressor = compressor or CutCompressor()
         self.feedback: dict[str, Feedback | None] = {}
@@ -137,6 +139,7 @@ class StageHandler:
         #: None (the default) captures nothing
         self.audit: PartyAudit | None = None
         self.begin(np.zeros((1, 0), np.float32), None, [(0, 1)], train=False)
+        self._sizes_run[False].clear()  # that placeholder batch runs nothing
 
     def _read_inputs(self, stage: str) -> tuple[str, ...]:
         """What ``stage``'s kernels read: its inputs, or their sum (named by the first)."""
@@ -213,8 +216,7 @@ class StageHandler:
         self.per_op = 1 if fine else chunks
         self.rows = bounds[-1][1] if bounds else 0
         #: per compute op: the rows its kernels run at (its group padded to a bucket size)
-        cap = max(self.rows, self.pad_to)
-        self.padded = [bucket_rows(hi - lo, cap) for lo, hi in self.bounds]
+        self.padded = self._padded_sizes(train)
         self.train = train
         self.acts: dict[tuple[str, int], jax.Array] = {}
         self.vjps: dict[tuple[str, int], Any] = {}
@@ -244,6 +246,22 @@ class StageHandler:
         if name in self.stages:
             return self.acts[(name, m)]
         return self._pad(self._gather(f"act/{name}->{stage}", m), m)
+
+    def _padded_sizes(self, train: bool) -> list[int]:
+        """The rows each compute op of the bound batch runs at: its group's `bucket_rows`
+        size, except in a batch shorter than ``pad_to`` (an epoch's last), where a group runs
+        at the smallest size this handler's kernels already ran at in the same mode (training
+        or prediction) that holds it, so the short batch compiles nothing new. Padding a group
+        of one batch costs a few milliseconds; compiling a new size costs seconds."""
+        cap = max(self.rows, self.pad_to)
+        seen = self._sizes_run[train]
+        sizes = []
+        for lo, hi in self.bounds:
+            rows = hi - lo
+            fits = [s for s in seen if s >= rows] if self.rows < self.pad_to else []
+            sizes.append(min(fits) if fits else bucket_rows(rows, cap))
+        seen.update(sizes)
+        return sizes
 
     def _pad(self, x: np.ndarray, m: int) -> np.ndarray:
         """Host rows ``x`` of op ``m`` with zero rows appended up to its padded size (``x``
