@@ -20,10 +20,11 @@ Bounded shapes: each compute op runs its group padded with zero rows to
 `tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
 the kernels see a few shapes and compile each once. The ladder is capped at the party's batch
 size (``pad_to``), and a batch shorter than that (an epoch's last) runs each group at the
-smallest size already compiled that holds it, so it compiles nothing new. Padding stays inside the party: what it
-sends is sliced to the group's real rows (a peer pads what it receives itself), the loss
-stage masks the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents,
-and what they add to any parameter gradient, are zero; `predictions` returns real rows only.
+smallest size already compiled that holds it, so it compiles nothing new. Padding stays
+inside the party: what it sends is sliced to the group's real rows (a peer pads what it
+receives itself), the loss stage masks the padded rows out of the loss
+(``loss_step(mask=...)``), so their cotangents, and what they add to any parameter gradient,
+are zero; `predictions` returns real rows only.
 
 Summed cuts (``cut_sum``, `tandem.parties.privacy.securesum.CutSum`): the summing stage's
 kernels take one input, the sum of its K cuts (`_inputs`), and its one input gradient goes back
