@@ -153,3 +153,36 @@ def test_a_short_batch_reuses_a_compiled_size_above_its_own_bucket():
     assert traced_both == traced_full, "the short batch compiled a size of its own"
     assert all(sizes == [32, 32] for sizes in padded.values()), padded
     assert_trees_close(final, reference(*job, [full, short], lr=0.1))
+
+
+def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes():
+    """`StageHandler.compile_ahead` compiles every stage's ``update`` and ``zeros`` (their
+    shapes follow from the parameters alone), so the first batch compiles neither."""
+    import logging
+
+    import jax
+
+    class Compiles(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__(logging.DEBUG)
+            self.seen: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Finished XLA compilation" in record.getMessage():
+                self.seen.append(record.getMessage())
+
+    topo = leader_follower()
+    parties, *_ = make_job(topo, rows=ROWS, config=config())
+    for party in parties.values():
+        party.handler.compile_ahead()
+    probe, jax_log = Compiles(), logging.getLogger("jax")
+    jax_log.addHandler(probe)
+    was = jax.config.jax_log_compiles
+    jax.config.update("jax_log_compiles", True)  # for every thread (the party's compute lane)
+    try:
+        asyncio.run(train_steps(parties, topo, [np.arange(ROWS)], lambda i: 2))
+    finally:
+        jax.config.update("jax_log_compiles", was)
+        jax_log.removeHandler(probe)
+    assert any("jit(forward)" in m for m in probe.seen), probe.seen  # the probe sees compiles
+    assert not [m for m in probe.seen if "jit(update)" in m or "jit(zeros)" in m], probe.seen

@@ -248,6 +248,18 @@ class StageHandler:
             return self.acts[(name, m)]
         return self._pad(self._gather(f"act/{name}->{stage}", m), m)
 
+    def compile_ahead(self) -> None:
+        """Compile now the kernels whose shapes the parameters alone fix: each stage's
+        ``update`` and ``zeros`` (its batch's fresh gradient accumulator). A party process calls
+        it (in a thread: it blocks for as long as XLA compiles, about a second for a stage of
+        13 embedding tables on one core) while it waits for its peers, so that its first batch
+        compiles only the kernels whose shapes follow from the group count. Calling it again,
+        or running a batch after it, compiles nothing more."""
+        for s in sorted(self.stages):
+            kernels, params = self.kernels[s], self.params[s]
+            kernels.zeros.lower(params).compile()
+            kernels.update.lower(params, self.opt_state[s], params).compile()
+
     def _padded_sizes(self, train: bool) -> list[int]:
         """The rows each compute op of the bound batch runs at: its group's `bucket_rows`
         size, except in a batch shorter than ``pad_to`` (an epoch's last), where a group runs

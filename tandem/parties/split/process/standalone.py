@@ -148,7 +148,8 @@ async def run_party(
 
 async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
     """`connect`'s prepare step: build the party for the agreed spec, drop checkpoints newer
-    than the agreed step, resume from that step, and serve the party's metrics."""
+    than the agreed step, resume from that step, serve the party's metrics, and compile the
+    kernels the parameters' shapes fix (`StageHandler.compile_ahead`)."""
     st.party = party = await asyncio.to_thread(
         make_party, session.spec, cfg, session.data, session.transport
     )
@@ -158,6 +159,8 @@ async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
         await resume(cfg, st, party, session)
     if isinstance(session.transport, MetricsTransport):
         session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
+    # before this party says it is ready: a follower compiles while the leader still prepares
+    await asyncio.to_thread(party.handler.compile_ahead)
 
 
 def _describe_run(
