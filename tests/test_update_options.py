@@ -21,6 +21,15 @@ def test_the_options_apply_on_a_cpu_only(monkeypatch):
     assert update_compiler_options() is None
 
 
+def test_a_jax_whose_jit_takes_no_options_gets_none(monkeypatch):
+    import tandem.engine.kernels as kernels
+
+    monkeypatch.setattr(kernels, "_JIT_TAKES_OPTIONS", False)
+    assert update_compiler_options() is None
+    model = embedding_mlp(1, [3], dim=2, hidden=(), out_dim=2)
+    StageKernels(model, optax.sgd(0.1))  # builds without the keyword
+
+
 def test_the_update_compiled_with_them_matches_optax_adam():
     model = embedding_mlp(2, [5, 9, 13], dim=[4, 3, 2], hidden=(8,), out_dim=4)
     params = model.init(jax.random.PRNGKey(3))

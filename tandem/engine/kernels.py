@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
@@ -68,8 +69,14 @@ UPDATE_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 
 
 def update_compiler_options() -> dict[str, Any] | None:
-    """`UPDATE_COMPILER_OPTIONS` when JAX's default backend is the CPU, else None."""
-    return dict(UPDATE_COMPILER_OPTIONS) if jax.default_backend() == "cpu" else None
+    """`UPDATE_COMPILER_OPTIONS` when JAX's default backend is the CPU, else None (also on a
+    JAX whose ``jax.jit`` takes no ``compiler_options``)."""
+    if jax.default_backend() != "cpu" or not _JIT_TAKES_OPTIONS:
+        return None
+    return dict(UPDATE_COMPILER_OPTIONS)
+
+
+_JIT_TAKES_OPTIONS = "compiler_options" in inspect.signature(jax.jit).parameters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -424,9 +431,10 @@ class StageKernels:
         self.backward = jax.jit(backward, donate_argnums=(2,))  # acc (module docstring)
         self.predict = jax.jit(predict)
         self.zeros = jax.jit(zeros)
-        self.update = jax.jit(  # donates params, opt_state
-            update, donate_argnums=(0, 1), compiler_options=update_compiler_options()
-        )
+        options: dict[str, Any] = {}  # (a JAX older than jit's compiler_options gets none)
+        if (compiler_options := update_compiler_options()) is not None:
+            options["compiler_options"] = compiler_options
+        self.update = jax.jit(update, donate_argnums=(0, 1), **options)  # params, opt_state
         self.init_opt = optimizer.init
         if loss is not None:
             step = _loss_step_fn(traces, apply, diff, loss)
