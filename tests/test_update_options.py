@@ -24,7 +24,15 @@ def test_the_options_apply_on_a_cpu_only(monkeypatch):
 def test_a_jax_whose_jit_takes_no_options_gets_none(monkeypatch):
     import tandem.engine.kernels as kernels
 
+    real_jit = jax.jit
+
+    def old_jit(fun, **kwargs):
+        if "compiler_options" in kwargs:
+            raise TypeError("jit() got an unexpected keyword argument 'compiler_options'")
+        return real_jit(fun, **kwargs)
+
     monkeypatch.setattr(kernels, "_JIT_TAKES_OPTIONS", False)
+    monkeypatch.setattr(jax, "jit", old_jit)
     assert update_compiler_options() is None
     model = embedding_mlp(1, [3], dim=2, hidden=(), out_dim=2)
     StageKernels(model, optax.sgd(0.1))  # builds without the keyword
