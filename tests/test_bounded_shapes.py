@@ -97,30 +97,34 @@ def test_padded_groups_train_exactly(topo):
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
 
 
+def run_short_job(batches: list[np.ndarray], n: int):
+    """A fresh leader-follower job trained on ``batches`` at ``n`` groups: every kernel's
+    trace count, the final parameters, each party's padded sizes in the last batch, and the
+    job for `reference`."""
+    topo = leader_follower()
+    parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    asyncio.run(train_steps(parties, topo, batches, lambda i: n))
+    traced = {
+        (p, stage, name): count
+        for p, party in parties.items()
+        for stage, kernels in party.handler.kernels.items()
+        for name, count in kernels.traces.items()
+    }
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    padded = {p: party.handler.padded for p, party in parties.items()}
+    return traced, final, padded, (topo, models, init, data, labels)
+
+
 def test_a_short_batch_runs_at_sizes_full_batches_compiled_and_trains_exactly():
     """An epoch's last, shorter batch pads its groups up the ladder capped at the party's batch
     size (`StageHandler.pad_to`), not at its own rows: 57 rows in one group run at 64 (a full
     batch's one group), not at 57, a size of its own; the result is still exact."""
-    topo = leader_follower()
     assert bucket_rows(57, ROWS) == 64 and bucket_rows(57, 57) == 57
     rng = np.random.default_rng(7)
     full, short = rng.permutation(ROWS), rng.permutation(ROWS)[:57]
-
-    def run(batches):
-        parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
-        init = {s: p for party in parties.values() for s, p in party.params.items()}
-        asyncio.run(train_steps(parties, topo, batches, lambda i: 1))
-        traced = {
-            (p, stage, name): count
-            for p, party in parties.items()
-            for stage, kernels in party.handler.kernels.items()
-            for name, count in kernels.traces.items()
-        }
-        final = {s: p for party in parties.values() for s, p in party.params.items()}
-        return traced, final, (topo, models, init, data, labels)
-
-    traced_full, _, _ = run([full])
-    traced_both, final, job = run([full, short])
+    traced_full, *_ = run_short_job([full], 1)
+    traced_both, final, _, job = run_short_job([full, short], 1)
     assert traced_both == traced_full, "the short batch compiled a size of its own"
     assert_trees_close(final, reference(*job, [full, short], lr=0.1))
 
@@ -129,27 +133,11 @@ def test_a_short_batch_reuses_a_compiled_size_above_its_own_bucket():
     """A short batch's groups run at the smallest size full batches already ran at that holds
     them, even where their own ladder size is smaller: 40 rows in 2 groups of 20 run at 32 (a
     full batch's groups at 2), not at 20, which would compile every kernel again. Exact."""
-    topo = leader_follower()
     assert bucket_rows(20, ROWS) == 20 and buckets(2) == {32}
     rng = np.random.default_rng(8)
     full, short = rng.permutation(ROWS), rng.permutation(ROWS)[:40]
-
-    def run(batches):
-        parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
-        init = {s: p for party in parties.values() for s, p in party.params.items()}
-        asyncio.run(train_steps(parties, topo, batches, lambda i: 2))
-        traced = {
-            (p, stage, name): count
-            for p, party in parties.items()
-            for stage, kernels in party.handler.kernels.items()
-            for name, count in kernels.traces.items()
-        }
-        final = {s: p for party in parties.values() for s, p in party.params.items()}
-        padded = {p: party.handler.padded for p, party in parties.items()}
-        return traced, final, padded, (topo, models, init, data, labels)
-
-    traced_full, *_ = run([full])
-    traced_both, final, padded, job = run([full, short])
+    traced_full, *_ = run_short_job([full], 2)
+    traced_both, final, padded, job = run_short_job([full, short], 2)
     assert traced_both == traced_full, "the short batch compiled a size of its own"
     assert all(sizes == [32, 32] for sizes in padded.values()), padded
     assert_trees_close(final, reference(*job, [full, short], lr=0.1))
