@@ -26,13 +26,13 @@ def sizes(n: int, rows: int = ROWS) -> set[int]:
     return {hi - lo for lo, hi in group_bounds(rows, n)}
 
 
-def config() -> SplitConfig:
+def config(rows: int = ROWS) -> SplitConfig:
     return SplitConfig(
-        batch_size=ROWS, groups=1, optimizer="sgd", learning_rate=0.1, threshold=2, capacity=16
+        batch_size=rows, groups=1, optimizer="sgd", learning_rate=0.1, threshold=2, capacity=16
     )
 
 
-@functools.cache  # [9, 7] serves both trace tests below (a fresh job each: fresh counters)
+@functools.cache  # [9, 3] serves both trace tests below (a fresh job each: fresh counters)
 def traces_after(counts: tuple[int, ...]) -> dict[tuple[str, str, str], int]:
     """Every kernel's trace count on every party after one batch per count of ``counts``."""
     topo = leader_follower()
@@ -58,24 +58,24 @@ def test_ladder_bounds_the_padding_and_the_sizes():
 
 
 def test_a_new_count_within_the_compiled_sizes_never_retraces():
-    # 8 groups of 64 rows are 4, 9 and 10 rows: 9 is a size neither 9 nor 7 groups have, but it
-    # runs at 10, which 7 groups compiled, as 9 groups compiled 4
-    assert 9 not in sizes(9) | sizes(7) and 9 in sizes(8)
-    assert buckets(8) <= buckets(9) | buckets(7)
-    before = traces_after((9, 7))
-    after = traces_after((9, 7, 8, 9, 7, 8))
+    # 9 groups of 64 rows are 4 and 8 rows, 3 groups 16 and 32: 5 groups (8 and 16 rows) and
+    # 2 groups (32) run only at sizes those two counts compiled
+    assert buckets(9) | buckets(3) == {4, 8, 16, 32}
+    assert buckets(5) | buckets(2) <= buckets(9) | buckets(3)
+    before = traces_after((9, 3))
+    after = traces_after((9, 3, 5, 2, 9, 3))
     assert after == before, f"a count within the compiled sizes retraced: {before} -> {after}"
     # and each kernel traced once per size (updates: once per batch shape)
-    per_group = len(buckets(9) | buckets(7))
+    per_group = len(buckets(9) | buckets(3))
     for (party, stage, name), count in before.items():
         expected = 1 if name in ("update", "zeros") else per_group
         assert count == expected, f"{party}.{stage}.{name} traced {count}, not {expected}"
 
 
 def test_a_count_with_a_new_size_traces_once_more():
-    # the counter catches a retrace: 4 groups run at 10 and 24 rows, and 24 is new
-    assert buckets(4) - (buckets(9) | buckets(7)) == {24}
-    before, after = traces_after((9, 7)), traces_after((9, 7, 4, 4))
+    # the counter catches a retrace: 6 groups run at 8 and 12 rows, and 12 is new
+    assert buckets(6) - (buckets(9) | buckets(3)) == {12}
+    before, after = traces_after((9, 3)), traces_after((9, 3, 6, 6))
     for key, count in after.items():
         if key[2] not in ("update", "zeros"):
             assert count == before[key] + 1, key
@@ -83,15 +83,16 @@ def test_a_count_with_a_new_size_traces_once_more():
 
 @pytest.mark.parametrize("topo", [two_party(), leader_follower(), u_shape()], ids=str)
 def test_padded_groups_train_exactly(topo):
-    """Counts whose groups are padded (10 -> 10, 22 -> 24, 13 -> 14, 11 -> 12 rows) give the
+    """A count whose groups are padded (a batch of 60 rows in 2 groups of 30, each run at 32
+    rows) and counts cut on the ladder (4 groups: 10, 20, 20, 10; 7 groups: 5 and 10) give the
     plain-JAX full-batch parameters. The peers check every message's rows against the group's
     real rows (`StageHandler.receive`), so a padded row sent would fail the run."""
-    counts = [4, 6, 7]
-    assert any(bucket_rows(r, ROWS) != r for n in counts for r in sizes(n))
-    parties, data, labels, models = make_job(topo, rows=ROWS, config=config())
+    rows, counts = 60, [2, 4, 7]
+    assert any(bucket_rows(r, rows) != r for n in counts for r in sizes(n, rows))
+    parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
     init = {s: p for party in parties.values() for s, p in party.params.items()}
     rng = np.random.default_rng(3)
-    batches = [rng.permutation(ROWS) for _ in counts]
+    batches = [rng.permutation(rows) for _ in counts]
     asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
     final = {s: p for party in parties.values() for s, p in party.params.items()}
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))

@@ -113,7 +113,7 @@ def test_generated_topologies_match_plain_jax(topo, n, chunks):
 def test_equal_shaped_micro_batches_never_retrace():
     topo = leader_follower()
     parties, *_ = make_job(topo, rows=32)
-    assert [hi - lo for lo, hi in group_bounds(32, 4)] == [5, 11, 11, 5]  # two shapes
+    assert [hi - lo for lo, hi in group_bounds(32, 4)] == [6, 10, 10, 6]  # two shapes
     asyncio.run(train_steps(parties, topo, [np.arange(32)] * 3, lambda i: 4))
     for party in parties.values():
         for stage, kernels in party.handler.kernels.items():

@@ -14,30 +14,67 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tandem.engine.microbatch import GroupTuner, TunerState, group_bounds, rule_groups
+from tandem.engine.microbatch import (
+    GroupTuner,
+    TunerState,
+    bucket_rows,
+    group_bounds,
+    rule_groups,
+)
 from tandem.errors import ConfigError
 
 
-@given(batch=st.integers(1, 500), data=st.data())
+def _padding(sizes, batch):
+    """Rows the kernels compute beyond the batch's own for groups of ``sizes`` rows."""
+    return sum(bucket_rows(s, batch) - s for s in sizes)
+
+
+def _even_middled(batch, n):
+    """The plain tapered cut: ends half a middle group, middles within one row."""
+    end = batch // (2 * n - 2) if n >= 3 else 0
+    if end < 1:
+        return [batch // n + (i < batch % n) for i in range(n)]
+    inner = batch - 2 * end
+    return [end, *(inner // (n - 2) + (i < inner % (n - 2)) for i in range(n - 2)), end]
+
+
+@given(batch=st.integers(1, 600), data=st.data())
 def test_group_bounds_cover_the_batch_with_tapered_ends(batch, data):
-    n = data.draw(st.integers(1, batch))
+    n = data.draw(st.integers(1, min(batch, 24)) | st.integers(1, batch))
     bounds = group_bounds(batch, n)
     assert len(bounds) == n and bounds[0][0] == 0 and bounds[-1][1] == batch
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
+    assert group_bounds(batch, n) == bounds  # every party cuts the same
     sizes = [hi - lo for lo, hi in bounds]
     assert min(sizes) >= 1 and len(set(sizes)) <= 4
-    if n >= 3 and batch >= 2 * n - 2:  # ends: equal, at most half a middle group
+    # never more padding rows than the even-middled cut, whose groups the ladder rounds up
+    assert _padding(sizes, batch) <= _padding(_even_middled(batch, n), batch)
+    if n >= 3 and batch >= 2 * n - 2:  # ends at most three quarters of a middle group
         middle = sizes[1:-1]
-        assert sizes[0] == sizes[-1] and 2 * sizes[0] <= min(middle)
-        assert max(middle) - min(middle) <= 1
+        assert max(sizes[0], sizes[-1]) <= 0.75 * sum(middle) / len(middle)
+        assert max(middle) <= max(min(middle) + 1, 1.25 * min(middle))  # adjacent sizes
     else:
         assert max(sizes) - min(sizes) <= 1
 
 
-def test_tapered_ends_are_half_a_middle_group():
-    assert [hi - lo for lo, hi in group_bounds(2048, 9)] == [128] + [256] * 7 + [128]
-    assert [hi - lo for lo, hi in group_bounds(10, 2)] == [5, 5]
-    assert [hi - lo for lo, hi in group_bounds(8, 8)] == [1] * 8  # too small to taper
+@pytest.mark.parametrize("batch", [64, 256, 1024, 2048, 4096, 8192])
+def test_a_power_of_two_batch_is_cut_without_padding(batch):
+    for n in range(1, 65):
+        sizes = [hi - lo for lo, hi in group_bounds(batch, n)]
+        assert _padding(sizes, batch) == 0, (n, sizes)
+        assert len({*sizes}) <= 3, (n, sizes)
+
+
+def test_tapered_ends_are_about_half_a_middle_group():
+    def sizes(batch, n):
+        return [hi - lo for lo, hi in group_bounds(batch, n)]
+
+    assert sizes(2048, 9) == [128] + [256] * 7 + [128]  # the even-middled cut is on the ladder
+    assert sizes(2048, 6) == [256] + [384] * 4 + [256]  # 204 + 4 * 409 + 204 would pad to 448s
+    assert sizes(4096, 4) == [768, 1280, 1280, 768]
+    assert sizes(1000, 4) == [112, 384, 384, 120]  # no cut on the ladder: the last group pads 8
+    assert sizes(10, 2) == [5, 5]
+    assert sizes(8, 8) == [1] * 8  # too small to taper
 
 
 @pytest.mark.parametrize("batch,n", [(0, 1), (8, 0), (8, 9)])

@@ -1,8 +1,8 @@
 """Micro-batching: group boundaries and the automatic group count.
 
-`group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups: the middle ones
-differ by at most one row, the first and last are half as large (a shorter pipeline fill and
-drain), so at most four sizes occur per ``n`` (each run at its `bucket_rows` size).
+`group_bounds(B, n)` cuts a batch of ``B`` rows into ``n`` contiguous groups, the first and last
+about half as large as the middle ones (a shorter pipeline fill and drain), every group a size
+of the `bucket_rows` ladder where such a cut exists, so that no kernel computes padding rows.
 
 `rule_groups` is the method's rule ``n = ceil(bytes_to_send / bandwidth / compute_time)``
 clamped to ``[1, B]``. `GroupTuner` re-tunes ``n`` between batches (docs/design.md,
@@ -18,6 +18,7 @@ four sizes per octave, so the counts the tuner tries share a small set of kernel
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 from collections.abc import Mapping, Sequence
@@ -29,23 +30,106 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     """``n`` contiguous ``(start, stop)`` row ranges covering ``range(batch)``.
 
     For ``n >= 3`` the first and last groups are *tapered*: about half the size of the middle
-    groups, whose sizes differ by at most one (a batch too small to halve its end groups gets
-    even groups). A batch's pipeline cannot run faster than its fill and drain allow: the
-    gradient link idles until the first group went forward, across the link and through the
-    loss, and the last group's backward waits until every gradient has arrived. Both waits
-    scale with the end groups' size, so halving those shortens the batch by about one middle
-    group's transfer and compute while costing no extra op. At most four sizes occur (ends
-    and middles, each possibly one row apart); the kernels run each at its `bucket_rows`
-    size.
+    groups (a batch too small to halve its end groups gets even groups). A batch's pipeline
+    cannot run faster than its fill and drain allow: the gradient link idles until the first
+    group went forward, across the link and through the loss, and the last group's backward
+    waits until every gradient has arrived. Both waits scale with the end groups' size, so
+    halving those shortens the batch by about one middle group's transfer and compute while
+    costing no extra op.
+
+    The kernels run each group at its `bucket_rows` size, padding it up to the next size of
+    the ladder, and a padded row costs as much compute as a real one (a cut of 2048 rows into
+    6 even-middled groups of 204 and 409 rows computes 2240). So where the tapered cut pads,
+    the groups are cut *on the ladder* instead (`_ladder_cut`: 256, 384, 384, 384, 384, 256):
+    middles of one ladder size or two adjacent ones, ends each a quarter to three quarters of
+    a middle, every group on the ladder but possibly the last, and the fewest distinct sizes
+    (each is a compilation). A cut with fewer padded rows wins; ``n <= 2`` splits evenly.
+    Either way at most four sizes occur, every group has at least one row, and the same
+    ``(batch, n)`` always gives the same groups (every party computes them on its own).
     """
     if batch < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch}")
     if not 1 <= n <= batch:
         raise ConfigError(f"n_groups must be in [1, batch={batch}], got {n}")
+    return list(_cut(batch, n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _cut(batch: int, n: int) -> tuple[tuple[int, int], ...]:
+    """`group_bounds` of a valid ``(batch, n)``, cached: a party cuts every batch."""
+    sizes = _tapered(batch, n)
+    if n >= 3 and _padding(sizes, batch):
+        ladder = _ladder_cut(batch, n)
+        if ladder is not None and _padding(ladder, batch) < _padding(sizes, batch):
+            sizes = ladder
+    bounds, start = [], 0
+    for s in sizes:
+        bounds.append((start, start + s))
+        start += s
+    return tuple(bounds)
+
+
+def _padding(sizes: Sequence[int], batch: int) -> int:
+    """The padding rows the kernels compute for groups of ``sizes`` rows of a ``batch``."""
+    return sum(bucket_rows(s, batch) - s for s in sizes)
+
+
+def _tapered(batch: int, n: int) -> list[int]:
+    """Group sizes: ends half a middle (``n >= 3``), the middles within one row of each other."""
     end = batch // (2 * n - 2) if n >= 3 else 0  # an end group: half a middle group
     if end < 1:
-        return _even(0, batch, n)
-    return [(0, end), *_even(end, batch - end, n - 2), (batch - end, batch)]
+        return [hi - lo for lo, hi in _even(0, batch, n)]
+    return [end, *(hi - lo for lo, hi in _even(end, batch - end, n - 2)), end]
+
+
+def _on_ladder(rows: int) -> bool:
+    """Whether a group of ``rows`` rows runs unpadded (its `bucket_rows` size is itself)."""
+    return bucket_rows(rows, rows + 1) == rows
+
+
+def _ladder_sizes(lo: float, hi: float) -> list[int]:
+    """The ladder's sizes in ``[lo, hi]``, ascending."""
+    out, size = [], max(1, math.ceil(lo))
+    while size <= hi:
+        size = bucket_rows(size, 2 * size)
+        if size <= hi:
+            out.append(size)
+        size += 1
+    return out
+
+
+#: the ends' share of a middle group a ladder cut aims at, and the most it may stray from it
+_TAPER, _TAPER_SLACK = 0.5, 0.25
+
+
+def _ladder_cut(batch: int, n: int) -> list[int] | None:
+    """Sizes of ``n >= 3`` groups summing to ``batch``: ``k`` middles of a ladder size ``m``
+    and ``n - 2 - k`` of the next ladder size ``m2`` (those first), a first group on the
+    ladder and a last one that takes the rest, each end within `_TAPER_SLACK` of `_TAPER`
+    times the middles' mean. Of those, the one whose last group pads the fewest rows (none:
+    every group on the ladder), then with the fewest kernel shapes, then with the ends'
+    shares nearest the aim; None when there is none."""
+    middles = n - 2
+    ideal = batch / (n - 1)  # a middle group when the ends are half of one
+    best: tuple[tuple[int, int, float], list[int]] | None = None
+    for m in _ladder_sizes(ideal / 1.5, ideal * 1.5):
+        m2 = _ladder_sizes(m + 1, 2 * m + 2)[0]
+        for big in range(middles + 1):
+            rest = batch - (middles - big) * m - big * m2
+            if rest < 2:
+                break
+            middle = (batch - rest) / middles
+            lo, hi = (_TAPER - _TAPER_SLACK) * middle, (_TAPER + _TAPER_SLACK) * middle
+            for first in _ladder_sizes(max(lo, rest - hi), min(hi, rest - lo)):
+                last = rest - first
+                shape = bucket_rows(last, batch)
+                sizes = [first, *[m2] * big, *[m] * (middles - big), last]
+                shapes = {first, m, shape} | ({m2} if big else set())
+                taper = max(abs(e / middle - _TAPER) for e in (first, last))
+                score = (shape - last, len(shapes), taper)
+                if best is None or score < best[0]:
+                    best = (score, sizes)
+    return None if best is None else best[1]
 
 
 def _even(start: int, stop: int, n: int) -> list[tuple[int, int]]:
