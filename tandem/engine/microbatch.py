@@ -82,11 +82,6 @@ def _tapered(batch: int, n: int) -> list[int]:
     return [end, *(hi - lo for lo, hi in _even(end, batch - end, n - 2)), end]
 
 
-def _on_ladder(rows: int) -> bool:
-    """Whether a group of ``rows`` rows runs unpadded (its `bucket_rows` size is itself)."""
-    return bucket_rows(rows, rows + 1) == rows
-
-
 def _ladder_sizes(lo: float, hi: float) -> list[int]:
     """The ladder's sizes in ``[lo, hi]``, ascending."""
     out, size = [], max(1, math.ceil(lo))
@@ -124,7 +119,7 @@ def _ladder_cut(batch: int, n: int) -> list[int] | None:
                 last = rest - first
                 shape = bucket_rows(last, batch)
                 sizes = [first, *[m2] * big, *[m] * (middles - big), last]
-                shapes = {first, m, shape} | ({m2} if big else set())
+                shapes = {first, shape, *([m2] if big else []), *([m] if big < middles else [])}
                 taper = max(abs(e / middle - _TAPER) for e in (first, last))
                 score = (shape - last, len(shapes), taper)
                 if best is None or score < best[0]:
