@@ -58,9 +58,10 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
 def _cut(batch: int, n: int) -> tuple[tuple[int, int], ...]:
     """`group_bounds` of a valid ``(batch, n)``, cached: a party cuts every batch."""
     sizes = _tapered(batch, n)
-    if n >= 3 and _padding(sizes, batch):
+    padded = _padding(sizes, batch)
+    if n >= 3 and padded:
         ladder = _ladder_cut(batch, n)
-        if ladder is not None and _padding(ladder, batch) < _padding(sizes, batch):
+        if ladder is not None and _padding(ladder, batch) < padded:
             sizes = ladder
     bounds, start = [], 0
     for s in sizes:
