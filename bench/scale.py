@@ -46,7 +46,8 @@ prints ONE JSON line on stdout (progress on stderr). For each size it:
 target <= 0.002) at the reference size (1M when run, else the largest), ``link_bytes_ratio``
 there with ``--compress``; ``auto_vs_best_fixed`` (target >= 0.95) and
 ``first_epoch_vs_steady`` (target <= 1.3) at the reference size, and the same of the repeated
-run, ``auto_vs_best_fixed_warm`` and ``first_epoch_vs_steady_warm``; ``params``; ``loadavg``
+run, ``auto_vs_best_fixed_warm`` and ``first_epoch_vs_steady_warm``;
+``auto_vs_best_fixed_all_epochs`` at the reference size; ``params``; ``loadavg``
 (``os.getloadavg()`` at the end); ``cpus``. A size not run gives null for the keys that need it.
 
 **The automatic count** (``--groups auto``, the default): up to ``--reference-max`` rows each
@@ -54,15 +55,18 @@ run, ``auto_vs_best_fixed_warm`` and ``first_epoch_vs_steady_warm``; ``params``;
 gets ``fixed_rows_per_s`` (each count's last epoch), ``best_fixed``, ``rows_per_s_all_epochs``
 (the automatic run's rows over every epoch, the first with its compilations and the tuner's
 search included), ``auto_vs_best_fixed`` = that ÷ the best fixed count's rows/s, and
-``first_epoch_vs_steady`` = the first epoch's seconds ÷ the last's. The automatic run starts
-on an empty compile cache (``[checkpoint] compile_cache`` in the size's folder), as a job's
-first run on a machine does; up to ``--reference-max`` rows it then runs again on the cache it
-left, as any later run of the job does (the kernels load from the cache, and the leader starts
-at the count the first run settled on, `tandem.parties.split.process.tuned`): the entry's
-``warm`` gives that run's ``epoch_s``, ``rows_per_s``, ``n_groups``,
+``first_epoch_vs_steady`` = the first epoch's seconds ÷ the last's, and, like for like,
+``fixed_first_epoch_vs_steady`` (each fixed count's) and ``auto_vs_best_fixed_all_epochs`` (the
+automatic run's rows/s over every epoch ÷ the best fixed count's over every epoch, both
+compiling from scratch: what the search costs beyond one count's compilations). The automatic
+run starts on an empty compile cache (``[checkpoint] compile_cache`` in the size's folder), as
+a job's first run on a machine does; up to ``--reference-max`` rows it then runs again on the
+cache it left, as any later run of the job does (the kernels load from the cache, and the
+leader starts at the count the first run settled on, `tandem.parties.split.process.tuned`):
+the entry's ``warm`` gives that run's ``epoch_s``, ``rows_per_s``, ``n_groups``,
 ``rows_per_s_all_epochs``, ``first_epoch_vs_steady`` and ``auto_vs_best_fixed``. The fixed
-counts run with the parties' default: no cache, unless ``JAX_COMPILATION_CACHE_DIR`` names one
-(their last epochs, which the figures use, compile nothing either way).
+counts run without a compile cache (their first epochs compile, as a first run's do), unless
+``JAX_COMPILATION_CACHE_DIR`` names one; their last epochs compile nothing either way.
 """
 
 from __future__ import annotations
@@ -607,7 +611,7 @@ def party_runs(rows: int, prep: Prepared, settings: Settings) -> dict[str, Any]:
         for k in settings.fixed:
             log(f"{rows} rows: again with the fixed groups = {k}")
             run = prep.train(dataclasses.replace(settings, groups=k), tag=f"_g{k}")
-            out["fixed"][k] = run["history"][-1]["seconds"]
+            out["fixed"][k] = [e["seconds"] for e in run["history"]]
     if settings.compress != "none":
         log(f"{rows} rows: again with [train] compress = {settings.compress!r}")
         out["compressed"] = prep.train(settings, compress=settings.compress, tag="_compressed")
@@ -640,7 +644,6 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
     joint, alone = ref["joint"] or {}, ref["leader_only"] or {}
     train_rows = ref["train_rows"]
     rows_per_s = train_rows / last["seconds"]
-    fixed_rates = {k: train_rows / sec for k, sec in runs["fixed"].items()}
     layout = work.columns()
     state_bytes = {
         p: 12 * ref["params_by_stage"][f"bottom_{p}"]
@@ -679,22 +682,23 @@ def run_size(rows: int, settings: Settings, work_dir: Path) -> dict[str, Any]:
         "vs_centralized": round(rows_per_s / joint["rows_per_s"], 3) if joint else None,
         "link_bytes": _link_bytes(lead),
         "breakdown": kernels,
-        **auto_figures([e["seconds"] for e in exact["history"]], train_rows, fixed_rates),
+        **auto_figures([e["seconds"] for e in exact["history"]], train_rows, runs["fixed"]),
     }
     if warm is not None:
-        entry["warm"] = warm_keys(warm, work.parties[0], train_rows, fixed_rates)
+        entry["warm"] = warm_keys(warm, work.parties[0], train_rows, runs["fixed"])
     if compressed is not None:
         entry.update(compressed_keys(compressed, lead, work.parties[0], train_rows, settings))
     return entry
 
 
 def warm_keys(
-    warm: dict[str, Any], leader: str, train_rows: int, fixed_rates: dict[int, float]
+    warm: dict[str, Any], leader: str, train_rows: int, fixed: dict[int, Sequence[float]]
 ) -> dict[str, Any]:
     """The entry's ``warm``: the repeated run's epochs, last-epoch rows/s, count, and its
-    `auto_figures` against the same fixed counts."""
+    `auto_figures` against the same fixed counts (not ``auto_vs_best_fixed_all_epochs``: the
+    fixed counts' first epochs ran on an empty cache, this run's on a full one)."""
     epochs = [e["seconds"] for e in warm["history"]]
-    figures = auto_figures(epochs, train_rows, fixed_rates)
+    figures = auto_figures(epochs, train_rows, fixed)
     return {
         "epoch_s": [round(s, 3) for s in epochs],
         "rows_per_s": round(train_rows / epochs[-1], 1),
@@ -730,21 +734,32 @@ def compressed_keys(
 
 
 def auto_figures(
-    epoch_s: Sequence[float], train_rows: int, fixed_rates: dict[int, float]
+    epoch_s: Sequence[float], train_rows: int, fixed: dict[int, Sequence[float]]
 ) -> dict[str, Any]:
     """The automatic count's figures of a run with ``epoch_s`` (every epoch's seconds) over
-    ``train_rows`` rows per epoch, against ``fixed_rates`` (each fixed count's rows/s, last
-    epoch): ``first_epoch_vs_steady`` (first epoch's seconds ÷ last's: compilation and the
-    tuner's search), ``auto_vs_best_fixed`` (rows/s over every epoch, the first included, ÷
-    the best fixed count's), ``best_fixed`` and ``fixed_rows_per_s``; None without fixed runs."""
+    ``train_rows`` rows per epoch, against ``fixed`` (each fixed count's epochs' seconds):
+    ``first_epoch_vs_steady`` (first epoch's seconds ÷ last's: compilation and the tuner's
+    search), ``auto_vs_best_fixed`` (rows/s over every epoch, the first included, ÷ the best
+    fixed count's rows/s in its last epoch), ``best_fixed`` and ``fixed_rows_per_s`` (last
+    epochs); ``fixed_first_epoch_vs_steady`` (each fixed count's first epoch ÷ its last: what
+    compiling one count costs) and ``auto_vs_best_fixed_all_epochs`` (rows/s over every epoch
+    ÷ the best fixed count's over every epoch: with both runs compiling from scratch, the
+    search's cost beyond the compilations any first run pays). The figures against the fixed
+    counts are None without fixed runs."""
     auto = len(epoch_s) * train_rows / sum(epoch_s)
-    best = max(fixed_rates, key=fixed_rates.__getitem__, default=None)
+    last = {k: train_rows / s[-1] for k, s in fixed.items()}
+    every = {k: len(s) * train_rows / sum(s) for k, s in fixed.items()}
+    best = max(last, key=last.__getitem__, default=None)
     return {
         "first_epoch_vs_steady": round(epoch_s[0] / epoch_s[-1], 3),
         "rows_per_s_all_epochs": round(auto, 1),
-        "fixed_rows_per_s": {str(k): round(v, 1) for k, v in sorted(fixed_rates.items())},
+        "fixed_rows_per_s": {str(k): round(v, 1) for k, v in sorted(last.items())},
         "best_fixed": best,
-        "auto_vs_best_fixed": None if best is None else round(auto / fixed_rates[best], 3),
+        "auto_vs_best_fixed": None if best is None else round(auto / last[best], 3),
+        "fixed_first_epoch_vs_steady": {
+            str(k): round(s[0] / s[-1], 3) for k, s in sorted(fixed.items())
+        },
+        "auto_vs_best_fixed_all_epochs": round(auto / max(every.values()), 3) if every else None,
     }
 
 
@@ -776,6 +791,7 @@ def summarize(entries: dict[int, dict[str, Any]], settings: Settings) -> dict[st
         "rss_vs_data": max(biggest["rss_vs_data"].values()),
         "auto_vs_best_fixed": ref.get("auto_vs_best_fixed"),
         "first_epoch_vs_steady": ref.get("first_epoch_vs_steady"),
+        "auto_vs_best_fixed_all_epochs": ref.get("auto_vs_best_fixed_all_epochs"),
         "auto_vs_best_fixed_warm": (ref.get("warm") or {}).get("auto_vs_best_fixed"),
         "first_epoch_vs_steady_warm": (ref.get("warm") or {}).get("first_epoch_vs_steady"),
         "auc_joint": ref["auc_joint"],

@@ -170,3 +170,25 @@ def test_the_breakdown_times_every_kernel(tmp_path):
         assert all(v >= 0 for v in pipe[clock].values())
     assert set(pipe["by_party_wall_ms"]) == {"leader", "follower"}
     assert pipe["groups"] == 4 and pipe["padded_rows"] > 1.0
+
+
+def test_the_automatic_counts_figures_against_the_fixed_counts():
+    """`auto_figures` from epoch seconds alone: the first epoch against the last, every epoch
+    against the best fixed count's last epoch, and like for like (every epoch of both, each
+    compiling from scratch), where a fixed count that is best in its last epoch need not be
+    best over every epoch."""
+    from bench.scale import auto_figures
+
+    fixed = {1: [12.0, 10.0], 2: [10.0, 8.0], 4: [9.0, 8.5]}  # seconds per epoch of 100 rows
+    got = auto_figures([14.0, 8.0], 100, fixed)
+    assert got["first_epoch_vs_steady"] == 1.75
+    assert got["rows_per_s_all_epochs"] == pytest.approx(200 / 22, abs=0.05)
+    assert got["best_fixed"] == 2 and got["fixed_rows_per_s"]["2"] == 12.5
+    assert got["auto_vs_best_fixed"] == round((200 / 22) / 12.5, 3)
+    assert got["fixed_first_epoch_vs_steady"] == {"1": 1.2, "2": 1.25, "4": 1.059}
+    # best over every epoch: 4 (17.5 s in all, against 2's 18 s)
+    assert got["auto_vs_best_fixed_all_epochs"] == round(17.5 / 22, 3)
+    alone = auto_figures([14.0, 8.0], 100, {})
+    assert alone["auto_vs_best_fixed"] is None and alone["best_fixed"] is None
+    assert alone["auto_vs_best_fixed_all_epochs"] is None
+    assert alone["fixed_first_epoch_vs_steady"] == {}
