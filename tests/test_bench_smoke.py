@@ -1,6 +1,8 @@
 """Smoke test of the pipeline benchmark's core on a tiny configuration: every key is present
 and every number is finite (the targets are the benchmark's business, not a test's)."""
 
+import functools
+import importlib
 import math
 import statistics
 
@@ -8,6 +10,7 @@ import pytest
 
 from run_helpers import bench_refuses, run_bench
 from tandem.engine.batch_time import PARTS, batch_parts
+from tandem.errors import ConfigError
 
 KEYS = (
     "sequential_s",
@@ -282,15 +285,31 @@ def _refused(module: str, *args: str) -> str:
     return bench_refuses(module, *args).strip().splitlines()[-1]
 
 
-def test_balance_rejects_a_bad_config():
+def _refused_here(capsys, module: str, *args: str) -> str:
+    """``bench.<module>.main(args)`` in this process raises its `ConfigError` before printing
+    anything: the line `_refused` reads (the same check, without an interpreter of its own)."""
+    main = importlib.import_module(f"bench.{module}").main
+    with pytest.raises(ConfigError) as info:
+        main(list(args))
+    assert capsys.readouterr().out == ""
+    return f"ConfigError: {info.value}"
+
+
+def test_balance_rejects_a_bad_config(capsys):
+    """As a process (the command line's path) once, then in this process."""
     assert "ConfigError: ratios" in _refused("balance", "--ratios", "1,0")
-    assert "ConfigError: n_groups" in _refused("balance", "--batch-size", "4", "--n-groups", "5")
+    assert "ConfigError: n_groups" in _refused_here(
+        capsys, "balance", "--batch-size", "4", "--n-groups", "5"
+    )
 
 
-def test_pipeline_benchmark_rejects_a_bad_link_ratio():
-    for bad in ("0", "nan"):  # (one check refuses every non-positive or non-finite ratio)
-        assert "ConfigError: link_ratio" in _refused("pipeline", "--link-ratio", bad)
-    assert "recalibrate" in _refused("pipeline", "--recalibrate", "-1")
-    assert "ConfigError: tune_rechecks" in _refused("pipeline", "--tune-rechecks", "-1")
-    assert "ConfigError: warmup" in _refused("pipeline", "--warmup", "0")
-    assert "ConfigError: sweep" in _refused("pipeline", "--sweep", "4,0", "--print-plan")
+def test_pipeline_benchmark_rejects_a_bad_link_ratio(capsys):
+    """As a process (the command line's path) once, then in this process."""
+    assert "ConfigError: link_ratio" in _refused("pipeline", "--link-ratio", "0")
+    refused = functools.partial(_refused_here, capsys, "pipeline")
+    # (one check refuses every non-positive or non-finite ratio)
+    assert "ConfigError: link_ratio" in refused("--link-ratio", "nan")
+    assert "recalibrate" in refused("--recalibrate", "-1")
+    assert "ConfigError: tune_rechecks" in refused("--tune-rechecks", "-1")
+    assert "ConfigError: warmup" in refused("--warmup", "0")
+    assert "ConfigError: sweep" in refused("--sweep", "4,0", "--print-plan")

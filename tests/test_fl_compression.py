@@ -312,6 +312,26 @@ def test_heavy_recall_counts_the_true_top_h_in_the_estimates_top_h():
         C.heavy_recall(x, x, 0)
 
 
+@settings(max_examples=examples(100), deadline=None, derandomize=True)
+@given(
+    a=st.integers(1, 40).flatmap(
+        lambda d: arrays(
+            np.float32,
+            (d,),
+            elements=st.sampled_from([0.0, -0.0, 0.5, -1.0, 1.0, 2.0, np.inf, -np.inf, np.nan]),
+        )
+    ),
+    data=st.data(),
+)
+def test_heavy_recall_takes_the_top_h_a_stable_sort_takes(a, data):
+    """The top h without a full sort (`_top_h`) is the stable sort's first h, ties and NaNs
+    included."""
+    h = data.draw(st.integers(1, a.shape[0]))
+    got = C._top_h(a, h)
+    assert got.size == h
+    assert set(got.tolist()) == set(np.argsort(-np.abs(a), kind="stable")[:h].tolist())
+
+
 # The stated rate: the preset sketch (the payload of rand-k, d / 60 floats) holds at least 95 %
 # of the h = cols // 20 heavy coordinates in the top-h of its default estimate (median of three
 # draws; none below 93 %), where the plain row median holds about 60 % at d = 1M.

@@ -288,9 +288,19 @@ def heavy_recall(x, estimate, h: int) -> float:
     x, estimate = np.asarray(x), np.asarray(estimate)
     if not 1 <= h <= x.shape[0] or estimate.shape != x.shape:
         raise ConfigError(f"heavy_recall needs 1 <= h <= d and equal shapes, got h={h}")
-    true = np.argsort(-np.abs(x), kind="stable")[:h]
-    top = np.argsort(-np.abs(estimate), kind="stable")[:h]
-    return float(np.intersect1d(true, top).size / h)
+    return float(np.intersect1d(_top_h(x, h), _top_h(estimate, h)).size / h)
+
+
+def _top_h(a: np.ndarray, h: int) -> np.ndarray:
+    """The indices of the ``h`` largest magnitudes of ``a``, ties by index: the first ``h`` of
+    ``np.argsort(-np.abs(a), kind="stable")`` as a set, in linear time (a partition, no full
+    sort: at d = 10M the sort took seconds)."""
+    key = -np.abs(a)
+    kth = np.partition(key, h - 1)[h - 1]
+    if np.isnan(kth):  # fewer than h numbers: the sort's order (NaNs last, by index)
+        return np.argsort(key, kind="stable")[:h]
+    above = np.flatnonzero(key < kth)
+    return np.concatenate([above, np.flatnonzero(key == kth)[: h - above.size]])
 
 
 # -- top-k and error feedback ------------------------------------------------------------------
