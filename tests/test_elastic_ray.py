@@ -107,7 +107,9 @@ def cluster(monkeypatch):
         c.shutdown()
 
 
-async def _until(check, what: str, limit: float = 120.0):
+async def _until(check, what: str, limit: float = 120.0, explain=None):
+    """Poll ``check`` until it returns something true; past ``limit`` seconds fail, with what
+    ``explain()`` (if given) says about the run appended to the message."""
     start = time.monotonic()
     deadline = start + limit
     while time.monotonic() < deadline:
@@ -116,7 +118,15 @@ async def _until(check, what: str, limit: float = 120.0):
             log.info("%s after %.1f s", what, time.monotonic() - start)  # shown on a failure
             return got
         await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    detail = f"\n{await explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out waiting for {what} ({limit:g} s){detail}")
+
+
+def _mark(progress: dict) -> tuple[int, int]:
+    """How far a run's committed batches are: (epoch, batches committed in it). It never goes
+    back (a rollback or a restart keeps what was committed), so a later mark above an earlier
+    one means new commits."""
+    return int(progress["epoch"]), int(progress["committed"])
 
 
 @pytest.mark.slow
@@ -131,56 +141,93 @@ def test_node_loss_node_join_room_back_and_coordinator_kill_keep_every_batch_exa
     seen: dict[str, object] = {}
 
     async def script(run: RayLaunch) -> None:
-        async def committed():
-            s = await run.coordinator_status()
-            p = s.get("progress")
-            return p is not None and (p["epoch"] > 0 or p["committed"] > 2)
+        last: dict[str, object] = {}  # the coordinator's last status that came back
 
-        await _until(committed, "the first commits")
+        async def status() -> dict:
+            s = await run.coordinator_status()
+            last.clear()
+            last.update(s, received=time.monotonic())
+            return s
+
+        async def explain() -> str:
+            """What a timed-out wait shows: the supervisor's events, and the coordinator's
+            status now (or the last one that came back, if it does not answer in 5 s)."""
+            try:
+                ref = run.coordinator.status.remote()
+                now = await asyncio.to_thread(ray.get, ref, timeout=5)
+            except Exception as exc:  # restarting, dead or slow: say so, show the last one
+                now = {"error": repr(exc)}
+            t0 = run.events[0][0] if run.events else 0.0
+            lines = [f"seen by the test: {seen}", "supervisor events (s from the first):"]
+            lines += [f"  {t - t0:8.2f} {kind} {detail}" for t, kind, detail in run.events]
+            for name, s in (("now", now), ("last that came back", last)):
+                s = dict(s)
+                events = s.pop("events", [])
+                lines.append(f"coordinator status, {name}: {s}")
+                lines += [f"  {t:10.2f} {kind} {detail}" for t, kind, detail in events[-60:]]
+            return "\n".join(lines)
+
+        async def until(check, what: str):
+            return await _until(check, what, explain=explain)
+
+        def committed_since(mark: tuple[int, int]):
+            """A check: commits beyond ``mark`` (`_mark`) were made."""
+
+            async def check() -> bool:
+                p = (await status()).get("progress")
+                return p is not None and _mark(p) > mark
+
+            return check
+
+        async def mark_now() -> tuple[int, int]:
+            return _mark((await status())["progress"])
+
+        await until(committed_since((0, 2)), "the first commits")
         first = cluster.list_all_nodes()[1]
         # the first worker may commit before the second has started: wait for both
-        await _until(lambda: asyncio.sleep(0, len(run.live_workers()) == 2), "both workers")
+        await until(lambda: asyncio.sleep(0, len(run.live_workers()) == 2), "both workers")
         cluster.remove_node(first)  # both workers' node, mid-epoch (Ray: in the main thread)
-        seen["removed_at"] = (await run.coordinator_status())["progress"]
-        await _until(lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers")
+        seen["removed_at"] = (await status())["progress"]
+        await until(lambda: asyncio.sleep(0, run.counts["worker_lost"] >= 2), "the lost workers")
         node = cluster.add_node(num_cpus=1, resources={"slot": 2})
 
         async def on_new_node():
             return any(n == node.node_id for n in run.live_workers().values())
 
-        await _until(on_new_node, "a worker on the added node")
-        await _until(committed, "commits after the join")
+        await until(on_new_node, "a worker on the added node")
+        await until(committed_since(await mark_now()), "commits after the join")
 
         async def both_live():
-            return (await run.coordinator_status())["progress"]["live"] == 2
+            return (await status())["progress"]["live"] == 2
 
-        await _until(both_live, "both new workers training")
+        await until(both_live, "both new workers training")
         # someone else needs the room back: 1 of the 1.5 free CPUs (reserve_cpus = 1)
         hog = placement_group([{"CPU": 1.0}])
         await asyncio.to_thread(ray.get, hog.ready(), timeout=60)
-        await _until(lambda: asyncio.sleep(0, run.counts["worker_stopped"]), "a worker stopped")
+        await until(lambda: asyncio.sleep(0, run.counts["worker_stopped"]), "a worker stopped")
         (stopped,) = [d["name"] for _, k, d in run.events if k == "worker_stopped"]
 
         async def coordinator_removed():
-            s = await run.coordinator_status()
+            s = await status()
             return any(k == "removed" and stopped in names for _, k, names in s["events"])
 
-        await _until(coordinator_removed, "the coordinator removing the stopped worker")
-        await _until(committed, "commits after the removal")
-        at = (await run.coordinator_status())["progress"]["epoch"]
+        await until(coordinator_removed, "the coordinator removing the stopped worker")
+        await until(committed_since(await mark_now()), "commits after the removal")
+        seen["kill_at"] = (await status())["progress"]
+        at = seen["kill_at"]["epoch"]
         await asyncio.to_thread(ray.kill, run.coordinator, no_restart=False)
         seen["killed"] = True
 
         async def resumed_and_past():
             try:
-                s = await run.coordinator_status()
+                s = await status()
             except ray.exceptions.RayActorError:  # still restarting
                 return False
             p = s.get("progress")
             return p is not None and p["epoch"] >= max(at + 1, EPOCHS)
 
-        await _until(resumed_and_past, "epochs closed by the restarted coordinator")
-        await _until(run.stop, "the coordinator taking the stop")
+        await until(resumed_and_past, "epochs closed by the restarted coordinator")
+        await until(run.stop, "the coordinator taking the stop")
 
     summary = asyncio.run(RayLaunch(job).run(script))
     assert seen.get("killed"), "training ended before every disturbance happened"
