@@ -3,6 +3,7 @@ Parquet tables, `tandem align` and `tandem party` run as OS processes over HTTP,
 centralized reference trains in this process. Checks the keys and that the joint model beats
 the leader alone (the throughput targets are the benchmark's business, not a test's)."""
 
+import importlib
 import json
 import math
 import os
@@ -189,7 +190,7 @@ def test_the_automatic_counts_figures_against_the_fixed_counts():
     against the best fixed count's last epoch, and like for like (every epoch of both, each
     compiling from scratch), where a fixed count that is best in its last epoch need not be
     best over every epoch."""
-    from bench.scale import auto_figures
+    auto_figures = importlib.import_module("bench.scale").auto_figures  # as test_bench_smoke
 
     fixed = {1: [12.0, 10.0], 2: [10.0, 8.0], 4: [9.0, 8.5]}  # seconds per epoch of 100 rows
     got = auto_figures([14.0, 8.0], 100, fixed)
