@@ -746,9 +746,9 @@ def auto_figures(
     ÷ the best fixed count's over every epoch: with both runs compiling from scratch, the
     search's cost beyond the compilations any first run pays). The figures against the fixed
     counts are None without fixed runs."""
-    auto = len(epoch_s) * train_rows / sum(epoch_s)
+    auto = _rows_per_s_all_epochs(epoch_s, train_rows)
     last = {k: train_rows / s[-1] for k, s in fixed.items()}
-    every = {k: len(s) * train_rows / sum(s) for k, s in fixed.items()}
+    every = {k: _rows_per_s_all_epochs(s, train_rows) for k, s in fixed.items()}
     best = max(last, key=last.__getitem__, default=None)
     return {
         "first_epoch_vs_steady": round(epoch_s[0] / epoch_s[-1], 3),
@@ -761,6 +761,11 @@ def auto_figures(
         },
         "auto_vs_best_fixed_all_epochs": round(auto / max(every.values()), 3) if every else None,
     }
+
+
+def _rows_per_s_all_epochs(epoch_s: Sequence[float], train_rows: int) -> float:
+    """Rows per second over every epoch of a run, the first (with its compilations) included."""
+    return len(epoch_s) * train_rows / sum(epoch_s)
 
 
 def _link_bytes(result: dict[str, Any]) -> int:
