@@ -116,8 +116,13 @@ async def test_a_job_under_bombs_trains_to_the_same_parameters(tmp_path, hostile
                     continue
                 statuses.append(status)
                 t0 = time.perf_counter()
-                async with s.get(job.url("follower") + "/healthz") as r:
-                    assert r.status == 200
+                try:
+                    async with s.get(job.url("follower") + "/healthz") as r:
+                        assert r.status == 200
+                except aiohttp.ClientConnectionError:
+                    # the follower finished (before the leader, so `finished` is not set yet)
+                    # and closed; had a bomb crashed it, `assert_done` below fails the test
+                    break
                 health.append(time.perf_counter() - t0)
                 await asyncio.sleep(0.2)
         return statuses, health
