@@ -265,6 +265,19 @@ class Job:
         return out
 
 
+async def run_commands(argvs: dict[str, list[str]]) -> dict[str, int]:
+    """Each ``tandem`` command line of ``argvs`` (``{name: argv}``) parsed by the CLI's own
+    parser and its command run (the ``func`` that ``tandem`` runs on its event loop) in this
+    process, all at once in one TaskGroup; ``{name: exit code}``. Their JSON lines go to this
+    process's stdout, their errors to its stderr."""
+    from tandem.parties.cli import build_parser
+
+    parsed = {name: build_parser(argv).parse_args(argv) for name, argv in argvs.items()}
+    async with asyncio.TaskGroup() as tg:
+        tasks = {name: tg.create_task(args.func(args)) for name, args in parsed.items()}
+    return {name: task.result() for name, task in tasks.items()}
+
+
 def healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url + "/healthz", timeout=1.0) as r:
