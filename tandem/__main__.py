@@ -2,6 +2,6 @@
 
 import sys
 
-from tandem.parties.cli import main
+from tandem.parties.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -2,12 +2,15 @@
 
 `Job` writes the data (npz), the aligned-rows CSVs and both TOML configs into a folder, with
 free ports; `Job.start(role)` launches ``python -m tandem.parties.cli party --config ...`` with its
-stdout/stderr in files; `Proc.finish` waits (bounded) and parses the JSON line. Nothing here
+stdout/stderr in files; `Proc.finish` waits (bounded) and parses the JSON line. `Job.run_all`
+runs both parties in this process instead, for a test about what they do rather than about
+their processes. Nothing here
 sleeps for a fixed time: `wait_until` polls a condition with a bounded deadline.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -211,6 +214,26 @@ class Job:
         procs = {r: self.start(r, tag) for r in ("follower", "leader")}
         return {r: p.finish(timeout) for r, p in procs.items()}
 
+    async def run_all(self) -> dict[str, Any]:
+        """Both parties' `run_party` (what ``tandem party`` runs) in this process, in one
+        TaskGroup, over HTTP on loopback; ``{role: result (the JSON line's object) or the
+        exception it raised}``."""
+        from tandem.parties.split.process.party_config import load_party_config
+        from tandem.parties.split.process.standalone import run_party
+
+        self.write()
+
+        async def one(role: str) -> Any:
+            try:
+                cfg = await asyncio.to_thread(load_party_config, self.path(role))
+                return await run_party(cfg)
+            except Exception as exc:  # noqa: BLE001 - the test inspects it
+                return exc
+
+        async with asyncio.TaskGroup() as tg:
+            tasks = {r: tg.create_task(one(r)) for r in ("follower", "leader")}
+        return {r: t.result() for r, t in tasks.items()}
+
     def checkpoints(self, role: str) -> list[int]:
         folder = self.folder / "ckpt" / role
         if not folder.is_dir():
@@ -240,6 +263,19 @@ class Job:
 
         walk(loaded.stages, "")
         return out
+
+
+async def run_commands(argvs: dict[str, list[str]]) -> dict[str, int]:
+    """Each ``tandem`` command line of ``argvs`` (``{name: argv}``) parsed by the CLI's own
+    parser and its command run (the ``func`` that ``tandem`` runs on its event loop) in this
+    process, all at once in one TaskGroup; ``{name: exit code}``. Their JSON lines go to this
+    process's stdout, their errors to its stderr."""
+    from tandem.parties.cli import build_parser
+
+    parsed = {name: build_parser(argv).parse_args(argv) for name, argv in argvs.items()}
+    async with asyncio.TaskGroup() as tg:
+        tasks = {name: tg.create_task(args.func(args)) for name, args in parsed.items()}
+    return {name: task.result() for name, task in tasks.items()}
 
 
 def healthy(url: str) -> bool:

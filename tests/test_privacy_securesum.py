@@ -346,7 +346,11 @@ def exported_outputs(folder, xs):
 
 
 @pytest.mark.slow
-def test_three_parties_train_and_predict_with_a_secure_sum_from_toml(tmp_path):
+async def test_three_parties_train_and_predict_with_a_secure_sum_from_toml(tmp_path, capsys):
+    """Three `tandem party` processes train; then the three parties' `tandem predict`
+    command lines run in this process (`party_helpers.run_commands`) over HTTP."""
+    from party_helpers import run_commands
+
     configs = write_star(tmp_path)
     done = run_parties(tmp_path, configs, "party")
     for name, (rc, line, err) in done.items():
@@ -361,9 +365,17 @@ def test_three_parties_train_and_predict_with_a_secure_sum_from_toml(tmp_path):
         "f0": ["--data", str(tmp_path / "f0_new.npy"), "--positional"],
         "f1": ["--data", str(tmp_path / "f1_new.npy"), "--positional"],
     }
-    done = run_parties(tmp_path, configs, "predict", extra=args)
-    for name, (rc, line, err) in done.items():
-        assert rc == 0 and line, (name, err[-3000:])
+    capsys.readouterr()
+    codes = await run_commands(
+        {
+            name: ["predict", "--config", str(path), *args[name]]
+            for name, (_, path) in configs.items()
+        }
+    )
+    out, err = capsys.readouterr()
+    assert codes == {"lead": 0, "f0": 0, "f1": 0}, err[-3000:]
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    assert sorted(x["party"] for x in lines) == ["f0", "f1", "lead"], out  # a JSON line each
     got = np.load(tmp_path / "pred.npy")
     np.testing.assert_allclose(got, exported_outputs(tmp_path, xs), atol=1e-3)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import importlib
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -104,5 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def entry() -> int:
+    """The process's entry point (the ``tandem`` script, ``python -m tandem``): `main`, then
+    `gc.freeze` before the interpreter exits.
+
+    At exit the interpreter runs a full garbage collection over every object still alive
+    (JAX's, XLA's and numpy's, every imported module's) only to free memory the OS takes back
+    anyway: about 0.3 CPU-s of a short ``tandem party`` run, some 15 % of its CPU time. Frozen
+    objects are left out of that collection. Atexit handlers still run and the standard
+    streams are still flushed; what is skipped is finalizing objects still alive at exit,
+    which Python does not promise anyway. Only here: `main` is also called in a running
+    process (tests, embedding applications), whose garbage must stay collectable."""
+    code = main()
+    gc.freeze()
+    return code
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(entry())
