@@ -81,6 +81,16 @@ def configs(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Federated:
+    """One federation's figures: accuracy (%) and uplink bytes per round, bytes up and down."""
+
+    curve: list[float]
+    up_rounds: list[int]
+    up: int
+    down: int
+
+
 def run(
     data: FederatedData,
     hidden: list[int],
@@ -89,22 +99,32 @@ def run(
     warmup: Warmup | None,
     bits: int = 0,
     lossless: bool = False,
-) -> dict:
-    """Both federations on ``data``; returns the bench keys (see the module)."""
+    dense_run: Federated | None = None,
+) -> tuple[dict, Federated]:
+    """Both federations on ``data``; returns the bench keys (see the module) and the dense
+    federation's figures. ``dense_run``: those figures from an earlier call on the same data,
+    hidden sizes, rounds and seed (the same seeded run: not run again)."""
     trainer = _trainer(data, hidden, seed)
-    curves: dict[str, list[float]] = {}
-    up_rounds: dict[str, list[int]] = {}
-    up: dict[str, int] = {}
-    down: dict[str, int] = {}
+    runs: dict[str, Federated] = {}
     for name, cfg in configs(trainer.dim, rounds, seed, warmup, bits, lossless).items():
+        if name == "dense" and dense_run is not None:
+            runs[name] = dense_run
+            continue
         t0 = time.perf_counter()
         server = asyncio.run(run_memory_federation(data, trainer, cfg))
-        curves[name] = [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports]
-        up_rounds[name] = [r.up_bytes for r in server.reports]
-        up[name], down[name] = server.bytes_up(), server.bytes_down()
-        log(f"{name} ({trainer.dim} params, {time.perf_counter() - t0:.1f} s): {curves[name]}")
+        runs[name] = Federated(
+            [round(100 * float(r.accuracy or 0.0), 2) for r in server.reports],
+            [r.up_bytes for r in server.reports],
+            server.bytes_up(),
+            server.bytes_down(),
+        )
+        log(f"{name} ({trainer.dim} params, {time.perf_counter() - t0:.1f} s): {runs[name].curve}")
+    curves = {name: r.curve for name, r in runs.items()}
+    up_rounds = {name: r.up_rounds for name, r in runs.items()}
+    up = {name: r.up for name, r in runs.items()}
+    down = {name: r.down for name, r in runs.items()}
     dense, comp = curves["dense"], curves["compressed"]
-    return {
+    keys = {
         "compressed_params": trainer.dim,
         "compressed_rounds": rounds,
         "compressed_warmup": None if warmup is None else dataclasses.asdict(warmup),
@@ -127,6 +147,7 @@ def run(
             )
         },
     }
+    return keys, runs["dense"]
 
 
 def majority(data: FederatedData) -> float:
@@ -180,9 +201,9 @@ def compressed_gap(args: argparse.Namespace) -> dict:
     if not (args.warmup_rounds or args.ramp_rounds):  # as the TOML's 0 and 0: no warm-up
         warmup = None
     bits, lossless = getattr(args, "uplink_bits", 0), getattr(args, "lossless", False)
-    out = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits, lossless)
+    out, dense = run(data, list(args.hidden), args.rounds, args.seed, warmup, bits, lossless)
     if getattr(args, "baseline", False):  # the same task compressed from round one
-        base = run(data, list(args.hidden), args.rounds, args.seed, None)
+        base, _ = run(data, list(args.hidden), args.rounds, args.seed, None, dense_run=dense)
         out["compressed_baselines"] = [
             {
                 "label": "compressed, no warm-up",
