@@ -10,17 +10,26 @@ import os
 
 import pytest
 
-from run_helpers import bench_refuses, run_bench
+from run_helpers import FAST_COMPILE_XLA_FLAGS, bench_refuses, run_bench
 
 pytestmark = pytest.mark.slow
 #: bench.scale's flag for one-thread kernels in each party (`--party-threads one`)
 ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 #: the runs below: one CPU device, and XLA's code generation without LLVM's optimization
-#: passes. This workload's kernels (26 embedding tables) compile for seconds each, in every
-#: process; at level 0 they compile in about half the CPU time and run somewhat slower, and
-#: these tests read keys, launch flags and AUC relations (every side compiled alike), never
-#: a speed
-TEST_XLA_FLAGS = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+#: passes and without the fusion emitters (`run_helpers.FAST_COMPILE_XLA_FLAGS`). This
+#: workload's kernels (26 embedding tables) compile for seconds each, in every process; at
+#: level 0 they compile in about half the CPU time, without the fusion emitters in about half
+#: of that again, and run somewhat slower; these tests read keys, launch flags and AUC
+#: relations (every side compiled alike), never a speed
+TEST_XLA_FLAGS = " ".join(
+    f
+    for f in (
+        "--xla_force_host_platform_device_count=1",
+        "--xla_backend_optimization_level=0",
+        FAST_COMPILE_XLA_FLAGS,
+    )
+    if f
+)
 
 ENTRY_KEYS = {
     "rows",
