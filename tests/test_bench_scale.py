@@ -172,19 +172,19 @@ def test_bench_scale_tiny(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_breakdown_times_every_kernel(tmp_path):
-    """``python -m bench.scale_kernels`` on a tiny workload (``python -m bench.ctr``): every
-    kernel of the parties (at 4 groups of 1000 rows: padded past the ladder) and of the
-    centralized step is timed by both clocks."""
+    """``python -m bench.scale_kernels --which both`` on a tiny workload (``python -m
+    bench.ctr``): every kernel of the parties (at 4 groups of 1000 rows: padded past the
+    ladder) and of the centralized step is timed by both clocks, in one process (as
+    ``bench.scale --party-threads shared`` runs it)."""
     pytest.importorskip("pyarrow")
     env = {**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS}
     run_bench("ctr", "--rows", "3000", "--vocab", "10", "100", "--out", str(tmp_path))
     common = ("--parties", "leader,follower", "--batch-size", "1000", "--batches", "1")
     common += ("--learning-rate", "0.01", "--cut", "64")  # bench.ctr's cut
-    pipe, _ = run_bench("scale_kernels", str(tmp_path), "--which", "pipelined", "--groups", "4",
-                        *common, env=env)  # fmt: skip
-    central, _ = run_bench(
-        "scale_kernels", str(tmp_path), "--which", "centralized", *common, env=env
-    )
+    both, lines = run_bench("scale_kernels", str(tmp_path), "--which", "both", "--groups", "4",
+                            *common, env=env)  # fmt: skip
+    assert len(lines) == 1 and set(both) == {"pipelined", "centralized"}
+    pipe, central = both["pipelined"], both["centralized"]
     for clock in ("wall_ms", "cpu_ms"):
         kernels = {"forward", "loss", "backward", "update", "zeros", "d2h", "h2d", "encode"}
         assert kernels | {"decode"} <= set(pipe[clock])
