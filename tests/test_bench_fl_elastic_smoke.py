@@ -39,11 +39,12 @@ def test_bench_fl_tiny():
 @pytest.fixture(scope="module")
 def elastic_run():
     """One tiny ``bench.elastic`` run for both tests below: the churn-window run goes through
-    every phase of the plain one first (steady 1/2/4 workers, one kill, churn, 4 again), then
-    one churn window each in one process and with workers as HTTP processes (a few T long)."""
+    every phase of the plain one first (steady 1/2/4 workers, one kill, churn of two kill
+    periods, 4 again), then one churn window each in one process and with workers as HTTP
+    processes (a few T long)."""
     out, _ = run_bench(
         "elastic", "--json", "--interval", "0.1", "--seconds", "0.5", "--rows", "512",
-        "--churn-windows", "1", "--window", "4", "--http-windows", "1",
+        "--churn-periods", "2", "--churn-windows", "1", "--window", "4", "--http-windows", "1",
     )  # fmt: skip
     return out
 
