@@ -16,10 +16,11 @@ Reported:
 * ``surviving_worker_restarts``: new incarnations of workers that were never killed (must be 0).
 * ``churn_efficiency``: a 4-worker run where a worker is killed every ``12 T`` and a fresh one
   starts ``6 T`` later (so membership changes about every 6 T, each change costing a
-  rollback); committed batches/s divided by ``(time-averaged live workers / 4) x steady``
-  (target >= 0.9), where ``steady`` is the mean of the 4-worker throughput measured just before
-  the churn run and just after it (``steady_4_after_churn``), so that load drift on a shared
-  machine moves numerator and denominator alike.
+  rollback), ``--churn-periods`` periods of 12 T long (at least twice ``--seconds``);
+  committed batches/s divided by ``(time-averaged live workers / 4) x steady`` (target >= 0.9),
+  where ``steady`` is the mean of the 4-worker throughput measured just before the churn run
+  and just after it (``steady_4_after_churn``), so that load drift on a shared machine moves
+  numerator and denominator alike.
 * ``churn_efficiency_rollback`` / ``churn_efficiency_keep``: one 4-worker run per
   ``on_change`` mode, alternating steady and churn windows (``--churn-windows`` churn windows
   of ``--window`` T; a kill as each churn window opens, a fresh worker 6 T later); each churn
@@ -216,7 +217,7 @@ async def main(args) -> dict:
     _say(f"kill -> removal {detect:.2f} T, removal -> next commit {recover} T")
     churn = await _run(
         4,
-        max(2 * args.seconds, 4 * KILL_EVERY * args.interval),
+        max(2 * args.seconds, args.churn_periods * KILL_EVERY * args.interval),
         args.interval,
         args.rows,
         totals,
@@ -272,12 +273,26 @@ async def main(args) -> dict:
     }
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def cli() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true", help="print one JSON line")
     p.add_argument("--interval", type=float, default=0.25, help="detection interval T (s)")
     p.add_argument("--seconds", type=float, default=4.0, help="timed window per steady run")
     p.add_argument("--rows", type=int, default=4096, help="rows per shard (2 shards)")
+    p.add_argument(
+        "--churn-periods",
+        type=_at_least_one,
+        default=4,
+        help="length of the churn run, in periods of 12 T (a kill in each, a fresh worker 6 T "
+        "after it)",
+    )
     p.add_argument("--churn-windows", type=int, default=5, help="churn windows per on_change mode")
     p.add_argument("--window", type=int, default=12, help="length of each window, in T")
     p.add_argument("--http-windows", type=int, default=5, help="churn windows over HTTP")

@@ -507,7 +507,8 @@ def breakdown(
     ``vs_centralized`` the pipeline would reach if nothing but kernels took time) and
     ``engine_ms`` (the run's last epoch per batch minus ``lane_ms``: the pipeline's waits,
     the transport and the engine; ``batch_s``: that epoch's seconds per batch), each by the
-    wall clock and, for the kernels, the CPU clock."""
+    wall clock and, for the kernels, the CPU clock. With ``--party-threads shared`` the
+    parties start as this process does, so one process times both sides (``--which both``)."""
     env = child_env("breakdown")
     common = ["--parties", ",".join(work.parties), "--cut", str(ctr.CUT)]
     common += [
@@ -516,11 +517,16 @@ def breakdown(
         "--learning-rate",
         str(settings.learning_rate),
     ]
+    runs = (
+        [("both", (env, []))]
+        if settings.party_threads == "shared"
+        else [
+            ("pipelined", party_launch(env, 0, settings.party_threads)),
+            ("centralized", (env, [])),
+        ]
+    )
     sides = {}
-    for which, (side_env, prefix) in (
-        ("pipelined", party_launch(env, 0, settings.party_threads)),
-        ("centralized", (env, [])),
-    ):
+    for which, (side_env, prefix) in runs:
         argv = [*prefix, sys.executable, "-m", "bench.scale_kernels", str(folder), "--which", which]
         argv += [*common, "--groups", str(groups)]
         done = subprocess.run(
@@ -528,7 +534,8 @@ def breakdown(
         )
         if done.returncode != 0:
             raise SystemExit(f"bench.scale: the {which} breakdown failed:\n{done.stderr[-3000:]}")
-        sides[which] = json.loads(done.stdout.strip().splitlines()[-1])
+        out = json.loads(done.stdout.strip().splitlines()[-1])
+        sides.update(out if which == "both" else {which: out})
     pipe, central = sides["pipelined"], sides["centralized"]
     lane = max(pipe["by_party_wall_ms"].values())
     lane_cpu = max(pipe["by_party_cpu_ms"].values())

@@ -3,11 +3,14 @@ kernels and in the centralized reference's, measured one kernel at a time.
 
 ``python -m bench.scale_kernels FOLDER --parties leader,f1 --groups N --which pipelined``
 (`bench.scale` starts it, once per side, under the same CPU pinning and XLA flags as the
-party processes for ``pipelined``, and as its own process for ``centralized``) prints ONE JSON
-line: for ``--batches`` batches of ``--batch-size`` rows after one warm-up batch (its
-compilations), each kernel's milliseconds per batch, by the wall clock (``wall_ms``) and by
-this process's CPU clock (``cpu_ms``: on a loaded machine the wall clock also counts the time
-other processes held the CPU; CPU time does not).
+party processes for ``pipelined``, and as its own process for ``centralized``; ``--which
+both`` times both sides in one process, as `bench.scale` does when the parties start as it
+does, ``--party-threads shared``) prints ONE JSON line (with ``both``: ``{"pipelined": ...,
+"centralized": ...}``, each side's keys as it prints them alone): for ``--batches`` batches
+of ``--batch-size`` rows after one warm-up batch (its compilations), each kernel's
+milliseconds per batch, by the wall clock (``wall_ms``) and by this process's CPU clock
+(``cpu_ms``: on a loaded machine the wall clock also counts the time other processes held
+the CPU; CPU time does not).
 
 ``pipelined`` runs what the parties run per batch with ``N`` groups at their `bucket_rows`
 sizes (`StageKernels`, the same calls as `StageHandler.compute`), every kernel followed by
@@ -248,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("folder", type=Path)
     ap.add_argument("--parties", required=True, help="comma-separated, the leader first")
-    ap.add_argument("--which", choices=("pipelined", "centralized"), required=True)
+    ap.add_argument(
+        "--which",
+        choices=("pipelined", "centralized", "both"),
+        required=True,
+        help="the parties' kernels, the centralized reference's, or both in this process",
+    )
     ap.add_argument("--groups", type=int, default=1)
     ap.add_argument("--batch-size", type=int, default=4096)
     ap.add_argument("--batches", type=int, default=5)
@@ -256,11 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cut", type=int, required=True)
     args = ap.parse_args(argv)
     loaded = load(args.folder, args.parties.split(","), args.cut)
-    if args.which == "pipelined":
-        out = pipelined(loaded, args.groups, args.batch_size, args.batches, args.learning_rate)
-    else:
-        out = centralized(loaded, args.batch_size, args.batches, args.learning_rate)
-    print(json.dumps(out), flush=True)
+    out: dict[str, Any] = {}
+    if args.which in ("pipelined", "both"):
+        out["pipelined"] = pipelined(
+            loaded, args.groups, args.batch_size, args.batches, args.learning_rate
+        )
+    if args.which in ("centralized", "both"):
+        out["centralized"] = centralized(loaded, args.batch_size, args.batches, args.learning_rate)
+    print(json.dumps(out if args.which == "both" else out[args.which]), flush=True)
     return 0
 
 

@@ -7,13 +7,15 @@ import math
 
 import pytest
 
-from run_helpers import run_bench
+from run_helpers import fast_compile_env, run_bench
 
 
 @pytest.mark.slow
 def test_bench_fl_tiny():
     out, lines = run_bench(
-        "fl", "--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"
+        "fl",
+        *("--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"),
+        env=fast_compile_env(),
     )
     assert len(lines) == 1, lines
     assert out["rounds"] == 3 and out["params"] >= 10_000
@@ -37,11 +39,12 @@ def test_bench_fl_tiny():
 @pytest.fixture(scope="module")
 def elastic_run():
     """One tiny ``bench.elastic`` run for both tests below: the churn-window run goes through
-    every phase of the plain one first (steady 1/2/4 workers, one kill, churn, 4 again), then
-    one churn window each in one process and with workers as HTTP processes (a few T long)."""
+    every phase of the plain one first (steady 1/2/4 workers, one kill, churn of two kill
+    periods, 4 again), then one churn window each in one process and with workers as HTTP
+    processes (a few T long)."""
     out, _ = run_bench(
         "elastic", "--json", "--interval", "0.1", "--seconds", "0.5", "--rows", "512",
-        "--churn-windows", "1", "--window", "4", "--http-windows", "1",
+        "--churn-periods", "2", "--churn-windows", "1", "--window", "4", "--http-windows", "1",
     )  # fmt: skip
     return out
 

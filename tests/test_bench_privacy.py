@@ -12,31 +12,39 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import bench_refuses, run_bench
+from run_helpers import bench_refuses, fast_compile_env, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_run_prints_the_undefended_figures():
+@pytest.fixture(scope="module")
+def quick_run() -> str:
+    """The stdout of one ``--quick`` run of the undefended case, the secure sum measured, for
+    the two tests below (``--no-secure-sum``: the defended case's test)."""
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "bench.privacy",
             *("--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"),
-            "--no-secure-sum",
         ],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=600,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        },
+        env=fast_compile_env(
+            {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+            }
+        ),
     )
     assert out.returncode == 0, out.stderr
-    (line,) = out.stdout.splitlines()  # stdout carries the result only
+    return out.stdout
+
+
+def test_quick_run_prints_the_undefended_figures(quick_run):
+    (line,) = quick_run.splitlines()  # stdout carries the result only
     result = json.loads(line)
     case = result["tasks"]["imbalanced"]["none"]
     assert case.keys() == {
@@ -52,8 +60,12 @@ def test_quick_run_prints_the_undefended_figures():
     assert result["undefended_norm_attack_auc"] == case["norm_attack_auc"] > 0.6
     assert result["undefended_cosine_attack_auc"] == case["cosine_attack_auc"] > 0.6
     assert 0 <= case["feature_r2"] <= 1
-    assert result["best_label_defense"] is None and result["secure_sum_vs_plain"] is None
+    assert result["best_label_defense"] is None
     assert result["rows"] == {"imbalanced": 2000, "ctr": None}
+
+
+def test_the_run_measures_the_secure_sum_against_the_plain_sum(quick_run):
+    assert json.loads(quick_run)["secure_sum_vs_plain"] > 0
 
 
 def _case(auc, norm, cos, r2):
@@ -134,7 +146,9 @@ def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
         "privacy", "--json", "--tasks", "imbalanced", "--rows", "1500", "--seed", "1",
         "--epochs", "1", "--batch-size", "128", "--defenses", "gradient_dp_nm2,nopeek_w0.2",
         "--no-secure-sum",
+        env=fast_compile_env(),
     )  # fmt: skip
+    assert out["secure_sum_vs_plain"] is None  # not measured with --no-secure-sum
     cases = out["tasks"]["imbalanced"]
     assert list(cases) == ["none", "gradient_dp_nm2", "nopeek_w0.2"]
     assert cases["none"]["norm_attack_auc"] > 0.7
@@ -142,11 +156,3 @@ def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
     assert cases["gradient_dp_nm2"]["cosine_attack_auc"] < 0.65
     assert out["best_label_defense"]["name"] == "gradient_dp_nm2"
     assert out["best_feature_defense"]["name"] in ("gradient_dp_nm2", "nopeek_w0.2")
-
-
-def test_the_run_measures_the_secure_sum_against_the_plain_sum():
-    out, lines = run_bench(
-        "privacy", "--quick", "--json", "--tasks", "imbalanced", "--defenses", "none"
-    )
-    assert len(lines) == 1
-    assert out["secure_sum_vs_plain"] > 0

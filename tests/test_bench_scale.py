@@ -10,17 +10,26 @@ import os
 
 import pytest
 
-from run_helpers import bench_refuses, run_bench
+from run_helpers import FAST_COMPILE_XLA_FLAGS, bench_refuses, run_bench
 
 pytestmark = pytest.mark.slow
 #: bench.scale's flag for one-thread kernels in each party (`--party-threads one`)
 ONE_THREAD_XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false"
 #: the runs below: one CPU device, and XLA's code generation without LLVM's optimization
-#: passes. This workload's kernels (26 embedding tables) compile for seconds each, in every
-#: process; at level 0 they compile in about half the CPU time and run somewhat slower, and
-#: these tests read keys, launch flags and AUC relations (every side compiled alike), never
-#: a speed
-TEST_XLA_FLAGS = "--xla_force_host_platform_device_count=1 --xla_backend_optimization_level=0"
+#: passes and without the fusion emitters (`run_helpers.FAST_COMPILE_XLA_FLAGS`). This
+#: workload's kernels (26 embedding tables) compile for seconds each, in every process; at
+#: level 0 they compile in about half the CPU time, without the fusion emitters in about half
+#: of that again, and run somewhat slower; these tests read keys, launch flags and AUC
+#: relations (every side compiled alike), never a speed
+TEST_XLA_FLAGS = " ".join(
+    f
+    for f in (
+        "--xla_force_host_platform_device_count=1",
+        "--xla_backend_optimization_level=0",
+        FAST_COMPILE_XLA_FLAGS,
+    )
+    if f
+)
 
 ENTRY_KEYS = {
     "rows",
@@ -163,19 +172,19 @@ def test_bench_scale_tiny(tmp_path):
 
 @pytest.mark.timeout(300)
 def test_the_breakdown_times_every_kernel(tmp_path):
-    """``python -m bench.scale_kernels`` on a tiny workload (``python -m bench.ctr``): every
-    kernel of the parties (at 4 groups of 1000 rows: padded past the ladder) and of the
-    centralized step is timed by both clocks."""
+    """``python -m bench.scale_kernels --which both`` on a tiny workload (``python -m
+    bench.ctr``): every kernel of the parties (at 4 groups of 1000 rows: padded past the
+    ladder) and of the centralized step is timed by both clocks, in one process (as
+    ``bench.scale --party-threads shared`` runs it)."""
     pytest.importorskip("pyarrow")
     env = {**os.environ, "XLA_FLAGS": TEST_XLA_FLAGS}
     run_bench("ctr", "--rows", "3000", "--vocab", "10", "100", "--out", str(tmp_path))
     common = ("--parties", "leader,follower", "--batch-size", "1000", "--batches", "1")
     common += ("--learning-rate", "0.01", "--cut", "64")  # bench.ctr's cut
-    pipe, _ = run_bench("scale_kernels", str(tmp_path), "--which", "pipelined", "--groups", "4",
-                        *common, env=env)  # fmt: skip
-    central, _ = run_bench(
-        "scale_kernels", str(tmp_path), "--which", "centralized", *common, env=env
-    )
+    both, lines = run_bench("scale_kernels", str(tmp_path), "--which", "both", "--groups", "4",
+                            *common, env=env)  # fmt: skip
+    assert len(lines) == 1 and set(both) == {"pipelined", "centralized"}
+    pipe, central = both["pipelined"], both["centralized"]
     for clock in ("wall_ms", "cpu_ms"):
         kernels = {"forward", "loss", "backward", "update", "zeros", "d2h", "h2d", "encode"}
         assert kernels | {"decode"} <= set(pipe[clock])
