@@ -1,6 +1,9 @@
 """Shared test configuration.
 
 JAX runs on the CPU in tests; the suite must pass on a 2-core machine without an accelerator.
+Every process of the session compiles without XLA's CPU fusion emitters
+(`run_helpers.FAST_COMPILE_XLA_FLAGS`, added to ``XLA_FLAGS``): in about half the CPU time, for
+kernels that run slower, and the tests check results, never speed.
 Hypothesis profiles: `hypothesis_profiles` (``TANDEM_HYPOTHESIS_PROFILE=nightly``).
 
 One JAX compilation cache serves the whole session (`pytest_configure`): the test processes
@@ -22,9 +25,12 @@ from pathlib import Path
 import pytest
 
 import hypothesis_profiles  # noqa: F401  (registers and loads the Hypothesis profile)
+from run_helpers import FAST_COMPILE_XLA_FLAGS
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+if FAST_COMPILE_XLA_FLAGS and FAST_COMPILE_XLA_FLAGS not in os.environ["XLA_FLAGS"].split():
+    os.environ["XLA_FLAGS"] += f" {FAST_COMPILE_XLA_FLAGS}"
 
 
 def pytest_configure(config):

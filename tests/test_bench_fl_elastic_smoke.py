@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from run_helpers import fast_compile_env, run_bench
+from run_helpers import run_bench
 
 
 @pytest.mark.slow
@@ -15,7 +15,6 @@ def test_bench_fl_tiny():
     out, lines = run_bench(
         "fl",
         *("--rounds", "3", "--rounds-1m", "1", "--skip-http", "--skip-startup", "--json"),
-        env=fast_compile_env(),
     )
     assert len(lines) == 1, lines
     assert out["rounds"] == 3 and out["params"] >= 10_000

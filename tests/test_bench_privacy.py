@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import bench_refuses, fast_compile_env, run_bench
+from run_helpers import bench_refuses, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,12 +32,10 @@ def quick_run() -> str:
         capture_output=True,
         text=True,
         timeout=600,
-        env=fast_compile_env(
-            {
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-            }
-        ),
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
@@ -146,7 +144,6 @@ def test_a_defended_case_trains_with_its_privacy_table_and_fills_the_summary():
         "privacy", "--json", "--tasks", "imbalanced", "--rows", "1500", "--seed", "1",
         "--epochs", "1", "--batch-size", "128", "--defenses", "gradient_dp_nm2,nopeek_w0.2",
         "--no-secure-sum",
-        env=fast_compile_env(),
     )  # fmt: skip
     assert out["secure_sum_vs_plain"] is None  # not measured with --no-secure-sum
     cases = out["tasks"]["imbalanced"]

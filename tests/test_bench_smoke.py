@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from run_helpers import bench_refuses, fast_compile_env, run_bench
+from run_helpers import bench_refuses, run_bench
 from tandem.engine.batch_time import PARTS, batch_parts
 from tandem.errors import ConfigError
 
@@ -46,9 +46,7 @@ def test_pipeline_benchmark_tiny(tmp_path):
     """``python -m bench.pipeline --quick``: batches of 16 rows, 2 rounds, the sweep n = 1 and
     4, one re-calibration per round, the default link ratio (1) and chunks (4)."""
     plot = tmp_path / "gantt.png"
-    result, lines = run_bench(
-        "pipeline", "--quick", "--json", "--plot", str(plot), env=fast_compile_env()
-    )
+    result, lines = run_bench("pipeline", "--quick", "--json", "--plot", str(plot))
     assert len(lines) == 1
     batch_size, repeats, link_ratio, chunks = 16, 2, 1.0, 4
     for key in KEYS:
@@ -268,9 +266,7 @@ def test_balance_benchmark_tiny(tmp_path):
     of 2 chunks, 2 runs each): a row per ratio, finite efficiencies, and the medians of the
     parts close to the median batch."""
     plot = tmp_path / "balance.png"
-    result, _ = run_bench(
-        "balance", "--quick", "--json", "--plot", str(plot), env=fast_compile_env()
-    )
+    result, _ = run_bench("balance", "--quick", "--json", "--plot", str(plot))
     repeats = 2
     assert set(result["ratios"]) == {"1", "2"}
     assert result["n_groups"] == 4 and result["chunks"] == 2

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from run_helpers import fast_compile_env, run_bench
+from run_helpers import run_bench
 from tandem.transports.netns import LinkSetupError, NetnsLink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def _bench(*args: str, **kw) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=fast_compile_env({**os.environ, "PYTHONUNBUFFERED": "1"}),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
         **kw,
     )
 
