@@ -86,7 +86,7 @@ def hostile_reference(tmp_path_factory):
     import asyncio
     import fcntl
 
-    from hostile_helpers import assert_done, make_job, run_pair
+    from hostile_helpers import EPOCHS, EVERY, assert_done, make_job, run_pair
     from party_helpers import Job
 
     def run() -> Job:
@@ -102,7 +102,7 @@ def hostile_reference(tmp_path_factory):
     with open(shared / "hostile-reference.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if marker.exists():  # a worker ran it: its exports (nothing is written there again)
-            return Job(Path(marker.read_text()), epochs=2, every=4)
+            return Job(Path(marker.read_text()), epochs=EPOCHS, every=EVERY)
         job = run()  # a failure leaves no marker: the next worker runs it afresh
         marker.write_text(str(job.folder))
         return job

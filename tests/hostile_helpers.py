@@ -34,9 +34,13 @@ ACT = "act/bottom_follower->top"  # the follower's activations, into the leader
 GRAD = "grad/bottom_follower->top"  # the leader's gradients, into the follower
 
 
+#: the hostile tests' job: 2 epochs of 4 batches, a checkpoint every 4
+EPOCHS, EVERY = 2, 4
+
+
 def make_job(folder: Path, tweak: Callable[[Job], None] | None = None) -> Job:
     """A two-party job (2 epochs of 4 batches, 2 groups); ``tweak(job)`` edits its configs."""
-    job = Job(folder, epochs=2, every=4)
+    job = Job(folder, epochs=EPOCHS, every=EVERY)
     for role in ("leader", "follower"):
         job.cfg[role]["wait"] = 30.0
     if tweak is not None:
@@ -54,19 +58,14 @@ async def run_pair(
     returns ``({role: result}, attack's result)``. ``finished`` is set once both parties
     are done; the attack must stop by itself (bounded in count and time, or once
     ``finished`` is set) and is awaited. Either party failing fails the call."""
-    from tandem.parties.split.process.party_config import load_party_config
-    from tandem.parties.split.process.standalone import run_party
-
-    cfgs = {r: load_party_config(job.path(r)) for r in ("leader", "follower")}
     finished = asyncio.Event()
     with compiling_afresh():
         async with asyncio.timeout(timeout):
             async with asyncio.TaskGroup() as tg:
-                parties = {r: tg.create_task(run_party(cfgs[r])) for r in ("follower", "leader")}
                 hit = tg.create_task(attack(job, finished)) if attack is not None else None
-                await asyncio.wait(parties.values())
+                results = await job.run_all()
                 finished.set()
-    return {r: t.result() for r, t in parties.items()}, None if hit is None else hit.result()
+    return results, None if hit is None else hit.result()
 
 
 @contextlib.contextmanager

@@ -216,22 +216,15 @@ class Job:
 
     async def run_all(self) -> dict[str, Any]:
         """Both parties' `run_party` (what ``tandem party`` runs) in this process, in one
-        TaskGroup, over HTTP on loopback; ``{role: result (the JSON line's object) or the
-        exception it raised}``."""
+        TaskGroup, over HTTP on loopback; ``{role: result (the JSON line's object)}``. Either
+        party raising fails the call (an `ExceptionGroup`), the other cancelled."""
         from tandem.parties.split.process.party_config import load_party_config
         from tandem.parties.split.process.standalone import run_party
 
         self.write()
-
-        async def one(role: str) -> Any:
-            try:
-                cfg = await asyncio.to_thread(load_party_config, self.path(role))
-                return await run_party(cfg)
-            except Exception as exc:  # noqa: BLE001 - the test inspects it
-                return exc
-
+        cfgs = {r: load_party_config(self.path(r)) for r in ("follower", "leader")}
         async with asyncio.TaskGroup() as tg:
-            tasks = {r: tg.create_task(one(r)) for r in ("follower", "leader")}
+            tasks = {r: tg.create_task(run_party(cfg)) for r, cfg in cfgs.items()}
         return {r: t.result() for r, t in tasks.items()}
 
     def checkpoints(self, role: str) -> list[int]:
