@@ -202,6 +202,18 @@ def test_non_finite_features_are_refused():
     assert SOURCE in str(info.value) and "row 1" in str(info.value)
 
 
+def test_values_beyond_float32_are_refused_not_turned_into_infinity():
+    t = table(id=["a", "b"], v=[1.0, 1e39])
+    with pytest.raises(DataError) as info:  # scale = "none": 1e39 itself is the feature
+        fit(t, config(id_column="id", scale="none"), np.arange(2)).transform(t)
+    msg = str(info.value)
+    assert SOURCE in msg and "'v'" in msg and "row 1" in msg and "float32" in msg
+    state = fit(table(id=["a", "b"], v=[1.0, 2.0]), config(id_column="id"), np.arange(2))
+    with pytest.raises(DataError) as info:  # a new row far outside the training range
+        state.transform(t)
+    assert "row 1" in str(info.value) and "float32" in str(info.value)
+
+
 def test_unknown_columns_list_the_available_ones():
     cfg = config(id_column="id", features=["age", "salary"])
     with pytest.raises(DataError) as info:

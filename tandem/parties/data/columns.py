@@ -183,6 +183,21 @@ def refuse_non_finite(
     )
 
 
+def refuse_beyond_float32(
+    source: str, name: str, row: int, value: Any, saved: bool = False
+) -> NoReturn:
+    fix = (
+        "correct the value (or remove the row): the model takes float32 features"
+        if saved
+        else 'correct the value, or express the column in larger units (or data.scale = "standard")'
+    )
+    value = value.item() if isinstance(value, np.generic) else value
+    raise DataError(
+        f"{source!r}: column {name!r} holds {value!r} at row {row}, which is beyond float32's "
+        f"range (at most ±3.4e38) once scaled; features are float32: {fix}"
+    )
+
+
 def refuse_missing(source: str, name: str, row: int, saved: bool = False) -> NoReturn:
     fix = (
         'fill the value in or remove the row: the model was trained with data.missing = "error", '
@@ -208,6 +223,7 @@ __all__ = [
     "categorical_column",
     "chunks",
     "encode",
+    "refuse_beyond_float32",
     "refuse_missing",
     "refuse_non_finite",
     "require_numeric",
