@@ -134,6 +134,15 @@ def test_whole_floats_may_be_categorical_fractions_may_not():
     assert SOURCE in msg and "'code'" in msg and "remove it from data.categorical" in msg
 
 
+def test_categories_too_large_for_an_exact_float_are_refused_not_merged():
+    # A CSV integer beyond 64 bits is read as a float: 2**64 + 1 and 2**64 + 2 are one float.
+    t = table(id=["a", "b", "c"], code=[float(2**64 + 1), float(2**64 + 2), 5.0])
+    with pytest.raises(DataError) as info:
+        fit(t, config(id_column="id", categorical=["code"]), np.arange(3))
+    msg = str(info.value)
+    assert SOURCE in msg and "'code'" in msg and "row 0" in msg and "text" in msg
+
+
 def test_missing_mean_fills_the_training_mean_before_scaling():
     state = fitted(missing="mean", scale="none")
     assert state.fill[1] == np.mean([1.0, 2.0, 2.0, 4.0])

@@ -130,6 +130,18 @@ def categorical_column(source: str, column: Column, saved: bool = False) -> Colu
             f"{source!r}: categorical column {column.name!r} holds the fraction {value!r}; a "
             f"categorical column holds integers or text: {fix}"
         )
+    # Beyond 2**53 a float no longer holds every integer: distinct categories (a CSV column
+    # of integers wider than 64 bits, read as floats) would share one value, one code.
+    inexact = np.abs(np.where(np.isnan(column.values), 0, column.values)) > 2**53
+    if inexact.any():
+        at = int(np.argmax(inexact))
+        raise DataError(
+            f"{source!r}: categorical column {column.name!r} holds {column.values[at].item()!r} "
+            f"at row {at}, an integer too large to be read exactly as a number (beyond 2**53; "
+            "a CSV integer wider than 64 bits is read as a float), so distinct values would "
+            "share one code; write the column as text (a Parquet string column, or a CSV "
+            "value with a non-digit prefix such as 'c18446744073709551617')"
+        )
     values = np.where(np.isnan(column.values), 0, column.values).astype(np.int64)
     return Column(column.name, "int", values, column.missing)
 
