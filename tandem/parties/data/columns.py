@@ -146,6 +146,49 @@ def categorical_column(source: str, column: Column, saved: bool = False) -> Colu
     return Column(column.name, "int", values, column.missing)
 
 
+def whole_numbers_as_text(column: Column) -> Column:
+    """A text column of new rows, for a vocabulary fitted on integers: each cell that the CSV
+    reader would read as a whole number (spaces trimmed, then a 64-bit integer, or a number
+    that is whole: ``007``, `` 12``, ``1.0``, ``1e3``) becomes its decimal text (``7``,
+    ``12``, ``1``, ``1000``), as training read it when every cell of the column was a number;
+    other cells are kept. A CSV column is read as text as soon as one cell is not a number,
+    so without this, the cell ``007`` of a file also holding ``A12`` would not find the code
+    of the category 7."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = column.arrow_text
+    if text is None:
+        text = pa.array(column.values, pa.string())
+    unique = pc.unique(text)
+    trimmed = pc.utf8_trim_whitespace(unique)
+    canonical = [
+        _whole_number_text(trimmed.slice(k, 1)) or cell for k, cell in enumerate(unique.to_pylist())
+    ]
+    cells = pc.take(pa.array(canonical, pa.string()), pc.index_in(text, value_set=unique))
+    return Column(column.name, "string", cells, column.missing)
+
+
+def _whole_number_text(cell: Any) -> str | None:
+    """The decimal text of a one-cell pyarrow text array read as a whole number, else None."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for arrow_type in (pa.int64(), pa.float64()):
+        try:
+            value = pc.cast(cell, arrow_type)[0].as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        if value is None:
+            return None
+        if isinstance(value, float):
+            if not (np.isfinite(value) and value == round(value) and abs(value) <= 2**53):
+                return None
+            value = int(value)
+        return str(value)
+    return None
+
+
 def require_numeric(source: str, column: Column, saved: bool = False) -> None:
     if column.kind != "string":
         return
@@ -241,4 +284,5 @@ __all__ = [
     "require_numeric",
     "row",
     "vocabulary",
+    "whole_numbers_as_text",
 ]

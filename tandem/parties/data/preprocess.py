@@ -530,6 +530,8 @@ def _transform_categorical(
     time; returns ``(missing cells, values outside the vocabulary)``, both coded 0. The
     errors are those of the whole column."""
     column = col.categorical_column(source, column, saved)
+    if vocabulary.kind == "int" and column.kind == "string":
+        column = col.whole_numbers_as_text(column)  # "007" is the category 7, as in training
     missing = column.missing
     filled = 0
     if missing is not None:
