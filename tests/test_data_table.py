@@ -143,6 +143,11 @@ def test_a_header_with_a_column_named_twice(tmp_path):
     assert path in str(info.value) and "['a']" in str(info.value)
 
 
+def test_a_quoted_header_cell_may_hold_a_line_break(tmp_path):
+    t = read_table(write_csv(tmp_path, 'id,"a\nb",c\n1,2,3\n2,3,4\n'))
+    assert t.available == ("id", "a\nb", "c") and t["a\nb"].values.tolist() == [2, 3]
+
+
 def test_a_ragged_csv(tmp_path):
     pytest.importorskip("pyarrow")
     path = write_csv(tmp_path, "id,a\n1,2\n3\n")

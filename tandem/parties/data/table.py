@@ -295,7 +295,10 @@ def _read_csv(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[st
     pa = _pyarrow(url)
     import pyarrow.csv as pacsv
 
-    header = _csv_header(url, f.readline())
+    first = f.readline()
+    while first.count(b'"') % 2 and (more := f.readline()):  # a quoted cell spans lines
+        first += more
+    header = _csv_header(url, first)
     f.seek(0)
     names = _check_columns(url, header, columns)
     options = pacsv.ConvertOptions(
@@ -307,7 +310,7 @@ def _read_csv(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[st
     )
     try:
         arrow = pacsv.read_csv(f, convert_options=options)
-    except pa.ArrowInvalid as exc:
+    except pa.ArrowException as exc:
         raise DataError(f"{url!r} is not a well-formed CSV: {exc}") from None
     cols = {}
     for name in names:
