@@ -205,3 +205,14 @@ def test_parquet_column_of_another_type(tmp_path):
         read_table(path)
     msg = str(info.value)
     assert path in msg and "'when'" in msg and "convert it" in msg
+
+
+def test_a_parquet_boolean_column_with_a_missing_cell(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"flag": pa.array([True, None, False])}), path)
+    flag = read_table(path)["flag"]
+    assert flag.kind == "int" and flag.values.tolist() == [1, 0, 0]
+    assert flag.missing.tolist() == [False, True, False]

@@ -377,8 +377,9 @@ def _arrow_column(name: str, chunked: Any, url: str = "") -> Column:
         t = chunked.type
     if pt.is_integer(t) or pt.is_boolean(t):
         missing = _null_mask(chunked)
+        chunked = pc.cast(chunked, pa.int64())  # first: a boolean column takes no fill of 0
         filled = pc.fill_null(chunked, 0) if missing is not None else chunked
-        values = np.asarray(pc.cast(filled, pa.int64()).to_numpy(), dtype=np.int64)
+        values = np.asarray(filled.to_numpy(), dtype=np.int64)
         return Column(name, "int", values, missing)
     if pt.is_floating(t) or pt.is_decimal(t):
         as_float = pc.cast(chunked, pa.float64())
