@@ -216,3 +216,14 @@ def test_a_parquet_boolean_column_with_a_missing_cell(tmp_path):
     flag = read_table(path)["flag"]
     assert flag.kind == "int" and flag.values.tolist() == [1, 0, 0]
     assert flag.missing.tolist() == [False, True, False]
+
+
+def test_a_parquet_uint64_column_beyond_int64_is_refused_clearly(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "u.parquet")
+    pq.write_table(pa.table({"code": pa.array([2**64 - 1, 5], pa.uint64())}), path)
+    with pytest.raises(DataError) as info:
+        read_table(path)["code"]
+    assert path in str(info.value) and "'code'" in str(info.value) and "64-bit" in str(info.value)

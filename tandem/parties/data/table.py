@@ -377,7 +377,13 @@ def _arrow_column(name: str, chunked: Any, url: str = "") -> Column:
         t = chunked.type
     if pt.is_integer(t) or pt.is_boolean(t):
         missing = _null_mask(chunked)
-        chunked = pc.cast(chunked, pa.int64())  # first: a boolean column takes no fill of 0
+        try:
+            chunked = pc.cast(chunked, pa.int64())  # first: a boolean column takes no fill of 0
+        except pa.ArrowInvalid:
+            raise DataError(
+                f"{url!r}: column {name!r} holds integers beyond the 64-bit signed range; "
+                "store them as text (a string column) if they are codes, else as floats"
+            ) from None
         filled = pc.fill_null(chunked, 0) if missing is not None else chunked
         values = np.asarray(filled.to_numpy(), dtype=np.int64)
         return Column(name, "int", values, missing)
