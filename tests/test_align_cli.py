@@ -153,6 +153,21 @@ async def test_align_command_times_out_without_peer(tmp_path, capsys):
     assert "no result from B after 0.3 s" in capsys.readouterr().err
 
 
+def test_read_ids_reads_a_csv_as_tandem_party_does(tmp_path):
+    path = tmp_path / "ids.csv"
+    # A byte-order mark (Excel's "CSV UTF-8"), CRLF, a quoted header, blank lines at the end.
+    path.write_bytes(b'\xef\xbb\xbf"cid",x\r\n007,1\r\n 12,2\r\n\r\n')
+    assert cli.read_ids(str(path), "cid") == ["007", " 12"]
+    path.write_bytes(b"cid,x\n1,2\n\n3,4\n")  # a blank line is no row, as for the party
+    assert cli.read_ids(str(path), "cid") == ["1", "3"]
+    path.write_bytes(b"cid,x\n1,2\nNA,3\n")  # a missing id, which the party refuses
+    with pytest.raises(AlignmentError, match="'cid' has no value at row 1"):
+        cli.read_ids(str(path), "cid")
+    path.write_bytes(b"cid,name\n1,caf\xe9\n")  # Latin-1, not UTF-8
+    with pytest.raises(AlignmentError, match="not UTF-8"):
+        cli.read_ids(str(path), "cid")
+
+
 def test_read_ids_takes_a_parquet_column_as_text(tmp_path):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")

@@ -67,6 +67,11 @@ def test_mse_takes_finite_numbers():
     assert "row 1" in msg and "finite" in msg
 
 
+def test_mse_refuses_labels_beyond_float32_instead_of_infinity():
+    msg = refused([0.5, 1e39], "mse")
+    assert "row 1" in msg and "float32" in msg
+
+
 def test_a_missing_label_is_refused_for_every_loss():
     for loss in ("binary", "softmax", "mse"):
         msg = refused([0, 0, 1], loss, out=2, missing=[False, True, False])

@@ -163,6 +163,35 @@ def test_load_new_data_applies_the_saved_state(tmp_path):
     )
 
 
+@pytest.mark.parametrize("hashed", [False, True])
+def test_a_csv_category_gets_its_training_code_whatever_the_other_cells_of_new_rows(
+    tmp_path, hashed
+):
+    # A CSV column is read as numbers only when every cell is one: "007" is the text "007"
+    # next to "A12", the number 7 otherwise. The code of a written value must not depend on
+    # which other values the file holds.
+    keys = {"id_column": "id", "categorical": ["code"], "split": {"test": 0.0}}
+    if hashed:
+        keys["hash_buckets"] = {"code": 1000}
+    cases = [
+        (["007", "012", "A12"], ["007", "012"]),  # text in training, numbers-only new rows
+        (["007", "012", "1.0"], ["007", " 12", "1", "A12"]),  # numbers in training, text new
+    ]
+    for k, (trained_values, new_values) in enumerate(cases):
+        write_csv(tmp_path / f"t{k}.csv", ["id", "code"], enumerate(trained_values))
+        write_csv(tmp_path / f"n{k}.csv", ["id", "code"], enumerate(new_values))
+        cfg = parse_data_config({"source": str(tmp_path / f"t{k}.csv"), **keys})
+        trained = load_party_data(cfg)
+        code = dict(zip(trained_values, trained.features.categorical[:, 0].tolist(), strict=True))
+        code |= {" 12": code["012"], "1": code["1.0"]} if k else {}
+        cfg = parse_data_config({"source": str(tmp_path / f"n{k}.csv"), "id_column": "id"})
+        new = load_new_data(cfg, trained.preprocessing)
+        expected = [code.get(v, 0) for v in new_values]
+        if hashed and k:
+            expected[-1] = new.features.categorical[-1, 0]  # "A12": its own bucket
+        assert new.features.categorical[:, 0].tolist() == expected, (k, trained_values)
+
+
 def test_labels_that_do_not_fit_the_loss(tmp_path):
     leader_cfg, _ = two_parties(tmp_path)
     with pytest.raises(DataError) as info:

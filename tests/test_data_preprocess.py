@@ -134,6 +134,15 @@ def test_whole_floats_may_be_categorical_fractions_may_not():
     assert SOURCE in msg and "'code'" in msg and "remove it from data.categorical" in msg
 
 
+def test_categories_too_large_for_an_exact_float_are_refused_not_merged():
+    # A CSV integer beyond 64 bits is read as a float: 2**64 + 1 and 2**64 + 2 are one float.
+    t = table(id=["a", "b", "c"], code=[float(2**64 + 1), float(2**64 + 2), 5.0])
+    with pytest.raises(DataError) as info:
+        fit(t, config(id_column="id", categorical=["code"]), np.arange(3))
+    msg = str(info.value)
+    assert SOURCE in msg and "'code'" in msg and "row 0" in msg and "text" in msg
+
+
 def test_missing_mean_fills_the_training_mean_before_scaling():
     state = fitted(missing="mean", scale="none")
     assert state.fill[1] == np.mean([1.0, 2.0, 2.0, 4.0])
@@ -200,6 +209,18 @@ def test_non_finite_features_are_refused():
     with pytest.raises(DataError) as info:  # in a training row, before any statistics
         fit(t, config(id_column="id", missing="mean"), np.arange(2))
     assert SOURCE in str(info.value) and "row 1" in str(info.value)
+
+
+def test_values_beyond_float32_are_refused_not_turned_into_infinity():
+    t = table(id=["a", "b"], v=[1.0, 1e39])
+    with pytest.raises(DataError) as info:  # scale = "none": 1e39 itself is the feature
+        fit(t, config(id_column="id", scale="none"), np.arange(2)).transform(t)
+    msg = str(info.value)
+    assert SOURCE in msg and "'v'" in msg and "row 1" in msg and "float32" in msg
+    state = fit(table(id=["a", "b"], v=[1.0, 2.0]), config(id_column="id"), np.arange(2))
+    with pytest.raises(DataError) as info:  # a new row far outside the training range
+        state.transform(t)
+    assert "row 1" in str(info.value) and "float32" in str(info.value)
 
 
 def test_unknown_columns_list_the_available_ones():

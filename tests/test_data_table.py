@@ -143,6 +143,11 @@ def test_a_header_with_a_column_named_twice(tmp_path):
     assert path in str(info.value) and "['a']" in str(info.value)
 
 
+def test_a_quoted_header_cell_may_hold_a_line_break(tmp_path):
+    t = read_table(write_csv(tmp_path, 'id,"a\nb",c\n1,2,3\n2,3,4\n'))
+    assert t.available == ("id", "a\nb", "c") and t["a\nb"].values.tolist() == [2, 3]
+
+
 def test_a_ragged_csv(tmp_path):
     pytest.importorskip("pyarrow")
     path = write_csv(tmp_path, "id,a\n1,2\n3\n")
@@ -200,3 +205,25 @@ def test_parquet_column_of_another_type(tmp_path):
         read_table(path)
     msg = str(info.value)
     assert path in msg and "'when'" in msg and "convert it" in msg
+
+
+def test_a_parquet_boolean_column_with_a_missing_cell(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "b.parquet")
+    pq.write_table(pa.table({"flag": pa.array([True, None, False])}), path)
+    flag = read_table(path)["flag"]
+    assert flag.kind == "int" and flag.values.tolist() == [1, 0, 0]
+    assert flag.missing.tolist() == [False, True, False]
+
+
+def test_a_parquet_uint64_column_beyond_int64_is_refused_clearly(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    path = str(tmp_path / "u.parquet")
+    pq.write_table(pa.table({"code": pa.array([2**64 - 1, 5], pa.uint64())}), path)
+    with pytest.raises(DataError) as info:
+        read_table(path)["code"]
+    assert path in str(info.value) and "'code'" in str(info.value) and "64-bit" in str(info.value)

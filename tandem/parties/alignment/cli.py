@@ -86,12 +86,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def read_ids(path: str, column: str | None) -> list[str]:
     """The values of ``column`` (default: the first) of the table at ``path``: a CSV read
-    here cell by cell as text; a ``.parquet`` or ``.npz`` file through the shared reader
-    (`tandem.parties.data.read_table`, the id column read as text exactly as `tandem party`
-    reads it)."""
+    here cell by cell as text, with the party's rules (`_csv_ids`); a ``.parquet`` or
+    ``.npz`` file through the shared reader (`tandem.parties.data.read_table`, the id column
+    read as text exactly as `tandem party` reads it)."""
     if path.lower().endswith((".parquet", ".npz")):
         return _table_ids(path, column)
-    with open(path, newline="", encoding="utf-8") as f:
+    try:
+        return _csv_ids(path, column)
+    except UnicodeDecodeError:
+        raise AlignmentError(f"{path!r} is not UTF-8 text; save the CSV as UTF-8") from None
+
+
+def _csv_ids(path: str, column: str | None) -> list[str]:
+    """The ids of a CSV read as `tandem party` reads it: a byte-order mark is no part of the
+    header, a blank line is no row (so row numbers are the party's), and a missing cell
+    (`MISSING_TEXT`, which the party refuses as an id) is refused here, before the PSI."""
+    from tandem.parties.data.table import MISSING_TEXT
+
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -102,10 +114,17 @@ def read_ids(path: str, column: str | None) -> list[str]:
             idx = header.index(column)
         else:
             raise AlignmentError(f"{path!r} has no column {column!r}; its columns are {header}")
-        ids = []
+        ids: list[str] = []
         for line_no, row in enumerate(reader, start=2):
+            if not row:
+                continue
             if len(row) <= idx:
                 raise AlignmentError(f"{path!r} line {line_no} has no value in column {idx}")
+            if row[idx] in MISSING_TEXT:
+                raise AlignmentError(
+                    f"{path!r}: id column {header[idx]!r} has no value at row {len(ids)} "
+                    f"(0-based data row; {row[idx]!r} is a missing cell); every row needs an id"
+                )
             ids.append(row[idx])
         return ids
 

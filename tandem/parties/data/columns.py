@@ -130,8 +130,63 @@ def categorical_column(source: str, column: Column, saved: bool = False) -> Colu
             f"{source!r}: categorical column {column.name!r} holds the fraction {value!r}; a "
             f"categorical column holds integers or text: {fix}"
         )
+    # Beyond 2**53 a float no longer holds every integer: distinct categories (a CSV column
+    # of integers wider than 64 bits, read as floats) would share one value, one code.
+    inexact = np.abs(np.where(np.isnan(column.values), 0, column.values)) > 2**53
+    if inexact.any():
+        at = int(np.argmax(inexact))
+        raise DataError(
+            f"{source!r}: categorical column {column.name!r} holds {column.values[at].item()!r} "
+            f"at row {at}, an integer too large to be read exactly as a number (beyond 2**53; "
+            "a CSV integer wider than 64 bits is read as a float), so distinct values would "
+            "share one code; write the column as text (a Parquet string column, or a CSV "
+            "value with a non-digit prefix such as 'c18446744073709551617')"
+        )
     values = np.where(np.isnan(column.values), 0, column.values).astype(np.int64)
     return Column(column.name, "int", values, column.missing)
+
+
+def whole_numbers_as_text(column: Column) -> Column:
+    """A text column of new rows, for a vocabulary fitted on integers: each cell that the CSV
+    reader would read as a whole number (spaces trimmed, then a 64-bit integer, or a number
+    that is whole: ``007``, `` 12``, ``1.0``, ``1e3``) becomes its decimal text (``7``,
+    ``12``, ``1``, ``1000``), as training read it when every cell of the column was a number;
+    other cells are kept. A CSV column is read as text as soon as one cell is not a number,
+    so without this, the cell ``007`` of a file also holding ``A12`` would not find the code
+    of the category 7."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    text = column.arrow_text
+    if text is None:
+        text = pa.array(column.values, pa.string())
+    unique = pc.unique(text)
+    trimmed = pc.utf8_trim_whitespace(unique)
+    canonical = [
+        _whole_number_text(trimmed.slice(k, 1)) or cell for k, cell in enumerate(unique.to_pylist())
+    ]
+    cells = pc.take(pa.array(canonical, pa.string()), pc.index_in(text, value_set=unique))
+    return Column(column.name, "string", cells, column.missing)
+
+
+def _whole_number_text(cell: Any) -> str | None:
+    """The decimal text of a one-cell pyarrow text array read as a whole number, else None."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for arrow_type in (pa.int64(), pa.float64()):
+        try:
+            value = pc.cast(cell, arrow_type)[0].as_py()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            continue
+        if value is None:
+            return None
+        if isinstance(value, float):
+            if not (np.isfinite(value) and value == round(value) and abs(value) <= 2**53):
+                return None
+            value = int(value)
+        return str(value)
+    return None
 
 
 def require_numeric(source: str, column: Column, saved: bool = False) -> None:
@@ -183,6 +238,21 @@ def refuse_non_finite(
     )
 
 
+def refuse_beyond_float32(
+    source: str, name: str, row: int, value: Any, saved: bool = False
+) -> NoReturn:
+    fix = (
+        "correct the value (or remove the row): the model takes float32 features"
+        if saved
+        else 'correct the value, or express the column in larger units (or data.scale = "standard")'
+    )
+    value = value.item() if isinstance(value, np.generic) else value
+    raise DataError(
+        f"{source!r}: column {name!r} holds {value!r} at row {row}, which is beyond float32's "
+        f"range (at most ±3.4e38) once scaled; features are float32: {fix}"
+    )
+
+
 def refuse_missing(source: str, name: str, row: int, saved: bool = False) -> NoReturn:
     fix = (
         'fill the value in or remove the row: the model was trained with data.missing = "error", '
@@ -208,9 +278,11 @@ __all__ = [
     "categorical_column",
     "chunks",
     "encode",
+    "refuse_beyond_float32",
     "refuse_missing",
     "refuse_non_finite",
     "require_numeric",
     "row",
     "vocabulary",
+    "whole_numbers_as_text",
 ]

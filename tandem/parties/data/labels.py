@@ -6,7 +6,7 @@ offending row (0-based data row, header excluded) and the fix:
 
 * ``"binary"``: every label is 0 or 1; float32.
 * ``"softmax"``: every label is an integer class in ``[0, out)``; int32.
-* ``"mse"``: every label is a finite number; float32.
+* ``"mse"``: every label is a finite number within float32's range; float32.
 
 A missing label is refused for every loss: a row without a label cannot be trained on.
 """
@@ -60,6 +60,8 @@ def labels_for_loss(
         _refuse(where, rows, values, bad, f"the softmax loss takes {fix}")
         return values.astype(np.int32)
     _refuse(where, rows, values, ~np.isfinite(values), FIX[loss])
+    too_large = np.abs(values) > np.finfo(np.float32).max  # float32 would make it infinite
+    _refuse(where, rows, values, too_large, f"labels are float32 (at most ±3.4e38): {FIX[loss]}")
     return values.astype(np.float32)
 
 

@@ -7,7 +7,9 @@ the loss, and fingerprint the training rows with the preprocessing.
 
 `load_new_data(cfg, preprocessing)` (prediction): read ``cfg.source`` (aligned if
 ``cfg.aligned``) and apply a saved preprocessing state exactly; ``cfg.features``,
-``categorical``, ``missing`` and ``scale`` are not consulted there, the state decides.
+``categorical``, ``missing`` and ``scale`` are not consulted there, the state decides. In a
+CSV file, a categorical column fitted on text is read as text, so a written value gets its
+training code whatever other values the new file holds.
 
 Every error is a `DataError` that names the TOML file (when there is one), the data file, the
 column or key, and the fix.
@@ -169,7 +171,13 @@ def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
         if not preprocessing.all_columns:
             named = [c for c in (cfg.id_column,) if c is not None]
             columns = list(dict.fromkeys([*named, *preprocessing.columns]))
-        table = _read(cfg, columns)
+        # A CSV column is text only when some cell is not a number: a column fitted on text
+        # is read as text, so "007" stays the category "007" in a file of numbers only.
+        text: tuple[str, ...] = ()
+        if cfg.source.lower().endswith(".csv"):
+            fitted = zip(preprocessing.categorical, preprocessing.vocabularies, strict=True)
+            text = tuple(name for name, v in fitted if v.kind == "string")
+        table = _read(cfg, columns, text)
         ids, rows, alignment = _ids_and_rows(cfg, table)
         duplicate = None if cfg.id_column is None else first_duplicate(ids)
         if duplicate is not None:
@@ -178,9 +186,10 @@ def load_new_data(cfg: DataConfig, preprocessing: Preprocessing) -> NewData:
     return NewData(ids.to_objects(), rows, features, alignment, counts)
 
 
-def _read(cfg: DataConfig, columns: list[str] | None) -> Table:
-    text = (cfg.id_column,) if cfg.id_column is not None else ()
-    return open_table(cfg.source, columns, text=text)
+def _read(cfg: DataConfig, columns: list[str] | None, text: tuple[str, ...] = ()) -> Table:
+    """The table of ``cfg``, the id column and ``text`` read as text."""
+    ids = (cfg.id_column,) if cfg.id_column is not None else ()
+    return open_table(cfg.source, columns, text=ids + text)
 
 
 def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[IdText, np.ndarray, Any]:

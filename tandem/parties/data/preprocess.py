@@ -29,7 +29,8 @@ The rules (docs/data.md states them for users):
   categorical cells are refused under ``"error"`` and get code 0 otherwise.
 * Scaling: ``"standard"`` subtracts the mean and divides by the standard deviation of the
   (filled-in) training values; a column constant on the training rows is divided by 1.
-  ``"none"`` keeps the values. Features must be finite.
+  ``"none"`` keeps the values. Features must be finite, and within float32's range once
+  scaled.
 
 Invariant: ``len(fill) == len(mean) == len(std) == len(numeric)`` and
 ``len(vocabularies) == len(categorical)``.
@@ -507,6 +508,11 @@ def _transform_numeric(
             col.refuse_non_finite(source, column.name, bad, column.values[bad], missing_rule, saved)
         values -= mean
         values /= std
+        too_large = np.abs(values) > np.finfo(np.float32).max  # float32 would make it inf
+        if too_large.any():
+            bad = chunk.start + int(np.argmax(too_large))
+            bad = bad if rows is None else int(rows[bad])
+            col.refuse_beyond_float32(source, column.name, bad, column.values[bad], saved)
         out[chunk] = values
     return filled
 
@@ -524,6 +530,8 @@ def _transform_categorical(
     time; returns ``(missing cells, values outside the vocabulary)``, both coded 0. The
     errors are those of the whole column."""
     column = col.categorical_column(source, column, saved)
+    if vocabulary.kind == "int" and column.kind == "string":
+        column = col.whole_numbers_as_text(column)  # "007" is the category 7, as in training
     missing = column.missing
     filled = 0
     if missing is not None:

@@ -295,7 +295,10 @@ def _read_csv(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[st
     pa = _pyarrow(url)
     import pyarrow.csv as pacsv
 
-    header = _csv_header(url, f.readline())
+    first = f.readline()
+    while first.count(b'"') % 2 and (more := f.readline()):  # a quoted cell spans lines
+        first += more
+    header = _csv_header(url, first)
     f.seek(0)
     names = _check_columns(url, header, columns)
     options = pacsv.ConvertOptions(
@@ -307,7 +310,7 @@ def _read_csv(url: str, f: Any, columns: Sequence[str] | None, text: Sequence[st
     )
     try:
         arrow = pacsv.read_csv(f, convert_options=options)
-    except pa.ArrowInvalid as exc:
+    except pa.ArrowException as exc:
         raise DataError(f"{url!r} is not a well-formed CSV: {exc}") from None
     cols = {}
     for name in names:
@@ -374,8 +377,15 @@ def _arrow_column(name: str, chunked: Any, url: str = "") -> Column:
         t = chunked.type
     if pt.is_integer(t) or pt.is_boolean(t):
         missing = _null_mask(chunked)
+        try:
+            chunked = pc.cast(chunked, pa.int64())  # first: a boolean column takes no fill of 0
+        except pa.ArrowInvalid:
+            raise DataError(
+                f"{url!r}: column {name!r} holds integers beyond the 64-bit signed range; "
+                "store them as text (a string column) if they are codes, else as floats"
+            ) from None
         filled = pc.fill_null(chunked, 0) if missing is not None else chunked
-        values = np.asarray(pc.cast(filled, pa.int64()).to_numpy(), dtype=np.int64)
+        values = np.asarray(filled.to_numpy(), dtype=np.int64)
         return Column(name, "int", values, missing)
     if pt.is_floating(t) or pt.is_decimal(t):
         as_float = pc.cast(chunked, pa.float64())
