@@ -108,7 +108,7 @@ async def test_align_command_reports_bad_input(tmp_path, capsys):
             "x.csv",
         ]
     )
-    assert await args.func(args) == 1
+    assert await args.func(args) == 2  # a bad ids file, like a bad flag, stops before connecting
     assert "has no column 'nope'" in capsys.readouterr().err
     args = parse(
         [

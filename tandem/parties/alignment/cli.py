@@ -158,13 +158,13 @@ async def run(args: argparse.Namespace) -> int:
     from .multi import align_follower, align_leader
 
     secret = os.environ.get(args.secret_env)
-    try:
+    try:  # bad flags or a bad ids file: exit 2 before connecting
         peers = _peers(args, secret)
-    except AlignmentError as exc:
+        ids = await asyncio.to_thread(read_ids, args.ids, args.column)
+    except (AlignmentError, OSError) as exc:
         print(f"tandem align: {exc}", file=sys.stderr)
         return 2
     try:
-        ids = await asyncio.to_thread(read_ids, args.ids, args.column)
         built = make_transport(
             common_scheme(peers.values()),
             name=args.name,
