@@ -146,6 +146,12 @@ def categorical_column(source: str, column: Column, saved: bool = False) -> Colu
     return Column(column.name, "int", values, column.missing)
 
 
+#: cells the CSV reader reads as a 64-bit integer (decimal or hexadecimal), spaces trimmed
+_INTEGER_TEXT = r"^-?([0-9]{1,19}|0[xX][0-9a-fA-F]{1,16})$"
+#: cells it reads as a floating-point number
+_NUMBER_TEXT = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"
+
+
 def whole_numbers_as_text(column: Column) -> Column:
     """A text column of new rows, for a vocabulary fitted on integers: each cell that the CSV
     reader would read as a whole number (spaces trimmed, then a 64-bit integer, or a number
@@ -153,7 +159,7 @@ def whole_numbers_as_text(column: Column) -> Column:
     ``12``, ``1``, ``1000``), as training read it when every cell of the column was a number;
     other cells are kept. A CSV column is read as text as soon as one cell is not a number,
     so without this, the cell ``007`` of a file also holding ``A12`` would not find the code
-    of the category 7."""
+    of the category 7. Each distinct cell is converted once, in bulk."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -162,31 +168,40 @@ def whole_numbers_as_text(column: Column) -> Column:
         text = pa.array(column.values, pa.string())
     unique = pc.unique(text)
     trimmed = pc.utf8_trim_whitespace(unique)
-    canonical = [
-        _whole_number_text(trimmed.slice(k, 1)) or cell for k, cell in enumerate(unique.to_pylist())
-    ]
+    canonical = np.asarray(unique.to_numpy(zero_copy_only=False), dtype=object)
+    todo = np.ones(len(unique), dtype=bool)
+    for pattern, arrow_type in ((_INTEGER_TEXT, pa.int64()), (_NUMBER_TEXT, pa.float64())):
+        matched = np.asarray(pc.match_substring_regex(trimmed, pattern).to_numpy(False))
+        at = np.flatnonzero(matched & todo)
+        wholes = _whole_numbers(trimmed.take(pa.array(at)), arrow_type)
+        for k, whole in zip(at, wholes, strict=True):
+            if whole is not None:
+                canonical[k], todo[k] = whole, False
     cells = pc.take(pa.array(canonical, pa.string()), pc.index_in(text, value_set=unique))
     return Column(column.name, "string", cells, column.missing)
 
 
-def _whole_number_text(cell: Any) -> str | None:
-    """The decimal text of a one-cell pyarrow text array read as a whole number, else None."""
+def _whole_numbers(cells: Any, arrow_type: Any) -> list[str | None]:
+    """The decimal text of each cell of the pyarrow text array ``cells`` read as
+    ``arrow_type`` (int64 or float64) when it is a whole number (a float at most 2**53),
+    else None; cast in one call, or cell by cell when one cell does not cast (an integer
+    beyond 64 bits)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    for arrow_type in (pa.int64(), pa.float64()):
-        try:
-            value = pc.cast(cell, arrow_type)[0].as_py()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            continue
-        if value is None:
-            return None
+    try:
+        values = pc.cast(cells, arrow_type).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        if len(cells) == 1:
+            return [None]
+        return [w for k in range(len(cells)) for w in _whole_numbers(cells.slice(k, 1), arrow_type)]
+    out: list[str | None] = []
+    for value in values:
         if isinstance(value, float):
-            if not (np.isfinite(value) and value == round(value) and abs(value) <= 2**53):
-                return None
-            value = int(value)
-        return str(value)
-    return None
+            whole = np.isfinite(value) and value == round(value) and abs(value) <= 2**53
+            value = int(value) if whole else None
+        out.append(None if value is None else str(value))
+    return out
 
 
 def require_numeric(source: str, column: Column, saved: bool = False) -> None:
