@@ -184,6 +184,34 @@ def test_nnx_other_state_is_held_fixed():
     np.testing.assert_allclose(jax.jit(model.apply)(params, x), module(x), rtol=1e-6)
 
 
+def test_linen_collections_other_than_params_are_held_fixed():
+    """A linen BatchNorm's running statistics (collection ``batch_stats``) are not parameters:
+    they would get real gradients (the output depends on them) and be trained. apply uses them
+    as module.init made them."""
+    import flax.linen as nn
+    import optax
+
+    from tandem.engine.kernels import StageKernels
+
+    class Normed(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.BatchNorm(use_running_average=True)(nn.Dense(2)(x))
+
+    module = Normed()
+    model = from_flax_linen(module, [3])
+    params = model.init(jax.random.PRNGKey(0))
+    assert set(params) == {"params"}
+    kernels = StageKernels(model, optax.sgd(0.5), differentiable=[False])
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+    out, vjp = kernels.forward(params, x)
+    acc, _ = kernels.backward(vjp, jnp.ones_like(out), kernels.zeros(params))
+    trained, _ = kernels.update(params, kernels.init_opt(params), acc)
+    variables = module.init(jax.random.PRNGKey(0), x[:1])
+    want = module.apply({**variables, "params": trained["params"]}, x)
+    np.testing.assert_allclose(model.apply(trained, x), want, rtol=1e-6)
+
+
 @pytest.mark.parametrize(
     "missing, call, extra",
     [
