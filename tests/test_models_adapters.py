@@ -122,6 +122,29 @@ def test_out_dim_is_inferred_and_checked():
         from_functions(init, apply, [3], reference="no colon")
 
 
+def test_integer_parameters_are_refused_before_training():
+    """The engine differentiates and updates every leaf of params: an integer leaf (an index
+    table, a count) would fail in the first backward pass with JAX's float0 error."""
+    from flax import nnx
+
+    def init(key):
+        return {"w": jax.random.normal(key, (3, 2)), "idx": jnp.array([1, 0])}
+
+    with pytest.raises(ConfigError, match=r"parameter \['idx'\] is int32.*out of params"):
+        from_functions(init, lambda p, x: (x @ p["w"])[:, p["idx"]], [3])
+
+    class Scaled(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 2, rngs=rngs)
+            self.k = nnx.Param(jnp.array(2, jnp.int32))
+
+        def __call__(self, x):
+            return self.lin(x) * self.k[...]
+
+    with pytest.raises(ConfigError, match=r"flax nnx Scaled: parameter \['k'\] is int32"):
+        from_flax_nnx(Scaled(nnx.Rngs(0)), [3])
+
+
 def test_reference_gives_a_factory_spec_without_importing_it():
     def init(key):
         return {"w": jnp.ones((3, 2))}
