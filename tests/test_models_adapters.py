@@ -235,6 +235,23 @@ def test_linen_collections_other_than_params_are_held_fixed():
     np.testing.assert_allclose(model.apply(trained, x), want, rtol=1e-6)
 
 
+def test_nnx_module_that_mutates_its_state_is_refused_with_the_fix():
+    """Active dropout advances its RNG counter, and BatchNorm in training mode its statistics:
+    state held fixed cannot change, so the refusal says which module to make deterministic."""
+    from flax import nnx
+
+    class Dropped(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.lin(x))
+
+    with pytest.raises(ConfigError, match=r"mutates its state.*deterministic=True"):
+        from_flax_nnx(Dropped(nnx.Rngs(0)), [3])
+
+
 @pytest.mark.parametrize(
     "missing, call, extra",
     [

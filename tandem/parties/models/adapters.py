@@ -141,7 +141,18 @@ def from_flax_nnx(
     def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, names.restore(params), rest)(*xs)
 
-    return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+    try:
+        return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+    except ConfigError as exc:
+        errors = _optional("flax.errors", "flax")
+        if not isinstance(exc.__cause__, errors.TraceContextError):
+            raise
+        raise ConfigError(
+            f"{exc}\n{what} mutates its state when called (RNG counters of active dropout, "
+            "batch statistics of BatchNorm in training mode), which is held fixed: build it "
+            "deterministic (nnx.Dropout(..., deterministic=True), "
+            "nnx.BatchNorm(..., use_running_average=True), or module.eval())"
+        ) from exc.__cause__
 
 
 def from_equinox(
