@@ -216,6 +216,40 @@ async def test_a_float16_cut_through_the_equinox_and_flax_adapters(tmp_path):
     np.testing.assert_array_equal(out.outputs, ref)
 
 
+def test_float16_parameters_with_adam_are_refused():
+    """Adam's epsilon (1e-8) rounds to 0 in float16, so a zero gradient (a dead ReLU, a
+    padded row) makes its update 0 / 0: NaN parameters. A float16 cut (cast inside apply)
+    with float32 parameters, or float16 parameters with sgd, train."""
+
+    def init(key):
+        return {"w": jax.random.normal(key, (FEATS, 2)).astype(jnp.float16)}
+
+    half = from_functions(init, lambda p, x: x.astype(jnp.float16) @ p["w"], [FEATS])
+    models = {
+        "bottom": half,
+        "top": from_functions(init, lambda p, z: z @ p["w"][:2, :1], [(((2,), "float16"))]),
+    }
+    x = np.zeros((ROWS, FEATS), np.float32)
+    for optimizer in ("adam", "adamw"):
+        with pytest.raises(ConfigError, match=r"stage 'bottom'.*float16.*adam"):
+            SplitParty(
+                "A",
+                two_party(),
+                models,
+                MemoryNetwork().endpoint("A"),
+                datasets={"train": x},
+                config=SplitConfig(optimizer=optimizer),
+            )
+    SplitParty(
+        "A",
+        two_party(),
+        models,
+        MemoryNetwork().endpoint("A"),
+        datasets={"train": x},
+        config=SplitConfig(optimizer="sgd"),
+    )
+
+
 def test_adapters_take_shaped_inputs_and_check_the_output():
     """``in_dims`` entries may be ``(shape, dtype)``; the output's rank and dtype are read, and
     a dtype that cannot cross a cut is refused naming the adapter."""

@@ -64,6 +64,17 @@ def test_round_trip_is_bit_exact(tmp_path):
     assert list(only.stages) == ["bottom"]
 
 
+def test_scalar_parameters_keep_their_shape(tmp_path):
+    """A 0-d parameter (a learned temperature, an Equinox scalar field) reloads as 0-d, so the
+    model that trained it accepts the loaded parameters."""
+    path = tmp_path / "A.safetensors"
+    original = {"bottom": {"w": np.ones((2, 3), np.float32), "t": np.array(1.5, np.float32)}}
+    desc = save_stages(path, original, topology=TOPO, party="A")
+    assert desc["stages"]["bottom"]["tensors"]["bottom/t"]["shape"] == []
+    loaded = load_stages(path).stages["bottom"]
+    assert bits_equal(loaded["t"], original["bottom"]["t"])
+
+
 def test_file_is_plain_safetensors_with_json_description(tmp_path):
     path = tmp_path / "A.safetensors"
     save_stages(path, stages(), topology=TOPO, party="A")

@@ -122,6 +122,29 @@ def test_out_dim_is_inferred_and_checked():
         from_functions(init, apply, [3], reference="no colon")
 
 
+def test_integer_parameters_are_refused_before_training():
+    """The engine differentiates and updates every leaf of params: an integer leaf (an index
+    table, a count) would fail in the first backward pass with JAX's float0 error."""
+    from flax import nnx
+
+    def init(key):
+        return {"w": jax.random.normal(key, (3, 2)), "idx": jnp.array([1, 0])}
+
+    with pytest.raises(ConfigError, match=r"parameter \['idx'\] is int32.*out of params"):
+        from_functions(init, lambda p, x: (x @ p["w"])[:, p["idx"]], [3])
+
+    class Scaled(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 2, rngs=rngs)
+            self.k = nnx.Param(jnp.array(2, jnp.int32))
+
+        def __call__(self, x):
+            return self.lin(x) * self.k[...]
+
+    with pytest.raises(ConfigError, match=r"flax nnx Scaled: parameter \['k'\] is int32"):
+        from_flax_nnx(Scaled(nnx.Rngs(0)), [3])
+
+
 def test_reference_gives_a_factory_spec_without_importing_it():
     def init(key):
         return {"w": jnp.ones((3, 2))}
@@ -182,6 +205,51 @@ def test_nnx_other_state_is_held_fixed():
     assert set(params["norm"]) == {"scale", "bias"}  # mean/var are not parameters
     x = jnp.ones((2, 3))
     np.testing.assert_allclose(jax.jit(model.apply)(params, x), module(x), rtol=1e-6)
+
+
+def test_linen_collections_other_than_params_are_held_fixed():
+    """A linen BatchNorm's running statistics (collection ``batch_stats``) are not parameters:
+    they would get real gradients (the output depends on them) and be trained. apply uses them
+    as module.init made them."""
+    import flax.linen as nn
+    import optax
+
+    from tandem.engine.kernels import StageKernels
+
+    class Normed(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.BatchNorm(use_running_average=True)(nn.Dense(2)(x))
+
+    module = Normed()
+    model = from_flax_linen(module, [3])
+    params = model.init(jax.random.PRNGKey(0))
+    assert set(params) == {"params"}
+    kernels = StageKernels(model, optax.sgd(0.5), differentiable=[False])
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.float32)
+    out, vjp = kernels.forward(params, x)
+    acc, _ = kernels.backward(vjp, jnp.ones_like(out), kernels.zeros(params))
+    trained, _ = kernels.update(params, kernels.init_opt(params), acc)
+    variables = module.init(jax.random.PRNGKey(0), x[:1])
+    want = module.apply({**variables, "params": trained["params"]}, x)
+    np.testing.assert_allclose(model.apply(trained, x), want, rtol=1e-6)
+
+
+def test_nnx_module_that_mutates_its_state_is_refused_with_the_fix():
+    """Active dropout advances its RNG counter, and BatchNorm in training mode its statistics:
+    state held fixed cannot change, so the refusal says which module to make deterministic."""
+    from flax import nnx
+
+    class Dropped(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(3, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.lin(x))
+
+    with pytest.raises(ConfigError, match=r"mutates its state.*deterministic=True"):
+        from_flax_nnx(Dropped(nnx.Rngs(0)), [3])
 
 
 @pytest.mark.parametrize(

@@ -203,8 +203,10 @@ def derive_stage(
     ``inputs``: per input, its width (a ``float32[rows, width]`` matrix, e.g. feature columns)
     or ``(shape after the rows, dtype)`` (another stage's output: its ``out_shape`` and
     ``out_dtype``). Raises `ConfigError` when ``apply`` fails on such inputs or does not return
-    one ``[rows, ...]`` array of a dtype in `CUT_DTYPES`.
+    one ``[rows, ...]`` array of a dtype in `CUT_DTYPES`, or when a leaf of ``init``'s
+    parameters is not a floating array (the engine differentiates and updates every leaf).
     """
+    _check_floating_params(init)
     out, in_dims = _abstract_output(init, apply, inputs)
     got = getattr(out, "shape", None)
     if got is None or len(got) < 2 or got[0] != _PROBE_ROWS:
@@ -223,6 +225,23 @@ def derive_stage(
         out_shape=out_shape,
         out_dtype=jnp.dtype(out.dtype).name,
     )
+
+
+def _check_floating_params(init: Callable[[jax.Array], Any]) -> None:
+    """`ConfigError` naming the first leaf of ``init(key)`` that is not a floating array
+    (checked abstractly); `_abstract_output` reports an ``init`` that fails."""
+    try:
+        params = jax.eval_shape(init, jax.random.PRNGKey(0))
+    except Exception:
+        return
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        if not jnp.issubdtype(leaf.dtype, jnp.floating):
+            raise ConfigError(
+                f"parameter {jax.tree_util.keystr(path)} is {jnp.dtype(leaf.dtype).name}: the "
+                "engine differentiates and updates every leaf of init's parameters, so each "
+                "must be a floating array; keep integer constants (indices, counts) out of "
+                "params, e.g. in apply's closure"
+            )
 
 
 def check_inputs(model: StageModel, inputs: Sequence[StageInput]) -> None:

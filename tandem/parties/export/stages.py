@@ -373,7 +373,7 @@ def _flatten(node: Any, prefix: str, out: dict[str, np.ndarray]) -> Any:
         raise ExportError(
             f"leaf {prefix!r} has dtype {arr.dtype}; only numeric arrays can be saved"
         )
-    out[prefix] = np.ascontiguousarray(arr)
+    out[prefix] = np.ascontiguousarray(arr).reshape(arr.shape)  # (0-d stays 0-d)
     return prefix
 
 

@@ -76,10 +76,13 @@ def from_flax_linen(
     """A `flax.linen.Module` whose ``__call__`` takes one array per input (``in_dims``, see the
     module docstring).
 
-    ``init(key)`` is ``module.init(key, *zeros of one row of each input)``; ``apply`` is
-    ``module.apply``. All the module's variable collections are parameters; collections other
-    than ``"params"`` (e.g. ``batch_stats``) get zero gradients, so use modules that do not
-    mutate them (``BatchNorm(use_running_average=True)``, deterministic ``Dropout``).
+    ``init(key)`` is the ``"params"`` collection of ``module.init(key, *zeros of one row of
+    each input)``: what the engine trains and exports. The other collections (e.g.
+    ``batch_stats``) are not parameters: they are held fixed at their value from
+    ``module.init(PRNGKey(0), ...)`` when adapted (they would otherwise get real gradients, a
+    running mean's for one, and be trained). ``apply`` is ``module.apply`` on both. Use modules
+    that do not mutate them (``BatchNorm(use_running_average=True)``, deterministic
+    ``Dropout``).
     """
     linen = _optional("flax.linen", "flax")
     if not isinstance(module, linen.Module):
@@ -87,15 +90,22 @@ def from_flax_linen(
     what = f"flax linen {type(module).__name__}"
     rows = tuple(jnp.zeros(a.shape, a.dtype) for a in _structs(in_dims, what, rows=1))
     abstract = jax.eval_shape(module.init, jax.random.PRNGKey(0), *rows)
-    names = NamedTree(abstract, what=what)
+    names = NamedTree({"params": abstract.get("params", {})}, what=what)
+    fixed: dict[str, Any] = {}
+    if any(c != "params" for c in abstract):  # computed without the params (jit prunes them)
+        fixed = jax.jit(lambda key: _without_params(module.init(key, *rows)))(jax.random.PRNGKey(0))
 
     def init(key: jax.Array) -> dict[str, Any]:
-        return names.named(module.init(key, *rows))
+        return names.named({"params": module.init(key, *rows).get("params", {})})
 
     def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
-        return module.apply(names.restore(params), *xs)
+        return module.apply({**fixed, **names.restore(params)}, *xs)
 
     return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+
+
+def _without_params(variables: Mapping[str, Any]) -> dict[str, Any]:
+    return {c: v for c, v in variables.items() if c != "params"}
 
 
 def from_flax_nnx(
@@ -131,7 +141,18 @@ def from_flax_nnx(
     def apply(params: dict[str, Any], *xs: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, names.restore(params), rest)(*xs)
 
-    return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+    try:
+        return _checked(init, apply, in_dims, out_dim, reference, kwargs, what)
+    except ConfigError as exc:
+        errors = _optional("flax.errors", "flax")
+        if not isinstance(exc.__cause__, errors.TraceContextError):
+            raise
+        raise ConfigError(
+            f"{exc}\n{what} mutates its state when called (RNG counters of active dropout, "
+            "batch statistics of BatchNorm in training mode), which is held fixed: build it "
+            "deterministic (nnx.Dropout(..., deterministic=True), "
+            "nnx.BatchNorm(..., use_running_average=True), or module.eval())"
+        ) from exc.__cause__
 
 
 def from_equinox(

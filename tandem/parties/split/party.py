@@ -52,7 +52,7 @@ from ..privacy.setup import setup as privacy_setup
 from .admission import PlanAdmission
 from .command_rows import Draw, RowsDecoder, encode_rows
 from .metrics import Metric, metric_names, task_metrics
-from .settings import OPTIMIZERS, EpochResult, SplitConfig
+from .settings import OPTIMIZERS, EpochResult, SplitConfig, check_param_dtypes
 from .stages import StageHandler
 from .training import AfterBatch, AfterEpoch, Fit
 
@@ -134,6 +134,8 @@ class SplitParty:
             cut_sum=cut_sum,
             pad_to=self.config.batch_size,
         )
+        if optimizer is None:
+            check_param_dtypes(self.config.optimizer, self.handler.params)
         self.audit = self.handler.audit = self.private.audit  # None: off, nothing captured
         self.followers = tuple(p for p in topology.parties if p != name)
         self._init_state()

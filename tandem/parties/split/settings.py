@@ -8,9 +8,11 @@ spec hashes them, so the parties refuse to train on different settings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from tandem.engine.kernels import get_loss
@@ -101,6 +103,27 @@ OPTIMIZERS: dict[str, Callable[[float], optax.GradientTransformation]] = {
     "adamw": optax.adamw,
     "momentum": lambda lr: optax.sgd(lr, 0.9),
 }
+
+#: optimizers whose state cannot be float16: Adam's epsilon (1e-8) rounds to 0 there, so a zero
+#: gradient (a dead ReLU, a padded row) makes the update 0 / 0 and the parameters NaN
+_NO_FLOAT16 = ("adam", "adamw")
+
+
+def check_param_dtypes(optimizer: str, params: Mapping[str, Any]) -> None:
+    """`ConfigError` naming the stage when the optimizer ``optimizer`` names cannot train its
+    parameters (``params``: stage -> pytree): float16 parameters under Adam."""
+    if optimizer not in _NO_FLOAT16:
+        return
+    for stage, tree in params.items():
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            if getattr(leaf, "dtype", None) == jnp.float16:
+                raise ConfigError(
+                    f"stage {stage!r}: parameter {jax.tree_util.keystr(path)} is float16, "
+                    f"which optimizer {optimizer!r} turns into NaN (its epsilon rounds to 0 "
+                    "in float16, so a zero gradient gives 0 / 0); keep the parameters float32 "
+                    "or bfloat16 (cast to float16 inside apply for a float16 cut), or use "
+                    "optimizer 'sgd' or 'momentum'"
+                )
 
 
 @dataclasses.dataclass
