@@ -449,3 +449,22 @@ def test_a_rerun_of_an_auto_job_starts_at_the_count_the_last_run_settled_on(tmp_
     # at n at least until its wall is compared with the remembered one (the loading batch
     # and 2 * samples; a drift beyond 10 % then re-checks at once, else none comes in 60)
     assert again["groups_tried"][str(n)]["batches"] >= 1 + 2 * 4
+
+
+async def test_resume_refuses_a_checkpoint_saved_for_another_model_of_the_same_shapes(tmp_path):
+    """The follower's bottom stage loses its last ReLU between runs: its parameters keep their
+    shapes (so the spec and the leaves still fit) but the checkpoint was trained for another
+    model; the restart is refused, naming the stage and the fix, instead of loading it."""
+    job = Job(tmp_path, epochs=1)
+    first = await job.run_all()
+    assert all(r["status"] == "done" for r in first.values()), first
+    job.cfg["follower"]["model"]["bottom_follower"] = {
+        "kind": "mlp",
+        "hidden": [8],
+        "out": 4,
+        "activate_last": False,
+    }
+    with pytest.raises(ExceptionGroup) as info:
+        await job.run_all()
+    text = " ".join(str(e) for e in info.value.exceptions)
+    assert "bottom_follower" in text and "another model" in text and "--fresh" in text, text
