@@ -468,3 +468,49 @@ async def test_resume_refuses_a_checkpoint_saved_for_another_model_of_the_same_s
         await job.run_all()
     text = " ".join(str(e) for e in info.value.exceptions)
     assert "bottom_follower" in text and "another model" in text and "--fresh" in text, text
+
+
+async def test_a_stop_at_an_epochs_last_batch_still_validates_that_epoch_on_resume(
+    tmp_path, monkeypatch
+):
+    """The leader is stopped (as by SIGTERM) during epoch 0's last batch: it checkpoints step 4
+    at cursor (0, 4) and stops before validating epoch 0. The resumed run validates epoch 0
+    before training epoch 1, so the history (and the early stopping built from it) holds
+    every epoch, as the uninterrupted run's does."""
+    import asyncio
+
+    from tandem.parties.split.checkpoint import CheckpointStore
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.standalone import run_party
+
+    job = Job(tmp_path)
+    job.cfg["leader"]["train"]["patience"] = 10
+    job.write()
+    stop = asyncio.Event()
+    save = CheckpointStore.save
+
+    def save_then_stop(self, step, **kwargs):
+        path = save(self, step, **kwargs)
+        if self.party == "leader" and step == 4:  # epoch 0 has 4 batches
+            stop.set()
+        return path
+
+    async def run(leader_stop):
+        cfgs = {r: load_party_config(job.path(r)) for r in ("follower", "leader")}
+        async with asyncio.TaskGroup() as tg:
+            tasks = {
+                r: tg.create_task(run_party(c, stop=leader_stop if r == "leader" else None))
+                for r, c in cfgs.items()
+            }
+        return {r: t.result() for r, t in tasks.items()}
+
+    monkeypatch.setattr(CheckpointStore, "save", save_then_stop)
+    first = await run(stop)
+    assert first["leader"]["status"] == "stopped" and first["leader"]["checkpoint"] == 4
+    monkeypatch.setattr(CheckpointStore, "save", save)
+    again = await run(None)
+    lead = again["leader"]
+    assert lead["status"] == "done" and lead["resumed_from"] == 4 and lead["step"] == TOTAL
+    history = (job.folder / "ckpt" / "leader" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in history] == [0, 1, 2, 3]
+    assert lead["epochs_done"] == 4
