@@ -449,3 +449,68 @@ def test_a_rerun_of_an_auto_job_starts_at_the_count_the_last_run_settled_on(tmp_
     # at n at least until its wall is compared with the remembered one (the loading batch
     # and 2 * samples; a drift beyond 10 % then re-checks at once, else none comes in 60)
     assert again["groups_tried"][str(n)]["batches"] >= 1 + 2 * 4
+
+
+async def test_resume_refuses_a_checkpoint_saved_for_another_model_of_the_same_shapes(tmp_path):
+    """The follower's bottom stage loses its last ReLU between runs: its parameters keep their
+    shapes (so the spec and the leaves still fit) but the checkpoint was trained for another
+    model; the restart is refused, naming the stage and the fix, instead of loading it."""
+    job = Job(tmp_path, epochs=1)
+    first = await job.run_all()
+    assert all(r["status"] == "done" for r in first.values()), first
+    job.cfg["follower"]["model"]["bottom_follower"] = {
+        "kind": "mlp",
+        "hidden": [8],
+        "out": 4,
+        "activate_last": False,
+    }
+    with pytest.raises(ExceptionGroup) as info:
+        await job.run_all()
+    text = " ".join(str(e) for e in info.value.exceptions)
+    assert "bottom_follower" in text and "another model" in text and "--fresh" in text, text
+
+
+async def test_a_stop_at_an_epochs_last_batch_still_validates_that_epoch_on_resume(
+    tmp_path, monkeypatch
+):
+    """The leader is stopped (as by SIGTERM) during epoch 0's last batch: it checkpoints step 4
+    at cursor (0, 4) and stops before validating epoch 0. The resumed run validates epoch 0
+    before training epoch 1, so the history (and the early stopping built from it) holds
+    every epoch, as the uninterrupted run's does."""
+    import asyncio
+
+    from tandem.parties.split.checkpoint import CheckpointStore
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.standalone import run_party
+
+    job = Job(tmp_path)
+    job.cfg["leader"]["train"]["patience"] = 10
+    job.write()
+    stop = asyncio.Event()
+    save = CheckpointStore.save
+
+    def save_then_stop(self, step, **kwargs):
+        path = save(self, step, **kwargs)
+        if self.party == "leader" and step == 4:  # epoch 0 has 4 batches
+            stop.set()
+        return path
+
+    async def run(leader_stop):
+        cfgs = {r: load_party_config(job.path(r)) for r in ("follower", "leader")}
+        async with asyncio.TaskGroup() as tg:
+            tasks = {
+                r: tg.create_task(run_party(c, stop=leader_stop if r == "leader" else None))
+                for r, c in cfgs.items()
+            }
+        return {r: t.result() for r, t in tasks.items()}
+
+    monkeypatch.setattr(CheckpointStore, "save", save_then_stop)
+    first = await run(stop)
+    assert first["leader"]["status"] == "stopped" and first["leader"]["checkpoint"] == 4
+    monkeypatch.setattr(CheckpointStore, "save", save)
+    again = await run(None)
+    lead = again["leader"]
+    assert lead["status"] == "done" and lead["resumed_from"] == 4 and lead["step"] == TOTAL
+    history = (job.folder / "ckpt" / "leader" / "history.jsonl").read_text().splitlines()
+    assert [json.loads(line)["epoch"] for line in history] == [0, 1, 2, 3]
+    assert lead["epochs_done"] == 4

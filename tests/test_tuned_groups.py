@@ -90,3 +90,14 @@ def test_a_checkpoints_fields_parse_as_the_files_entries():
     assert tuned.parse({"n": None, "interval": None, "wall": None}, 64) is None
     assert tuned.parse({"n": 3, "interval": None, "wall": float("nan")}, 64) == S(3)
     assert tuned.parse({"n": 65}, 64) is None  # not a count this batch allows
+
+
+def test_the_job_key_ignores_the_data_the_hyper_parameters_record():
+    """A rerun on new data records other fingerprints and split sizes in ``hyper``; it is
+    still the same job, so it finds the count the earlier run settled on."""
+    old_data = small_hyper(groups="auto", fingerprints={"leader": "a"})
+    key = tuned.job_key(_spec(hyper=old_data), PEERS)
+    new_data = small_hyper(
+        groups="auto", fingerprints={"leader": "b"}, test_samples=90, validation_samples=30
+    )
+    assert tuned.job_key(_spec(hyper=new_data), PEERS) == key

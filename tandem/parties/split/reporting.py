@@ -213,6 +213,22 @@ class Reporter:
                 _summary_writer, self.config.tensorboard, start_epoch
             )
 
+    def recorded(self, epoch: int) -> bool:
+        """Whether the history file holds a record of ``epoch`` (its `after_epoch` ran before
+        the run was interrupted); False without a history file. Blocking file I/O."""
+        path = self.config.history
+        if not path or not os.path.exists(path):
+            return False
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("epoch") == epoch:
+                    return True
+        return False
+
     async def after_epoch(self, result: EpochResult) -> bool:
         """`SplitParty.fit`'s ``after_epoch`` hook: validate, record, decide; True = stop."""
         val_seconds = 0.0
@@ -415,7 +431,8 @@ def _summary_writer(directory: str, start_epoch: int) -> Any:
 
 def _write_scalars(writer: Any, record: Mapping[str, Any]) -> None:
     step = int(record["epoch"])
-    writer.add_scalar("train/loss", record["train_loss"], step)
+    if math.isfinite(record["train_loss"]):  # (not known for an epoch resumed at its end)
+        writer.add_scalar("train/loss", record["train_loss"], step)
     for key, value in record.items():
         if key.startswith("val_") and key != "val_seconds" and value is not None:
             writer.add_scalar(f"val/{key[4:]}", value, step)

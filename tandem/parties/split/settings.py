@@ -131,7 +131,8 @@ class EpochResult:
     """One epoch of `SplitParty.fit`: its mean training loss per row, its training seconds, the
     micro-batch count at its end, its batches, the metrics of a validation run after it
     (filled by an ``after_epoch`` hook, e.g. `tandem.parties.split.reporting.Reporter`) and
-    its privacy keys."""
+    its privacy keys. ``loss`` is NaN where no batch of the epoch ran in this call (a resume
+    at the epoch's end, to run its ``after_epoch`` hook)."""
 
     epoch: int
     loss: float

@@ -34,6 +34,7 @@ choice, or a count restored from a checkpoint) is no sample.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -206,8 +207,9 @@ class Fit:
         seconds = time.perf_counter() - t0
         if party.audit is not None:
             party.audit.end_epoch(epoch)
+        # (no batch ran: a resume at the epoch's end, for its after_epoch hook; loss unknown)
         result = EpochResult(
-            epoch, total / max(rows, 1), seconds, party.n_groups, len(batches) - skip
+            epoch, total / rows if rows else math.nan, seconds, party.n_groups, len(batches) - skip
         )
         result.privacy = epoch_report(
             party.privacy,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from typing import Any
 
@@ -96,9 +97,35 @@ async def open_store(
     return data, load_seconds, refusals, held, finished
 
 
+def own_models(party: SplitParty) -> dict[str, Any]:
+    """``{stage: model spec}`` of the party's own stages, as JSON data (None for a model
+    without a spec): what a checkpoint records so that it is never loaded into another model
+    whose parameters happen to have the same shapes (another activation, factory or kwargs)."""
+    return json.loads(json.dumps({s: m.spec for s, m in party.handler.models.items()}))
+
+
+def _model_changes(
+    cfg: PartySetup, store: CheckpointStore, step: int, saved: Any, now: dict[str, Any]
+) -> None:
+    """`CheckpointError` naming each own stage whose model differs from the one checkpoint
+    ``step`` was trained with (``saved``; a checkpoint that recorded none is not checked)."""
+    if not isinstance(saved, dict):
+        return
+    differ = sorted(s for s in set(saved) | set(now) if saved.get(s) != now.get(s))
+    if differ:
+        what = "; ".join(f"{s!r}: saved {saved.get(s)}, now {now.get(s)}" for s in differ)
+        raise CheckpointError(
+            f"{cfg.name!r}: checkpoint {step} in {store.directory!r} was trained for another "
+            f"model of stage(s) {differ} ({what}); resuming would load those parameters into "
+            "a model they were not trained for. Restore the [model] tables it was trained "
+            "with, or start over with `tandem party --config <file> --fresh` on every party"
+        )
+
+
 async def resume(cfg: PartySetup, st: RunState, party: SplitParty, session: Session) -> None:
     """Restore the agreed checkpoint ``session.step`` (a finished job's: its exported
-    parameters, the best epoch's where it restored them)."""
+    parameters, the best epoch's where it restored them); `CheckpointError` when it was
+    trained for another model of one of this party's stages (`own_models`)."""
     # the agreed step is one every party holds: a party without a store gets 0
     if st.store is None:
         raise TandemError(
@@ -112,6 +139,7 @@ async def resume(cfg: PartySetup, st: RunState, party: SplitParty, session: Sess
         opt_state_like=party.handler.opt_state,
         spec_hash=session.spec_hash,
     )
+    _model_changes(cfg, st.store, r.step, r.extra.get("models"), own_models(party))
     if session.finished and not r.finished:
         raise CheckpointError(
             f"{cfg.name!r}: checkpoint {r.step} was agreed as finished but is not; "
@@ -146,8 +174,10 @@ async def save(
     """Checkpoint the party's current step into ``store`` (``st.store``); a cancellation (grace
     ran out) waits for the write to finish first, so ``st.saved`` always names the newest file
     on disk. ``finished``: the final checkpoint of a completed job; where `Reporter.finish`
-    put the best epoch's parameters back, it holds those beside the trajectory's last."""
+    put the best epoch's parameters back, it holds those beside the trajectory's last. The
+    party's own model specs (`own_models`) are recorded in ``extra["models"]``."""
     step = party.step
+    extra = {**extra, "models": own_models(party)}
     params, best = dict(party.handler.params), None
     if finished and party.replaced_params is not None:
         params, best = dict(party.replaced_params), params
@@ -176,4 +206,4 @@ async def save(
     st.saved = step
 
 
-__all__ = ["RunState", "open_store", "resume", "save", "stale_checkpoints"]
+__all__ = ["RunState", "open_store", "own_models", "resume", "save", "stale_checkpoints"]

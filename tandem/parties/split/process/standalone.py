@@ -192,15 +192,18 @@ async def _lead(
     hyper = spec.hyper
     epochs, every = int(hyper["epochs"]), int(hyper["checkpoint_every"])
     per_epoch = len(epoch_batches(spec.samples, int(hyper["batch_size"]), 0, int(hyper["seed"])))
+    reporter = Reporter(
+        party, cfg.report_config(), validation_for(party, batch_size=int(hyper["eval_batch_size"]))
+    )
     epoch0, batch0 = st.cursor
-    if batch0 >= per_epoch:
+    # a checkpoint at an epoch's last batch precedes that epoch's validation (a stop or a crash
+    # may come between): resume after the epoch only where the history recorded it, else fit
+    # runs none of its batches and validates it
+    if batch0 >= per_epoch and await asyncio.to_thread(reporter.recorded, epoch0):
         epoch0, batch0 = epoch0 + 1, 0
     cursor = (epoch0, batch0)
     left: list[str] = []
     tuned_at = await _tuned_start(session, party)
-    reporter = Reporter(
-        party, cfg.report_config(), validation_for(party, batch_size=int(hyper["eval_batch_size"]))
-    )
     with _progress(cfg, epochs * per_epoch, party.step, f"{cfg.name} (leader)") as advance:
 
         async def after_batch(epoch: int, done: int) -> bool:
@@ -238,8 +241,8 @@ async def _lead(
             # the best epoch's parameters go back only at a normal end: a stopped run's
             # checkpoint must hold its trajectory, and an aborted run's peers are gone
             report = await reporter.finish(restore=finished and not stop.is_set())
-    if party.history:
-        report["train_loss"] = party.history[-1].loss
+    if trained := [h for h in party.history if h.batches]:
+        report["train_loss"] = trained[-1].loss
     if tuned_at is not None and (settled := _settled(party)) is not None:
         folder, key = tuned_at
         await asyncio.to_thread(tuned.remember, folder, key, settled)

@@ -13,7 +13,8 @@ wall at the count drifts from the remembered one (the tuner's rule 6): then it r
 once, as it does after any change of machine or link.
 
 The job is identified by `job_key`: the agreed task spec without its data (topology,
-stages, edges, hyper-parameters, security; not the datasets, row counts or alignment,
+stages, edges, hyper-parameters, security; not the datasets, row counts, alignment, nor the
+data fingerprints and test and validation sizes recorded among the hyper-parameters,
 which change from run to run without changing the kernels or the traffic per batch) and
 the leader's peers' hosts (another link may want another count; not their ports, which a
 rerun may pick anew). A checkpoint's count, when a run resumes, wins over the remembered one.
@@ -44,6 +45,8 @@ from ..spec import TaskSpec
 FILE = "tuned-groups.json"
 #: Jobs the file remembers (the oldest written is dropped first).
 KEEP = 64
+#: The spec's ``hyper`` keys that describe the data, not the job (left out of `job_key`).
+_DATA_HYPER = ("fingerprints", "test_samples", "validation_samples")
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ def job_key(spec: TaskSpec, peers: Mapping[str, str]) -> str:
     fields = spec.to_dict()
     for data_field in ("datasets", "samples", "alignment"):
         fields.pop(data_field)
+    fields["hyper"] = {k: v for k, v in fields["hyper"].items() if k not in _DATA_HYPER}
     fields["peers"] = {name: urlsplit(url).hostname for name, url in sorted(peers.items())}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
