@@ -39,6 +39,7 @@ field and the fix; the server then leaves that client out of the round and keeps
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -89,14 +90,9 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
     if not isinstance(info, list) or len(info) != len(frame.arrays):
         raise UpdateError("meta.zlib must list [dtype, shape] for every array")
     out = []
-    for (dtype, shape), buf in zip(info, frame.arrays, strict=True):
-        try:
-            dt = np.dtype(dtype)
-            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        except (TypeError, ValueError) as err:
-            raise UpdateError(
-                f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape"
-            ) from err
+    for entry, buf in zip(info, frame.arrays, strict=True):
+        dt, shape = _zlib_entry(entry)
+        n = math.prod(shape) * dt.itemsize  # Python ints: a huge shape cannot wrap to 0
         if n > max_bytes:
             raise UpdateError(f"compressed array would inflate to {n} bytes > {max_bytes}")
         d = zlib.decompressobj()
@@ -108,6 +104,32 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
             raise UpdateError(f"inflated array has {len(raw)}+ bytes, its descriptor says {n}")
         out.append(np.frombuffer(raw, dt).reshape(shape))
     return tuple(out)
+
+
+def _zlib_entry(entry: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """One ``meta.zlib`` entry as ``(dtype, shape)``: a plain-data dtype and a list of
+    integers >= 0; else `UpdateError` (a client controls it: it must not raise anything
+    else)."""
+    bad = UpdateError(
+        f"meta.zlib entry {entry!r} is not [dtype, shape] (a numeric dtype and a list of "
+        "integers >= 0); send the arrays as tandem.parties.fl.protocol.pack_arrays packs them"
+    )
+    if not isinstance(entry, list | tuple) or len(entry) != 2:
+        raise bad
+    dtype, shape = entry
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = [shape]
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise bad
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise bad from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise bad
+    return dt, tuple(shape)
 
 
 def expected_shape(uplink: Mapping[str, Any], d: int) -> tuple[int, ...]:
