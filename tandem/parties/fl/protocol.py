@@ -15,15 +15,18 @@ Channels (one FIFO each way per client):
   discarded like a late one. When the request said ``evaluate``, the update's meta also has
   ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
-  ``meta = {kind: "hello", version, url}`` (the model version it holds, 0 when it has none,
-  and where it listens); no arrays. The server answers on ``fl/model`` with
-  ``{kind: "welcome", task, client_seed, reset}``: the task (`tandem.parties.fl.task.Task`), the
-  seed of the client's local shuffles, and whether it must drop the model it holds (it holds a
-  version this server never made). Before round one, under federated preprocessing, the
-  server first asks for the client's data summary (``{kind: "summarize", ...}`` on
-  ``fl/model``, answered by ``{kind: "summary", summary}`` on ``fl/hello``; under secure
-  aggregation the numeric sums go through a secure sum instead):
-  `tandem.parties.fl.summary_exchange`.
+  ``meta = {kind: "hello", version, url, lineage}`` (the model version it holds, 0 when it has
+  none, where it listens, and the ``lineage`` of the last welcome, which names the history its
+  version belongs to); no arrays. The server answers on ``fl/model`` with
+  ``{kind: "welcome", task, client_seed, reset, lineage}``: the task
+  (`tandem.parties.fl.task.Task`), the seed of the client's local shuffles, whether it must drop
+  the model it holds (it holds a version this server never made: newer than the server's, or
+  of another lineage, i.e. made by a server that has since started over without its
+  checkpoint), and the server's lineage (`FLServer.lineage`). Before round one, under
+  federated preprocessing, the server first asks for the client's data summary
+  (``{kind: "summarize", ...}`` on ``fl/model``, answered by ``{kind: "summary", summary}``
+  on ``fl/hello``; under secure aggregation the numeric sums go through a secure sum
+  instead): `tandem.parties.fl.summary_exchange`.
 
 * ``fl/secagg`` both ways, under secure aggregation (a training request then carries
   ``meta.secagg``): the four stages of `tandem.parties.fl.secagg` replace the ``fl/update``
@@ -173,6 +176,13 @@ def check_hello(frame: Frame) -> tuple[int, str | None]:
     if url is not None and not is_transport_url(url):
         raise UpdateError(f"hello meta.url must be {url_hint()}, or absent; got {url!r}")
     return version, url
+
+
+def hello_lineage(frame: Frame) -> str | None:
+    """The ``lineage`` a hello names (that of the model version it holds), or None when it
+    names none or not a short string (the server then resets a client holding a version)."""
+    lineage = frame.meta.get("lineage")
+    return lineage if isinstance(lineage, str) and len(lineage) <= 64 else None
 
 
 def check_update(
