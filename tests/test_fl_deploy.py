@@ -210,6 +210,51 @@ async def test_the_deployed_server_refuses_bad_updates_and_completes_the_round(t
     assert again.model.tobytes() == server.model.tobytes()
 
 
+async def test_a_version_held_from_a_server_that_started_over_is_reset(tmp_path):
+    # bank_a holds version 2 of a first server's run; that server is replaced by one that
+    # started over (no checkpoint) and has reached version 3: the client's version 2 is not
+    # this server's version 2, so the welcome must tell it to drop its model (a delta from
+    # version 2 would leave it on the old run's values wherever the new run has not moved)
+    fed = Federation(tmp_path, rounds=1)
+    fed.write()
+    scfg = load_server_config(fed.path("server"))
+    setup = await asyncio.to_thread(prepare_server, scfg)
+    ccfg = load_client_config(fed.path("bank_a"))
+
+    async def welcome_of(server, link, version):
+        hello = Frame(meta=link.hello_meta(version))
+        await server.welcome("bank_a", hello.meta["version"], None, P.hello_lineage(hello))
+        frame = await link.transport.recv("server", P.MODEL)
+        link.lineage = frame.meta.get("lineage")  # what the client keeps (`ProcessClient`)
+        return frame.meta
+
+    net = MemoryNetwork()
+    first = DeployedServer(net.endpoint("server"), scfg, setup)
+    link = Connection(net.endpoint("bank_a"), ccfg, "http://127.0.0.1:1")
+    assert not (await welcome_of(first, link, 0))["reset"]
+    for _ in range(2):
+        first.planner.record(None)
+    assert not (await welcome_of(first, link, 2))["reset"]  # its own version: kept
+
+    net = MemoryNetwork()
+    again = DeployedServer(net.endpoint("server"), scfg, setup)
+    for _ in range(3):
+        again.planner.record(None)
+    link.transport = net.endpoint("bank_a")
+    assert (await welcome_of(again, link, 2))["reset"]
+    assert again.known["bank_a"] == 0
+
+    net = MemoryNetwork()  # resumed from the first server's checkpoint: the same history
+    resumed = DeployedServer(net.endpoint("server"), scfg, setup)
+    ckpt.save(str(tmp_path / "first.ckpt"), first, scfg.identity())
+    saved = ckpt.load(str(tmp_path / "first.ckpt"))
+    assert saved is not None
+    ckpt.restore(resumed, saved, scfg.identity())
+    link.transport, link.lineage = net.endpoint("bank_a"), first.lineage
+    assert not (await welcome_of(resumed, link, 2))["reset"]
+    assert resumed.known["bank_a"] == 2
+
+
 def test_prepare_writes_one_csv_per_party(tmp_path, capsys):
     assert main(["fl", "prepare", "--out", str(tmp_path), "--clients", "x,y"]) == 0
     files = sorted(p.name for p in tmp_path.iterdir())

@@ -4,6 +4,7 @@ dropouts, late clients that rejoin, malformed and oversized updates."""
 from __future__ import annotations
 
 import asyncio
+import zlib
 
 import numpy as np
 import pytest
@@ -166,6 +167,26 @@ def test_check_update_names_the_problem():
     for meta, arrays, msg in cases:
         with pytest.raises(P.UpdateError, match=msg):
             P.check_update(Frame(meta=meta, arrays=arrays), **kw)
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        [["<f4", [-1]]],
+        [["<f4", [-2, -2]]],
+        [["<f4", [[4]]]],
+        [["<f4", [2**32, 2**32]]],
+        [["<f4"]],
+        [5],
+        [["O", [4]]],
+    ],
+)
+def test_a_malformed_zlib_descriptor_is_refused_not_raised(info):
+    buf = np.frombuffer(zlib.compress(np.zeros(4, np.float32).tobytes()), np.uint8)
+    meta = dict(round=0, n=3, version=0, kind="randk", zlib=info)
+    kw = dict(uplink={"kind": "randk", "k": 4}, d=100, version=2, max_bytes=4096)
+    with pytest.raises(P.UpdateError, match="meta.zlib|would inflate"):
+        P.check_update(Frame(meta=meta, arrays=(buf,)), **kw)
 
 
 def test_lossless_roundtrip_and_config_errors():

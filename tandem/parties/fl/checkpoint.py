@@ -7,11 +7,14 @@ Contents (format ``"tandem-fl-server"``, version 1):
   ``agg/<i>`` (the leaves of the aggregator's state, `FLConfig.aggregator`, likewise),
   ``planner/...`` (`DownlinkPlanner.state`: changed-coordinate masks and the version log);
 * header metadata ``"tandem"``: JSON ``{"format", "version", "identity", "next_round",
-  "known", "resyncs", "reports", "planner", "opt_structure", "agg_structure"}``: the
-  configuration it was written with (`ServerConfig.identity`), the first round not yet done,
+  "known", "resyncs", "reports", "planner", "opt_structure", "agg_structure", "lineage"}``:
+  the configuration it was written with (`ServerConfig.identity`), the first round not yet done,
   each client's confirmed version, the round reports so far, the planner's scalars and the
   treedef texts of the optimizer's and the aggregator's states (a checkpoint without
-  ``agg_structure`` holds an aggregator without state, as the default weighted mean).
+  ``agg_structure`` holds an aggregator without state, as the default weighted mean), and
+  the server's lineage (`FLServer.lineage`: a resumed server keeps it, so the versions its
+  clients hold stay valid; a checkpoint without one gives the server a new lineage, and its
+  clients then start again from the initial model).
 
 `save` writes the bytes to a temporary name beside ``location`` and renames it over
 ``location`` (local files: ``os.replace`` after an fsync of the file, then an fsync of the
@@ -91,6 +94,7 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
         "planner": planner_meta,
         "opt_structure": str(treedefs["opt"]),
         "agg_structure": str(treedefs["agg"]),
+        "lineage": server.lineage,
     }
     contiguous = {k: np.array(v, order="C") for k, v in tensors.items()}  # keeps 0-d arrays 0-d
     return safetensors.numpy.save(contiguous, metadata={_META: json.dumps(meta, sort_keys=True)})
@@ -156,6 +160,9 @@ def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> 
     server.known.update({c: v for c, v in known.items() if c in server.known})
     server.reports = reports
     server.next_round, server.resyncs = next_round, resyncs
+    lineage = ckpt.meta.get("lineage")
+    if isinstance(lineage, str):
+        server.lineage = lineage
 
 
 def _state(template: Any, ckpt: Checkpoint, prefix: str, what: str) -> Any:

@@ -74,11 +74,15 @@ class Connection:
         self.transport, self.cfg, self.url, self.summary = transport, cfg, url, summary
         self.server = cfg.server_name
         self.reconnects = 0
+        # the lineage of the last welcome: the history the held model's version belongs to
+        self.lineage: str | None = None
 
     def hello_meta(self, version: int) -> dict[str, Any]:
         """The hello's meta: version held, own URL, and whether this client wants the final
         model (the data summary goes only when the server asks for it, `answer_summary`)."""
         meta: dict[str, Any] = {"kind": "hello", "version": version, "url": self.url}
+        if self.lineage is not None:
+            meta["lineage"] = self.lineage
         return meta | ({"final": True} if self.cfg.final_model is not None else {})
 
     async def answer_summary(self, request: dict[str, Any]) -> None:
@@ -200,6 +204,8 @@ class ProcessClient(FLClient):
             )
         if frame.meta.get("reset"):
             self.state = ClientModel(self.trainer.init_vec)
+        lineage = frame.meta.get("lineage")  # the model held now is of this server's history
+        self.link.lineage = lineage if isinstance(lineage, str) else None
 
 
 async def connect(link: Connection) -> dict[str, Any]:
@@ -297,6 +303,8 @@ async def run_client(
         url = cfg.advertise_url or addressing(transport, "an FL client").address()
         link = Connection(transport, cfg, url, summary)
         welcome = await connect(link)
+        lineage = welcome.get("lineage")  # it holds version 0 (the initial model) of it
+        link.lineage = lineage if isinstance(lineage, str) else None
         task = Task.from_meta(welcome.get("task"))
         trainer, x, y, validation = await asyncio.to_thread(prepare_client, cfg, task)
         seed = welcome.get("client_seed")

@@ -15,15 +15,18 @@ Channels (one FIFO each way per client):
   discarded like a late one. When the request said ``evaluate``, the update's meta also has
   ``eval = [rows, loss sum, correct count]`` (`tandem.parties.fl.evaluation`).
 * ``fl/hello`` client -> server, when a client in its own process connects or reconnects:
-  ``meta = {kind: "hello", version, url}`` (the model version it holds, 0 when it has none,
-  and where it listens); no arrays. The server answers on ``fl/model`` with
-  ``{kind: "welcome", task, client_seed, reset}``: the task (`tandem.parties.fl.task.Task`), the
-  seed of the client's local shuffles, and whether it must drop the model it holds (it holds a
-  version this server never made). Before round one, under federated preprocessing, the
-  server first asks for the client's data summary (``{kind: "summarize", ...}`` on
-  ``fl/model``, answered by ``{kind: "summary", summary}`` on ``fl/hello``; under secure
-  aggregation the numeric sums go through a secure sum instead):
-  `tandem.parties.fl.summary_exchange`.
+  ``meta = {kind: "hello", version, url, lineage}`` (the model version it holds, 0 when it has
+  none, where it listens, and the ``lineage`` of the last welcome, which names the history its
+  version belongs to); no arrays. The server answers on ``fl/model`` with
+  ``{kind: "welcome", task, client_seed, reset, lineage}``: the task
+  (`tandem.parties.fl.task.Task`), the seed of the client's local shuffles, whether it must drop
+  the model it holds (it holds a version this server never made: newer than the server's, or
+  of another lineage, i.e. made by a server that has since started over without its
+  checkpoint), and the server's lineage (`FLServer.lineage`). Before round one, under
+  federated preprocessing, the server first asks for the client's data summary
+  (``{kind: "summarize", ...}`` on ``fl/model``, answered by ``{kind: "summary", summary}``
+  on ``fl/hello``; under secure aggregation the numeric sums go through a secure sum
+  instead): `tandem.parties.fl.summary_exchange`.
 
 * ``fl/secagg`` both ways, under secure aggregation (a training request then carries
   ``meta.secagg``): the four stages of `tandem.parties.fl.secagg` replace the ``fl/update``
@@ -39,6 +42,7 @@ field and the fix; the server then leaves that client out of the round and keeps
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Mapping
 from typing import Any
@@ -89,14 +93,9 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
     if not isinstance(info, list) or len(info) != len(frame.arrays):
         raise UpdateError("meta.zlib must list [dtype, shape] for every array")
     out = []
-    for (dtype, shape), buf in zip(info, frame.arrays, strict=True):
-        try:
-            dt = np.dtype(dtype)
-            n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        except (TypeError, ValueError) as err:
-            raise UpdateError(
-                f"meta.zlib entry {[dtype, shape]!r} is not a dtype and shape"
-            ) from err
+    for entry, buf in zip(info, frame.arrays, strict=True):
+        dt, shape = _zlib_entry(entry)
+        n = math.prod(shape) * dt.itemsize  # Python ints: a huge shape cannot wrap to 0
         if n > max_bytes:
             raise UpdateError(f"compressed array would inflate to {n} bytes > {max_bytes}")
         d = zlib.decompressobj()
@@ -108,6 +107,32 @@ def unpack_arrays(frame: Frame, *, max_bytes: int) -> tuple[np.ndarray, ...]:
             raise UpdateError(f"inflated array has {len(raw)}+ bytes, its descriptor says {n}")
         out.append(np.frombuffer(raw, dt).reshape(shape))
     return tuple(out)
+
+
+def _zlib_entry(entry: Any) -> tuple[np.dtype, tuple[int, ...]]:
+    """One ``meta.zlib`` entry as ``(dtype, shape)``: a plain-data dtype and a list of
+    integers >= 0; else `UpdateError` (a client controls it: it must not raise anything
+    else)."""
+    bad = UpdateError(
+        f"meta.zlib entry {entry!r} is not [dtype, shape] (a numeric dtype and a list of "
+        "integers >= 0); send the arrays as tandem.parties.fl.protocol.pack_arrays packs them"
+    )
+    if not isinstance(entry, list | tuple) or len(entry) != 2:
+        raise bad
+    dtype, shape = entry
+    if isinstance(shape, int) and not isinstance(shape, bool):
+        shape = [shape]
+    if not isinstance(shape, list | tuple) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise bad
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise bad from None
+    if dt.hasobject or dt.itemsize == 0:
+        raise bad
+    return dt, tuple(shape)
 
 
 def expected_shape(uplink: Mapping[str, Any], d: int) -> tuple[int, ...]:
@@ -151,6 +176,13 @@ def check_hello(frame: Frame) -> tuple[int, str | None]:
     if url is not None and not is_transport_url(url):
         raise UpdateError(f"hello meta.url must be {url_hint()}, or absent; got {url!r}")
     return version, url
+
+
+def hello_lineage(frame: Frame) -> str | None:
+    """The ``lineage`` a hello names (that of the model version it holds), or None when it
+    names none or not a short string (the server then resets a client holding a version)."""
+    lineage = frame.meta.get("lineage")
+    return lineage if isinstance(lineage, str) and len(lineage) <= 64 else None
 
 
 def check_update(

@@ -119,6 +119,10 @@ class FLServer:
         # a server that has since restarted, and delivered to this one) is stale: discarded
         self.serial = secrets.token_hex(8)  # fixed width: the requests' size never varies
         self.stale = 0  # such replies discarded
+        # names the history of this server's model versions: drawn afresh by a server that
+        # starts over, kept by one resumed from its checkpoint. A client's version means a
+        # model only within one lineage (a hello names the lineage it holds: `protocol.py`)
+        self.lineage = secrets.token_hex(8)
         self.round_evals: dict[str, tuple[int, float, float]] = {}  # client -> its eval sums
         self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(

@@ -220,23 +220,29 @@ class DeployedServer(FLServer):
                 continue
             if frame.meta.get("final") is True:  # it asked for the final model with stop
                 self.final_to.add(c)
-            await self.welcome(c, version, url)
+            await self.welcome(c, version, url, P.hello_lineage(frame))
 
-    async def welcome(self, c: str, version: int, url: str | None) -> None:
-        """Answer ``c``'s hello: record where it is and what it holds, send the task, and
-        resend its round's message when its round is under way."""
+    async def welcome(
+        self, c: str, version: int, url: str | None, lineage: str | None = None
+    ) -> None:
+        """Answer ``c``'s hello: record where it is and what it holds (``version`` of the
+        history ``lineage`` names), send the task, and resend its round's message when its
+        round is under way."""
         if url is not None and isinstance(self.transport, AddressingTransport):
             try:  # (memory transports need no address)
                 self.transport.add_peer(c, url)  # it may have restarted elsewhere
             except ValueError as exc:
                 log.warning("%s: %r gave an unusable URL %r: %s", self.transport.name, c, url, exc)
-        reset = version > self.planner.version  # it holds a version this server never made
+        # it holds a version this server never made: a newer one, or one of another history
+        # (a server that started over without this one's checkpoint numbers from 0 again)
+        reset = version > self.planner.version or (version > 0 and lineage != self.lineage)
         self.known[c] = 0 if reset else version
         meta = {
             "kind": P.WELCOME,
             "task": self.task.to_meta(),
             "client_seed": self.clients.index(c),
             "reset": reset,
+            "lineage": self.lineage,
         }
         try:
             await self.transport.send(c, P.MODEL, Frame(meta=meta))
@@ -373,7 +379,7 @@ async def run_server(
     async with started(_transport(cfg)) as transport:
         if on_ready is not None:
             on_ready(addressing(transport, "an FL server").address())
-        hellos: list[tuple[str, int, str | None, bool]] = []
+        hellos: list[tuple[str, int, str | None, bool, str | None]] = []
         if setup is None:  # federated preprocessing: the clients' summaries first
             summaries, hellos = await gather_summaries(transport, cfg)
             setup = await asyncio.to_thread(prepare_server, cfg, summaries)
@@ -381,10 +387,10 @@ async def run_server(
         if restored is not None:
             ckpt.restore(server, restored, cfg.identity())
         resumed = server.next_round if restored is not None else None
-        for c, version, url, wants_final in hellos:
+        for c, version, url, wants_final, lineage in hellos:
             if wants_final:  # it asked for the final model with stop
                 server.final_to.add(c)
-            await server.welcome(c, version, url)
+            await server.welcome(c, version, url, lineage)
         await _serve_rounds(server, cfg)
         final = None
         if setup.y is not None:

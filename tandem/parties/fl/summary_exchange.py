@@ -104,7 +104,7 @@ class _Reader:
     def __init__(self, transport: Transport, cfg: ServerConfig) -> None:
         self.transport, self.cfg = transport, cfg
         self.said: list[str] = []  # clients that said hello, in order
-        self.hellos: list[tuple[str, int, str | None, bool]] = []
+        self.hellos: list[tuple[str, int, str | None, bool, str | None]] = []
         self.answers: dict[str, dict[str, Any]] = {}
         self.asked: set[str] = set()
 
@@ -123,7 +123,8 @@ class _Reader:
             except P.UpdateError as exc:
                 log.warning("%s: hello from %r refused: %s", self.transport.name, c, exc)
                 continue
-            self.hellos.append((c, version, url, frame.meta.get("final") is True))
+            final = frame.meta.get("final") is True
+            self.hellos.append((c, version, url, final, P.hello_lineage(frame)))
             if c not in self.said:
                 self.said.append(c)
 
@@ -134,11 +135,11 @@ class _Reader:
 
 async def gather_summaries(
     transport: Transport, cfg: ServerConfig
-) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None, bool]]]:
+) -> tuple[dict[str, dict[str, Any]], list[tuple[str, int, str | None, bool, str | None]]]:
     """Run the exchange (module docstring) with the first ``cfg.min_clients`` roster clients
     to say hello (`ConfigError` after ``cfg.wait`` seconds, naming the missing clients).
     Returns the summaries for `tandem.parties.data.summary.merge` and every hello read,
-    ``(client, version, url, wants the final model)``, for the server to answer."""
+    ``(client, version, url, wants the final model, lineage)``, for the server to answer."""
     reader = _Reader(transport, cfg)
     deadline = time.monotonic() + cfg.wait
     failure: TandemError | None = None
