@@ -13,7 +13,7 @@ import pytest
 
 from tandem import MemoryNetwork, SplitConfig, SplitParty, leader_follower, mlp_stage
 from tandem.errors import ConfigError
-from tandem.parties.privacy.accounting import activation_epsilon
+from tandem.parties.privacy.accounting import activation_epsilon, epoch_report
 from tandem.parties.privacy.config import (
     ActivationDP,
     GradientAlignment,
@@ -193,6 +193,20 @@ def test_the_accountant_composes_steps_and_grows_with_them():
     assert 0 < one < two
     assert activation_epsilon(4.0, 0.01, 100, 1e-5) < one
     assert activation_epsilon(1.0, 0.01, 0, 1e-5) == 0.0
+
+
+def test_the_reported_epsilon_counts_each_rows_releases_without_subsampling_amplification():
+    """The leader draws the batches and receives every row's activation under its id, so which
+    rows a step released is no secret (no amplification by sampling): each row is one Gaussian
+    mechanism per epoch it was sent in (2.43 at these sizes was reported before, 19.05 is due)."""
+    privacy = Privacy(activation_dp=ActivationDP(clip=1.0, noise_multiplier=1.0, delta=1e-5))
+    rows, batch, epochs = 20_000, 256, 10
+    steps = epochs * math.ceil(rows / batch)
+    got = epoch_report(privacy, batch_size=batch, samples=rows, steps=steps)["privacy_epsilon"]
+    assert got == pytest.approx(activation_epsilon(1.0, 1.0, epochs, 1e-5))
+    assert got > 15
+    more = epoch_report(privacy, batch_size=batch, samples=rows, steps=steps + 1)
+    assert more["privacy_epsilon"] == pytest.approx(activation_epsilon(1.0, 1.0, epochs + 1, 1e-5))
 
 
 # -- training: micro-batch invariance, composition -------------------------------------------
