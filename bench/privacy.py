@@ -143,8 +143,9 @@ def ctr_task(rows: int, seed: int = 0) -> Task:
 
 
 def _party_options(privacy: dict[str, Any]) -> dict[str, Any]:
-    """`SplitParty` keyword arguments of a case's ``[privacy]`` tables (beyond the audit)."""
-    return {"privacy": privacy_from({"seed": 0, **privacy})}
+    """`SplitParty` keyword arguments of a case's ``[privacy]`` tables (beyond the audit);
+    a fixed ``noise_seed`` so that the figures repeat (a real party leaves it unset)."""
+    return {"privacy": privacy_from({"seed": 0, "noise_seed": 0, **privacy})}
 
 
 async def run_case(

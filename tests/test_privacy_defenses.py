@@ -13,7 +13,7 @@ import pytest
 
 from tandem import MemoryNetwork, SplitConfig, SplitParty, leader_follower, mlp_stage
 from tandem.errors import ConfigError
-from tandem.parties.privacy.accounting import activation_epsilon
+from tandem.parties.privacy.accounting import activation_epsilon, epoch_report
 from tandem.parties.privacy.config import (
     ActivationDP,
     GradientAlignment,
@@ -21,10 +21,13 @@ from tandem.parties.privacy.config import (
     LabelDP,
     NoPeek,
     Privacy,
+    agreed,
 )
+from tandem.parties.privacy.cut import CutDefenses
 from tandem.parties.privacy.feature import defend_activation, distance_correlation
 from tandem.parties.privacy.label import defend_gradient, randomize_labels, rr_top_k
 from tandem.parties.privacy.rows import row_norms
+from tandem.parties.privacy.setup import setup
 
 ROWS, WIDTH = 4000, 16
 
@@ -36,11 +39,11 @@ def _x(rows=ROWS, width=WIDTH, scale=3.0, seed=0):
 def test_activation_dp_clips_every_row_and_adds_noise_of_the_stated_std():
     x = _x()
     cfg = ActivationDP(clip=1.5, noise_multiplier=0.0001)
-    out = defend_activation(x, cfg, seed=1, step=0, ids=np.arange(ROWS))
+    out = defend_activation(x, cfg, seed=1, secret=9, step=0, ids=np.arange(ROWS))
     assert row_norms(out).max() <= 1.5 + 1e-2
     cfg = ActivationDP(clip=1.5, noise_multiplier=2.0)
     zero = np.zeros_like(x)
-    noisy = defend_activation(zero, cfg, seed=1, step=0, ids=np.arange(ROWS))
+    noisy = defend_activation(zero, cfg, seed=1, secret=9, step=0, ids=np.arange(ROWS))
     assert abs(noisy.mean()) < 0.02 * 3.0
     assert noisy.std() == pytest.approx(3.0, rel=0.02)  # noise_multiplier * clip
 
@@ -48,13 +51,44 @@ def test_activation_dp_clips_every_row_and_adds_noise_of_the_stated_std():
 def test_noise_is_keyed_by_seed_step_and_row_not_by_the_batch_it_travels_in():
     x, ids = _x(64), np.arange(100, 164)
     cfg = ActivationDP(clip=1.0, noise_multiplier=1.0)
-    whole = defend_activation(x, cfg, seed=3, step=5, ids=ids)
+    whole = defend_activation(x, cfg, seed=3, secret=9, step=5, ids=ids)
     parts = np.concatenate(
-        [defend_activation(x[a:b], cfg, seed=3, step=5, ids=ids[a:b]) for a, b in ((0, 7), (7, 64))]
+        [
+            defend_activation(x[a:b], cfg, seed=3, secret=9, step=5, ids=ids[a:b])
+            for a, b in ((0, 7), (7, 64))
+        ]
     )
     np.testing.assert_array_equal(whole, parts)
-    assert not np.allclose(whole, defend_activation(x, cfg, seed=4, step=5, ids=ids))
-    assert not np.allclose(whole, defend_activation(x, cfg, seed=3, step=6, ids=ids))
+    assert not np.allclose(whole, defend_activation(x, cfg, seed=4, secret=9, step=5, ids=ids))
+    assert not np.allclose(whole, defend_activation(x, cfg, seed=3, secret=9, step=6, ids=ids))
+
+
+def test_a_peer_holding_the_negotiated_seed_cannot_regenerate_a_partys_noise():
+    """Every party knows the negotiated seed, the step, the row ids and the stage names: the
+    noise a party adds (and label DP's coins) must also be keyed by a secret of its own, or the
+    receiver regenerates the noise and subtracts it."""
+    privacy = Privacy(
+        seed=7,
+        gradient_dp=GradientDP(clip=0.5, noise_multiplier=5.0),
+        activation_dp=ActivationDP(clip=1.0, noise_multiplier=5.0),
+        label_dp=LabelDP(epsilon=0.5, prior="uniform"),
+    )
+    x, ids = _x(64), np.arange(64)
+    sender, peer = CutDefenses(privacy, label_owner=True), CutDefenses(privacy, label_owner=True)
+    for channel in ("act/bottom_follower->top", "grad/bottom_follower->top"):
+        sent = sender.outgoing(channel, x, ids=ids, step=3, rows=64)
+        assert not np.allclose(sent, peer.outgoing(channel, x, ids=ids, step=3, rows=64))
+    y = (np.arange(400) % 2).astype("f4")
+    one, two = (setup(privacy, {"train": y}, loss="binary").labels["train"] for _ in range(2))
+    assert not np.array_equal(one, two)
+    # a party's own noise_seed (never sent) reproduces its noise, e.g. for tests
+    mine = privacy.model_copy(update={"noise_seed": 11})
+    np.testing.assert_array_equal(
+        CutDefenses(mine).outgoing("act/b->top", x, ids=ids, step=3, rows=64),
+        CutDefenses(mine).outgoing("act/b->top", x, ids=ids, step=3, rows=64),
+    )
+    assert agreed(privacy.spec_fields()["privacy"] | {"noise_seed": 11}).noise_seed is None
+    assert agreed(privacy.spec_fields()["privacy"], mine).noise_seed == 11
 
 
 def test_gradient_dp_bounds_each_rows_gradient_of_its_own_loss():
@@ -65,6 +99,7 @@ def test_gradient_dp_bounds_each_rows_gradient_of_its_own_loss():
         alignment=None,
         dp=GradientDP(clip=0.5, noise_multiplier=0.0),
         seed=0,
+        secret=9,
         step=0,
         ids=np.arange(rows),
         rows=rows,
@@ -75,6 +110,7 @@ def test_gradient_dp_bounds_each_rows_gradient_of_its_own_loss():
         alignment=None,
         dp=GradientDP(clip=0.5, noise_multiplier=1.0),
         seed=0,
+        secret=9,
         step=0,
         ids=np.arange(ROWS),
         rows=1,
@@ -89,6 +125,7 @@ def test_norm_alignment_gives_every_row_one_norm_so_the_norm_attack_reads_nothin
         alignment=GradientAlignment(norm=2.0, noise=0.0),
         dp=None,
         seed=0,
+        secret=9,
         step=0,
         ids=np.arange(256),
         rows=1,
@@ -102,6 +139,7 @@ def test_norm_alignment_gives_every_row_one_norm_so_the_norm_attack_reads_nothin
         alignment=GradientAlignment(norm=2.0, noise=0.5),
         dp=None,
         seed=0,
+        secret=9,
         step=0,
         ids=np.arange(ROWS),
         rows=1,
@@ -112,12 +150,16 @@ def test_norm_alignment_gives_every_row_one_norm_so_the_norm_attack_reads_nothin
 @pytest.mark.parametrize("eps", [0.5, 1.0, 2.0])
 def test_rr_flip_rate_matches_epsilon(eps):
     y = np.random.default_rng(0).integers(0, 2, 20000).astype(np.float32)
-    out = randomize_labels(y, LabelDP(epsilon=eps, prior="uniform"), loss="binary", seed=1)
+    out = randomize_labels(
+        y, LabelDP(epsilon=eps, prior="uniform"), loss="binary", seed=1, secret=9
+    )
     flip = float(np.mean(out != y))
     want = 1 / (math.exp(eps) + 1)
     assert abs(flip - want) < 4 * math.sqrt(want * (1 - want) / len(y))
     y3 = np.random.default_rng(1).integers(0, 3, 30000)
-    out3 = randomize_labels(y3, LabelDP(epsilon=eps, prior="uniform"), loss="softmax", seed=1)
+    out3 = randomize_labels(
+        y3, LabelDP(epsilon=eps, prior="uniform"), loss="softmax", seed=1, secret=9
+    )
     want3 = 2 / (math.exp(eps) + 2)
     assert abs(np.mean(out3 != y3) - want3) < 4 * math.sqrt(want3 * (1 - want3) / len(y3))
 
@@ -129,13 +171,13 @@ def test_rr_with_prior_keeps_only_the_classes_worth_randomizing_over():
     assert list(rr_top_k(prior, 3.0)) == [0, 1, 2]
     assert list(rr_top_k(np.full(4, 0.25), 1.0)) == [0, 1, 2, 3]  # uniform: plain RR
     y = np.random.default_rng(0).choice(3, size=20000, p=prior)
-    out = randomize_labels(y, LabelDP(epsilon=2.0), loss="softmax", seed=0)
+    out = randomize_labels(y, LabelDP(epsilon=2.0), loss="softmax", seed=0, secret=9)
     assert set(np.unique(out)) == {0, 1}
     keep = math.exp(2.0) / (math.exp(2.0) + 1)
     inside = y < 2
     assert np.mean(out[inside] == y[inside]) == pytest.approx(keep, abs=0.01)
     with pytest.raises(ConfigError, match="loss is 'mse'"):
-        randomize_labels(y, LabelDP(epsilon=1.0), loss="mse", seed=0)
+        randomize_labels(y, LabelDP(epsilon=1.0), loss="mse", seed=0, secret=9)
 
 
 def test_distance_correlation_is_one_for_a_similarity_and_small_for_independence():
@@ -151,6 +193,20 @@ def test_the_accountant_composes_steps_and_grows_with_them():
     assert 0 < one < two
     assert activation_epsilon(4.0, 0.01, 100, 1e-5) < one
     assert activation_epsilon(1.0, 0.01, 0, 1e-5) == 0.0
+
+
+def test_the_reported_epsilon_counts_each_rows_releases_without_subsampling_amplification():
+    """The leader draws the batches and receives every row's activation under its id, so which
+    rows a step released is no secret (no amplification by sampling): each row is one Gaussian
+    mechanism per epoch it was sent in (2.43 at these sizes was reported before, 19.05 is due)."""
+    privacy = Privacy(activation_dp=ActivationDP(clip=1.0, noise_multiplier=1.0, delta=1e-5))
+    rows, batch, epochs = 20_000, 256, 10
+    steps = epochs * math.ceil(rows / batch)
+    got = epoch_report(privacy, batch_size=batch, samples=rows, steps=steps)["privacy_epsilon"]
+    assert got == pytest.approx(activation_epsilon(1.0, 1.0, epochs, 1e-5))
+    assert got > 15
+    more = epoch_report(privacy, batch_size=batch, samples=rows, steps=steps + 1)
+    assert more["privacy_epsilon"] == pytest.approx(activation_epsilon(1.0, 1.0, epochs + 1, 1e-5))
 
 
 # -- training: micro-batch invariance, composition -------------------------------------------
@@ -221,12 +277,16 @@ def _plain():
 
 DEFENSES = {
     "gradient_alignment": Privacy(
-        seed=2, gradient_alignment=GradientAlignment(norm=0.5, noise=0.3)
+        seed=2, noise_seed=5, gradient_alignment=GradientAlignment(norm=0.5, noise=0.3)
     ),
-    "gradient_dp": Privacy(seed=2, gradient_dp=GradientDP(clip=0.5, noise_multiplier=0.5)),
-    "activation_dp": Privacy(seed=2, activation_dp=ActivationDP(clip=1.0, noise_multiplier=0.5)),
-    "nopeek": Privacy(seed=2, nopeek=NoPeek(weight=0.5)),
-    "label_dp": Privacy(seed=2, label_dp=LabelDP(epsilon=1.0, prior="uniform")),
+    "gradient_dp": Privacy(
+        seed=2, noise_seed=5, gradient_dp=GradientDP(clip=0.5, noise_multiplier=0.5)
+    ),
+    "activation_dp": Privacy(
+        seed=2, noise_seed=5, activation_dp=ActivationDP(clip=1.0, noise_multiplier=0.5)
+    ),
+    "nopeek": Privacy(seed=2, noise_seed=5, nopeek=NoPeek(weight=0.5)),
+    "label_dp": Privacy(seed=2, noise_seed=5, label_dp=LabelDP(epsilon=1.0, prior="uniform")),
 }
 
 
@@ -253,6 +313,7 @@ def test_a_defense_composes_with_cut_compression_for_any_micro_batching(compress
     and 3 (with chunks) still agree."""
     privacy = Privacy(
         seed=1,
+        noise_seed=5,
         gradient_dp=GradientDP(clip=0.5, noise_multiplier=0.3),
         activation_dp=ActivationDP(clip=1.0, noise_multiplier=0.3),
     )

@@ -2,10 +2,17 @@
 
 Each training step releases, for every row of its batch, that row's clipped activation plus
 Gaussian noise of std ``noise_multiplier * clip``: the Gaussian mechanism with noise multiplier
-``noise_multiplier``, on a batch drawn with sampling rate ``batch_size / samples``. The steps
-compose; the RDP accountant of the ``dp-accounting`` package (the ``privacy`` extra) turns the
-composition into epsilon at the configured delta. The accounting treats batches as Poisson
-sampled, the standard approximation for shuffled fixed-size batches (DP-SGD practice).
+``noise_multiplier`` on that row (neighbouring datasets: one row's activation present or
+replaced by zeros, L2 sensitivity ``clip``; for replace-one neighbours the epsilon is that of
+``noise_multiplier / 2``). There is no amplification by sampling: the leader, which receives
+the activations, draws the batches and names their rows' ids, so it knows whose activation each
+released row is. A row is released once per epoch (every epoch's batches cover every row once),
+so after ``steps`` steps of ``ceil(samples / batch_size)`` per epoch a row has been released at
+most ``ceil(steps / that)`` times; the RDP accountant of the ``dp-accounting`` package (the
+``privacy`` extra) composes that many Gaussian mechanisms into epsilon at the configured delta.
+The bound covers what each row's own released activations reveal; the bottom model is trained
+on the clean features, so what its later activations of other rows reveal about a row is not
+accounted.
 """
 
 from __future__ import annotations
@@ -21,7 +28,8 @@ from .config import Privacy
 def activation_epsilon(
     noise_multiplier: float, sampling_rate: float, steps: int, delta: float
 ) -> float:
-    """Epsilon after ``steps`` training steps (0.0 for none); pure, cached."""
+    """Epsilon of ``steps`` Poisson-sampled Gaussian mechanisms at ``sampling_rate`` (1.0: each
+    step releases the row; 0.0 for no steps); pure, cached."""
     if steps <= 0:
         return 0.0
     with needs("privacy", "the activation-DP accountant ([privacy.activation_dp])"):
@@ -40,12 +48,15 @@ def epoch_report(
 ) -> dict[str, float]:
     """What an epoch's history records of the privacy spent: ``privacy_epsilon`` (and its
     ``privacy_delta``) of activation DP after ``steps`` training steps on batches of
-    ``batch_size`` of ``samples`` rows; ``{}`` without activation DP. The parameters are the
+    ``batch_size`` of ``samples`` rows: the epsilon of the most releases of one row (one per
+    epoch begun, see the module docstring); ``{}`` without activation DP. The parameters are the
     negotiated spec's, so the leader reports the followers' spend."""
     dp = privacy.activation_dp
     if dp is None or samples <= 0:
         return {}
-    eps = activation_epsilon(dp.noise_multiplier, batch_size / samples, steps, dp.delta)
+    per_epoch = -(-samples // max(batch_size, 1))
+    releases = -(-max(steps, 0) // per_epoch)
+    eps = activation_epsilon(dp.noise_multiplier, 1.0, releases, dp.delta)
     return {"privacy_epsilon": eps, "privacy_delta": dp.delta}
 
 

@@ -4,6 +4,7 @@ Each defense is a table of its own; a table present turns the defense on (absent
 
     [privacy]
     seed = 0                       # seeds every defense's randomness (with the step and row id)
+    noise_seed = 123456789         # this party's own secret key of its noise (default: fresh)
     audit = false                  # each party audits its own secret (tandem.parties.privacy.audit)
     audit_share = 0.01             # share of rows the feature audit's attacker is assumed to hold
     [privacy.gradient_alignment]   # label owner: norm alignment plus noise (Li et al., ICLR 2022)
@@ -28,6 +29,9 @@ and every defense table) go into the task spec's ``hyper["privacy"]`` when any d
 defaults, so they are part of the spec hash; a party stating a key otherwise refuses the spec
 (`mismatch_reasons`), and every party trains with the leader's. ``audit`` and ``audit_share``
 are each party's own (the party whose secret is at stake runs the audit), not negotiated.
+``noise_seed`` is each party's own secret: the noise a party adds is keyed by it as well as by
+the negotiated ``seed``, which every peer knows; it is never sent, and unset (the default) the
+party draws 64 fresh bits from the operating system when it starts.
 """
 
 from __future__ import annotations
@@ -101,6 +105,13 @@ class Privacy(Section):
     """``[privacy]``: see the module docstring. Every field has a default: all defenses off."""
 
     seed: int = Field(default=0, description="seeds the defenses' noise (with step and row id)")
+    noise_seed: int | None = Field(
+        default=None,
+        ge=0,
+        lt=2**64,
+        description="this party's own secret key of its defenses' noise, never sent; "
+        "unset: fresh from the operating system at every start",
+    )
     audit: bool = Field(default=False, description="audit what the shared tensors reveal")
     audit_share: float = Field(
         default=0.01, gt=0, lt=1, description="share of rows the feature audit's attacker holds"
@@ -157,8 +168,9 @@ def checked(value: Privacy | Mapping[str, Any] | None, *, loss: str) -> Privacy:
 
 def agreed(spec_privacy: Mapping[str, Any] | None, local: Privacy | None = None) -> Privacy:
     """The `Privacy` a party trains with: the spec's negotiated keys (``hyper["privacy"]``;
-    absent: all off), with the party's own ``audit`` and ``audit_share`` from ``local``."""
-    own = (local or Privacy()).model_dump(include={"audit", "audit_share"})
+    absent: all off), with the party's own ``audit``, ``audit_share`` and ``noise_seed`` from
+    ``local``."""
+    own = (local or Privacy()).model_dump(include={"audit", "audit_share", "noise_seed"})
     return privacy_from({**privacy_from(spec_privacy).model_dump(include=set(SPEC_KEYS)), **own})
 
 

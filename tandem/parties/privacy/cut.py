@@ -9,8 +9,9 @@
   batch gradient.
 
 Order on one tensor: gradient alignment, then gradient DP (label owner); activation DP (feature
-owner); then the cut compressor. All randomness is keyed by ``[privacy] seed``, the training
-step, the stage and the row id.
+owner); then the cut compressor. All randomness is keyed by ``[privacy] seed``, the party's own
+secret (`tandem.parties.privacy.noise.party_secret`), the training step, the stage and the row
+id.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from .config import Privacy
 from .feature import defend_activation, nopeek_grads
 from .label import defend_gradient
-from .noise import stage_tag
+from .noise import party_secret, stage_tag
 
 
 class CutDefenses:
@@ -45,6 +46,9 @@ class CutDefenses:
             p.gradient_alignment is not None or p.gradient_dp is not None
         )
         self.activations = p.activation_dp is not None
+        #: keys this party's noise with the seed: never sent (a peer holding it and the seed
+        #: could regenerate the noise and subtract it)
+        self.secret = party_secret(p.noise_seed)
         self._nopeek = (
             {s: nopeek_grads(apply) for s, apply in (nopeek_stages or {}).items()}
             if p.nopeek is not None
@@ -70,6 +74,7 @@ class CutDefenses:
                 alignment=p.gradient_alignment,
                 dp=p.gradient_dp,
                 seed=p.seed,
+                secret=self.secret,
                 step=step,
                 ids=ids,
                 rows=rows,
@@ -77,7 +82,13 @@ class CutDefenses:
             )
         if kind == "act" and p.activation_dp is not None:
             return defend_activation(
-                np.asarray(x), p.activation_dp, seed=p.seed, step=step, ids=ids, stage=tag
+                np.asarray(x),
+                p.activation_dp,
+                seed=p.seed,
+                secret=self.secret,
+                step=step,
+                ids=ids,
+                stage=tag,
             )
         return x
 

@@ -28,11 +28,19 @@ from .rows import clip_rows
 
 
 def defend_activation(
-    y: np.ndarray, config: ActivationDP, *, seed: int, step: int, ids: np.ndarray, stage: int = 0
+    y: np.ndarray,
+    config: ActivationDP,
+    *,
+    seed: int,
+    secret: int,
+    step: int,
+    ids: np.ndarray,
+    stage: int = 0,
 ) -> np.ndarray:
-    """The activation ``y`` (rows ``ids``) as its owner sends it: clipped, then noised; the
-    dtype of ``y`` kept."""
-    z = noise.row_normal(seed, noise.ACTIVATION_DP, step, ids, y.shape[1:], stage)
+    """The activation ``y`` (rows ``ids``) as its owner sends it: clipped, then noised with
+    noise keyed by ``secret`` (the owner's `tandem.parties.privacy.noise.party_secret`, which
+    the receiver must not know); the dtype of ``y`` kept."""
+    z = noise.row_normal(seed, noise.ACTIVATION_DP, step, ids, y.shape[1:], stage, secret=secret)
     out = clip_rows(y, config.clip) + np.float32(config.noise_multiplier * config.clip) * z
     return out.astype(np.asarray(y).dtype)
 

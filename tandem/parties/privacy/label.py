@@ -34,25 +34,27 @@ def defend_gradient(
     alignment: GradientAlignment | None,
     dp: GradientDP | None,
     seed: int,
+    secret: int,
     step: int,
     ids: np.ndarray,
     rows: int,
     stage: int = 0,
 ) -> np.ndarray:
     """The cut gradient ``g`` (rows ``ids`` of a batch of ``rows`` rows) as the label owner
-    sends it: aligned then noised (``alignment``), then clipped and noised (``dp``); the
-    ``dtype`` of ``g`` kept."""
+    sends it: aligned then noised (``alignment``), then clipped and noised (``dp``), the noise
+    keyed by ``secret`` (the label owner's `tandem.parties.privacy.noise.party_secret`, which
+    the receivers must not know); the ``dtype`` of ``g`` kept."""
     per_row = np.asarray(g, np.float32) * np.float32(rows)
     shape = per_row.shape[1:]
     if alignment is not None:
         per_row = align_rows(per_row, alignment.norm)
         if alignment.noise > 0:
-            z = noise.row_normal(seed, noise.ALIGNMENT, step, ids, shape, stage)
+            z = noise.row_normal(seed, noise.ALIGNMENT, step, ids, shape, stage, secret=secret)
             per_row = per_row + np.float32(alignment.noise * alignment.norm) * z
     if dp is not None:
         per_row = clip_rows(per_row, dp.clip)
         if dp.noise_multiplier > 0:
-            z = noise.row_normal(seed, noise.GRADIENT_DP, step, ids, shape, stage)
+            z = noise.row_normal(seed, noise.GRADIENT_DP, step, ids, shape, stage, secret=secret)
             per_row = per_row + np.float32(dp.noise_multiplier * dp.clip) * z
     return (per_row / np.float32(rows)).astype(np.asarray(g).dtype)
 
@@ -94,15 +96,23 @@ def rr_top_k(prior: np.ndarray, epsilon: float) -> np.ndarray:
 
 
 def randomize_labels(
-    labels: np.ndarray, config: LabelDP, *, loss: str, seed: int, ids: np.ndarray | None = None
+    labels: np.ndarray,
+    config: LabelDP,
+    *,
+    loss: str,
+    seed: int,
+    secret: int,
+    ids: np.ndarray | None = None,
 ) -> np.ndarray:
     """RR-with-prior of ``labels`` (one per row; row ``i`` keyed by ``ids[i]``, default its
-    index): a row whose label is in the candidate set `rr_top_k` keeps it with probability
-    ``e^eps / (e^eps + k - 1)``, else takes one of the other ``k - 1`` candidates uniformly;
-    a label outside the set becomes a uniform candidate. epsilon-label-DP per row for the
-    given prior. The prior ``"labels"`` is the class frequencies of ``labels`` (a global
-    prior; the frequencies themselves are not protected), ``"uniform"`` gives plain K-ary
-    randomized response (flip probability ``(K - 1) / (e^eps + K - 1)``)."""
+    index, and by the label owner's ``secret``, which no other party may know: with it, the
+    row's coin says whether its label was kept): a row whose label is in the candidate set
+    `rr_top_k` keeps it with probability ``e^eps / (e^eps + k - 1)``, else takes one of the
+    other ``k - 1`` candidates uniformly; a label outside the set becomes a uniform candidate.
+    epsilon-label-DP per row for the given prior. The prior ``"labels"`` is the class
+    frequencies of ``labels`` (a global prior; the frequencies themselves are not protected),
+    ``"uniform"`` gives plain K-ary randomized response (flip probability
+    ``(K - 1) / (e^eps + K - 1)``)."""
     y = np.asarray(labels)
     k_all = classes_of(y, loss)
     cls = np.round(y.reshape(len(y), -1)[:, 0]).astype(np.int64)
@@ -113,7 +123,7 @@ def randomize_labels(
         prior = np.full(k_all, 1.0 / k_all)
     cand = rr_top_k(prior, config.epsilon)
     k = len(cand)
-    u = noise.row_uniform(seed, noise.LABEL_DP, 0, ids, (2,)).astype(np.float64)
+    u = noise.row_uniform(seed, noise.LABEL_DP, 0, ids, (2,), secret=secret).astype(np.float64)
     keep = u[:, 0] < math.exp(config.epsilon) / (math.exp(config.epsilon) + k - 1)
     pos = np.full(len(cls), -1)
     for rank, c in enumerate(cand):

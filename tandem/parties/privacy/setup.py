@@ -20,6 +20,7 @@ from tandem.errors import ConfigError
 from .audit import AuditSettings, PartyAudit, make_audit
 from .config import Privacy, checked
 from .label import randomize_labels
+from .noise import party_secret
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,11 @@ def setup(
     label_dp = checked_privacy.label_dp
     if label_dp is not None and "train" in trained:  # RR-with-prior, once, keyed by row
         trained["train"] = randomize_labels(
-            trained["train"], label_dp, loss=loss, seed=checked_privacy.seed
+            trained["train"],
+            label_dp,
+            loss=loss,
+            seed=checked_privacy.seed,
+            secret=party_secret(checked_privacy.noise_seed),
         )
     if audit is None and checked_privacy.audit:
         audit = AuditSettings(True, checked_privacy.audit_share, seed=checked_privacy.seed)
