@@ -116,6 +116,8 @@ def test_two_tandem_party_processes_train_with_defenses_from_toml_alone(tmp_path
     assert len(eps) == 3 and eps == sorted(eps) and eps[0] < eps[-1] == lead["privacy_epsilon"]
     assert lead["test_accuracy"] > 0.6
     _assert_audited(history, lead, fol)
+    for party in ("bank", "shop"):  # each keeps its own noise key beside its checkpoints
+        assert (tmp_path / "ckpt" / party / f"{party}.noise-key").stat().st_mode & 0o777 == 0o600
 
 
 def _assert_audited(history, lead, followers):

@@ -4,7 +4,7 @@ Each defense is a table of its own; a table present turns the defense on (absent
 
     [privacy]
     seed = 0                       # seeds every defense's randomness (with the step and row id)
-    noise_seed = 123456789         # this party's own secret key of its noise (default: fresh)
+    noise_seed = 123456789         # this party's own secret key of its noise (default: key file)
     audit = false                  # each party audits its own secret (tandem.parties.privacy.audit)
     audit_share = 0.01             # share of rows the feature audit's attacker is assumed to hold
     [privacy.gradient_alignment]   # label owner: norm alignment plus noise (Li et al., ICLR 2022)
@@ -30,8 +30,10 @@ defaults, so they are part of the spec hash; a party stating a key otherwise ref
 (`mismatch_reasons`), and every party trains with the leader's. ``audit`` and ``audit_share``
 are each party's own (the party whose secret is at stake runs the audit), not negotiated.
 ``noise_seed`` is each party's own secret: the noise a party adds is keyed by it as well as by
-the negotiated ``seed``, which every peer knows; it is never sent, and unset (the default) the
-party draws 64 fresh bits from the operating system when it starts.
+the negotiated ``seed``, which every peer knows; it is never sent. Unset (the default), a
+`tandem party` with a checkpoint folder derives it from its key file there
+(`tandem.parties.split.process.noise_key`), else the party draws 64 fresh bits from the
+operating system when it starts.
 """
 
 from __future__ import annotations
@@ -110,7 +112,8 @@ class Privacy(Section):
         ge=0,
         lt=2**64,
         description="this party's own secret key of its defenses' noise, never sent; "
-        "unset: fresh from the operating system at every start",
+        "unset: from its key file beside the checkpoints (tandem party), else fresh from the "
+        "operating system at every start",
     )
     audit: bool = Field(default=False, description="audit what the shared tensors reveal")
     audit_share: float = Field(

@@ -18,7 +18,7 @@ from tandem.parties.memory import release_free_memory
 from ..checkpoint import CheckpointError, CheckpointStore
 from ..party import SplitParty
 from ..spec import SPEC_VERSION
-from . import notice, tuned
+from . import noise_key, notice, tuned
 from .build import PartyData, PartySetup
 from .party_trace import BatchTrace
 from .session import Session
@@ -90,6 +90,7 @@ async def open_store(
         refusals: list[str] = []
         if st.store is not None and fresh:
             await asyncio.to_thread(st.store.discard_after, -1)
+            await asyncio.to_thread(noise_key.discard, st.store.directory, cfg.name)
         elif st.store is not None:
             refusals = await asyncio.to_thread(stale_checkpoints, st.store, data)
         held = await asyncio.to_thread(st.store.index) if st.store else {}

@@ -57,7 +57,7 @@ from ..observe import party_metrics
 from ..party import SplitParty
 from ..reporting import Reporter, validation_for
 from ..spec import TaskSpec
-from . import cut_sum, tuned
+from . import cut_sum, noise_key, tuned
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .graceful import leaf, until, with_grace
 from .party_trace import DEFAULT_BATCHES, BatchTrace
@@ -68,7 +68,8 @@ from .session import Session, connect
 def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> SplitParty:
     """The `SplitParty` of ``cfg.name`` for the agreed ``spec``: its own stages built from its
     configuration (`PartySetup.own_models`), the others' as width stand-ins from the spec's
-    stage widths, hyper-parameters from its ``hyper``; blocking (JAX initialisation)."""
+    stage widths, hyper-parameters from its ``hyper``, its privacy noise keyed by the key
+    beside its checkpoints (`noise_key`); blocking (JAX initialisation, file I/O)."""
     topo = Topology.from_dict(spec.topology)
     features = {p: int(d["features"]) for p, d in spec.datasets.items()}
     models = models_from_widths(topo, spec.stages)
@@ -81,7 +82,12 @@ def make_party(spec: TaskSpec, cfg: PartySetup, data: PartyData, transport) -> S
         datasets=data.datasets(),
         labels=data.labels(),
         config=split_config_from(spec.hyper),
-        privacy=agreed(spec.hyper.get("privacy"), cfg.config.privacy),
+        privacy=noise_key.party_privacy(
+            agreed(spec.hyper.get("privacy"), cfg.config.privacy),
+            cfg.checkpoint.dir,
+            cfg.name,
+            spec.spec_hash(),
+        ),
         cut_sum=cut_sum.party_cut_sum(cfg, spec.hyper, topo),
     )
 
