@@ -8,6 +8,7 @@ training every resumed run must match bit for bit (same seed, fixed ``groups = 2
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -468,6 +469,31 @@ async def test_resume_refuses_a_checkpoint_saved_for_another_model_of_the_same_s
         await job.run_all()
     text = " ".join(str(e) for e in info.value.exceptions)
     assert "bottom_follower" in text and "another model" in text and "--fresh" in text, text
+
+
+async def test_changed_settings_stop_the_parties_instead_of_deleting_their_checkpoints(tmp_path):
+    """More epochs asked of a finished job change the task spec: no checkpoint can resume
+    under it. The parties stop, naming the changed key and the fix, and keep every checkpoint
+    (the agreement would otherwise start over and delete them); with ``--fresh`` they do
+    start over."""
+    from tandem.parties.split.process.party_config import load_party_config
+    from tandem.parties.split.process.standalone import run_party
+
+    job = Job(tmp_path, epochs=1)
+    first = await job.run_all()
+    assert all(r["status"] == "done" for r in first.values()), first
+    held = {role: job.checkpoints(role) for role in ("leader", "follower")}
+    job.cfg["leader"]["train"]["epochs"] = 2
+    with pytest.raises(ExceptionGroup) as info:
+        await job.run_all()
+    text = " ".join(str(e) for e in info.value.exceptions)
+    assert "[epochs] 1 then, 2 now" in text and "--fresh" in text, text
+    assert {role: job.checkpoints(role) for role in held} == held and all(held.values())
+    cfgs = {r: load_party_config(job.path(r)) for r in ("follower", "leader")}
+    async with asyncio.TaskGroup() as tg:
+        tasks = {r: tg.create_task(run_party(c, fresh=True)) for r, c in cfgs.items()}
+    assert all(t.result()["status"] == "done" for t in tasks.values())
+    assert tasks["leader"].result()["epochs_done"] == 2
 
 
 async def test_a_stop_at_an_epochs_last_batch_still_validates_that_epoch_on_resume(

@@ -105,6 +105,56 @@ def own_models(party: SplitParty) -> dict[str, Any]:
     return json.loads(json.dumps({s: m.spec for s, m in party.handler.models.items()}))
 
 
+def refuse_other_specs(cfg: PartySetup, store: CheckpointStore, spec: Any) -> None:
+    """`CheckpointError` when ``store`` holds checkpoints of this party saved under another
+    task spec than the agreed ``spec`` (a setting the spec records changed: a ``[train]`` key,
+    ``[checkpoint] every``, a model, the data's size or columns). They cannot be resumed under
+    these settings, and the agreement would otherwise delete them (no common step: a fresh
+    start): the party stops instead, naming what changed where the newest of them recorded
+    its spec, and how to go on. ``--fresh`` deletes them first. Blocking file I/O."""
+    now = spec.spec_hash()
+    other = {step: h for step, h in store.index().items() if h != now}
+    if not other:
+        return
+    newest = max(other)
+    then = store.read_meta(newest).get("extra", {}).get("spec")
+    changes = _spec_changes(then, spec.to_dict()) if isinstance(then, dict) else []
+    what = (
+        f": {'; '.join(changes)}"
+        if changes
+        else f" (spec hash {other[newest][:12]}.. then, {now[:12]}.. now)"
+    )
+    raise CheckpointError(
+        f"{cfg.name!r}: {len(other)} checkpoint(s) in {store.directory!r} (newest: step "
+        f"{newest}) were saved under other task settings{what}. They cannot be resumed under "
+        "these settings, and starting over would delete them: restore the settings to resume, "
+        "or start over with `tandem party --config <file> --fresh` on every party (it deletes "
+        "them)"
+    )
+
+
+def _spec_changes(then: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The fields of two task specs (`TaskSpec.to_dict`) that differ, ``hyper`` key by key
+    with both values (each cut to 60 characters)."""
+
+    def short(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    out = []
+    for field in sorted(set(then) | set(now)):
+        a, b = then.get(field), now.get(field)
+        if field == "hyper" and isinstance(a, dict) and isinstance(b, dict):
+            out += [
+                f"[{k}] {short(a.get(k))} then, {short(b.get(k))} now"
+                for k in sorted(set(a) | set(b))
+                if a.get(k) != b.get(k)
+            ]
+        elif a != b:
+            out.append(f"the spec's {field!r}")
+    return out
+
+
 def _model_changes(
     cfg: PartySetup, store: CheckpointStore, step: int, saved: Any, now: dict[str, Any]
 ) -> None:
@@ -176,9 +226,10 @@ async def save(
     ran out) waits for the write to finish first, so ``st.saved`` always names the newest file
     on disk. ``finished``: the final checkpoint of a completed job; where `Reporter.finish`
     put the best epoch's parameters back, it holds those beside the trajectory's last. The
-    party's own model specs (`own_models`) are recorded in ``extra["models"]``."""
+    party's own model specs (`own_models`) are recorded in ``extra["models"]``, the agreed
+    task spec in ``extra["spec"]`` (`refuse_other_specs` names what changed from it)."""
     step = party.step
-    extra = {**extra, "models": own_models(party)}
+    extra = {**extra, "models": own_models(party), "spec": session.spec.to_dict()}
     params, best = dict(party.handler.params), None
     if finished and party.replaced_params is not None:
         params, best = dict(party.replaced_params), params
@@ -207,4 +258,12 @@ async def save(
     st.saved = step
 
 
-__all__ = ["RunState", "open_store", "own_models", "resume", "save", "stale_checkpoints"]
+__all__ = [
+    "RunState",
+    "open_store",
+    "own_models",
+    "refuse_other_specs",
+    "resume",
+    "save",
+    "stale_checkpoints",
+]

@@ -61,7 +61,7 @@ from . import cut_sum, noise_key, tuned
 from .build import PartyData, PartySetup, models_from_widths, split_config_from
 from .graceful import leaf, until, with_grace
 from .party_trace import DEFAULT_BATCHES, BatchTrace
-from .resume import RunState, open_store, resume, save, stale_checkpoints
+from .resume import RunState, open_store, refuse_other_specs, resume, save, stale_checkpoints
 from .session import Session, connect
 
 
@@ -153,9 +153,12 @@ async def run_party(
 
 
 async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
-    """`connect`'s prepare step: build the party for the agreed spec, drop checkpoints newer
-    than the agreed step, resume from that step, serve the party's metrics, and compile the
-    kernels the parameters' shapes fix (`StageHandler.compile_ahead`)."""
+    """`connect`'s prepare step: stop if the party holds checkpoints of other settings
+    (`refuse_other_specs`), build the party for the agreed spec, drop checkpoints newer than
+    the agreed step, resume from that step, serve the party's metrics, and compile the kernels
+    the parameters' shapes fix (`StageHandler.compile_ahead`)."""
+    if st.store is not None:  # checkpoints of other settings: stop rather than delete them
+        await asyncio.to_thread(refuse_other_specs, cfg, st.store, session.spec)
     st.party = party = await asyncio.to_thread(
         make_party, session.spec, cfg, session.data, session.transport
     )
