@@ -17,7 +17,7 @@ from tandem.parties.memory import release_free_memory
 
 from ..checkpoint import CheckpointError, CheckpointStore
 from ..party import SplitParty
-from ..spec import SPEC_VERSION
+from ..spec import SPEC_VERSION, TaskSpec
 from . import noise_key, notice, tuned
 from .build import PartyData, PartySetup
 from .party_trace import BatchTrace
@@ -105,7 +105,7 @@ def own_models(party: SplitParty) -> dict[str, Any]:
     return json.loads(json.dumps({s: m.spec for s, m in party.handler.models.items()}))
 
 
-def refuse_other_specs(cfg: PartySetup, store: CheckpointStore, spec: Any) -> None:
+def refuse_other_specs(cfg: PartySetup, store: CheckpointStore, spec: TaskSpec) -> None:
     """`CheckpointError` when ``store`` holds checkpoints of this party saved under another
     task spec than the agreed ``spec`` (a setting the spec records changed: a ``[train]`` key,
     ``[checkpoint] every``, a model, the data's size or columns). They cannot be resumed under
