@@ -1,7 +1,8 @@
 """Client-level differential privacy (`tandem.parties.fl.dp`): clipping bounds, the noise's
 deviation, the accountant against a direct dp-accounting computation, adaptive clipping
 converging to its quantile, the refused combinations, and rounds run end to end (central,
-and distributed under secure aggregation) with epsilon in every round's report."""
+and distributed under secure aggregation) with epsilon in every round's report, and the epsilon
+against the server (no amplification by sampling)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tandem.parties.fl.dp import (
     next_clip,
     noise_for_epsilon,
     noisy_sum,
+    unamplified_epsilon,
 )
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.private_config import DPTable
@@ -75,6 +77,22 @@ def test_the_accountant_matches_a_direct_dp_accounting_computation(sampling):
     assert epsilon(z, rounds=0, sampled=m, clients=n, delta=delta) == 0.0
     fewer = epsilon(z, rounds=rounds // 2, sampled=m, clients=n, delta=delta, sampling=sampling)
     assert 0 < fewer < got  # composition: epsilon grows with the rounds
+
+
+def test_the_epsilon_against_the_server_is_unamplified_gaussian_composition():
+    """Against the server, which knows who was sampled: k plain Gaussians of multiplier z
+    (dp-accounting directly), larger than the amplified epsilon of the same rounds."""
+    z, k, delta = 1.0, 10, 1e-5
+    acc = rdp.RdpAccountant(ORDERS)
+    acc.compose(dp_accounting.GaussianDpEvent(z), k)
+    got = unamplified_epsilon(z, rounds=k, delta=delta)
+    assert got == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    assert got == pytest.approx(19.8017, abs=1e-3)  # the figure docs/federated.md quotes
+    assert unamplified_epsilon(z, rounds=0, delta=delta) == 0.0
+    for sampling in ("poisson", "fixed"):
+        amplified = epsilon(z, rounds=k, sampled=10, clients=100, delta=delta, sampling=sampling)
+        assert amplified < got
+    assert epsilon(z, rounds=k, sampled=100, clients=100, delta=delta) == pytest.approx(got)
 
 
 def test_the_noise_solved_for_a_target_epsilon_meets_it_tightly():

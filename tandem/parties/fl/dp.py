@@ -27,6 +27,11 @@ Gaussian of multiplier ``z`` sampled at ``q = m / N``, as Poisson sampling (``sa
 "poisson"``, the usual analysis of DP-FedAvg) or as fixed-size sampling without replacement
 (``"fixed"``, replace-one neighbours). Noise comes from the operating system's entropy, never
 from the configured seed (a seed an attacker knows would let it subtract the noise).
+
+Against whom: amplification by sampling holds only against an observer who does not know
+which clients a round sampled. The server samples them, so against the server (the adversary
+of ``distributed``) each round a client took part in is a plain Gaussian of multiplier ``z``:
+`unamplified_epsilon` composes the rounds of the client that took part in the most.
 """
 
 from __future__ import annotations
@@ -165,6 +170,14 @@ def epsilon(
     return float(compute_epsilon(ORDERS, rounds * one, delta)[0])
 
 
+def unamplified_epsilon(z: float, *, rounds: int, delta: float) -> float:
+    """Epsilon at ``delta`` of ``rounds`` Gaussian mechanisms of multiplier ``z`` without
+    amplification by sampling (the same RDP accountant and `ORDERS` as `epsilon`): the
+    guarantee against an observer who knows which rounds a client took part in (the server),
+    ``rounds`` being the most rounds any one client took part in."""
+    return epsilon(z, rounds=rounds, sampled=1, clients=1, delta=delta)
+
+
 @functools.lru_cache(maxsize=1024)
 def _one_round_rdp(z: float, sampled: int, clients: int, sampling: str) -> tuple[float, ...]:
     """The RDP of one round at each of `ORDERS`; ``r`` rounds compose to ``r`` times it, as
@@ -217,4 +230,5 @@ __all__ = [
     "next_clip",
     "noise_for_epsilon",
     "noisy_sum",
+    "unamplified_epsilon",
 ]
