@@ -2,7 +2,7 @@
 deviation, the accountant against a direct dp-accounting computation, adaptive clipping
 converging to its quantile, the refused combinations, and rounds run end to end (central,
 and distributed under secure aggregation) with epsilon in every round's report, and the epsilon
-against the server (no amplification by sampling)."""
+against the server (no amplification by sampling) under distributed DP."""
 
 from __future__ import annotations
 
@@ -173,6 +173,38 @@ async def test_private_rounds_run_end_to_end_and_report_epsilon(setup, secure):
     want = [epsilon(1e-4, rounds=k, sampled=4, clients=4, delta=1e-3) for k in (1, 2)]
     assert eps == pytest.approx(want) and eps[0] < eps[1]
     assert [r.clip for r in server.reports] == [clip, clip]
+    assert server.participation == {c: 2 for c in ("c0", "c1", "c2", "c3")}
+    vs_server = [r.epsilon_vs_server for r in server.reports]
+    if secure:  # every client took part in each round: sampling amplified nothing
+        assert vs_server == pytest.approx(
+            [unamplified_epsilon(1e-4, rounds=k, delta=1e-3) for k in (1, 2)]
+        )
+        assert vs_server == pytest.approx(eps)
+    else:  # the trusted server of central DP: no epsilon bounds what it sees
+        assert vs_server == [None, None]
     if secure:  # shares sized for the fewest survivors the secure sum completes with
         thr = sec.threshold(4)
         assert server.secagg.noise_std == pytest.approx(1e-4 * clip * math.sqrt(4 / thr))
+
+
+async def test_sampled_distributed_rounds_report_a_larger_epsilon_against_the_server(setup):
+    """3 of 4 clients a round for 3 rounds: the amplified epsilon is for those who do not know
+    who was sampled; the server knows, and its figure composes the busiest client's rounds
+    unamplified: larger, for the same run."""
+    data, trainer = setup
+    dp = DPConfig(clip=0.05, noise_multiplier=1.0, delta=1e-3, mode="distributed")
+    cfg = FLConfig(
+        rounds=3, fraction=0.75, round_timeout=20.0, seed=3, dp=dp,
+        secagg=SecAggConfig(clip=1.0, stage_timeout=5.0),
+    )  # fmt: skip
+    server = await run_memory_federation(data, trainer, cfg)
+    counts: dict[str, int] = {}
+    for r in server.reports:
+        assert len(r.accepted) == 3, r
+        for c in r.accepted:
+            counts[c] = counts.get(c, 0) + 1
+    assert server.participation == counts and max(counts.values()) == 3
+    last = server.reports[-1]
+    assert last.epsilon == pytest.approx(epsilon(1.0, rounds=3, sampled=3, clients=4, delta=1e-3))
+    assert last.epsilon_vs_server == pytest.approx(unamplified_epsilon(1.0, rounds=3, delta=1e-3))
+    assert last.epsilon_vs_server > last.epsilon

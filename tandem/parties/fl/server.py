@@ -54,7 +54,7 @@ from . import protocol as P
 from .aggregate import ServerState, optax_step, server_step
 from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
-from .dp import epsilon, next_clip, noisy_sum
+from .dp import epsilon, next_clip, noisy_sum, unamplified_epsilon
 from .evaluation import EVAL, EVALUATE, check_eval, combine
 from .quantize import dequantize
 from .server_config import FLConfig as FLConfig
@@ -76,6 +76,9 @@ class RoundReport:
     accuracy: float | None = None
     secure: dict | None = None  # under secure aggregation: thresholds, degree, stages, cheats
     epsilon: float | None = None  # under [dp]: epsilon at dp.delta after this round
+    # under distributed DP: epsilon at dp.delta against the server (no amplification by
+    # sampling: it knows who took part); None in central mode (`FLServer.epsilon_vs_server`)
+    epsilon_vs_server: float | None = None
     clip: float | None = None  # under [dp]: the clip norm this round used
     evaluation: dict | None = None  # the clients' validation rows (`evaluation.combine`)
 
@@ -129,6 +132,8 @@ class FLServer:
             self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
         )
         self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
+        # client -> rounds whose aggregate its payload went into (`epsilon_vs_server`)
+        self.participation: dict[str, int] = {}
         self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
         itemsize = 1 if self.uplink["kind"] == "quant" else 4  # uint8 codes, else float32
@@ -228,6 +233,8 @@ class FLServer:
             await asyncio.to_thread(
                 self._apply, [accepted[c][1] for c in names], [accepted[c][0] for c in names], seed
             )
+        for c in accepted:  # every accepted payload went into this round's aggregate
+            self.participation[c] = self.participation.get(c, 0) + 1
         acc = None
         if self.test_set is not None and self.evaluates(r):
             acc = await asyncio.to_thread(self.trainer.accuracy, self.model, *self.test_set)
@@ -244,6 +251,7 @@ class FLServer:
             accuracy=acc,
             secure=secure,
             epsilon=await asyncio.to_thread(self.epsilon, r + 1),
+            epsilon_vs_server=await asyncio.to_thread(self.epsilon_vs_server),
             clip=clip,
             evaluation=combine(self.round_evals, self.trainer.classifies)
             if self.cfg.client_eval and self.evaluates(r)
@@ -511,6 +519,19 @@ class FLServer:
             delta=dp.delta,
             sampling=dp.sampling,
         )
+
+    def epsilon_vs_server(self) -> float | None:
+        """Under distributed DP, epsilon at ``dp.delta`` against this server: it knows which
+        clients each round sampled, so no amplification by sampling; each round a client took
+        part in is a Gaussian of multiplier ``z``, composed over the most rounds any one client
+        took part in (``participation``, resumed rounds included). None without [dp] and in
+        central mode (the trusted server sees the updates, or their clipped sum, before its
+        noise: no epsilon bounds what it learns)."""
+        dp = self.cfg.dp
+        if dp is None or dp.mode != "distributed":
+            return None
+        most = max(self.participation.values(), default=0)
+        return unamplified_epsilon(dp.noise_multiplier, rounds=most, delta=dp.delta)
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
