@@ -67,9 +67,11 @@ def test_the_accountant_matches_a_direct_dp_accounting_computation(sampling):
         acc = rdp.RdpAccountant(ORDERS)
         event = dp_accounting.PoissonSampledDpEvent(m / n, dp_accounting.GaussianDpEvent(z))
     else:
+        # replace-one: one client replaced moves the clipped sum by up to 2 C, so the
+        # multiplier dp-accounting takes (noise over sensitivity) is z / 2
         acc = rdp.RdpAccountant(ORDERS, dp_accounting.NeighboringRelation.REPLACE_ONE)
         event = dp_accounting.SampledWithoutReplacementDpEvent(
-            n, m, dp_accounting.GaussianDpEvent(z)
+            n, m, dp_accounting.GaussianDpEvent(z / 2)
         )
     acc.compose(event, rounds)
     got = epsilon(z, rounds=rounds, sampled=m, clients=n, delta=delta, sampling=sampling)
@@ -91,7 +93,9 @@ def test_the_epsilon_against_the_server_is_unamplified_gaussian_composition():
     assert unamplified_epsilon(z, rounds=0, delta=delta) == 0.0
     for sampling in ("poisson", "fixed"):
         amplified = epsilon(z, rounds=k, sampled=10, clients=100, delta=delta, sampling=sampling)
-        assert amplified < got
+        assert amplified < unamplified_epsilon(z, rounds=k, delta=delta, sampling=sampling)
+    replaced = unamplified_epsilon(z, rounds=k, delta=delta, sampling="fixed")
+    assert replaced == pytest.approx(unamplified_epsilon(z / 2, rounds=k, delta=delta))
     assert epsilon(z, rounds=k, sampled=100, clients=100, delta=delta) == pytest.approx(got)
 
 

@@ -523,7 +523,8 @@ class FLServer:
     def epsilon_vs_server(self) -> float | None:
         """Under distributed DP, epsilon at ``dp.delta`` against this server: it knows which
         clients each round sampled, so no amplification by sampling; each round a client took
-        part in is a Gaussian of multiplier ``z``, composed over the most rounds any one client
+        part in is a Gaussian of multiplier ``z`` (``z / 2`` for ``sampling = "fixed"``'s
+        replace-one neighbours), composed over the most rounds any one client
         took part in (``participation``, resumed rounds included). None without [dp] and in
         central mode (the trusted server sees the updates, or their clipped sum, before its
         noise: no epsilon bounds what it learns)."""
@@ -531,7 +532,9 @@ class FLServer:
         if dp is None or dp.mode != "distributed":
             return None
         most = max(self.participation.values(), default=0)
-        return unamplified_epsilon(dp.noise_multiplier, rounds=most, delta=dp.delta)
+        return unamplified_epsilon(
+            dp.noise_multiplier, rounds=most, delta=dp.delta, sampling=dp.sampling
+        )
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:
         """Aggregate, run the server rule, move the model, log the changed indices."""
