@@ -212,3 +212,23 @@ async def test_sampled_distributed_rounds_report_a_larger_epsilon_against_the_se
     assert last.epsilon == pytest.approx(epsilon(1.0, rounds=3, sampled=3, clients=4, delta=1e-3))
     assert last.epsilon_vs_server == pytest.approx(unamplified_epsilon(1.0, rounds=3, delta=1e-3))
     assert last.epsilon_vs_server > last.epsilon
+
+
+def test_under_dp_the_sampling_is_secret_from_whoever_knows_the_seed(setup):
+    """The amplified epsilon assumes that no one but the server knows who each round sampled;
+    `server.seed` (0 by default) is no secret, so under [dp] the sampling is keyed by the
+    server process's own fresh bits as well; without [dp] the seed alone decides it."""
+    from tandem.parties.fl.server import FLServer
+    from tandem.transports.memory import MemoryNetwork
+
+    _, trainer = setup
+    clients = [f"c{i}" for i in range(40)]
+
+    def picks(cfg: FLConfig) -> list[list[str]]:
+        server = FLServer(MemoryNetwork().endpoint("server"), clients, trainer, cfg)
+        return [server.sample(r)[0] for r in range(5)]
+
+    plain = FLConfig(rounds=5, fraction=0.25, seed=3)
+    assert picks(plain) == picks(plain)
+    private = FLConfig(rounds=5, fraction=0.25, seed=3, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    assert picks(private) != picks(private)

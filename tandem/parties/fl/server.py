@@ -126,6 +126,10 @@ class FLServer:
         # starts over, kept by one resumed from its checkpoint. A client's version means a
         # model only within one lineage (a hello names the lineage it holds: `protocol.py`)
         self.lineage = secrets.token_hex(8)
+        # under [dp], who each round samples must stay unknown to all but this server (the
+        # amplified epsilon assumes it), and `server.seed`, 0 by default, is no secret: the
+        # sampling is keyed by fresh bits as well (`sample`)
+        self.sampling_key: int | None = secrets.randbits(63) if cfg.dp is not None else None
         self.round_evals: dict[str, tuple[int, float, float]] = {}  # client -> its eval sums
         self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(
@@ -189,7 +193,15 @@ class FLServer:
         return r == self.cfg.rounds - 1 or bool(every and (r + 1) % every == 0)
 
     def sample(self, r: int) -> tuple[list[str], int]:
-        rng = np.random.default_rng([self.cfg.seed, r])
+        """Round ``r``'s clients and shared seed, drawn from ``server.seed`` and ``r`` (and,
+        under [dp], this process's secret `sampling_key`, so that no one who knows the seed
+        can tell who took part)."""
+        key = (
+            [self.cfg.seed, r]
+            if self.sampling_key is None
+            else [self.cfg.seed, r, self.sampling_key]
+        )
+        rng = np.random.default_rng(key)
         m = max(1, math.ceil(self.cfg.fraction * len(self.clients)))
         picked = rng.choice(len(self.clients), size=m, replace=False)
         return [self.clients[i] for i in sorted(picked)], int(rng.integers(1, 2**31))
