@@ -78,6 +78,12 @@ def test_checkpoint_round_trip_is_exact(trained, tmp_path):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     assert restored.next_round == server.next_round == 3
     assert restored.known == server.known and restored.reports == server.reports
+    assert restored.participation == server.participation == {f"c{i}": 3 for i in range(4)}
+    older = ckpt.load(location)  # written before participation was kept: counted from reports
+    del older.meta["participation"]
+    again = fresh_server(trainer)
+    ckpt.restore(again, older, IDENTITY)
+    assert again.participation == server.participation
     for v in range(server.planner.version + 1):  # the downlink plans the same messages
         m1, a1 = server.planner.plan(server.model, v)
         m2, a2 = restored.planner.plan(restored.model, v)

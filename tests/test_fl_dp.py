@@ -1,7 +1,8 @@
 """Client-level differential privacy (`tandem.parties.fl.dp`): clipping bounds, the noise's
 deviation, the accountant against a direct dp-accounting computation, adaptive clipping
 converging to its quantile, the refused combinations, and rounds run end to end (central,
-and distributed under secure aggregation) with epsilon in every round's report."""
+and distributed under secure aggregation) with epsilon in every round's report, and the epsilon
+against the server (no amplification by sampling) under distributed DP."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from tandem.parties.fl.dp import (
     next_clip,
     noise_for_epsilon,
     noisy_sum,
+    unamplified_epsilon,
 )
 from tandem.parties.fl.federation import run_memory_federation
 from tandem.parties.fl.private_config import DPTable
@@ -65,9 +67,11 @@ def test_the_accountant_matches_a_direct_dp_accounting_computation(sampling):
         acc = rdp.RdpAccountant(ORDERS)
         event = dp_accounting.PoissonSampledDpEvent(m / n, dp_accounting.GaussianDpEvent(z))
     else:
+        # replace-one: one client replaced moves the clipped sum by up to 2 C, so the
+        # multiplier dp-accounting takes (noise over sensitivity) is z / 2
         acc = rdp.RdpAccountant(ORDERS, dp_accounting.NeighboringRelation.REPLACE_ONE)
         event = dp_accounting.SampledWithoutReplacementDpEvent(
-            n, m, dp_accounting.GaussianDpEvent(z)
+            n, m, dp_accounting.GaussianDpEvent(z / 2)
         )
     acc.compose(event, rounds)
     got = epsilon(z, rounds=rounds, sampled=m, clients=n, delta=delta, sampling=sampling)
@@ -75,6 +79,24 @@ def test_the_accountant_matches_a_direct_dp_accounting_computation(sampling):
     assert epsilon(z, rounds=0, sampled=m, clients=n, delta=delta) == 0.0
     fewer = epsilon(z, rounds=rounds // 2, sampled=m, clients=n, delta=delta, sampling=sampling)
     assert 0 < fewer < got  # composition: epsilon grows with the rounds
+
+
+def test_the_epsilon_against_the_server_is_unamplified_gaussian_composition():
+    """Against the server, which knows who was sampled: k plain Gaussians of multiplier z
+    (dp-accounting directly), larger than the amplified epsilon of the same rounds."""
+    z, k, delta = 1.0, 10, 1e-5
+    acc = rdp.RdpAccountant(ORDERS)
+    acc.compose(dp_accounting.GaussianDpEvent(z), k)
+    got = unamplified_epsilon(z, rounds=k, delta=delta)
+    assert got == pytest.approx(acc.get_epsilon(delta), rel=1e-9)
+    assert got == pytest.approx(19.8017, abs=1e-3)  # the figure docs/federated.md quotes
+    assert unamplified_epsilon(z, rounds=0, delta=delta) == 0.0
+    for sampling in ("poisson", "fixed"):
+        amplified = epsilon(z, rounds=k, sampled=10, clients=100, delta=delta, sampling=sampling)
+        assert amplified < unamplified_epsilon(z, rounds=k, delta=delta, sampling=sampling)
+    replaced = unamplified_epsilon(z, rounds=k, delta=delta, sampling="fixed")
+    assert replaced == pytest.approx(unamplified_epsilon(z / 2, rounds=k, delta=delta))
+    assert epsilon(z, rounds=k, sampled=100, clients=100, delta=delta) == pytest.approx(got)
 
 
 def test_the_noise_solved_for_a_target_epsilon_meets_it_tightly():
@@ -155,6 +177,58 @@ async def test_private_rounds_run_end_to_end_and_report_epsilon(setup, secure):
     want = [epsilon(1e-4, rounds=k, sampled=4, clients=4, delta=1e-3) for k in (1, 2)]
     assert eps == pytest.approx(want) and eps[0] < eps[1]
     assert [r.clip for r in server.reports] == [clip, clip]
+    assert server.participation == {c: 2 for c in ("c0", "c1", "c2", "c3")}
+    vs_server = [r.epsilon_vs_server for r in server.reports]
+    if secure:  # every client took part in each round: sampling amplified nothing
+        assert vs_server == pytest.approx(
+            [unamplified_epsilon(1e-4, rounds=k, delta=1e-3) for k in (1, 2)]
+        )
+        assert vs_server == pytest.approx(eps)
+    else:  # the trusted server of central DP: no epsilon bounds what it sees
+        assert vs_server == [None, None]
     if secure:  # shares sized for the fewest survivors the secure sum completes with
         thr = sec.threshold(4)
         assert server.secagg.noise_std == pytest.approx(1e-4 * clip * math.sqrt(4 / thr))
+
+
+async def test_sampled_distributed_rounds_report_a_larger_epsilon_against_the_server(setup):
+    """3 of 4 clients a round for 3 rounds: the amplified epsilon is for those who do not know
+    who was sampled; the server knows, and its figure composes the busiest client's rounds
+    unamplified: larger, for the same run."""
+    data, trainer = setup
+    dp = DPConfig(clip=0.05, noise_multiplier=1.0, delta=1e-3, mode="distributed")
+    cfg = FLConfig(
+        rounds=3, fraction=0.75, round_timeout=20.0, seed=3, dp=dp,
+        secagg=SecAggConfig(clip=1.0, stage_timeout=5.0),
+    )  # fmt: skip
+    server = await run_memory_federation(data, trainer, cfg)
+    counts: dict[str, int] = {}
+    for r in server.reports:
+        assert len(r.accepted) == 3, r
+        for c in r.accepted:
+            counts[c] = counts.get(c, 0) + 1
+    assert server.participation == counts and max(counts.values()) == 3
+    last = server.reports[-1]
+    assert last.epsilon == pytest.approx(epsilon(1.0, rounds=3, sampled=3, clients=4, delta=1e-3))
+    assert last.epsilon_vs_server == pytest.approx(unamplified_epsilon(1.0, rounds=3, delta=1e-3))
+    assert last.epsilon_vs_server > last.epsilon
+
+
+def test_under_dp_the_sampling_is_secret_from_whoever_knows_the_seed(setup):
+    """The amplified epsilon assumes that no one but the server knows who each round sampled;
+    `server.seed` (0 by default) is no secret, so under [dp] the sampling is keyed by the
+    server process's own fresh bits as well; without [dp] the seed alone decides it."""
+    from tandem.parties.fl.server import FLServer
+    from tandem.transports.memory import MemoryNetwork
+
+    _, trainer = setup
+    clients = [f"c{i}" for i in range(40)]
+
+    def picks(cfg: FLConfig) -> list[list[str]]:
+        server = FLServer(MemoryNetwork().endpoint("server"), clients, trainer, cfg)
+        return [server.sample(r)[0] for r in range(5)]
+
+    plain = FLConfig(rounds=5, fraction=0.25, seed=3)
+    assert picks(plain) == picks(plain)
+    private = FLConfig(rounds=5, fraction=0.25, seed=3, dp=DPConfig(clip=1.0, noise_multiplier=1.0))
+    assert picks(private) != picks(private)

@@ -389,15 +389,16 @@ async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed
     """``tandem fl server`` and four clients from TOML alone: secure aggregation with signed
     keys, distributed DP at a target epsilon and the compressed uplink; bank_b is killed
     (SIGKILL) once it has sent its masked input in the last round, and that round completes
-    with the others. Every round line carries epsilon and the time, the summary the final
-    epsilon, and a client that asks gets the final model (``client.final_model``)."""
+    with the others. Every round line carries epsilon (and the one against the server) and the
+    time, the summary the final epsilon and epsilon_vs_server, and a client that asks gets the
+    final model (``client.final_model``)."""
     import signal
 
     from safetensors.numpy import load_file
 
     from fl_process_helpers import CLIENTS, Federation
     from party_helpers import wait_until
-    from tandem.parties.fl.dp import epsilon
+    from tandem.parties.fl.dp import epsilon, unamplified_epsilon
     from tandem.transports.keys import generate
 
     fed = Federation(tmp_path, rounds=2)
@@ -437,8 +438,14 @@ async def test_processes_run_secure_rounds_from_toml_and_survive_a_client_killed
     z = summary["dp"]["noise_multiplier"]
     want = epsilon(z, rounds=2, sampled=4, clients=4, delta=1e-3)
     assert summary["dp"]["epsilon"] == pytest.approx(want, abs=1e-3) and want <= 8.0
+    # against the server, which knows who took part: bank_a was in both rounds, unamplified
+    # (all 4 of 4 were sampled, so nothing was amplified and the figures agree)
+    vs_server = unamplified_epsilon(z, rounds=2, delta=1e-3)
+    assert summary["dp"]["epsilon_vs_server"] == pytest.approx(vs_server, abs=1e-3), summary
+    assert summary["dp"]["epsilon_vs_server"] >= summary["dp"]["epsilon"] - 1e-3
     lines = [line for line in err.splitlines() if line.startswith("round ")]
     assert len(lines) == 2 and all("epsilon" in x and "elapsed" in x for x in lines), lines
+    assert all("(vs server " in x for x in lines), lines
     assert "unknown_peer" not in err, err[-3000:]  # a normal join logs no refusal
     final = results["bank_a"][1]["final_model"]
     assert final is not None and results["bank_c"][1]["final_model"] is None

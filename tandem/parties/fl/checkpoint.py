@@ -7,12 +7,14 @@ Contents (format ``"tandem-fl-server"``, version 1):
   ``agg/<i>`` (the leaves of the aggregator's state, `FLConfig.aggregator`, likewise),
   ``planner/...`` (`DownlinkPlanner.state`: changed-coordinate masks and the version log);
 * header metadata ``"tandem"``: JSON ``{"format", "version", "identity", "next_round",
-  "known", "resyncs", "reports", "planner", "opt_structure", "agg_structure", "lineage"}``:
-  the configuration it was written with (`ServerConfig.identity`), the first round not yet done,
-  each client's confirmed version, the round reports so far, the planner's scalars and the
-  treedef texts of the optimizer's and the aggregator's states (a checkpoint without
-  ``agg_structure`` holds an aggregator without state, as the default weighted mean), and
-  the server's lineage (`FLServer.lineage`: a resumed server keeps it, so the versions its
+  "known", "participation", "resyncs", "reports", "planner", "opt_structure", "agg_structure",
+  "lineage"}``: the configuration it was written with (`ServerConfig.identity`), the first round
+  not yet done, each client's confirmed version, each client's count of rounds its payload went
+  into (`FLServer.participation`, for the epsilon against the server; a checkpoint without it
+  has it counted from its reports' ``accepted``), the round reports so far, the planner's
+  scalars and the treedef texts of the optimizer's and the aggregator's states (a checkpoint
+  without ``agg_structure`` holds an aggregator without state, as the default weighted mean),
+  and the server's lineage (`FLServer.lineage`: a resumed server keeps it, so the versions its
   clients hold stay valid; a checkpoint without one gives the server a new lineage, and its
   clients then start again from the initial model).
 
@@ -89,6 +91,7 @@ def encode(server: FLServer, identity: Mapping[str, Any]) -> bytes:
         "identity": json.loads(json.dumps(identity)),
         "next_round": server.next_round,
         "known": dict(server.known),
+        "participation": dict(server.participation),
         "resyncs": server.resyncs,
         "reports": [dataclasses.asdict(r) for r in server.reports],
         "planner": planner_meta,
@@ -151,6 +154,7 @@ def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> 
         server.planner.restore(planner, ckpt.meta["planner"])
         known = {str(c): int(v) for c, v in ckpt.meta["known"].items()}
         reports = [RoundReport(**r) for r in ckpt.meta["reports"]]
+        participation = _participation(ckpt.meta.get("participation"), reports)
         next_round, resyncs = int(ckpt.meta["next_round"]), int(ckpt.meta["resyncs"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{where}: metadata is malformed ({exc!r})") from None
@@ -159,10 +163,27 @@ def restore(server: FLServer, ckpt: Checkpoint, identity: Mapping[str, Any]) -> 
     server.opt_state, server.agg_state = opt_state, agg_state
     server.known.update({c: v for c, v in known.items() if c in server.known})
     server.reports = reports
+    server.participation = participation
     server.next_round, server.resyncs = next_round, resyncs
     lineage = ckpt.meta.get("lineage")
     if isinstance(lineage, str):
         server.lineage = lineage
+
+
+def _participation(saved: Any, reports: list[RoundReport]) -> dict[str, int]:
+    """Each client's count of rounds taken part in: as saved, else (a checkpoint written
+    before it was kept) counted from the reports' ``accepted``; `restore` turns a malformed
+    entry's ``ValueError`` or ``AttributeError`` into a `CheckpointError`."""
+    if saved is None:
+        counts: dict[str, int] = {}
+        for report in reports:
+            for c in report.accepted:
+                counts[c] = counts.get(c, 0) + 1
+        return counts
+    counts = {str(c): int(v) for c, v in saved.items()}
+    if any(v < 0 for v in counts.values()):
+        raise ValueError(f"negative participation count in {counts}")
+    return counts
 
 
 def _state(template: Any, ckpt: Checkpoint, prefix: str, what: str) -> Any:

@@ -147,6 +147,8 @@ async def server_command(args: argparse.Namespace) -> int:
         def on_round(rep) -> None:
             acc = "" if rep.accuracy is None else f", accuracy {100 * rep.accuracy:.2f}%"
             eps = "" if rep.epsilon is None else f", epsilon {rep.epsilon:.3f}"
+            if rep.epsilon_vs_server is not None:
+                eps += f" (vs server {rep.epsilon_vs_server:.3f})"
             print(
                 f"round {rep.round + 1}/{cfg.rounds}: {len(rep.accepted)}/{len(rep.sampled)} "
                 f"clients, up {rep.up_bytes} B, down {rep.down_bytes} B{acc}"

@@ -25,8 +25,15 @@ multiplier ``z`` costs (their Theorem 1); the accountant charges ``z``.
 The accountant is dp-accounting's RDP accountant (the ``privacy`` extra): each round is a
 Gaussian of multiplier ``z`` sampled at ``q = m / N``, as Poisson sampling (``sampling =
 "poisson"``, the usual analysis of DP-FedAvg) or as fixed-size sampling without replacement
-(``"fixed"``, replace-one neighbours). Noise comes from the operating system's entropy, never
-from the configured seed (a seed an attacker knows would let it subtract the noise).
+(``"fixed"``, replace-one neighbours: one client's payload replaced moves the sum by up to
+``2 C``, so the accountant's multiplier is ``z / 2``). Noise comes from the operating
+system's entropy, never from the configured seed (a seed an attacker knows would let it
+subtract the noise).
+
+Against whom: amplification by sampling holds only against an observer who does not know
+which clients a round sampled. The server samples them, so against the server (the adversary
+of ``distributed``) each round a client took part in is a plain Gaussian of multiplier ``z``:
+`unamplified_epsilon` composes the rounds of the client that took part in the most.
 """
 
 from __future__ import annotations
@@ -165,13 +172,27 @@ def epsilon(
     return float(compute_epsilon(ORDERS, rounds * one, delta)[0])
 
 
+def unamplified_epsilon(z: float, *, rounds: int, delta: float, sampling: str = "poisson") -> float:
+    """Epsilon at ``delta`` of ``rounds`` Gaussian mechanisms of multiplier ``z`` without
+    amplification by sampling (the same RDP accountant, `ORDERS` and neighbouring relation
+    as `epsilon` with ``sampling``): the guarantee against an observer who knows which
+    rounds a client took part in (the server), ``rounds`` being the most rounds any one
+    client took part in."""
+    return epsilon(z, rounds=rounds, sampled=1, clients=1, delta=delta, sampling=sampling)
+
+
 @functools.lru_cache(maxsize=1024)
 def _one_round_rdp(z: float, sampled: int, clients: int, sampling: str) -> tuple[float, ...]:
     """The RDP of one round at each of `ORDERS`; ``r`` rounds compose to ``r`` times it, as
     dp-accounting's ``compose(event, r)`` computes it. Cached: a server reports epsilon every
     round for the same round event."""
     dpa, acc = _accountant(sampling)
-    event = dpa.GaussianDpEvent(z)
+    # dp-accounting's multiplier is the noise's deviation over the L2 sensitivity: a sum of
+    # payloads clipped to C changes by up to C when one client is added or removed
+    # ("poisson"), by up to 2 C when one is replaced ("fixed"), so there it is z / 2 (with
+    # adaptive clipping too: the count's sensitivity stays 1, and Theorem 1's combination of
+    # the two releases then gives z / 2 as well)
+    event = dpa.GaussianDpEvent(z / 2 if sampling == "fixed" else z)
     if sampled < clients:
         if sampling == "fixed":
             event = dpa.SampledWithoutReplacementDpEvent(clients, sampled, event)
@@ -217,4 +238,5 @@ __all__ = [
     "next_clip",
     "noise_for_epsilon",
     "noisy_sum",
+    "unamplified_epsilon",
 ]

@@ -54,7 +54,7 @@ from . import protocol as P
 from .aggregate import ServerState, optax_step, server_step
 from .bounds import UpdateBounds
 from .downlink import DownlinkPlanner
-from .dp import epsilon, next_clip, noisy_sum
+from .dp import epsilon, next_clip, noisy_sum, unamplified_epsilon
 from .evaluation import EVAL, EVALUATE, check_eval, combine
 from .quantize import dequantize
 from .server_config import FLConfig as FLConfig
@@ -76,6 +76,9 @@ class RoundReport:
     accuracy: float | None = None
     secure: dict | None = None  # under secure aggregation: thresholds, degree, stages, cheats
     epsilon: float | None = None  # under [dp]: epsilon at dp.delta after this round
+    # under distributed DP: epsilon at dp.delta against the server (no amplification by
+    # sampling: it knows who took part); None in central mode (`FLServer.epsilon_vs_server`)
+    epsilon_vs_server: float | None = None
     clip: float | None = None  # under [dp]: the clip norm this round used
     evaluation: dict | None = None  # the clients' validation rows (`evaluation.combine`)
 
@@ -123,12 +126,18 @@ class FLServer:
         # starts over, kept by one resumed from its checkpoint. A client's version means a
         # model only within one lineage (a hello names the lineage it holds: `protocol.py`)
         self.lineage = secrets.token_hex(8)
+        # under [dp], who each round samples must stay unknown to all but this server (the
+        # amplified epsilon assumes it), and `server.seed`, 0 by default, is no secret: the
+        # sampling is keyed by fresh bits as well (`sample`)
+        self.sampling_key: int | None = secrets.randbits(63) if cfg.dp is not None else None
         self.round_evals: dict[str, tuple[int, float, float]] = {}  # client -> its eval sums
         self.inflight: dict[str, tuple[int, int]] = {}  # client -> (round, seed) being served
         self.planner = DownlinkPlanner(
             self.d, cfg.downlink, log_size=cfg.log_size, anchor_every=cfg.anchor_every
         )
         self.known = {c: 0 for c in self.clients}  # each client's version (lowered by resync)
+        # client -> rounds whose aggregate its payload went into (`epsilon_vs_server`)
+        self.participation: dict[str, int] = {}
         self.resyncs = 0
         self.test_set, self.on_round = test_set, on_round
         itemsize = 1 if self.uplink["kind"] == "quant" else 4  # uint8 codes, else float32
@@ -184,7 +193,15 @@ class FLServer:
         return r == self.cfg.rounds - 1 or bool(every and (r + 1) % every == 0)
 
     def sample(self, r: int) -> tuple[list[str], int]:
-        rng = np.random.default_rng([self.cfg.seed, r])
+        """Round ``r``'s clients and shared seed, drawn from ``server.seed`` and ``r`` (and,
+        under [dp], this process's secret `sampling_key`, so that no one who knows the seed
+        can tell who took part)."""
+        key = (
+            [self.cfg.seed, r]
+            if self.sampling_key is None
+            else [self.cfg.seed, r, self.sampling_key]
+        )
+        rng = np.random.default_rng(key)
         m = max(1, math.ceil(self.cfg.fraction * len(self.clients)))
         picked = rng.choice(len(self.clients), size=m, replace=False)
         return [self.clients[i] for i in sorted(picked)], int(rng.integers(1, 2**31))
@@ -228,6 +245,8 @@ class FLServer:
             await asyncio.to_thread(
                 self._apply, [accepted[c][1] for c in names], [accepted[c][0] for c in names], seed
             )
+        for c in accepted:  # every accepted payload went into this round's aggregate
+            self.participation[c] = self.participation.get(c, 0) + 1
         acc = None
         if self.test_set is not None and self.evaluates(r):
             acc = await asyncio.to_thread(self.trainer.accuracy, self.model, *self.test_set)
@@ -244,6 +263,7 @@ class FLServer:
             accuracy=acc,
             secure=secure,
             epsilon=await asyncio.to_thread(self.epsilon, r + 1),
+            epsilon_vs_server=await asyncio.to_thread(self.epsilon_vs_server),
             clip=clip,
             evaluation=combine(self.round_evals, self.trainer.classifies)
             if self.cfg.client_eval and self.evaluates(r)
@@ -510,6 +530,22 @@ class FLServer:
             clients=len(self.clients),
             delta=dp.delta,
             sampling=dp.sampling,
+        )
+
+    def epsilon_vs_server(self) -> float | None:
+        """Under distributed DP, epsilon at ``dp.delta`` against this server: it knows which
+        clients each round sampled, so no amplification by sampling; each round a client took
+        part in is a Gaussian of multiplier ``z`` (``z / 2`` for ``sampling = "fixed"``'s
+        replace-one neighbours), composed over the most rounds any one client
+        took part in (``participation``, resumed rounds included). None without [dp] and in
+        central mode (the trusted server sees the updates, or their clipped sum, before its
+        noise: no epsilon bounds what it learns)."""
+        dp = self.cfg.dp
+        if dp is None or dp.mode != "distributed":
+            return None
+        most = max(self.participation.values(), default=0)
+        return unamplified_epsilon(
+            dp.noise_multiplier, rounds=most, delta=dp.delta, sampling=dp.sampling
         )
 
     def _apply(self, payloads: list[np.ndarray], weights: list[int], seed: int) -> None:

@@ -427,15 +427,18 @@ async def run_server(
 
 
 def _privacy(server: DeployedServer) -> dict[str, Any]:
-    """The summary's DP entries: epsilon at delta after every round run (resumed included)."""
+    """The summary's DP entries: epsilon at delta after every round run (resumed included),
+    and under distributed DP the epsilon against the server (`FLServer.epsilon_vs_server`;
+    None in central mode)."""
     dp = server.cfg.dp
     if dp is None:
         return {}
-    eps = server.epsilon(server.next_round)
+    eps, vs_server = server.epsilon(server.next_round), server.epsilon_vs_server()
     return {
         "dp": {
             "mode": dp.mode,
             "epsilon": None if eps is None else round(eps, 4),
+            "epsilon_vs_server": None if vs_server is None else round(vs_server, 4),
             "delta": dp.delta,
             "noise_multiplier": round(dp.noise_multiplier, 6),
             "clip": server.dp_clip,
