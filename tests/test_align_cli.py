@@ -198,3 +198,23 @@ async def test_an_open_host_without_a_secret_is_refused_unless_insecure(
         await cli.run(parse([*argv, "--insecure"]))
     err = capsys.readouterr().err
     assert "serving on http://0.0.0.0" in err and "reachable from other machines" not in err
+
+
+async def test_a_failed_exchange_exits_1_with_one_line_not_a_traceback(tmp_path, capsys):
+    """The leader runs a PSI per follower in a task group: a peer that stays unreachable
+    (like any failure inside the exchange) is reported as one line, exit code 1."""
+    write_csv(tmp_path / "a.csv", ["cid"], [["c1"]])
+    argv = [
+        "align",
+        "--name",
+        "A",
+        "--role",
+        "leader",
+        "--peer",
+        f"B=http://127.0.0.1:{free_port()}",
+    ]
+    argv += ["--ids", str(tmp_path / "a.csv"), "--out", str(tmp_path / "o.csv"), "--wait", "0.2"]
+    assert await cli.run(parse(argv)) == 1
+    err = capsys.readouterr().err
+    assert "tandem align: peer 'B' at http://127.0.0.1:" in err and "unreachable" in err
+    assert not (tmp_path / "o.csv").exists()

@@ -198,11 +198,24 @@ async def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    except (TandemError, OSError) as exc:
-        print(f"tandem align: {exc}", file=sys.stderr)
+    except (TandemError, OSError, ExceptionGroup) as exc:
+        print(f"tandem align: {_reason(exc)}", file=sys.stderr)
         return 1
     emit_result(_summary(args, peers, res, seconds))
     return 0
+
+
+def _reason(exc: BaseException) -> BaseException:
+    """``exc``, or the first leaf of an exception group (the pairwise PSIs, and the streams
+    of one PSI, run in task groups), re-raised when it is no Tandem or OS error (a bug)."""
+    from tandem.errors import TandemError
+
+    err = exc
+    while isinstance(err, BaseExceptionGroup):
+        err = err.exceptions[0]
+    if not isinstance(err, (TandemError, OSError)):
+        raise exc
+    return err
 
 
 def _peers(args: argparse.Namespace, secret: str | None) -> dict[str, str]:
