@@ -644,3 +644,21 @@ async def test_predict_from_tandem_party_exports_reproduces_its_evaluation(tmp_p
     summaries = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert len(summaries) == 2
     assert {s["training"] for s in summaries} == {trained_by["training"]}
+
+
+async def test_aligned_rows_whose_ids_moved_are_refused(trained, tmp_path):
+    """`--aligned` with `--id-column`: a data file reordered after `tandem align` is refused,
+    naming the row and both ids, never predicted on the rows now at those positions."""
+    lm = await inference.load_model(trained.leader, "leader")
+    _new_rows(trained, tmp_path)
+    with open(tmp_path / "new_l.csv", newline="") as f:
+        header, *lines = list(csv.reader(f))
+    with open(tmp_path / "moved.csv", "w", newline="") as f:
+        csv.writer(f).writerows([header, *lines[::-1]])
+    argv = ["predict", "--config", "x.toml", "--data", str(tmp_path / "new_l.csv")]
+    argv += ["--id-column", "cid", "--aligned", str(tmp_path / "aligned_l.csv")]
+    x, _, ids = predict_cli.read_inputs(lm, _parse(argv))
+    assert len(x) == len(ids) == NEW - 5
+    argv[4] = str(tmp_path / "moved.csv")
+    with pytest.raises(InferenceError, match=r"says row \d+ of .*moved.csv.* has id 'c040'"):
+        predict_cli.read_inputs(lm, _parse(argv))

@@ -14,6 +14,7 @@ a numeric matrix (.csv, .npy, .npz). Rows are paired across parties by id, never
 position:
 
 * ``--aligned`` (the `tandem align --out` file of the new rows): those rows, in that order;
+  where the rows have ids (a table, or ``--id-column``) each must be the id the file names;
 * else ids (``--id-column``, or the training's id column): the rows sorted by id, and the
   parties must hold the same ids (the inference spec carries their size and commitment);
 * else ``--positional`` states that every party's file holds the same samples in the same
@@ -266,7 +267,27 @@ def _read_matrix(model, args) -> tuple[np.ndarray | None, dict | None, list[str]
                 "this data file"
             )
         x = x[rows]
+    if ids is not None:
+        _check_aligned_ids(args, rows, ids, aligned_ids)
     return x, alignment, aligned_ids
+
+
+def _check_aligned_ids(args, rows: np.ndarray, ids: list[str], aligned_ids: list[str]) -> None:
+    """Refuse when ``--data`` no longer holds, at a row the ``--aligned`` file names, the id
+    the file gives it (the data was reordered, filtered or edited after `tandem align`): its
+    rows would be paired with the other parties' wrong samples."""
+    for row, expected in zip(rows.tolist(), aligned_ids, strict=True):
+        if row >= len(ids):
+            raise InferenceError(
+                f"--aligned {args.aligned!r} refers to row {row} but --data {args.data!r} "
+                f"has {len(ids)} rows; align the ids of this data file"
+            )
+        if ids[row] != expected:
+            raise InferenceError(
+                f"--aligned {args.aligned!r} says row {row} of --data {args.data!r} has id "
+                f"{expected!r}, but column {args.id_column!r} holds {ids[row]!r} there; "
+                "run tandem align again on this file"
+            )
 
 
 def _read_table(
