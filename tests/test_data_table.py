@@ -148,6 +148,20 @@ def test_a_quoted_header_cell_may_hold_a_line_break(tmp_path):
     assert t.available == ("id", "a\nb", "c") and t["a\nb"].values.tolist() == [2, 3]
 
 
+def test_a_csv_with_carriage_return_line_ends_reads_as_tandem_align_reads_it(tmp_path):
+    from tandem.parties.alignment.cli import read_ids
+
+    path = write_csv(tmp_path, "id,a\rx1,1\rx2,2\r")  # classic Mac line ends
+    assert read_table(path, text=["id"])["id"].values.tolist() == ["x1", "x2"]
+    assert read_ids(path, "id") == ["x1", "x2"]
+
+
+def test_a_header_the_csv_module_cannot_parse_is_a_data_error(tmp_path):
+    path = write_csv(tmp_path, "id," + "a" * 200_000 + "\n1,2\n")
+    with pytest.raises(DataError, match="header row"):
+        read_table(path)
+
+
 def test_a_ragged_csv(tmp_path):
     pytest.importorskip("pyarrow")
     path = write_csv(tmp_path, "id,a\n1,2\n3\n")

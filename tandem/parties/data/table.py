@@ -328,7 +328,10 @@ def _csv_header(url: str, first: bytes) -> list[str]:
         raise DataError(
             f"{url!r}: the header row is not UTF-8 text; save the CSV as UTF-8"
         ) from None
-    header = next(csv.reader(io.StringIO(line)), None)
+    try:  # newline="": a line may end in \r\n, \n or a lone \r, as in csv and pyarrow
+        header = next(csv.reader(io.StringIO(line, newline="")), None)
+    except csv.Error as exc:
+        raise DataError(f"{url!r}: the header row is not a well-formed CSV line: {exc}") from None
     if not header:
         raise DataError(f"{url!r} is empty; a CSV needs a header row, then one row per sample")
     return header
