@@ -166,6 +166,9 @@ def test_read_ids_reads_a_csv_as_tandem_party_does(tmp_path):
     path.write_bytes(b"cid,name\n1,caf\xe9\n")  # Latin-1, not UTF-8
     with pytest.raises(AlignmentError, match="not UTF-8"):
         cli.read_ids(str(path), "cid")
+    path.write_bytes(b"cid\n" + b"x" * 200_000 + b"\n")  # beyond the csv module's field limit
+    with pytest.raises(AlignmentError, match="not a well-formed CSV"):
+        cli.read_ids(str(path), "cid")
 
 
 def test_read_ids_takes_a_parquet_column_as_text(tmp_path):

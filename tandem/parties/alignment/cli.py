@@ -95,6 +95,8 @@ def read_ids(path: str, column: str | None) -> list[str]:
         return _csv_ids(path, column)
     except UnicodeDecodeError:
         raise AlignmentError(f"{path!r} is not UTF-8 text; save the CSV as UTF-8") from None
+    except csv.Error as exc:  # e.g. a cell beyond the csv module's field limit
+        raise AlignmentError(f"{path!r} is not a well-formed CSV: {exc}") from None
 
 
 def _csv_ids(path: str, column: str | None) -> list[str]:
