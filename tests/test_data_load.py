@@ -233,6 +233,13 @@ def test_aligned_rows_beyond_the_file(tmp_path):
     assert "999" in str(info.value) and "follower.csv" in str(info.value)
 
 
+def test_an_aligned_row_beyond_int64_is_a_malformed_line(tmp_path):
+    _, follower_cfg = two_parties(tmp_path)
+    (tmp_path / "follower_aligned.csv").write_text("row,id\n99999999999999999999,c0001\n")
+    with pytest.raises(DataError, match="follower_aligned.csv' has a malformed line"):
+        load_party_data(follower_cfg)
+
+
 def test_duplicate_and_missing_ids(tmp_path):
     write_csv(tmp_path / "d.csv", ["id", "x"], [("a", 1), ("b", 2), ("a", 3)])
     cfg = parse_data_config({"source": str(tmp_path / "d.csv"), "id_column": "id"})

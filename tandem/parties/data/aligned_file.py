@@ -65,7 +65,7 @@ def read_aligned(path: str | os.PathLike) -> AlignedRows:
     try:
         rows = np.asarray([int(r[0]) for r in pairs], np.int64)
         ids = [r[1] for r in pairs]
-    except (ValueError, IndexError):
+    except (ValueError, IndexError, OverflowError):  # OverflowError: beyond int64
         raise AlignedFileError(
             f"{os.fspath(path)!r} has a malformed line (expected row,id with an integer row)"
         ) from None
