@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tandem.parties.data import (
+    DataConfig,
     DataError,
     Preprocessing,
     load_new_data,
@@ -238,6 +239,16 @@ def test_an_aligned_row_beyond_int64_is_a_malformed_line(tmp_path):
     (tmp_path / "follower_aligned.csv").write_text("row,id\n99999999999999999999,c0001\n")
     with pytest.raises(DataError, match="follower_aligned.csv' has a malformed line"):
         load_party_data(follower_cfg)
+
+
+def test_an_aligned_file_without_an_id_column_is_refused_not_ignored(tmp_path):
+    """An aligned file names rows by id: without the id column it cannot be checked, and
+    using every row in file order instead would pair rows by position."""
+    leader_cfg, _ = two_parties(tmp_path)
+    data = load_party_data(leader_cfg, loss="binary")
+    bare = DataConfig(source=leader_cfg.source, aligned=leader_cfg.aligned)
+    with pytest.raises(DataError, match="data.aligned needs data.id_column"):
+        load_new_data(bare, data.preprocessing)
 
 
 def test_duplicate_and_missing_ids(tmp_path):

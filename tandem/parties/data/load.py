@@ -193,7 +193,14 @@ def _read(cfg: DataConfig, columns: list[str] | None, text: tuple[str, ...] = ()
 
 
 def _ids_and_rows(cfg: DataConfig, table: Table) -> tuple[IdText, np.ndarray, Any]:
-    """The ids and data rows to use, in order, and the aligned file's spec fields (or None)."""
+    """The ids and data rows to use, in order, and the aligned file's spec fields (or None).
+    An aligned file needs the id column its rows are checked against (`parse_data_config`
+    refuses the pair; a `DataConfig` built in code is refused here, never read by position)."""
+    if cfg.id_column is None and cfg.aligned is not None:
+        raise DataError(
+            f"data.aligned needs data.id_column, the column whose ids `tandem align` matched "
+            f"in {cfg.source!r}; set data.id_column (tandem predict: --id-column)"
+        )
     if cfg.id_column is None:
         rows = np.arange(table.num_rows, dtype=np.int64)
         return IdText.from_strings(rows.astype(str).tolist()), rows, None
