@@ -275,6 +275,32 @@ async def test_connection_caps_and_head_timeouts():
                 writer.transport.abort()
 
 
+async def test_pipelined_refusals_unread_stop_the_reading():
+    """One connection pipelining unsigned frame requests (each refused 401 from its head) and
+    never reading the answers: the server stops reading it within a few MiB instead of taking
+    every request into its memory, and keeps serving others."""
+    cfg = HttpConfig(name="srv", secret=SECRET, peers={"a": "http://127.0.0.1:9"})
+    async with HttpTransport(cfg) as srv:
+        host, port = srv.url.split("//")[1].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        head = f"POST {FRAME_PATH} HTTP/1.1\r\nHost: x\r\nX-Tandem-Sender: a\r\n"
+        chunk = (head + "Content-Length: 0\r\n\r\n").encode() * 10_000  # ~1 MiB
+        taken = 0
+        try:
+            while taken < 64 << 20:
+                writer.write(chunk)
+                await asyncio.wait_for(writer.drain(), 3)
+                taken += len(chunk)
+        except TimeoutError:
+            pass
+        finally:
+            writer.transport.abort()
+        assert taken < 32 << 20, f"the server took {taken >> 20} MiB of pipelined requests"
+        async with aiohttp.ClientSession() as s:
+            async with s.get(srv.url + "/healthz") as r:
+                assert r.status == 200
+
+
 async def test_no_handler_until_the_first_head_ends():
     """A connection whose head never ends gets no aiohttp handler (a slow-loris costs an
     accept and a timer); a head sent a byte at a time is answered once it ends, and a head

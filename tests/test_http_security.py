@@ -138,6 +138,34 @@ async def test_replayed_and_stale_requests_are_refused(http_pair):
     assert (await b.recv("a", "c")).meta == {"i": 0}
 
 
+async def test_non_ascii_signature_or_token_is_refused_not_a_500(http_pair):
+    """A signature or bearer token that is not ASCII (raw bytes >= 0x80 in the header) is
+    refused like any other wrong one, on every route, never answered 500."""
+    a, b = await http_pair(cfg, b_kw={"metrics_token": b"tok"})
+    port = int(b.url.rsplit(":", 1)[1])
+    routes = [("POST", FRAME_PATH), ("POST", "/tandem/v1/bye"), ("POST", "/tandem/v1/stream")]
+    routes += [("GET", "/healthz"), ("GET", "/metrics")]
+    for method, path in routes:
+        h = auth.sign(SECRET, method, path, routing(0, b""), auth.EMPTY_SHA, **bound(b))
+        del h["X-Tandem-Signature"]
+        for bad in (b"X-Tandem-Signature: \xff\xfe", b"Authorization: Bearer \xff"):
+            head = "".join(f"{k}: {v}\r\n" for k, v in h.items()).encode()
+            if bad.startswith(b"Authorization"):  # a valid signature beside the bad token
+                head += f"X-Tandem-Signature: {'0' * 64}\r\n".encode()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"{method} {path} HTTP/1.1\r\nHost: b\r\nContent-Length: 0\r\n".encode()
+                + head
+                + bad
+                + b"\r\n\r\n"
+            )
+            status = (await asyncio.wait_for(reader.readline(), 5)).split()[1]
+            writer.close()
+            assert status != b"500", (path, bad)
+    await a.send("b", "c", good())  # still serving
+    assert (await b.recv("a", "c")).meta == {"i": 0}
+
+
 def test_verifier_bounded_nonce_memory_never_forgets_into_a_replay():
     now = [100.0]
     v = auth.Verifier(b"k", window=50, max_nonces=3, clock=lambda: now[0])

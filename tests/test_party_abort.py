@@ -131,6 +131,40 @@ async def test_a_forged_request_in_a_peers_name_stops_nothing(caplog):
         await b.aclose()
 
 
+async def test_a_forged_request_for_a_peer_not_started_yet_stops_nothing(monkeypatch):
+    """A stranger's unsigned request in the name of a peer that is not listening yet (the
+    party waits for it) cannot stop the party: that peer cannot have sent it, so its silence
+    says nothing of the secrets; the party asks again at the next refusal."""
+    import asyncio
+
+    import aiohttp
+
+    from http_helpers import open_pair
+    from ports import free_port
+    from tandem.parties.split.process import notice
+    from tandem.transports.http import FRAME_PATH
+
+    monkeypatch.setattr(notice, "PROBE_SECONDS", 0.5)
+    a, b = await open_pair(a_kw={"secret": b"s3cret"}, b_kw={"secret": b"s3cret"})
+    await b.aclose()  # b's address: nothing listens there (yet)
+    a.add_peer("b", f"http://127.0.0.1:{free_port()}")
+    try:
+        watch = notice.PeerWatch(a, ["b"])
+        a.on_auth_refused = watch.auth_refused
+
+        async def work() -> str:
+            async with aiohttp.ClientSession() as s:  # no secret: just the peer's name
+                async with s.post(a.url + FRAME_PATH, headers={"X-Tandem-Sender": "b"}) as r:
+                    assert r.status == 401
+            await asyncio.sleep(2.0)  # the probe's time, and more
+            return "finished"
+
+        assert await watch.guard(work()) == "finished"
+        assert "b" not in watch._probed  # a later refusal in b's name is probed again
+    finally:
+        await a.aclose()
+
+
 async def test_a_peer_refusing_the_probe_is_a_secret_that_differs():
     import asyncio
 

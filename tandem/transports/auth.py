@@ -381,7 +381,9 @@ class Verifier:
                 f"unknown key id {key_id[:40]!r} (this receiver holds {sorted(self._keys)})"
             )
         expected = hmac.new(key, _canonical(method, path, headers), hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, headers[SIGNATURE]):
+        given = headers[SIGNATURE]  # raw header bytes >= 0x80 arrive as non-ASCII characters,
+        # which compare_digest refuses to compare (TypeError): such a signature is just wrong
+        if not (given.isascii() and hmac.compare_digest(expected, given)):
             raise AuthenticationError("bad signature (different secret, or altered request)")
 
     def _memory(self, sender: str) -> _Memory:

@@ -28,7 +28,9 @@ aiohttp at most `PRE_REQUEST_LIMIT` bytes (the head and the start of its body), 
 reading until the handler begins. Without it the loop would read a body into aiohttp's buffer
 (up to twice ``read_bufsize``, 8 MiB, per connection) before the handler could refuse it
 from its head. A refused request whose body is left unread ends through `ConnectionGuard.discard`:
-what its sender still writes is dropped as it arrives, up to a bound, never buffered.
+what its sender still writes is dropped as it arrives, up to a bound, never buffered. A guard
+never resumes a reading that aiohttp paused for itself (requests pipelined beyond its queue), so
+a client pipelining requests without reading the answers is stopped there, not read on.
 """
 
 from __future__ import annotations
@@ -224,12 +226,25 @@ class ConnectionGuard(asyncio.Protocol):
 
     def begin(self, release: bool = True) -> None:
         """Inside a request; with ``release``, its handler decides from here on what is
-        read (a reading paused by this guard resumes)."""
+        read (a reading paused by this guard resumes, unless aiohttp holds it paused too:
+        its own bound on pipelined requests and their bytes, which it lifts itself as it
+        works them off)."""
         self._enter("active", None)
         if self._held_back and release:
             self._held_back = False
+            if self._inner_holds():
+                return
             if self.transport is not None and not self.transport.is_closing():
                 self.transport.resume_reading()  # type: ignore[attr-defined]
+
+    def _inner_holds(self) -> bool:
+        """Whether aiohttp's handler paused reading for itself: requests pipelined beyond
+        its queue, a body beyond its buffer (aiohttp >= 3.14 names the first). Resuming then
+        would hand it every byte a client pipelines, unbounded, as fast as it sends."""
+        inner = self.inner
+        return bool(
+            getattr(inner, "_buffer_paused", False) or getattr(inner, "_reading_paused", False)
+        )
 
     def end(self) -> None:
         self._enter("idle", self.listener.keepalive_timeout)

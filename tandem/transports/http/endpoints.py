@@ -156,7 +156,10 @@ class Endpoints:
         cfg = self.server.cfg
         given = request.headers.get("Authorization", "")
         if cfg.metrics_token is not None and given.startswith("Bearer "):
-            if hmac.compare_digest(given[7:].strip().encode(), cfg.metrics_token):
+            # the header's raw bytes (aiohttp decodes them with surrogateescape), so a
+            # token that is not UTF-8 is a wrong token, not an encoding error
+            token = given[7:].strip().encode("utf-8", "surrogateescape")
+            if hmac.compare_digest(token, cfg.metrics_token):
                 return True
         return self.server.gate.caller_is_peer(request, METRICS_PATH)
 

@@ -21,8 +21,9 @@ blaming the network (docs/parties.md#when-a-party-cannot-start):
   the watch then sends that peer a signed ``{"notice": "probe"}``: if the peer refuses it too
   (401), or no longer answers, the secrets differ and this party stops with an
   `tandem.errors.AuthenticationError` naming the peer; if the peer accepts it, the refused
-  request was not the peer's (a stranger using its name) and nothing else happens. So a
-  stranger's forged request cannot stop a party.
+  request was not the peer's (a stranger using its name) and nothing else happens. A peer
+  that does not answer at its address at all (not started yet) is not asked: it cannot have
+  sent the request. So a stranger's forged request cannot stop a party.
 
 A notice carries the failing party's own error message, which may name its file and columns.
 """
@@ -40,11 +41,12 @@ from tandem.errors import (
     AdmissionError,
     AuthenticationError,
     FrameError,
+    PeersUnreachableError,
     TandemError,
     TransportClosedError,
     TransportError,
 )
-from tandem.transports.base import Frame
+from tandem.transports.base import Frame, PeerWaitingTransport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -221,8 +223,20 @@ class PeerWatch:
 
     async def _probe(self, peer: str) -> None:
         """Does ``peer`` accept our signature? `AuthenticationError` when it refuses it or no
-        longer answers, after we refused its request for authentication."""
+        longer answers, after we refused its request for authentication. A peer that does not
+        answer at its address at all (not started yet) cannot have sent that request (a party
+        listens before it sends): it was a stranger's, and proves nothing; the next refusal
+        in the peer's name probes again."""
         me = self.transport.name
+        if not await self._reachable(peer):
+            self._probed.discard(peer)
+            log.info(
+                "%s: %r does not answer at its address yet, so the request refused in its "
+                "name was most likely a stranger's; it is asked again at the next refusal",
+                me,
+                peer,
+            )
+            return
         try:
             async with asyncio.timeout(PROBE_SECONDS):
                 await self.transport.send(peer, NOTICE, Frame(meta={"notice": "probe"}))
@@ -246,6 +260,17 @@ class PeerWatch:
             me,
             peer,
         )
+
+    async def _reachable(self, peer: str) -> bool:
+        """Whether ``peer`` answers at its address within `PROBE_SECONDS` (anonymously: this
+        says nothing of who it is); True where the transport cannot tell."""
+        if not isinstance(self.transport, PeerWaitingTransport):
+            return True
+        try:
+            await self.transport.wait_for_peers(PROBE_SECONDS, peers=[peer])
+        except (PeersUnreachableError, TransportClosedError):
+            return False
+        return True
 
 
 def _lone(exc: Exception) -> Exception:
