@@ -428,3 +428,14 @@ def test_party_reports_history_tensorboard_traces_and_best_epoch(tmp_path):
         assert out["trace"]["batches"] == 3
         assert (tmp_path / "trace" / f"trace_{role}.json").is_file()
         assert (tmp_path / "trace" / f"gantt_{role}.png").is_file()
+
+
+def test_a_history_line_cut_short_or_not_utf8_is_skipped_on_resume(tmp_path):
+    """A crash may leave a torn last line, a disk bytes that are not UTF-8: a resume keeps the
+    records it can read, rewrites the file with them, and finds which epochs it recorded."""
+    from tandem.parties.split.reporting import _trim_history
+
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(b'{"epoch": 0, "train_loss": 1.0}\n\xff\xfe garbage\n{"epoch": 1, "tr')
+    assert _trim_history(str(path), 2) == [{"epoch": 0, "train_loss": 1.0}]
+    assert path.read_text(encoding="utf-8").splitlines() == ['{"epoch": 0, "train_loss": 1.0}']

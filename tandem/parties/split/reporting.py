@@ -39,7 +39,7 @@ import json
 import math
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -219,15 +219,7 @@ class Reporter:
         path = self.config.history
         if not path or not os.path.exists(path):
             return False
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and record.get("epoch") == epoch:
-                    return True
-        return False
+        return any(record.get("epoch") == epoch for record in _records(path))
 
     async def after_epoch(self, result: EpochResult) -> bool:
         """`SplitParty.fit`'s ``after_epoch`` hook: validate, record, decide; True = stop."""
@@ -399,20 +391,26 @@ def _append_line(path: str, line: str) -> None:
         f.write(line)
 
 
+def _records(path: str) -> Iterator[dict[str, Any]]:
+    """The records (JSON objects) of the history file at ``path``, in file order; a line that
+    does not parse (a write cut short by a crash, bytes that are not UTF-8) is skipped."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
 def _trim_history(path: str, start_epoch: int) -> list[dict[str, Any]]:
     """Keep the records of epochs before ``start_epoch`` (in file order) and rewrite the file
     with only those, atomically; lines that do not parse (a write cut short by a crash) are
     dropped. Returns the kept records."""
     kept: list[dict[str, Any]] = []
     if start_epoch > 0 and os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(record, dict) and int(record.get("epoch", -1)) in range(start_epoch):
-                    kept.append(record)
+        kept = [r for r in _records(path) if int(r.get("epoch", -1)) in range(start_epoch)]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as f:
