@@ -6,12 +6,16 @@ attacks are `tandem.testing.hostile_roles`'."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tandem.parties.elastic.audit import ReportAudit
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership
+from tandem.parties.elastic.workforce import Workforce
 from tandem.testing import hostile_roles as H
+from tandem.transports.memory import MemoryNetwork
 
 
 def test_the_audit_strikes_reports_the_data_servers_did_not_apply():
@@ -42,6 +46,32 @@ def test_a_released_batch_goes_back_to_pending_in_epoch_order():
     assert ledger.assign("w") == ("ds0", 0)
     assert ledger.release(0, "w") and not ledger.release(0, "w")
     assert ledger.pending == [0, 1, 2] and ledger.reissued == 1
+    ledger.check()
+
+
+def test_a_fenced_workers_applied_batch_released_then_committed_once():
+    """A fenced worker that did push: its report is refused and the batch released, but the
+    parameter servers applied it, so the checkpoint commits it once instead of crashing."""
+    ledger = Ledger({"ds0": [0, 1]})
+    net = MemoryNetwork(capacity=4)
+    workers = Workforce(
+        net.endpoint("coordinator"),
+        Membership(1.0),
+        data_servers={"ds0": ""},
+        ledger=lambda: ledger,
+        event=lambda kind, detail: None,
+        clock=lambda: 0.0,
+        wake=asyncio.Event(),
+        poll=0.1,
+        false_reports=3,
+    )
+    workers.audit.strikes["w"] = 1  # fenced by an earlier false report
+    assert ledger.assign("w") == ("ds0", 0)
+    workers.report("w", {"batch": 0, "gen": 0, "ok": True})  # refused: back to pending
+    assert ledger.pending == [0, 1]
+    workers.settle([0])
+    assert ledger.checkpoint([0]) == [0]  # the data server applied it: committed once
+    assert ledger.pending == [1] and ledger.committed == [0]
     ledger.check()
 
 

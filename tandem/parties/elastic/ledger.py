@@ -13,7 +13,9 @@ Every batch id of the epoch belongs to one data server (its shard). A batch move
   reporting); everything else goes back to pending.
 * `rollback()` bumps the generation and puts every uncommitted batch back to pending.
 * `release(batch, worker)` puts one in-flight batch back to pending at once (its worker's
-  report was refused: `tandem.parties.elastic.audit`).
+  report was refused: `tandem.parties.elastic.audit`). The worker may have pushed it all the
+  same: a released batch the parameter servers list as applied at the checkpoint is taken out
+  of pending and committed (once).
 
 Invariants (checked by `check`): the four sets partition the epoch's batch ids; no batch is
 ever committed twice in an epoch (`LedgerError` otherwise); the generation never decreases.
@@ -60,6 +62,7 @@ class Ledger:
         self.pending: list[int] = ordered
         self.in_flight: dict[int, str] = {}  # batch -> worker
         self.completed: set[int] = set()
+        self.released: set[int] = set()  # released since the last checkpoint or rollback
         self.committed: list[int] = []
         self._committed_set: set[int] = set()
 
@@ -117,6 +120,7 @@ class Ledger:
             return False
         del self.in_flight[batch]
         self.pending = sorted([*self.pending, batch], key=self._order.__getitem__)
+        self.released.add(batch)
         self.reissued += 1
         return True
 
@@ -141,7 +145,9 @@ class Ledger:
             self.in_flight.pop(b, None)
             self.completed.discard(b)
             if b in self.pending:
-                raise LedgerError(f"batch {b} is applied but was never assigned")
+                if b not in self.released:
+                    raise LedgerError(f"batch {b} is applied but was never assigned")
+                self.pending.remove(b)  # released, yet its worker did push it
             self.committed.append(b)
             self._committed_set.add(b)
         self._requeue()
@@ -187,6 +193,7 @@ class Ledger:
         self.reissued += len(back)
         self.in_flight.clear()
         self.completed.clear()
+        self.released.clear()
         self.pending = sorted(self.pending + back, key=self._order.__getitem__)
         self.generation += 1
         return len(back)
