@@ -11,10 +11,12 @@ import asyncio
 import pytest
 
 from tandem.parties.elastic.audit import ReportAudit
+from tandem.parties.elastic.coordinator import Coordinator, CoordinatorConfig
 from tandem.parties.elastic.ledger import Ledger
 from tandem.parties.elastic.membership import Membership
 from tandem.parties.elastic.workforce import Workforce
 from tandem.testing import hostile_roles as H
+from tandem.transports.base import Frame
 from tandem.transports.memory import MemoryNetwork
 
 
@@ -73,6 +75,32 @@ def test_a_fenced_workers_applied_batch_released_then_committed_once():
     assert ledger.checkpoint([0]) == [0]  # the data server applied it: committed once
     assert ledger.pending == [1] and ledger.committed == [0]
     ledger.check()
+
+
+async def test_an_honest_report_taken_while_the_commit_is_journaled_is_no_strike(tmp_path):
+    """A done-report of an applied batch that arrives while the checkpoint's commit record is
+    being written is judged by that checkpoint, not struck at the next one."""
+    net = MemoryNetwork(capacity=4)
+    cfg = CoordinatorConfig(data_servers=("ds0",), journal=str(tmp_path / "journal"))
+    coordinator = Coordinator(net.endpoint("coordinator"), cfg)
+    coordinator.ledger = ledger = Ledger({"ds0": [0, 1]})
+    applied: list[list[int]] = [[0], []]
+
+    async def call_all(op, per_ds=None, arrays=(), **meta):
+        reply = {"applied": applied.pop(0)} if op == "fence" else {"digest": "d", "model": "m"}
+        return {"ds0": Frame(meta=reply)}
+
+    async def journal(record):
+        if record["kind"] == "commit" and ledger.generation == 0:  # the worker's ack came
+            coordinator.workers.report("w", {"batch": 0, "gen": 0, "ok": True})
+
+    coordinator._call_all = call_all  # type: ignore[method-assign]
+    coordinator._journal = journal  # type: ignore[method-assign]
+    assert ledger.assign("w") == ("ds0", 0)
+    await coordinator._checkpoint()
+    await coordinator._checkpoint()
+    assert ledger.committed == [0]
+    assert not coordinator.workers.audit.fenced("w"), coordinator.workers.audit.strikes
 
 
 @pytest.mark.slow

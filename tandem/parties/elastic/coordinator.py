@@ -363,6 +363,9 @@ class Coordinator:
         self._seq = seq
         self._remember(reps)
         committed = ledger.checkpoint(applied)
+        # reports the ledger took while the record was written (still this generation) are
+        # judged by this checkpoint too: left recorded, the next one would strike them
+        self.workers.settle(applied)
         self.progress.checkpoints += 1
         self._event("commit", len(committed))
         if det is not None and det.changed:
