@@ -256,6 +256,43 @@ async def test_data_server_refuses_bad_results_and_keeps_serving():
     assert ds.refused == 1
 
 
+async def test_data_server_listens_again_to_a_worker_restarted_under_its_name():
+    """A worker process restarted under the same name (its old link closed) has its results
+    read again: the listener that ended with the old link is replaced, not kept."""
+    net = MemoryNetwork()
+    coord = net.endpoint("coordinator")
+    ds = DataServer(
+        net.endpoint("ds0"),
+        coordinator="coordinator",
+        spec=SPEC,
+        shard=make_dataset(1, 64, SPEC)[0],
+    )
+
+    async def call(op, **meta):
+        await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
+        return await coord.recv("ds0", P.REPLY)
+
+    async def train(worker, batch):
+        meta = {"op": "train", "batch": batch, "gen": 0, "worker": "w0"}
+        await coord.send("ds0", P.CTL, Frame(meta=meta))
+        task = await worker.recv("ds0", P.TASK)
+        grads = [np.zeros_like(a) for a in task.arrays[:-2]]
+        await worker.send("ds0", P.RESULT, Frame(meta={"batch": batch, "gen": 0}, arrays=grads))
+        async with asyncio.timeout(5):
+            return await worker.recv("ds0", P.ACK)
+
+    async with asyncio.TaskGroup() as tg:
+        server = tg.create_task(ds.run())
+        await call("hello", index=0)
+        assert (await train(net.endpoint("w0"), 0)).meta["ok"]
+        await net.endpoint("w0").aclose()  # kill -9
+        await asyncio.sleep(0.05)
+        assert (await train(net.endpoint("w0"), 1)).meta["ok"]  # the restarted process
+        assert (await call("fence", gen=1)).meta["applied"] == [0, 1]
+        await call("stop")
+        await server
+
+
 def test_kernels_do_not_retrace_for_equal_shapes():
     from tandem.parties.elastic import kernels as K
 

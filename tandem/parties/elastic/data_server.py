@@ -10,6 +10,8 @@ Contract:
 * A result is applied only if it answers the task this server sent to that worker for that
   batch in the current generation; anything else is refused with an ``ACK`` saying why, and
   the server keeps serving.
+* A worker whose link closed (its process died) and that is named again in a ``train``
+  request (restarted under the same name) is listened to again.
 * Parameter-server operations (apply, fence, checkpoint, rollback, restore, merge) are
   serialised by one lock and run off the event loop (``asyncio.to_thread``).
 * With a `CheckpointStore`, each ``checkpoint`` and ``epoch`` request's ``seq`` is written
@@ -284,7 +286,8 @@ class DataServer:
             return
         P.learn_peer(self.t, worker, req.meta.get("url"))
         self._assigned[batch] = (worker, gen)
-        if worker not in self._listening:
+        listener = self._listening.get(worker)
+        if listener is None or listener.done():  # ended with the link of an earlier process
             self._listening[worker] = tg.create_task(self._results(worker))
         self._spawn(tg, self._send_task(worker, batch, gen, ps, index))
 
