@@ -150,6 +150,7 @@ class Ledger:
                 self.pending.remove(b)  # released, yet its worker did push it
             self.committed.append(b)
             self._committed_set.add(b)
+        self.released.clear()  # a checkpoint starts a generation: older pushes are refused
         self._requeue()
         return applied
 
