@@ -90,3 +90,24 @@ async def test_a_call_after_a_cancelled_batch_refuses_instead_of_running_out_of_
         await leader.fit(epochs=1)
     leader.restore(leader.params, leader.handler.opt_state, 0)  # every party, the same step
     assert leader.interrupted is None
+
+
+async def test_a_second_concurrent_fit_refuses_at_once():
+    """Two fit() calls at once on one leader would interleave their batches' commands and
+    hang; the second refuses before sending anything and the first trains on."""
+    import pytest
+
+    from tandem.errors import ConfigError
+
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    leader, follower = parties["B"], parties["A"]
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        first = tg.create_task(leader.fit(epochs=1))
+        await asyncio.sleep(0)
+        with pytest.raises(ConfigError, match="while its fit"):
+            await leader.fit(epochs=1)
+        await first
+        await leader.stop()
+    assert leader.batches_done == follower.batches_done == 1

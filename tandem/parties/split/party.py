@@ -179,6 +179,9 @@ class SplitParty:
         #: updates and its peers another part), or None. While set, every call but `stop`
         #: refuses (`_require_in_step`); `restore` clears it.
         self.interrupted: str | None = None
+        #: True while `fit` runs: a second `fit` at once refuses (their batches would
+        #: interleave); its hooks may still call `evaluate`.
+        self.fitting = False
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -408,19 +411,28 @@ class SplitParty:
         runs; `tandem.parties.split.training` states when, and what the hooks then see.
         """
         self._require_leader("fit")
+        if self.fitting:
+            raise ConfigError(
+                f"fit() on {self.name!r} while its fit() runs; a party trains one fit at a "
+                "time: await the first"
+            )
         self.private.require(self.name, dataset)
         epochs = self.config.epochs if epochs is None else epochs
-        await Fit(
-            self,
-            epochs,
-            dataset=dataset,
-            on_batch=on_batch,
-            start_epoch=start_epoch,
-            start_batch=start_batch,
-            after_batch=after_batch,
-            after_epoch=after_epoch,
-            announce_ahead=announce_ahead,
-        ).run()
+        self.fitting = True
+        try:
+            await Fit(
+                self,
+                epochs,
+                dataset=dataset,
+                on_batch=on_batch,
+                start_epoch=start_epoch,
+                start_batch=start_batch,
+                after_batch=after_batch,
+                after_epoch=after_epoch,
+                announce_ahead=announce_ahead,
+            ).run()
+        finally:
+            self.fitting = False
         return self.history[-epochs:] if epochs else []
 
     async def evaluate(
