@@ -67,3 +67,47 @@ async def test_arrays_handed_in_or_out_survive_the_donating_update():
             strict=True,
         )
     )
+
+
+async def test_a_call_after_a_cancelled_batch_refuses_instead_of_running_out_of_step():
+    """A leader whose batch was cancelled (here: its follower never answers) may hold part of
+    that batch's updates while its followers hold another part: its next call says so instead
+    of starting a batch that mixes frames of the two."""
+    import pytest
+
+    from tandem.errors import EngineError
+
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    leader = parties["B"]
+    task = asyncio.create_task(leader.run_batch(np.arange(8), n=2))
+    while not leader.in_batch:
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert task.cancelled() and leader.batches_done == 0
+    with pytest.raises(EngineError, match=r"batch 0 \(train\) did not finish.*restart every"):
+        await leader.fit(epochs=1)
+    leader.restore(leader.params, leader.handler.opt_state, 0)  # every party, the same step
+    assert leader.interrupted is None
+
+
+async def test_a_second_concurrent_fit_refuses_at_once():
+    """Two fit() calls at once on one leader would interleave their batches' commands and
+    hang; the second refuses before sending anything and the first trains on."""
+    import pytest
+
+    from tandem.errors import ConfigError
+
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    leader, follower = parties["B"], parties["A"]
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        first = tg.create_task(leader.fit(epochs=1))
+        await asyncio.sleep(0)
+        with pytest.raises(ConfigError, match="while its fit"):
+            await leader.fit(epochs=1)
+        await first
+        await leader.stop()
+    assert leader.batches_done == follower.batches_done == 1

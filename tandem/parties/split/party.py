@@ -174,6 +174,14 @@ class SplitParty:
         self.n_groups = self.tuner_state.n
         self.stop_meta: dict[str, Any] = {}
         self.in_batch = False
+        #: Why this party is out of step with its peers (a batch, or a command announced
+        #: ahead, that was cancelled or failed: its parameters may hold part of that batch's
+        #: updates and its peers another part), or None. While set, every call but `stop`
+        #: refuses (`_require_in_step`); `restore` clears it.
+        self.interrupted: str | None = None
+        #: True while `fit` runs: a second `fit` at once refuses (their batches would
+        #: interleave); its hooks may still call `evaluate`.
+        self.fitting = False
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -251,6 +259,9 @@ class SplitParty:
                 computed=computed,
                 produced=produced,
             )
+        except BaseException:
+            self.interrupted = f"batch {self._batch} ({mode}) did not finish"
+            raise
         finally:
             self.in_batch = False
         self._batch += 1
@@ -322,7 +333,11 @@ class SplitParty:
         command carries, for the leader's own `_run_batch`."""
         n, c, cmd = self._batch_command(self._batch, len(idx), n, mode, dataset, **meta)
         self.admission.announce(self._batch, len(idx), n, c, mode)
-        await self._command(cmd, idx, draw)
+        try:
+            await self._command(cmd, idx, draw)
+        except BaseException:
+            self.interrupted = f"batch {self._batch} ({mode}) did not finish"
+            raise
         return n, c
 
     def _batch_command(
@@ -396,19 +411,28 @@ class SplitParty:
         runs; `tandem.parties.split.training` states when, and what the hooks then see.
         """
         self._require_leader("fit")
+        if self.fitting:
+            raise ConfigError(
+                f"fit() on {self.name!r} while its fit() runs; a party trains one fit at a "
+                "time: await the first"
+            )
         self.private.require(self.name, dataset)
         epochs = self.config.epochs if epochs is None else epochs
-        await Fit(
-            self,
-            epochs,
-            dataset=dataset,
-            on_batch=on_batch,
-            start_epoch=start_epoch,
-            start_batch=start_batch,
-            after_batch=after_batch,
-            after_epoch=after_epoch,
-            announce_ahead=announce_ahead,
-        ).run()
+        self.fitting = True
+        try:
+            await Fit(
+                self,
+                epochs,
+                dataset=dataset,
+                on_batch=on_batch,
+                start_epoch=start_epoch,
+                start_batch=start_batch,
+                after_batch=after_batch,
+                after_epoch=after_epoch,
+                announce_ahead=announce_ahead,
+            ).run()
+        finally:
+            self.fitting = False
         return self.history[-epochs:] if epochs else []
 
     async def evaluate(
@@ -504,6 +528,20 @@ class SplitParty:
                 f"{what}() is the leader's; {self.name!r} follows "
                 f"{self.topology.label_owner!r} and should call serve()"
             )
+        if what != "stop":  # a stop still lets the followers return
+            self._require_in_step(what)
+
+    def _require_in_step(self, what: str) -> None:
+        """Raise `EngineError` if an earlier batch of this party was cancelled or failed
+        (``interrupted``): its parameters and its peers' may hold part of that batch, and
+        their batch counters disagree, so nothing may build on them."""
+        if self.interrupted is not None:
+            raise EngineError(
+                f"{what}() on {self.name!r}: {self.interrupted} (cancelled or failed), so "
+                "the parties are out of step and their parameters may hold part of it; "
+                "restart every party, or restore() the same checkpoint on every party and "
+                "serve() again"
+            )
 
     # -- follower -----------------------------------------------------------------------------
     async def serve(
@@ -519,6 +557,7 @@ class SplitParty:
             raise ConfigError(
                 f"{self.name!r} is the leader; call fit()/evaluate() instead of serve()"
             )
+        self._require_in_step("serve")
         leader = self.topology.label_owner
         count = 0
         async with ThreadLane(f"tandem-{self.name}") as lane:
@@ -590,7 +629,8 @@ class SplitParty:
     def restore(self, params: Mapping[str, Any], opt_state: Mapping[str, Any], batch: int) -> None:
         """Resume from a checkpoint: this party's stage params and optimizer state, and the
         batch counter ``b`` the leader and followers keep in step (every party must restore
-        the same checkpoint step, or the followers refuse the leader's next command).
+        the same checkpoint step, or the followers refuse the leader's next command). Clears
+        ``interrupted``: this is how parties out of step after a cancelled batch resume.
 
         Leaves are copied to device arrays bit for bit; pytree structure must match this
         party's (`tandem.parties.split.checkpoint.CheckpointStore.load` checks it against
@@ -611,6 +651,7 @@ class SplitParty:
         self.handler.params.update({s: owned_copy(params[s]) for s in stages})
         self.handler.opt_state.update({s: owned_copy(opt_state[s]) for s in stages})
         self._batch = self._trained = int(batch)
+        self.interrupted = None  # every party restores the same step: in step again
         self._wake_batch_waiters()
 
 

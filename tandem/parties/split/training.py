@@ -76,6 +76,7 @@ class SplitParty(Protocol):
     audit: PartyAudit | None
     followers: tuple[str, ...]
     n_groups: int
+    interrupted: str | None
     tuner: GroupTuner
     tuner_state: TunerState
     tuner_path: list[tuple[int, float]]
@@ -173,13 +174,18 @@ class Fit:
     async def run(self) -> None:
         """Train the epochs, appending each one's `EpochResult` to the party's ``history``."""
         party = self.party
-        async with ThreadLane(f"tandem-{party.name}") as lane, asyncio.TaskGroup() as tg:
-            runtime = party._runtime(lane)
-            for epoch in range(self.first, self.last):
-                result, stop = await self._epoch(runtime, tg, epoch)
-                party.history.append(result)
-                if stop or (self.after_epoch is not None and await self.after_epoch(result)):
-                    break
+        try:
+            async with ThreadLane(f"tandem-{party.name}") as lane, asyncio.TaskGroup() as tg:
+                runtime = party._runtime(lane)
+                for epoch in range(self.first, self.last):
+                    result, stop = await self._epoch(runtime, tg, epoch)
+                    party.history.append(result)
+                    if stop or (self.after_epoch is not None and await self.after_epoch(result)):
+                        break
+        except BaseException:
+            if self.ahead is not None and party.interrupted is None:  # sent, never run
+                party.interrupted = f"batch {party.batches_done} (train) was announced but not run"
+            raise
 
     async def _epoch(
         self, runtime: PartyRuntime, tg: asyncio.TaskGroup, epoch: int
