@@ -111,3 +111,30 @@ async def test_a_second_concurrent_fit_refuses_at_once():
         await first
         await leader.stop()
     assert leader.batches_done == follower.batches_done == 1
+
+
+async def test_other_calls_from_another_task_while_fit_runs_refuse_but_fits_hooks_may_call():
+    """evaluate() from another task while fit() runs would interleave its batches with fit's;
+    it refuses before sending anything. fit's own hooks run in fit's task and may evaluate."""
+    import pytest
+
+    from tandem.errors import ConfigError
+
+    topo = two_party("A", "B")
+    parties, *_ = make_job(topo, rows=8)
+    leader, follower = parties["B"], parties["A"]
+    evaluated = []
+
+    async def after_epoch(result):
+        evaluated.append(await leader.evaluate("train"))
+
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(follower.serve())
+        first = tg.create_task(leader.fit(epochs=1, after_epoch=after_epoch))
+        await asyncio.sleep(0)
+        for call in (leader.evaluate("train"), leader.predict("train", 8)):
+            with pytest.raises(ConfigError, match="from another task while its fit"):
+                await call
+        await first
+        await leader.stop()
+    assert len(evaluated) == 1 and leader.batches_done == follower.batches_done

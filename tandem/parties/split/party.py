@@ -182,6 +182,8 @@ class SplitParty:
         #: True while `fit` runs: a second `fit` at once refuses (their batches would
         #: interleave); its hooks may still call `evaluate`.
         self.fitting = False
+        #: the task running `fit` (its hooks run in it): calls from any other task refuse
+        self._fit_task: asyncio.Task[Any] | None = None
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
         self.op_seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
@@ -418,7 +420,7 @@ class SplitParty:
             )
         self.private.require(self.name, dataset)
         epochs = self.config.epochs if epochs is None else epochs
-        self.fitting = True
+        self.fitting, self._fit_task = True, asyncio.current_task()
         try:
             await Fit(
                 self,
@@ -432,7 +434,7 @@ class SplitParty:
                 announce_ahead=announce_ahead,
             ).run()
         finally:
-            self.fitting = False
+            self.fitting, self._fit_task = False, None
         return self.history[-epochs:] if epochs else []
 
     async def evaluate(
@@ -530,6 +532,16 @@ class SplitParty:
             )
         if what != "stop":  # a stop still lets the followers return
             self._require_in_step(what)
+        if (
+            what not in ("fit", "stop")
+            and self.fitting
+            and asyncio.current_task() is not self._fit_task
+        ):
+            raise ConfigError(
+                f"{what}() on {self.name!r} from another task while its fit() runs: its batches "
+                "would interleave with fit's and put the parties out of step; call it from "
+                "fit's hooks (after_batch, after_epoch) or once fit() has returned"
+            )
 
     def _require_in_step(self, what: str) -> None:
         """Raise `EngineError` if an earlier batch of this party was cancelled or failed
