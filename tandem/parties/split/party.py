@@ -179,10 +179,8 @@ class SplitParty:
         #: updates and its peers another part), or None. While set, every call but `stop`
         #: refuses (`_require_in_step`); `restore` clears it.
         self.interrupted: str | None = None
-        #: True while `fit` runs: a second `fit` at once refuses (their batches would
-        #: interleave); its hooks may still call `evaluate`.
-        self.fitting = False
-        #: the task running `fit` (its hooks run in it): calls from any other task refuse
+        #: the task running `fit` (its hooks run in it), None when none runs: a second `fit`
+        #: refuses, and so do calls from any other task (`_require_leader`)
         self._fit_task: asyncio.Task[Any] | None = None
         #: Op counts and compute seconds by kind, over every batch this party ran (for metrics).
         self.op_counts: collections.Counter[str] = collections.Counter()
@@ -420,7 +418,7 @@ class SplitParty:
             )
         self.private.require(self.name, dataset)
         epochs = self.config.epochs if epochs is None else epochs
-        self.fitting, self._fit_task = True, asyncio.current_task()
+        self._fit_task = asyncio.current_task()
         try:
             await Fit(
                 self,
@@ -434,8 +432,14 @@ class SplitParty:
                 announce_ahead=announce_ahead,
             ).run()
         finally:
-            self.fitting, self._fit_task = False, None
+            self._fit_task = None
         return self.history[-epochs:] if epochs else []
+
+    @property
+    def fitting(self) -> bool:
+        """True while `fit` runs: a second `fit` at once refuses (their batches would
+        interleave); its hooks may still call `evaluate`."""
+        return self._fit_task is not None
 
     async def evaluate(
         self,
