@@ -12,8 +12,10 @@ milliseconds per batch, by the wall clock (``wall_ms``) and by this process's CP
 (``cpu_ms``: on a loaded machine the wall clock also counts the time other processes held
 the CPU; CPU time does not).
 
-``pipelined`` runs what the parties run per batch with ``N`` groups at their `bucket_rows`
-sizes (`StageKernels`, the same calls as `StageHandler.compute`), every kernel followed by
+``pipelined`` runs what the parties run per batch with ``N`` groups, each as its kernel
+pieces (`kernel_pieces`: whole tiles, then the rest) at their `bucket_rows` sizes
+(`StageKernels`, the same calls as `StageHandler.compute`; every piece is sent on its own
+here, where the parties send a group's pieces as one message), every kernel followed by
 ``jax.block_until_ready``: ``forward`` (every bottom, every group), ``loss`` (the top's fused
 loss step), ``backward`` (every bottom), ``update`` and ``zeros`` (once per stage),
 ``d2h`` (activations and cut gradients copied to the host to be sent), ``h2d`` (received
@@ -112,7 +114,7 @@ def pipelined(
     import optax
 
     from tandem.engine.kernels import StageKernels, get_loss, owned_copy
-    from tandem.engine.microbatch import bucket_rows, group_bounds
+    from tandem.engine.microbatch import bucket_rows, group_bounds, kernel_pieces, tile_rows
 
     data, models, order = loaded["data"], loaded["models"], loaded["order"]
     leader = next(iter(data))
@@ -122,7 +124,8 @@ def pipelined(
     }
     params = {s: owned_copy(loaded["init"][s]) for s in models}  # update donates them
     opt = {s: k[s].init_opt(params[s]) for s in models}
-    bounds = group_bounds(batch, groups)
+    tile = tile_rows(batch)  # each group runs as its kernel pieces, as the parties run it
+    bounds = [p for lo, hi in group_bounds(batch, groups) for p in kernel_pieces(lo, hi, tile)]
     padded = [bucket_rows(hi - lo, batch) for lo, hi in bounds]
     clock = Clock()
     owner = {s: s.removeprefix("bottom_") if s != "top" else leader for s in models}

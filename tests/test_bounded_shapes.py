@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from tandem.engine.microbatch import bucket_rows, group_bounds
+from tandem.engine.microbatch import bucket_rows, group_bounds, tile_rows
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.parties.split import SplitConfig
 from tests.split_helpers import make_job, train_steps
@@ -140,7 +140,7 @@ def test_a_short_batch_reuses_a_compiled_size_above_its_own_bucket():
     traced_full, *_ = run_short_job([full], 2)
     traced_both, final, padded, job = run_short_job([full, short], 2)
     assert traced_both == traced_full, "the short batch compiled a size of its own"
-    assert all(sizes == [32, 32] for sizes in padded.values()), padded
+    assert all(sizes == [(32,), (32,)] for sizes in padded.values()), padded
     assert_trees_close(final, reference(*job, [full, short], lr=0.1))
 
 
@@ -175,3 +175,47 @@ def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes(
         jax_log.removeHandler(probe)
     assert any("jit(forward)" in m for m in probe.seen), probe.seen  # the probe sees compiles
     assert not [m for m in probe.seen if "jit(update)" in m or "jit(zeros)" in m], probe.seen
+
+
+TILED = 2048  # four tiles of 512 rows (`tile_rows`)
+
+
+@functools.cache
+def tiled_traces_after(counts: tuple[int, ...]) -> dict[tuple[str, str, str], int]:
+    """`traces_after` for a batch of `TILED` rows: a batch cut on whole tiles."""
+    topo = leader_follower()
+    parties, *_ = make_job(topo, rows=TILED, config=config(TILED))
+    asyncio.run(train_steps(parties, topo, [np.arange(TILED)] * len(counts), counts.__getitem__))
+    return {
+        (p, stage, name): count
+        for p, party in parties.items()
+        for stage, kernels in party.handler.kernels.items()
+        for name, count in kernels.traces.items()
+    }
+
+
+def test_every_count_up_to_the_whole_tiles_runs_one_kernel_shape():
+    """A batch of 2048 rows is four tiles of 512: at 1, 2, 3 or 4 groups (2048, 2 x 1024,
+    512 + 1024 + 512, 4 x 512 rows) every kernel call is one tile, so the first count traces
+    each kernel once and the other counts trace nothing."""
+    assert tile_rows(TILED) == 512
+    once = tiled_traces_after((2,))
+    assert all(count == 1 for count in once.values()), once
+    every = tiled_traces_after((2, 1, 3, 4, 2))
+    assert every == once, f"a count within the whole tiles retraced: {once} -> {every}"
+
+
+@pytest.mark.parametrize("topo", [two_party(), leader_follower(), u_shape()], ids=str)
+def test_tiled_groups_train_exactly(topo):
+    """Groups run one tile at a time (a batch of 2500 rows: 4 tiles of 512 and 452 more rows in
+    the last group; 9 groups: the ladder cut, pieces of one call each) give the plain-JAX
+    full-batch parameters."""
+    rows, counts = 2500, [1, 3, 9]
+    assert tile_rows(rows) == 512 and rows % 512 == 452
+    parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    rng = np.random.default_rng(5)
+    batches = [rng.permutation(rows) for _ in counts]
+    asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))

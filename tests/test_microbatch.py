@@ -15,11 +15,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tandem.engine.microbatch import (
+    MIN_TILE,
+    TILES_PER_BATCH,
     GroupTuner,
     TunerState,
     bucket_rows,
     group_bounds,
+    kernel_pieces,
     rule_groups,
+    tile_rows,
 )
 from tandem.errors import ConfigError
 
@@ -71,10 +75,49 @@ def test_tapered_ends_are_about_half_a_middle_group():
 
     assert sizes(2048, 9) == [128] + [256] * 7 + [128]  # the even-middled cut is on the ladder
     assert sizes(2048, 6) == [256] + [384] * 4 + [256]  # 204 + 4 * 409 + 204 would pad to 448s
-    assert sizes(4096, 4) == [768, 1280, 1280, 768]
+    assert sizes(4096, 4) == [512, 1536, 1536, 512]  # whole tiles of 512 (below)
+    assert sizes(4096, 9) == [256] + [512] * 7 + [256]  # more groups than tiles: the ladder cut
     assert sizes(1000, 4) == [112, 384, 384, 120]  # no cut on the ladder: the last group pads 8
     assert sizes(10, 2) == [5, 5]
     assert sizes(8, 8) == [1] * 8  # too small to taper
+
+
+def test_tile_rows_is_an_eighth_of_the_batch_on_the_ladder_but_never_small():
+    assert tile_rows(1) == tile_rows(4096) == MIN_TILE == 512
+    assert tile_rows(5000) == 512 and tile_rows(8192) == 1024 and tile_rows(10_000) == 1024
+    assert tile_rows(65_536) == 8192 and tile_rows(100_000) == 12_288
+    for batch in range(1, 200_000, 997):
+        tile = tile_rows(batch)
+        assert bucket_rows(tile, 10**9) == tile  # on the ladder
+        assert tile == MIN_TILE or tile <= batch / TILES_PER_BATCH < 1.25 * tile
+
+
+@given(batch=st.integers(2 * MIN_TILE, 300_000), data=st.data())
+def test_a_batch_of_whole_tiles_is_cut_on_tile_boundaries(batch, data):
+    """Every count up to the batch's whole tiles cuts groups of whole tiles, the rest of the
+    rows in the last group: so their kernel pieces all run at the tile's size (and the rest's)."""
+    tile = tile_rows(batch)
+    tiles = batch // tile
+    n = data.draw(st.integers(1, tiles))
+    bounds = group_bounds(batch, n)
+    sizes = [hi - lo for lo, hi in bounds]
+    assert len(sizes) == n and sum(sizes) == batch and bounds[0][0] == 0
+    assert all(s % tile == 0 and s >= tile for s in sizes[:-1])
+    assert sizes[-1] % tile == batch % tile and sizes[-1] >= tile
+    if n >= 3:  # ends no larger than the middles, which differ by at most a tile
+        whole = [s // tile for s in sizes]
+        middle = whole[1:-1]
+        assert max(whole[0], whole[-1]) <= min(middle) and max(middle) - min(middle) <= 1
+    pieces = [p for lo, hi in bounds for p in kernel_pieces(lo, hi, tile)]
+    assert pieces[0][0] == 0 and pieces[-1][1] == batch
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))
+    assert {b - a for a, b in pieces} <= {tile, batch % tile}
+
+
+def test_kernel_pieces_are_whole_tiles_then_the_rest():
+    assert kernel_pieces(0, 512, 512) == [(0, 512)]
+    assert kernel_pieces(100, 300, 512) == [(100, 300)]
+    assert kernel_pieces(512, 1792, 512) == [(512, 1024), (1024, 1536), (1536, 1792)]
 
 
 @pytest.mark.parametrize("batch,n", [(0, 1), (8, 0), (8, 9)])

@@ -29,6 +29,13 @@ from tandem.errors import ConfigError
 def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     """``n`` contiguous ``(start, stop)`` row ranges covering ``range(batch)``.
 
+    **Whole tiles.** A batch of at least two `tile_rows` tiles cut into no more groups than it
+    has whole tiles is cut on tile boundaries (`_tile_cut`): every group is a whole number of
+    tiles, the batch's rows beyond its whole tiles (if any) going to the last group. A party
+    computes a group larger than a tile one tile at a time (`kernel_pieces`), so every such
+    count runs the same kernel shapes and a change of count compiles nothing. The rest of this
+    docstring describes the cut of smaller batches, and of counts above the tiles.
+
     For ``n >= 3`` the first and last groups are *tapered*: about half the size of the middle
     groups (a batch too small to halve its end groups gets even groups). A batch's pipeline
     cannot run faster than its fill and drain allow: the gradient link idles until the first
@@ -57,17 +64,80 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
 @functools.lru_cache(maxsize=1024)
 def _cut(batch: int, n: int) -> tuple[tuple[int, int], ...]:
     """`group_bounds` of a valid ``(batch, n)``, cached: a party cuts every batch."""
+    tile = tile_rows(batch)
+    if 2 <= batch // tile and n <= batch // tile:
+        return _bounds(_tile_cut(batch, n, tile))
     sizes = _tapered(batch, n)
     padded = _padding(sizes, batch)
     if n >= 3 and padded:
         ladder = _ladder_cut(batch, n)
         if ladder is not None and _padding(ladder, batch) < padded:
             sizes = ladder
+    return _bounds(sizes)
+
+
+def _bounds(sizes: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Contiguous ``(start, stop)`` ranges of ``sizes`` rows from row 0."""
     bounds, start = [], 0
     for s in sizes:
         bounds.append((start, start + s))
         start += s
     return tuple(bounds)
+
+
+#: The fewest rows of a kernel tile: below about this many rows a CPU kernel's fixed cost per
+#: call (dispatch, a few tens of microseconds) shows in its time per row.
+MIN_TILE = 512
+#: A batch's whole tiles at most (`tile_rows`): the counts up to this share one kernel shape.
+TILES_PER_BATCH = 8
+
+
+def tile_rows(batch: int) -> int:
+    """The rows of a kernel tile for batches of ``batch`` rows: the largest size of the
+    `bucket_rows` ladder at most ``batch / TILES_PER_BATCH``, and at least `MIN_TILE`.
+
+    A compute op whose group has more rows than a tile runs one kernel call per tile
+    (`kernel_pieces`), so a batch of ``B >= 2 * MIN_TILE`` rows cut into up to
+    ``B // tile_rows(B)`` groups (`group_bounds` cuts those on whole tiles) compiles each
+    kernel at one shape, plus one for the rows beyond the whole tiles when ``B`` is not a
+    multiple of the tile, whatever count the tuner tries."""
+    if batch < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch}")
+    return max(MIN_TILE, _ladder_floor(batch // TILES_PER_BATCH))
+
+
+def _ladder_floor(rows: int) -> int:
+    """The largest size of the `bucket_rows` ladder that is ``<= rows`` (0 below 1)."""
+    if rows < 8:
+        return max(rows, 0)
+    e = rows.bit_length() - 3  # rows in [4 * 2**e, 8 * 2**e)
+    return max(m << e for m in LADDER_STEPS if m << e <= rows)
+
+
+def _tile_cut(batch: int, n: int, tile: int) -> list[int]:
+    """Sizes of ``n`` groups of whole tiles (``n <= batch // tile``), the rows beyond the whole
+    tiles added to the last: even for ``n <= 2``, else the first and last about half a middle
+    group (at least one tile each), the middles within one tile of each other."""
+    tiles = batch // tile
+    if n <= 2:
+        counts = [tiles // n + (i < tiles % n) for i in range(n)]
+    else:
+        end = min(max(1, round(tiles / (2 * n - 2))), (tiles - n + 2) // 2)
+        inner = tiles - 2 * end
+        counts = [end, *(inner // (n - 2) + (i < inner % (n - 2)) for i in range(n - 2)), end]
+    sizes = [c * tile for c in counts]
+    sizes[-1] += batch - tiles * tile
+    return sizes
+
+
+def kernel_pieces(lo: int, hi: int, tile: int) -> list[tuple[int, int]]:
+    """The row ranges the kernels run a compute op over rows ``lo:hi`` in: the whole range
+    when it fits in one ``tile``, else consecutive whole tiles and the rest (fewer rows than a
+    tile) last. Each piece is one kernel call, padded to its own compiled size by the caller."""
+    if hi - lo <= tile:
+        return [(lo, hi)]
+    starts = range(lo, hi, tile)
+    return [(a, min(a + tile, hi)) for a in starts]
 
 
 def _padding(sizes: Sequence[int], batch: int) -> int:

@@ -16,15 +16,18 @@ every outgoing message is encoded (`_scatter`) and every arriving one checked an
 (``begin(row_ids=...)``), whose residuals this handler keeps across batches, one table per
 gradient channel. With ``"none"`` messages are the tensors themselves, as without it.
 
-Bounded shapes: each compute op runs its group padded with zero rows to
+Bounded shapes: each compute op runs its group in *pieces*
+(`tandem.engine.microbatch.kernel_pieces`): a group of more rows than the job's tile
+(`tile_rows` of the party's batch size, ``pad_to``) one kernel call per whole tile and one for
+the rest, a smaller group in one call. Each piece runs padded with zero rows to
 `tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
-the kernels see a few shapes and compile each once. The ladder is capped at the party's batch
-size (``pad_to``), and a batch shorter than that (an epoch's last) runs each group at the
-smallest size already compiled that holds it, so it compiles nothing new. Padding stays
-inside the party: what it sends is sliced to the group's real rows (a peer pads what it
-receives itself), the loss stage masks the padded rows out of the loss
-(``loss_step(mask=...)``), so their cotangents, and what they add to any parameter gradient,
-are zero; `predictions` returns real rows only.
+the kernels see a few shapes and compile each once (counts cut on whole tiles: the tile's
+shape alone). The ladder is capped at the party's batch size, and a batch shorter than that
+(an epoch's last) runs each piece at the smallest size already compiled that holds it, so it
+compiles nothing new. Pieces and padding stay inside the party: what it sends is the group's
+real rows in one message (a peer cuts and pads what it receives itself), the loss stage masks
+the padded rows out of the loss (``loss_step(mask=...)``), so their cotangents, and what they
+add to any parameter gradient, are zero; `predictions` returns real rows only.
 
 Summed cuts (``cut_sum``, `tandem.parties.privacy.securesum.CutSum`): the summing stage's
 kernels take one input, the sum of its K cuts (`_inputs`), and its one input gradient goes back
@@ -47,7 +50,7 @@ import optax
 
 from tandem.engine.data import BatchRows
 from tandem.engine.kernels import StageKernels, StageModel, owned_copy
-from tandem.engine.microbatch import bucket_rows, chunk_bounds
+from tandem.engine.microbatch import bucket_rows, chunk_bounds, kernel_pieces, tile_rows
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
@@ -216,16 +219,19 @@ class StageHandler:
         self.bounds = self.msg_bounds if fine else bounds
         self.per_op = 1 if fine else chunks
         self.rows = bounds[-1][1] if bounds else 0
-        #: per compute op: the rows its kernels run at (its group padded to a bucket size)
-        self.padded = self._padded_sizes(train)
+        #: per compute op: its kernel calls' row ranges (`kernel_pieces`) and the rows each
+        #: runs at (padded to a bucket size)
+        self.pieces = self._pieces(train)
+        self.padded = [tuple(size for *_, size in p) for p in self.pieces]
         self.train = train
-        self.acts: dict[tuple[str, int], jax.Array] = {}
-        self.vjps: dict[tuple[str, int], Any] = {}
+        #: per (stage, op): one array (or pullback) per kernel piece
+        self.acts: dict[tuple[str, int], list[jax.Array]] = {}
+        self.vjps: dict[tuple[str, int], list[Any]] = {}
         self.inbox: dict[tuple[str, int], np.ndarray] = {}  # host arrays, as received
-        self.cots: dict[tuple[str, int], jax.Array] = {}
+        self.cots: dict[tuple[str, int], list[jax.Array]] = {}
         self.grads: dict[str, Any] = {}  # stage -> summed parameter gradients (on the device)
         self._loss: jax.Array | None = None  # summed scaled loss of the batch (on the device)
-        self.logits: dict[int, jax.Array] = {}
+        self.logits: dict[int, list[jax.Array]] = {}
         if train and self.audit is not None:
             self.audit.new_batch()
 
@@ -235,18 +241,18 @@ class StageHandler:
         it waits for the loss stage's kernels: read it once per batch, not per op."""
         return 0.0 if self._loss is None else float(self._loss)
 
-    def _input(self, stage: str, name: str, m: int) -> jax.Array | np.ndarray:
+    def _input(self, stage: str, name: str, m: int) -> list:
+        """Op ``m``'s input ``name`` of ``stage``, one padded array per kernel piece."""
         if name == FEATURES:
             if self.features is None:
                 raise ConfigError(
                     f"stage {stage!r} reads {self.party!r}'s features, but the batch was bound "
                     "without any; pass this party's feature rows to begin()"
                 )
-            lo, hi = self.bounds[m]
-            return self._pad(self.features[lo:hi], m)
+            return [self._pad(self.features[a:b], size) for a, b, size in self.pieces[m]]
         if name in self.stages:
             return self.acts[(name, m)]
-        return self._pad(self._gather(f"act/{name}->{stage}", m), m)
+        return self._split(self._gather(f"act/{name}->{stage}", m), m)
 
     def compile_ahead(self) -> None:
         """Compile now the kernels whose shapes the parameters alone fix: each stage's
@@ -260,43 +266,63 @@ class StageHandler:
             kernels.zeros.lower(params).compile()
             kernels.update.lower(params, self.opt_state[s], params).compile()
 
-    def _padded_sizes(self, train: bool) -> list[int]:
-        """The rows each compute op of the bound batch runs at: its group's `bucket_rows`
-        size, except in a batch shorter than ``pad_to`` (an epoch's last), where a group runs
-        at the smallest size this handler's kernels already ran at in the same mode (training
-        or prediction) that holds it, so the short batch compiles nothing new. Padding a group
-        of one batch costs a few milliseconds; compiling a new size costs seconds."""
+    def _pieces(self, train: bool) -> list[list[tuple[int, int, int]]]:
+        """Per compute op of the bound batch: ``(start, stop, size)`` of each kernel call,
+        `kernel_pieces` of its rows with the job's tile, ``size`` the rows the call runs at:
+        the piece's `bucket_rows` size, except in a batch shorter than ``pad_to`` (an epoch's
+        last), where a piece runs at the smallest size this handler's kernels already ran at
+        in the same mode (training or prediction) that holds it, so the short batch compiles
+        nothing new. Padding a piece of one batch costs a few milliseconds; compiling a new
+        size costs seconds."""
         cap = max(self.rows, self.pad_to)
+        tile = tile_rows(cap)
         seen = self._sizes_run[train]
-        sizes = []
+        out = []
         for lo, hi in self.bounds:
-            rows = hi - lo
-            fits = [s for s in seen if s >= rows] if self.rows < self.pad_to else []
-            sizes.append(min(fits) if fits else bucket_rows(rows, cap))
-        seen.update(sizes)
-        return sizes
+            pieces = []
+            for a, b in kernel_pieces(lo, hi, tile):
+                rows = b - a
+                fits = [s for s in seen if s >= rows] if self.rows < self.pad_to else []
+                pieces.append((a, b, min(fits) if fits else bucket_rows(rows, cap)))
+            seen.update(size for *_, size in pieces)
+            out.append(pieces)
+        return out
 
-    def _pad(self, x: np.ndarray, m: int) -> np.ndarray:
-        """Host rows ``x`` of op ``m`` with zero rows appended up to its padded size (``x``
-        itself when its size is on the ladder)."""
-        extra = self.padded[m] - x.shape[0]
+    @staticmethod
+    def _pad(x: np.ndarray, size: int) -> np.ndarray:
+        """Host rows ``x`` with zero rows appended up to ``size`` rows (``x`` itself when it
+        has as many)."""
+        extra = size - x.shape[0]
         if extra == 0:
             return x
         return np.concatenate([x, np.zeros((extra, *x.shape[1:]), x.dtype)])
 
-    def _mask(self, m: int) -> np.ndarray:
-        """``bool[padded rows]`` of op ``m``: True on its real rows."""
-        lo, hi = self.bounds[m]
-        return np.arange(self.padded[m]) < hi - lo
+    def _split(self, x: np.ndarray, m: int) -> list[np.ndarray]:
+        """Host rows ``x`` of op ``m``'s whole group, cut into its kernel pieces, each padded."""
+        lo = self.bounds[m][0]
+        return [self._pad(x[a - lo : b - lo], size) for a, b, size in self.pieces[m]]
 
-    def _inputs(self, stage: str, m: int) -> list:
-        """The arrays ``stage``'s kernels read for op ``m`` (one sum for a summing stage)."""
+    def _joined(self, pieces: list, m: int):
+        """Op ``m``'s per-piece outputs as one array of its group's rows: the one piece's
+        output itself (possibly padded: `_scatter` takes the real rows), else the pieces' real
+        rows concatenated on the host."""
+        if len(pieces) == 1:
+            return pieces[0]
+        return np.concatenate(
+            [np.asarray(y)[: b - a] for y, (a, b, _) in zip(pieces, self.pieces[m], strict=True)]
+        )
+
+    def _inputs(self, stage: str, m: int) -> list[list]:
+        """The arrays ``stage``'s kernels read for op ``m`` (one sum for a summing stage): per
+        kernel piece, the list of its inputs."""
         names = self.stages[stage].inputs
         if not self._sums(stage):
-            return [self._input(stage, i, m) for i in names]
-        assert self.cut_sum is not None
-        parts = [self._gather(f"act/{i}->{stage}", m) for i in names]
-        return [self._pad(self.cut_sum.combine(parts, self.cut_shape(names[0])), m)]
+            per_input = [self._input(stage, i, m) for i in names]
+        else:
+            assert self.cut_sum is not None
+            parts = [self._gather(f"act/{i}->{stage}", m) for i in names]
+            per_input = [self._split(self.cut_sum.combine(parts, self.cut_shape(names[0])), m)]
+        return [list(xs) for xs in zip(*per_input, strict=True)]
 
     def _sealed(self, channel: str) -> bool:
         """Whether this party's messages on ``channel`` are a secure sum's masked words."""
@@ -386,18 +412,22 @@ class StageHandler:
         acc = self.grads.get(stage)
         return self.kernels[stage].zeros(self.params[stage]) if acc is None else acc
 
-    def _route_input_grads(self, stage: str, m: int, input_grads, out: dict) -> None:
+    def _route_input_grads(self, stage: str, m: int, per_piece: list, out: dict) -> None:
+        """Send or keep op ``m``'s input gradients (``per_piece``: each kernel piece's)."""
         names = self.stages[stage].inputs
-        if self._sums(stage):  # d(sum)/d(summand) = 1: each cut gets the sum's gradient
-            input_grads = [input_grads[0]] * len(names)
-        for name, g in zip(names, input_grads, strict=True):
+        for i, name in enumerate(names):
             if name == FEATURES:
                 continue
+            # d(sum)/d(summand) = 1: each cut of a summing stage gets the sum's gradient
+            gs = [g[0 if self._sums(stage) else i] for g in per_piece]
             if name in self.stages:
                 key = (name, m)
-                self.cots[key] = g if key not in self.cots else self.cots[key] + g
+                held = self.cots.get(key)
+                if held is not None:
+                    gs = [a + b for a, b in zip(held, gs, strict=True)]
+                self.cots[key] = gs
             else:
-                self._scatter(f"grad/{name}->{stage}", m, g, out)
+                self._scatter(f"grad/{name}->{stage}", m, self._joined(gs, m), out)
 
     def compute(self, op: Op) -> dict[tuple[str, int], np.ndarray]:
         out: dict[tuple[str, int], np.ndarray] = {}
@@ -412,48 +442,64 @@ class StageHandler:
             self.params[s], self.opt_state[s] = k.update(self.params[s], self.opt_state[s], grads)
             jax.block_until_ready(self.params[s])
             return out
-        if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjp
-            xs = self._inputs(s, m)
+        if op.kind is not Kind.BACKWARD:  # a backward's inputs live in its vjps
+            pieces = self._inputs(s, m)
         if op.kind is Kind.FORWARD:
+            ys, vjps = [], []
+            for xs in pieces:
+                if self.train:
+                    y, vjp = k.forward(self.params[s], *xs)
+                    vjps.append(vjp)
+                else:
+                    y = k.predict(self.params[s], *xs)
+                ys.append(y)
+            self.acts[(s, m)] = ys
             if self.train:
-                y, self.vjps[(s, m)] = k.forward(self.params[s], *xs)
-            else:
-                y = k.predict(self.params[s], *xs)
-            self.acts[(s, m)] = y
+                self.vjps[(s, m)] = vjps
             sends = [c.name for c in self.topology.consumers(s) if c.name not in self.stages]
             for c in sends:
-                self._scatter(f"act/{s}->{c}", m, y, out)
+                self._scatter(f"act/{s}->{c}", m, self._joined(ys, m), out)
             if not sends:
-                jax.block_until_ready(y)
+                jax.block_until_ready(ys)
         elif op.kind is Kind.LOSS:
-            lo, hi = self.bounds[m]
             if self.train:
                 if self.labels is None:
                     raise ConfigError(
                         f"{self.party!r} trains the loss stage {s!r}, but the batch was bound "
                         "without labels; pass them to begin()"
                     )
-                loss = _ZERO if self._loss is None else self._loss
-                self.grads[s], self._loss, logits, gxs = k.loss_step(
-                    self.params[s],
-                    self._acc(s),
-                    loss,
-                    self._pad(self.labels[lo:hi], m),
-                    np.float32(1.0 / self.rows),
-                    *xs,
-                    mask=self._mask(m),
-                )
+                loss: Any = _ZERO if self._loss is None else self._loss
+                acc, scale = self._acc(s), np.float32(1.0 / self.rows)
+                logits, gxs = [], []
+                for (a, b, size), xs in zip(self.pieces[m], pieces, strict=True):
+                    acc, loss, piece_logits, piece_gxs = k.loss_step(
+                        self.params[s],
+                        acc,
+                        loss,
+                        self._pad(self.labels[a:b], size),
+                        scale,
+                        *xs,
+                        mask=np.arange(size) < b - a,
+                    )
+                    logits.append(piece_logits)
+                    gxs.append(piece_gxs)
+                self.grads[s], self._loss = acc, loss
                 self._route_input_grads(s, m, gxs, out)
             else:
-                logits = k.predict(self.params[s], *xs)
+                logits = [k.predict(self.params[s], *xs) for xs in pieces]
             self.logits[m] = logits  # fetched once per batch, by `predictions`
         elif op.kind is Kind.BACKWARD:
-            cot: jax.Array | np.ndarray | None = self.cots.pop((s, m), None)
+            cots: list | None = self.cots.pop((s, m), None)
             for consumer in self.topology.consumers(s):
                 if consumer.name not in self.stages:
-                    g = self._pad(self._gather(f"grad/{s}->{consumer.name}", m), m)
-                    cot = g if cot is None else cot + g
-            self.grads[s], input_grads = k.backward(self.vjps.pop((s, m)), cot, self._acc(s))
+                    g = self._split(self._gather(f"grad/{s}->{consumer.name}", m), m)
+                    cots = g if cots is None else [a + b for a, b in zip(cots, g, strict=True)]
+            assert cots is not None  # every stage with a backward has a consumer
+            acc, input_grads = self._acc(s), []
+            for vjp, cot in zip(self.vjps.pop((s, m)), cots, strict=True):
+                acc, piece_grads = k.backward(vjp, cot, acc)
+                input_grads.append(piece_grads)
+            self.grads[s] = acc
             self._route_input_grads(s, m, input_grads, out)
             self.acts.pop((s, m), None)
             if not out:
@@ -534,9 +580,9 @@ class StageHandler:
         """The loss stage's logits of the bound batch's real rows, in row order."""
         return np.concatenate(
             [
-                np.asarray(self.logits[m])[: hi - lo]
+                np.asarray(y)[: b - a]
                 for m in sorted(self.logits)
-                for lo, hi in [self.bounds[m]]
+                for y, (a, b, _) in zip(self.logits[m], self.pieces[m], strict=True)
             ],
             axis=0,
         )
