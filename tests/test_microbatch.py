@@ -23,6 +23,7 @@ from tandem.engine.microbatch import (
     group_bounds,
     kernel_pieces,
     rule_groups,
+    shared_shape_counts,
     tile_rows,
 )
 from tandem.errors import ConfigError
@@ -182,6 +183,24 @@ def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
         if state.settled:
             return state.n
     raise AssertionError(f"tuner did not settle: {path}")
+
+
+def test_the_search_never_leaves_max_n():
+    """With ``max_n`` (a party's `shared_shape_counts`: counts beyond it compile new shapes)
+    the tuner neither starts nor probes above it, even where a larger count would be faster:
+    c0 = 0.001 puts the best count near 32."""
+    assert shared_shape_counts(4096) == 8 and shared_shape_counts(1000) == 0
+    assert GroupTuner(batch=4096, max_n=8).top == 8 and GroupTuner(batch=4).top == 4
+    for seed in range(20):
+        pipe, tuner = Pipeline(seed, c0=0.001), GroupTuner(batch=4096, max_n=8)
+        state, seen = tuner.init(), set()
+        for _ in range(400):  # the first search, and re-checks after it
+            seen.add(state.n)
+            links = [(pipe.link * 1e6, 1e6)]
+            _, state = tuner.observe(state, pipe.batch(state.n), compute=1.0, links=links)
+        assert max(seen) == 8 and state.n >= 4, (seed, sorted(seen), state.n)
+    with pytest.raises(ConfigError, match="max_n"):
+        GroupTuner(batch=64, max_n=-1)
 
 
 @pytest.mark.parametrize("c0", [0.001, 0.004, 0.016])

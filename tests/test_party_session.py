@@ -359,3 +359,11 @@ def test_groups_tried_summarises_the_tuners_path_by_count_in_first_run_order():
     }
     assert list(groups_tried(path)) == ["4", "1", "2"]
     assert groups_tried([]) == {}
+
+
+def test_groups_path_runs_the_tuners_counts_in_batch_order():
+    from tandem.parties.split.process.standalone import groups_path
+
+    path = [(4, 2.0), (4, 0.5), (1, 0.7), (2, 0.4), (2, 0.4), (1, 0.7), (2, 0.4)]
+    assert groups_path(path) == [[4, 2, 1.25], [1, 1, 0.7], [2, 2, 0.4], [1, 1, 0.7], [2, 1, 0.4]]
+    assert groups_path([]) == []

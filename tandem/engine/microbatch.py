@@ -130,6 +130,14 @@ def _tile_cut(batch: int, n: int, tile: int) -> list[int]:
     return sizes
 
 
+def shared_shape_counts(batch: int) -> int:
+    """The largest count whose groups of a ``batch``-row batch are whole `tile_rows` tiles
+    (every count up to it runs the same kernel shapes: `group_bounds`), or 0 when the batch
+    holds fewer than two tiles (then every count has sizes of its own)."""
+    tiles = batch // tile_rows(batch)
+    return tiles if tiles >= 2 else 0
+
+
 def kernel_pieces(lo: int, hi: int, tile: int) -> list[tuple[int, int]]:
     """The row ranges the kernels run a compute op over rows ``lo:hi`` in: the whole range
     when it fits in one ``tile``, else consecutive whole tiles and the rest (fewer rows than a
@@ -382,9 +390,13 @@ class GroupTuner:
 
     The rules (walls are seconds per full batch):
 
+    0. Range: the search tries counts up to ``max_n`` (0, the default: the batch). A party
+       passes `shared_shape_counts` of its batch: above it a count's groups are smaller than
+       a kernel tile, and trying one compiles every kernel at new sizes (seconds each for an
+       embedding stage on a CPU, more than the probe could gain back in an epoch).
     1. Start: the first batch runs at ``n0``; `rule_groups` on its busiest link direction gives
-       the start, with compute = max(reported compute, wall - that link's transfer time); no
-       measured link gives 1.
+       the start (at most ``max_n``), with compute = max(reported compute, wall - that link's
+       transfer time); no measured link gives 1.
     2. Samples: a count's first batch after a change is no sample (compile, previous batch's
        drain), nor its second when the count never ran before; a count's wall is the
        `trimmed_mean` (``trim``) of its ``samples`` or more samples.
@@ -412,6 +424,7 @@ class GroupTuner:
     """
 
     batch: int
+    max_n: int = 0
     samples: int = 4
     tolerance: float = 0.03
     trim: float = 0.25
@@ -425,6 +438,11 @@ class GroupTuner:
     def __post_init__(self) -> None:
         if self.batch < 1:
             raise ConfigError(f"GroupTuner.batch must be >= 1, got {self.batch!r}")
+        if self.max_n < 0:
+            raise ConfigError(
+                f"GroupTuner.max_n is the largest count the search tries (0: the batch) and "
+                f"must be >= 0, got {self.max_n!r}"
+            )
         if self.samples < 1:
             raise ConfigError(
                 f"GroupTuner.samples is the batches averaged per count and must be >= 1, "
@@ -446,9 +464,14 @@ class GroupTuner:
                 f"averaging and must be in [0, 0.5), got {self.trim!r}"
             )
 
+    @property
+    def top(self) -> int:
+        """The largest count the search tries or starts at: ``max_n``, at most the batch."""
+        return min(self.max_n or self.batch, self.batch)
+
     def init(self, n: int = 0) -> TunerState:
         """The state before the first batch, which runs at ``n`` (``<= 0``: ``min(4, batch)``)."""
-        n = n if n > 0 else min(4, self.batch)
+        n = n if n > 0 else min(4, self.top)
         return TunerState(n=n, base=n, last_n=n)
 
     def resume(self, n: int, *, interval: int = 0, wall: float | None = None) -> TunerState:
@@ -561,7 +584,7 @@ class _Search:
                 # the leader sees only its own compute, while a follower's may be the larger
                 # (a bottom model under a small top): the wall the busiest link does not
                 # explain stands in for it
-                self.n = rule_groups(b, bw, max(compute, wall - b / bw, 1e-6), cfg.batch)
+                self.n = rule_groups(b, bw, max(compute, wall - b / bw, 1e-6), cfg.top)
             self.walls.clear()
             self.base = self.n
             self.skip = int(self.n == first)  # the first batch's compile spills into the next
@@ -598,13 +621,13 @@ class _Search:
             return self._settle_first_search()
         base = self.base
         # rule 3: probe the base's neighbours one at a time; each is judged from the base
-        for cand in (min(base * 2, cfg.batch), max(base // 2, 1)):
+        for cand in (min(base * 2, cfg.top), max(base // 2, 1)):
             if cand != base and self._mean(cand) is None:
                 self.n = cand
                 return self.n
         here = self._mean(base)
         assert here is not None  # the base has samples: it ran before its probes
-        up, far = min(base * 2, cfg.batch), min(base * 4, cfg.batch)
+        up, far = min(base * 2, cfg.top), min(base * 4, cfg.top)
         up_mean = self._mean(up)
         if (
             far != up
@@ -766,7 +789,7 @@ class _Search:
         """The geometric midpoints between ``base`` and each measured neighbour (``2n`` and
         ``n/2``) that are counts of their own, the one towards the faster neighbour first. Both
         sides are tried: a slower neighbour on one side says little about the midpoint there."""
-        batch = self.cfg.batch
+        batch = self.cfg.top
         near = sorted(
             (m, k)
             for k in (min(base * 2, batch), max(base // 2, 1))

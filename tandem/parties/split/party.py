@@ -37,7 +37,7 @@ import optax
 from tandem.engine.data import BatchRows, RowSource
 from tandem.engine.kernels import StageModel, get_loss
 from tandem.engine.lanes import ThreadLane
-from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds
+from tandem.engine.microbatch import GroupTuner, fit_chunks, group_bounds, shared_shape_counts
 from tandem.engine.plan import Plan, make_plan
 from tandem.engine.policy import as_policy
 from tandem.engine.runtime import BatchStats, PartyRuntime
@@ -161,7 +161,9 @@ class SplitParty:
         self.replaced_params: dict[str, Any] | None = None
         #: The leader's micro-batch tuner (settings) and its state; ``tuner_path`` holds the
         #: (n, wall seconds) of every batch the tuner observed.
-        self.tuner = GroupTuner(self.config.batch_size)
+        self.tuner = GroupTuner(
+            self.config.batch_size, max_n=shared_shape_counts(self.config.batch_size)
+        )
         self.tuner_state = self.tuner.init(
             self.config.groups if isinstance(self.config.groups, int) else 0
         )

@@ -350,6 +350,7 @@ def _leader_base(session: Session, party: SplitParty) -> dict[str, Any]:
         "n_groups": party.n_groups,
         "groups_from": party.groups_from,
         "groups_tried": groups_tried(party.tuner_path),
+        "groups_path": groups_path(party.tuner_path),
     }
 
 
@@ -363,6 +364,20 @@ def groups_tried(path: list[tuple[int, float]]) -> dict[str, dict[str, float]]:
         entry["batches"] += 1
         entry["mean_s"] += (wall - entry["mean_s"]) / entry["batches"]
     return {n: {"batches": e["batches"], "mean_s": round(e["mean_s"], 5)} for n, e in out.items()}
+
+
+def groups_path(path: list[tuple[int, float]]) -> list[list[float]]:
+    """The tuner's counts in the order the batches ran them, each run of one count as
+    ``[n, batches, mean_s]`` (their mean wall seconds per batch): where the search went, how
+    long it stayed and what it measured there (empty with a fixed count)."""
+    runs: list[list[float]] = []
+    for n, wall in path:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+            runs[-1][2] += wall
+        else:
+            runs.append([n, 1, wall])
+    return [[n, k, round(total / k, 5)] for n, k, total in runs]
 
 
 async def _lead_finished(session: Session, st: RunState, party: SplitParty) -> dict[str, Any]:
