@@ -185,22 +185,41 @@ def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
     raise AssertionError(f"tuner did not settle: {path}")
 
 
-def test_the_search_never_leaves_max_n():
+def counts_tried(tuner: GroupTuner, pipe: Pipeline, batches: int = 400) -> tuple[set[int], int]:
+    """Every count ``tuner`` ran over ``batches`` batches of ``pipe`` (the first search and
+    the re-checks after it), and the count it ended at."""
+    state, seen = tuner.init(), set()
+    for _ in range(batches):
+        seen.add(state.n)
+        links = [(pipe.link * 1e6, 1e6)]
+        _, state = tuner.observe(state, pipe.batch(state.n), compute=1.0, links=links)
+    return seen, state.n
+
+
+def test_where_compiling_is_dear_the_search_never_leaves_max_n():
     """With ``max_n`` (a party's `shared_shape_counts`: counts beyond it compile new shapes)
-    the tuner neither starts nor probes above it, even where a larger count would be faster:
-    c0 = 0.001 puts the best count near 32."""
+    and a first batch that took 15 batch walls more than the others (its compilations), the
+    tuner neither starts nor probes above ``max_n``, even where a larger count would be
+    faster (c0 = 0.001 puts the best count near 32)."""
     assert shared_shape_counts(4096) == 8 and shared_shape_counts(1000) == 0
     assert GroupTuner(batch=4096, max_n=8).top == 8 and GroupTuner(batch=4).top == 4
     for seed in range(20):
-        pipe, tuner = Pipeline(seed, c0=0.001), GroupTuner(batch=4096, max_n=8)
-        state, seen = tuner.init(), set()
-        for _ in range(400):  # the first search, and re-checks after it
-            seen.add(state.n)
-            links = [(pipe.link * 1e6, 1e6)]
-            _, state = tuner.observe(state, pipe.batch(state.n), compute=1.0, links=links)
-        assert max(seen) == 8 and state.n >= 4, (seed, sorted(seen), state.n)
+        pipe = Pipeline(seed, c0=0.001, compile_s=30.0)
+        seen, n = counts_tried(GroupTuner(batch=4096, max_n=8), pipe)
+        assert max(seen) == 8 and n >= 4, (seed, sorted(seen), n)
     with pytest.raises(ConfigError, match="max_n"):
         GroupTuner(batch=64, max_n=-1)
+
+
+def test_where_compiling_is_cheap_the_search_goes_past_max_n():
+    """A first batch within ``compile_budget`` batch walls of the others opens every count:
+    the same pipelines with a compile of 0.3 batch walls settle past ``max_n`` near 32."""
+    ends = []
+    for seed in range(20):
+        seen, n = counts_tried(GroupTuner(batch=4096, max_n=8), Pipeline(seed, c0=0.001))
+        assert max(seen) > 8, (seed, sorted(seen))
+        ends.append(n)
+    assert np.median(ends) >= 16, ends
 
 
 @pytest.mark.parametrize("c0", [0.001, 0.004, 0.016])

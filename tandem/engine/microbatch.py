@@ -336,6 +336,8 @@ class TunerState:
     ``recheck_from``: the settled count the running re-check started from (0: none yet).
     ``expect``: the wall an earlier run measured at a resumed ``n`` (`GroupTuner.resume`);
     None once this run's own mean at ``n`` was compared with it, or without one.
+    ``first_wall``: the wall of the first batch (its compilations included), None before it
+    or in a resumed search.
 
     Invariant: ``1 <= n <= batch`` once a batch was observed; ``best`` is a count that has
     samples in ``walls`` once the first search has probed a neighbour.
@@ -358,6 +360,7 @@ class TunerState:
     interval: int = 0
     recheck_from: int = 0
     expect: float | None = None
+    first_wall: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -393,7 +396,10 @@ class GroupTuner:
     0. Range: the search tries counts up to ``max_n`` (0, the default: the batch). A party
        passes `shared_shape_counts` of its batch: above it a count's groups are smaller than
        a kernel tile, and trying one compiles every kernel at new sizes (seconds each for an
-       embedding stage on a CPU, more than the probe could gain back in an epoch).
+       embedding stage on a CPU, more than the probe could gain back in an epoch). Where
+       compiling proves cheap (the first batch, which compiled the kernels, took at most
+       ``compile_budget`` batch walls more than the fastest count's mean), every count up
+       to the batch is open again.
     1. Start: the first batch runs at ``n0``; `rule_groups` on its busiest link direction gives
        the start (at most ``max_n``), with compute = max(reported compute, wall - that link's
        transfer time); no measured link gives 1.
@@ -425,6 +431,7 @@ class GroupTuner:
 
     batch: int
     max_n: int = 0
+    compile_budget: float = 10.0
     samples: int = 4
     tolerance: float = 0.03
     trim: float = 0.25
@@ -538,6 +545,7 @@ class _Search:
         self.refuted = set(s.refuted)
         self.interval, self.recheck_from = s.interval, s.recheck_from
         self.expect = s.expect
+        self.first_wall = s.first_wall
 
     def freeze(self) -> TunerState:
         trial = self.trial
@@ -561,6 +569,7 @@ class _Search:
             interval=self.interval,
             recheck_from=self.recheck_from,
             expect=self.expect,
+            first_wall=self.first_wall,
         )
 
     def _mean(self, n: int) -> float | None:
@@ -576,6 +585,7 @@ class _Search:
         measured = [(b, bw) for b, bw in links if bw]
         if not self.started:  # rule 1
             self.started = True
+            self.first_wall = wall
             first = self.n
             if not measured:
                 self.n = 1  # no link time to hide: pipelining only adds overhead
@@ -621,13 +631,14 @@ class _Search:
             return self._settle_first_search()
         base = self.base
         # rule 3: probe the base's neighbours one at a time; each is judged from the base
-        for cand in (min(base * 2, cfg.top), max(base // 2, 1)):
+        top = self._top()
+        for cand in (min(base * 2, top), max(base // 2, 1)):
             if cand != base and self._mean(cand) is None:
                 self.n = cand
                 return self.n
         here = self._mean(base)
         assert here is not None  # the base has samples: it ran before its probes
-        up, far = min(base * 2, cfg.top), min(base * 4, cfg.top)
+        up, far = min(base * 2, top), min(base * 4, top)
         up_mean = self._mean(up)
         if (
             far != up
@@ -667,6 +678,18 @@ class _Search:
         elif mids:  # rule 4: the first search settles by the tie rule
             return self._settle_first_search()
         return self._settle(base)
+
+    def _top(self) -> int:
+        """The largest count the search may try now (rule 0): ``max_n``, or the batch once
+        compiling is known to be cheap: the first batch's wall exceeded the fastest mean so far
+        by at most ``compile_budget`` of those means."""
+        cfg = self.cfg
+        if cfg.top == cfg.batch or self.first_wall is None:
+            return cfg.top
+        means = [m for k in self.walls if (m := self._mean(k)) is not None]
+        if means and self.first_wall - min(means) <= cfg.compile_budget * min(means):
+            return cfg.batch
+        return cfg.top
 
     def _key(self, n: int) -> float:
         """``n``'s mean for ordering counts that all have one."""
@@ -789,7 +812,7 @@ class _Search:
         """The geometric midpoints between ``base`` and each measured neighbour (``2n`` and
         ``n/2``) that are counts of their own, the one towards the faster neighbour first. Both
         sides are tried: a slower neighbour on one side says little about the midpoint there."""
-        batch = self.cfg.top
+        batch = self._top()
         near = sorted(
             (m, k)
             for k in (min(base * 2, batch), max(base // 2, 1))
