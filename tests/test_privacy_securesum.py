@@ -105,7 +105,8 @@ def test_single_frame_is_uniform_noise():
 
 
 # -- end to end in one process --------------------------------------------------------------------
-def job(kind, *, n=1, steps=3, bound=64.0, seed=0):
+def job(kind, *, n=1, steps=3, bound=64.0, seed=0, rows=ROWS):
+    ROWS = rows  # noqa: N806 (the module's batch size, or a larger one)
     topo = star(K)
     rng = np.random.default_rng(seed)
     models = {f"bottom_{i}": mlp_stage([FEAT], [5], CUT) for i in range(K)}
@@ -159,6 +160,13 @@ def test_secure_sum_trains_as_plain_sum_for_any_micro_batch_count():
     plain = job("sum")
     close(job("secure_sum"), plain, atol=1e-4)
     close(job("secure_sum", n=4), plain, atol=1e-4)
+
+
+def test_secure_sum_of_tiled_groups_trains_as_plain_sum():
+    """Groups of more rows than a kernel tile (2048 rows: 4 tiles of 512) are summed and
+    unmasked whole, then computed tile by tile: as the plain sum at another count."""
+    plain = job("sum", rows=2048, n=4, steps=1)
+    close(job("secure_sum", rows=2048, n=1, steps=1), plain, atol=1e-4)
 
 
 def test_plain_sum_differs_from_concat_shape_checks():
