@@ -33,11 +33,12 @@ def config(rows: int = ROWS) -> SplitConfig:
 
 
 @functools.cache  # [9, 3] serves both trace tests below (a fresh job each: fresh counters)
-def traces_after(counts: tuple[int, ...]) -> dict[tuple[str, str, str], int]:
-    """Every kernel's trace count on every party after one batch per count of ``counts``."""
+def traces_after(counts: tuple[int, ...], rows: int = ROWS) -> dict[tuple[str, str, str], int]:
+    """Every kernel's trace count on every party after one batch of ``rows`` rows per count
+    of ``counts``."""
     topo = leader_follower()
-    parties, *_ = make_job(topo, rows=ROWS, config=config())
-    asyncio.run(train_steps(parties, topo, [np.arange(ROWS)] * len(counts), counts.__getitem__))
+    parties, *_ = make_job(topo, rows=rows, config=config(rows))
+    asyncio.run(train_steps(parties, topo, [np.arange(rows)] * len(counts), counts.__getitem__))
     return {
         (p, stage, name): count
         for p, party in parties.items()
@@ -180,28 +181,14 @@ def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes(
 TILED = 2048  # four tiles of 512 rows (`tile_rows`)
 
 
-@functools.cache
-def tiled_traces_after(counts: tuple[int, ...]) -> dict[tuple[str, str, str], int]:
-    """`traces_after` for a batch of `TILED` rows: a batch cut on whole tiles."""
-    topo = leader_follower()
-    parties, *_ = make_job(topo, rows=TILED, config=config(TILED))
-    asyncio.run(train_steps(parties, topo, [np.arange(TILED)] * len(counts), counts.__getitem__))
-    return {
-        (p, stage, name): count
-        for p, party in parties.items()
-        for stage, kernels in party.handler.kernels.items()
-        for name, count in kernels.traces.items()
-    }
-
-
 def test_every_count_up_to_the_whole_tiles_runs_one_kernel_shape():
     """A batch of 2048 rows is four tiles of 512: at 1, 2, 3 or 4 groups (2048, 2 x 1024,
     512 + 1024 + 512, 4 x 512 rows) every kernel call is one tile, so the first count traces
     each kernel once and the other counts trace nothing."""
     assert tile_rows(TILED) == 512
-    once = tiled_traces_after((2,))
+    once = traces_after((2,), TILED)
     assert all(count == 1 for count in once.values()), once
-    every = tiled_traces_after((2, 1, 3, 4, 2))
+    every = traces_after((2, 1, 3, 4, 2), TILED)
     assert every == once, f"a count within the whole tiles retraced: {once} -> {every}"
 
 
