@@ -82,6 +82,19 @@ def test_a_count_with_a_new_size_traces_once_more():
             assert count == before[key] + 1, key
 
 
+def assert_trains_exactly(topo, cfg: SplitConfig, counts: list[int], *, seed: int) -> None:
+    """A fresh job of ``cfg.batch_size`` rows, one seeded permutation per count of ``counts``
+    trained at that count, ends at the plain-JAX full-batch parameters."""
+    rows = cfg.batch_size
+    parties, data, labels, models = make_job(topo, rows=rows, config=cfg)
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    rng = np.random.default_rng(seed)
+    batches = [rng.permutation(rows) for _ in counts]
+    asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+
+
 @pytest.mark.parametrize("topo", [two_party(), leader_follower(), u_shape()], ids=str)
 def test_padded_groups_train_exactly(topo):
     """A count whose groups are padded (a batch of 60 rows in 2 groups of 30, each run at 32
@@ -90,13 +103,7 @@ def test_padded_groups_train_exactly(topo):
     real rows (`StageHandler.receive`), so a padded row sent would fail the run."""
     rows, counts = 60, [2, 4, 7]
     assert any(bucket_rows(r, rows) != r for n in counts for r in sizes(n, rows))
-    parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
-    init = {s: p for party in parties.values() for s, p in party.params.items()}
-    rng = np.random.default_rng(3)
-    batches = [rng.permutation(rows) for _ in counts]
-    asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
-    final = {s: p for party in parties.values() for s, p in party.params.items()}
-    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+    assert_trains_exactly(topo, config(rows), counts, seed=3)
 
 
 def run_short_job(batches: list[np.ndarray], n: int):
@@ -199,13 +206,7 @@ def test_tiled_groups_train_exactly(topo):
     full-batch parameters."""
     rows, counts = 2500, [1, 3, 9]
     assert tile_rows(rows) == 512 and rows % 512 == 452
-    parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
-    init = {s: p for party in parties.values() for s, p in party.params.items()}
-    rng = np.random.default_rng(5)
-    batches = [rng.permutation(rows) for _ in counts]
-    asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
-    final = {s: p for party in parties.values() for s, p in party.params.items()}
-    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+    assert_trains_exactly(topo, config(rows), counts, seed=5)
 
 
 def test_tiled_groups_in_chunks_train_exactly():
@@ -213,14 +214,8 @@ def test_tiled_groups_in_chunks_train_exactly():
     which the loss party computes one message at a time, each as 2 tiles) are exact."""
     import dataclasses
 
-    topo, rows = leader_follower(), TILED
-    cfg = dataclasses.replace(config(rows), chunks=2)
-    parties, data, labels, models = make_job(topo, rows=rows, config=cfg)
-    init = {s: p for party in parties.values() for s, p in party.params.items()}
-    batches = [np.random.default_rng(6).permutation(rows)]
-    asyncio.run(train_steps(parties, topo, batches, lambda i: 2))
-    final = {s: p for party in parties.values() for s, p in party.params.items()}
-    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
+    cfg = dataclasses.replace(config(TILED), chunks=2)
+    assert_trains_exactly(leader_follower(), cfg, [2], seed=6)
 
 
 def test_tiled_groups_travel_compressed():

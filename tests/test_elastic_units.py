@@ -220,9 +220,10 @@ def test_spec_and_shard_errors_say_what_to_fix(tmp_path):
 
 
 # -- a data server keeps serving through bad input -------------------------------------------
-async def test_data_server_refuses_bad_results_and_keeps_serving():
-    net = MemoryNetwork()
-    coord, rogue, worker = (net.endpoint(n) for n in ("coordinator", "rogue", "w0"))
+def data_server_and_caller(net: MemoryNetwork):
+    """A data server ``ds0`` of one 64-row shard on ``net``, the coordinator's endpoint, and
+    ``call(op, **meta)``: the coordinator's control request to it and the reply."""
+    coord = net.endpoint("coordinator")
     ds = DataServer(
         net.endpoint("ds0"),
         coordinator="coordinator",
@@ -233,6 +234,14 @@ async def test_data_server_refuses_bad_results_and_keeps_serving():
     async def call(op, **meta):
         await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
         return await coord.recv("ds0", P.REPLY)
+
+    return ds, coord, call
+
+
+async def test_data_server_refuses_bad_results_and_keeps_serving():
+    net = MemoryNetwork()
+    rogue, worker = net.endpoint("rogue"), net.endpoint("w0")
+    ds, coord, call = data_server_and_caller(net)
 
     async with asyncio.TaskGroup() as tg:
         server = tg.create_task(ds.run())
@@ -260,17 +269,7 @@ async def test_data_server_listens_again_to_a_worker_restarted_under_its_name():
     """A worker process restarted under the same name (its old link closed) has its results
     read again: the listener that ended with the old link is replaced, not kept."""
     net = MemoryNetwork()
-    coord = net.endpoint("coordinator")
-    ds = DataServer(
-        net.endpoint("ds0"),
-        coordinator="coordinator",
-        spec=SPEC,
-        shard=make_dataset(1, 64, SPEC)[0],
-    )
-
-    async def call(op, **meta):
-        await coord.send("ds0", P.CTL, Frame(meta={"op": op, "req": 1, **meta}))
-        return await coord.recv("ds0", P.REPLY)
+    ds, coord, call = data_server_and_caller(net)
 
     async def train(worker, batch):
         meta = {"op": "train", "batch": batch, "gen": 0, "worker": "w0"}

@@ -57,8 +57,7 @@ def row_normal(
 ) -> np.ndarray:
     """Standard normal float32 ``[len(ids), *shape]``; row ``i`` a function of ``(seed,
     secret, purpose, step, stage, ids[i])`` alone (``secret``: a 64-bit `party_secret`)."""
-    ids32 = jnp.asarray(np.asarray(ids, np.int64).astype(np.uint32))
-    return np.asarray(_normal(_base(seed, secret, purpose, step, stage), ids32, tuple(shape)))
+    return _rows(_normal, seed, secret, purpose, step, stage, ids, shape)
 
 
 def row_uniform(
@@ -72,8 +71,14 @@ def row_uniform(
     secret: int,
 ) -> np.ndarray:
     """Uniform [0, 1) float32 ``[len(ids), *shape]``, keyed as `row_normal`."""
+    return _rows(_uniform, seed, secret, purpose, step, stage, ids, shape)
+
+
+def _rows(draw, seed, secret, purpose, step, stage, ids, shape) -> np.ndarray:
+    """``draw`` (`_normal` or `_uniform`) of one row per id under the key of ``(seed, secret,
+    purpose, step, stage)``, on the host."""
     ids32 = jnp.asarray(np.asarray(ids, np.int64).astype(np.uint32))
-    return np.asarray(_uniform(_base(seed, secret, purpose, step, stage), ids32, tuple(shape)))
+    return np.asarray(draw(_base(seed, secret, purpose, step, stage), ids32, tuple(shape)))
 
 
 def stage_tag(name: str) -> int:
