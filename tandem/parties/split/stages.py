@@ -415,11 +415,11 @@ class StageHandler:
     def _route_input_grads(self, stage: str, m: int, per_piece: list, out: dict) -> None:
         """Send or keep op ``m``'s input gradients (``per_piece``: each kernel piece's)."""
         names = self.stages[stage].inputs
+        sums = self._sums(stage)  # d(sum)/d(summand) = 1: each cut gets the sum's gradient
         for i, name in enumerate(names):
             if name == FEATURES:
                 continue
-            # d(sum)/d(summand) = 1: each cut of a summing stage gets the sum's gradient
-            gs = [g[0 if self._sums(stage) else i] for g in per_piece]
+            gs = [g[0 if sums else i] for g in per_piece]
             if name in self.stages:
                 key = (name, m)
                 held = self.cots.get(key)
