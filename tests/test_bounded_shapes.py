@@ -152,9 +152,8 @@ def test_a_short_batch_reuses_a_compiled_size_above_its_own_bucket():
     assert_trees_close(final, reference(*job, [full, short], lr=0.1))
 
 
-def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes():
-    """`StageHandler.compile_ahead` compiles every stage's ``update`` and ``zeros`` (their
-    shapes follow from the parameters alone), so the first batch compiles neither."""
+def compiles_during(run) -> list[str]:
+    """The XLA compilations JAX logs while ``run()`` runs (every thread's)."""
     import logging
 
     import jax
@@ -168,21 +167,54 @@ def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes(
             if "Finished XLA compilation" in record.getMessage():
                 self.seen.append(record.getMessage())
 
-    topo = leader_follower()
-    parties, *_ = make_job(topo, rows=ROWS, config=config())
-    for party in parties.values():
-        party.handler.compile_ahead()
     probe, jax_log = Compiles(), logging.getLogger("jax")
     jax_log.addHandler(probe)
     was = jax.config.jax_log_compiles
     jax.config.update("jax_log_compiles", True)  # for every thread (the party's compute lane)
     try:
-        asyncio.run(train_steps(parties, topo, [np.arange(ROWS)], lambda i: 2))
+        run()
     finally:
         jax.config.update("jax_log_compiles", was)
         jax_log.removeHandler(probe)
-    assert any("jit(forward)" in m for m in probe.seen), probe.seen  # the probe sees compiles
-    assert not [m for m in probe.seen if "jit(update)" in m or "jit(zeros)" in m], probe.seen
+    return probe.seen
+
+
+def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes():
+    """`SplitParty.compile_ahead` compiles every stage's ``update`` and ``zeros`` (their
+    shapes follow from the parameters alone), so the first batch compiles neither; a batch
+    of fewer than two tiles leaves it the kernels its count shapes."""
+    topo = leader_follower()
+    parties, *_ = make_job(topo, rows=ROWS, config=config())
+    for party in parties.values():
+        party.compile_ahead()
+    seen = compiles_during(
+        lambda: asyncio.run(train_steps(parties, topo, [np.arange(ROWS)], lambda i: 2))
+    )
+    assert any("jit(forward)" in m for m in seen), seen  # the probe sees compiles
+    assert not [m for m in seen if "jit(update)" in m or "jit(zeros)" in m], seen
+
+
+@pytest.mark.parametrize("topo", [leader_follower(), two_party(), u_shape()], ids=str)
+def test_compile_ahead_leaves_tiled_batches_nothing_to_compile(topo):
+    """With a batch of whole tiles (2048 rows, tiles of 512) `SplitParty.compile_ahead` also
+    compiles the tile's ``forward``, ``backward`` and loss step, for exactly the arguments a
+    batch passes: batches at any count up to the whole tiles then compile no training kernel,
+    and training stays exact."""
+    rows = 2048
+    parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
+    init = {s: p for party in parties.values() for s, p in party.params.items()}
+    for party in parties.values():
+        party.compile_ahead()
+    counts = (2, 1, 4)
+    rng = np.random.default_rng(0)
+    batches = [rng.permutation(rows) for _ in counts]
+    seen = compiles_during(
+        lambda: asyncio.run(train_steps(parties, topo, batches, counts.__getitem__))
+    )
+    kernels = ("forward", "backward", "loss_step", "update", "zeros")
+    assert not [m for m in seen if any(f"jit({k})" in m for k in kernels)], seen
+    final = {s: p for party in parties.values() for s, p in party.params.items()}
+    assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
 
 
 TILED = 2048  # four tiles of 512 rows (`tile_rows`)

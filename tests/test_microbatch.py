@@ -185,10 +185,15 @@ def settle(tuner: GroupTuner, pipe: Pipeline, batches: int = 200) -> int:
     raise AssertionError(f"tuner did not settle: {path}")
 
 
-def counts_tried(tuner: GroupTuner, pipe: Pipeline, batches: int = 400) -> tuple[set[int], int]:
+def counts_tried(
+    tuner: GroupTuner, pipe: Pipeline, batches: int = 400, compiled: float | None = None
+) -> tuple[set[int], int]:
     """Every count ``tuner`` ran over ``batches`` batches of ``pipe`` (the first search and
-    the re-checks after it), and the count it ended at."""
+    the re-checks after it), and the count it ended at; ``compiled``: the seconds the party
+    compiled ahead (`GroupTuner.compiled`), None when it did not."""
     state, seen = tuner.init(), set()
+    if compiled is not None:
+        state = tuner.compiled(state, compiled)
     for _ in range(batches):
         seen.add(state.n)
         links = [(pipe.link * 1e6, 1e6)]
@@ -220,6 +225,17 @@ def test_where_compiling_is_cheap_the_search_goes_past_max_n():
         assert max(seen) > 8, (seed, sorted(seen))
         ends.append(n)
     assert np.median(ends) >= 16, ends
+
+
+def test_compiling_ahead_tells_the_search_what_compiling_costs():
+    """A party that compiled ahead has a cheap first batch; the seconds it compiled decide
+    rule 0 instead: 30 batch walls keep the search within ``max_n``, 0.3 open every count."""
+    for seed in range(10):
+        tuner = GroupTuner(batch=4096, max_n=8)
+        seen, _ = counts_tried(tuner, Pipeline(seed, c0=0.001), compiled=30.0)
+        assert max(seen) == 8, (seed, sorted(seen))
+        seen, _ = counts_tried(tuner, Pipeline(seed, c0=0.001), compiled=0.3)
+        assert max(seen) > 8, (seed, sorted(seen))
 
 
 @pytest.mark.parametrize("c0", [0.001, 0.004, 0.016])

@@ -337,7 +337,8 @@ class TunerState:
     ``expect``: the wall an earlier run measured at a resumed ``n`` (`GroupTuner.resume`);
     None once this run's own mean at ``n`` was compared with it, or without one.
     ``first_wall``: the wall of the first batch (its compilations included), None before it
-    or in a resumed search.
+    or in a resumed search. ``compile_s``: the seconds the party took to compile its kernels
+    ahead of the first batch (`GroupTuner.compiled`), None when it did not.
 
     Invariant: ``1 <= n <= batch`` once a batch was observed; ``best`` is a count that has
     samples in ``walls`` once the first search has probed a neighbour.
@@ -361,6 +362,7 @@ class TunerState:
     recheck_from: int = 0
     expect: float | None = None
     first_wall: float | None = None
+    compile_s: float | None = None
 
     @property
     def settled(self) -> bool:
@@ -397,9 +399,10 @@ class GroupTuner:
        passes `shared_shape_counts` of its batch: above it a count's groups are smaller than
        a kernel tile, and trying one compiles every kernel at new sizes (seconds each for an
        embedding stage on a CPU, more than the probe could gain back in an epoch). Where
-       compiling proves cheap (the first batch, which compiled the kernels, took at most
-       ``compile_budget`` batch walls more than the fastest count's mean), every count up
-       to the batch is open again.
+       compiling proves cheap, every count up to the batch is open again: it took at most
+       ``compile_budget`` times the fastest count's mean wall, by the seconds the party
+       compiled ahead of the first batch (`compiled`) or else by the first batch's wall
+       beyond that mean (the first batch compiled the kernels).
     1. Start: the first batch runs at ``n0``; `rule_groups` on its busiest link direction gives
        the start (at most ``max_n``), with compute = max(reported compute, wall - that link's
        transfer time); no measured link gives 1.
@@ -481,6 +484,12 @@ class GroupTuner:
         n = n if n > 0 else min(4, self.top)
         return TunerState(n=n, base=n, last_n=n)
 
+    def compiled(self, state: TunerState, seconds: float) -> TunerState:
+        """``state`` knowing that the party compiled the kernels its counts share ahead of the
+        first batch in ``seconds`` (what a count of new shapes would cost again): rule 0 weighs
+        those seconds, since the first batch no longer pays them."""
+        return dataclasses.replace(state, compile_s=float(seconds))
+
     def resume(self, n: int, *, interval: int = 0, wall: float | None = None) -> TunerState:
         """The state of a search that settled on ``n`` before (a checkpoint's count, or the
         count an earlier run of the same job settled on): no search, and the first batch is
@@ -545,7 +554,7 @@ class _Search:
         self.refuted = set(s.refuted)
         self.interval, self.recheck_from = s.interval, s.recheck_from
         self.expect = s.expect
-        self.first_wall = s.first_wall
+        self.first_wall, self.compile_s = s.first_wall, s.compile_s
 
     def freeze(self) -> TunerState:
         trial = self.trial
@@ -570,6 +579,7 @@ class _Search:
             recheck_from=self.recheck_from,
             expect=self.expect,
             first_wall=self.first_wall,
+            compile_s=self.compile_s,
         )
 
     def _mean(self, n: int) -> float | None:
@@ -681,15 +691,16 @@ class _Search:
 
     def _top(self) -> int:
         """The largest count the search may try now (rule 0): ``max_n``, or the batch once
-        compiling is known to be cheap: the first batch's wall exceeded the fastest mean so far
-        by at most ``compile_budget`` of those means."""
+        compiling is known to be cheap: it took at most ``compile_budget`` of the fastest mean
+        so far (the seconds compiled ahead, else the first batch's wall beyond that mean)."""
         cfg = self.cfg
         if cfg.top == cfg.batch or self.first_wall is None:
             return cfg.top
         means = [m for k in self.walls if (m := self._mean(k)) is not None]
-        if means and self.first_wall - min(means) <= cfg.compile_budget * min(means):
-            return cfg.batch
-        return cfg.top
+        if not means:
+            return cfg.top
+        cost = self.first_wall - min(means) if self.compile_s is None else self.compile_s
+        return cfg.batch if cost <= cfg.compile_budget * min(means) else cfg.top
 
     def _key(self, n: int) -> float:
         """``n``'s mean for ordering counts that all have one."""

@@ -196,6 +196,25 @@ class SplitParty:
         self._tune_mark: tuple[float, dict[tuple[str, str], tuple[int, float]]] = (0.0, {})
 
     # -- shared machinery ---------------------------------------------------------------------
+    def compile_ahead(self, dataset: str = "train") -> None:
+        """Compile the kernels the job's shapes fix before the first batch
+        (`StageHandler.compile_ahead`), reading their argument types from row 0 of
+        ``dataset`` (its features and, on the leader, its labels). Blocks while XLA compiles:
+        call it in a thread (``asyncio.to_thread``) from a coroutine, before the first batch.
+        The leader's tuner learns what compiling cost (`GroupTuner.compiled`), which its first
+        batch no longer shows."""
+        idx = np.arange(1)
+        has_rows = dataset in self.datasets and len(self.datasets[dataset]) > 0
+        features = self._rows(dataset, idx) if has_rows else None
+        labels, _ = (
+            self.private.batch(self.name, dataset, idx, True)
+            if self.is_leader and self.labels and dataset in self.labels
+            else (None, None)
+        )
+        seconds = self.handler.compile_ahead(features, labels)
+        if seconds is not None:
+            self.tuner_state = self.tuner.compiled(self.tuner_state, seconds)
+
     def plan(self, n: int, mode: str, chunks: int = 1) -> Plan:
         key = (n, mode, chunks)
         if key not in self._plans:

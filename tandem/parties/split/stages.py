@@ -41,6 +41,7 @@ gradients are summed over micro-batches, and ``U`` applies one optax update per 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,7 +51,13 @@ import optax
 
 from tandem.engine.data import BatchRows
 from tandem.engine.kernels import StageKernels, StageModel, owned_copy
-from tandem.engine.microbatch import bucket_rows, chunk_bounds, kernel_pieces, tile_rows
+from tandem.engine.microbatch import (
+    bucket_rows,
+    chunk_bounds,
+    kernel_pieces,
+    shared_shape_counts,
+    tile_rows,
+)
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
 from tandem.errors import ConfigError, ShapeError
@@ -254,17 +261,94 @@ class StageHandler:
             return self.acts[(name, m)]
         return self._split(self._gather(f"act/{name}->{stage}", m), m)
 
-    def compile_ahead(self) -> None:
-        """Compile now the kernels whose shapes the parameters alone fix: each stage's
-        ``update`` and ``zeros`` (its batch's fresh gradient accumulator). A party process calls
-        it (in a thread: it blocks for as long as XLA compiles, about a second for a stage of
-        13 embedding tables on one core) while it waits for its peers, so that its first batch
-        compiles only the kernels whose shapes follow from the group count. Calling it again,
-        or running a batch after it, compiles nothing more."""
+    def compile_ahead(
+        self, features: np.ndarray | BatchRows | None = None, labels: np.ndarray | None = None
+    ) -> float | None:
+        """Compile now what the job's shapes fix, before the first batch: each stage's ``update``
+        and ``zeros`` (a batch's fresh gradient accumulator; the parameters fix their shapes)
+        and, for a batch of at least two whole tiles (`shared_shape_counts` of ``pad_to``), the
+        training kernels at the tile's size: ``forward``, ``backward`` and the loss step, which
+        every count up to the whole tiles runs (module docstring). ``features`` and ``labels``:
+        any rows of this party's training features and, on the loss owner, labels (their dtypes
+        and widths are what the batches will bring; none: the tile kernels of a stage reading
+        them are left to the first batch). The kernels run once on zero rows, so their first
+        batch finds them compiled for exactly the arguments it passes (host rows for what it
+        reads or receives, device arrays for what its own stages hand on); the results are
+        dropped and no state changes. A summing stage (``cut_sum``) is left to its first batch.
+
+        A party process calls it (in a thread: it blocks while XLA compiles, 2-3 seconds for the
+        `bench.scale` stages on one core) before it reports ready, so peers compile at the same
+        time instead of each waiting in the first batch for the kernels of the one before it.
+        Calling it again, or running a batch after it, compiles nothing more.
+
+        Returns the seconds the tile kernels took (what a count of other shapes would cost to
+        compile again), or None when they were left to the first batch."""
         for s in sorted(self.stages):
             kernels, params = self.kernels[s], self.params[s]
             kernels.zeros.lower(params).compile()
             kernels.update.lower(params, self.opt_state[s], params).compile()
+        if self.pad_to < 1 or not shared_shape_counts(self.pad_to):
+            return None
+        started = time.perf_counter()
+        size = bucket_rows(tile_rows(self.pad_to), self.pad_to)
+
+        def zero(dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+            return np.zeros((size, *shape), jax.numpy.dtype(dtype))
+
+        order = [st.name for st in self.topology.stages if st.name in self.stages]
+        if any(self._sums(s) for s in order):
+            return None  # a summing stage's input is a combined sum: left to the first batch
+        acts: dict[str, Any] = {}  # own stage -> its output on the zero rows
+        vjps: dict[str, Any] = {}
+        cots: dict[str, Any] = {}  # own stage -> the cotangent its local consumer hands back
+        for s in order:  # forward, the loss step
+            xs = []
+            for name in self.stages[s].inputs:
+                if name == FEATURES:
+                    if features is None:
+                        return None
+                    x = np.asarray(features[0:1])
+                    xs.append(zero(x.dtype, x.shape[1:]))
+                elif name in self.stages:
+                    xs.append(acts[name])
+                else:
+                    xs.append(zero(self.out_dtypes[name], self.cut_shape(name)))
+            k = self.kernels[s]
+            if not self.stages[s].loss:
+                acts[s], vjps[s] = k.forward(self.params[s], *xs)
+                continue
+            if labels is None:
+                return None
+            y = np.asarray(labels[0:1])
+            *_, input_grads = k.loss_step(
+                self.params[s],
+                k.zeros(self.params[s]),
+                _ZERO,
+                zero(y.dtype, y.shape[1:]),
+                np.float32(1.0 / self.pad_to),
+                *xs,
+                mask=np.ones(size, bool),
+            )
+            self._hand_back(s, input_grads, cots)
+        for s in reversed(order):  # the backward passes, each after its consumers'
+            if s in vjps:
+                cot = cots.get(s)
+                if cot is None:
+                    cot = zero(self.out_dtypes[s], self.cut_shape(s))
+                _, input_grads = self.kernels[s].backward(
+                    vjps[s], cot, self.kernels[s].zeros(self.params[s])
+                )
+                self._hand_back(s, input_grads, cots)
+        jax.block_until_ready((acts, cots))
+        self._sizes_run[True].add(size)
+        return time.perf_counter() - started
+
+    def _hand_back(self, stage: str, input_grads: Any, cots: dict[str, Any]) -> None:
+        """`compile_ahead`: add ``stage``'s input gradients to the cotangents of the local
+        stages it reads (as `_route_input_grads` does)."""
+        for name, g in zip(self.stages[stage].inputs, input_grads, strict=True):
+            if name in self.stages:
+                cots[name] = g if name not in cots else cots[name] + g
 
     def _pieces(self, train: bool) -> list[list[tuple[int, int, int]]]:
         """Per compute op of the bound batch: ``(start, stop, size)`` of each kernel call,

@@ -156,7 +156,7 @@ async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
     """`connect`'s prepare step: stop if the party holds checkpoints of other settings
     (`refuse_other_specs`), build the party for the agreed spec, drop checkpoints newer than
     the agreed step, resume from that step, serve the party's metrics, and compile the kernels
-    the parameters' shapes fix (`StageHandler.compile_ahead`)."""
+    the job's shapes fix (`SplitParty.compile_ahead`)."""
     if st.store is not None:  # checkpoints of other settings: stop rather than delete them
         await asyncio.to_thread(refuse_other_specs, cfg, st.store, session.spec)
     st.party = party = await asyncio.to_thread(
@@ -169,7 +169,7 @@ async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
     if isinstance(session.transport, MetricsTransport):
         session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
     # before this party says it is ready: a follower compiles while the leader still prepares
-    await asyncio.to_thread(party.handler.compile_ahead)
+    await asyncio.to_thread(party.compile_ahead)
 
 
 def _describe_run(
