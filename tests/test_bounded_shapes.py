@@ -198,13 +198,15 @@ def test_compile_ahead_leaves_the_first_batch_only_the_kernels_the_count_shapes(
 def test_compile_ahead_leaves_tiled_batches_nothing_to_compile(topo):
     """With a batch of whole tiles (2048 rows, tiles of 512) `SplitParty.compile_ahead` also
     compiles the tile's ``forward``, ``backward`` and loss step, for exactly the arguments a
-    batch passes: batches at any count up to the whole tiles then compile no training kernel,
-    and training stays exact."""
+    batch passes, and hands the leader's tuner the seconds it took: batches at any count up
+    to the whole tiles then compile no training kernel, and training stays exact."""
     rows = 2048
     parties, data, labels, models = make_job(topo, rows=rows, config=config(rows))
     init = {s: p for party in parties.values() for s, p in party.params.items()}
     for party in parties.values():
         party.compile_ahead()
+    compiled = parties[topo.label_owner].tuner_state.compile_s  # what rule 0 weighs
+    assert compiled is not None and compiled > 0, compiled
     counts = (2, 1, 4)
     rng = np.random.default_rng(0)
     batches = [rng.permutation(rows) for _ in counts]
