@@ -621,6 +621,23 @@ def test_a_recheck_gives_a_tie_to_the_larger_count_as_the_first_search_does(eigh
         assert trial == []
 
 
+def test_recheck_ties_do_not_chain_away_from_the_fastest_count():
+    """A tie is measured from the fastest count, in a re-check as in the first search: with 2
+    fastest, 3 within the tolerance of it and 4 within the tolerance of 3 but 5% behind 2, the
+    search settles on 3 and its re-checks keep it there (from 3, 4 looked level)."""
+    tuner = GroupTuner(batch=64, samples=1, recheck=6, recheck_max=6)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[(2e6, 1e6)])
+    assert n == 2  # rule: n = 2
+    walls = {1: 1.1, 2: 1.0, 3: 1.025, 4: 1.05, 6: 1.1, 8: 1.2}
+    s, _ = _run_until_settled(tuner, s, walls, 60)
+    assert s.n == 3  # the largest count within 3% of the fastest
+    for _ in range(5):  # five re-checks, each after the interval
+        for _ in range(6):
+            _, s = tuner.observe(s, walls[s.n])
+        s, _ = _run_until_settled(tuner, s, walls, 80)
+        assert s.n == 3, s.n
+
+
 def _recheck_of_eight(tuner: GroupTuner, six_after: list[float]) -> TunerState:
     """A tuner settled on 8 (its neighbours and midpoints clearly slower), then run through
     its first re-check, where 6's first four batches are lucky (0.76 against 8's steady 0.80:

@@ -419,9 +419,10 @@ class GroupTuner:
     5. Re-check: ``recheck`` batches after settling the neighbours are probed again; each
        re-check that settles on the count it started from doubles the wait before the next
        (up to ``recheck_max``), a move sets it back to ``recheck``. A move now needs a
-       gain beyond ``tolerance`` (or, for a larger count, staying within it), and with
-       ``verify`` it is measured again in alternating blocks ``a(m) b(2m) a(2m) b(2m) a(m)``,
-       ``m = samples // 2``, before ``n`` moves; a refuted count sits out the re-check.
+       gain beyond ``tolerance`` (or, for a larger count, staying within it of the fastest
+       count the re-check measured), and with ``verify`` it is measured again in alternating
+       blocks ``a(m) b(2m) a(2m) b(2m) a(m)``, ``m = samples // 2``, before ``n`` moves; a
+       refuted count sits out the re-check.
     6. Resume: a run that starts settled where an earlier one settled (`resume`) counts as one
        more re-check that kept ``n``: its wait is twice the earlier run's. Once this run has
        ``2 * samples`` samples at ``n``, their mean is compared with the earlier run's wall
@@ -710,15 +711,17 @@ class _Search:
 
     def _level_above(self, base: int) -> int | None:
         """The largest count above ``base`` measured in this re-check (and not refuted) whose
-        mean is within ``tolerance`` of ``base``'s, or None: a re-check's tie (rule 5)."""
-        here = self._key(base)
+        mean is within ``tolerance`` of the fastest mean this re-check measured (``base``'s or
+        a smaller count's that did not win by the margin), or None: a re-check's tie (rule 5).
+        Measured from the fastest, as the first search's tie rule is: ties measured from the
+        base would chain, each re-check moving up one more count that is level with the last
+        but no longer with the fastest."""
+        means = {
+            k: m for k in self.walls if k not in self.refuted and (m := self._mean(k)) is not None
+        }
+        fastest = min(self._key(base), *means.values())
         level = [
-            k
-            for k in self.walls
-            if k > base
-            and k not in self.refuted
-            and (m := self._mean(k)) is not None
-            and m <= here * (1 + self.cfg.tolerance)
+            k for k, m in means.items() if k > base and m <= fastest * (1 + self.cfg.tolerance)
         ]
         return max(level, default=None)
 
