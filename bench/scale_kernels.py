@@ -114,7 +114,7 @@ def pipelined(
     import optax
 
     from tandem.engine.kernels import StageKernels, get_loss, owned_copy
-    from tandem.engine.microbatch import bucket_rows, group_bounds, kernel_pieces, tile_rows
+    from tandem.engine.microbatch import bucket_rows, group_bounds, kernel_pieces, tile_sizes
 
     data, models, order = loaded["data"], loaded["models"], loaded["order"]
     leader = next(iter(data))
@@ -124,8 +124,8 @@ def pipelined(
     }
     params = {s: owned_copy(loaded["init"][s]) for s in models}  # update donates them
     opt = {s: k[s].init_opt(params[s]) for s in models}
-    tile = tile_rows(batch)  # each group runs as its kernel pieces, as the parties run it
-    bounds = [p for lo, hi in group_bounds(batch, groups) for p in kernel_pieces(lo, hi, tile)]
+    tiles = tile_sizes(batch)  # each group runs as its kernel pieces, as the parties run it
+    bounds = [p for lo, hi in group_bounds(batch, groups) for p in kernel_pieces(lo, hi, tiles)]
     padded = [bucket_rows(hi - lo, batch) for lo, hi in bounds]
     clock = Clock()
     owner = {s: s.removeprefix("bottom_") if s != "top" else leader for s in models}

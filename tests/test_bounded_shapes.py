@@ -9,7 +9,7 @@ import functools
 import numpy as np
 import pytest
 
-from tandem.engine.microbatch import bucket_rows, group_bounds, tile_rows
+from tandem.engine.microbatch import bucket_rows, group_bounds, tile_rows, tile_sizes
 from tandem.engine.topology import leader_follower, two_party, u_shape
 from tandem.parties.split import SplitConfig
 from tests.split_helpers import make_job, train_steps
@@ -219,43 +219,45 @@ def test_compile_ahead_leaves_tiled_batches_nothing_to_compile(topo):
     assert_trees_close(final, reference(topo, models, init, data, labels, batches, lr=0.1))
 
 
-TILED = 2048  # four tiles of 512 rows (`tile_rows`)
+TILED = 2048  # four tiles of 512 rows (`tile_rows`), run in calls of 1024 and 512 rows
 
 
-def test_every_count_up_to_the_whole_tiles_runs_one_kernel_shape():
-    """A batch of 2048 rows is four tiles of 512: at 1, 2, 3 or 4 groups (2048, 2 x 1024,
-    512 + 1024 + 512, 4 x 512 rows) every kernel call is one tile, so the first count traces
-    each kernel once and the other counts trace nothing."""
-    assert tile_rows(TILED) == 512
-    once = traces_after((2,), TILED)
-    assert all(count == 1 for count in once.values()), once
-    every = traces_after((2, 1, 3, 4, 2), TILED)
+def test_every_count_up_to_the_whole_tiles_runs_the_tile_sizes_alone():
+    """A batch of 2048 rows is four tiles of 512, computed in calls of 1024 and 512 rows
+    (`tile_sizes`): 3 groups (512, 1024, 512 rows) trace each training kernel once per size,
+    and then 1, 2 and 4 groups (2 x 1024, 1024 each, 512 each) trace nothing more."""
+    assert tile_rows(TILED) == 512 and tile_sizes(TILED) == (1024, 512)
+    once = traces_after((3,), TILED)
+    trained = {k: c for k, c in once.items() if k[2] in ("forward", "backward", "loss_step")}
+    assert trained and all(count == 2 for count in trained.values()), once
+    every = traces_after((3, 1, 2, 4, 3), TILED)
     assert every == once, f"a count within the whole tiles retraced: {once} -> {every}"
 
 
 @pytest.mark.parametrize("topo", [two_party(), leader_follower(), u_shape()], ids=str)
 def test_tiled_groups_train_exactly(topo):
-    """Groups run one tile at a time (a batch of 2500 rows: 4 tiles of 512 and 452 more rows in
-    the last group; 9 groups: the ladder cut, pieces of one call each) give the plain-JAX
-    full-batch parameters."""
+    """Groups run in tiles (a batch of 2500 rows: 4 tiles of 512 and 452 more rows, in calls
+    of 1024, 1024 and 452 rows at 1 group, 512 and 1024 at 3; 9 groups: the ladder cut, pieces
+    of one call each) give the plain-JAX full-batch parameters."""
     rows, counts = 2500, [1, 3, 9]
     assert tile_rows(rows) == 512 and rows % 512 == 452
     assert_trains_exactly(topo, config(rows), counts, seed=5)
 
 
 def test_tiled_groups_in_chunks_train_exactly():
-    """Messages of more rows than a tile (2 chunks of a 2048-row group: 1024 rows each,
-    which the loss party computes one message at a time, each as 2 tiles) are exact."""
+    """Messages of more rows than a tile (3 chunks of a 2048-row group: 683 and 682 rows,
+    which the loss party computes one message at a time, each as a tile and the rest) are
+    exact."""
     import dataclasses
 
-    cfg = dataclasses.replace(config(TILED), chunks=2)
+    cfg = dataclasses.replace(config(TILED), chunks=3)
     assert_trains_exactly(leader_follower(), cfg, [2], seed=6)
 
 
 def test_tiled_groups_travel_compressed():
     """A compressed cut of a tiled group is encoded whole (the pieces' real rows joined):
-    int8 cuts of one 2048-row group (4 kernel pieces on each party) train close to the
-    exact run."""
+    int8 cuts of one 2048-row group (2 kernel pieces of 1024 rows on each party) train close
+    to the exact run."""
     import dataclasses
 
     topo, rows = leader_follower(), TILED
@@ -265,5 +267,5 @@ def test_tiled_groups_travel_compressed():
         parties, *_ = make_job(topo, rows=rows, config=cfg)
         asyncio.run(train_steps(parties, topo, [np.arange(rows)] * 2, lambda i: 1))
         results[compress] = {s: p for party in parties.values() for s, p in party.params.items()}
-        assert all(len(party.handler.padded[0]) == 4 for party in parties.values())
+        assert all(party.handler.padded[0] == (1024, 1024) for party in parties.values())
     assert_trees_close(results["int8"], results["none"], atol=2e-2)

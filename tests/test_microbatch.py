@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from tandem.engine.microbatch import (
     MIN_TILE,
+    TILE_DOUBLINGS,
     TILES_PER_BATCH,
     GroupTuner,
     TunerState,
@@ -25,6 +26,7 @@ from tandem.engine.microbatch import (
     rule_groups,
     shared_shape_counts,
     tile_rows,
+    tile_sizes,
 )
 from tandem.errors import ConfigError
 
@@ -109,16 +111,34 @@ def test_a_batch_of_whole_tiles_is_cut_on_tile_boundaries(batch, data):
         whole = [s // tile for s in sizes]
         middle = whole[1:-1]
         assert max(whole[0], whole[-1]) <= min(middle) and max(middle) - min(middle) <= 1
-    pieces = [p for lo, hi in bounds for p in kernel_pieces(lo, hi, tile)]
+    tiles = tile_sizes(batch)
+    pieces = [p for lo, hi in bounds for p in kernel_pieces(lo, hi, tiles)]
     assert pieces[0][0] == 0 and pieces[-1][1] == batch
     assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))
-    assert {b - a for a, b in pieces} <= {tile, batch % tile}
+    assert {b - a for a, b in pieces} <= {*tiles, batch % tile}
 
 
 def test_kernel_pieces_are_whole_tiles_then_the_rest():
     assert kernel_pieces(0, 512, 512) == [(0, 512)]
     assert kernel_pieces(100, 300, 512) == [(100, 300)]
     assert kernel_pieces(512, 1792, 512) == [(512, 1024), (1024, 1536), (1536, 1792)]
+    # several sizes: the largest that fits the rows left, each time
+    sizes = (2048, 1024, 512)
+    assert kernel_pieces(0, 4096, sizes) == [(0, 2048), (2048, 4096)]
+    assert kernel_pieces(512, 2048, sizes) == [(512, 1536), (1536, 2048)]
+    assert kernel_pieces(0, 2500, sizes) == [(0, 2048), (2048, 2500)]
+    assert kernel_pieces(0, 300, sizes) == [(0, 300)]
+
+
+def test_tile_sizes_double_the_tile_up_to_half_the_whole_tiles():
+    assert tile_sizes(4096) == (2048, 1024, 512)
+    assert tile_sizes(2048) == (1024, 512) and tile_sizes(1024) == tile_sizes(100) == (512,)
+    assert tile_sizes(65_536) == (32_768, 16_384, 8192)
+    for batch in range(1, 200_000, 997):
+        tile, sizes = tile_rows(batch), tile_sizes(batch)
+        assert sizes[-1] == tile and len(sizes) <= TILE_DOUBLINGS + 1
+        assert all(a == 2 * b for a, b in zip(sizes, sizes[1:], strict=False))
+        assert sizes[0] == tile or 2 * sizes[0] <= batch  # at most half the batch
 
 
 @pytest.mark.parametrize("batch,n", [(0, 1), (8, 0), (8, 9)])

@@ -32,8 +32,8 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     **Whole tiles.** A batch of at least two `tile_rows` tiles cut into no more groups than it
     has whole tiles is cut on tile boundaries (`_tile_cut`): every group is a whole number of
     tiles, the batch's rows beyond its whole tiles (if any) going to the last group. A party
-    computes a group larger than a tile one tile at a time (`kernel_pieces`), so every such
-    count runs the same kernel shapes and a change of count compiles nothing. The rest of this
+    computes a group larger than a tile in calls of the `tile_sizes` (`kernel_pieces`), so
+    every such count runs the same kernel shapes and a change of count compiles nothing. The rest of this
     docstring describes the cut of smaller batches, and of counts above the tiles.
 
     For ``n >= 3`` the first and last groups are *tapered*: about half the size of the middle
@@ -88,19 +88,22 @@ def _bounds(sizes: Sequence[int]) -> tuple[tuple[int, int], ...]:
 #: The fewest rows of a kernel tile: below about this many rows a CPU kernel's fixed cost per
 #: call (dispatch, a few tens of microseconds) shows in its time per row.
 MIN_TILE = 512
-#: A batch's whole tiles at most (`tile_rows`): the counts up to this share one kernel shape.
+#: A batch's whole tiles at most (`tile_rows`): the counts up to this share the `tile_sizes`.
 TILES_PER_BATCH = 8
+#: Kernel calls of a group of whole tiles run at the tile and up to ``2**TILE_DOUBLINGS``
+#: tiles (`tile_sizes`).
+TILE_DOUBLINGS = 2
 
 
 def tile_rows(batch: int) -> int:
     """The rows of a kernel tile for batches of ``batch`` rows: the largest size of the
     `bucket_rows` ladder at most ``batch / TILES_PER_BATCH``, and at least `MIN_TILE`.
 
-    A compute op whose group has more rows than a tile runs one kernel call per tile
+    A compute op whose group has more rows than a tile runs it in calls of `tile_sizes`
     (`kernel_pieces`), so a batch of ``B >= 2 * MIN_TILE`` rows cut into up to
     ``B // tile_rows(B)`` groups (`group_bounds` cuts those on whole tiles) compiles each
-    kernel at one shape, plus one for the rows beyond the whole tiles when ``B`` is not a
-    multiple of the tile, whatever count the tuner tries."""
+    kernel at those few sizes, plus one for the rows beyond the whole tiles when ``B`` is not
+    a multiple of the tile, whatever count the tuner tries."""
     if batch < 1:
         raise ConfigError(f"batch size must be >= 1, got {batch}")
     return max(MIN_TILE, _ladder_floor(batch // TILES_PER_BATCH))
@@ -132,20 +135,42 @@ def _tile_cut(batch: int, n: int, tile: int) -> list[int]:
 
 def shared_shape_counts(batch: int) -> int:
     """The largest count whose groups of a ``batch``-row batch are whole `tile_rows` tiles
-    (every count up to it runs the same kernel shapes: `group_bounds`), or 0 when the batch
+    (every count up to it runs the same kernel shapes, those of `tile_sizes`: `group_bounds`),
+    or 0 when the batch
     holds fewer than two tiles (then every count has sizes of its own)."""
     tiles = batch // tile_rows(batch)
     return tiles if tiles >= 2 else 0
 
 
-def kernel_pieces(lo: int, hi: int, tile: int) -> list[tuple[int, int]]:
-    """The row ranges the kernels run a compute op over rows ``lo:hi`` in: the whole range
-    when it fits in one ``tile``, else consecutive whole tiles and the rest (fewer rows than a
-    tile) last. Each piece is one kernel call, padded to its own compiled size by the caller."""
-    if hi - lo <= tile:
+def tile_sizes(batch: int) -> tuple[int, ...]:
+    """The sizes, largest first, of the kernel calls a group of whole tiles of a ``batch``-row
+    batch runs in: ``tile_rows(batch) * 2**k`` for ``k`` up to `TILE_DOUBLINGS`, of at most half
+    the batch's whole tiles each (the tile alone when the batch holds fewer than four).
+
+    A group computes as few calls as these sizes allow (`kernel_pieces`): each call has a fixed
+    cost (its dispatch, its arguments and outputs), so 2048 rows in one call cost a CPU less
+    than in four calls of 512. Every count up to `shared_shape_counts` still runs these sizes
+    alone, so the tuner moves between counts without compiling."""
+    tile = tile_rows(batch)
+    half = max(1, batch // tile // 2)
+    return tuple(tile << k for k in range(TILE_DOUBLINGS, -1, -1) if 1 << k <= half)
+
+
+def kernel_pieces(lo: int, hi: int, tiles: int | Sequence[int]) -> list[tuple[int, int]]:
+    """The row ranges the kernels run a compute op over rows ``lo:hi`` in. ``tiles``: one tile
+    size, or the sizes of `tile_sizes` (largest first). The whole range when it fits in the
+    smallest size; else consecutive calls, each of the largest size that fits the rows left,
+    and the rest (fewer rows than the smallest size) last. Each piece is one kernel call,
+    padded to its own compiled size by the caller."""
+    sizes = (tiles,) if isinstance(tiles, int) else tuple(tiles)
+    if hi - lo <= sizes[-1]:
         return [(lo, hi)]
-    starts = range(lo, hi, tile)
-    return [(a, min(a + tile, hi)) for a in starts]
+    pieces, a = [], lo
+    while a < hi:
+        size = next((s for s in sizes if s <= hi - a), hi - a)
+        pieces.append((a, a + size))
+        a += size
+    return pieces
 
 
 def _padding(sizes: Sequence[int], batch: int) -> int:

@@ -18,11 +18,12 @@ gradient channel. With ``"none"`` messages are the tensors themselves, as withou
 
 Bounded shapes: each compute op runs its group in *pieces*
 (`tandem.engine.microbatch.kernel_pieces`): a group of more rows than the job's tile
-(`tile_rows` of the party's batch size, ``pad_to``) one kernel call per whole tile and one for
-the rest, a smaller group in one call. Each piece runs padded with zero rows to
+(`tile_rows` of the party's batch size, ``pad_to``) in calls of the job's `tile_sizes` (the
+tile, doubled up to twice: the largest that fits the rows left) and one for the rest, a
+smaller group in one call. Each piece runs padded with zero rows to
 `tandem.engine.microbatch.bucket_rows` of its size, so whatever group count the tuner tries,
-the kernels see a few shapes and compile each once (counts cut on whole tiles: the tile's
-shape alone). The ladder is capped at the party's batch size, and a batch shorter than that
+the kernels see a few shapes and compile each once (counts cut on whole tiles: the tile
+sizes alone). The ladder is capped at the party's batch size, and a batch shorter than that
 (an epoch's last) runs each piece at the smallest size already compiled that holds it, so it
 compiles nothing new. Pieces and padding stay inside the party: what it sends is the group's
 real rows in one message (a peer cuts and pads what it receives itself), the loss stage masks
@@ -56,7 +57,7 @@ from tandem.engine.microbatch import (
     chunk_bounds,
     kernel_pieces,
     shared_shape_counts,
-    tile_rows,
+    tile_sizes,
 )
 from tandem.engine.plan import Kind, Op, computes_per_message
 from tandem.engine.topology import FEATURES, Topology
@@ -267,37 +268,55 @@ class StageHandler:
         """Compile now what the job's shapes fix, before the first batch: each stage's ``update``
         and ``zeros`` (a batch's fresh gradient accumulator; the parameters fix their shapes)
         and, for a batch of at least two whole tiles (`shared_shape_counts` of ``pad_to``), the
-        training kernels at the tile's size: ``forward``, ``backward`` and the loss step, which
-        every count up to the whole tiles runs (module docstring). ``features`` and ``labels``:
-        any rows of this party's training features and, on the loss owner, labels (their dtypes
-        and widths are what the batches will bring; none: the tile kernels of a stage reading
-        them are left to the first batch). The kernels run once on zero rows, so their first
-        batch finds them compiled for exactly the arguments it passes (host rows for what it
-        reads or receives, device arrays for what its own stages hand on); the results are
-        dropped and no state changes. A summing stage (``cut_sum``) is left to its first batch.
+        training kernels at each size of `tile_sizes`: ``forward``, ``backward`` and the loss
+        step, which every count up to the whole tiles runs (module docstring). ``features`` and
+        ``labels``: any rows of this party's training features and, on the loss owner, labels
+        (their dtypes and widths are what the batches will bring; none: the tile kernels of a
+        stage reading them are left to the first batch). The kernels run once on zero rows, so
+        their first batch finds them compiled for exactly the arguments it passes (host rows
+        for what it reads or receives, device arrays for what its own stages hand on); the
+        results are dropped and no state changes. A summing stage (``cut_sum``) is left to its
+        first batch.
 
-        A party process calls it (in a thread: it blocks while XLA compiles, 2-3 seconds for the
-        `bench.scale` stages on one core) before it reports ready, so peers compile at the same
-        time instead of each waiting in the first batch for the kernels of the one before it.
-        Calling it again, or running a batch after it, compiles nothing more.
+        A party process calls it (in a thread: it blocks while XLA compiles, about 1.7 s per
+        size for the `bench.scale` stages on one core) before it reports ready, so peers
+        compile at the same time instead of each waiting in the first batch for the kernels of
+        the one before it. Calling it again, or running a batch after it, compiles nothing
+        more.
 
-        Returns the seconds the tile kernels took (what a count of other shapes would cost to
-        compile again), or None when they were left to the first batch."""
+        Returns the seconds the tile kernels took per size (what a count of other shapes would
+        cost to compile again), or None when they were left to the first batch."""
         for s in sorted(self.stages):
             kernels, params = self.kernels[s], self.params[s]
             kernels.zeros.lower(params).compile()
             kernels.update.lower(params, self.opt_state[s], params).compile()
         if self.pad_to < 1 or not shared_shape_counts(self.pad_to):
             return None
+        order = [st.name for st in self.topology.stages if st.name in self.stages]
+        if any(self._sums(s) for s in order):
+            return None  # a summing stage's input is a combined sum: left to the first batch
         started = time.perf_counter()
-        size = bucket_rows(tile_rows(self.pad_to), self.pad_to)
+        sizes = [bucket_rows(t, self.pad_to) for t in tile_sizes(self.pad_to)]
+        for size in sizes:
+            if not self._run_zero_rows(order, size, features, labels):
+                return None
+            self._sizes_run[True].add(size)
+        return (time.perf_counter() - started) / len(sizes)
+
+    def _run_zero_rows(
+        self,
+        order: list[str],
+        size: int,
+        features: np.ndarray | BatchRows | None,
+        labels: np.ndarray | None,
+    ) -> bool:
+        """`compile_ahead` at one kernel size: run the stages' forward, loss step and backward
+        once on ``size`` zero rows; False (nothing run) when ``features`` or ``labels`` a stage
+        needs is missing."""
 
         def zero(dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
             return np.zeros((size, *shape), jax.numpy.dtype(dtype))
 
-        order = [st.name for st in self.topology.stages if st.name in self.stages]
-        if any(self._sums(s) for s in order):
-            return None  # a summing stage's input is a combined sum: left to the first batch
         acts: dict[str, Any] = {}  # own stage -> its output on the zero rows
         vjps: dict[str, Any] = {}
         cots: dict[str, Any] = {}  # own stage -> the cotangent its local consumer hands back
@@ -306,7 +325,7 @@ class StageHandler:
             for name in self.stages[s].inputs:
                 if name == FEATURES:
                     if features is None:
-                        return None
+                        return False
                     x = np.asarray(features[0:1])
                     xs.append(zero(x.dtype, x.shape[1:]))
                 elif name in self.stages:
@@ -318,7 +337,7 @@ class StageHandler:
                 acts[s], vjps[s] = k.forward(self.params[s], *xs)
                 continue
             if labels is None:
-                return None
+                return False
             y = np.asarray(labels[0:1])
             *_, input_grads = k.loss_step(
                 self.params[s],
@@ -340,8 +359,7 @@ class StageHandler:
                 )
                 self._hand_back(s, input_grads, cots)
         jax.block_until_ready((acts, cots))
-        self._sizes_run[True].add(size)
-        return time.perf_counter() - started
+        return True
 
     def _hand_back(self, stage: str, input_grads: Any, cots: dict[str, Any]) -> None:
         """`compile_ahead`: add ``stage``'s input gradients to the cotangents of the local
@@ -359,12 +377,12 @@ class StageHandler:
         nothing new. Padding a piece of one batch costs a few milliseconds; compiling a new
         size costs seconds."""
         cap = max(self.rows, self.pad_to)
-        tile = tile_rows(cap)
+        tiles = tile_sizes(cap)
         seen = self._sizes_run[train]
         out = []
         for lo, hi in self.bounds:
             pieces = []
-            for a, b in kernel_pieces(lo, hi, tile):
+            for a, b in kernel_pieces(lo, hi, tiles):
                 rows = b - a
                 fits = [s for s in seen if s >= rows] if self.rows < self.pad_to else []
                 pieces.append((a, b, min(fits) if fits else bucket_rows(rows, cap)))
