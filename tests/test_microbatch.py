@@ -658,6 +658,26 @@ def test_recheck_ties_do_not_chain_away_from_the_fastest_count():
         assert s.n == 3, s.n
 
 
+@pytest.mark.parametrize("two, settles_on", [(1.02, 2), (0.995, 2), (1.05, 1)])
+def test_one_and_two_groups_level_settle_on_two_as_any_tie_does(two, settles_on):
+    """1 has no midpoint towards 2, and the tie rules apply all the same: with 2 level with 1
+    (within the tolerance either way) the first search settles on 2, and with 2 further
+    behind on 1. Seen in `bench.scale` at 1M rows: 1 and 2 groups 2 to 3 % apart, 2 the
+    faster in every re-check, and the search held 1 for the whole run."""
+    tuner = GroupTuner(batch=4096, max_n=8, samples=1, recheck=6, recheck_max=6)
+    n, s = tuner.observe(tuner.init(4), 1.0, compute=1.0, links=[])
+    assert n == 1  # no link time to hide: the rule starts at 1
+    walls = {1: 1.0, 2: two, 4: 1.12}
+    s, _ = _run_until_settled(tuner, s, walls, 60)
+    assert s.n == settles_on
+    if settles_on == 1:  # and a re-check finding 2 level again moves there
+        walls[2] = 1.01
+        for _ in range(6):
+            _, s = tuner.observe(s, walls[1])
+        s, trial = _run_until_settled(tuner, s, walls, 60)
+        assert s.n == 2 and set(trial) == {1, 2}
+
+
 def _recheck_of_eight(tuner: GroupTuner, six_after: list[float]) -> TunerState:
     """A tuner settled on 8 (its neighbours and midpoints clearly slower), then run through
     its first re-check, where 6's first four batches are lucky (0.76 against 8's steady 0.80:

@@ -700,19 +700,20 @@ class _Search:
             if self._mean(mid) is None:
                 self.n = mid  # refine on both sides of the base, the faster side first
                 return self.n
-        if mids and self.settled_once:  # rule 5: only a clear gain moves a settled n
-            mid = min((m for m in mids if m not in self.refuted), key=self._key, default=base)
-            mid_mean = self._mean(mid)
-            if mid != base and mid_mean is not None and mid_mean < here * (1 - margin):
-                if not self._holds(mid, base):
-                    return self.n  # measured again first; `_end_trial` settles
-                base = self.base = mid
-            elif cfg.prefer_larger and (level := self._level_above(base)) is not None:
-                if not self._holds(level, base, tie=True):
-                    return self.n
-                base = self.base = level
-        elif mids:  # rule 4: the first search settles by the tie rule
+        # (a base without midpoints, 1 beside 2, is settled by the same tie rules)
+        if not self.settled_once:  # rule 4: the first search settles by the tie rule
             return self._settle_first_search()
+        # rule 5: only a clear gain moves a settled n
+        mid = min((m for m in mids if m not in self.refuted), key=self._key, default=base)
+        mid_mean = self._mean(mid)
+        if mid != base and mid_mean is not None and mid_mean < here * (1 - margin):
+            if not self._holds(mid, base):
+                return self.n  # measured again first; `_end_trial` settles
+            base = self.base = mid
+        elif cfg.prefer_larger and (level := self._level_above(base)) is not None:
+            if not self._holds(level, base, tie=True):
+                return self.n
+            base = self.base = level
         return self._settle(base)
 
     def _top(self) -> int:
