@@ -33,8 +33,9 @@ def group_bounds(batch: int, n: int) -> list[tuple[int, int]]:
     has whole tiles is cut on tile boundaries (`_tile_cut`): every group is a whole number of
     tiles, the batch's rows beyond its whole tiles (if any) going to the last group. A party
     computes a group larger than a tile in calls of the `tile_sizes` (`kernel_pieces`), so
-    every such count runs the same kernel shapes and a change of count compiles nothing. The rest of this
-    docstring describes the cut of smaller batches, and of counts above the tiles.
+    every such count runs the same kernel shapes and a change of count compiles nothing. The
+    rest of this docstring describes the cut of smaller batches, and of counts above the
+    tiles.
 
     For ``n >= 3`` the first and last groups are *tapered*: about half the size of the middle
     groups (a batch too small to halve its end groups gets even groups). A batch's pipeline
