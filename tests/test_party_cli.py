@@ -390,6 +390,7 @@ def test_restart_of_a_finished_job_trains_nothing_and_exports_the_same(tmp_path)
         rc, out, err = first[role]
         assert rc == 0 and out["status"] == "done", err[-3000:]
         assert out["resumed"] == "fresh" and out["batches_trained"] == TOTAL
+        assert out["compile_ahead_seconds"] > 0  # the prepare step compiled update and zeros
     lead = first["leader"][1]
     assert lead["early_stopping"]["parameters"] == "best"
     # the newest 2 periodic files, and beside them (another name) the finished one

@@ -36,6 +36,8 @@ class RunState:
     trace: BatchTrace | None = None  # `run_party(trace_dir=...)`
     #: a finished checkpoint's leader summary (`_lead`'s report), replayed by a restart
     report: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: seconds the prepare step spent compiling ahead (`SplitParty.compile_ahead`)
+    compile_seconds: float = 0.0
 
     def ready_party(self) -> SplitParty:
         """The party, once the session has prepared it (every step after `connect`)."""

@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -169,7 +170,9 @@ async def _prepare(cfg: PartySetup, st: RunState, session: Session) -> None:
     if isinstance(session.transport, MetricsTransport):
         session.transport.add_metrics_source(party_metrics(party, lambda: st.saved))
     # before this party says it is ready: a follower compiles while the leader still prepares
+    started = time.perf_counter()
     await asyncio.to_thread(party.compile_ahead)
+    st.compile_seconds = time.perf_counter() - started
 
 
 def _describe_run(
@@ -186,6 +189,7 @@ def _describe_run(
     if party.audit is not None:  # a follower's own feature audit reaches no one else
         result.update(party.audit.summary())
     result["load_seconds"] = round(load_seconds, 3)
+    result["compile_ahead_seconds"] = round(st.compile_seconds, 3)
     result["peak_rss_mb"] = round(peak_rss_bytes() / 2**20, 1)
     if st.discarded:  # newer than the agreed step: replaced by the replayed batches
         result["discarded_checkpoints"] = st.discarded
