@@ -137,8 +137,7 @@ def _tile_cut(batch: int, n: int, tile: int) -> list[int]:
 def shared_shape_counts(batch: int) -> int:
     """The largest count whose groups of a ``batch``-row batch are whole `tile_rows` tiles
     (every count up to it runs the same kernel shapes, those of `tile_sizes`: `group_bounds`),
-    or 0 when the batch
-    holds fewer than two tiles (then every count has sizes of its own)."""
+    or 0 when the batch holds fewer than two tiles (then every count has sizes of its own)."""
     tiles = batch // tile_rows(batch)
     return tiles if tiles >= 2 else 0
 

@@ -311,8 +311,8 @@ class StageHandler:
         labels: np.ndarray | None,
     ) -> bool:
         """`compile_ahead` at one kernel size: run the stages' forward, loss step and backward
-        once on ``size`` zero rows; False (nothing run) when ``features`` or ``labels`` a stage
-        needs is missing."""
+        once on ``size`` zero rows; False when ``features`` or ``labels`` a stage needs is
+        missing (what is left is compiled by the first batch)."""
 
         def zero(dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
             return np.zeros((size, *shape), jax.numpy.dtype(dtype))
