@@ -119,9 +119,9 @@ def test_a_batch_of_whole_tiles_is_cut_on_tile_boundaries(batch, data):
 
 
 def test_kernel_pieces_are_whole_tiles_then_the_rest():
-    assert kernel_pieces(0, 512, 512) == [(0, 512)]
-    assert kernel_pieces(100, 300, 512) == [(100, 300)]
-    assert kernel_pieces(512, 1792, 512) == [(512, 1024), (1024, 1536), (1536, 1792)]
+    assert kernel_pieces(0, 512, (512,)) == [(0, 512)]
+    assert kernel_pieces(100, 300, (512,)) == [(100, 300)]
+    assert kernel_pieces(512, 1792, (512,)) == [(512, 1024), (1024, 1536), (1536, 1792)]
     # several sizes: the largest that fits the rows left, each time
     sizes = (2048, 1024, 512)
     assert kernel_pieces(0, 4096, sizes) == [(0, 2048), (2048, 4096)]

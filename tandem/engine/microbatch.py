@@ -156,13 +156,12 @@ def tile_sizes(batch: int) -> tuple[int, ...]:
     return tuple(tile << k for k in range(TILE_DOUBLINGS, -1, -1) if 1 << k <= half)
 
 
-def kernel_pieces(lo: int, hi: int, tiles: int | Sequence[int]) -> list[tuple[int, int]]:
-    """The row ranges the kernels run a compute op over rows ``lo:hi`` in. ``tiles``: one tile
-    size, or the sizes of `tile_sizes` (largest first). The whole range when it fits in the
-    smallest size; else consecutive calls, each of the largest size that fits the rows left,
-    and the rest (fewer rows than the smallest size) last. Each piece is one kernel call,
-    padded to its own compiled size by the caller."""
-    sizes = (tiles,) if isinstance(tiles, int) else tuple(tiles)
+def kernel_pieces(lo: int, hi: int, sizes: Sequence[int]) -> list[tuple[int, int]]:
+    """The row ranges the kernels run a compute op over rows ``lo:hi`` in. ``sizes``: the call
+    sizes, largest first (`tile_sizes`). The whole range when it fits in the smallest size;
+    else consecutive calls, each of the largest size that fits the rows left, and the rest
+    (fewer rows than the smallest size) last. Each piece is one kernel call, padded to its own
+    compiled size by the caller."""
     if hi - lo <= sizes[-1]:
         return [(lo, hi)]
     pieces, a = [], lo
